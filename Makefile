@@ -1,0 +1,41 @@
+# Two commands do all the set-up on a fresh machine: `make train` and `make test`.
+# Both create .venv (CPython 3.10) from the pinned requirements first; `make setup` alone
+# is idempotent and returns in seconds when requirements, constraints and pyproject are unchanged.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.malloczero-installed
+# pip warns about every missing local mirror folder on these machines; keep real errors visible.
+PIP_QUIET := 2>&1 | { grep -v -e "is ignored: it is neither a file nor a directory" || true; }
+PYTEST_ARGS ?=
+TRAIN_ARGS ?=
+
+.PHONY: setup test train bench clean-venv
+setup: $(STAMP)
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml scripts/find_python310.sh
+	@python310=$$(scripts/find_python310.sh); \
+	if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))'; then \
+	  echo "setup: creating $(VENV) with $$python310"; rm -rf $(VENV); "$$python310" -m venv $(VENV); \
+	fi
+	@echo "setup: installing pinned requirements (first run takes about a minute)"
+	@$(PY) -m pip install -q -r requirements.txt -c constraints.txt $(PIP_QUIET)
+	@$(PY) -m pip install -q dm-acme==0.4.0 --no-deps $(PIP_QUIET)
+	@$(PY) -m pip install -q --no-deps --no-build-isolation -e . $(PIP_QUIET)
+	@$(PY) -c "import launchpad, reverb, jax, haiku, mctx, acme, env, launch" || { echo "setup: the installed stack does not import; see above" >&2; exit 1; }
+	@touch $(STAMP)
+	@echo "setup: done ($(VENV) ready)"
+
+test: setup
+	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+train: setup
+	$(VENV)/bin/malloczero train $(TRAIN_ARGS)
+
+bench: setup
+	$(VENV)/bin/malloczero bench --out bench.json
+
+clean-venv:
+	rm -rf $(VENV)

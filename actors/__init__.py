@@ -1,0 +1,1 @@
+"""malloczero: actors (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""malloczero: configs (see DESIGN.md)."""

@@ -1,0 +1,322 @@
+"""mallocGame: a single-player game whose moves place a program's buffers in fast memory.
+
+Each step presents one request (see requests.py) and offers `A = 1 + K` actions: `0` leaves it in
+the slow default memory, `k >= 1` places it at the k-th candidate (level, offset). Candidates are
+the starts of the free address gaps of each fast level over the request's window that are large
+enough, ordered best fit first (least wasted bytes, ties to the lowest offset), the fast levels
+interleaved fastest first. The reward is the exact decrease of the cost model's program time
+caused by the step, divided by the all-slow program time, so an episode's return is the
+fractional time saved over "everything in slow memory".
+
+Observations are fixed-size float32 arrays (shapes below) so one network serves every workload
+and every hardware with up to `max_fast_levels` fast levels:
+
+  request      [F_REQ]       the current request (static features, current saving per level, ...)
+  occupancy    [L, bins]     per fast level: fraction of each address bin taken during the window
+  candidates   [K, F_CAND]   the K candidate placements (valid flag, level one-hot, offset, gap, ...)
+  lookahead    [M, F_LOOK]   static features of the next M requests (valid flag first)
+  legal_actions [A] bool     action 0 is always legal
+
+After the last request the terminal observation is all zeros with only action 0 legal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import dm_env
+import numpy as np
+from dm_env import specs
+
+from env.cost_model import Allocations, CostModel
+from env.errors import HardwareError, IllegalActionError, MalloczeroError
+from env.hardware import Hardware, check_fits
+from env.mapping import Mapping
+from env.requests import Requests, build_requests
+from env.workload import Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class GameConfig:
+  num_candidates: int = 16      # K; the action space has 1 + K actions.
+  occupancy_bins: int = 32
+  lookahead: int = 8            # M
+  max_fast_levels: int = 2      # Observation width: hardware may have up to this many fast levels.
+
+  @property
+  def num_actions(self) -> int:
+    return 1 + self.num_candidates
+
+  @property
+  def static_features(self) -> int:
+    return 8 + 2 * self.max_fast_levels
+
+  @property
+  def request_features(self) -> int:
+    return self.static_features + 2 * self.max_fast_levels + 2
+
+  @property
+  def candidate_features(self) -> int:
+    return 6 + self.max_fast_levels
+
+  @property
+  def lookahead_features(self) -> int:
+    return 1 + self.static_features
+
+
+def observation_spec(config: GameConfig) -> dict[str, specs.Array]:
+  f32 = np.float32
+  return {
+      "request": specs.Array((config.request_features,), f32, "request"),
+      "occupancy": specs.Array((config.max_fast_levels, config.occupancy_bins), f32, "occupancy"),
+      "candidates": specs.Array((config.num_candidates, config.candidate_features), f32,
+                                "candidates"),
+      "lookahead": specs.Array((config.lookahead, config.lookahead_features), f32, "lookahead"),
+      "legal_actions": specs.Array((config.num_actions,), bool, "legal_actions"),
+  }
+
+
+class MallocGame(dm_env.Environment):
+  """mallocGame for one (workload, hardware) pair; deterministic, usable from Acme's loops."""
+
+  def __init__(self, workload: Workload, hardware: Hardware, config: GameConfig = GameConfig()):
+    if hardware.num_fast_levels > config.max_fast_levels:
+      raise HardwareError(f"hardware '{hardware.name}' has {hardware.num_fast_levels} fast levels; "
+                          f"this game config observes at most {config.max_fast_levels}")
+    check_fits(hardware, workload.peak_live_bytes, workload.name)
+    self.workload, self.hardware, self.config = workload, hardware, config
+    self.cost_model = CostModel(workload, hardware)
+    self.requests: Requests = build_requests(self.cost_model)
+    if len(self.requests) == 0:
+      raise MalloczeroError(f"{workload.name}: nothing to play on '{hardware.name}': no buffer fits "
+                            "in fast memory and saves time there")
+    self.normaliser = self.cost_model.slow_only_time
+    self._num_fast = hardware.num_fast_levels
+    self._capacity = hardware.capacities[:-1].astype(np.int64)  # [F]
+    self._static = self._static_features()
+    self._bin_edges = [np.linspace(0, c, config.occupancy_bins + 1) for c in self._capacity]
+    self._obs_spec = observation_spec(config)
+    self._reset_state()
+
+  # -------------------------------------------------------------------------- dm_env API
+
+  def observation_spec(self) -> dict[str, specs.Array]:
+    return self._obs_spec
+
+  def action_spec(self) -> specs.DiscreteArray:
+    return specs.DiscreteArray(self.config.num_actions, name="action")
+
+  def reward_spec(self) -> specs.Array:
+    return specs.Array((), np.float64, "reward")
+
+  def discount_spec(self) -> specs.BoundedArray:
+    return specs.BoundedArray((), np.float64, 0.0, 1.0, "discount")
+
+  def reset(self) -> dm_env.TimeStep:
+    self._reset_state()
+    return dm_env.restart(self._observe())
+
+  def step(self, action: Any) -> dm_env.TimeStep:
+    if self._done:
+      return self.reset()
+    action = int(action)
+    if not (0 <= action < self.config.num_actions) or not self._legal[action]:
+      raise IllegalActionError(
+          f"action {action} is illegal for request {self._cursor} of '{self.workload.name}': "
+          f"legal actions are {np.flatnonzero(self._legal).tolist()}")
+    saved = self._place(action) if action else 0.0
+    reward = saved / self.normaliser
+    self._cursor += 1
+    if self._cursor == len(self.requests):
+      self._done = True
+      return dm_env.termination(reward, self._terminal_observation())
+    return dm_env.transition(reward, self._observe())
+
+  # -------------------------------------------------------------------------- queries
+
+  @property
+  def total_time(self) -> float:
+    """Program time of the current (partial) mapping, tracked incrementally."""
+    return self._total
+
+  @property
+  def cursor(self) -> int:
+    """Index of the current request in `self.requests`."""
+    return self._cursor
+
+  @property
+  def done(self) -> bool:
+    return self._done
+
+  @property
+  def legal_actions(self) -> np.ndarray:
+    """[A] bool mask of the current step."""
+    return self._legal.copy()
+
+  @property
+  def candidates(self) -> tuple[np.ndarray, np.ndarray]:
+    """(level [n], offset [n]) of the current candidates; action k >= 1 picks entry k - 1."""
+    return self._cand_level.copy(), self._cand_offset.copy()
+
+  def allocations(self) -> Allocations:
+    """Placements made so far, in the order they were made."""
+    n = len(self._placed)
+    rows = np.array(self._placed, np.int64).reshape(n, 3)
+    req, level, offset = rows[:, 0], rows[:, 1], rows[:, 2]
+    r = self.requests
+    return Allocations(buffer=r.buffer[req], level=level, offset=offset, start=r.start[req],
+                       end=r.end[req])
+
+  def mapping(self, solver: str) -> Mapping:
+    """The mapping built so far (normally called when the episode is over)."""
+    n = len(self._placed)
+    rows = np.array(self._placed, np.int64).reshape(n, 3)
+    return Mapping.from_arrays(self.workload, self.hardware, solver, request=rows[:, 0],
+                               allocations=self.allocations(), estimated_time_s=self._total,
+                               slow_only_time_s=self.normaliser)
+
+  # -------------------------------------------------------------------------- internals
+
+  def _reset_state(self) -> None:
+    num_requests, num_fast = len(self.requests), self._num_fast
+    model = self.cost_model
+    self._cursor = 0
+    self._done = False
+    self._memory_time = model.slow_memory_time.copy()                   # [T]
+    self._op_time = np.maximum(model.compute_time, self._memory_time)   # [T]
+    self._total = float(self._op_time.sum())
+    # Placed rectangles per fast level: [F, R] arrays, the first `_count[f]` entries used.
+    self._rect_start = np.zeros((num_fast, num_requests), np.int64)
+    self._rect_end = np.zeros((num_fast, num_requests), np.int64)
+    self._rect_low = np.zeros((num_fast, num_requests), np.int64)
+    self._rect_high = np.zeros((num_fast, num_requests), np.int64)
+    self._count = [0] * num_fast
+    self._placed: list[tuple[int, int, int]] = []
+
+  def _place(self, action: int) -> float:
+    r = self._cursor
+    level = int(self._cand_level[action - 1])
+    offset = int(self._cand_offset[action - 1])
+    ops, nbytes = self.requests.ops(r)
+    memory, new_time, saved = self.cost_model.placement_delta(
+        self._memory_time, self._op_time, ops, nbytes, level,
+        float(self.requests.exposed_copy_time[r]))
+    self._memory_time[ops] = memory
+    self._op_time[ops] = new_time
+    self._total -= saved
+    i = self._count[level]
+    self._rect_start[level, i] = self.requests.start[r]
+    self._rect_end[level, i] = self.requests.end[r]
+    self._rect_low[level, i] = offset
+    self._rect_high[level, i] = offset + self.requests.size[r]
+    self._count[level] = i + 1
+    self._placed.append((r, level, offset))
+    return saved
+
+  def _free_gaps(self, level: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """Free address intervals `[low, high)` of a level over ops `[start, end)`, by address."""
+    n = self._count[level]
+    capacity = self._capacity[level]
+    if n == 0:
+      return np.zeros(1, np.int64), self._capacity[level:level + 1]
+    live = (self._rect_start[level, :n] < end) & (self._rect_end[level, :n] > start)
+    low = self._rect_low[level, :n][live]
+    if low.size == 0:
+      return np.zeros(1, np.int64), self._capacity[level:level + 1]
+    order = np.argsort(low, kind="stable")
+    low = low[order]
+    covered = np.maximum.accumulate(self._rect_high[level, :n][live][order])
+    gap_low = np.concatenate(([0], covered))
+    gap_high = np.concatenate((low, [capacity]))
+    keep = gap_high > gap_low
+    return gap_low[keep], gap_high[keep]
+
+  def _observe(self) -> dict[str, np.ndarray]:
+    cfg, r, req = self.config, self._cursor, self.requests
+    start, end, size = int(req.start[r]), int(req.end[r]), int(req.size[r])
+    num_fast, num_cand = self._num_fast, cfg.num_candidates
+    # Current saving per fast level (exact incremental delta, copy cost included).
+    ops, nbytes = req.ops(r)
+    saving = self.cost_model.saving_per_fast_level(self._memory_time, self._op_time, ops, nbytes,
+                                                   float(req.exposed_copy_time[r]))  # [F]
+    occupancy = np.zeros((cfg.max_fast_levels, cfg.occupancy_bins), np.float32)
+    per_level = []
+    for level in range(num_fast):
+      low, high = self._free_gaps(level, start, end)
+      edges = self._bin_edges[level]
+      free = np.clip(edges[:, None] - low[None, :], 0, (high - low)[None, :]).sum(axis=1)
+      occupancy[level] = 1.0 - np.diff(free) / (edges[1] - edges[0])
+      fit = (high - low) >= size
+      low, high = low[fit], high[fit]
+      best = np.lexsort((low, high - low))[:num_cand]
+      per_level.append((low[best], high[best]))
+    # Interleave levels, fastest first: rank 0 of each level, then rank 1, ...
+    cand = np.zeros((num_cand, cfg.candidate_features), np.float32)
+    levels, offsets, gaps, ranks = [], [], [], []
+    for rank in range(num_cand):
+      for level in range(num_fast):
+        low, high = per_level[level]
+        if rank < len(low):
+          levels.append(level)
+          offsets.append(low[rank])
+          gaps.append(high[rank] - low[rank])
+          ranks.append(rank)
+      if len(levels) >= num_cand:
+        break
+    n = min(len(levels), num_cand)
+    self._cand_level = np.array(levels[:n], np.int64)
+    self._cand_offset = np.array(offsets[:n], np.int64)
+    legal = np.zeros(cfg.num_actions, bool)
+    legal[0] = True
+    legal[1:1 + n] = True
+    self._legal = legal
+    if n:
+      cap = self._capacity[self._cand_level].astype(np.float64)
+      gap = np.array(gaps[:n], np.float64)
+      cand[:n, 0] = 1.0
+      cand[np.arange(n), 1 + self._cand_level] = 1.0
+      k = 1 + cfg.max_fast_levels
+      cand[:n, k] = self._cand_offset / cap
+      cand[:n, k + 1] = gap / cap
+      cand[:n, k + 2] = (gap - size) / cap
+      cand[:n, k + 3] = np.array(ranks[:n]) / num_cand
+      cand[:n, k + 4] = saving[self._cand_level] / self._saving_scale
+    request = np.zeros(cfg.request_features, np.float32)
+    s = cfg.static_features
+    request[:s] = self._static[r]
+    request[s:s + num_fast] = saving / self._saving_scale
+    request[s + cfg.max_fast_levels:s + cfg.max_fast_levels + num_fast] = 1.0  # level present
+    request[-2] = self._total / self.normaliser
+    request[-1] = n / num_cand
+    lookahead = np.zeros((cfg.lookahead, cfg.lookahead_features), np.float32)
+    following = self._static[r + 1:r + 1 + cfg.lookahead]
+    lookahead[:len(following), 0] = 1.0
+    lookahead[:len(following), 1:] = following
+    return {"request": request, "occupancy": occupancy, "candidates": cand,
+            "lookahead": lookahead, "legal_actions": legal}
+
+  def _terminal_observation(self) -> dict[str, np.ndarray]:
+    obs = {k: np.zeros(spec.shape, spec.dtype) for k, spec in self._obs_spec.items()}
+    obs["legal_actions"][0] = True
+    self._legal = obs["legal_actions"]
+    return obs
+
+  def _static_features(self) -> np.ndarray:
+    """[R, static_features] per-request features that do not change during an episode."""
+    cfg, req = self.config, self.requests
+    num_requests, num_fast, mf = len(req), self._num_fast, cfg.max_fast_levels
+    num_ops = float(self.workload.num_ops)
+    self._saving_scale = max(float(req.standalone_saving.max()), 1e-30)
+    f = np.zeros((num_requests, cfg.static_features), np.float32)
+    f[:, 0] = req.is_prefetch
+    f[:, 1] = ~req.is_prefetch
+    f[:, 2:2 + num_fast] = np.minimum(req.size[:, None] / self._capacity[None, :], 2.0)
+    f[:, 2 + mf] = req.start / num_ops
+    f[:, 3 + mf] = req.end / num_ops
+    f[:, 4 + mf] = (req.end - req.start) / num_ops
+    f[:, 5 + mf:5 + mf + num_fast] = req.standalone_saving / self._saving_scale
+    f[:, 5 + 2 * mf] = np.minimum(req.exposed_copy_time / self._saving_scale, 10.0)
+    f[:, 6 + 2 * mf] = np.log2(req.size) / 32.0
+    f[:, 7 + 2 * mf] = np.arange(num_requests) / num_requests
+    return f

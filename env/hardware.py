@@ -1,0 +1,199 @@
+"""Hardware descriptions: memory levels (fastest first), compute peak, copy bandwidth, alignment.
+
+The last level is the slow default memory where every buffer lives unless placed elsewhere;
+levels before it are the fast memories the game places requests into.
+
+JSON format::
+
+  {"name": str, "peak_flops_per_s": number, "copy_bandwidth_bytes_per_s": number,
+   "alignment_bytes": int,
+   "levels": [{"name": str, "capacity_bytes": int, "bandwidth_bytes_per_s": number}, ...]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from env.errors import HardwareError
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryLevel:
+  name: str
+  capacity_bytes: int
+  bandwidth_bytes_per_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+  name: str
+  levels: tuple[MemoryLevel, ...]
+  peak_flops_per_s: float
+  copy_bandwidth_bytes_per_s: float
+  alignment_bytes: int = 1
+
+  def __post_init__(self):
+    _check_hardware(self)
+
+  @property
+  def num_levels(self) -> int:
+    return len(self.levels)
+
+  @property
+  def num_fast_levels(self) -> int:
+    return len(self.levels) - 1
+
+  @property
+  def slow_level(self) -> int:
+    return len(self.levels) - 1
+
+  @property
+  def inverse_bandwidths(self) -> np.ndarray:
+    """[L] seconds per byte of each level."""
+    return 1.0 / np.array([lv.bandwidth_bytes_per_s for lv in self.levels], np.float64)
+
+  @property
+  def capacities(self) -> np.ndarray:
+    """[L] int64 bytes."""
+    return np.array([lv.capacity_bytes for lv in self.levels], np.int64)
+
+  def align(self, size: np.ndarray | int) -> np.ndarray | int:
+    a = self.alignment_bytes
+    return (size + a - 1) // a * a
+
+  def with_fast_capacities(self, capacities: list[int] | tuple[int, ...]) -> "Hardware":
+    """The same machine with each fast level's capacity replaced (in level order)."""
+    if len(capacities) != self.num_fast_levels:
+      raise HardwareError(f"{self.name}: expected {self.num_fast_levels} fast capacities, "
+                          f"got {len(capacities)}")
+    levels = tuple(dataclasses.replace(lv, capacity_bytes=int(c))
+                   for lv, c in zip(self.levels, capacities)) + (self.levels[-1],)
+    return dataclasses.replace(self, levels=levels)
+
+  def with_fast_capacity(self, capacity_bytes: int) -> "Hardware":
+    """Sets the fastest level's capacity, scaling the other fast levels by the same factor."""
+    if capacity_bytes <= 0:
+      raise HardwareError(f"{self.name}: fast capacity must be positive, got {capacity_bytes}")
+    scale = capacity_bytes / self.levels[0].capacity_bytes
+    caps = [capacity_bytes] + [max(1, int(round(lv.capacity_bytes * scale)))
+                               for lv in self.levels[1:-1]]
+    return self.with_fast_capacities(caps)
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"name": self.name, "peak_flops_per_s": self.peak_flops_per_s,
+            "copy_bandwidth_bytes_per_s": self.copy_bandwidth_bytes_per_s,
+            "alignment_bytes": self.alignment_bytes,
+            "levels": [dataclasses.asdict(lv) for lv in self.levels]}
+
+  @classmethod
+  def from_dict(cls, data: Any, where: str = "hardware") -> "Hardware":
+    if not isinstance(data, Mapping):
+      raise HardwareError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    try:
+      levels = tuple(MemoryLevel(str(lv["name"]), _as_int(lv["capacity_bytes"], "capacity_bytes"),
+                                 _as_float(lv["bandwidth_bytes_per_s"], "bandwidth_bytes_per_s"))
+                     for lv in data["levels"])
+      return cls(name=str(data.get("name", "custom")), levels=levels,
+                 peak_flops_per_s=_as_float(data["peak_flops_per_s"], "peak_flops_per_s"),
+                 copy_bandwidth_bytes_per_s=_as_float(data["copy_bandwidth_bytes_per_s"],
+                                                      "copy_bandwidth_bytes_per_s"),
+                 alignment_bytes=_as_int(data.get("alignment_bytes", 1), "alignment_bytes"))
+    except KeyError as e:
+      raise HardwareError(f"{where}: missing required key {e}") from None
+    except (TypeError, ValueError) as e:
+      if isinstance(e, HardwareError):
+        raise HardwareError(f"{where}: {e}") from None
+      raise HardwareError(f"{where}: malformed hardware description: {e}") from None
+
+
+def _as_int(x: Any, key: str) -> int:
+  if isinstance(x, bool) or not isinstance(x, (int, float)) or int(x) != x:
+    raise HardwareError(f"'{key}' must be an integer, got {x!r}")
+  return int(x)
+
+
+def _as_float(x: Any, key: str) -> float:
+  if isinstance(x, bool) or not isinstance(x, (int, float)):
+    raise HardwareError(f"'{key}' must be a number, got {x!r}")
+  return float(x)
+
+
+def _check_hardware(hw: Hardware) -> None:
+  def fail(msg: str) -> None:
+    raise HardwareError(f"hardware '{hw.name}': {msg}")
+  if len(hw.levels) < 2:
+    fail("needs at least two memory levels (one fast level and the slow default memory)")
+  for lv in hw.levels:
+    if lv.capacity_bytes <= 0:
+      fail(f"level '{lv.name}' has capacity {lv.capacity_bytes}; capacities must be positive")
+    if not np.isfinite(lv.bandwidth_bytes_per_s) or lv.bandwidth_bytes_per_s <= 0:
+      fail(f"level '{lv.name}' has bandwidth {lv.bandwidth_bytes_per_s}; must be positive")
+  for faster, slower in zip(hw.levels, hw.levels[1:]):
+    if faster.bandwidth_bytes_per_s <= slower.bandwidth_bytes_per_s:
+      fail(f"levels must be ordered fastest first: '{faster.name}' "
+           f"({faster.bandwidth_bytes_per_s:g} B/s) is not faster than '{slower.name}' "
+           f"({slower.bandwidth_bytes_per_s:g} B/s)")
+  if len({lv.name for lv in hw.levels}) != len(hw.levels):
+    fail("level names must be unique")
+  if not np.isfinite(hw.peak_flops_per_s) or hw.peak_flops_per_s <= 0:
+    fail(f"peak_flops_per_s must be positive, got {hw.peak_flops_per_s}")
+  if not np.isfinite(hw.copy_bandwidth_bytes_per_s) or hw.copy_bandwidth_bytes_per_s <= 0:
+    fail(f"copy_bandwidth_bytes_per_s must be positive, got {hw.copy_bandwidth_bytes_per_s}")
+  a = hw.alignment_bytes
+  if a <= 0 or a & (a - 1):
+    fail(f"alignment_bytes must be a positive power of two, got {a}")
+
+
+# TPU v4i: 138 TFLOP/s bf16, 8 GiB HBM at 614 GB/s, 128 MiB on-chip CMEM (modelled at 4x HBM).
+_TPU_V4I_LIKE = Hardware(
+    name="tpu-v4i-like",
+    levels=(MemoryLevel("CMEM", 128 * MiB, 4 * 614e9), MemoryLevel("HBM", 8 * GiB, 614e9)),
+    peak_flops_per_s=138e12, copy_bandwidth_bytes_per_s=614e9, alignment_bytes=512)
+
+# Intel NNP-I (EGRL seed): SRAM 4 MiB, LLC 24 MiB at 1/10 the SRAM bandwidth, DRAM 32 GiB at 1/100.
+_NNPI_LIKE = Hardware(
+    name="nnpi-like",
+    levels=(MemoryLevel("SRAM", 4 * MiB, 4e12), MemoryLevel("LLC", 24 * MiB, 4e11),
+            MemoryLevel("DRAM", 32 * GiB, 4e10)),
+    peak_flops_per_s=50e12, copy_bandwidth_bytes_per_s=4e10, alignment_bytes=64)
+
+# For MiniMalloc CSV problems: zero-flop ops, so time saved is proportional to bytes x time.
+_MINIMALLOC = Hardware(
+    name="minimalloc",
+    levels=(MemoryLevel("fast", 1 * MiB, 1e12), MemoryLevel("slow", 1 << 62, 1e9)),
+    peak_flops_per_s=1e15, copy_bandwidth_bytes_per_s=1e9, alignment_bytes=1)
+
+PRESETS: dict[str, Hardware] = {h.name: h for h in (_TPU_V4I_LIKE, _NNPI_LIKE, _MINIMALLOC)}
+
+
+def load_hardware(spec: str | os.PathLike) -> Hardware:
+  """A preset name or a path to a hardware JSON file."""
+  spec = os.fspath(spec)
+  if spec in PRESETS:
+    return PRESETS[spec]
+  if not os.path.exists(spec):
+    raise HardwareError(f"unknown hardware '{spec}': not a preset ({', '.join(PRESETS)}) "
+                        "and no such file")
+  try:
+    with open(spec, encoding="utf-8") as f:
+      data = json.load(f)
+  except json.JSONDecodeError as e:
+    raise HardwareError(f"{spec}: not valid JSON: {e.msg} at line {e.lineno}") from None
+  except OSError as e:
+    raise HardwareError(f"{spec}: cannot read: {e}") from None
+  return Hardware.from_dict(data, where=spec)
+
+
+def check_fits(hw: Hardware, peak_live_bytes: int, where: str) -> None:
+  """The slow default memory must hold the whole program (everything starts there)."""
+  slow = hw.levels[-1]
+  if peak_live_bytes > slow.capacity_bytes:
+    raise HardwareError(f"{where}: peak live bytes {peak_live_bytes} exceed the slow memory "
+                        f"'{slow.name}' ({slow.capacity_bytes} bytes) of hardware '{hw.name}'")

@@ -1,0 +1,121 @@
+"""Mappings: the result of a solver or an agent, as written to MAP.json.
+
+  {"workload": str, "hardware": {...hardware JSON...}, "solver": str,
+   "allocations": [{"request": int, "buffer": int, "level": int, "offset": int,
+                    "start": int, "end": int}, ...],
+   "estimated_time_s": float, "slow_only_time_s": float}
+
+`buffer` is the buffer's id in the workload, `level` an index into the hardware's levels
+(0 = fastest), `[start, end)` op indices, `offset` bytes from the level's base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from env.cost_model import Allocations
+from env.errors import MappingError
+from env.hardware import Hardware, HardwareError
+from env.workload import Workload
+
+ALLOCATION_KEYS = ("request", "buffer", "level", "offset", "start", "end")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mapping:
+  workload: str
+  hardware: Hardware | None
+  solver: str
+  allocations: tuple[dict[str, int], ...]
+  estimated_time_s: float
+  slow_only_time_s: float
+
+  @property
+  def speedup(self) -> float:
+    return self.slow_only_time_s / self.estimated_time_s
+
+  @classmethod
+  def from_arrays(cls, workload: Workload, hardware: Hardware, solver: str, request: np.ndarray,
+                  allocations: Allocations, estimated_time_s: float,
+                  slow_only_time_s: float) -> "Mapping":
+    ids = np.array([b.id for b in workload.buffers], np.int64)
+    rows = tuple({"request": int(q), "buffer": int(ids[b]), "level": int(lv), "offset": int(o),
+                  "start": int(s), "end": int(e)}
+                 for q, b, lv, o, s, e in zip(request, allocations.buffer, allocations.level,
+                                              allocations.offset, allocations.start,
+                                              allocations.end))
+    return cls(workload.name, hardware, solver, rows, float(estimated_time_s),
+               float(slow_only_time_s))
+
+  def to_arrays(self, workload: Workload) -> Allocations:
+    """Allocation arrays with buffer ids resolved to positions; unknown ids raise MappingError."""
+    index = workload.buffer_index
+    try:
+      buffer = np.array([index[a["buffer"]] for a in self.allocations], np.int64)
+    except KeyError as e:
+      raise MappingError(f"allocation refers to unknown buffer id {e.args[0]} of workload "
+                         f"'{workload.name}'") from None
+    col = lambda k: np.array([a[k] for a in self.allocations], np.int64)
+    return Allocations(buffer=buffer, level=col("level"), offset=col("offset"), start=col("start"),
+                       end=col("end"))
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"workload": self.workload,
+            "hardware": self.hardware.to_dict() if self.hardware else None,
+            "solver": self.solver, "allocations": [dict(a) for a in self.allocations],
+            "estimated_time_s": self.estimated_time_s, "slow_only_time_s": self.slow_only_time_s}
+
+  @classmethod
+  def from_dict(cls, data: Any, where: str = "mapping") -> "Mapping":
+    if not isinstance(data, dict):
+      raise MappingError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    for key in ("workload", "allocations", "estimated_time_s", "slow_only_time_s"):
+      if key not in data:
+        raise MappingError(f"{where}: missing required key '{key}'")
+    if not isinstance(data["allocations"], list):
+      raise MappingError(f"{where}: 'allocations' must be a list")
+    rows = []
+    for i, a in enumerate(data["allocations"]):
+      if not isinstance(a, dict):
+        raise MappingError(f"{where}: allocation {i} is not an object")
+      for key in ALLOCATION_KEYS:
+        v = a.get(key)
+        if isinstance(v, bool) or not isinstance(v, int):
+          raise MappingError(f"{where}: allocation {i}: '{key}' must be an integer, got {v!r}")
+      rows.append({k: int(a[k]) for k in ALLOCATION_KEYS})
+    for key in ("estimated_time_s", "slow_only_time_s"):
+      v = data[key]
+      if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise MappingError(f"{where}: '{key}' must be a number, got {v!r}")
+    hardware = None
+    if data.get("hardware") is not None:
+      try:
+        hardware = Hardware.from_dict(data["hardware"], where=f"{where}: hardware")
+      except HardwareError as e:
+        raise MappingError(str(e)) from None
+    return cls(str(data["workload"]), hardware, str(data.get("solver", "unknown")), tuple(rows),
+               float(data["estimated_time_s"]), float(data["slow_only_time_s"]))
+
+  def save(self, path: str | os.PathLike) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(self.to_dict(), f, indent=1)
+
+
+def load_mapping(path: str | os.PathLike) -> Mapping:
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise MappingError(f"{path}: no such mapping file")
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except json.JSONDecodeError as e:
+    raise MappingError(f"{path}: not valid JSON (truncated or corrupt?): {e.msg} at line "
+                       f"{e.lineno}") from None
+  except (OSError, UnicodeDecodeError) as e:
+    raise MappingError(f"{path}: cannot read: {e}") from None
+  return Mapping.from_dict(data, where=path)

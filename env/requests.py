@@ -1,0 +1,124 @@
+"""The requests mallocGame steps over, built once per (workload, hardware).
+
+* An activation gets one request for its whole live range `[def, last_use + 1)`: its producer
+  writes it straight into fast memory, so there is no copy.
+* A parameter or input gets one request per group of nearby uses. The window of a use starts
+  as late as possible while a copy at the copy bandwidth still hides behind the ops before the
+  use (reference times, see cost_model); a use whose window would overlap the previous group
+  joins that group (the buffer simply stays in fast memory). A window that cannot hide the copy
+  even from program start starts at 0 and its leftover copy time is charged when placed.
+* Program outputs get no request: they must end the program in default memory.
+
+Requests that can never pay off are dropped: those larger than every fast level, and those
+whose saving is not positive at any level even from the all-slow state (a request's saving can
+only shrink as other buffers move to fast memory, since op time is a max of compute and a sum).
+
+Requests are ordered as XLA's memory-space-assignment orders buffers: memory-boundedness
+(time saved / sqrt(size)) descending, then size descending, then live-range length descending.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from env.cost_model import CostModel
+
+
+@dataclasses.dataclass(frozen=True)
+class Requests:
+  """R requests in game order; per-request arrays are `[R]`, savings `[R, F]` for F fast levels."""
+  buffer: np.ndarray            # [R] buffer position in workload.buffers
+  start: np.ndarray             # [R] window start (op index)
+  end: np.ndarray               # [R] window end (exclusive)
+  size: np.ndarray              # [R] aligned bytes
+  is_prefetch: np.ndarray       # [R] bool
+  first_use: np.ndarray         # [R] op the copy must finish before (== start for activations)
+  exposed_copy_time: np.ndarray  # [R] seconds charged if placed (0 for activations)
+  incidence_start: np.ndarray   # [R + 1] CSR offsets
+  incidence_op: np.ndarray      # [E_r] ops whose operand/result this request serves (unique per request)
+  incidence_bytes: np.ndarray   # [E_r]
+  standalone_saving: np.ndarray  # [R, F] seconds saved if placed alone in level f, all else slow
+
+  def __len__(self) -> int:
+    return len(self.buffer)
+
+  def ops(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+    lo, hi = self.incidence_start[r], self.incidence_start[r + 1]
+    return self.incidence_op[lo:hi], self.incidence_bytes[lo:hi]
+
+
+def build_requests(model: CostModel) -> Requests:
+  workload, hw = model.workload, model.hardware
+  a = workload.arrays
+  ref_prefix = model.reference_prefix
+  rows: list[tuple[int, int, int, int]] = []  # (buffer, start, end, first_use)
+  incidences: list[np.ndarray] = []
+  for b in range(workload.num_buffers):
+    if a.is_output[b]:
+      continue
+    lo, hi = a.buffer_incidence_start[b], a.buffer_incidence_start[b + 1]
+    ops = a.incidence_op[lo:hi]
+    if not a.is_prefetched[b]:
+      rows.append((b, int(a.live_start[b]), int(a.live_end[b]), int(a.live_start[b])))
+      incidences.append(ops)
+      continue
+    if len(ops) == 0:
+      continue
+    # Latest start s with reference time of [s, use) >= copy time; 0 if impossible.
+    targets = ref_prefix[ops] - model.copy_time[b]
+    window_start = np.maximum(np.searchsorted(ref_prefix, targets, side="right") - 1, 0)
+    group_first = 0
+    for i in range(1, len(ops) + 1):
+      if i == len(ops) or window_start[i] > ops[i - 1]:
+        rows.append((b, int(window_start[group_first]), int(ops[i - 1]) + 1, int(ops[group_first])))
+        incidences.append(ops[group_first:i])
+        group_first = i
+  if not rows:
+    return _empty_requests(hw.num_fast_levels)
+  buffer, start, end, first_use = (np.array(c, np.int64) for c in zip(*rows))
+  counts = np.array([len(x) for x in incidences], np.int64)
+  inc_start = np.concatenate([[0], np.cumsum(counts)])
+  inc_op = np.concatenate(incidences).astype(np.int64)
+  inc_bytes = a.sizes[np.repeat(buffer, counts)].astype(np.float64)
+  size = np.asarray(hw.align(a.sizes[buffer]), np.int64)
+  exposed = model.exposed_copy_time(buffer, start, first_use)
+  saving = _standalone_saving(model, inc_op, inc_bytes, inc_start) - exposed[:, None]
+
+  fits = size[:, None] <= hw.capacities[None, :-1]
+  keep = np.any(fits & (saving > 0), axis=1)
+  boundedness = np.max(np.where(fits, saving, 0.0), axis=1) / np.sqrt(size)
+  # np.lexsort sorts by the last key first; negate for descending.
+  order = np.lexsort((buffer, -(end - start), -size, -boundedness))
+  order = order[keep[order]]
+  counts_kept = counts[order]
+  gather = np.concatenate([np.arange(inc_start[r], inc_start[r + 1]) for r in order]) \
+      if len(order) else np.zeros(0, np.int64)
+  return Requests(
+      buffer=buffer[order], start=start[order], end=end[order], size=size[order],
+      is_prefetch=a.is_prefetched[buffer[order]], first_use=first_use[order],
+      exposed_copy_time=exposed[order],
+      incidence_start=np.concatenate([[0], np.cumsum(counts_kept)]).astype(np.int64),
+      incidence_op=inc_op[gather], incidence_bytes=inc_bytes[gather],
+      standalone_saving=saving[order])
+
+
+def _standalone_saving(model: CostModel, inc_op: np.ndarray, inc_bytes: np.ndarray,
+                       inc_start: np.ndarray) -> np.ndarray:
+  """[R, F] op-time decrease of each request alone in each fast level (copy cost excluded)."""
+  inv_bw = model.inverse_bandwidth
+  slow_time = np.maximum(model.compute_time, model.slow_memory_time)
+  request_of = np.repeat(np.arange(len(inc_start) - 1), np.diff(inc_start))
+  out = []
+  for level in range(len(inv_bw) - 1):
+    new_mem = model.slow_memory_time[inc_op] - inc_bytes * (inv_bw[-1] - inv_bw[level])
+    gain = slow_time[inc_op] - np.maximum(model.compute_time[inc_op], new_mem)
+    out.append(np.bincount(request_of, gain, minlength=len(inc_start) - 1))
+  return np.stack(out, axis=1)
+
+
+def _empty_requests(num_fast: int) -> Requests:
+  z = np.zeros(0, np.int64)
+  return Requests(z, z, z, z, np.zeros(0, bool), z, np.zeros(0), np.zeros(1, np.int64), z,
+                  np.zeros(0), np.zeros((0, num_fast)))

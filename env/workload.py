@@ -1,0 +1,340 @@
+"""Workloads: a compiled program as a schedule of ops and the buffers they read and write.
+
+JSON format (DESIGN.md)::
+
+  {"name": str, "source": str,
+   "ops": [{"name": str, "flops": number}, ...],            # in schedule order
+   "buffers": [{"id": int, "name": str, "size": int,         # bytes
+                "def": int | null,                           # defining op; null = program start
+                "uses": [int, ...],                          # op indices that read it
+                "kind": "activation" | "parameter" | "input" | "output"}, ...]}
+
+Live ranges are half-open op intervals: an activation lives on `[def, last_use + 1)`, a
+parameter or input on `[0, last_use + 1)`, and a program output on `[def, T)` because it
+must survive the program. A MiniMalloc CSV (`id,lower,upper,size`) becomes a workload of
+zero-flop ops where each buffer is touched by every op of `[lower, upper)`, so that the time
+saved by placing it is proportional to bytes x time, MiniMalloc's objective.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import gzip
+import io
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from env.errors import WorkloadError
+
+PROGRAM_START = -1
+KINDS = ("activation", "parameter", "input", "output")
+PREFETCHED_KINDS = ("parameter", "input")  # Exist before the program: copied in per use window.
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+  name: str
+  flops: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+  """A tensor. `def_op == PROGRAM_START` for parameters and inputs; `uses` sorted, unique."""
+  id: int
+  name: str
+  size: int
+  def_op: int
+  uses: tuple[int, ...]
+  kind: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadArrays:
+  """Numpy views of a workload used by the cost model and the game.
+
+  Incidences are the (op, buffer) pairs an op touches (its results and operands), sorted by
+  buffer then op; each pair appears once.
+  """
+  flops: np.ndarray             # [T] float64
+  sizes: np.ndarray             # [N] int64
+  def_op: np.ndarray            # [N] int64, PROGRAM_START for parameters / inputs
+  live_start: np.ndarray        # [N] int64
+  live_end: np.ndarray          # [N] int64 (exclusive)
+  is_prefetched: np.ndarray     # [N] bool: parameter or input
+  is_output: np.ndarray         # [N] bool
+  incidence_buffer: np.ndarray  # [E] int64
+  incidence_op: np.ndarray      # [E] int64
+  incidence_bytes: np.ndarray   # [E] float64
+  buffer_incidence_start: np.ndarray  # [N + 1] CSR offsets into the incidence arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  name: str
+  source: str
+  ops: tuple[Op, ...]
+  buffers: tuple[Buffer, ...]
+
+  def __post_init__(self):
+    _check_workload(self)
+
+  @property
+  def num_ops(self) -> int:
+    return len(self.ops)
+
+  @property
+  def num_buffers(self) -> int:
+    return len(self.buffers)
+
+  @functools.cached_property
+  def buffer_index(self) -> dict[int, int]:
+    """Maps a buffer id to its position in `buffers`."""
+    return {b.id: i for i, b in enumerate(self.buffers)}
+
+  @functools.cached_property
+  def arrays(self) -> WorkloadArrays:
+    return _build_arrays(self)
+
+  @functools.cached_property
+  def peak_live_bytes(self) -> int:
+    """Largest total size of buffers live at one op."""
+    a = self.arrays
+    delta = np.zeros(self.num_ops + 1, np.int64)
+    np.add.at(delta, a.live_start, a.sizes)
+    np.add.at(delta, a.live_end, -a.sizes)
+    return int(np.cumsum(delta)[:-1].max(initial=0))
+
+  def summary(self) -> dict[str, Any]:
+    kinds = {k: sum(b.kind == k for b in self.buffers) for k in KINDS}
+    return {"name": self.name, "ops": self.num_ops, "buffers": self.num_buffers,
+            "total_flops": float(self.arrays.flops.sum()),
+            "total_bytes": int(self.arrays.sizes.sum()),
+            "peak_live_bytes": self.peak_live_bytes, **{f"{k}s": v for k, v in kinds.items()}}
+
+  def to_dict(self) -> dict[str, Any]:
+    return {
+        "name": self.name, "source": self.source,
+        "ops": [{"name": o.name, "flops": o.flops} for o in self.ops],
+        "buffers": [{"id": b.id, "name": b.name, "size": b.size,
+                     "def": None if b.def_op == PROGRAM_START else b.def_op,
+                     "uses": list(b.uses), "kind": b.kind} for b in self.buffers],
+    }
+
+  @classmethod
+  def from_dict(cls, data: Any, where: str = "workload") -> "Workload":
+    return _parse_workload(data, where)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _fail(where: str, message: str) -> None:
+  raise WorkloadError(f"{where}: {message}")
+
+
+def _is_int(x: Any) -> bool:
+  return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+  return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _parse_workload(data: Any, where: str) -> Workload:
+  if not isinstance(data, Mapping):
+    _fail(where, f"expected a JSON object at the top level, got {type(data).__name__}")
+  for key in ("ops", "buffers"):
+    if key not in data:
+      _fail(where, f"missing required key '{key}'")
+  name = data.get("name", os.path.splitext(os.path.basename(where))[0])
+  source = data.get("source", "unknown")
+  if not isinstance(name, str) or not isinstance(source, str):
+    _fail(where, "'name' and 'source' must be strings")
+  raw_ops, raw_buffers = data["ops"], data["buffers"]
+  if not isinstance(raw_ops, list):
+    _fail(where, f"'ops' must be a list, got {type(raw_ops).__name__}")
+  if not isinstance(raw_buffers, list):
+    _fail(where, f"'buffers' must be a list, got {type(raw_buffers).__name__}")
+  ops = []
+  for t, op in enumerate(raw_ops):
+    if not isinstance(op, Mapping):
+      _fail(where, f"op {t}: expected an object, got {type(op).__name__}")
+    op_name = op.get("name", f"op{t}")
+    flops = op.get("flops", 0.0)
+    if not isinstance(op_name, str):
+      _fail(where, f"op {t}: 'name' must be a string")
+    if not _is_number(flops) or not np.isfinite(flops) or flops < 0:
+      _fail(where, f"op {t} ('{op_name}'): 'flops' must be a finite number >= 0, got {flops!r}")
+    ops.append(Op(op_name, float(flops)))
+  buffers = []
+  for i, b in enumerate(raw_buffers):
+    if not isinstance(b, Mapping):
+      _fail(where, f"buffer #{i}: expected an object, got {type(b).__name__}")
+    for key in ("id", "size", "uses", "kind"):
+      if key not in b:
+        _fail(where, f"buffer #{i}: missing required key '{key}'")
+    bid = b["id"]
+    if not _is_int(bid):
+      _fail(where, f"buffer #{i}: 'id' must be an integer, got {bid!r}")
+    label = f"buffer {bid}"
+    size, def_op, uses, kind = b["size"], b.get("def"), b["uses"], b["kind"]
+    bname = b.get("name", f"b{bid}")
+    if not isinstance(bname, str):
+      _fail(where, f"{label}: 'name' must be a string")
+    if not _is_int(size):
+      _fail(where, f"{label} ('{bname}'): 'size' must be an integer number of bytes, got {size!r}")
+    if def_op is None:
+      def_op = PROGRAM_START
+    elif not _is_int(def_op):
+      _fail(where, f"{label} ('{bname}'): 'def' must be an op index or null, got {def_op!r}")
+    if not isinstance(uses, list) or not all(_is_int(u) for u in uses):
+      _fail(where, f"{label} ('{bname}'): 'uses' must be a list of op indices, got {uses!r}")
+    if not isinstance(kind, str):
+      _fail(where, f"{label} ('{bname}'): 'kind' must be a string")
+    buffers.append(Buffer(int(bid), bname, int(size), int(def_op),
+                          tuple(sorted({int(u) for u in uses})), kind))
+  return Workload(name, source, tuple(ops), tuple(buffers))
+
+
+def _check_workload(w: Workload) -> None:
+  """Semantic checks shared by every way of building a workload."""
+  where = w.name or "workload"
+  if not w.ops:
+    _fail(where, "empty schedule: the workload has no ops")
+  if not w.buffers:
+    _fail(where, "the workload has no buffers")
+  num_ops = len(w.ops)
+  seen: set[int] = set()
+  for b in w.buffers:
+    label = f"buffer {b.id} ('{b.name}')"
+    if b.id in seen:
+      _fail(where, f"duplicate buffer id {b.id}")
+    seen.add(b.id)
+    if b.kind not in KINDS:
+      _fail(where, f"{label}: unknown kind '{b.kind}' (expected one of {', '.join(KINDS)})")
+    if b.size <= 0:
+      _fail(where, f"{label}: size must be positive, got {b.size}")
+    if b.kind in PREFETCHED_KINDS:
+      if b.def_op != PROGRAM_START:
+        _fail(where, f"{label}: a {b.kind} exists at program start, so 'def' must be null")
+    elif not 0 <= b.def_op < num_ops:
+      _fail(where, f"{label}: 'def' refers to unknown op {b.def_op} (the schedule has {num_ops} ops)")
+    for u in b.uses:
+      if not 0 <= u < num_ops:
+        _fail(where, f"{label}: use at unknown op {u} (the schedule has {num_ops} ops)")
+      if u <= b.def_op:
+        _fail(where, f"{label}: used at op {u} before its definition at op {b.def_op}")
+
+
+def _build_arrays(w: Workload) -> WorkloadArrays:
+  num_ops, bufs = w.num_ops, w.buffers
+  sizes = np.array([b.size for b in bufs], np.int64)
+  def_op = np.array([b.def_op for b in bufs], np.int64)
+  last_use = np.array([b.uses[-1] if b.uses else -1 for b in bufs], np.int64)
+  is_prefetched = np.array([b.kind in PREFETCHED_KINDS for b in bufs])
+  is_output = np.array([b.kind == "output" for b in bufs])
+  live_start = np.where(is_prefetched, 0, def_op)
+  live_end = np.maximum(last_use, def_op) + 1
+  live_end = np.where(is_prefetched & (last_use < 0), 0, live_end)
+  live_end = np.where(is_output, num_ops, live_end)
+  per_buffer = [([b.def_op] if b.def_op >= 0 else []) + list(b.uses) for b in bufs]
+  counts = np.array([len(p) for p in per_buffer], np.int64)
+  starts = np.concatenate([[0], np.cumsum(counts)])
+  inc_buf = np.repeat(np.arange(len(bufs), dtype=np.int64), counts)
+  inc_op = np.fromiter((t for p in per_buffer for t in p), np.int64, count=int(starts[-1]))
+  return WorkloadArrays(
+      flops=np.array([o.flops for o in w.ops], np.float64), sizes=sizes, def_op=def_op,
+      live_start=live_start, live_end=live_end, is_prefetched=is_prefetched, is_output=is_output,
+      incidence_buffer=inc_buf, incidence_op=inc_op,
+      incidence_bytes=sizes[inc_buf].astype(np.float64), buffer_incidence_start=starts)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def workload_from_minimalloc_csv(text: str, name: str = "minimalloc") -> Workload:
+  """Parses MiniMalloc's `id,lower,upper,size` CSV (half-open `[lower, upper)`)."""
+  reader = csv.reader(io.StringIO(text))
+  rows = [r for r in reader if r and any(c.strip() for c in r)]
+  if not rows:
+    _fail(name, "empty CSV: expected a header 'id,lower,upper,size' and one row per buffer")
+  header = [c.strip().lower() for c in rows[0]]
+  required = ("id", "lower", "upper", "size")
+  if not all(k in header for k in required):
+    _fail(name, f"CSV header must contain id,lower,upper,size; got {','.join(header)}")
+  col = {k: header.index(k) for k in required}
+  records = []
+  for line, row in enumerate(rows[1:], start=2):
+    try:
+      rec = {k: int(row[col[k]].strip()) for k in required}
+    except (ValueError, IndexError):
+      _fail(name, f"CSV line {line}: expected integers for id,lower,upper,size, got {','.join(row)}")
+    if rec["lower"] < 0 or rec["upper"] <= rec["lower"]:
+      _fail(name, f"CSV line {line}: buffer {rec['id']} needs 0 <= lower < upper, "
+            f"got [{rec['lower']}, {rec['upper']})")
+    records.append(rec)
+  if not records:
+    _fail(name, "CSV has a header but no buffers")
+  num_ops = max(r["upper"] for r in records)
+  ops = tuple(Op(f"t{t}", 0.0) for t in range(num_ops))
+  buffers = tuple(Buffer(r["id"], f"b{r['id']}", r["size"], r["lower"],
+                         tuple(range(r["lower"] + 1, r["upper"])), "activation") for r in records)
+  return Workload(name, "minimalloc-csv", ops, buffers)
+
+
+def workload_to_minimalloc_csv(w: Workload) -> str:
+  a = w.arrays
+  lines = ["id,lower,upper,size"]
+  for b, lo, hi in zip(w.buffers, a.live_start, a.live_end):
+    lines.append(f"{b.id},{lo},{hi},{b.size}")
+  return "\n".join(lines) + "\n"
+
+
+def load_workload(path: str | os.PathLike) -> Workload:
+  """Loads `.json`, `.json.gz` or MiniMalloc `.csv`; every failure is a one-line WorkloadError."""
+  path = os.fspath(path)
+  base = os.path.basename(path)
+  stem = base.split(".")[0]
+  if not os.path.exists(path):
+    raise WorkloadError(f"{path}: no such workload file")
+  try:
+    if path.endswith(".gz"):
+      with gzip.open(path, "rt", encoding="utf-8") as f:
+        text = f.read()
+    else:
+      with open(path, encoding="utf-8") as f:
+        text = f.read()
+  except (OSError, UnicodeDecodeError, EOFError) as e:
+    raise WorkloadError(f"{path}: cannot read: {e}") from None
+  if path.endswith(".csv"):
+    return workload_from_minimalloc_csv(text, name=stem)
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise WorkloadError(f"{path}: not valid JSON (truncated or corrupt?): {e.msg} at line "
+                        f"{e.lineno} column {e.colno}") from None
+  return Workload.from_dict(data, where=path)
+
+
+def save_workload(w: Workload, path: str | os.PathLike) -> None:
+  path = os.fspath(path)
+  if path.endswith(".csv"):
+    text = workload_to_minimalloc_csv(w)
+  else:
+    text = json.dumps(w.to_dict(), separators=(",", ":"))
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "wt", encoding="utf-8") as f:
+    f.write(text)
+
+
+def workload_from_ops(name: str, source: str, op_flops: Sequence[float],
+                      buffers: Sequence[dict[str, Any]]) -> Workload:
+  """Convenience constructor from plain Python values (importers and generators use it)."""
+  return Workload.from_dict({"name": name, "source": source,
+                             "ops": [{"name": f"op{t}", "flops": f} for t, f in enumerate(op_flops)],
+                             "buffers": list(buffers)}, where=name)

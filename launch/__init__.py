@@ -1,0 +1,1 @@
+"""malloczero: launch (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""malloczero: learner (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""malloczero: replay (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""malloczero: system (see DESIGN.md)."""
