@@ -98,5 +98,5 @@ def mlp_training_step(layers: int = 6, batch: int = 256, width: int = 2048,
 
 def contended(hardware: Hardware, workload: Workload, fraction: float) -> Hardware:
   """The hardware with its fast capacity set to `fraction` of the workload's peak live bytes."""
-  return hardware.with_fast_capacity(max(hardware.alignment_bytes,
-                                         int(fraction * workload.peak_live_bytes)))
+  align = hardware.alignment_bytes
+  return hardware.with_fast_capacity(max(align, int(fraction * workload.peak_live_bytes) // align * align))

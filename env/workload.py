@@ -134,7 +134,9 @@ class Workload:
 
 
 def _fail(where: str, message: str) -> None:
-  raise WorkloadError(f"{where}: {message}")
+  error = WorkloadError(f"{where}: {message}")
+  error.detail = message  # Lets a file loader name the file instead of the workload.
+  raise error
 
 
 def _is_int(x: Any) -> bool:
@@ -198,7 +200,10 @@ def _parse_workload(data: Any, where: str) -> Workload:
       _fail(where, f"{label} ('{bname}'): 'kind' must be a string")
     buffers.append(Buffer(int(bid), bname, int(size), int(def_op),
                           tuple(sorted({int(u) for u in uses})), kind))
-  return Workload(name, source, tuple(ops), tuple(buffers))
+  try:
+    return Workload(name, source, tuple(ops), tuple(buffers))
+  except WorkloadError as e:
+    raise WorkloadError(f"{where}: {getattr(e, 'detail', e)}") from None
 
 
 def _check_workload(w: Workload) -> None:

@@ -1,0 +1,153 @@
+"""The `malloczero` command line.
+
+Every user error (bad files, impossible hardware, wrong flags) ends in one line on stderr,
+`malloczero: error: ...`, and a non-zero exit status; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from env.errors import MalloczeroError
+from env.hardware import PRESETS, Hardware, load_hardware
+from env.mapping import load_mapping
+from env.validator import validate_mapping
+from env.workload import Workload, load_workload
+
+EXIT_INPUT_ERROR = 1
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message: str) -> None:  # One line, exit 2, as argparse does, minus the usage dump.
+    sys.stderr.write(f"malloczero: error: {message} (see 'malloczero {self.prog.split()[-1]} --help')\n"
+                     if " " in self.prog else f"malloczero: error: {message}\n")
+    sys.exit(2)
+
+
+def _positive_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+  if value <= 0:
+    raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+  return value
+
+
+def resolve_hardware(workload: Workload, hardware: str | None, capacity: int | None,
+                     fallback: Hardware | None = None) -> Hardware:
+  """--hardware (preset or file) and/or --capacity (fast bytes); MiniMalloc CSVs default to the
+  'minimalloc' machine, which needs --capacity."""
+  if hardware is not None:
+    hw = load_hardware(hardware)
+  elif fallback is not None:
+    hw = fallback
+  elif workload.source == "minimalloc-csv":
+    if capacity is None:
+      raise MalloczeroError("a MiniMalloc CSV needs --capacity BYTES (the fast memory size)")
+    hw = PRESETS["minimalloc"]
+  else:
+    raise MalloczeroError(f"no hardware given: pass --hardware ({', '.join(PRESETS)} or a JSON "
+                          "file) and/or --capacity BYTES")
+  return hw.with_fast_capacity(capacity) if capacity is not None else hw
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+  workload = load_workload(args.workload)
+  mapping = load_mapping(args.mapping)
+  hw = resolve_hardware(workload, args.hardware, args.capacity, fallback=mapping.hardware)
+  report = validate_mapping(workload, hw, mapping)
+  print(f"valid: {report.num_allocations} allocations on '{hw.name}', estimated "
+        f"{report.estimated_time_s * 1e3:.4g} ms vs {report.slow_only_time_s * 1e3:.4g} ms "
+        f"all in slow memory (speed-up {report.speedup:.3f}x)")
+  return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+  from launch.bench import run_bench, write_report
+  console = Console(stderr=True)
+  with console.status("benchmarking the game and the cost model..."):
+    report = run_bench(quick=args.quick)
+  write_report(report, args.out)
+  table = Table(title="malloczero bench" + (" --quick" if args.quick else ""))
+  table.add_column("metric")
+  table.add_column("value", justify="right")
+  for key, value in report.items():
+    if isinstance(value, float):
+      value = f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}"
+    table.add_row(key, str(value))
+  Console().print(table)
+  if args.out:
+    print(f"wrote {args.out}")
+  return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+  """Until the distributed trainer exists (issues 4-5) this plays mallocGame, honestly labelled."""
+  from env.game import MallocGame
+  from env.synthetic import contended, mlp_training_step
+  from env.validator import validate_mapping as validate
+  print("malloczero train: the MuZero training system is NOT built yet; nothing will be trained.")
+  workload = mlp_training_step()
+  hw = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
+  game = MallocGame(workload, hw)
+  print(f"Playing one mallocGame episode with a random legal policy on the built-in program "
+        f"'{workload.name}' ({workload.num_ops} ops, {len(game.requests)} requests) on "
+        f"'{hw.name}' with {hw.levels[0].capacity_bytes / 2**20:.1f} MiB fast memory.")
+  rng = np.random.default_rng(args.seed)
+  ts = game.reset()
+  episode_return = 0.0
+  while not ts.last():
+    legal = np.flatnonzero(ts.observation["legal_actions"])
+    ts = game.step(legal[rng.integers(len(legal))])
+    episode_return += ts.reward
+  report = validate(workload, hw, game.mapping("random"))
+  print(f"return {episode_return:.4f}; mapping validated: {report.num_allocations} allocations, "
+        f"speed-up {report.speedup:.3f}x over all-slow.")
+  return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = _Parser(prog="malloczero", description="Learned memory mapping for compiled ML "
+                   "programs: mallocGame, its cost model, and (soon) a distributed MuZero agent.")
+  sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+  p = sub.add_parser("validate", help="check a mapping independently; exit 0 if valid")
+  p.add_argument("workload", help="workload JSON (.json/.json.gz) or MiniMalloc CSV")
+  p.add_argument("mapping", help="MAP.json written by a solver")
+  p.add_argument("--hardware", help=f"preset ({', '.join(PRESETS)}) or hardware JSON file; "
+                 "default: the hardware recorded in the mapping")
+  p.add_argument("--capacity", type=_positive_int, help="override the fast memory size in bytes")
+  p.set_defaults(func=cmd_validate)
+
+  p = sub.add_parser("bench", help="measure game steps/s and cost-model evaluations/s")
+  p.add_argument("--quick", action="store_true", help="short run (a few seconds)")
+  p.add_argument("--out", help="write the results as JSON to this file")
+  p.set_defaults(func=cmd_bench)
+
+  p = sub.add_parser("train", help="(training not built yet) play mallocGame on a built-in program")
+  p.add_argument("--seed", type=int, default=0)
+  p.set_defaults(func=cmd_train)
+  return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = build_parser().parse_args(argv)
+  try:
+    return args.func(args)
+  except MalloczeroError as e:
+    print(f"malloczero: error: {e}", file=sys.stderr)
+    return EXIT_INPUT_ERROR
+  except KeyboardInterrupt:
+    print("malloczero: interrupted", file=sys.stderr)
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

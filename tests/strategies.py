@@ -1,0 +1,47 @@
+"""Hypothesis strategies: arbitrary valid programs and hardware for property tests."""
+
+from hypothesis import strategies as st
+
+from env.hardware import Hardware, MemoryLevel
+from env.workload import Workload, workload_from_ops
+
+
+@st.composite
+def workloads(draw, max_ops: int = 24, max_buffers: int = 40) -> Workload:
+  """Any valid workload: every kind, zero-flop ops, unused parameters, long and short ranges."""
+  num_ops = draw(st.integers(1, max_ops))
+  flops = draw(st.lists(st.one_of(st.just(0.0), st.floats(1.0, 1e12)), min_size=num_ops,
+                        max_size=num_ops))
+  num_buffers = draw(st.integers(1, max_buffers))
+  buffers = []
+  for i in range(num_buffers):
+    kind = draw(st.sampled_from(["activation", "activation", "parameter", "input", "output"]))
+    size = draw(st.integers(1, 1 << 22))
+    if kind in ("parameter", "input"):
+      def_op = None
+      uses = draw(st.lists(st.integers(0, num_ops - 1), max_size=5, unique=True))
+    else:
+      def_op = draw(st.integers(0, num_ops - 1))
+      uses = draw(st.lists(st.integers(def_op + 1, num_ops), max_size=4, unique=True)) \
+          if def_op + 1 < num_ops else []
+      uses = [u for u in uses if u < num_ops]
+    buffers.append({"id": 1000 + 7 * i, "name": f"b{i}", "size": size, "def": def_op,
+                    "uses": uses, "kind": kind})
+  return workload_from_ops(f"hyp-{num_ops}-{num_buffers}", "hypothesis", flops, buffers)
+
+
+@st.composite
+def hardware_for(draw, workload: Workload) -> Hardware:
+  """Two or three levels; fast capacity a fraction of the workload's peak live bytes."""
+  num_fast = draw(st.integers(1, 2))
+  alignment = draw(st.sampled_from([1, 64, 512]))
+  peak = max(workload.peak_live_bytes, 1)
+  levels = []
+  bandwidth = draw(st.floats(1e11, 1e13))
+  for f in range(num_fast):
+    capacity = max(alignment, int(peak * draw(st.floats(0.05, 1.2))))
+    levels.append(MemoryLevel(f"fast{f}", capacity, bandwidth))
+    bandwidth /= draw(st.floats(1.5, 20.0))
+  levels.append(MemoryLevel("slow", 1 << 40, bandwidth / draw(st.floats(1.5, 20.0))))
+  return Hardware(name="hyp", levels=tuple(levels), peak_flops_per_s=draw(st.floats(1e11, 1e15)),
+                  copy_bandwidth_bytes_per_s=draw(st.floats(1e9, 1e12)), alignment_bytes=alignment)

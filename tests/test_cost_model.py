@@ -1,0 +1,131 @@
+"""The cost model on hand-computed cases, and the incremental update against fresh evaluation."""
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from env import Hardware, HardwareError, MemoryLevel, PRESETS, load_hardware
+from env.cost_model import Allocations, CostModel
+from env.requests import build_requests
+from env.workload import Workload
+
+# Round numbers: fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s.
+HW = Hardware("toy", (MemoryLevel("fast", 1000, 100.0), MemoryLevel("slow", 10**9, 10.0)),
+              peak_flops_per_s=1.0, copy_bandwidth_bytes_per_s=10.0, alignment_bytes=1)
+PROGRAM = Workload.from_dict({
+    "name": "toy", "source": "hand",
+    "ops": [{"name": "a", "flops": 1.0}, {"name": "b", "flops": 0.0}, {"name": "c", "flops": 30.0},
+            {"name": "d", "flops": 2.0}],
+    "buffers": [
+        {"id": 0, "size": 100, "def": None, "uses": [3], "kind": "parameter"},
+        {"id": 1, "size": 200, "def": 0, "uses": [1, 2], "kind": "activation"},
+        {"id": 2, "size": 50, "def": 1, "uses": [3], "kind": "activation"},
+    ]})
+
+
+def test_hand_computed_times():
+  model = CostModel(PROGRAM, HW)
+  # op a: max(1, 200/10) = 20; b: max(0, (200+50)/10) = 25; c: max(30, 200/10) = 30;
+  # d: max(2, (100+50)/10) = 15.
+  assert model.slow_only_time == pytest.approx(20 + 25 + 30 + 15)
+  # Reference (all fast): a 2, b 2.5, c 30, d 2; copy of the 100-byte parameter takes 10 s.
+  np.testing.assert_allclose(model.reference_time, [2, 2.5, 30, 2])
+  # Activation 1 in fast over [0, 3): a 2, b max(0, 2 + 5) = 7, c 30: saves 18 + 18 + 0.
+  one = Allocations(*(np.array([v]) for v in (1, 0, 0, 0, 3)))
+  assert model.evaluate(one).total_time_s == pytest.approx(90 - 36)
+  # Parameter 0 prefetched over [2, 4): copy 10 s hides behind op c (30 s): no exposure;
+  # op d becomes max(2, 1 + 5) = 6, saving 9.
+  param = Allocations(*(np.array([v]) for v in (0, 0, 0, 2, 4)))
+  ev = model.evaluate(param)
+  assert ev.total_time_s == pytest.approx(90 - 9) and ev.exposed_copy_s[0] == 0.0
+  # Prefetched over [3, 4): nothing to hide behind, all 10 s exposed: net saving -1.
+  late = Allocations(*(np.array([v]) for v in (0, 0, 0, 3, 4)))
+  ev = model.evaluate(late)
+  assert ev.exposed_copy_s[0] == pytest.approx(10.0) and ev.total_time_s == pytest.approx(91.0)
+
+
+def test_requests_window_hides_the_copy():
+  requests = build_requests(CostModel(PROGRAM, HW))
+  param = np.flatnonzero(requests.buffer == 0)[0]
+  # Latest start that hides 10 s of copy before op 3 is op 2 (30 s of reference time).
+  assert (requests.start[param], requests.end[param]) == (2, 4)
+  assert requests.exposed_copy_time[param] == 0.0
+  act = np.flatnonzero(requests.buffer == 1)[0]
+  assert (requests.start[act], requests.end[act]) == (0, 3)
+  # Request order: memory-boundedness (saving / sqrt(size)) descending.
+  bounded = requests.standalone_saving[:, 0] / np.sqrt(requests.size)
+  assert np.all(np.diff(bounded) <= 0)
+
+
+@given(seed=st.integers(0, 1000))
+def test_incremental_delta_equals_fresh_difference(seed):
+  from env.synthetic import contended, random_workload
+  workload = random_workload(seed, num_ops=25)
+  hw = contended(PRESETS["nnpi-like"], workload, 0.3)
+  model = CostModel(workload, hw)
+  requests = build_requests(model)
+  rng = np.random.default_rng(seed)
+  memory = model.slow_memory_time.copy()
+  op_time = np.maximum(model.compute_time, memory)
+  chosen = []
+  total = model.slow_only_time
+  # Place a random subset of requests (ignoring address overlap: the cost model does not care).
+  for r in rng.permutation(len(requests))[: max(1, len(requests) // 2)]:
+    level = int(rng.integers(hw.num_fast_levels))
+    ops, nbytes = requests.ops(r)
+    savings = model.saving_per_fast_level(memory, op_time, ops, nbytes,
+                                          float(requests.exposed_copy_time[r]))
+    new_memory, new_time, saved = model.placement_delta(
+        memory, op_time, ops, nbytes, level, float(requests.exposed_copy_time[r]))
+    assert saved == pytest.approx(savings[level], rel=1e-12, abs=1e-18)
+    memory[ops], op_time[ops] = new_memory, new_time
+    total -= saved
+    chosen.append((r, level))
+  rs = np.array([c[0] for c in chosen])
+  alloc = Allocations(requests.buffer[rs], np.array([c[1] for c in chosen]),
+                      np.zeros(len(rs), np.int64), requests.start[rs], requests.end[rs])
+  assert model.evaluate(alloc).total_time_s == pytest.approx(total, rel=1e-9)
+
+
+def test_presets_and_hardware_json(tmp_path):
+  import json
+  assert PRESETS["nnpi-like"].num_levels == 3
+  lv = PRESETS["nnpi-like"].levels
+  assert lv[0].capacity_bytes == 4 << 20 and lv[1].capacity_bytes == 24 << 20
+  assert lv[1].bandwidth_bytes_per_s == pytest.approx(lv[0].bandwidth_bytes_per_s / 10)
+  assert lv[2].bandwidth_bytes_per_s == pytest.approx(lv[0].bandwidth_bytes_per_s / 100)
+  path = tmp_path / "hw.json"
+  path.write_text(json.dumps(PRESETS["tpu-v4i-like"].to_dict()))
+  assert load_hardware(str(path)) == PRESETS["tpu-v4i-like"]
+  half = PRESETS["nnpi-like"].with_fast_capacity(2 << 20)
+  assert [l.capacity_bytes for l in half.levels] == [2 << 20, 12 << 20, 32 << 30]
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d["levels"][0].update(capacity_bytes=0), "capacity 0; capacities must be positive"),
+    (lambda d: d["levels"][0].update(bandwidth_bytes_per_s=1.0), "ordered fastest first"),
+    (lambda d: d.update(levels=d["levels"][:1]), "at least two memory levels"),
+    (lambda d: d.update(alignment_bytes=48), "power of two"),
+    (lambda d: d.update(peak_flops_per_s=-1), "peak_flops_per_s must be positive"),
+    (lambda d: d.pop("copy_bandwidth_bytes_per_s"), "missing required key"),
+    (lambda d: d["levels"][0].update(capacity_bytes="big"), "'capacity_bytes' must be an integer"),
+])
+def test_impossible_hardware_is_rejected(tmp_path, mutate, message):
+  import json
+  data = PRESETS["tpu-v4i-like"].to_dict()
+  mutate(data)
+  path = tmp_path / "hw.json"
+  path.write_text(json.dumps(data))
+  with pytest.raises(HardwareError, match=message) as info:
+    load_hardware(str(path))
+  assert "\n" not in str(info.value)
+
+
+def test_unknown_hardware_and_a_program_too_big_for_slow_memory():
+  from env.game import MallocGame
+  with pytest.raises(HardwareError, match="unknown hardware 'tpu-v9'"):
+    load_hardware("tpu-v9")
+  tiny_slow = Hardware("tiny", (MemoryLevel("fast", 64, 100.0), MemoryLevel("slow", 100, 10.0)),
+                       1.0, 1.0, 1)
+  with pytest.raises(HardwareError, match="peak live bytes 350 exceed the slow memory"):
+    MallocGame(PROGRAM, tiny_slow)

@@ -1,0 +1,199 @@
+"""mallocGame: rewards are exact cost-model differences, mappings validate, specs hold."""
+
+import dm_env
+import numpy as np
+import pytest
+from hypothesis import assume, given, strategies as st
+
+from env import (GameConfig, IllegalActionError, MallocGame, MalloczeroError, PRESETS,
+                 validate_mapping)
+from env.cost_model import CostModel
+from env.synthetic import contended, mlp_training_step, random_workload
+from tests.strategies import hardware_for, workloads
+
+
+def play(game: MallocGame, policy: str, seed: int = 0):
+  """Plays one episode; returns (rewards, timesteps)."""
+  rng = np.random.default_rng(seed)
+  ts = game.reset()
+  steps = [ts]
+  while not ts.last():
+    legal = np.flatnonzero(ts.observation["legal_actions"])
+    if policy == "random":
+      action = legal[rng.integers(len(legal))]
+    elif policy == "first":
+      action = legal[-1] if len(legal) > 1 and rng.random() < 0.2 else legal[min(1, len(legal) - 1)]
+    else:
+      action = 0
+    ts = game.step(action)
+    steps.append(ts)
+  return np.array([t.reward for t in steps[1:]]), steps
+
+
+def make_game(workload, hardware):
+  try:
+    return MallocGame(workload, hardware)
+  except MalloczeroError:
+    assume(False)  # Nothing to place (every buffer too big or useless): not a game.
+
+
+@given(st.data())
+def test_rewards_sum_to_normalised_time_saved_and_mapping_validates(data):
+  workload = data.draw(workloads())
+  hardware = data.draw(hardware_for(workload))
+  game = make_game(workload, hardware)
+  policy = data.draw(st.sampled_from(["random", "first", "slow"]))
+  rewards, _ = play(game, policy, seed=data.draw(st.integers(0, 100)))
+  fresh = CostModel(workload, hardware)
+  mapping = game.mapping(policy)
+  report = validate_mapping(workload, hardware, mapping)
+  expected_return = (fresh.slow_only_time - report.estimated_time_s) / fresh.slow_only_time
+  assert rewards.sum() == pytest.approx(expected_return, rel=1e-7, abs=1e-12)
+  assert game.total_time == pytest.approx(report.estimated_time_s, rel=1e-9)
+  assert game.normaliser == fresh.slow_only_time
+  if policy == "slow":
+    assert len(mapping.allocations) == 0 and rewards.sum() == 0.0
+
+
+@given(seed=st.integers(0, 10_000), fraction=st.sampled_from([0.1, 0.25, 0.5]),
+       preset=st.sampled_from(["tpu-v4i-like", "nnpi-like"]))
+def test_each_reward_is_the_exact_cost_model_decrease(seed, fraction, preset):
+  workload = random_workload(seed, num_ops=30)
+  hardware = contended(PRESETS[preset], workload, fraction)
+  game = MallocGame(workload, hardware)
+  model = CostModel(workload, hardware)
+  rng = np.random.default_rng(seed)
+  ts = game.reset()
+  previous = model.slow_only_time
+  while not ts.last():
+    legal = np.flatnonzero(ts.observation["legal_actions"])
+    ts = game.step(legal[rng.integers(len(legal))])
+    now = model.evaluate(game.allocations()).total_time_s
+    assert ts.reward == pytest.approx((previous - now) / model.slow_only_time, rel=1e-6, abs=1e-12)
+    previous = now
+
+
+def test_three_level_hardware_places_in_both_fast_levels():
+  workload = random_workload(3, num_ops=80)
+  hardware = contended(PRESETS["nnpi-like"], workload, 0.1)
+  assert hardware.num_fast_levels == 2
+  game = MallocGame(workload, hardware)
+  levels_seen = set()
+  ts = game.reset()
+  while not ts.last():
+    level, _ = game.candidates
+    levels_seen.update(level.tolist())
+    # Always take the last legal candidate: that interleaves into the slower fast level too.
+    ts = game.step(np.flatnonzero(ts.observation["legal_actions"])[-1])
+  mapping = game.mapping("last")
+  validate_mapping(workload, hardware, mapping)
+  assert levels_seen == {0, 1}
+  assert {a["level"] for a in mapping.allocations} == {0, 1}
+
+
+def test_illegal_action_raises_a_clear_error():
+  workload = random_workload(5, num_ops=20)
+  game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.05))
+  ts = game.reset()
+  legal = ts.observation["legal_actions"]
+  illegal = np.flatnonzero(~legal)
+  assert illegal.size, "a 5% capacity must leave some candidate slots empty"
+  with pytest.raises(IllegalActionError, match=rf"action {illegal[0]} is illegal for request 0"):
+    game.step(illegal[0])
+  with pytest.raises(IllegalActionError, match="action 99 is illegal"):
+    game.step(99)
+  with pytest.raises(IllegalActionError, match="action -1 is illegal"):
+    game.step(-1)
+  game.step(0)  # The failed attempts changed nothing: the game goes on.
+  assert game.cursor == 1
+
+
+def test_observations_match_specs_and_game_is_deterministic():
+  workload = mlp_training_step()
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
+  first = play(MallocGame(workload, hardware), "random", seed=4)
+  second = play(MallocGame(workload, hardware), "random", seed=4)
+  game = MallocGame(workload, hardware)
+  spec = game.observation_spec()
+  for a, b in zip(first[1], second[1]):
+    for key, s in spec.items():
+      s.validate(a.observation[key])
+      np.testing.assert_array_equal(a.observation[key], b.observation[key])
+    assert a.observation["legal_actions"][0]
+  np.testing.assert_array_equal(first[0], second[0])
+  assert first[1][0].step_type == dm_env.StepType.FIRST
+  assert first[1][-1].step_type == dm_env.StepType.LAST and first[1][-1].discount == 0.0
+  assert game.action_spec().num_values == GameConfig().num_actions
+
+
+def test_step_after_the_end_starts_a_new_episode():
+  workload = random_workload(2, num_ops=10)
+  game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.5))
+  _, steps = play(game, "random")
+  assert game.done
+  ts = game.step(0)
+  assert ts.first() and game.cursor == 0 and game.total_time == game.normaliser
+
+
+def test_candidates_are_free_best_fit_first_and_requests_ordered_by_boundedness():
+  workload = random_workload(9, num_ops=60)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
+  game = MallocGame(workload, hardware)
+  req = game.requests
+  saving = np.max(req.standalone_saving, axis=1)
+  boundedness = saving / np.sqrt(req.size)
+  assert np.all(np.diff(boundedness) <= 1e-12 * boundedness.max())
+  assert np.all(saving > 0)
+  rng = np.random.default_rng(0)
+  ts = game.reset()
+  while not ts.last():
+    _, offsets = game.candidates
+    cand = ts.observation["candidates"]
+    n = len(offsets)
+    first_numeric = 1 + GameConfig().max_fast_levels  # after the valid flag and level one-hot
+    waste = cand[:n, first_numeric + 2]  # (gap - size) / capacity, one fast level here
+    assert np.all(np.diff(waste) >= 0), "best fit first"
+    legal = np.flatnonzero(ts.observation["legal_actions"])
+    ts = game.step(legal[rng.integers(len(legal))])
+  validate_mapping(workload, hardware, game.mapping("random"))
+
+
+def test_usable_from_acme_environment_loop():
+  from acme import core, environment_loop, specs
+
+  class RandomLegalActor(core.Actor):
+    def __init__(self):
+      self._rng = np.random.default_rng(0)
+      self.observed = 0
+
+    def select_action(self, observation):
+      legal = np.flatnonzero(observation["legal_actions"])
+      return np.int32(legal[self._rng.integers(len(legal))])
+
+    def observe_first(self, timestep):
+      self.observed += 1
+
+    def observe(self, action, next_timestep):
+      self.observed += 1
+
+    def update(self, wait=False):
+      pass
+
+  workload = random_workload(1, num_ops=25)
+  game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25))
+  env_spec = specs.make_environment_spec(game)
+  assert env_spec.actions.num_values == GameConfig().num_actions
+  actor = RandomLegalActor()
+  loop = environment_loop.EnvironmentLoop(game, actor, should_update=False)
+  loop.run(num_episodes=2)
+  assert actor.observed == 2 * (len(game.requests) + 1)
+  validate_mapping(workload, game.hardware, game.mapping("acme-loop"))
+
+
+def test_too_many_fast_levels_for_the_observation_is_a_clear_error():
+  from env import Hardware, HardwareError, MemoryLevel
+  workload = random_workload(1, num_ops=10)
+  hw = Hardware("deep", tuple(MemoryLevel(f"l{i}", 1 << 30, 10.0 ** (12 - i)) for i in range(4)),
+                1e12, 1e9, 1)
+  with pytest.raises(HardwareError, match="3 fast levels"):
+    MallocGame(workload, hw)

@@ -1,0 +1,153 @@
+"""The validator accepts what the game emits and rejects every kind of broken mapping."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from env import MallocGame, MappingError, PRESETS, save_workload, validate_mapping
+from env.mapping import Mapping, load_mapping
+from env.synthetic import contended, random_workload
+
+WORKLOAD = random_workload(21, num_ops=40)
+HARDWARE = contended(PRESETS["tpu-v4i-like"], WORKLOAD, 0.3)
+
+
+@pytest.fixture(scope="module")
+def mapping() -> Mapping:
+  game = MallocGame(WORKLOAD, HARDWARE)
+  ts = game.reset()
+  while not ts.last():
+    ts = game.step(1 if ts.observation["legal_actions"][1] else 0)  # greedy best fit
+  m = game.mapping("best-fit")
+  assert len(m.allocations) >= 5
+  return m
+
+
+def with_allocations(m: Mapping, allocations) -> Mapping:
+  return dataclasses.replace(m, allocations=tuple(allocations))
+
+
+def edited(m: Mapping, index: int, **changes) -> Mapping:
+  rows = [dict(a) for a in m.allocations]
+  rows[index].update(changes)
+  return with_allocations(m, rows)
+
+
+def test_game_mapping_is_valid(mapping):
+  report = validate_mapping(WORKLOAD, HARDWARE, mapping)
+  assert report.num_allocations == len(mapping.allocations)
+  assert report.speedup > 1.0
+
+
+def _overlapping(mapping: Mapping) -> Mapping:
+  """Moves one allocation onto the address of another that is live at the same time."""
+  rows = [dict(a) for a in mapping.allocations]
+  size = lambda a: HARDWARE.align(WORKLOAD.buffers[WORKLOAD.buffer_index[a["buffer"]]].size)
+  cap = HARDWARE.levels[0].capacity_bytes
+  for i, a in enumerate(rows):
+    for j, b in enumerate(rows):
+      if (i != j and a["level"] == b["level"] and a["start"] < b["end"] and b["start"] < a["end"]
+          and b["offset"] + size(a) <= cap):
+        rows[i]["offset"] = b["offset"]
+        return with_allocations(mapping, rows)
+  raise AssertionError("fixture has no two allocations live at the same time")
+
+
+def test_rejects_overlap_in_time_and_address(mapping):
+  with pytest.raises(MappingError, match=r"overlap in level 'CMEM': ops \[\d+, \d+\) x bytes"):
+    validate_mapping(WORKLOAD, HARDWARE, _overlapping(mapping))
+
+
+def test_rejects_each_broken_constraint(mapping):
+  cap = HARDWARE.levels[0].capacity_bytes
+  a0 = mapping.allocations[0]
+  cases = [
+      (edited(mapping, 0, offset=cap), "exceed the capacity"),
+      (edited(mapping, 0, offset=a0["offset"] + 1), "not a non-negative multiple of the alignment 512"),
+      (edited(mapping, 0, level=1), "level 1 is not a fast level"),
+      (edited(mapping, 0, buffer=10**6), "unknown buffer id 1000000"),
+      (edited(mapping, 0, end=WORKLOAD.num_ops + 5), "not a non-empty part of its live range"),
+      (dataclasses.replace(mapping, estimated_time_s=mapping.estimated_time_s * 0.9),
+       "reported estimated_time_s"),
+      (dataclasses.replace(mapping, slow_only_time_s=1.0), "reported slow_only_time_s"),
+      (dataclasses.replace(mapping, workload="other"), "mapping is for workload 'other'"),
+      (with_allocations(mapping, list(mapping.allocations) + [dict(a0)]),
+       "two allocations overlapping in time"),
+  ]
+  output = next(b for b in WORKLOAD.buffers if b.kind == "output")
+  cases.append((edited(mapping, 0, buffer=output.id), "program outputs must stay in default memory"))
+  act = next(i for i, a in enumerate(mapping.allocations)
+             if WORKLOAD.buffers[WORKLOAD.buffer_index[a["buffer"]]].kind == "activation")
+  a = mapping.allocations[act]
+  if a["end"] - a["start"] > 1:
+    cases.append((edited(mapping, act, end=a["end"] - 1), "must cover its whole live range"))
+  for broken, message in cases:
+    with pytest.raises(MappingError, match=message) as info:
+      validate_mapping(WORKLOAD, HARDWARE, broken)
+    assert "\n" not in str(info.value)
+
+
+def test_other_hardware_is_rejected(mapping):
+  other = HARDWARE.with_fast_capacity(HARDWARE.levels[0].capacity_bytes * 2)
+  with pytest.raises(MappingError, match="was made for hardware"):
+    validate_mapping(WORKLOAD, other, mapping)
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "launch.cli", *args], capture_output=True, text=True,
+                        timeout=120)
+
+
+def test_cli_validate_accepts_and_rejects(tmp_path, mapping):
+  wpath, good, bad = tmp_path / "w.json", tmp_path / "good.json", tmp_path / "bad.json"
+  save_workload(WORKLOAD, wpath)
+  mapping.save(good)
+  assert load_mapping(good) == mapping
+  _overlapping(mapping).save(bad)
+  ok = _cli("validate", str(wpath), str(good))
+  assert ok.returncode == 0, ok.stderr
+  assert ok.stdout.startswith("valid: ") and "speed-up" in ok.stdout
+  assert _cli("validate", str(wpath), str(good), "--hardware", "tpu-v4i-like").returncode == 1
+  rejected = _cli("validate", str(wpath), str(bad))
+  assert rejected.returncode == 1
+  assert rejected.stderr.count("\n") == 1 and rejected.stderr.startswith("malloczero: error: ")
+  assert "overlap in level 'CMEM'" in rejected.stderr
+  truncated = tmp_path / "trunc.json"
+  truncated.write_text(good.read_text()[:100])
+  out = _cli("validate", str(wpath), str(truncated))
+  assert out.returncode == 1 and "not valid JSON" in out.stderr and out.stderr.count("\n") == 1
+  out = _cli("validate", str(tmp_path / "nope.json"), str(good))
+  assert out.returncode == 1 and "no such workload file" in out.stderr
+  out = _cli("validate", str(wpath), str(good), "--capacity", "-3")
+  assert out.returncode == 2 and "expected a positive integer" in out.stderr
+  assert "Traceback" not in out.stderr
+
+
+def test_cli_validate_minimalloc_csv(tmp_path):
+  csv = tmp_path / "p.csv"
+  csv.write_text("id,lower,upper,size\n0,0,4,300\n1,1,3,500\n2,3,6,400\n")
+  from env import load_workload
+  from env.cost_model import CostModel
+  workload = load_workload(csv)
+  hw = PRESETS["minimalloc"].with_fast_capacity(800)
+  game = MallocGame(workload, hw)
+  ts = game.reset()
+  while not ts.last():
+    ts = game.step(1 if ts.observation["legal_actions"][1] else 0)
+  path = tmp_path / "map.json"
+  game.mapping("best-fit").save(path)
+  assert _cli("validate", str(csv), str(path), "--capacity", "800").returncode == 0
+  out = _cli("validate", str(csv), str(path))  # hardware recorded in the mapping
+  assert out.returncode == 0, out.stderr
+  data = json.loads(path.read_text())
+  data["allocations"] = [dict(a, offset=0) for a in data["allocations"]]
+  data["estimated_time_s"] = CostModel(workload, hw).evaluate(
+      load_mapping(path).to_arrays(workload)).total_time_s
+  path.write_text(json.dumps(data))
+  out = _cli("validate", str(csv), str(path))
+  assert out.returncode == 1 and "overlap" in out.stderr, out.stderr
+  assert np.isfinite(data["estimated_time_s"])

@@ -1,0 +1,122 @@
+"""Workload files: round trips and one-line errors for every kind of malformed input."""
+
+import gzip
+import json
+
+import pytest
+from hypothesis import given
+
+from env import WorkloadError, load_workload, save_workload
+from env.workload import Workload, workload_from_minimalloc_csv, workload_to_minimalloc_csv
+from tests.strategies import workloads
+
+GOOD = {"name": "tiny", "source": "hand",
+        "ops": [{"name": "a", "flops": 10.0}, {"name": "b", "flops": 0}, {"name": "c", "flops": 5}],
+        "buffers": [
+            {"id": 7, "name": "w", "size": 64, "def": None, "uses": [0, 2], "kind": "parameter"},
+            {"id": 8, "name": "x", "size": 32, "def": 0, "uses": [1], "kind": "activation"},
+            {"id": 9, "name": "y", "size": 16, "def": 1, "uses": [], "kind": "output"}]}
+
+
+def test_live_ranges_and_peak():
+  w = Workload.from_dict(GOOD)
+  a = w.arrays
+  assert a.live_start.tolist() == [0, 0, 1]
+  assert a.live_end.tolist() == [3, 2, 3]       # parameter to last use; output to the end
+  assert w.peak_live_bytes == 64 + 32 + 16      # all three live at op 1
+  assert a.incidence_op.tolist() == [0, 2, 0, 1, 1]
+
+
+@given(workloads())
+def test_json_round_trip(tmp_path_factory, workload):
+  path = tmp_path_factory.mktemp("w") / "w.json.gz"
+  save_workload(workload, path)
+  assert load_workload(path) == workload
+  plain = path.with_suffix("").with_suffix(".json")
+  save_workload(workload, plain)
+  assert load_workload(plain) == workload
+
+
+def test_csv_round_trip_and_objective_is_bytes_times_time(tmp_path):
+  text = "id,lower,upper,size\n0,0,3,100\n1,1,2,50\n2,2,5,10\n"
+  w = workload_from_minimalloc_csv(text, name="mm")
+  assert w.num_ops == 5 and w.source == "minimalloc-csv"
+  assert w.arrays.live_start.tolist() == [0, 1, 2] and w.arrays.live_end.tolist() == [3, 2, 5]
+  assert workload_to_minimalloc_csv(w) == text
+  path = tmp_path / "mm.csv"
+  path.write_text(text)
+  assert load_workload(path) == w
+  from env.cost_model import CostModel
+  from env.hardware import PRESETS
+  from env.requests import build_requests
+  model = CostModel(w, PRESETS["minimalloc"])
+  inv = model.inverse_bandwidth
+  saving = build_requests(model).standalone_saving[:, 0]
+  # Saving of each buffer = size x (upper - lower) x (1/bw_slow - 1/bw_fast): bytes x time.
+  assert sorted(saving.tolist()) == pytest.approx(sorted(
+      [s * length * (inv[1] - inv[0]) for s, length in ((100, 3), (50, 1), (10, 3))]))
+
+
+MALFORMED = [
+    ("size -5", lambda d: d["buffers"][1].update(size=-5), r"buffer 8 \('x'\): size must be positive"),
+    ("size 0", lambda d: d["buffers"][1].update(size=0), r"size must be positive, got 0"),
+    ("use before def", lambda d: d["buffers"][1].update(uses=[0]),
+     r"used at op 0 before its definition at op 0"),
+    ("unknown op in uses", lambda d: d["buffers"][1].update(uses=[9]), r"use at unknown op 9"),
+    ("unknown def op", lambda d: d["buffers"][1].update(**{"def": 5}), r"'def' refers to unknown op 5"),
+    ("duplicate id", lambda d: d["buffers"][2].update(id=7), r"duplicate buffer id 7"),
+    ("empty schedule", lambda d: d.update(ops=[]), r"empty schedule"),
+    ("string size", lambda d: d["buffers"][0].update(size="64"), r"'size' must be an integer"),
+    ("float id", lambda d: d["buffers"][0].update(id=1.5), r"'id' must be an integer"),
+    ("bool flops", lambda d: d["ops"][0].update(flops=True), r"'flops' must be a finite number"),
+    ("negative flops", lambda d: d["ops"][0].update(flops=-1), r"'flops' must be a finite number"),
+    ("uses not list", lambda d: d["buffers"][0].update(uses=3), r"'uses' must be a list"),
+    ("unknown kind", lambda d: d["buffers"][0].update(kind="weights"), r"unknown kind 'weights'"),
+    ("parameter with def", lambda d: d["buffers"][0].update(**{"def": 0}), r"'def' must be null"),
+    ("missing buffers", lambda d: d.pop("buffers"), r"missing required key 'buffers'"),
+    ("ops not a list", lambda d: d.update(ops={"a": 1}), r"'ops' must be a list"),
+    ("top-level list", lambda d: (d.clear(), None), r"missing required key"),
+]
+
+
+@pytest.mark.parametrize("label,mutate,message", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_workloads_give_one_line_errors(tmp_path, label, mutate, message):
+  data = json.loads(json.dumps(GOOD))
+  mutate(data)
+  path = tmp_path / "bad.json"
+  path.write_text(json.dumps(data))
+  with pytest.raises(WorkloadError, match=message) as info:
+    load_workload(path)
+  assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def test_truncated_and_non_json_files(tmp_path):
+  text = json.dumps(GOOD)
+  truncated = tmp_path / "t.json"
+  truncated.write_text(text[: len(text) // 2])
+  with pytest.raises(WorkloadError, match=r"not valid JSON \(truncated or corrupt\?\)"):
+    load_workload(truncated)
+  broken_gz = tmp_path / "t.json.gz"
+  broken_gz.write_bytes(gzip.compress(text.encode())[:30])
+  with pytest.raises(WorkloadError, match=r"t.json.gz: (cannot read|not valid JSON)"):
+    load_workload(broken_gz)
+  array = tmp_path / "a.json"
+  array.write_text("[1, 2]")
+  with pytest.raises(WorkloadError, match="expected a JSON object at the top level, got list"):
+    load_workload(array)
+  with pytest.raises(WorkloadError, match="no such workload file"):
+    load_workload(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "empty CSV"),
+    ("a,b,c\n1,2,3\n", "header must contain id,lower,upper,size"),
+    ("id,lower,upper,size\n", "no buffers"),
+    ("id,lower,upper,size\n0,5,5,10\n", r"needs 0 <= lower < upper, got \[5, 5\)"),
+    ("id,lower,upper,size\n0,0,2,ten\n", "line 2: expected integers"),
+    ("id,lower,upper,size\n0,0,2,-1\n", "size must be positive"),
+    ("id,lower,upper,size\n0,0,2,4\n0,1,3,4\n", "duplicate buffer id 0"),
+])
+def test_malformed_csv(text, message):
+  with pytest.raises(WorkloadError, match=message):
+    workload_from_minimalloc_csv(text, name="bad")
