@@ -1,0 +1,46 @@
+"""The command line end to end: bench writes a well-formed report, train is honest, setup is idempotent."""
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli(*args, timeout=300):
+  return subprocess.run([sys.executable, "-m", "launch.cli", *args], capture_output=True,
+                        text=True, timeout=timeout, cwd=REPO)
+
+
+def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
+  out = tmp_path / "bench.json"
+  result = _cli("bench", "--quick", "--out", str(out))
+  assert result.returncode == 0, result.stderr
+  report = json.loads(out.read_text())
+  for key in ("game_steps_per_s", "cost_model_full_evaluations_per_s",
+              "cost_model_incremental_updates_per_s"):
+    assert report[key] > 0 and key in result.stdout
+  assert 900 <= report["game_requests_per_episode"] <= 1300  # "a ~1,000-request program"
+  assert report["eval_program_buffers"] >= 2000
+
+
+def test_train_says_training_is_not_built_and_validates_what_it_plays():
+  result = _cli("train")
+  assert result.returncode == 0, result.stderr
+  assert "NOT built yet" in result.stdout
+  assert "mapping validated" in result.stdout
+
+
+def test_unknown_command_and_flag_are_one_line_errors():
+  for args in (("frobnicate",), ("bench", "--quik")):
+    result = _cli(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
+
+
+def test_make_setup_is_idempotent():
+  assert os.path.exists(os.path.join(REPO, ".venv", ".malloczero-installed")), \
+      "run the tests through `make test`, which builds .venv"
+  result = subprocess.run(["make", "-q", "setup"], cwd=REPO, capture_output=True, text=True)
+  assert result.returncode == 0, "make setup would reinstall although nothing changed"
