@@ -33,6 +33,7 @@ from env.cost_model import Allocations, CostModel
 from env.errors import HardwareError, IllegalActionError, MalloczeroError
 from env.hardware import Hardware, check_fits
 from env.mapping import Mapping
+from env.placement import Placement
 from env.requests import Requests, build_requests
 from env.workload import Workload
 
@@ -92,8 +93,9 @@ class MallocGame(dm_env.Environment):
       raise MalloczeroError(f"{workload.name}: nothing to play on '{hardware.name}': no buffer fits "
                             "in fast memory and saves time there")
     self.normaliser = self.cost_model.slow_only_time
+    self._placement = Placement(self.cost_model, self.requests)
     self._num_fast = hardware.num_fast_levels
-    self._capacity = hardware.capacities[:-1].astype(np.int64)  # [F]
+    self._capacity = self._placement.capacity  # [F]
     self._static = self._static_features()
     self._bin_edges = [np.linspace(0, c, config.occupancy_bins + 1) for c in self._capacity]
     self._obs_spec = observation_spec(config)
@@ -138,7 +140,7 @@ class MallocGame(dm_env.Environment):
   @property
   def total_time(self) -> float:
     """Program time of the current (partial) mapping, tracked incrementally."""
-    return self._total
+    return self._placement.total_time
 
   @property
   def cursor(self) -> int:
@@ -161,89 +163,33 @@ class MallocGame(dm_env.Environment):
 
   def allocations(self) -> Allocations:
     """Placements made so far, in the order they were made."""
-    n = len(self._placed)
-    rows = np.array(self._placed, np.int64).reshape(n, 3)
-    req, level, offset = rows[:, 0], rows[:, 1], rows[:, 2]
-    r = self.requests
-    return Allocations(buffer=r.buffer[req], level=level, offset=offset, start=r.start[req],
-                       end=r.end[req])
+    return self._placement.allocations()
 
   def mapping(self, solver: str) -> Mapping:
     """The mapping built so far (normally called when the episode is over)."""
-    n = len(self._placed)
-    rows = np.array(self._placed, np.int64).reshape(n, 3)
-    return Mapping.from_arrays(self.workload, self.hardware, solver, request=rows[:, 0],
-                               allocations=self.allocations(), estimated_time_s=self._total,
-                               slow_only_time_s=self.normaliser)
+    return self._placement.mapping(solver)
 
   # -------------------------------------------------------------------------- internals
 
   def _reset_state(self) -> None:
-    num_requests, num_fast = len(self.requests), self._num_fast
-    model = self.cost_model
     self._cursor = 0
     self._done = False
-    self._memory_time = model.slow_memory_time.copy()                   # [T]
-    self._op_time = np.maximum(model.compute_time, self._memory_time)   # [T]
-    self._total = float(self._op_time.sum())
-    # Placed rectangles per fast level: [F, R] arrays, the first `_count[f]` entries used.
-    self._rect_start = np.zeros((num_fast, num_requests), np.int64)
-    self._rect_end = np.zeros((num_fast, num_requests), np.int64)
-    self._rect_low = np.zeros((num_fast, num_requests), np.int64)
-    self._rect_high = np.zeros((num_fast, num_requests), np.int64)
-    self._count = [0] * num_fast
-    self._placed: list[tuple[int, int, int]] = []
+    self._placement.reset()
 
   def _place(self, action: int) -> float:
-    r = self._cursor
-    level = int(self._cand_level[action - 1])
-    offset = int(self._cand_offset[action - 1])
-    ops, nbytes = self.requests.ops(r)
-    memory, new_time, saved = self.cost_model.placement_delta(
-        self._memory_time, self._op_time, ops, nbytes, level,
-        float(self.requests.exposed_copy_time[r]))
-    self._memory_time[ops] = memory
-    self._op_time[ops] = new_time
-    self._total -= saved
-    i = self._count[level]
-    self._rect_start[level, i] = self.requests.start[r]
-    self._rect_end[level, i] = self.requests.end[r]
-    self._rect_low[level, i] = offset
-    self._rect_high[level, i] = offset + self.requests.size[r]
-    self._count[level] = i + 1
-    self._placed.append((r, level, offset))
-    return saved
-
-  def _free_gaps(self, level: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-    """Free address intervals `[low, high)` of a level over ops `[start, end)`, by address."""
-    n = self._count[level]
-    capacity = self._capacity[level]
-    if n == 0:
-      return np.zeros(1, np.int64), self._capacity[level:level + 1]
-    live = (self._rect_start[level, :n] < end) & (self._rect_end[level, :n] > start)
-    low = self._rect_low[level, :n][live]
-    if low.size == 0:
-      return np.zeros(1, np.int64), self._capacity[level:level + 1]
-    order = np.argsort(low, kind="stable")
-    low = low[order]
-    covered = np.maximum.accumulate(self._rect_high[level, :n][live][order])
-    gap_low = np.concatenate(([0], covered))
-    gap_high = np.concatenate((low, [capacity]))
-    keep = gap_high > gap_low
-    return gap_low[keep], gap_high[keep]
+    return self._placement.place(self._cursor, int(self._cand_level[action - 1]),
+                                 int(self._cand_offset[action - 1]))
 
   def _observe(self) -> dict[str, np.ndarray]:
     cfg, r, req = self.config, self._cursor, self.requests
     start, end, size = int(req.start[r]), int(req.end[r]), int(req.size[r])
     num_fast, num_cand = self._num_fast, cfg.num_candidates
     # Current saving per fast level (exact incremental delta, copy cost included).
-    ops, nbytes = req.ops(r)
-    saving = self.cost_model.saving_per_fast_level(self._memory_time, self._op_time, ops, nbytes,
-                                                   float(req.exposed_copy_time[r]))  # [F]
+    saving = self._placement.saving(r)  # [F]
     occupancy = np.zeros((cfg.max_fast_levels, cfg.occupancy_bins), np.float32)
     per_level = []
     for level in range(num_fast):
-      low, high = self._free_gaps(level, start, end)
+      low, high = self._placement.free_gaps(level, start, end)
       edges = self._bin_edges[level]
       free = np.clip(edges[:, None] - low[None, :], 0, (high - low)[None, :]).sum(axis=1)
       occupancy[level] = 1.0 - np.diff(free) / (edges[1] - edges[0])
@@ -287,7 +233,7 @@ class MallocGame(dm_env.Environment):
     request[:s] = self._static[r]
     request[s:s + num_fast] = saving / self._saving_scale
     request[s + cfg.max_fast_levels:s + cfg.max_fast_levels + num_fast] = 1.0  # level present
-    request[-2] = self._total / self.normaliser
+    request[-2] = self._placement.total_time / self.normaliser
     request[-1] = n / num_cand
     lookahead = np.zeros((cfg.lookahead, cfg.lookahead_features), np.float32)
     following = self._static[r + 1:r + 1 + cfg.lookahead]
