@@ -91,6 +91,20 @@ class Placement:
     fits = np.flatnonzero(gap >= self.requests.size[r])
     return int(low[fits[np.argmin(gap[fits])]]) if fits.size else None
 
+  def place_where_it_saves_most(self, r: int, fit: str = "best") -> bool:
+    """Places request `r` in the level where it saves most now among those with room, at the
+    `fit` ("best" or "first") offset; leaves it in slow memory if it saves nothing anywhere."""
+    saving = self.saving(r)
+    find = self.best_fit if fit == "best" else self.first_fit
+    for level in np.argsort(-saving, kind="stable"):
+      if saving[level] <= 0:
+        return False
+      offset = find(r, int(level))
+      if offset is not None:
+        self.place(r, int(level), offset)
+        return True
+    return False
+
   def request_indices(self) -> np.ndarray:
     return np.array([p[0] for p in self.placed], np.int64)
 

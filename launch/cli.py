@@ -69,6 +69,49 @@ def cmd_validate(args: argparse.Namespace) -> int:
   return 0
 
 
+def _positive_float(text: str) -> float:
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'") from None
+  if not value > 0:
+    raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+  return value
+
+
+def solver_options(args: argparse.Namespace, solver: str) -> dict:
+  if solver == "cpsat":
+    return {"time_limit_s": args.time_limit, "workers": args.workers}
+  if solver == "evo":
+    return {"evaluations": args.evaluations, "seed": args.seed}
+  if solver == "random":
+    return {"seed": args.seed}
+  return {}
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+  from env.solvers import solve
+  workload = load_workload(args.workload)
+  hw = resolve_hardware(workload, args.hardware, args.capacity)
+  result = solve(workload, hw, args.solver, **solver_options(args, args.solver))
+  m = result.mapping
+  extra = ""
+  if args.solver == "cpsat":
+    extra = (f"; CP-SAT {result.info['status']}, proven bound {result.info['bound_s'] * 1e3:.4g} ms"
+             + (f" ({result.info['fallback']})" if "fallback" in result.info else ""))
+  print(f"{args.solver}: {len(m.allocations)} of {result.info['requests']} requests placed; "
+        f"estimated {m.estimated_time_s * 1e3:.4g} ms vs {m.slow_only_time_s * 1e3:.4g} ms "
+        f"all-slow (speed-up {m.speedup:.3f}x) in {result.solve_time_s:.2f} s; validated{extra}")
+  if args.out:
+    m.save(args.out)
+    print(f"wrote {args.out}")
+  if args.plot:
+    from launch.plots import plot_memory_map
+    plot_memory_map(workload, hw, m, args.plot)
+    print(f"wrote {args.plot}")
+  return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
   from launch.bench import run_bench, write_report
   console = Console(stderr=True)
@@ -113,6 +156,18 @@ def cmd_train(args: argparse.Namespace) -> int:
   return 0
 
 
+SOLVER_CHOICES = ("msa", "greedy", "random", "evo", "cpsat")
+
+
+def _add_solver_flags(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--time-limit", type=_positive_float, default=10.0,
+                 help="CP-SAT time limit in seconds (default 10)")
+  p.add_argument("--workers", type=_positive_int, default=2, help="CP-SAT worker threads")
+  p.add_argument("--evaluations", type=_positive_int, default=120,
+                 help="evo budget: full mappings decoded (default 120)")
+  p.add_argument("--seed", type=int, default=0, help="seed for random and evo")
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = _Parser(prog="malloczero", description="Learned memory mapping for compiled ML "
                    "programs: mallocGame, its cost model, and (soon) a distributed MuZero agent.")
@@ -125,6 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
                  "default: the hardware recorded in the mapping")
   p.add_argument("--capacity", type=_positive_int, help="override the fast memory size in bytes")
   p.set_defaults(func=cmd_validate)
+
+  p = sub.add_parser("solve", help="map one program with a baseline solver; writes MAP.json")
+  p.add_argument("workload", help="workload JSON (.json/.json.gz) or MiniMalloc CSV")
+  p.add_argument("--hardware", help=f"preset ({', '.join(PRESETS)}) or hardware JSON file")
+  p.add_argument("--capacity", type=_positive_int, help="fast memory size in bytes")
+  p.add_argument("--solver", default="msa", choices=SOLVER_CHOICES)
+  p.add_argument("--out", help="write the validated mapping here (JSON)")
+  p.add_argument("--plot", help="draw the memory map here (PNG)")
+  _add_solver_flags(p)
+  p.set_defaults(func=cmd_solve)
 
   p = sub.add_parser("bench", help="measure game steps/s and cost-model evaluations/s")
   p.add_argument("--quick", action="store_true", help="short run (a few seconds)")

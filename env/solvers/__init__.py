@@ -1,0 +1,62 @@
+"""Baseline solvers. Each places the game's requests through the same `Placement` rules and
+cost model, and every mapping is checked by the independent validator before it is returned."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from env.cost_model import CostModel
+from env.errors import MalloczeroError
+from env.game import GameConfig, MallocGame
+from env.hardware import Hardware, check_fits
+from env.mapping import Mapping
+from env.placement import Placement
+from env.requests import build_requests
+from env.solvers.cpsat import cpsat
+from env.solvers.evo import evo
+from env.solvers.heuristics import greedy, msa, random_play
+from env.validator import validate_mapping
+from env.workload import Workload
+
+PLACEMENT_SOLVERS = {"msa": msa, "greedy": greedy, "evo": evo, "cpsat": cpsat}
+SOLVERS = ("msa", "greedy", "random", "evo", "cpsat")
+
+
+@dataclasses.dataclass(frozen=True)
+class SolveResult:
+  mapping: Mapping
+  solve_time_s: float
+  info: dict[str, Any]
+
+  @property
+  def speedup(self) -> float:
+    """All-slow time over the mapping's time."""
+    return self.mapping.speedup
+
+
+def solve(workload: Workload, hardware: Hardware, solver: str,
+          game_config: GameConfig = GameConfig(), **options: Any) -> SolveResult:
+  """Runs a baseline; the returned mapping has passed `validate_mapping`."""
+  if solver not in SOLVERS:
+    raise MalloczeroError(f"unknown solver '{solver}' (choose from {', '.join(SOLVERS)})")
+  check_fits(hardware, workload.peak_live_bytes, workload.name)
+  model = CostModel(workload, hardware)
+  requests = build_requests(model)
+  t0 = time.perf_counter()
+  if solver == "random" and len(requests):
+    game = MallocGame(workload, hardware, game_config)
+    info = random_play(game, **options)
+    mapping = game.mapping(solver)
+  else:
+    placement = Placement(model, requests)
+    info = PLACEMENT_SOLVERS[solver](placement, **options) if len(requests) and solver != "random" \
+        else {"note": "no request fits in fast memory and saves time there"}
+    mapping = placement.mapping(solver)
+  elapsed = time.perf_counter() - t0
+  validate_mapping(workload, hardware, mapping)
+  return SolveResult(mapping, elapsed, dict(info, requests=len(requests)))
+
+
+__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "greedy", "evo", "cpsat", "random_play"]

@@ -1,0 +1,55 @@
+"""Constructive baselines: XLA's memory-space-assignment heuristic, a greedy, and random play."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from env.game import MallocGame
+from env.placement import Placement
+
+
+def msa(placement: Placement) -> dict:
+  """XLA memory-space assignment, as its source describes it, over the game's requests.
+
+  * Order: the game's request order is already MSA's (memory-boundedness = time saved /
+    sqrt(size) descending, then size, then live-range length).
+  * Activations: no-copy allocation over the whole live range.
+  * Parameters and inputs: the prefetch window of the cost-based interval picker (the latest
+    start whose overlapped op time hides the copy); a use whose copy cannot be hidden even from
+    program start gets no prefetch (the picker's minimum overlap ratio of 1).
+  * Chunk: best fit (smallest free gap that holds the buffer over its window, lowest offset on
+    ties) in the fastest level that has one.
+  Not modelled: eviction, re-trying shorter prefetch windows when space runs out, and
+  cross-program prefetch.
+  """
+  req = placement.requests
+  for r in range(len(req)):
+    if req.is_prefetch[r] and req.exposed_copy_time[r] > 0:
+      continue
+    for level in range(placement.num_fast):
+      offset = placement.best_fit(r, level)
+      if offset is not None:
+        placement.place(r, level, offset)
+        break
+  return {}
+
+
+def greedy(placement: Placement) -> dict:
+  """Benefit density, first fit: requests by standalone time saved per byte (descending); each
+  goes, if it still saves time, to the level where it saves most that has room, at the lowest
+  free offset."""
+  req = placement.requests
+  density = req.standalone_saving.max(axis=1) / req.size
+  for r in np.argsort(-density, kind="stable"):
+    placement.place_where_it_saves_most(int(r), fit="first")
+  return {}
+
+
+def random_play(game: MallocGame, seed: int = 0) -> dict:
+  """Uniformly random legal actions in mallocGame (action 0 included)."""
+  rng = np.random.default_rng(seed)
+  ts = game.reset()
+  while not ts.last():
+    legal = np.flatnonzero(ts.observation["legal_actions"])
+    ts = game.step(legal[rng.integers(len(legal))])
+  return {"seed": seed}
