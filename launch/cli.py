@@ -7,6 +7,7 @@ Every user error (bad files, impossible hardware, wrong flags) ends in one line 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Sequence
 
@@ -21,6 +22,19 @@ from env.validator import validate_mapping
 from env.workload import Workload, load_workload
 
 EXIT_INPUT_ERROR = 1
+
+
+def console(stderr: bool = False) -> Console:
+  """Wide tables when output goes to a file or a pipe (rich would assume 80 columns)."""
+  stream = sys.stderr if stderr else sys.stdout
+  return Console(stderr=stderr, width=None if stream.isatty() else 200)
+
+
+def human_bytes(n: float) -> str:
+  for unit in ("B", "KiB", "MiB", "GiB"):
+    if abs(n) < 1024 or unit == "GiB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+    n /= 1024
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,10 +126,66 @@ def cmd_solve(args: argparse.Namespace) -> int:
   return 0
 
 
+def cmd_suite(args: argparse.Namespace) -> int:
+  from env.suites import get_suite, program_summaries, suite_names
+  out = console()
+  if args.action == "list":
+    table = Table(title="built-in suites")
+    for col in ("suite", "entries", "train", "heldout", "programs", "description"):
+      table.add_column(col)
+    for name in suite_names():
+      suite = get_suite(name)
+      table.add_row(name, str(len(suite.entries)),
+                    str(sum(e.split == "train" for e in suite.entries)),
+                    str(sum(e.split == "heldout" for e in suite.entries)),
+                    str(len({e.program for e in suite.entries})), suite.description)
+    out.print(table)
+    return 0
+  if not args.name:
+    raise MalloczeroError("'suite show' needs a suite name (see 'malloczero suite list')")
+  from env.requests import build_requests
+  from env.cost_model import CostModel
+  suite = get_suite(args.name)
+  programs = program_summaries()
+  table = Table(title=f"suite '{suite.name}': {suite.description}")
+  for col in ("entry", "split", "hardware", "fast capacity", "ops", "buffers", "requests",
+              "peak live"):
+    table.add_column(col, justify="left" if col in ("entry", "split", "hardware") else "right")
+  for entry in suite.entries:
+    workload, hw = entry.load()
+    requests = len(build_requests(CostModel(workload, hw)))
+    table.add_row(entry.name, entry.split, entry.hardware,
+                  f"{human_bytes(hw.levels[0].capacity_bytes)} ({entry.capacity_fraction:.0%})",
+                  str(workload.num_ops), str(workload.num_buffers), str(requests),
+                  human_bytes(programs[entry.program]["peak_live_bytes"]))
+  out.print(table)
+  return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+  from env.suites import get_suite
+  from launch.evaluate import evaluate_suite, print_table, summarise, write_outputs
+  solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
+  unknown = [s for s in solvers if s not in SOLVER_CHOICES]
+  if unknown or not solvers:
+    raise MalloczeroError(f"unknown solver(s) {', '.join(unknown) or '(none given)'} in --solvers "
+                          f"(choose from {', '.join(SOLVER_CHOICES)})")
+  suite = get_suite(args.suite).split(args.split)
+  if args.limit:
+    suite = dataclasses.replace(suite, entries=suite.entries[:args.limit])
+  out = console()
+  title = f"malloczero evaluate: suite '{suite.name}' ({args.split}, {len(suite.entries)} entries)"
+  rows = evaluate_suite(suite, solvers, lambda s: solver_options(args, s), out)
+  summary = summarise(rows, solvers)
+  print_table(rows, solvers, summary, out, title)
+  for path in write_outputs(rows, solvers, summary, args.out, title):
+    out.print(f"wrote {path}")
+  return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
   from launch.bench import run_bench, write_report
-  console = Console(stderr=True)
-  with console.status("benchmarking the game and the cost model..."):
+  with console(stderr=True).status("benchmarking the game and the cost model..."):
     report = run_bench(quick=args.quick)
   write_report(report, args.out)
   table = Table(title="malloczero bench" + (" --quick" if args.quick else ""))
@@ -125,7 +195,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if isinstance(value, float):
       value = f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}"
     table.add_row(key, str(value))
-  Console().print(table)
+  console().print(table)
   if args.out:
     print(f"wrote {args.out}")
   return 0
@@ -190,6 +260,22 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--plot", help="draw the memory map here (PNG)")
   _add_solver_flags(p)
   p.set_defaults(func=cmd_solve)
+
+  p = sub.add_parser("suite", help="list the built-in suites or show one")
+  p.add_argument("action", choices=("list", "show"))
+  p.add_argument("name", nargs="?", help="suite to show")
+  p.set_defaults(func=cmd_suite)
+
+  p = sub.add_parser("evaluate", help="run solvers on every entry of a suite; table, CSV, JSON, "
+                     "Markdown and PNG")
+  p.add_argument("--suite", required=True, help="suite name (see 'malloczero suite list')")
+  p.add_argument("--solvers", default="msa,greedy,evo,cpsat",
+                 help="comma-separated (default msa,greedy,evo,cpsat)")
+  p.add_argument("--split", default="all", choices=("all", "train", "heldout"))
+  p.add_argument("--limit", type=_positive_int, help="only the first N entries")
+  p.add_argument("--out", default="evaluation", help="output directory (default ./evaluation)")
+  _add_solver_flags(p)
+  p.set_defaults(func=cmd_evaluate)
 
   p = sub.add_parser("bench", help="measure game steps/s and cost-model evaluations/s")
   p.add_argument("--quick", action="store_true", help="short run (a few seconds)")
