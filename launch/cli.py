@@ -126,6 +126,46 @@ def cmd_solve(args: argparse.Namespace) -> int:
   return 0
 
 
+def _describe_import(workload: Workload, out: str, stats: dict | None = None) -> None:
+  line = (f"wrote {out}: '{workload.name}', {workload.num_ops} ops, {workload.num_buffers} "
+          f"buffers, {workload.arrays.flops.sum():.4g} flops, peak live "
+          f"{human_bytes(workload.peak_live_bytes)}")
+  if stats and "total_bytes" in stats:
+    line += f" (XLA's memory analysis: {human_bytes(stats['total_bytes'])})"
+  print(line)
+
+
+def cmd_import_jax(args: argparse.Namespace) -> int:
+  from env.programs import import_model
+  from env.workload import save_workload
+  from env.zoo import MODELS
+  if args.model not in MODELS:
+    raise MalloczeroError(f"unknown model '{args.model}' (choose from {', '.join(MODELS)})")
+  batch = args.batch or MODELS[args.model].default_batches[0]
+  with console(stderr=True).status(f"compiling {args.model} (batch {batch}"
+                                   f"{', training step' if args.train else ''}) with XLA..."):
+    workload, stats = import_model(args.model, batch, args.train, tiny=args.tiny)
+  save_workload(workload, args.out)
+  _describe_import(workload, args.out, stats)
+  return 0
+
+
+def cmd_import_hlo(args: argparse.Namespace) -> int:
+  from env.hlo_import import workload_from_hlo_text
+  from env.workload import save_workload
+  import os
+  try:
+    with open(args.hlo, encoding="utf-8") as f:
+      text = f.read()
+  except (OSError, UnicodeDecodeError) as e:
+    raise MalloczeroError(f"{args.hlo}: cannot read: {e}") from None
+  name = args.name or os.path.basename(args.hlo).split(".")[0]
+  workload = workload_from_hlo_text(text, name, source=f"xla-hlo ({os.path.basename(args.hlo)})")
+  save_workload(workload, args.out)
+  _describe_import(workload, args.out)
+  return 0
+
+
 def cmd_suite(args: argparse.Namespace) -> int:
   from env.suites import get_suite, program_summaries, suite_names
   out = console()
@@ -260,6 +300,20 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--plot", help="draw the memory map here (PNG)")
   _add_solver_flags(p)
   p.set_defaults(func=cmd_solve)
+
+  p = sub.add_parser("import-jax", help="compile a zoo model with XLA (CPU) into a workload")
+  p.add_argument("model", help="zoo model name, e.g. resnet50, bert, gpt, lstm, mlp")
+  p.add_argument("--batch", type=_positive_int, help="batch size (default: the model's first)")
+  p.add_argument("--train", action="store_true", help="a full training step instead of inference")
+  p.add_argument("--tiny", action="store_true", help="the model's tiny test version")
+  p.add_argument("--out", required=True, help="workload file (.json or .json.gz)")
+  p.set_defaults(func=cmd_import_jax)
+
+  p = sub.add_parser("import-hlo", help="import an optimised HLO text module (from any backend)")
+  p.add_argument("hlo", help="HLO text, as printed by compiled.as_text() or XLA's dump")
+  p.add_argument("--name", help="workload name (default: the file's name)")
+  p.add_argument("--out", required=True, help="workload file (.json or .json.gz)")
+  p.set_defaults(func=cmd_import_hlo)
 
   p = sub.add_parser("suite", help="list the built-in suites or show one")
   p.add_argument("action", choices=("list", "show"))
