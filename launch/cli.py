@@ -97,7 +97,7 @@ def solver_options(args: argparse.Namespace, solver: str) -> dict:
   if solver == "cpsat":
     return {"time_limit_s": args.time_limit, "workers": args.workers}
   if solver == "evo":
-    return {"evaluations": args.evaluations, "seed": args.seed}
+    return {"evaluations": args.evaluations, "time_limit_s": args.time_limit, "seed": args.seed}
   if solver == "random":
     return {"seed": args.seed}
   return {}
@@ -271,7 +271,7 @@ SOLVER_CHOICES = ("msa", "greedy", "random", "evo", "cpsat")
 
 def _add_solver_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--time-limit", type=_positive_float, default=10.0,
-                 help="CP-SAT time limit in seconds (default 10)")
+                 help="seconds per program for cpsat and evo (default 10)")
   p.add_argument("--workers", type=_positive_int, default=2, help="CP-SAT worker threads")
   p.add_argument("--evaluations", type=_positive_int, default=120,
                  help="evo budget: full mappings decoded (default 120)")
