@@ -44,3 +44,32 @@ def test_make_setup_is_idempotent():
       "run the tests through `make test`, which builds .venv"
   result = subprocess.run(["make", "-q", "setup"], cwd=REPO, capture_output=True, text=True)
   assert result.returncode == 0, "make setup would reinstall although nothing changed"
+
+
+def test_import_jax_writes_a_workload_and_rejects_unknown_models(tmp_path):
+  from env import load_workload
+  out = tmp_path / "mlp.json.gz"
+  result = _cli("import-jax", "mlp", "--tiny", "--train", "--batch", "2", "--out", str(out))
+  assert result.returncode == 0, result.stderr
+  workload = load_workload(out)
+  assert workload.name == "tiny-mlp-b2-train" and workload.source.startswith("xla-hlo")
+  assert "XLA's memory analysis" in result.stdout
+  bad = _cli("import-jax", "alexnet", "--out", str(tmp_path / "x.json"))
+  assert bad.returncode == 1 and bad.stderr.count("\n") == 1
+  assert "unknown model 'alexnet'" in bad.stderr and "resnet50" in bad.stderr
+
+
+def test_import_hlo_round_trip_and_malformed_text(tmp_path):
+  from env.zoo import compiled_hlo_text
+  from env import load_workload
+  hlo = tmp_path / "gpt.hlo"
+  hlo.write_text(compiled_hlo_text("gpt", 1, False, tiny=True))
+  out = tmp_path / "gpt.json"
+  result = _cli("import-hlo", str(hlo), "--out", str(out))
+  assert result.returncode == 0, result.stderr
+  assert load_workload(out).num_ops > 5
+  truncated = tmp_path / "cut.hlo"
+  truncated.write_text(hlo.read_text()[: len(hlo.read_text()) // 2])
+  bad = _cli("import-hlo", str(truncated), "--out", str(out))
+  assert bad.returncode == 1 and bad.stderr.startswith("malloczero: error: ")
+  assert bad.stderr.count("\n") == 1
