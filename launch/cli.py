@@ -27,7 +27,7 @@ EXIT_INPUT_ERROR = 1
 def console(stderr: bool = False) -> Console:
   """Wide tables when output goes to a file or a pipe (rich would assume 80 columns)."""
   stream = sys.stderr if stderr else sys.stdout
-  return Console(stderr=stderr, width=None if stream.isatty() else 200)
+  return Console(stderr=stderr, width=None if stream.isatty() else 240)
 
 
 def human_bytes(n: float) -> str:

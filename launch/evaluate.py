@@ -95,8 +95,12 @@ def _columns(solvers: list[str]) -> list[tuple[str, str, Callable[[Any], str]]]:
 def print_table(rows, solvers, summary, console: Console, title: str) -> None:
   table = Table(title=title, show_lines=False)
   cols = _columns(solvers)
+  longest = max((len(r["entry"]) for r in rows), default=5)
   for _, header, _ in cols:
-    table.add_column(header, justify="left" if header in ("entry", "split", "CP-SAT") else "right")
+    if header == "entry":  # Never truncated: other columns wrap instead.
+      table.add_column(header, no_wrap=True, min_width=longest)
+    else:
+      table.add_column(header, justify="left" if header in ("split", "CP-SAT") else "right")
   for r in rows:
     table.add_row(*[fmt(r[key]) if key in r else "" for key, _, fmt in cols])
   console.print(table)
