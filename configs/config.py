@@ -1,0 +1,129 @@
+"""Configuration dataclasses for the MuZero agent and its training, and the named presets.
+
+`tiny` is for tests and CI (seconds to minutes), `small` for this 2-core machine (~10-30 minutes),
+`large` for cloud runs (many actors, bigger networks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from env.game import GameConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkConfig:
+  """Haiku MuZero networks (learner/networks.py)."""
+  d_model: int = 64              # Token width of the attention encoder.
+  num_layers: int = 2            # Encoder layers.
+  num_heads: int = 4
+  latent_dim: int = 128          # MuZero hidden state size.
+  hidden_dim: int = 256          # Width of the dynamics / prediction MLPs.
+  support_size: int = 31         # Bins of the categorical value and reward heads.
+  support_limit: float = 3.0     # Support covers [-limit, limit] in signed-hyperbolic space.
+  value_scale: float = 10.0      # Returns and rewards are multiplied by this before encoding.
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+  """Gumbel MuZero search (mctx) in the actors."""
+  num_simulations: int = 16
+  eval_num_simulations: int = 32
+  max_num_considered_actions: int = 8
+  gumbel_scale: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+  batch_size: int = 64
+  unroll_steps: int = 5          # K
+  td_steps: int = 10             # n in the n-step value target
+  learning_rate: float = 1e-3
+  warmup_steps: int = 100
+  decay_steps: int = 10_000      # Cosine decay to 10% after warm-up.
+  weight_decay: float = 1e-4
+  max_grad_norm: float = 5.0
+  target_update_period: int = 100
+  value_loss_weight: float = 0.25
+  legality_loss_weight: float = 1.0
+  checkpoint_every_s: float = 120.0
+
+  @property
+  def sequence_length(self) -> int:
+    """Steps per replay item: the unroll, the n-step window and the bootstrap state."""
+    return self.unroll_steps + self.td_steps + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayConfig:
+  max_size: int = 100_000
+  min_size_to_sample: int = 1_000
+  samples_per_insert: float = 4.0
+  samples_per_insert_tolerance: float = 0.5  # Error buffer as a fraction of min size x ratio.
+  priority_exponent: float = 0.6
+  importance_sampling_exponent: float = 0.4
+  prefetch: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorConfig:
+  num_games: int = 16            # B games stepped together per actor.
+  variable_update_period: int = 50   # Acting steps between parameter pulls.
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  name: str = "small"
+  suite: str = "default"
+  game: GameConfig = GameConfig()
+  network: NetworkConfig = NetworkConfig()
+  search: SearchConfig = SearchConfig()
+  learner: LearnerConfig = LearnerConfig()
+  replay: ReplayConfig = ReplayConfig()
+  actor: ActorConfig = ActorConfig()
+  seed: int = 0
+  max_learner_steps: int = 5_000
+
+
+def tiny() -> Config:
+  return Config(
+      name="tiny", suite="tiny",
+      network=NetworkConfig(d_model=32, num_layers=1, num_heads=2, latent_dim=64, hidden_dim=64,
+                            support_size=21),
+      search=SearchConfig(num_simulations=8, eval_num_simulations=16,
+                          max_num_considered_actions=4),
+      learner=LearnerConfig(batch_size=32, unroll_steps=3, td_steps=5, learning_rate=2e-3,
+                            warmup_steps=20, decay_steps=2_000, target_update_period=50,
+                            checkpoint_every_s=30.0),
+      replay=ReplayConfig(max_size=20_000, min_size_to_sample=200, samples_per_insert=2.0),
+      actor=ActorConfig(num_games=8, variable_update_period=20),
+      max_learner_steps=400)
+
+
+def small() -> Config:
+  return Config()
+
+
+def large() -> Config:
+  return Config(
+      name="large",
+      network=NetworkConfig(d_model=128, num_layers=4, num_heads=8, latent_dim=256,
+                            hidden_dim=512, support_size=61),
+      search=SearchConfig(num_simulations=32, eval_num_simulations=128,
+                          max_num_considered_actions=16),
+      learner=LearnerConfig(batch_size=256, learning_rate=5e-4, warmup_steps=1_000,
+                            decay_steps=200_000, target_update_period=500,
+                            checkpoint_every_s=600.0),
+      replay=ReplayConfig(max_size=2_000_000, min_size_to_sample=20_000, samples_per_insert=8.0),
+      actor=ActorConfig(num_games=64, variable_update_period=100),
+      max_learner_steps=500_000)
+
+
+PRESETS = {"tiny": tiny, "small": small, "large": large}
+
+
+def get_config(name: str) -> Config:
+  from env.errors import MalloczeroError
+  if name not in PRESETS:
+    raise MalloczeroError(f"unknown config '{name}' (choose from {', '.join(PRESETS)})")
+  return PRESETS[name]()
