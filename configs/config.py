@@ -38,6 +38,7 @@ class LearnerConfig:
   batch_size: int = 64
   unroll_steps: int = 5          # K
   td_steps: int = 10             # n in the n-step value target
+  discount: float = 1.0          # Per-step discount of value targets (mallocGame: undiscounted).
   learning_rate: float = 1e-3
   warmup_steps: int = 100
   decay_steps: int = 10_000      # Cosine decay to 10% after warm-up.

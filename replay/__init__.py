@@ -1,1 +1,17 @@
-"""malloczero: replay (see DESIGN.md)."""
+"""malloczero: replay (see DESIGN.md).
+
+Actors write fixed-length `Step` sequences with `SequenceWriter`; the learner reads `Batch`es with
+`Sampler`; `make_table` / `start_server` build the Reverb table both sides agree on.
+"""
+
+from replay.sampler import Sampler
+from replay.tables import (TABLE_NAME, error_buffer, make_rate_limiter, make_table,
+                           sequence_signature, start_server)
+from replay.types import Batch, Step, step_spec, zero_step
+from replay.writer import PRIORITY_EPSILON, SequenceWriter
+
+__all__ = [
+    "Batch", "PRIORITY_EPSILON", "Sampler", "SequenceWriter", "Step", "TABLE_NAME",
+    "error_buffer", "make_rate_limiter", "make_table", "sequence_signature", "start_server",
+    "step_spec", "zero_step",
+]

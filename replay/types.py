@@ -1,8 +1,8 @@
 """What actors write to Reverb and what the learner samples: the contract between them.
 
 One `Step` per acting step of one game. A replay item is a sequence of `L = K + n + 1` consecutive
-steps of one episode (K = unroll steps, n = TD steps; see LearnerConfig.sequence_length), starting
-at any real step or at the episode's terminal state. After an episode's last action the writer
+steps of one episode (K = unroll steps, n = TD steps; see LearnerConfig.sequence_length), one item
+per real step t of the episode, covering steps t .. t + L - 1. After an episode's last action the writer
 appends the terminal state (valid = 0, zero action/reward/policy) and then zero padding, so every
 item has exactly L steps; `valid` tells real steps from the terminal state and padding.
 

@@ -1,0 +1,117 @@
+"""The batched self-play actor: B games stepped together, one search call per step for all of them."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from actors.games import GamePool
+from actors.search import make_search_fn
+from actors.variable_client import VariableClient
+from configs.config import Config
+from learner.networks import MuZeroNetworks
+from replay.types import Step
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeResult:
+  program: str
+  episode_return: float   # Sum of rewards = (slow-only time - final time) / slow-only time.
+  speedup: float          # Slow-only time / final time.
+  length: int
+
+
+def stack_observations(observations: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """Per-game observation dicts -> one dict of `[B, ...]` arrays."""
+  return {key: np.stack([o[key] for o in observations]) for key in observations[0]}
+
+
+class BatchedActor:
+  """Plays `pool.num_slots` games at once with Gumbel MuZero search and writes them to replay.
+
+  `writer` (replay.SequenceWriter) may be None, e.g. for a pure acting benchmark.
+  """
+
+  def __init__(self, networks: MuZeroNetworks, config: Config, pool: GamePool,
+               variable_client: VariableClient, writer: Any = None, seed: int = 0,
+               on_episode: Callable[[EpisodeResult], None] | None = None):
+    self._pool = pool
+    self._client = variable_client
+    self._writer = writer
+    self._search = make_search_fn(networks, config.search)
+    self._rng = jax.random.PRNGKey(seed)
+    self._on_episode = on_episode
+    self._games = []
+    self._programs = []
+    self._observations = []
+    self._returns = np.zeros(pool.num_slots)
+    self._lengths = np.zeros(pool.num_slots, np.int64)
+    for slot in range(pool.num_slots):
+      self._start_episode(slot)
+    self.num_steps = 0
+    self.num_episodes = 0
+
+  def _start_episode(self, slot: int) -> None:
+    index, game = self._pool.draw(slot)
+    observation = game.reset().observation
+    if slot < len(self._games):
+      self._games[slot], self._programs[slot], self._observations[slot] = game, index, observation
+    else:
+      self._games.append(game)
+      self._programs.append(index)
+      self._observations.append(observation)
+    self._returns[slot] = 0.0
+    self._lengths[slot] = 0
+
+  def step(self) -> list[EpisodeResult]:
+    """One move in every game; returns the episodes that finished with it."""
+    self._client.update()
+    self._rng, key = jax.random.split(self._rng)
+    batch = stack_observations(self._observations)
+    output = jax.device_get(self._search(self._client.params, key, batch))
+    finished = []
+    for slot, game in enumerate(self._games):
+      action = int(output.action[slot])
+      timestep = game.step(action)
+      if self._writer is not None:
+        self._writer.append(slot, Step(
+            observation=self._observations[slot], action=np.int32(action),
+            reward=np.float32(timestep.reward), policy=output.action_weights[slot],
+            root_value=output.root_value[slot], valid=np.float32(1.0)))
+      self._returns[slot] += timestep.reward
+      self._lengths[slot] += 1
+      if timestep.last():
+        if self._writer is not None:
+          self._writer.end_episode(slot, timestep.observation)
+        spec = self._pool.specs[self._programs[slot]]
+        finished.append(EpisodeResult(spec.name, float(self._returns[slot]),
+                                      game.cost_model.slow_only_time / game.total_time,
+                                      int(self._lengths[slot])))
+        self._start_episode(slot)
+      else:
+        self._observations[slot] = timestep.observation
+    self.num_steps += 1
+    self.num_episodes += len(finished)
+    if self._on_episode is not None:
+      for result in finished:
+        self._on_episode(result)
+    return finished
+
+  def run(self, should_stop: Callable[[], bool], num_steps: int | None = None) -> None:
+    steps = 0
+    while not should_stop() and (num_steps is None or steps < num_steps):
+      self.step()
+      steps += 1
+
+
+def acting_moves_per_s(actor: BatchedActor, num_steps: int) -> float:
+  """Game moves per second (all B games), search and game stepping included."""
+  actor.step()  # compile
+  start = time.perf_counter()
+  for _ in range(num_steps):
+    actor.step()
+  return num_steps * actor._pool.num_slots / (time.perf_counter() - start)

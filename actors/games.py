@@ -1,0 +1,54 @@
+"""The programs actors play: (workload, hardware) pairs from a suite, and a pool of live games."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from env.game import GameConfig, MallocGame
+from env.hardware import Hardware
+from env.suites import get_suite
+from env.workload import Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class GameSpec:
+  name: str
+  workload: Workload
+  hardware: Hardware
+
+
+def suite_games(suite: str, split: str = "train") -> list[GameSpec]:
+  """The entries of a built-in suite's split (`train`, `heldout` or `all`) as game specs."""
+  return [GameSpec(e.name, *e.load()) for e in get_suite(suite).split(split).entries]
+
+
+class GamePool:
+  """Hands each of `num_slots` batch slots a fresh game on a uniformly drawn program.
+
+  Games are built once per (slot, program) and reset afterwards: building one computes the
+  requests and the cost model, which is far more work than a reset.
+  """
+
+  def __init__(self, specs: Sequence[GameSpec], game_config: GameConfig, num_slots: int,
+               seed: int = 0):
+    if not specs:
+      raise ValueError("no programs to play")
+    self.specs = list(specs)
+    self._config = game_config
+    self._rng = np.random.default_rng(seed)
+    self._cache: dict[tuple[int, int], MallocGame] = {}
+    self.num_slots = num_slots
+
+  def game(self, slot: int, index: int) -> MallocGame:
+    key = (slot, index)
+    if key not in self._cache:
+      spec = self.specs[index]
+      self._cache[key] = MallocGame(spec.workload, spec.hardware, self._config)
+    return self._cache[key]
+
+  def draw(self, slot: int) -> tuple[int, MallocGame]:
+    index = int(self._rng.integers(len(self.specs)))
+    return index, self.game(slot, index)

@@ -1,0 +1,67 @@
+"""One jitted Gumbel MuZero search for a whole batch of games (mctx).
+
+The search call has fixed shapes (`[B, ...]` observations, `B` fixed per actor), so it is compiled
+once per actor and never again. Illegal actions are masked at the root by mctx (`invalid_actions`)
+and inside the tree by the networks' legality head (see learner/networks.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import mctx
+
+from configs.config import SearchConfig
+from learner.networks import MuZeroNetworks, Params, logits_to_scalar, masked_policy_logits
+
+
+class SearchOutput(NamedTuple):
+  action: chex.Array          # [B] int32: the move to play.
+  action_weights: chex.Array  # [B, A]: the improved policy, the learner's policy target.
+  root_value: chex.Array      # [B]: the search's value of the root, raw return units.
+
+
+SearchFn = Callable[[Params, chex.PRNGKey, dict], SearchOutput]
+
+
+def make_search_fn(networks: MuZeroNetworks, search: SearchConfig, evaluation: bool = False,
+                   jit: bool = True) -> SearchFn:
+  """`search(params, rng, observation [B, ...]) -> SearchOutput`.
+
+  Training mode samples root actions with Gumbel noise (exploration); evaluation mode uses
+  `eval_num_simulations` and no noise, so its choice is the deterministic, greedy one.
+  """
+  net_config = networks.config
+  num_simulations = search.eval_num_simulations if evaluation else search.num_simulations
+  gumbel_scale = 0.0 if evaluation else search.gumbel_scale
+
+  def recurrent_fn(params, rng, action, latent):
+    del rng
+    next_latent, reward_logits = networks.dynamics(params, latent, action)
+    prediction = networks.predict(params, next_latent)
+    output = mctx.RecurrentFnOutput(
+        reward=logits_to_scalar(reward_logits, net_config),
+        discount=jnp.ones(action.shape, jnp.float32),  # Episodic, undiscounted.
+        prior_logits=masked_policy_logits(prediction),
+        value=logits_to_scalar(prediction.value_logits, net_config))
+    return output, next_latent
+
+  def search_fn(params, rng, observation):
+    latent = networks.represent(params, observation)
+    prediction = networks.predict(params, latent)
+    root = mctx.RootFnOutput(prior_logits=prediction.policy_logits,
+                             value=logits_to_scalar(prediction.value_logits, net_config),
+                             embedding=latent)
+    output = mctx.gumbel_muzero_policy(
+        params, rng, root, recurrent_fn, num_simulations=num_simulations,
+        invalid_actions=~observation["legal_actions"],
+        max_num_considered_actions=search.max_num_considered_actions,
+        gumbel_scale=gumbel_scale)
+    return SearchOutput(action=output.action.astype(jnp.int32),
+                        action_weights=output.action_weights,
+                        root_value=output.search_tree.summary().value)
+
+  return jax.jit(search_fn) if jit else search_fn

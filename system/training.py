@@ -1,0 +1,143 @@
+"""What every training launch shares: baselines to compare against, periodic greedy evaluation of
+the learner's parameters, and the learning-curve table and picture in the work directory.
+
+Work directory layout:
+  config.json                    the Config the run was started with
+  checkpoints/learner_state.pkl  parameters, optimiser state, step count (restored on restart)
+  logs/<label>/logs.csv          Acme CSV logs: learner, actor, evaluation
+  baselines.json                 msa / greedy / random speed-ups of the evaluated programs
+  learning_curve.csv / .png      greedy evaluation of the agent against learner steps
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from actors.evaluator import evaluate_params
+from actors.games import GameSpec
+from configs.config import Config
+from env.solvers import solve
+from learner.networks import MuZeroNetworks
+
+BASELINES = ("random", "msa", "greedy")
+CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_return",
+                "beats_msa", "programs")
+
+
+def geomean(values: Sequence[float]) -> float:
+  return float(math.exp(np.mean(np.log(values)))) if len(values) else float("nan")
+
+
+def save_config(config: Config, workdir: str) -> None:
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(dataclasses.asdict(config), f, indent=1)
+
+
+def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
+                      seed: int = 0) -> dict[str, dict[str, float]]:
+  """{solver: {program: speed-up}} for the cheap baselines; cached in workdir/baselines.json."""
+  path = os.path.join(workdir, "baselines.json") if workdir else None
+  cached: dict[str, dict[str, float]] = {}
+  if path and os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      cached = json.load(f)
+  names = [s.name for s in specs]
+  if all(all(n in cached.get(b, {}) for n in names) for b in BASELINES):
+    return cached
+  result = {b: dict(cached.get(b, {})) for b in BASELINES}
+  for spec in specs:
+    for solver in BASELINES:
+      if spec.name not in result[solver]:
+        options = {"seed": seed} if solver == "random" else {}
+        result[solver][spec.name] = solve(spec.workload, spec.hardware, solver, **options).speedup
+  if path:
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+  return result
+
+
+class LearningCurve:
+  """Greedy evaluations of the agent over training, appended to learning_curve.csv and drawn."""
+
+  def __init__(self, networks: MuZeroNetworks, config: Config, workdir: str,
+               splits: dict[str, Sequence[GameSpec]]):
+    self._networks, self._config, self._workdir = networks, config, workdir
+    self._splits = {k: list(v) for k, v in splits.items() if v}
+    self.baselines = baseline_speedups([s for v in self._splits.values() for s in v], workdir,
+                                       config.seed)
+    self.path = os.path.join(workdir, "learning_curve.csv")
+    self.rows: list[dict[str, Any]] = []
+    if os.path.exists(self.path):  # A resumed run continues its curve.
+      with open(self.path, encoding="utf-8") as f:
+        self.rows = [dict(r) for r in csv.DictReader(f)]
+    self.latest: dict[str, list] = {}
+
+  def evaluate(self, params: Any, learner_steps: int, elapsed_s: float) -> list[dict[str, Any]]:
+    new_rows = []
+    for split, specs in self._splits.items():
+      results = evaluate_params(self._networks, params, self._config, specs,
+                                seed=self._config.seed)
+      self.latest[split] = results
+      msa = self.baselines["msa"]
+      new_rows.append({
+          "learner_steps": learner_steps, "elapsed_s": round(elapsed_s, 1), "split": split,
+          "geomean_speedup": geomean([r.speedup for r in results]),
+          "mean_return": float(np.mean([r.episode_return for r in results])),
+          "beats_msa": sum(r.speedup >= msa[r.program] * (1 - 1e-9) for r in results),
+          "programs": len(results)})
+    write_header = not os.path.exists(self.path)
+    with open(self.path, "a", encoding="utf-8", newline="") as f:
+      writer = csv.DictWriter(f, CURVE_FIELDS)
+      if write_header:
+        writer.writeheader()
+      writer.writerows(new_rows)
+    self.rows.extend(new_rows)
+    self.plot()
+    return new_rows
+
+  def baseline_geomean(self, solver: str, split: str) -> float:
+    return geomean([self.baselines[solver][s.name] for s in self._splits[split]])
+
+  def plot(self) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours = {"train": "#4c72b0", "heldout": "#dd8452"}
+    for split in self._splits:
+      rows = [r for r in self.rows if r["split"] == split]
+      ax.plot([int(r["learner_steps"]) for r in rows], [float(r["geomean_speedup"]) for r in rows],
+              "o-", color=colours.get(split), label=f"muzero ({split})")
+      for solver, style in (("msa", "--"), ("greedy", "-."), ("random", ":")):
+        ax.axhline(self.baseline_geomean(solver, split), linestyle=style, linewidth=1,
+                   color=colours.get(split), alpha=0.7, label=f"{solver} ({split})")
+    ax.set_xlabel("learner steps")
+    ax.set_ylabel("geomean speed-up over all-slow")
+    ax.set_title(f"malloczero {self._config.name} on suite '{self._config.suite}' "
+                 "(greedy evaluation search)", fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = os.path.join(self._workdir, "learning_curve.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+class Stopwatch:
+
+  def __init__(self):
+    self.start = time.monotonic()
+
+  @property
+  def elapsed(self) -> float:
+    return time.monotonic() - self.start

@@ -1,0 +1,269 @@
+"""The MuZero learner: value targets, loss, priorities, checkpoints, and that it learns.
+
+Batches come from real mallocGame episodes (small random programs, random legal actions, peaked
+"search" policies) laid out as the replay writer lays them out: the real steps, the terminal state
+(valid 0, its observation, zero action/reward/policy) and zero padding.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tree
+
+from configs.config import get_config
+from env import MallocGame, MalloczeroError, PRESETS
+from env.synthetic import contended, random_workload
+from learner import learner as learner_lib
+from learner import (MuZeroLearner, importance_weights, load_params, make_networks, random_batch,
+                     scalar_to_probs, value_targets)
+from learner.losses import PRIORITY_EPSILON
+from replay.types import Batch, Step, zero_step
+
+CONFIG = get_config("tiny")
+NETWORKS = make_networks(CONFIG.network, CONFIG.game)  # Shared: compiled functions are reused.
+K, N = CONFIG.learner.unroll_steps, CONFIG.learner.td_steps
+L = CONFIG.learner.sequence_length
+
+
+# ------------------------------------------------------------------------------ synthetic data
+
+def _episode(seed: int) -> list[Step]:
+  """One episode as the writer stores it: T real steps, the terminal step, L - 2 padding steps."""
+  workload = random_workload(seed, 24)
+  game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25), CONFIG.game)
+  rng = np.random.default_rng(seed)
+  ts = game.reset()
+  steps = []
+  while not ts.last():
+    obs = ts.observation
+    legal = obs["legal_actions"]
+    # A peaked policy, as a search's action weights are, with the action drawn from it.
+    action = int(rng.choice(np.flatnonzero(legal)))
+    policy = 0.4 * legal / legal.sum() + 0.6 * np.eye(len(legal))[action]
+    ts = game.step(action)
+    steps.append(Step(observation=obs, action=np.int32(action), reward=np.float32(ts.reward),
+                      policy=policy.astype(np.float32), root_value=np.float32(0.0),
+                      valid=np.float32(1.0)))
+  zero = zero_step(CONFIG.game)
+  steps.append(zero._replace(observation=ts.observation))
+  steps.extend([zero] * (L - 2))
+  return steps
+
+
+def _game_batch(batch_size: int = CONFIG.learner.batch_size, seed: int = 0) -> Batch:
+  """Items from a few episodes; a third of them hold the episode's end."""
+  rng = np.random.default_rng(seed)
+  items = []
+  episode_seed = seed * 1000
+  while len(items) < batch_size:
+    steps = _episode(episode_seed)
+    episode_seed += 1
+    num_real = len(steps) - (L - 1)
+    starts = list(rng.choice(num_real - L, 4, replace=False)) + [num_real - 1, num_real - 4]
+    items.extend(steps[t:t + L] for t in starts)
+  items = items[:batch_size]
+  stacked = tree.map_structure(lambda *xs: np.stack(xs), *[
+      tree.map_structure(lambda *xs: np.stack(xs), *item) for item in items])
+  return Batch(steps=stacked, keys=np.arange(batch_size, dtype=np.uint64),
+               probabilities=rng.uniform(0.5, 1.5, batch_size) / batch_size)
+
+
+@pytest.fixture(scope="module")
+def batch() -> Batch:
+  return _game_batch()
+
+
+@pytest.fixture(scope="module")
+def trained(batch):
+  """A learner trained for 300 steps on one fixed batch, with its per-step metrics and the
+  priorities it wrote back."""
+  written = []
+  learner = MuZeroLearner(NETWORKS, CONFIG, lambda: batch,
+                          update_priorities_fn=lambda k, p: written.append((k, p)), seed=0)
+  history = [learner.step() for _ in range(300)]
+  return learner, history, written
+
+
+# ------------------------------------------------------------------------------ value targets
+
+def test_value_targets_hand_computed():
+  k, n = 2, 3
+  rewards = np.array([
+      [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],   # No end within the item: every target bootstraps.
+      [0.1, 0.2, 0.3, 0.0, 0.0, 0.0],   # Terminal state at index 3, padding after it.
+      [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],   # The item starts at the terminal state.
+      [0.1, 0.2, 0.3, 0.4, 0.0, 0.0],   # Terminal at index 4: z_1 stops there, z_2 too.
+  ], np.float32)
+  valid = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0],
+                    [1, 1, 1, 1, 0, 0]], np.float32)
+  # Garbage where it must be ignored (terminal, padding, indices other than n..n+k).
+  bootstrap = np.full((4, 6), 100.0, np.float32)
+  bootstrap[:, 3:6] = [[1.0, 2.0, 3.0]] * 4
+  expected = np.array([
+      [0.1 + 0.2 + 0.3 + 1.0, 0.2 + 0.3 + 0.4 + 2.0, 0.3 + 0.4 + 0.5 + 3.0],
+      [0.1 + 0.2 + 0.3, 0.2 + 0.3, 0.3],
+      [0.0, 0.0, 0.0],
+      [0.1 + 0.2 + 0.3 + 1.0, 0.2 + 0.3 + 0.4, 0.3 + 0.4],
+  ])
+  z = value_targets(jnp.asarray(rewards), jnp.asarray(valid), jnp.asarray(bootstrap), k, n)
+  np.testing.assert_allclose(z, expected, rtol=1e-6)
+
+  g = 0.9
+  z = value_targets(jnp.asarray(rewards), jnp.asarray(valid), jnp.asarray(bootstrap), k, n, g)
+  np.testing.assert_allclose(z[0, 1], 0.2 + g * 0.3 + g**2 * 0.4 + g**3 * 2.0, rtol=1e-6)
+  np.testing.assert_allclose(z[1, 0], 0.1 + g * 0.2 + g**2 * 0.3, rtol=1e-6)
+
+  with pytest.raises(ValueError, match="too short"):
+    value_targets(jnp.asarray(rewards), jnp.asarray(valid), jnp.asarray(bootstrap), 3, 3)
+
+
+def _constant_value_params(params, value: float):
+  """Params whose value head predicts `value` everywhere (its weights are zero at init)."""
+  probs = scalar_to_probs(jnp.asarray(value), CONFIG.network)
+  head = dict(params["value_head"], w=jnp.zeros_like(params["value_head"]["w"]),
+              b=jnp.log(probs + 1e-12))
+  return dict(params, value_head=head)
+
+
+def test_loss_uses_n_step_targets_with_target_network_bootstrap(batch):
+  """Priorities are |z_0 - v_0| + eps: with the online value at 0 and the target network's value
+  at a known constant, they reveal the z_0 the loss used."""
+  c = 0.25
+  steps = tree.map_structure(np.copy, batch.steps)
+  b = steps.valid.shape[0]
+  rewards = np.tile(0.01 * (1 + np.arange(L, dtype=np.float32)), (b, 1))
+  valid = np.ones((b, L), np.float32)
+  # Terminal index per item: none, at the bootstrap state, just after it, early, at once.
+  ends = [[L, N, N + 1, 2, 0][i % 5] for i in range(b)]
+  for i, end in enumerate(ends):
+    valid[i, end:] = 0.0
+    rewards[i, end:] = 0.0
+  steps = steps._replace(reward=rewards, valid=valid)
+  params = learner_lib.make_initial_state(NETWORKS, CONFIG, jax.random.PRNGKey(0)).params
+  online = _constant_value_params(params, 0.0)
+  state = learner_lib.TrainingState(
+      params=online, target_params=_constant_value_params(params, c),
+      opt_state=jax.jit(learner_lib.make_optimizer(CONFIG.learner).init)(online),
+      steps=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(0))
+  # The SGD step reports the priorities and targets of the parameters it started from.
+  _, metrics, priorities = learner_lib.make_sgd_step(NETWORKS, CONFIG)(state, steps, jnp.ones(b))
+  expected = np.array([rewards[i, :N].sum() + (c if end > N else 0.0)
+                       for i, end in enumerate(ends)])
+  np.testing.assert_allclose(priorities, np.abs(expected) + PRIORITY_EPSILON, atol=2e-3)
+  np.testing.assert_allclose(metrics["value_target"], expected.mean(), atol=2e-3)
+
+
+def test_importance_weights():
+  w = importance_weights(np.array([0.1, 0.2, 0.4]), 0.5)
+  np.testing.assert_allclose(w, [1.0, 0.5**0.5, 0.25**0.5], rtol=1e-6)
+  np.testing.assert_array_equal(importance_weights(np.zeros(3), 0.4), np.ones(3))
+
+
+# ------------------------------------------------------------------------------ learning
+
+def test_loss_drops_on_a_fixed_batch(trained):
+  _, history, _ = trained
+  losses = np.array([m["loss"] for m in history])
+  assert np.all(np.isfinite(losses))
+  initial, final = losses[:3].mean(), losses[-10:].mean()
+  assert final < 0.5 * initial, (initial, final)
+  assert history[-1]["learner_steps"] == 300.0
+  assert history[-1]["learner_steps_per_s"] > 0
+  for key in ("value_loss", "reward_loss", "policy_loss", "legality_loss", "value_target",
+              "policy_entropy", "legality_accuracy", "grad_norm", "learning_rate"):
+    assert np.isfinite(history[-1][key]), key
+
+
+def test_priorities_are_finite_positive_per_item(trained, batch):
+  _, _, written = trained
+  assert len(written) == 300
+  keys, priorities = written[-1]
+  np.testing.assert_array_equal(keys, batch.keys)
+  assert priorities.shape == (CONFIG.learner.batch_size,)
+  assert np.all(np.isfinite(priorities)) and np.all(priorities > 0)
+  # The value at state 0 is fitted, so the TD errors shrink.
+  assert written[-1][1].mean() < written[0][1].mean()
+
+
+def test_legality_head_learns_the_mask(trained, batch):
+  learner, history, _ = trained
+  assert history[-1]["legality_accuracy"] > 0.9
+  # Stronger than per-action accuracy (most actions are illegal): whole masks, at the root.
+  params = learner.get_variables()
+  root = tree.map_structure(lambda x: x[:, 0], batch.steps.observation)
+  prediction = jax.jit(lambda p, o: NETWORKS.predict(p, NETWORKS.represent(p, o)))(params, root)
+  exact = np.all((np.asarray(prediction.legality_logits) > 0) == root["legal_actions"], axis=-1)
+  assert exact.mean() > 0.9
+
+
+def test_random_batch_is_well_formed_and_trainable(trained):
+  learner, _, _ = trained
+  data = random_batch(CONFIG, CONFIG.learner.batch_size, seed=1)
+  s = data.steps
+  assert s.observation["legal_actions"].shape == (CONFIG.learner.batch_size, L,
+                                                  CONFIG.game.num_actions)
+  real_or_terminal = s.observation["legal_actions"].any(-1)
+  assert np.all(s.observation["legal_actions"][..., 0] == real_or_terminal)
+  assert np.all(s.observation["legal_actions"][s.valid > 0][:, 0])
+  np.testing.assert_allclose(s.policy[s.valid > 0].sum(-1), 1.0, rtol=1e-5)
+  legal_at_action = np.take_along_axis(s.observation["legal_actions"], s.action[..., None], -1)
+  assert np.all(legal_at_action[s.valid > 0])
+  weights = importance_weights(data.probabilities, 0.4)
+  _, metrics, priorities = learner_lib.make_sgd_step(NETWORKS, CONFIG)(learner.state, s, weights)
+  assert all(np.isfinite(float(v)) for v in metrics.values())
+  assert np.all(np.isfinite(priorities))
+
+
+# ------------------------------------------------------------------------- variables, checkpoints
+
+def test_get_variables(trained):
+  learner, _, _ = trained
+  params = learner.get_variables()
+  leaves = jax.tree_util.tree_leaves(params)
+  assert all(isinstance(x, np.ndarray) for x in leaves)
+  expected = jax.tree_util.tree_leaves(learner.state.params)
+  assert all(np.array_equal(a, b) for a, b in zip(leaves, expected))
+  named, steps = learner.get_variables(["params", "steps"])
+  assert named is params and int(steps) == 300
+  with pytest.raises(KeyError):
+    learner.get_variables(["nope"])
+
+
+def test_save_restore_round_trip(tmp_path, batch):
+  first = MuZeroLearner(NETWORKS, CONFIG, lambda: batch, seed=1, checkpoint_dir=str(tmp_path))
+  for _ in range(3):
+    first.step()
+  file = first.save()
+  assert os.path.basename(file) == "learner_state.pkl"
+  assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+  # A learner on the same directory resumes: same params, optimizer state and step count.
+  second = MuZeroLearner(NETWORKS, CONFIG, lambda: batch, seed=2, checkpoint_dir=str(tmp_path))
+  assert second.num_steps == 3
+  for a, b in zip(jax.tree_util.tree_leaves(first.state), jax.tree_util.tree_leaves(second.state)):
+    np.testing.assert_array_equal(a, b)
+  # ... so the next step is the same step.
+  assert first.step()["loss"] == pytest.approx(second.step()["loss"], rel=1e-5)
+  # Explicit restore from the file; params also load without a learner.
+  third = MuZeroLearner(NETWORKS, CONFIG, lambda: batch, seed=3)
+  third.restore(file)
+  assert third.num_steps == 3
+  loaded = load_params(str(tmp_path))
+  for a, b in zip(jax.tree_util.tree_leaves(loaded),
+                  jax.tree_util.tree_leaves(third.state.params)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_restore_errors_are_one_line(tmp_path, batch):
+  learner = MuZeroLearner(NETWORKS, CONFIG, lambda: batch)
+  with pytest.raises(MalloczeroError, match="no learner checkpoint"):
+    learner.restore(str(tmp_path / "missing.pkl"))
+  corrupt = tmp_path / "corrupt.pkl"
+  corrupt.write_bytes(b"not a pickle")
+  with pytest.raises(MalloczeroError) as error:
+    learner.restore(str(corrupt))
+  assert "\n" not in str(error.value)
+  with pytest.raises(MalloczeroError, match="no checkpoint path"):
+    learner.save()
