@@ -4,6 +4,7 @@ noise); every mapping it produces is checked by the independent validator."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Sequence
 
@@ -13,7 +14,7 @@ import numpy as np
 from actors.actor import stack_observations
 from actors.games import GameSpec
 from actors.search import make_search_fn
-from configs.config import Config
+from configs.config import Config, SearchConfig
 from env.game import MallocGame
 from env.mapping import Mapping
 from env.validator import validate_mapping
@@ -29,11 +30,18 @@ class EvaluationResult:
   mapping: Mapping
 
 
+# Cached: a fresh `make_search_fn` is a new jitted closure, so without this every evaluation (every
+# learning-curve point of a training run) would compile the search again.
+@functools.lru_cache(maxsize=8)
+def _evaluation_search(networks: MuZeroNetworks, search: SearchConfig) -> Any:
+  return make_search_fn(networks, search, evaluation=True)
+
+
 def evaluate_params(networks: MuZeroNetworks, params: Any, config: Config,
                     specs: Sequence[GameSpec], seed: int = 0,
                     solver_name: str = "muzero") -> list[EvaluationResult]:
   """Plays every spec once, all in one batch (games that end early idle on action 0)."""
-  search = make_search_fn(networks, config.search, evaluation=True)
+  search = _evaluation_search(networks, config.search)
   games = [MallocGame(s.workload, s.hardware, config.game) for s in specs]
   observations = [g.reset().observation for g in games]
   returns = np.zeros(len(games))

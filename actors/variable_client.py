@@ -8,9 +8,12 @@ parameter tree: the learner in-process, or a Launchpad/Courier handle to it in a
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Protocol
+import logging
+from typing import Any, Optional, Protocol
 
 import jax
+
+_log = logging.getLogger("malloczero.actors")
 
 
 class VariableSource(Protocol):
@@ -23,7 +26,9 @@ class VariableClient:
   """Every `update_period` calls of `update()`, fetches fresh parameters in a background thread.
 
   The fetched parameters are swapped in by a later `update()` call once the fetch has finished, so
-  the actor never waits on the learner (except in `update_and_wait`).
+  the actor never waits on the learner (except in `update_and_wait`). A background fetch that
+  fails (the learner restarting, a dropped connection) keeps the current parameters: the error is
+  kept in `last_error`, counted in `num_failures`, and the next due fetch tries again.
   """
 
   def __init__(self, source: VariableSource, update_period: int = 1, device_put: bool = True):
@@ -35,6 +40,8 @@ class VariableClient:
     self._calls = 0
     self._params: Any = None
     self.num_updates = 0
+    self.num_failures = 0
+    self.last_error: Optional[BaseException] = None
 
   @property
   def params(self) -> Any:
@@ -46,8 +53,16 @@ class VariableClient:
     """Non-blocking: starts a fetch when one is due, swaps in a finished one."""
     self._calls += 1
     if self._future is not None and self._future.done():
-      self._swap(self._future.result())
-      self._future = None
+      future, self._future = self._future, None
+      try:
+        params = future.result()
+      except (Exception, concurrent.futures.CancelledError) as e:  # pylint: disable=broad-except
+        self.num_failures += 1
+        self.last_error = e
+        _log.warning("parameter fetch failed, keeping the current parameters: %s: %s",
+                     type(e).__name__, e)
+      else:
+        self._swap(params)
     if self._future is None and self._calls >= self._update_period:
       self._calls = 0
       self._future = self._executor.submit(self._fetch)

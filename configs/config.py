@@ -84,6 +84,7 @@ class Config:
   actor: ActorConfig = ActorConfig()
   seed: int = 0
   max_learner_steps: int = 5_000
+  eval_every_steps: int = 1_000  # Learner steps between greedy evaluations of the whole suite.
 
 
 def tiny() -> Config:
@@ -98,11 +99,13 @@ def tiny() -> Config:
                             checkpoint_every_s=30.0),
       replay=ReplayConfig(max_size=20_000, min_size_to_sample=200, samples_per_insert=2.0),
       actor=ActorConfig(num_games=8, variable_update_period=20),
-      max_learner_steps=400)
+      max_learner_steps=400, eval_every_steps=100)
 
 
 def small() -> Config:
-  return Config()
+  # Sized for a 2-core CPU: one search simulation costs about as much as mctx's own bookkeeping.
+  return Config(network=NetworkConfig(d_model=32, num_layers=1, num_heads=2, latent_dim=64,
+                                      hidden_dim=128))
 
 
 def large() -> Config:
@@ -117,7 +120,7 @@ def large() -> Config:
                             checkpoint_every_s=600.0),
       replay=ReplayConfig(max_size=2_000_000, min_size_to_sample=20_000, samples_per_insert=8.0),
       actor=ActorConfig(num_games=64, variable_update_period=100),
-      max_learner_steps=500_000)
+      max_learner_steps=500_000, eval_every_steps=20_000)
 
 
 PRESETS = {"tiny": tiny, "small": small, "large": large}

@@ -1,7 +1,9 @@
-"""`malloczero bench`: speed of the game and the cost model, written as JSON and a table.
+"""`malloczero bench`: speed of the game, the cost model and the agent, as JSON and a table.
 
-Every key names its unit. Timings are taken in this process on one core; nothing here is
-asserted by the tests (they only check that the report is well formed).
+Every key names its unit. The game and cost model run in this process on one core; the agent's
+search, acting and learner figures use the CPU through XLA (all cores) and exclude compilation,
+which is reported separately. Nothing here is asserted by the tests (they only check that the
+report is well formed).
 """
 
 from __future__ import annotations
@@ -78,17 +80,126 @@ def bench_cost_model(seconds: float) -> dict[str, Any]:
           "cost_model_incremental_update_us": 1e6 / updates_per_s}
 
 
-def run_bench(quick: bool) -> dict[str, Any]:
+def _game_observations(game: MallocGame, count: int, seed: int) -> list[dict[str, np.ndarray]]:
+  """`count` observations from a random-policy episode of `game`, spread over the episode."""
+  rng = np.random.default_rng(seed)
+  observations = []
+  ts = game.reset()
+  while not ts.last():
+    observations.append(ts.observation)
+    legal = np.flatnonzero(ts.observation["legal_actions"])
+    ts = game.step(legal[rng.integers(len(legal))])
+  picks = np.linspace(0, len(observations) - 1, count).astype(int)
+  return [observations[i] for i in picks]
+
+
+def bench_search(preset: str, batch: int, simulations: int, calls: int) -> dict[str, Any]:
+  """One jitted Gumbel MuZero search over `batch` real observations with the preset's networks."""
+  import dataclasses
+
+  import jax
+
+  from actors.actor import stack_observations
+  from actors.search import make_search_fn
+  from configs.config import get_config
+  from learner.learner import make_initial_state
+  from learner.networks import make_networks
+  config = get_config(preset)
+  search_config = dataclasses.replace(config.search, num_simulations=simulations)
+  networks = make_networks(config.network, config.game)
+  params = make_initial_state(networks, config, jax.random.PRNGKey(0)).params
+  workload = random_workload(7, GAME_PROGRAM_OPS)
+  game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25), config.game)
+  observation = stack_observations(_game_observations(game, batch, seed=0))
+  search = make_search_fn(networks, search_config)
+  key = jax.random.PRNGKey(1)
+  start = time.perf_counter()
+  jax.block_until_ready(search(params, key, observation))
+  compile_s = time.perf_counter() - start
+  start = time.perf_counter()
+  for _ in range(calls):
+    key, sub = jax.random.split(key)
+    output = search(params, sub, observation)
+  jax.block_until_ready(output)
+  per_call = (time.perf_counter() - start) / calls
+  return {f"search_{preset}_batch": batch, f"search_{preset}_simulations": simulations,
+          f"search_{preset}_compile_s": compile_s,
+          f"search_{preset}_ms_per_call": 1e3 * per_call,
+          f"search_{preset}_moves_per_s": batch / per_call,
+          f"search_{preset}_simulations_per_s": batch * simulations / per_call}
+
+
+def bench_acting(preset: str, batch: int, steps: int) -> dict[str, Any]:
+  """The batched actor end to end (search + game steps + observation stacking), no replay."""
+  import dataclasses
+
+  import jax
+
+  from actors.actor import BatchedActor, acting_moves_per_s
+  from actors.games import GamePool, GameSpec
+  from actors.variable_client import VariableClient
+  from configs.config import get_config
+  from learner.learner import make_initial_state
+  from learner.networks import make_networks
+  config = get_config(preset)
+  config = dataclasses.replace(config, actor=dataclasses.replace(config.actor, num_games=batch))
+  networks = make_networks(config.network, config.game)
+  params = make_initial_state(networks, config, jax.random.PRNGKey(0)).params
+
+  class _Fixed:
+    def get_variables(self):
+      return params
+
+  workload = random_workload(7, GAME_PROGRAM_OPS)
+  spec = GameSpec(workload.name, workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25))
+  actor = BatchedActor(networks, config, GamePool([spec], config.game, batch),
+                       VariableClient(_Fixed(), update_period=10**9))
+  return {f"acting_{preset}_batch": batch,
+          f"acting_{preset}_simulations": config.search.num_simulations,
+          f"acting_{preset}_moves_per_s": acting_moves_per_s(actor, steps)}
+
+
+def bench_learner(preset: str, batch: int, unroll: int, updates: int) -> dict[str, Any]:
+  import dataclasses
+
+  from configs.config import get_config
+  from learner.learner import learner_updates_per_s
+  config = get_config(preset)
+  config = dataclasses.replace(config, learner=dataclasses.replace(
+      config.learner, batch_size=batch, unroll_steps=unroll))
+  rate = learner_updates_per_s(config, num_updates=updates)
+  return {f"learner_{preset}_batch": batch, f"learner_{preset}_unroll": unroll,
+          f"learner_{preset}_td_steps": config.learner.td_steps,
+          f"learner_{preset}_updates_per_s": rate,
+          f"learner_{preset}_samples_per_s": rate * batch}
+
+
+def run_agent_bench(quick: bool) -> dict[str, Any]:
+  """The agent's speed on CPU: search (B = 64, 32 simulations), acting, learner (B = 256, K = 5)."""
+  report: dict[str, Any] = {}
+  presets = ("small",) if quick else ("tiny", "small", "large")
+  for preset in presets:
+    report.update(bench_search(preset, batch=64, simulations=32, calls=5 if quick else 30))
+  report.update(bench_acting("small", batch=64, steps=5 if quick else 40))
+  for preset in presets:
+    report.update(bench_learner(preset, batch=256, unroll=5, updates=3 if quick else 20))
+  return report
+
+
+def run_bench(quick: bool, agent: bool = True) -> dict[str, Any]:
   seconds = 1.5 if quick else 6.0
   report: dict[str, Any] = {
       "quick": quick, "python": platform.python_version(), "numpy": np.__version__,
       "cpu_count": os.cpu_count(), "machine": platform.machine(),
-      "note": "single process, one core; game steps include building the observation"}
+      "note": "single process; game steps include building the observation; agent figures use "
+              "all cores through XLA and exclude compilation"}
   report.update(bench_game(seconds))
   if not quick:
     three_level = bench_game(seconds, "nnpi-like")
     report.update({f"nnpi_{k}": v for k, v in three_level.items()})
   report.update(bench_cost_model(seconds))
+  if agent:
+    report.update(run_agent_bench(quick))
   return report
 
 

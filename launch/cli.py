@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from typing import Sequence
 
@@ -225,8 +226,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
   from launch.bench import run_bench, write_report
-  with console(stderr=True).status("benchmarking the game and the cost model..."):
-    report = run_bench(quick=args.quick)
+  what = "the game and the cost model" + ("" if args.no_agent else ", search, acting and learner")
+  with console(stderr=True).status(f"benchmarking {what}..."):
+    report = run_bench(quick=args.quick, agent=not args.no_agent)
   write_report(report, args.out)
   table = Table(title="malloczero bench" + (" --quick" if args.quick else ""))
   table.add_column("metric")
@@ -241,28 +243,54 @@ def cmd_bench(args: argparse.Namespace) -> int:
   return 0
 
 
+def _flushing_print(out: Console):
+  """Log lines reach a redirected log file as they happen, not when the buffer fills."""
+  def print_fn(text: str) -> None:
+    out.print(text)
+    out.file.flush()
+  return print_fn
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-  """Until the distributed trainer exists (issues 4-5) this plays mallocGame, honestly labelled."""
-  from env.game import MallocGame
-  from env.synthetic import contended, mlp_training_step
-  from env.validator import validate_mapping as validate
-  print("malloczero train: the MuZero training system is NOT built yet; nothing will be trained.")
-  workload = mlp_training_step()
-  hw = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
-  game = MallocGame(workload, hw)
-  print(f"Playing one mallocGame episode with a random legal policy on the built-in program "
-        f"'{workload.name}' ({workload.num_ops} ops, {len(game.requests)} requests) on "
-        f"'{hw.name}' with {hw.levels[0].capacity_bytes / 2**20:.1f} MiB fast memory.")
-  rng = np.random.default_rng(args.seed)
-  ts = game.reset()
-  episode_return = 0.0
-  while not ts.last():
-    legal = np.flatnonzero(ts.observation["legal_actions"])
-    ts = game.step(legal[rng.integers(len(legal))])
-    episode_return += ts.reward
-  report = validate(workload, hw, game.mapping("random"))
-  print(f"return {episode_return:.4f}; mapping validated: {report.num_allocations} allocations, "
-        f"speed-up {report.speedup:.3f}x over all-slow.")
+  """Trains the MuZero agent; the learning curve and checkpoints go to the work directory."""
+  from configs.config import get_config
+  config = get_config(args.config)
+  if args.suite:
+    config = dataclasses.replace(config, suite=args.suite)
+  if args.seed is not None:
+    config = dataclasses.replace(config, seed=args.seed)
+  if args.launch != "single":
+    raise MalloczeroError(f"--launch {args.launch} is not built yet (the Launchpad program comes "
+                          "with the distributed system); use --launch single")
+  from env.suites import get_suite
+  get_suite(config.suite)  # A wrong suite name fails here, before anything starts.
+  workdir = args.workdir or os.path.join("runs", f"train-{config.name}")
+  from system.single_process import train_single_process
+  out = console()
+  out.print(f"malloczero train: config '{config.name}', suite '{config.suite}', single process "
+            f"(in-process Reverb, 1 actor x {config.actor.num_games} games, 1 learner); "
+            f"work directory {workdir}")
+  result = train_single_process(config, workdir, max_learner_steps=args.max_learner_steps,
+                                max_seconds=args.max_seconds, eval_every_steps=args.eval_every,
+                                print_fn=None if args.quiet else _flushing_print(out))
+  table = Table(title=f"learning curve (greedy search, {config.search.eval_num_simulations} "
+                "simulations): geomean speed-up over all-slow")
+  for column in ("learner steps", "elapsed", "split", "muzero", "msa", "greedy", "random",
+                 "beats msa"):
+    table.add_column(column, justify="left" if column == "split" else "right")
+  from system.training import baseline_geomean_from_file
+  for row in result.curve:
+    split = row["split"]
+    table.add_row(str(row["learner_steps"]), f"{float(row['elapsed_s']):.0f} s", split,
+                  f"{float(row['geomean_speedup']):.3f}x",
+                  *(f"{baseline_geomean_from_file(workdir, b, split, config.suite):.3f}x"
+                    for b in ("msa", "greedy", "random")),
+                  f"{row['beats_msa']}/{row['programs']}")
+  out.print(table)
+  out.print(f"{result.learner_steps} learner steps, {result.actor_steps} actor steps, "
+            f"{result.episodes} episodes in {result.elapsed_s:.0f} s")
+  for name in ("learning_curve.png", "learning_curve.csv", "checkpoints/learner_state.pkl"):
+    out.print(f"wrote {os.path.join(workdir, name)}")
   return 0
 
 
@@ -331,13 +359,29 @@ def build_parser() -> argparse.ArgumentParser:
   _add_solver_flags(p)
   p.set_defaults(func=cmd_evaluate)
 
-  p = sub.add_parser("bench", help="measure game steps/s and cost-model evaluations/s")
-  p.add_argument("--quick", action="store_true", help="short run (a few seconds)")
+  p = sub.add_parser("bench", help="measure game steps/s, cost-model evaluations/s, search moves/s "
+                     "and learner updates/s")
+  p.add_argument("--quick", action="store_true", help="short run (about a minute)")
+  p.add_argument("--no-agent", action="store_true",
+                 help="only the game and the cost model (skip search, acting and learner)")
   p.add_argument("--out", help="write the results as JSON to this file")
   p.set_defaults(func=cmd_bench)
 
-  p = sub.add_parser("train", help="(training not built yet) play mallocGame on a built-in program")
-  p.add_argument("--seed", type=int, default=0)
+  p = sub.add_parser("train", help="train the MuZero agent on a suite's train programs")
+  p.add_argument("--config", default="small", choices=("tiny", "small", "large"),
+                 help="preset (default small: minutes on a laptop; tiny: tests)")
+  p.add_argument("--launch", default="single", choices=("single", "local_mt", "local_mp"),
+                 help="single: one process, in-process Reverb (default)")
+  p.add_argument("--suite", help="suite to train on (default: the config's)")
+  p.add_argument("--workdir", help="checkpoints, logs and the learning curve (default "
+                 "runs/train-CONFIG); an existing one is resumed")
+  p.add_argument("--max-learner-steps", type=_positive_int,
+                 help="stop after this many learner steps (default: the config's)")
+  p.add_argument("--max-seconds", type=_positive_float, help="stop after this much wall time")
+  p.add_argument("--eval-every", type=_positive_int,
+                 help="learner steps between greedy evaluations (default: the config's)")
+  p.add_argument("--seed", type=int, help="override the config's seed")
+  p.add_argument("--quiet", action="store_true", help="no periodic log lines")
   p.set_defaults(func=cmd_train)
   return parser
 

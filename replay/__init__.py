@@ -8,10 +8,10 @@ from replay.sampler import Sampler
 from replay.tables import (TABLE_NAME, error_buffer, make_rate_limiter, make_table,
                            sequence_signature, start_server)
 from replay.types import Batch, Step, step_spec, zero_step
-from replay.writer import PRIORITY_EPSILON, SequenceWriter
+from replay.writer import PRIORITY_EPSILON, SequenceWriter, WriterStopped
 
 __all__ = [
     "Batch", "PRIORITY_EPSILON", "Sampler", "SequenceWriter", "Step", "TABLE_NAME",
     "error_buffer", "make_rate_limiter", "make_table", "sequence_signature", "start_server",
-    "step_spec", "zero_step",
+    "WriterStopped", "step_spec", "zero_step",
 ]

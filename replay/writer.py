@@ -15,7 +15,7 @@ stops at the episode's end and there is no bootstrap from the terminal state or 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import reverb
@@ -26,6 +26,11 @@ from replay.tables import TABLE_NAME
 from replay.types import Step, step_spec, zero_step
 
 PRIORITY_EPSILON = 1e-3  # Keeps items whose value was already exact sampleable.
+POLL_MS = 500  # How often a write blocked by the rate limiter checks whether to give up.
+
+
+class WriterStopped(RuntimeError):
+  """A write blocked by the rate limiter was abandoned because `should_stop()` became true."""
 
 
 class _GameState:
@@ -50,7 +55,8 @@ class SequenceWriter:
   """
 
   def __init__(self, client: reverb.Client, config: Config, num_games: int,
-               table: str = TABLE_NAME, max_in_flight_items: Optional[int] = None):
+               table: str = TABLE_NAME, max_in_flight_items: Optional[int] = None,
+               should_stop: Optional[Callable[[], bool]] = None):
     """Args:
       client: client of the server holding `table`.
       config: uses `learner.sequence_length`, `learner.td_steps` and `game`.
@@ -58,7 +64,10 @@ class SequenceWriter:
       table: the table to insert into.
       max_in_flight_items: per game, the number of created but unconfirmed items after which
         `append` blocks; defaults to L (about one chunk, so chunks are rarely cut short).
+      should_stop: polled while a write waits on the rate limiter; once it returns True the
+        write raises `WriterStopped` instead of waiting for a learner that has finished.
     """
+    self._should_stop = should_stop
     self._length = config.learner.sequence_length
     self._td_steps = config.learner.td_steps
     if self._length <= self._td_steps:
@@ -89,7 +98,7 @@ class SequenceWriter:
     items, flushes them and starts a fresh episode for the game."""
     state = self._games[game]
     if state.num_real == 0:  # Nothing was played: no item would start in this episode.
-      state.writer.end_episode(clear_buffers=True)
+      self._wait(state.writer.end_episode, clear_buffers=True)
       self._games[game] = _GameState(state.writer)
       return
     state.done = True
@@ -97,19 +106,32 @@ class SequenceWriter:
     # Item T-1 is the last one and ends at step T+L-2.
     while state.num_appended < state.num_real + self._length - 1:
       self._append(state, self._zero)
-    state.writer.end_episode(clear_buffers=True)
+    self._wait(state.writer.end_episode, clear_buffers=True)
     self._games[game] = _GameState(state.writer)
 
   def flush(self) -> None:
     """Blocks until every created item of every game is confirmed by the server."""
     for state in self._games:
-      state.writer.flush()
+      self._wait(state.writer.flush)
 
   def close(self) -> None:
     """Flushes and closes the writers; episodes in progress are dropped (their later items)."""
     for state in self._games:
-      state.writer.flush()
+      self._wait(state.writer.flush)
       state.writer.close()
+
+  def _wait(self, write: Callable[..., None], **kwargs: Any) -> None:
+    """Calls a blocking writer method, giving up with WriterStopped once `should_stop()`."""
+    if self._should_stop is None:
+      write(**kwargs)
+      return
+    while True:
+      try:
+        write(timeout_ms=POLL_MS, **kwargs)
+        return
+      except reverb.errors.DeadlineExceededError:
+        if self._should_stop():
+          raise WriterStopped("replay write abandoned: the run is stopping") from None
 
   def _append(self, state: _GameState, step: Step) -> None:
     # Cast to the spec dtypes: the first append fixes each column's dtype, and the table signature
@@ -125,7 +147,7 @@ class SequenceWriter:
       trajectory = tree.map_structure(lambda column: column[-self._length:], state.writer.history)
       state.writer.create_item(self._table, priority, trajectory)
       # Back-pressure: without it a long episode would queue all of its items client-side.
-      state.writer.flush(block_until_num_items=self._max_in_flight)
+      self._wait(state.writer.flush, block_until_num_items=self._max_in_flight)
 
   def _priority(self, state: _GameState, t: int) -> float:
     n = self._td_steps

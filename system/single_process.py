@@ -29,6 +29,13 @@ from replay import Sampler, SequenceWriter, start_server
 from system.training import LearningCurve, Stopwatch, save_config
 
 
+# How long one sample may wait on the rate limiter before the learner thread re-checks for shutdown.
+# Stopping the server does not wake a sample blocked in the in-process dataset (it reads the table
+# directly, not over gRPC), so without a bound a learner waiting for inserts never returns and
+# joining it would hang the trainer (e.g. on max_seconds, or when the actor fails).
+SAMPLE_TIMEOUT_MS = 1000
+
+
 @dataclasses.dataclass
 class TrainingResult:
   learner_steps: int
@@ -54,23 +61,27 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
   """Trains until `max_learner_steps` (default: the config's) or `max_seconds`, whichever is first.
 
   A work directory that already holds a checkpoint resumes from it. Evaluations (greedy search on
-  the suite's train and held-out programs) happen every `eval_every_steps` learner steps and at the
-  end; they are appended to workdir/learning_curve.csv and drawn to learning_curve.png.
+  the suite's train and held-out programs) happen every `eval_every_steps` learner steps (default:
+  the config's) and at the end; they are appended to workdir/learning_curve.csv and drawn to learning_curve.png.
   """
   max_learner_steps = max_learner_steps or config.max_learner_steps
-  eval_every_steps = eval_every_steps or max(1, max_learner_steps // 10)
+  eval_every_steps = eval_every_steps or config.eval_every_steps
   save_config(config, workdir)
   networks = make_networks(config.network, config.game)
   train_specs = suite_games(config.suite, "train")
   heldout_specs = suite_games(config.suite, "heldout")
 
   server, address = start_server(config)
-  sampler = Sampler(address, config)
+  sampler = Sampler(address, config, rate_limiter_timeout_ms=SAMPLE_TIMEOUT_MS)
   client = reverb.Client(address)
+  try:  # Restores a checkpoint: an unusable one raises MalloczeroError before anything runs.
+    learner = MuZeroLearner(networks, config, sample_fn=sampler.sample,
+                            update_priorities_fn=sampler.update_priorities, seed=config.seed,
+                            checkpoint_dir=os.path.join(workdir, "checkpoints"))
+  except BaseException:
+    server.stop()  # Otherwise it keeps its port and threads until garbage-collected.
+    raise
   learner_logger = _logger(workdir, "learner", print_fn, log_every_s)
-  learner = MuZeroLearner(networks, config, sample_fn=sampler.sample,
-                          update_priorities_fn=sampler.update_priorities, seed=config.seed,
-                          checkpoint_dir=os.path.join(workdir, "checkpoints"))
   curve = LearningCurve(networks, config, workdir, {"train": train_specs, "heldout": heldout_specs})
   actor_logger = _logger(workdir, "actor", print_fn, log_every_s)
   episodes: list[EpisodeResult] = []
@@ -78,33 +89,33 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
   def on_episode(result: EpisodeResult) -> None:
     episodes.append(result)
 
-  writer = SequenceWriter(client, config, config.actor.num_games)
+  stop = threading.Event()
+  writer = SequenceWriter(client, config, config.actor.num_games, should_stop=stop.is_set)
+  variables = VariableClient(learner, config.actor.variable_update_period)
   actor = BatchedActor(networks, config, GamePool(train_specs, config.game, config.actor.num_games,
                                                   seed=config.seed),
-                       VariableClient(learner, config.actor.variable_update_period), writer,
-                       seed=config.seed, on_episode=on_episode)
+                       variables, writer, seed=config.seed, on_episode=on_episode)
   clock = Stopwatch()
-  stop = threading.Event()
   failure: list[BaseException] = []
-  shutdown_lock = threading.Lock()
-
-  def shutdown() -> None:
-    """Idempotent; stopping the server unblocks whichever side waits on the rate limiter."""
-    with shutdown_lock:
-      if not stop.is_set():
-        stop.set()
-        sampler.close()
-        server.stop()
 
   def learner_loop() -> None:
     try:
       while not stop.is_set() and learner.num_steps < max_learner_steps:
-        learner_logger.write(learner.step())
-    except Exception as e:  # Surfaces in the main thread; a stopped server ends sampling too.
-      if not stop.is_set():
-        failure.append(e)
+        try:
+          metrics = learner.step()
+        except TimeoutError:  # Rate limited for SAMPLE_TIMEOUT_MS: check `stop`, wait again.
+          continue
+        learner_logger.write(metrics)
+    except Exception as e:  # Surfaces in the main thread.
+      failure.append(e)
     finally:
-      shutdown()
+      # Only this thread samples, and only before this point: the server may not be stopped under
+      # a sample (one blocked in the stopped in-process table never returns). Dropping the dataset
+      # waits for its workers, which give up within SAMPLE_TIMEOUT_MS. Stopping the server then
+      # wakes the actor if it waits on the rate limiter to insert.
+      stop.set()
+      sampler.close()
+      server.stop()
 
   if learner.num_steps == 0 or not curve.rows:
     curve.evaluate(learner.get_variables(), learner.num_steps, clock.elapsed)
@@ -132,8 +143,11 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
                             "mean_speedup": float(np.mean([e.speedup for e in recent]))})
         last_log = time.monotonic()
   finally:
-    shutdown()
-    thread.join()
+    stop.set()
+    thread.join()  # Within about SAMPLE_TIMEOUT_MS plus one learner step; it stops the server.
+    variables.close()
+    learner_logger.close()
+    actor_logger.close()
   if failure:
     raise failure[0]
   learner.save()

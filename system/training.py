@@ -65,6 +65,14 @@ def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
   return result
 
 
+def baseline_geomean_from_file(workdir: str, solver: str, split: str, suite: str) -> float:
+  """Geomean speed-up of a baseline over a split, from workdir/baselines.json."""
+  from env.suites import get_suite
+  with open(os.path.join(workdir, "baselines.json"), encoding="utf-8") as f:
+    speedups = json.load(f)[solver]
+  return geomean([speedups[e.name] for e in get_suite(suite).split(split).entries])
+
+
 class LearningCurve:
   """Greedy evaluations of the agent over training, appended to learning_curve.csv and drawn."""
 

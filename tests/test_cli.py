@@ -1,4 +1,5 @@
-"""The command line end to end: bench writes a well-formed report, train is honest, setup is idempotent."""
+"""The command line end to end: bench writes a well-formed report, train trains and rejects bad
+flags in one line, setup is idempotent."""
 
 import json
 import os
@@ -19,17 +20,36 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
   assert result.returncode == 0, result.stderr
   report = json.loads(out.read_text())
   for key in ("game_steps_per_s", "cost_model_full_evaluations_per_s",
-              "cost_model_incremental_updates_per_s"):
+              "cost_model_incremental_updates_per_s", "search_small_moves_per_s",
+              "search_small_simulations_per_s", "acting_small_moves_per_s",
+              "learner_small_updates_per_s"):
     assert report[key] > 0 and key in result.stdout
   assert 900 <= report["game_requests_per_episode"] <= 1300  # "a ~1,000-request program"
   assert report["eval_program_buffers"] >= 2000
+  assert report["search_small_batch"] == 64 and report["search_small_simulations"] == 32
+  assert report["learner_small_batch"] == 256 and report["learner_small_unroll"] == 5
 
 
-def test_train_says_training_is_not_built_and_validates_what_it_plays():
-  result = _cli("train")
-  assert result.returncode == 0, result.stderr
-  assert "NOT built yet" in result.stdout
-  assert "mapping validated" in result.stdout
+def test_train_runs_a_tiny_single_process_training_and_reports_its_curve(tmp_path):
+  workdir = tmp_path / "run"
+  result = _cli("train", "--config", "tiny", "--max-learner-steps", "4", "--eval-every", "4",
+                "--workdir", str(workdir), "--quiet")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "learning curve" in result.stdout and "4 learner steps" in result.stdout
+  for name in ("learning_curve.png", "learning_curve.csv", "baselines.json", "config.json",
+               os.path.join("checkpoints", "learner_state.pkl")):
+    assert (workdir / name).exists(), name
+  with open(workdir / "config.json") as f:
+    assert json.load(f)["name"] == "tiny"
+
+
+def test_train_rejects_bad_flags_in_one_line():
+  cases = ((("train", "--config", "huge"), 2), (("train", "--max-learner-steps", "0"), 2),
+           (("train", "--launch", "local_mp"), 1), (("train", "--suite", "nope"), 1))
+  for args, code in cases:
+    result = _cli(*args)
+    assert result.returncode == code, (args, result.stderr)
+    assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
 
 
 def test_unknown_command_and_flag_are_one_line_errors():

@@ -2,6 +2,7 @@
 a real in-process Reverb server."""
 
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ import tree
 from configs.config import get_config
 from env.game import GameConfig
 from replay import (PRIORITY_EPSILON, TABLE_NAME, Batch, Sampler, SequenceWriter, Step,
-                    error_buffer, make_table, sequence_signature, start_server, step_spec)
+                    WriterStopped, error_buffer, make_table, sequence_signature, start_server,
+                    step_spec)
 
 GAME = GameConfig(num_candidates=3, occupancy_bins=4, lookahead=2, max_fast_levels=1)
 
@@ -234,6 +236,27 @@ def test_rate_limiter_blocks_until_min_size():
   assert sampler.sample().keys.shape == (4,)  # 6 items: sampling is allowed now.
   sampler.close()
   writer.close()
+  server.stop()
+
+
+def test_writer_blocked_by_the_rate_limiter_gives_up_when_told_to_stop():
+  """With no learner sampling, inserts stop once the table is ahead of the samples-per-insert
+  budget; a writer told to stop must raise instead of waiting forever."""
+  config = small_config(min_size_to_sample=2)
+  server, address = start_server(config)
+  stopping = []
+  writer = SequenceWriter(reverb.Client(address), config, num_games=1,
+                          should_stop=lambda: bool(stopping))
+  steps, terminal = make_episode(0, 0, 200)
+  # Writes block after about min size + error buffer items; the stop request comes later.
+  timer = threading.Timer(2.0, stopping.append, [True])
+  timer.start()
+  with pytest.raises(WriterStopped):
+    for step in steps:
+      writer.append(0, step)
+    writer.end_episode(0, terminal)
+  assert stopping, "the writer gave up before it was told to stop"
+  assert table_size(reverb.Client(address)) < 50
   server.stop()
 
 

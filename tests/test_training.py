@@ -1,0 +1,181 @@
+"""Single-process training on the tiny suite with a real Reverb server and a real learner thread:
+it learns, its evaluations are valid, it resumes from its checkpoint, and it refuses a corrupt one.
+
+One training run (module fixture) serves most tests; it takes about a minute on 2 CPU cores. The
+runs share one `make_networks` result, so a resumed run reuses the compiled initialisation, SGD
+step and evaluation search instead of compiling them again (the networks are pure functions of
+their configs, so this changes nothing else).
+"""
+
+import csv
+import functools
+import json
+import os
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+from actors.games import suite_games
+from configs.config import get_config
+from env import MalloczeroError, validate_mapping
+from learner.learner import CHECKPOINT_FILENAME
+from learner.networks import make_networks
+from system import single_process
+from system.single_process import train_single_process
+from system.training import LearningCurve, geomean
+
+CONFIG = get_config("tiny")
+STEPS = 100
+EVAL_EVERY = 50
+RESUMED_STEPS = STEPS + 20
+
+
+def read_csv(path):
+  with open(path, encoding="utf-8", newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def checkpoint_steps(workdir):
+  with open(os.path.join(workdir, "checkpoints", CHECKPOINT_FILENAME), "rb") as f:
+    return pickle.load(f)["steps"]
+
+
+cached_make_networks = functools.lru_cache(maxsize=None)(make_networks)
+
+
+def train(workdir, max_learner_steps):
+  """Runs the trainer and returns (result, the LearningCurve it used)."""
+  curves = []
+
+  class RecordingCurve(LearningCurve):
+
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      curves.append(self)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(single_process, "make_networks", cached_make_networks)
+    patch.setattr(single_process, "LearningCurve", RecordingCurve)
+    result = train_single_process(CONFIG, workdir, max_learner_steps=max_learner_steps,
+                                  eval_every_steps=EVAL_EVERY, print_fn=None)
+  assert len(curves) == 1
+  return result, curves[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """The first run, and what it left in its work directory (read before any test resumes it)."""
+  workdir = str(tmp_path_factory.mktemp("train"))
+  result, curve = train(workdir, STEPS)
+  with open(os.path.join(workdir, "baselines.json"), encoding="utf-8") as f:
+    baselines = json.load(f)
+  return dict(workdir=workdir, result=result, curve=curve, baselines=baselines,
+              learner_log=read_csv(os.path.join(workdir, "logs", "learner", "logs.csv")),
+              curve_rows=read_csv(os.path.join(workdir, "learning_curve.csv")),
+              checkpoint_steps=checkpoint_steps(workdir))
+
+
+def train_rows(rows):
+  return [r for r in rows if r["split"] == "train"]
+
+
+def test_learner_loss_falls(trained):
+  log = trained["learner_log"]
+  assert [int(float(r["learner_steps"])) for r in log] == list(range(1, STEPS + 1))
+  loss = np.array([float(r["loss"]) for r in log])
+  assert np.isfinite(loss).all()
+  first, last = loss[:5].mean(), loss[-10:].mean()
+  assert last < 0.5 * first, f"loss did not fall: first steps {first:.3f}, last steps {last:.3f}"
+
+
+def test_agent_beats_untrained_and_random_baseline(trained):
+  result, rows = trained["result"], train_rows(trained["curve_rows"])
+  assert result.learner_steps == STEPS == trained["checkpoint_steps"]
+  assert result.actor_steps > 0 and result.episodes > 0
+  # Evaluated at the start, about every EVAL_EVERY steps (the learner runs on while the actor
+  # finishes its step, so a point may land a few steps late) and at the end.
+  steps = [int(r["learner_steps"]) for r in rows]
+  assert steps[0] == 0 and steps[-1] == STEPS and steps == sorted(set(steps))
+  initial, final = float(rows[0]["geomean_speedup"]), float(rows[-1]["geomean_speedup"])
+  baselines = trained["baselines"]["random"]
+  random = geomean([baselines[s.name] for s in suite_games("tiny", "train")])
+  assert final > random, f"trained agent {final:.3f} <= random baseline {random:.3f}"
+  assert final > 1.2 * initial, f"trained agent {final:.3f} vs untrained {initial:.3f}"
+  # The result carries the curve as written to the CSV.
+  assert [(int(r["learner_steps"]), r["split"]) for r in trained["curve_rows"]] == [
+      (int(r["learner_steps"]), r["split"]) for r in result.curve]
+
+
+def test_final_evaluation_mappings_are_valid(trained):
+  curve, rows = trained["curve"], trained["curve_rows"]
+  assert set(curve.latest) == {"train", "heldout"}
+  for split, results in curve.latest.items():
+    specs = suite_games("tiny", split)
+    assert [r.program for r in results] == [s.name for s in specs]
+    for spec, r in zip(specs, results):
+      report = validate_mapping(spec.workload, spec.hardware, r.mapping)
+      assert r.speedup == pytest.approx(report.speedup, rel=1e-6)
+    last = [row for row in rows if row["split"] == split][-1]
+    assert int(last["learner_steps"]) == STEPS
+    assert float(last["geomean_speedup"]) == pytest.approx(geomean([r.speedup for r in results]))
+
+
+def test_resume_continues_from_checkpoint(trained):
+  workdir = trained["workdir"]
+  result, _ = train(workdir, RESUMED_STEPS)
+  assert result.learner_steps == RESUMED_STEPS == checkpoint_steps(workdir)
+  log = read_csv(os.path.join(workdir, "logs", "learner", "logs.csv"))
+  steps = [int(float(r["learner_steps"])) for r in log]
+  # The learner went on from step STEPS + 1, not from 1.
+  assert steps == list(range(1, RESUMED_STEPS + 1))
+  rows = read_csv(os.path.join(workdir, "learning_curve.csv"))
+  before = trained["curve_rows"]
+  assert rows[:len(before)] == before
+  assert {int(r["learner_steps"]) for r in rows[len(before):]} == {RESUMED_STEPS}
+  assert {r["split"] for r in rows[len(before):]} == {"train", "heldout"}
+  for name in ("config.json", "learning_curve.png", "baselines.json"):
+    assert os.path.getsize(os.path.join(workdir, name)) > 0
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["name"] == "tiny"
+
+
+def test_corrupt_checkpoint_fails_with_one_line_and_is_kept(trained, tmp_path, monkeypatch):
+  monkeypatch.setattr(single_process, "make_networks", cached_make_networks)
+  with open(os.path.join(trained["workdir"], "checkpoints", CHECKPOINT_FILENAME), "rb") as f:
+    good = f.read()
+  corrupt = good[:len(good) // 2]  # Truncated.
+  file = tmp_path / "checkpoints" / CHECKPOINT_FILENAME
+  file.parent.mkdir()
+  file.write_bytes(corrupt)
+  with pytest.raises(MalloczeroError) as error:
+    train_single_process(CONFIG, str(tmp_path), max_learner_steps=5, print_fn=None)
+  message = str(error.value)
+  assert "\n" not in message and CHECKPOINT_FILENAME in message
+  assert file.read_bytes() == corrupt
+  assert not (tmp_path / "learning_curve.csv").exists()
+
+
+def test_max_seconds_stops_while_the_learner_waits_for_data(tmp_path, monkeypatch):
+  """The run ends on max_seconds while the table is below its minimum size, so the learner
+  thread is blocked sampling: the trainer must still return (it used to hang joining it)."""
+  monkeypatch.setattr(single_process, "make_networks", cached_make_networks)
+  outcome = {}
+
+  def run():
+    try:
+      outcome["result"] = train_single_process(CONFIG, str(tmp_path), max_learner_steps=STEPS,
+                                               max_seconds=1.0, print_fn=None)
+    except BaseException as e:  # pylint: disable=broad-except
+      outcome["error"] = e
+
+  thread = threading.Thread(target=run, daemon=True)
+  thread.start()
+  thread.join(120)
+  assert not thread.is_alive(), "train_single_process did not return after max_seconds"
+  assert "error" not in outcome, outcome.get("error")
+  result = outcome["result"]
+  assert result.learner_steps < STEPS
+  assert checkpoint_steps(str(tmp_path)) == result.learner_steps
+  assert int(result.curve[-1]["learner_steps"]) == result.learner_steps
