@@ -148,9 +148,10 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
     variables.close()
     learner_logger.close()
     actor_logger.close()
+    if not failure:  # Also on Ctrl-C: the run so far is kept and a restart resumes from it.
+      learner.save()
   if failure:
     raise failure[0]
-  learner.save()
   if not curve.rows or int(curve.rows[-1]["learner_steps"]) != learner.num_steps:
     curve.evaluate(learner.get_variables(), learner.num_steps, clock.elapsed)
   return TrainingResult(learner.num_steps, actor.num_steps, actor.num_episodes, clock.elapsed,

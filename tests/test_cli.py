@@ -43,6 +43,33 @@ def test_train_runs_a_tiny_single_process_training_and_reports_its_curve(tmp_pat
     assert json.load(f)["name"] == "tiny"
 
 
+def test_interrupted_train_keeps_its_checkpoint(tmp_path):
+  """Ctrl-C during training exits 130 and leaves a checkpoint a restart can resume from."""
+  import signal
+  import time
+
+  from learner.learner import load_params
+  workdir = tmp_path / "run"
+  process = subprocess.Popen(
+      [sys.executable, "-m", "launch.cli", "train", "--config", "tiny", "--max-learner-steps",
+       "100000", "--eval-every", "100000", "--workdir", str(workdir), "--quiet"],
+      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  log = workdir / "logs" / "learner" / "logs.csv"
+  deadline = time.monotonic() + 280
+  while time.monotonic() < deadline and process.poll() is None:
+    if log.exists() and len(log.read_text().splitlines()) > 3:  # Header + 3 learner steps.
+      break
+    time.sleep(0.5)
+  assert process.poll() is None, process.communicate()[1][-2000:]
+  process.send_signal(signal.SIGINT)
+  _, stderr = process.communicate(timeout=120)
+  assert process.returncode == 130, stderr[-2000:]
+  assert "malloczero: interrupted" in stderr
+  checkpoint = workdir / "checkpoints" / "learner_state.pkl"
+  assert checkpoint.exists()
+  assert load_params(str(checkpoint))  # A real, loadable parameter tree.
+
+
 def test_train_rejects_bad_flags_in_one_line():
   cases = ((("train", "--config", "huge"), 2), (("train", "--max-learner-steps", "0"), 2),
            (("train", "--launch", "local_mp"), 1), (("train", "--suite", "nope"), 1))
