@@ -5,7 +5,7 @@ Work directory layout:
   config.json                    the Config the run was started with
   checkpoints/learner_state.pkl  parameters, optimiser state, step count (restored on restart)
   logs/<label>/logs.csv          Acme CSV logs: learner, actor, evaluation
-  baselines.json                 msa / greedy / random speed-ups of the evaluated programs
+  baselines.json                 msa / greedy / bestfit / random speed-ups of the programs
   learning_curve.csv / .png      greedy evaluation of the agent against learner steps
 """
 
@@ -27,7 +27,7 @@ from configs.config import Config
 from env.solvers import solve
 from learner.networks import MuZeroNetworks
 
-BASELINES = ("random", "msa", "greedy")
+BASELINES = ("random", "msa", "greedy", "bestfit")
 CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_return",
                 "beats_msa", "programs")
 
@@ -125,7 +125,8 @@ class LearningCurve:
       rows = [r for r in self.rows if r["split"] == split]
       ax.plot([int(r["learner_steps"]) for r in rows], [float(r["geomean_speedup"]) for r in rows],
               "o-", color=colours.get(split), label=f"muzero ({split})")
-      for solver, style in (("msa", "--"), ("greedy", "-."), ("random", ":")):
+      for solver, style in (("msa", "--"), ("greedy", "-."), ("bestfit", (0, (5, 1, 1, 1))),
+                            ("random", ":")):
         ax.axhline(self.baseline_geomean(solver, split), linestyle=style, linewidth=1,
                    color=colours.get(split), alpha=0.7, label=f"{solver} ({split})")
     ax.set_xlabel("learner steps")

@@ -16,12 +16,13 @@ from env.placement import Placement
 from env.requests import build_requests
 from env.solvers.cpsat import cpsat
 from env.solvers.evo import evo
-from env.solvers.heuristics import greedy, msa, random_play
+from env.solvers.heuristics import bestfit_play, greedy, msa, random_play
 from env.validator import validate_mapping
 from env.workload import Workload
 
 PLACEMENT_SOLVERS = {"msa": msa, "greedy": greedy, "evo": evo, "cpsat": cpsat}
-SOLVERS = ("msa", "greedy", "random", "evo", "cpsat")
+GAME_SOLVERS = {"random": random_play, "bestfit": bestfit_play}  # Policies played in mallocGame.
+SOLVERS = ("msa", "greedy", "bestfit", "random", "evo", "cpsat")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,13 +46,14 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   model = CostModel(workload, hardware)
   requests = build_requests(model)
   t0 = time.perf_counter()
-  if solver == "random" and len(requests):
+  if solver in GAME_SOLVERS and len(requests):
     game = MallocGame(workload, hardware, game_config)
-    info = random_play(game, **options)
+    info = GAME_SOLVERS[solver](game, **options)
     mapping = game.mapping(solver)
   else:
     placement = Placement(model, requests)
-    info = PLACEMENT_SOLVERS[solver](placement, **options) if len(requests) and solver != "random" \
+    info = PLACEMENT_SOLVERS[solver](placement, **options) \
+        if len(requests) and solver in PLACEMENT_SOLVERS \
         else {"note": "no request fits in fast memory and saves time there"}
     mapping = placement.mapping(solver)
   elapsed = time.perf_counter() - t0
@@ -59,4 +61,5 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   return SolveResult(mapping, elapsed, dict(info, requests=len(requests)))
 
 
-__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "greedy", "evo", "cpsat", "random_play"]
+__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "greedy", "evo", "cpsat", "random_play",
+           "bestfit_play"]

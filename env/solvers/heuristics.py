@@ -53,3 +53,13 @@ def random_play(game: MallocGame, seed: int = 0) -> dict:
     legal = np.flatnonzero(ts.observation["legal_actions"])
     ts = game.step(legal[rng.integers(len(legal))])
   return {"seed": seed}
+
+
+def bestfit_play(game: MallocGame) -> dict:
+  """The game's own request order (XLA MSA's memory-boundedness order) with the first candidate
+  whenever one exists: best fit in the fastest level that has room. A one-line policy the agent
+  must beat; it needs no search and no learning."""
+  ts = game.reset()
+  while not ts.last():
+    ts = game.step(1 if ts.observation["legal_actions"][1] else 0)
+  return {}
