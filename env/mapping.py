@@ -26,6 +26,12 @@ from env.workload import Workload
 ALLOCATION_KEYS = ("request", "buffer", "level", "offset", "start", "end")
 
 
+def geomean(values: Any) -> float:
+  """Geometric mean, the summary of speed-ups across programs; nan for none."""
+  values = list(values)
+  return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
+
+
 @dataclasses.dataclass(frozen=True)
 class Mapping:
   workload: str

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import time
 from typing import Any, Callable
@@ -13,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from env.mapping import geomean
 from env.solvers import solve
 from env.suites import Suite
 
@@ -60,20 +60,16 @@ def summarise(rows: list[dict[str, Any]], solvers: list[str]) -> dict[str, Any]:
   summary: dict[str, Any] = {"entries": len(rows)}
   for solver in solvers:
     speedups = [r[f"{solver}_speedup"] for r in rows]
-    summary[f"{solver}_geomean_speedup"] = _geomean(speedups)
+    summary[f"{solver}_geomean_speedup"] = geomean(speedups)
     if rows and solver != "msa" and f"{solver}_vs_msa" in rows[0]:
       vs = [r[f"{solver}_vs_msa"] for r in rows]
-      summary[f"{solver}_geomean_vs_msa"] = _geomean(vs)
+      summary[f"{solver}_geomean_vs_msa"] = geomean(vs)
       summary[f"{solver}_beats_msa"] = sum(v > 1 + 1e-9 for v in vs)
       summary[f"{solver}_best_vs_msa"] = max(vs)
     summary[f"{solver}_total_solve_s"] = sum(r[f"{solver}_solve_s"] for r in rows)
   if rows and "cpsat_status" in rows[0]:
     summary["cpsat_optimal"] = sum(r["cpsat_status"] == "optimal" for r in rows)
   return summary
-
-
-def _geomean(values: list[float]) -> float:
-  return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
 def _columns(solvers: list[str]) -> list[tuple[str, str, Callable[[Any], str]]]:

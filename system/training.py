@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import math
 import os
 import time
 from typing import Any, Sequence
@@ -24,16 +23,13 @@ import numpy as np
 from actors.evaluator import evaluate_params
 from actors.games import GameSpec
 from configs.config import Config
+from env.mapping import geomean
 from env.solvers import solve
 from learner.networks import MuZeroNetworks
 
 BASELINES = ("random", "msa", "greedy", "bestfit")
 CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_return",
                 "beats_msa", "programs")
-
-
-def geomean(values: Sequence[float]) -> float:
-  return float(math.exp(np.mean(np.log(values)))) if len(values) else float("nan")
 
 
 def save_config(config: Config, workdir: str) -> None:

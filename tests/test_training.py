@@ -20,11 +20,12 @@ import pytest
 from actors.games import suite_games
 from configs.config import get_config
 from env import MalloczeroError, validate_mapping
+from env.mapping import geomean
 from learner.learner import CHECKPOINT_FILENAME
 from learner.networks import make_networks
 from system import single_process
 from system.single_process import train_single_process
-from system.training import LearningCurve, geomean
+from system.training import LearningCurve
 
 CONFIG = get_config("tiny")
 STEPS = 100
