@@ -55,6 +55,10 @@ class BatchedActor:
     self.num_steps = 0
     self.num_episodes = 0
 
+  @property
+  def num_games(self) -> int:
+    return self._pool.num_slots
+
   def _start_episode(self, slot: int) -> None:
     index, game = self._pool.draw(slot)
     observation = game.reset().observation
@@ -114,4 +118,4 @@ def acting_moves_per_s(actor: BatchedActor, num_steps: int) -> float:
   start = time.perf_counter()
   for _ in range(num_steps):
     actor.step()
-  return num_steps * actor._pool.num_slots / (time.perf_counter() - start)
+  return num_steps * actor.num_games / (time.perf_counter() - start)

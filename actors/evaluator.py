@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Any, Sequence
 
 import jax
@@ -65,9 +64,3 @@ def evaluate_params(networks: MuZeroNetworks, params: Any, config: Config,
     results.append(EvaluationResult(spec.name, float(episode_return), mapping.speedup,
                                     mapping.estimated_time_s, mapping))
   return results
-
-
-def timed_evaluation(*args: Any, **kwargs: Any) -> tuple[list[EvaluationResult], float]:
-  start = time.perf_counter()
-  results = evaluate_params(*args, **kwargs)
-  return results, time.perf_counter() - start

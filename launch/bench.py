@@ -17,8 +17,9 @@ from typing import Any, Callable
 import numpy as np
 
 from env.game import MallocGame
-from env.hardware import PRESETS
+from env.hardware import PRESETS, Hardware
 from env.synthetic import contended, random_workload
+from env.workload import Workload
 
 # ~1,000 requests on tpu-v4i-like at 25% of peak live bytes; ~2,000 buffers for evaluation.
 GAME_PROGRAM_OPS = 700
@@ -45,9 +46,25 @@ def _random_episode(game: MallocGame, rng: np.random.Generator) -> int:
   return steps
 
 
-def bench_game(seconds: float, hardware: str = "tpu-v4i-like") -> dict[str, Any]:
+def _game_program(hardware: str = "tpu-v4i-like") -> tuple[Workload, Hardware]:
+  """The ~1,000-request program the game, search and acting figures are measured on."""
   workload = random_workload(7, GAME_PROGRAM_OPS)
-  game = MallocGame(workload, contended(PRESETS[hardware], workload, 0.25))
+  return workload, contended(PRESETS[hardware], workload, 0.25)
+
+
+def _initial_agent(config: Any) -> tuple[Any, Any]:
+  """(networks, freshly initialised params) of a config; speed does not depend on training."""
+  import jax
+
+  from learner.learner import make_initial_state
+  from learner.networks import make_networks
+  networks = make_networks(config.network, config.game)
+  return networks, make_initial_state(networks, config, jax.random.PRNGKey(0)).params
+
+
+def bench_game(seconds: float, hardware: str = "tpu-v4i-like") -> dict[str, Any]:
+  workload, machine = _game_program(hardware)
+  game = MallocGame(workload, machine)
   rng = np.random.default_rng(0)
   _random_episode(game, rng)  # warm-up
   steps_per_s, steps = _rate(lambda: _random_episode(game, rng), seconds)
@@ -102,14 +119,10 @@ def bench_search(preset: str, batch: int, simulations: int, calls: int) -> dict[
   from actors.actor import stack_observations
   from actors.search import make_search_fn
   from configs.config import get_config
-  from learner.learner import make_initial_state
-  from learner.networks import make_networks
   config = get_config(preset)
   search_config = dataclasses.replace(config.search, num_simulations=simulations)
-  networks = make_networks(config.network, config.game)
-  params = make_initial_state(networks, config, jax.random.PRNGKey(0)).params
-  workload = random_workload(7, GAME_PROGRAM_OPS)
-  game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25), config.game)
+  networks, params = _initial_agent(config)
+  game = MallocGame(*_game_program(), config.game)
   observation = stack_observations(_game_observations(game, batch, seed=0))
   search = make_search_fn(networks, search_config)
   key = jax.random.PRNGKey(1)
@@ -133,25 +146,20 @@ def bench_acting(preset: str, batch: int, steps: int) -> dict[str, Any]:
   """The batched actor end to end (search + game steps + observation stacking), no replay."""
   import dataclasses
 
-  import jax
-
   from actors.actor import BatchedActor, acting_moves_per_s
   from actors.games import GamePool, GameSpec
   from actors.variable_client import VariableClient
   from configs.config import get_config
-  from learner.learner import make_initial_state
-  from learner.networks import make_networks
   config = get_config(preset)
   config = dataclasses.replace(config, actor=dataclasses.replace(config.actor, num_games=batch))
-  networks = make_networks(config.network, config.game)
-  params = make_initial_state(networks, config, jax.random.PRNGKey(0)).params
+  networks, params = _initial_agent(config)
 
   class _Fixed:
     def get_variables(self):
       return params
 
-  workload = random_workload(7, GAME_PROGRAM_OPS)
-  spec = GameSpec(workload.name, workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25))
+  workload, machine = _game_program()
+  spec = GameSpec(workload.name, workload, machine)
   actor = BatchedActor(networks, config, GamePool([spec], config.game, batch),
                        VariableClient(_Fixed(), update_period=10**9))
   return {f"acting_{preset}_batch": batch,

@@ -275,16 +275,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                                 print_fn=None if args.quiet else _flushing_print(out))
   table = Table(title=f"learning curve (greedy search, {config.search.eval_num_simulations} "
                 "simulations): geomean speed-up over all-slow")
-  for column in ("learner steps", "elapsed", "split", "muzero", "msa", "greedy", "bestfit",
-                 "random", "beats msa"):
+  baselines = list(next(iter(result.baselines.values())))
+  for column in ("learner steps", "elapsed", "split", "muzero", *baselines, "beats msa"):
     table.add_column(column, justify="left" if column == "split" else "right")
-  from system.training import baseline_geomean_from_file
   for row in result.curve:
     split = row["split"]
     table.add_row(str(row["learner_steps"]), f"{float(row['elapsed_s']):.0f} s", split,
                   f"{float(row['geomean_speedup']):.3f}x",
-                  *(f"{baseline_geomean_from_file(workdir, b, split, config.suite):.3f}x"
-                    for b in ("msa", "greedy", "bestfit", "random")),
+                  *(f"{result.baselines[split][b]:.3f}x" for b in baselines),
                   f"{row['beats_msa']}/{row['programs']}")
   out.print(table)
   out.print(f"{result.learner_steps} learner steps, {result.actor_steps} actor steps, "

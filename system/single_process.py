@@ -43,6 +43,7 @@ class TrainingResult:
   episodes: int
   elapsed_s: float
   curve: list[dict[str, Any]]
+  baselines: dict[str, dict[str, float]]  # {split: {baseline: geomean speed-up}}
   workdir: str
 
 
@@ -155,4 +156,4 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
   if not curve.rows or int(curve.rows[-1]["learner_steps"]) != learner.num_steps:
     curve.evaluate(learner.get_variables(), learner.num_steps, clock.elapsed)
   return TrainingResult(learner.num_steps, actor.num_steps, actor.num_episodes, clock.elapsed,
-                        curve.rows, workdir)
+                        curve.rows, curve.baseline_geomeans(), workdir)

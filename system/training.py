@@ -27,7 +27,7 @@ from env.mapping import geomean
 from env.solvers import solve
 from learner.networks import MuZeroNetworks
 
-BASELINES = ("random", "msa", "greedy", "bestfit")
+BASELINES = ("msa", "greedy", "bestfit", "random")
 CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_return",
                 "beats_msa", "programs")
 
@@ -59,14 +59,6 @@ def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
     with open(path, "w", encoding="utf-8") as f:
       json.dump(result, f, indent=1)
   return result
-
-
-def baseline_geomean_from_file(workdir: str, solver: str, split: str, suite: str) -> float:
-  """Geomean speed-up of a baseline over a split, from workdir/baselines.json."""
-  from env.suites import get_suite
-  with open(os.path.join(workdir, "baselines.json"), encoding="utf-8") as f:
-    speedups = json.load(f)[solver]
-  return geomean([speedups[e.name] for e in get_suite(suite).split(split).entries])
 
 
 class LearningCurve:
@@ -110,6 +102,11 @@ class LearningCurve:
 
   def baseline_geomean(self, solver: str, split: str) -> float:
     return geomean([self.baselines[solver][s.name] for s in self._splits[split]])
+
+  def baseline_geomeans(self) -> dict[str, dict[str, float]]:
+    """{split: {baseline: geomean speed-up}}, baselines in BASELINES order."""
+    return {split: {b: self.baseline_geomean(b, split) for b in BASELINES}
+            for split in self._splits}
 
   def plot(self) -> str:
     import matplotlib
