@@ -73,6 +73,17 @@ class ActorConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+  """The Launchpad program (system/program.py): node counts and how often state is saved."""
+  num_actors: int = 2
+  replay_checkpoint_every_s: float = 180.0   # Reverb table checkpoints (and one at stop).
+  counter_save_every_s: float = 30.0         # Step counters (and at stop).
+  actor_report_every_s: float = 2.0          # Actor -> counter increments (batched RPCs).
+  summary_every_s: float = 5.0               # Console summary line in the launcher.
+  heldout_only_evaluator: bool = True        # The evaluator node plays only held-out programs.
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
   name: str = "small"
   suite: str = "default"
@@ -82,6 +93,7 @@ class Config:
   learner: LearnerConfig = LearnerConfig()
   replay: ReplayConfig = ReplayConfig()
   actor: ActorConfig = ActorConfig()
+  distributed: DistributedConfig = DistributedConfig()
   seed: int = 0
   max_learner_steps: int = 5_000
   eval_every_steps: int = 1_000  # Learner steps between greedy evaluations of the whole suite.
@@ -99,6 +111,8 @@ def tiny() -> Config:
                             checkpoint_every_s=30.0),
       replay=ReplayConfig(max_size=20_000, min_size_to_sample=200, samples_per_insert=2.0),
       actor=ActorConfig(num_games=8, variable_update_period=20),
+      distributed=DistributedConfig(replay_checkpoint_every_s=20.0, counter_save_every_s=5.0,
+                                    actor_report_every_s=1.0, summary_every_s=3.0),
       max_learner_steps=400, eval_every_steps=100)
 
 
@@ -120,6 +134,8 @@ def large() -> Config:
                             checkpoint_every_s=600.0),
       replay=ReplayConfig(max_size=2_000_000, min_size_to_sample=20_000, samples_per_insert=8.0),
       actor=ActorConfig(num_games=64, variable_update_period=100),
+      distributed=DistributedConfig(num_actors=64, replay_checkpoint_every_s=900.0,
+                                    counter_save_every_s=60.0, summary_every_s=30.0),
       max_learner_steps=500_000, eval_every_steps=20_000)
 
 

@@ -251,26 +251,35 @@ def _flushing_print(out: Console):
   return print_fn
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-  """Trains the MuZero agent; the learning curve and checkpoints go to the work directory."""
+def _train_config(args: argparse.Namespace):
   from configs.config import get_config
   config = get_config(args.config)
   if args.suite:
     config = dataclasses.replace(config, suite=args.suite)
   if args.seed is not None:
     config = dataclasses.replace(config, seed=args.seed)
-  if args.launch != "single":
-    raise MalloczeroError(f"--launch {args.launch} is not built yet (the Launchpad program comes "
-                          "with the distributed system); use --launch single")
+  if args.eval_every:
+    config = dataclasses.replace(config, eval_every_steps=args.eval_every)
   from env.suites import get_suite
   get_suite(config.suite)  # A wrong suite name fails here, before anything starts.
+  return config
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+  """Trains the MuZero agent; checkpoints, logs, the learning curve and a report go to the work
+  directory, which a second run with the same command resumes."""
+  config = _train_config(args)
   workdir = args.workdir or os.path.join("runs", f"train-{config.name}")
+  if args.launch == "vertex_ai":
+    return _train_vertex_ai(config, args, workdir)
+  if args.launch != "single":
+    return _train_distributed(config, args, workdir)
   from system.single_process import train_single_process
   out = console()
   out.print(f"malloczero train: config '{config.name}', suite '{config.suite}', single process "
             f"(in-process Reverb, 1 actor x {config.actor.num_games} games, 1 learner); "
             f"work directory {workdir}")
-  result = train_single_process(config, workdir, max_learner_steps=args.max_learner_steps,
+  result = train_single_process(config, workdir, max_learner_steps=args.max_steps,
                                 max_seconds=args.max_seconds, eval_every_steps=args.eval_every,
                                 print_fn=None if args.quiet else _flushing_print(out))
   table = Table(title=f"learning curve (greedy search, {config.search.eval_num_simulations} "
@@ -289,6 +298,53 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{result.episodes} episodes in {result.elapsed_s:.0f} s")
   for name in ("learning_curve.png", "learning_curve.csv", "checkpoints/learner_state.pkl"):
     out.print(f"wrote {os.path.join(workdir, name)}")
+  return 0
+
+
+def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
+  from system.program import launch_training
+  out = console()
+  num_actors = args.num_actors or config.distributed.num_actors
+  out.print(f"malloczero train: config '{config.name}', suite '{config.suite}', Launchpad "
+            f"{args.launch} with {num_actors} actor(s) x {config.actor.num_games} games; "
+            f"work directory {os.path.abspath(workdir)}")
+  print_fn = (lambda text: None) if args.quiet else _flushing_print(out)
+  result = launch_training(config, workdir, launch=args.launch, num_actors=num_actors,
+                           max_steps=args.max_steps, max_seconds=args.max_seconds,
+                           node_output=args.node_output, print_fn=print_fn)
+  out.print(f"{result.status}: learner steps {result.start_step} -> {result.learner_steps}, "
+            f"{result.actor_moves:,} actor moves, {result.episodes:,} games in "
+            f"{result.elapsed_s:.0f} s")
+  if result.report is not None:
+    table = Table(title=f"final evaluation at learner step {result.learner_steps}: geomean "
+                  "speed-up over all-slow")
+    for column in ("split", "programs", "muzero", "msa", "greedy", "bestfit", "muzero vs msa",
+                   "wins/ties/losses"):
+      table.add_column(column, justify="left" if column == "split" else "right")
+    for split, s in result.report["summary"].items():
+      table.add_row(split, str(s["programs"]), *(f"{s[k]:.3f}x" for k in
+                                                 ("muzero", "msa", "greedy", "bestfit",
+                                                  "muzero_vs_msa")),
+                    f"{s['wins']}/{s['ties']}/{s['losses']}")
+    out.print(table)
+  for name in ("report.md", "learning_curve.png", "checkpoints", "logs", "tensorboard"):
+    if os.path.exists(os.path.join(result.workdir, name)):
+      out.print(f"  {os.path.join(result.workdir, name)}")
+  if result.status.startswith("failed"):
+    print(f"malloczero: error: {result.status}; the last checkpoint is in "
+          f"{os.path.join(result.workdir, 'checkpoints')}", file=sys.stderr)
+    return 1
+  if result.status == "interrupted":
+    print(f"malloczero: interrupted at learner step {result.learner_steps}; run the same command "
+          "to resume", file=sys.stderr)
+    return 130
+  return 0
+
+
+def _train_vertex_ai(config, args: argparse.Namespace, workdir: str) -> int:
+  from system.vertex import launch_vertex_ai
+  num_actors = args.num_actors or config.distributed.num_actors
+  launch_vertex_ai(config, workdir, num_actors, max_steps=args.max_steps)
   return 0
 
 
@@ -368,16 +424,24 @@ def build_parser() -> argparse.ArgumentParser:
   p = sub.add_parser("train", help="train the MuZero agent on a suite's train programs")
   p.add_argument("--config", default="small", choices=("tiny", "small", "large"),
                  help="preset (default small: minutes on a laptop; tiny: tests)")
-  p.add_argument("--launch", default="single", choices=("single", "local_mt", "local_mp"),
-                 help="single: one process, in-process Reverb (default)")
+  p.add_argument("--launch", default="local_mp",
+                 choices=("local_mp", "local_mt", "vertex_ai", "single"),
+                 help="local_mp: one process per node (default); local_mt: nodes as threads of "
+                 "this process; vertex_ai: Google Cloud (see README); single: one actor and the "
+                 "learner in this process, in-process Reverb")
+  p.add_argument("--num-actors", type=_positive_int,
+                 help="actor nodes (default: the config's; local_mp and vertex_ai)")
   p.add_argument("--suite", help="suite to train on (default: the config's)")
-  p.add_argument("--workdir", help="checkpoints, logs and the learning curve (default "
-                 "runs/train-CONFIG); an existing one is resumed")
-  p.add_argument("--max-learner-steps", type=_positive_int,
-                 help="stop after this many learner steps (default: the config's)")
+  p.add_argument("--workdir", help="checkpoints, logs, the learning curve and the report "
+                 "(default runs/train-CONFIG); an existing one is resumed")
+  p.add_argument("--max-steps", "--max-learner-steps", dest="max_steps", type=_positive_int,
+                 help="stop when the learner reaches this step (default: the config's)")
   p.add_argument("--max-seconds", type=_positive_float, help="stop after this much wall time")
   p.add_argument("--eval-every", type=_positive_int,
                  help="learner steps between greedy evaluations (default: the config's)")
+  p.add_argument("--node-output", default="files", choices=("files", "terminal"),
+                 help="local_mp: node output to WORKDIR/nodes/*.log (default) or to this "
+                 "terminal, each line prefixed with its node")
   p.add_argument("--seed", type=int, help="override the config's seed")
   p.add_argument("--quiet", action="store_true", help="no periodic log lines")
   p.set_defaults(func=cmd_train)

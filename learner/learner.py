@@ -174,6 +174,23 @@ def load_params(path: str, which: str = "params") -> Params:
   return _read_checkpoint(path)[which]
 
 
+def checkpoint_steps(path: str) -> int:
+  """The learner step a checkpoint (file, or directory holding one) was saved at."""
+  return int(_read_checkpoint(path)["steps"])
+
+
+def params_digest(params: Params) -> str:
+  """A short SHA-256 of a parameter tree's values (leaf order and dtypes included): equal digests
+  mean equal parameters, e.g. a restored learner's and its checkpoint's."""
+  import hashlib
+  digest = hashlib.sha256()
+  for leaf in jax.tree_util.tree_leaves(params):
+    array = np.ascontiguousarray(np.asarray(leaf))
+    digest.update(str((array.dtype, array.shape)).encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()[:16]
+
+
 def _check_same_structure(template: Any, loaded: Any, what: str, file: str) -> None:
   t_leaves, t_def = jax.tree_util.tree_flatten(template)
   l_leaves, l_def = jax.tree_util.tree_flatten(loaded)

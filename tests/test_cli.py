@@ -32,7 +32,8 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
 
 def test_train_runs_a_tiny_single_process_training_and_reports_its_curve(tmp_path):
   workdir = tmp_path / "run"
-  result = _cli("train", "--config", "tiny", "--max-learner-steps", "4", "--eval-every", "4",
+  result = _cli("train", "--launch", "single", "--config", "tiny", "--max-learner-steps", "4",
+                "--eval-every", "4",
                 "--workdir", str(workdir), "--quiet")
   assert result.returncode == 0, result.stderr[-2000:]
   assert "learning curve" in result.stdout and "4 learner steps" in result.stdout
@@ -51,7 +52,8 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
   from learner.learner import load_params
   workdir = tmp_path / "run"
   process = subprocess.Popen(
-      [sys.executable, "-m", "launch.cli", "train", "--config", "tiny", "--max-learner-steps",
+      [sys.executable, "-m", "launch.cli", "train", "--launch", "single", "--config", "tiny",
+       "--max-learner-steps",
        "100000", "--eval-every", "100000", "--workdir", str(workdir), "--quiet"],
       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   log = workdir / "logs" / "learner" / "logs.csv"
@@ -72,7 +74,8 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
 
 def test_train_rejects_bad_flags_in_one_line():
   cases = ((("train", "--config", "huge"), 2), (("train", "--max-learner-steps", "0"), 2),
-           (("train", "--launch", "local_mp"), 1), (("train", "--suite", "nope"), 1))
+           (("train", "--num-actors", "0"), 2),
+           (("train", "--launch", "remote"), 2), (("train", "--suite", "nope"), 1))
   for args, code in cases:
     result = _cli(*args)
     assert result.returncode == code, (args, result.stderr)

@@ -1,0 +1,421 @@
+"""The nodes of the Launchpad training program (system/program.py), one class per kind.
+
+Each class is constructed inside its node (a process under local_mp, a thread under local_mt) from
+picklable arguments: the Config, a `NodeContext`, and Launchpad handles that arrive dereferenced
+(a `reverb.Client` for replay, Courier clients for the learner and the counter). Each `run()`
+returns when the program stops (`lp.wait_for_stop`), after saving what its node owns.
+
+Step counters, in the `counter` node:
+  learner_steps            the learner's step number (equal to its checkpoint's after a resume)
+  actor_moves              game moves played by all actors (each actor step is B moves)
+  actor_episodes           finished games
+  actor_<i>_moves          per actor: the launcher's summary uses them to see which actors are live
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import launchpad as lp
+import numpy as np
+import reverb
+from acme.utils import counting, loggers
+
+from configs.config import Config
+
+CHECKPOINT_DIR = "checkpoints"
+REPLAY_CHECKPOINT_DIR = os.path.join(CHECKPOINT_DIR, "replay")
+COUNTER_FILE = os.path.join(CHECKPOINT_DIR, "counter.json")
+NODE_OUTPUT_DIR = "nodes"
+# How long one learner sample may wait on the rate limiter before it re-checks for a stop.
+SAMPLE_TIMEOUT_MS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeContext:
+  """What every node needs besides the Config: where the run lives and where its output goes."""
+  workdir: str
+  output_to_files: bool = False   # local_mp: stdout/stderr to workdir/nodes/<name>.log.
+  own_process: bool = False       # local_mp: the node is alone in its process.
+  tensorboard: bool = True
+
+  def path(self, *parts: str) -> str:
+    return os.path.join(self.workdir, *parts)
+
+
+def start_node(context: NodeContext, name: str) -> None:
+  """Sends this process's output to its log file (local_mp) and quiets TensorFlow's C++ logs."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  if context.own_process:
+    # Launchpad starts local_mp nodes with --pdb_post_mortem: a node that raises would wait in pdb
+    # for input on the console. With no input it exits instead, and the launcher notices.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+  if not context.output_to_files:
+    return
+  os.makedirs(context.path(NODE_OUTPUT_DIR), exist_ok=True)
+  log = open(context.path(NODE_OUTPUT_DIR, f"{name}.log"), "a", buffering=1, encoding="utf-8")
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.dup2(log.fileno(), 1)
+  os.dup2(log.fileno(), 2)
+  sys.stdout = sys.stderr = log
+  print(f"--- {name} started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {os.getpid()})")
+
+
+def say(name: str, message: str) -> None:
+  """One line of node news, on the node's output (the console or its log file)."""
+  try:
+    print(f"{name}: {message}", flush=True)
+  except (BrokenPipeError, ValueError, OSError):  # The console pipe is gone at shutdown.
+    pass
+
+
+def make_logger(context: NodeContext, label: str, steps_key: Optional[str] = None,
+                time_delta: float = 0.0) -> loggers.Logger:
+  """CSV under workdir/logs/<label>/logs.csv and TensorBoard events under workdir/tensorboard."""
+  targets: list[loggers.Logger] = [
+      loggers.CSVLogger(context.workdir, label=label, add_uid=False)]
+  if context.tensorboard:
+    from acme.utils.loggers.tf_summary import TFSummaryLogger
+    targets.append(TFSummaryLogger(context.path("tensorboard", label), label=label,
+                                   steps_key=steps_key))
+  logger = loggers.Dispatcher(targets, serialize_fn=loggers.to_numpy)
+  return loggers.TimeFilter(logger, time_delta) if time_delta > 0 else logger
+
+
+def retry_until_answered(call: Callable[[], Any], name: str, what: str,
+                         timeout_s: float = 600.0) -> Any:
+  """`call()` until it succeeds: a node's server starts only once the node is built (the learner
+  restores its checkpoint and waits for replay first), and client calls carry a timeout so that
+  no node blocks forever on a peer that has stopped. Raises SystemExit on a program stop."""
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      return call()
+    except Exception as e:  # pylint: disable=broad-except
+      if lp.wait_for_stop(1.0):
+        raise SystemExit(0)
+      if time.monotonic() > deadline:
+        raise RuntimeError(f"{name}: no answer from {what} within {timeout_s:.0f} s "
+                           f"({type(e).__name__}: {e})") from e
+
+
+def wait_for_replay(client: reverb.Client, name: str, timeout_s: float = 600.0) -> None:
+  """Blocks until the replay server answers (it may be restoring a checkpoint), or a stop."""
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      client.server_info(timeout=2)
+      return
+    except Exception:  # pylint: disable=broad-except
+      if lp.wait_for_stop(0.5):
+        raise SystemExit(0)
+      if time.monotonic() > deadline:
+        raise RuntimeError(f"{name}: replay server at {client.server_address} did not answer "
+                           f"within {timeout_s:.0f} s")
+
+
+# ------------------------------------------------------------------------------------------ replay
+
+
+def _replay_tables(config: Config) -> list[reverb.Table]:
+  from replay.tables import make_table
+  return [make_table(config)]
+
+
+class ReplayNode(lp.ReverbNode):
+  """Launchpad's ReverbNode that also checkpoints its tables at stop (it only does so periodically).
+
+  Reverb restores the newest checkpoint under workdir/checkpoints/replay when the server starts,
+  so a resumed run keeps its replay contents and its rate limiter's counts.
+  """
+
+  def __init__(self, config: Config, context: NodeContext):
+    import functools
+    super().__init__(functools.partial(_replay_tables, config))
+    self._config = config
+    self._context = context
+
+  def run(self) -> None:
+    start_node(self._context, "replay")
+    from replay.tables import TABLE_NAME
+    directory = self._context.path(REPLAY_CHECKPOINT_DIR)
+    os.makedirs(directory, exist_ok=True)
+    resumable = bool(os.listdir(directory))
+    server = reverb.Server(
+        tables=self._priority_tables_fn(),
+        port=lp.get_port_from_address(self._address.resolve()),
+        checkpointer=reverb.checkpointers.DefaultCheckpointer(directory))
+    client = server.localhost_client()
+    size = client.server_info()[TABLE_NAME].current_size
+    say("replay", f"restored {size} items from {directory}" if resumable
+        else "started with an empty table")
+    every_s = self._config.distributed.replay_checkpoint_every_s
+
+    def checkpoint() -> None:
+      started = time.monotonic()
+      client.checkpoint()  # Reverb keeps the newest checkpoint and deletes older ones.
+      say("replay", f"checkpointed {client.server_info()[TABLE_NAME].current_size} items in "
+          f"{time.monotonic() - started:.1f} s")
+
+    while not lp.wait_for_stop(every_s):
+      checkpoint()
+    checkpoint()
+    server.stop()
+
+
+# ----------------------------------------------------------------------------------------- counter
+
+
+class PersistentCounter(counting.Counter):
+  """Acme's Counter, saved to workdir/checkpoints/counter.json periodically and at stop."""
+
+  def __init__(self, config: Config, context: NodeContext):
+    start_node(context, "counter")
+    super().__init__(time_delta=0.0)
+    self._file = context.path(COUNTER_FILE)
+    self._save_every_s = config.distributed.counter_save_every_s
+    if os.path.exists(self._file):
+      with open(self._file, encoding="utf-8") as f:
+        self.restore({"counts": json.load(f), "cache": {}})
+      say("counter", f"restored {self.get_counts()}")
+
+  def write_file(self) -> None:
+    os.makedirs(os.path.dirname(self._file), exist_ok=True)
+    tmp = f"{self._file}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(self.get_counts(), f)
+    os.replace(tmp, self._file)
+
+  def run(self) -> None:
+    while not lp.wait_for_stop(self._save_every_s):
+      self.write_file()
+    self.write_file()
+
+
+class StepsLimiter:
+  """Stops the program once the counter's `learner_steps` reaches `max_steps`.
+
+  Acme's `lp_utils.StepsLimiter` polls every 10 s; this one polls every `poll_s` so that short
+  runs (tests, benchmarks) end promptly, and it counts from the counter the learner keeps exact.
+  """
+
+  def __init__(self, counter: Any, max_steps: int, poll_s: float = 0.5,
+               context: Optional[NodeContext] = None):
+    if context is not None:
+      start_node(context, "limiter")
+    self._counter = counter
+    self._max_steps = max_steps
+    self._poll_s = poll_s
+
+  def run(self) -> None:
+    while not lp.wait_for_stop(self._poll_s):
+      try:
+        steps = self._counter.get_counts().get("learner_steps", 0)
+      except Exception:  # pylint: disable=broad-except  # The counter is starting or stopping.
+        continue
+      if steps >= self._max_steps:
+        say("limiter", f"learner reached {int(steps)} of {self._max_steps} steps: stopping")
+        lp.stop()
+        lp.wait_for_stop()
+        return
+
+
+# ----------------------------------------------------------------------------------------- learner
+
+
+class LearnerNode:
+  """Steps the MuZero learner on replay samples; serves its parameters to actors and evaluator.
+
+  Checkpoints (parameters, optimiser state, step) go to workdir/checkpoints every
+  `learner.checkpoint_every_s`, when it reaches `max_steps`, and at stop.
+  """
+
+  def __init__(self, config: Config, context: NodeContext, replay: reverb.Client, counter: Any,
+               max_steps: int):
+    start_node(context, "learner")
+    from learner.learner import MuZeroLearner
+    from learner.networks import make_networks
+    from replay import Sampler
+    self._config, self._context = config, context
+    self._counter = counter
+    self._max_steps = max_steps
+    wait_for_replay(replay, "learner")
+    self._sampler = Sampler(replay.server_address, config,
+                            rate_limiter_timeout_ms=SAMPLE_TIMEOUT_MS)
+    self._learner = MuZeroLearner(make_networks(config.network, config.game), config,
+                                  sample_fn=self._sampler.sample,
+                                  update_priorities_fn=self._sampler.update_priorities,
+                                  seed=config.seed,
+                                  checkpoint_dir=context.path(CHECKPOINT_DIR))
+    if self._learner.num_steps:
+      from learner.learner import params_digest
+      say("learner", f"resumed at step {self._learner.num_steps}, parameters "
+          f"{params_digest(self._learner.get_variables())}")
+    else:
+      say("learner", "starting from fresh parameters")
+
+  def get_variables(self, names: Optional[list[str]] = None) -> Any:
+    return self._learner.get_variables(names)
+
+  def get_num_steps(self) -> int:
+    return self._learner.num_steps
+
+  def run(self) -> None:
+    learner = self._learner
+    counts = retry_until_answered(self._counter.get_counts, "learner", "the counter")
+    # The counter's file and the learner's checkpoint are saved at different moments: the
+    # checkpoint is the truth, so the counter is brought to its step.
+    offset = learner.num_steps - counts.get("learner_steps", 0)
+    if offset:
+      self._counter.increment(learner_steps=offset)
+    logger = make_logger(self._context, "learner", steps_key="learner_steps", time_delta=1.0)
+    unreported = 0
+    try:
+      while not lp.wait_for_stop(0) and learner.num_steps < self._max_steps:
+        try:
+          metrics = learner.step()
+        except TimeoutError:  # Rate limited: re-check for a stop, then wait again.
+          continue
+        unreported += 1
+        try:
+          self._counter.increment(learner_steps=unreported)
+          unreported = 0
+        except Exception:  # pylint: disable=broad-except  # Counter stopping: count it later.
+          pass
+        metrics["learner_steps"] = int(metrics["learner_steps"])
+        logger.write(metrics)
+      if learner.num_steps >= self._max_steps:
+        learner.save()
+        say("learner", f"reached {learner.num_steps} steps; checkpoint saved, waiting for stop")
+        lp.wait_for_stop()
+    finally:
+      # Also when replay died under a sample: the parameters learnt so far are kept.
+      file = learner.save()
+      say("learner", f"saved {file} at step {learner.num_steps}")
+      logger.close()
+      self._sampler.close()
+
+
+# ------------------------------------------------------------------------------------------- actor
+
+
+class ActorNode:
+  """Plays `actor.num_games` training programs at once with batched search, writes replay."""
+
+  def __init__(self, config: Config, context: NodeContext, actor_id: int, replay: reverb.Client,
+               learner: Any, counter: Any):
+    self._name = f"actor_{actor_id}"
+    start_node(context, self._name)
+    self._config, self._context = config, context
+    self._actor_id = actor_id
+    self._replay, self._learner, self._counter = replay, learner, counter
+
+  def run(self) -> None:
+    from actors.actor import BatchedActor, EpisodeResult
+    from actors.games import GamePool, suite_games
+    from actors.variable_client import VariableClient
+    from learner.networks import make_networks
+    from replay import SequenceWriter
+    from replay.writer import WriterStopped
+    config = self._config
+    seed = config.seed + 7919 * (self._actor_id + 1)
+    wait_for_replay(self._replay, self._name)
+    stop = lp.stop_event()
+    episodes: list[EpisodeResult] = []
+    networks = make_networks(config.network, config.game)
+    pool = GamePool(suite_games(config.suite, "train"), config.game, config.actor.num_games,
+                    seed=seed)
+    writer = SequenceWriter(self._replay, config, config.actor.num_games, should_stop=stop.is_set)
+    variables = VariableClient(self._learner, config.actor.variable_update_period)
+    actor = BatchedActor(networks, config, pool, variables, writer, seed=seed,
+                         on_episode=episodes.append)
+    logger = make_logger(self._context, self._name, steps_key="actor_moves")
+    retry_until_answered(variables.update_and_wait, self._name, "the learner")
+    say(self._name, f"playing {actor.num_games} games of {len(pool.specs)} programs")
+    reported_moves = reported_episodes = 0
+    last_report = time.monotonic()
+    try:
+      while not stop.is_set():
+        try:
+          actor.step()
+        except WriterStopped:
+          break
+        now = time.monotonic()
+        if now - last_report >= config.distributed.actor_report_every_s:
+          moves = actor.num_steps * actor.num_games
+          try:
+            self._counter.increment(**{"actor_moves": moves - reported_moves,
+                                       "actor_episodes": actor.num_episodes - reported_episodes,
+                                       f"{self._name}_moves": moves - reported_moves})
+          except Exception:  # pylint: disable=broad-except  # Counter busy or stopping: later.
+            continue
+          if episodes:
+            logger.write({"actor_moves": moves, "episodes": actor.num_episodes,
+                          "moves_per_s": (moves - reported_moves) / (now - last_report),
+                          "mean_return": float(np.mean([e.episode_return for e in episodes])),
+                          "mean_speedup": float(np.mean([e.speedup for e in episodes]))})
+            episodes.clear()
+          reported_moves, reported_episodes, last_report = moves, actor.num_episodes, now
+    except Exception:
+      if stop.is_set():  # Replay stopped under a blocked write during shutdown.
+        return
+      raise
+    finally:
+      variables.close()
+      logger.close()
+      say(self._name, f"stopped after {actor.num_steps * actor.num_games} moves")
+
+
+# --------------------------------------------------------------------------------------- evaluator
+
+
+class EvaluatorNode:
+  """Every `eval_every_steps` learner steps, plays the held-out programs greedily (evaluation
+  search: more simulations, no noise) with the latest parameters; appends to the learning curve
+  (workdir/learning_curve.csv, .png) and logs the geomean speed-up and its ratio to msa's."""
+
+  def __init__(self, config: Config, context: NodeContext, learner: Any, counter: Any):
+    start_node(context, "evaluator")
+    self._config, self._context = config, context
+    self._learner, self._counter = learner, counter
+
+  def run(self) -> None:
+    from actors.games import suite_games
+    from learner.networks import make_networks
+    from system.training import LearningCurve, Stopwatch
+    config = self._config
+    split = "heldout" if config.distributed.heldout_only_evaluator else "train"
+    specs = suite_games(config.suite, split) or suite_games(config.suite, "train")
+    networks = make_networks(config.network, config.game)
+    curve = LearningCurve(networks, config, self._context.workdir, {split: specs})
+    msa = curve.baseline_geomean("msa", split)
+    logger = make_logger(self._context, "evaluator", steps_key="learner_steps")
+    clock = Stopwatch()
+    done = {int(r["learner_steps"]) for r in curve.rows if r["split"] == split}
+    every = config.eval_every_steps
+    next_step = 0 if not done else (max(done) // every + 1) * every
+    try:
+      while not lp.wait_for_stop(1.0):
+        try:
+          steps = int(self._learner.get_num_steps())
+          if steps < next_step:
+            continue
+          params, steps = self._learner.get_variables(["params", "steps"])
+        except Exception:  # pylint: disable=broad-except  # Learner starting or stopping.
+          continue
+        row, = curve.evaluate(params, int(steps), clock.elapsed)
+        logger.write({"learner_steps": int(steps), "geomean_speedup": row["geomean_speedup"],
+                      "vs_msa": row["geomean_speedup"] / msa, "beats_msa": row["beats_msa"]})
+        say("evaluator", f"step {int(steps)}: {split} geomean speed-up "
+            f"{row['geomean_speedup']:.3f} (msa {msa:.3f}), beats msa on {row['beats_msa']} of "
+            f"{row['programs']}")
+        next_step = (int(steps) // every + 1) * every
+    finally:
+      logger.close()

@@ -1,0 +1,415 @@
+"""The distributed training system: a Launchpad program, launched locally or on Vertex AI.
+
+Nodes (system/nodes.py), wired with Launchpad handles:
+
+  replay     ReplayNode (Launchpad's ReverbNode): the prioritised sequence table, checkpointed
+  counter    PersistentCounter (Acme's Counter): learner steps, actor moves, per-actor moves
+  learner    LearnerNode: samples replay, updates MuZero, serves parameters, checkpoints
+  actor      N x ActorNode: batched Gumbel MuZero self-play into replay
+  evaluator  EvaluatorNode: greedy play of the held-out programs every `eval_every_steps`
+  limiter    StepsLimiter: stops the program when the learner reaches `max_steps`
+
+`launch_training` launches the program (local_mt: threads in this process; local_mp: one process
+per node, output to workdir/nodes/*.log or prefixed on the console), prints a summary line every
+few seconds, watches the nodes, and writes the final evaluation report once the program stops.
+
+Faults: under local_mp an actor that dies is reported and training goes on with the others;
+if the learner, replay or counter dies the program is stopped (their checkpoints are on disk) and
+the run ends with an error. Ctrl-C or SIGTERM stop every node, each saving what it owns.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import signal
+import time
+from typing import Any, Callable, Optional
+
+import launchpad as lp
+
+from configs.config import Config
+from env.errors import MalloczeroError
+from system.nodes import (CHECKPOINT_DIR, COUNTER_FILE, NODE_OUTPUT_DIR, REPLAY_CHECKPOINT_DIR,
+                          ActorNode, EvaluatorNode, LearnerNode, NodeContext, PersistentCounter,
+                          ReplayNode, StepsLimiter)
+
+LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
+# Nodes without which training cannot go on: the program is stopped when one of them dies.
+ESSENTIAL_NODES = ("replay", "counter", "learner")
+# Seconds between a stop request and killing the nodes that have not exited (Launchpad's flag).
+TERMINATION_NOTICE_S = 30
+COUNTER_CALL_TIMEOUT_S = 5
+LEARNER_CALL_TIMEOUT_S = 20
+
+
+def build_program(config: Config, context: NodeContext, num_actors: int,
+                  max_steps: int) -> lp.Program:
+  """The Launchpad program with `num_actors` actor nodes (nothing is started)."""
+  if num_actors < 1:
+    raise MalloczeroError(f"--num-actors must be at least 1, got {num_actors}")
+  program = lp.Program("malloczero")
+  with program.group("replay"):
+    replay = program.add_node(ReplayNode(config, context))
+  with program.group("counter"):
+    counter = program.add_node(lp.CourierNode(PersistentCounter, config, context))
+  # Courier clients wait for a server to come up; the timeouts keep a node from blocking forever
+  # on a peer that stopped first (at shutdown, or when it died).
+  counter.set_client_kwargs(call_timeout=COUNTER_CALL_TIMEOUT_S)
+  with program.group("learner"):
+    learner = program.add_node(
+        lp.CourierNode(LearnerNode, config, context, replay, counter, max_steps))
+  learner.set_client_kwargs(call_timeout=LEARNER_CALL_TIMEOUT_S)
+  with program.group("actor"):
+    for actor_id in range(num_actors):
+      program.add_node(
+          lp.CourierNode(ActorNode, config, context, actor_id, replay, learner, counter))
+  with program.group("evaluator"):
+    program.add_node(lp.CourierNode(EvaluatorNode, config, context, learner, counter))
+  with program.group("limiter"):
+    program.add_node(lp.CourierNode(StepsLimiter, counter, max_steps, context=context))
+  return program
+
+
+# ------------------------------------------------------------------------------------------ resume
+
+
+def _comparable(config_dict: dict[str, Any]) -> dict[str, Any]:
+  """The parts of a config that a checkpoint depends on (networks, game, replay items)."""
+  learner = config_dict.get("learner", {})
+  return {"network": config_dict.get("network"), "game": config_dict.get("game"),
+          "suite": config_dict.get("suite"),
+          "sequence": (learner.get("unroll_steps"), learner.get("td_steps"))}
+
+
+def check_workdir(config: Config, workdir: str) -> Optional[int]:
+  """The learner step a work directory resumes from (None for a new run).
+
+  Raises MalloczeroError when the directory holds a run of another configuration or an unreadable
+  checkpoint, before anything is started."""
+  from learner.learner import checkpoint_steps
+  saved = os.path.join(workdir, "config.json")
+  if os.path.exists(saved):
+    try:
+      with open(saved, encoding="utf-8") as f:
+        previous = json.load(f)
+    except (OSError, ValueError) as e:
+      raise MalloczeroError(f"{saved} is unreadable ({e}); use another --workdir") from e
+    if _comparable(previous) != _comparable(dataclasses.asdict(config)):
+      raise MalloczeroError(
+          f"{workdir} holds a run of config '{previous.get('name')}' on suite "
+          f"'{previous.get('suite')}' with other networks or game settings; resume it with the "
+          "same --config and --suite, or use another --workdir")
+  checkpoint = os.path.join(workdir, CHECKPOINT_DIR)
+  if os.path.isdir(checkpoint) and os.path.exists(os.path.join(checkpoint, "learner_state.pkl")):
+    return checkpoint_steps(checkpoint)
+  return None
+
+
+# ------------------------------------------------------------------------------------------ launch
+
+
+@dataclasses.dataclass
+class RunSample:
+  """One look at the running program, taken by the launcher every summary period."""
+  elapsed_s: float
+  learner_steps: int
+  actor_moves: int
+  episodes: int
+  replay_items: int
+  inserts: int        # Items inserted into replay since the server started.
+  samples: int        # Items sampled from replay since the server started.
+  live_actors: int
+
+
+@dataclasses.dataclass
+class DistributedResult:
+  status: str                 # "finished", "time limit", "interrupted" or "failed: ..."
+  learner_steps: int
+  start_step: int
+  actor_moves: int
+  episodes: int
+  elapsed_s: float
+  num_actors: int
+  samples: list[RunSample]
+  workdir: str
+  report: Optional[dict[str, Any]] = None
+
+  @property
+  def ok(self) -> bool:
+    return self.status in ("finished", "time limit")
+
+
+class _Monitor:
+  """The launcher's view of a running program: counters, replay statistics, live nodes."""
+
+  def __init__(self, program: lp.Program, launch: str, workdir: str, num_actors: int):
+    import courier
+    import reverb
+    self._counter = courier.Client(
+        program.groups["counter"][0].courier_address.resolve(), call_timeout=5)
+    self._replay = reverb.Client(program.groups["replay"][0].reverb_address.resolve())
+    self._launch = launch
+    self._workdir = workdir
+    self._num_actors = num_actors
+    self._processes: dict[str, Any] = {}
+    self.gone: set[str] = set()
+    self.samples: list[RunSample] = []
+    self.elapsed = 0.0
+
+  def find_processes(self) -> None:
+    """Node name (e.g. 'actor_1') -> process, from the launcher's children (local_mp)."""
+    import psutil
+    for child in psutil.Process().children(recursive=True):
+      try:
+        cmdline = child.cmdline()
+      except psutil.Error:
+        continue
+      # Launchpad runs each node as: decorate_output COLOUR LABEL/INDEX python process_entry.py
+      if len(cmdline) > 3 and cmdline[1].endswith("decorate_output"):
+        self._processes[node_name(cmdline[3])] = child
+
+  def newly_gone(self) -> list[str]:
+    import psutil
+    names = []
+    for name, process in self._processes.items():
+      if name in self.gone:
+        continue
+      try:
+        alive = process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+      except psutil.Error:
+        alive = False
+      if not alive:
+        self.gone.add(name)
+        names.append(name)
+    return names
+
+  def counts(self) -> dict[str, float]:
+    try:
+      return dict(self._counter.get_counts())
+    except Exception:  # pylint: disable=broad-except  # Starting or stopping.
+      return {}
+
+  def replay_stats(self) -> tuple[int, int, int]:
+    from replay.tables import TABLE_NAME
+    try:
+      info = self._replay.server_info(timeout=2)[TABLE_NAME]
+    except Exception:  # pylint: disable=broad-except
+      return 0, 0, 0
+    limiter = info.rate_limiter_info
+    return (int(info.current_size), int(limiter.insert_stats.completed),
+            int(limiter.sample_stats.completed))
+
+  def live_actors(self, counts: dict[str, float]) -> int:
+    if self._launch == "local_mp" and self._processes:
+      return sum(1 for i in range(self._num_actors) if f"actor_{i}" not in self.gone)
+    return self._num_actors
+
+  def sample(self, elapsed_s: float) -> RunSample:
+    counts = self.counts()
+    items, inserts, samples = self.replay_stats()
+    return RunSample(elapsed_s, int(counts.get("learner_steps", 0)),
+                     int(counts.get("actor_moves", 0)), int(counts.get("actor_episodes", 0)),
+                     items, inserts, samples, self.live_actors(counts))
+
+  def last_evaluation(self) -> Optional[dict[str, str]]:
+    path = os.path.join(self._workdir, "learning_curve.csv")
+    if not os.path.exists(path):
+      return None
+    with open(path, encoding="utf-8") as f:
+      rows = list(csv.DictReader(f))
+    return rows[-1] if rows else None
+
+
+def node_name(title: str) -> str:
+  """Launchpad's 'actor/1' -> 'actor_1' (the name in logs and messages)."""
+  return title.replace("/", "_")
+
+
+def _summary_line(sample: RunSample, previous: Optional[RunSample], max_steps: int,
+                  num_actors: int, evaluation: Optional[dict[str, str]],
+                  msa: dict[str, float]) -> str:
+  def rate(field: str) -> float:
+    if previous is None or sample.elapsed_s <= previous.elapsed_s:
+      return 0.0
+    return (getattr(sample, field) - getattr(previous, field)) / (sample.elapsed_s - previous.elapsed_s)
+  spi = (sample.samples - previous.samples) / max(1, sample.inserts - previous.inserts) \
+      if previous is not None and sample.inserts > previous.inserts else float("nan")
+  line = (f"[{sample.elapsed_s:5.0f} s] learner {sample.learner_steps}/{max_steps} "
+          f"({rate('learner_steps'):.1f}/s) | actors {sample.live_actors}/{num_actors}: "
+          f"{sample.actor_moves:,} moves ({rate('actor_moves'):,.0f}/s), "
+          f"{sample.episodes} games | replay {sample.replay_items:,} items, "
+          f"samples/insert {spi:.2f}")
+  if evaluation is not None:
+    split = evaluation["split"]
+    line += (f" | eval @{evaluation['learner_steps']} {split} "
+             f"{float(evaluation['geomean_speedup']):.3f}x (msa {msa.get(split, float('nan')):.3f}x)")
+  return line
+
+
+def _local_resources(program: lp.Program) -> dict[str, Any]:
+  from launchpad.nodes.python.local_multi_processing import PythonProcess
+  env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+  return {label: PythonProcess(env=dict(env)) for label in program.groups}
+
+
+def _stop_program() -> None:
+  """What lp.stop() does from a node: SIGTERM to the launcher, whose worker manager handles it."""
+  os.kill(os.getpid(), signal.SIGTERM)
+
+
+def launch_training(config: Config, workdir: str, launch: str = "local_mp",
+                    num_actors: Optional[int] = None, max_steps: Optional[int] = None,
+                    max_seconds: Optional[float] = None, node_output: str = "files",
+                    final_report: bool = True,
+                    print_fn: Callable[[str], None] = print) -> DistributedResult:
+  """Launches the program locally, watches it until it stops, and reports.
+
+  A work directory that holds a run resumes it: the learner restores its checkpoint (parameters,
+  optimiser state, step), Reverb its table, the counter its counts.
+  """
+  if launch not in LOCAL_LAUNCH_TYPES:
+    raise MalloczeroError(f"launch_training runs local launches ({', '.join(LOCAL_LAUNCH_TYPES)}); "
+                          f"got '{launch}'")
+  if node_output not in ("files", "terminal"):
+    raise MalloczeroError(f"--node-output must be 'files' or 'terminal', got '{node_output}'")
+  num_actors = num_actors or config.distributed.num_actors
+  max_steps = max_steps or config.max_learner_steps
+  workdir = os.path.abspath(workdir)
+  start_step = check_workdir(config, workdir)
+  if start_step is not None:
+    if start_step >= max_steps:
+      raise MalloczeroError(f"{workdir} is already at learner step {start_step} >= --max-steps "
+                            f"{max_steps}; raise --max-steps to train further")
+    replay_dir = os.path.join(workdir, REPLAY_CHECKPOINT_DIR)
+    has_replay = os.path.isdir(replay_dir) and bool(os.listdir(replay_dir))
+    print_fn(f"resuming {workdir} from learner step {start_step} "
+             f"({'with' if has_replay else 'without'} a replay checkpoint)")
+  from system.training import save_config
+  save_config(config, workdir)
+  _prepare_baselines(config, workdir, print_fn)
+
+  context = NodeContext(workdir, output_to_files=(launch == "local_mp" and node_output == "files"),
+                        own_process=(launch == "local_mp"))
+  program = build_program(config, context, num_actors, max_steps)
+  from absl import flags
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS(["malloczero"], known_only=True)
+  flags.FLAGS.lp_termination_notice_secs = TERMINATION_NOTICE_S
+  if launch == "local_mp":
+    if context.output_to_files:
+      print_fn(f"node output: {os.path.join(workdir, NODE_OUTPUT_DIR)}/<node>.log")
+    manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
+                        terminal="current_terminal", local_resources=_local_resources(program))
+  else:
+    manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_THREADING)
+  print_fn(f"launched {launch}: replay, counter, learner, {num_actors} actor(s), evaluator, "
+           f"limiter; learner steps {start_step or 0} -> {max_steps}")
+  monitor = _Monitor(program, launch, workdir, num_actors)
+  status = _watch(manager, monitor, config, launch, num_actors, max_steps, max_seconds,
+                  print_fn)
+  manager.wait(raise_error=False)
+  final = monitor_final_counts(workdir)
+  from learner.learner import checkpoint_steps
+  try:
+    steps = checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR))
+  except MalloczeroError:
+    steps = 0
+  if status == "running":
+    status = "finished" if steps >= max_steps else "interrupted"
+  result = DistributedResult(status, steps, start_step or 0, int(final.get("actor_moves", 0)),
+                             int(final.get("actor_episodes", 0)), monitor.elapsed,
+                             num_actors, monitor.samples, workdir)
+  print_fn(f"program stopped ({status}) at learner step {steps}; checkpoint in "
+           f"{os.path.join(workdir, CHECKPOINT_DIR)}")
+  if final_report and result.ok and steps > 0:
+    from system.report import write_final_report
+    result.report = write_final_report(config, workdir, print_fn)
+  return result
+
+
+def monitor_final_counts(workdir: str) -> dict[str, float]:
+  path = os.path.join(workdir, COUNTER_FILE)
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _prepare_baselines(config: Config, workdir: str, print_fn: Callable[[str], None]) -> None:
+  """Computes the baseline speed-ups of every program once, before the nodes need them."""
+  from actors.games import suite_games
+  from system.training import baseline_speedups
+  specs = suite_games(config.suite, "train") + suite_games(config.suite, "heldout")
+  if not os.path.exists(os.path.join(workdir, "baselines.json")):
+    print_fn(f"computing baselines (msa, greedy, bestfit, random) on {len(specs)} programs")
+  baseline_speedups(specs, workdir, config.seed)
+
+
+def _watch(manager: Any, monitor: _Monitor, config: Config, launch: str, num_actors: int,
+           max_steps: int, max_seconds: Optional[float],
+           print_fn: Callable[[str], None]) -> str:
+  """Prints a summary every few seconds until the program stops; returns why it stopped
+  ('running' when it stopped by itself or by a signal)."""
+  from actors.games import suite_games
+  from env.mapping import geomean
+  from system.training import baseline_speedups
+  specs = {s: suite_games(config.suite, s) for s in ("train", "heldout")}
+  baselines = baseline_speedups(specs["train"] + specs["heldout"], monitor._workdir, config.seed)
+  msa = {split: geomean([baselines["msa"][s.name] for s in v]) for split, v in specs.items() if v}
+  start = time.monotonic()
+  status = "running"
+  previous: Optional[RunSample] = None
+  last_summary = start
+  found_at = start + 3.0  # The node processes exist a moment after launch.
+  stopping = False
+  reached_at: Optional[float] = None
+  while not manager.wait_for_stop(1.0):
+    now = time.monotonic()
+    monitor.elapsed = now - start
+    if launch == "local_mp" and now >= found_at and found_at > 0:
+      monitor.find_processes()
+      found_at = 0.0 if len(monitor._processes) >= num_actors + 5 else now + 2.0
+    if launch == "local_mt":
+      try:
+        manager.check_for_thread_worker_exception()
+      except Exception as e:  # pylint: disable=broad-except
+        status = f"failed: a node raised {type(e).__name__}: {e}"
+        print_fn(f"{status}; stopping the program (checkpoints are kept)")
+        _stop_program()
+        stopping = True
+    for name in monitor.newly_gone():
+      if stopping:
+        continue
+      if name.rsplit("_", 1)[0] in ESSENTIAL_NODES:
+        status = f"failed: the {name.rsplit('_', 1)[0]} node exited"
+        print_fn(f"{status}; stopping the program (the last checkpoint is kept)")
+        _stop_program()
+        stopping = True
+      elif name.startswith("actor"):
+        live = monitor.live_actors({})
+        print_fn(f"{name} exited; training continues with {live} of {num_actors} actors"
+                 if live else f"{name} exited; no actors left, the learner waits for data")
+      else:
+        print_fn(f"{name} exited; training continues without it")
+    if max_seconds is not None and monitor.elapsed > max_seconds and not stopping:
+      status = "time limit"
+      print_fn(f"time limit of {max_seconds:.0f} s reached: stopping the program")
+      _stop_program()
+      stopping = True
+    if now - last_summary >= config.distributed.summary_every_s:
+      sample = monitor.sample(monitor.elapsed)
+      monitor.samples.append(sample)
+      print_fn(_summary_line(sample, previous, max_steps, num_actors,
+                             monitor.last_evaluation(), msa))
+      previous, last_summary = sample, now
+      if sample.learner_steps >= max_steps and reached_at is None:
+        reached_at = now
+    if reached_at is not None and now - reached_at > 15.0 and not stopping:
+      # The limiter node stops the program at max_steps; this covers a limiter that died.
+      _stop_program()
+      stopping = True
+  monitor.elapsed = time.monotonic() - start
+  return status

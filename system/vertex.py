@@ -1,0 +1,136 @@
+"""Cloud runs: the same Launchpad program launched on Google Cloud Vertex AI.
+
+Launchpad's Vertex AI launch builds one Docker image per distinct node requirement (a "worker
+pool"; Vertex AI allows at most 4, and the first must hold a single replica), copies a code
+directory into it and pip-installs a requirements file. Here:
+
+  learner                     1 replica on an accelerator (A100 by default)
+  actor, evaluator            CPU workers (batched search is CPU-bound at our network sizes)
+  replay, counter, limiter    one "services" shape with the replay's memory
+
+`vertex_resources` resolves these without importing xmanager, so that the program for any number of
+actors can be checked on a laptop; `launch_vertex_ai` needs xmanager and Google Cloud credentials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import tempfile
+from typing import Any, Optional
+
+import launchpad as lp
+
+from configs.config import Config
+from env.errors import MalloczeroError
+from system.nodes import NodeContext
+from system.program import build_program
+
+VERTEX_MAX_WORKER_POOLS = 4
+# Packages of this repository that the nodes import (copied into the image).
+CODE_PACKAGES = ("actors", "configs", "env", "launch", "learner", "replay", "system")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeResources:
+  """What one replica of a node group asks for; becomes an `xm.JobRequirements`."""
+  cpu: float
+  ram_gib: float
+  accelerator: Optional[str] = None     # xm.JobRequirements keyword, e.g. "A100", "V100", "T4".
+  accelerator_count: int = 0
+
+  def job_requirements(self) -> Any:
+    from xmanager import xm
+    extra = {self.accelerator: self.accelerator_count} if self.accelerator else {}
+    return xm.JobRequirements(cpu=self.cpu, ram=self.ram_gib * xm.GiB, **extra)
+
+
+def replay_ram_gib(config: Config) -> float:
+  """Memory for a full replay table: every stored step once, with room for Reverb's chunking."""
+  from replay.types import step_spec
+  import numpy as np
+  step_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
+                   for s in _leaves(step_spec(config.game)))
+  return float(max(16, math.ceil(3 * config.replay.max_size * step_bytes / 2**30)))
+
+
+def _leaves(tree: Any) -> list:
+  import tree as dm_tree
+  return dm_tree.flatten(tree)
+
+
+def vertex_resources(program: lp.Program, config: Config,
+                     learner_accelerator: str = "A100") -> dict[str, NodeResources]:
+  """Per node group resources for `program`; raises MalloczeroError if Vertex AI cannot host it."""
+  worker = NodeResources(cpu=4, ram_gib=8)
+  services = NodeResources(cpu=8, ram_gib=replay_ram_gib(config))
+  by_group = {"learner": NodeResources(cpu=8, ram_gib=32, accelerator=learner_accelerator,
+                                       accelerator_count=1),
+              "actor": worker, "evaluator": worker,
+              "replay": services, "counter": services, "limiter": services}
+  missing = sorted(set(program.groups) - set(by_group))
+  if missing:
+    raise MalloczeroError(f"no Vertex AI resources for node group(s) {', '.join(missing)}")
+  resources = {label: by_group[label] for label in program.groups}
+  pools = worker_pools(program, resources)
+  if len(pools) > VERTEX_MAX_WORKER_POOLS:
+    raise MalloczeroError(f"{len(pools)} distinct node shapes; Vertex AI allows "
+                          f"{VERTEX_MAX_WORKER_POOLS} worker pools")
+  if not any(replicas == 1 for _, _, replicas in pools):
+    raise MalloczeroError("Vertex AI needs a worker pool with a single replica (the learner)")
+  return resources
+
+
+def worker_pools(program: lp.Program, resources: dict[str, NodeResources]
+                 ) -> list[tuple[NodeResources, list[str], int]]:
+  """Groups with equal resources share a pool, as Launchpad's Vertex AI launch groups them:
+  [(resources, group labels, replicas)], the single-replica pool first."""
+  pools: dict[NodeResources, tuple[list[str], int]] = {}
+  for label, nodes in program.groups.items():
+    labels, replicas = pools.get(resources[label], ([], 0))
+    pools[resources[label]] = (labels + [label], replicas + len(nodes))
+  ordered = [(r, labels, n) for r, (labels, n) in pools.items()]
+  return sorted(ordered, key=lambda pool: pool[2] != 1)
+
+
+def stage_code(directory: str) -> str:
+  """Copies what the image needs into `directory`: this repository's packages, Acme (installed
+  here with --no-deps, which a requirements file cannot say) and the pinned requirements."""
+  import acme
+  for package in CODE_PACKAGES:
+    shutil.copytree(os.path.join(REPO_ROOT, package), os.path.join(directory, package),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+  shutil.copytree(os.path.dirname(acme.__file__), os.path.join(directory, "acme"),
+                  ignore=shutil.ignore_patterns("__pycache__", "*_test.py"))
+  requirements = os.path.join(directory, "requirements-docker.txt")
+  with open(os.path.join(REPO_ROOT, "requirements.txt"), encoding="utf-8") as f:
+    lines = [line for line in f if line.strip() and not line.startswith("#")]
+  with open(requirements, "w", encoding="utf-8") as f:
+    f.writelines(lines)
+  return requirements
+
+
+def launch_vertex_ai(config: Config, workdir: str, num_actors: int,
+                     max_steps: Optional[int] = None, learner_accelerator: str = "A100") -> Any:
+  """Submits the program to Vertex AI. The work directory must be a Cloud Storage FUSE path
+  (/gcs/BUCKET/...), which Vertex AI mounts in every node, so nodes share it as files."""
+  if not workdir.startswith("/gcs/"):
+    raise MalloczeroError(f"--workdir {workdir}: on vertex_ai it must be a Cloud Storage path "
+                          "mounted by Vertex AI, /gcs/BUCKET/..., which every node reads and writes")
+  try:
+    from xmanager import xm  # noqa: F401  # pylint: disable=unused-import
+  except ImportError:
+    raise MalloczeroError("--launch vertex_ai needs xmanager and Google Cloud credentials "
+                          "(pip install xmanager; gcloud auth application-default login); "
+                          "see the README's 'Cloud runs'") from None
+  program = build_program(config, NodeContext(workdir), num_actors,
+                          max_steps or config.max_learner_steps)
+  resources = vertex_resources(program, config, learner_accelerator)
+  code = tempfile.mkdtemp(prefix="malloczero-vertex-")
+  requirements = stage_code(code)
+  xm_resources = {label: lp.DockerConfig(code, requirements, r.job_requirements())
+                  for label, r in resources.items()}
+  return lp.launch(program, launch_type=lp.LaunchType.VERTEX_AI, xm_resources=xm_resources)

@@ -1,0 +1,191 @@
+"""The Launchpad program end to end: real local_mp launches of every node, faults, resume, and the
+Vertex AI program built (not launched) for 64 actors."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from configs.config import get_config
+from env.errors import MalloczeroError
+from learner.learner import checkpoint_steps, load_params, params_digest
+from system.nodes import NodeContext
+from system.program import build_program, check_workdir, node_name
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_TIMEOUT_S = 420
+
+
+class _Launch:
+  """`malloczero train --launch local_mp` in a subprocess, with every process it ever started."""
+
+  def __init__(self, workdir, *args: str):
+    self.workdir = workdir
+    self.process = subprocess.Popen(
+        [sys.executable, "-m", "launch.cli", "train", "--launch", "local_mp", "--config", "tiny",
+         "--num-actors", "2", "--workdir", str(workdir), *args],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    self.seen: dict[int, psutil.Process] = {}
+    self.lines: list[str] = []
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+
+  def _read(self) -> None:
+    for line in self.process.stdout:
+      self.lines.append(line)
+
+  def learner_steps(self) -> int:
+    """The learner's step in the launcher's latest summary line ('learner N/MAX')."""
+    for line in reversed(self.lines):
+      match = re.search(r"\] learner (\d+)/", line)
+      if match:
+        return int(match.group(1))
+    return 0
+
+  def node_processes(self) -> dict[str, psutil.Process]:
+    """Node name -> its Python process (the child of Launchpad's output decorator)."""
+    nodes = {}
+    try:
+      children = psutil.Process(self.process.pid).children(recursive=True)
+    except psutil.Error:
+      return nodes
+    for child in children:
+      self.seen[child.pid] = child
+      try:
+        cmdline = child.cmdline()
+      except psutil.Error:
+        continue
+      if len(cmdline) > 4 and cmdline[1].endswith("decorate_output"):
+        for grandchild in child.children():
+          if "process_entry" in " ".join(grandchild.cmdline()):
+            nodes[node_name(cmdline[3])] = grandchild
+    return nodes
+
+  def wait_until(self, condition, what: str, timeout_s: float = RUN_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+      self.node_processes()
+      if condition():
+        return
+      if self.process.poll() is not None:
+        self._reader.join(timeout=10)
+        pytest.fail(f"training exited ({self.process.returncode}) before {what}:\n"
+                    f"{''.join(self.lines)[-3000:]}")
+      time.sleep(0.5)
+    self.process.kill()
+    pytest.fail(f"timed out waiting for {what}")
+
+  def finish(self) -> tuple[int, str]:
+    self.process.wait(timeout=RUN_TIMEOUT_S)
+    self._reader.join(timeout=30)
+    return self.process.returncode, "".join(self.lines)
+
+  def orphans(self) -> list[str]:
+    time.sleep(1.0)
+    left = []
+    for pid, process in self.seen.items():
+      try:
+        if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+          left.append(f"{pid}: {' '.join(process.cmdline())[:120]}")
+      except psutil.Error:
+        pass
+    return left
+
+
+def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_path):
+  workdir = tmp_path / "run"
+
+  # 1. A tiny run with 2 actors; actor_1's process is killed once the learner is stepping.
+  run = _Launch(workdir, "--max-steps", "600", "--eval-every", "1000")
+  run.wait_until(lambda: run.learner_steps() >= 1 and "actor_1" in run.node_processes(),
+                 "the learner stepping with both actors live")
+  killed_at = run.learner_steps()
+  victim = run.node_processes()["actor_1"]
+  victim.send_signal(signal.SIGKILL)
+  victim.wait(timeout=30)
+  code, output = run.finish()
+  assert code == 0, output[-3000:]
+  assert "actor_1 exited; training continues with 1 of 2 actors" in output, output[-6000:]
+  assert killed_at < 600
+  checkpoint = workdir / "checkpoints" / "learner_state.pkl"
+  assert checkpoint_steps(str(checkpoint)) == 600  # The learner kept stepping without actor_1.
+  for name in ("report.md", "report.json", "learning_curve.csv", "config.json",
+               "checkpoints/counter.json", "logs/learner/logs.csv", "logs/actor_0/logs.csv",
+               "nodes/learner.log"):
+    assert (workdir / name).exists(), name
+  assert list((workdir / "tensorboard" / "learner").iterdir()), "no TensorBoard events"
+  assert os.listdir(workdir / "checkpoints" / "replay"), "no replay checkpoint"
+  assert run.orphans() == []
+  saved_digest = params_digest(load_params(str(checkpoint)))
+
+  # 2. The same command resumes: learner parameters, step and replay come back; SIGTERM to the
+  # launcher stops every node, and the learner saves its step before exiting.
+  run = _Launch(workdir, "--max-steps", "100000", "--eval-every", "1000")
+  run.wait_until(lambda: run.learner_steps() >= 620, "the resumed learner stepping")
+  run.process.send_signal(signal.SIGTERM)
+  code, output = run.finish()
+  assert code == 130, output[-3000:]
+  assert f"resuming {workdir} from learner step 600 (with a replay checkpoint)" in output
+  learner_log = (workdir / "nodes" / "learner.log").read_text()
+  assert f"resumed at step 600, parameters {saved_digest}" in learner_log
+  replay_log = (workdir / "nodes" / "replay.log").read_text()
+  restored = re.findall(r"replay: restored (\d+) items", replay_log)
+  assert restored and int(restored[-1]) > 0
+  assert checkpoint_steps(str(checkpoint)) >= 620
+  assert run.orphans() == []
+
+  # 3. A run of another configuration is refused before anything starts.
+  result = subprocess.run(
+      [sys.executable, "-m", "launch.cli", "train", "--config", "small", "--suite", "tiny",
+       "--workdir", str(workdir)], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
+
+
+def test_vertex_ai_program_builds_for_64_actors_and_its_resources_resolve(tmp_path):
+  from system.vertex import VERTEX_MAX_WORKER_POOLS, stage_code, vertex_resources, worker_pools
+  config = get_config("large")
+  program = build_program(config, NodeContext(str(tmp_path)), num_actors=64, max_steps=1000)
+  assert {k: len(v) for k, v in program.groups.items()} == {
+      "replay": 1, "counter": 1, "learner": 1, "actor": 64, "evaluator": 1, "limiter": 1}
+  resources = vertex_resources(program, config)
+  assert set(resources) == set(program.groups)
+  assert resources["learner"].accelerator and resources["learner"].accelerator_count == 1
+  assert resources["actor"].accelerator is None
+  pools = worker_pools(program, resources)
+  assert len(pools) <= VERTEX_MAX_WORKER_POOLS
+  assert pools[0][1] == ["learner"] and pools[0][2] == 1  # Vertex AI: first pool, one replica.
+  assert sum(replicas for _, _, replicas in pools) == 69
+  assert resources["replay"].ram_gib >= 16
+  requirements = stage_code(str(tmp_path / "image"))
+  for package in ("acme", "actors", "env", "learner", "replay", "system"):
+    assert (tmp_path / "image" / package / "__init__.py").exists(), package
+  with open(requirements, encoding="utf-8") as f:
+    assert "dm-launchpad==0.5.2" in f.read()
+
+
+def test_vertex_ai_launch_refuses_a_local_workdir():
+  from system.vertex import launch_vertex_ai
+  with pytest.raises(MalloczeroError, match="/gcs/"):
+    launch_vertex_ai(get_config("tiny"), "/tmp/run", num_actors=2)
+
+
+def test_a_program_needs_an_actor(tmp_path):
+  with pytest.raises(MalloczeroError, match="at least 1"):
+    build_program(get_config("tiny"), NodeContext(str(tmp_path)), num_actors=0, max_steps=10)
+
+
+def test_check_workdir_refuses_another_configuration(tmp_path):
+  from system.training import save_config
+  save_config(get_config("tiny"), str(tmp_path))
+  assert check_workdir(get_config("tiny"), str(tmp_path)) is None
+  with pytest.raises(MalloczeroError, match="config 'tiny'"):
+    check_workdir(get_config("small"), str(tmp_path))
