@@ -9,7 +9,9 @@ STAMP := $(VENV)/.malloczero-installed
 # pip warns about every missing local mirror folder on these machines; keep real errors visible.
 PIP_QUIET := 2>&1 | { grep -v -e "is ignored: it is neither a file nor a directory" || true; }
 PYTEST_ARGS ?=
-TRAIN_ARGS ?=
+# make train: the Launchpad program (one process per node, 2 actors) with the small config on the
+# default suite, stopping itself after 9 minutes of training plus the final evaluation (~10 min).
+TRAIN_ARGS ?= --launch local_mp --config small --num-actors 2 --max-seconds 540
 
 .PHONY: setup test train bench clean-venv
 setup: $(STAMP)

@@ -194,6 +194,45 @@ def run_agent_bench(quick: bool) -> dict[str, Any]:
   return report
 
 
+def bench_distributed(num_actors: int, seconds: float, config_name: str = "small",
+                      ) -> dict[str, float]:
+  """A short local_mp training run (its own work directory, deleted after); rates over the part
+  of the run in which the learner was stepping, from the launcher's periodic samples."""
+  import shutil
+  import tempfile
+
+  from configs.config import get_config
+  from system.program import launch_training
+  config = get_config(config_name)
+  workdir = tempfile.mkdtemp(prefix=f"malloczero-bench-{num_actors}-")
+  try:
+    result = launch_training(config, workdir, launch="local_mp", num_actors=num_actors,
+                             max_steps=10**9, max_seconds=seconds, final_report=False,
+                             print_fn=lambda _: None)
+  finally:
+    shutil.rmtree(workdir, ignore_errors=True)
+  steady = [s for s in result.samples if s.learner_steps > 0]
+  if len(steady) < 2:
+    return {"learner_updates_per_s": 0.0, "actor_moves_per_s": 0.0, "samples_per_insert": 0.0}
+  first, last = steady[0], steady[-1]
+  elapsed = last.elapsed_s - first.elapsed_s
+  return {"learner_updates_per_s": (last.learner_steps - first.learner_steps) / elapsed,
+          "actor_moves_per_s": (last.actor_moves - first.actor_moves) / elapsed,
+          "samples_per_insert": (last.samples - first.samples) / max(1, last.inserts - first.inserts),
+          "startup_s": first.elapsed_s}
+
+
+def run_distributed_bench(seconds: float = 150.0) -> dict[str, Any]:
+  """End-to-end scaling: local_mp runs of the small config with 1, 2 (and 4 where there are at
+  least 8 cores) actors."""
+  counts = [1, 2] + ([4] if (os.cpu_count() or 1) >= 8 else [])
+  report: dict[str, Any] = {"e2e_config": "small", "e2e_seconds": seconds}
+  for n in counts:
+    for key, value in bench_distributed(n, seconds).items():
+      report[f"e2e_{n}_actors_{key}"] = value
+  return report
+
+
 def run_bench(quick: bool, agent: bool = True) -> dict[str, Any]:
   seconds = 1.5 if quick else 6.0
   report: dict[str, Any] = {
@@ -208,6 +247,8 @@ def run_bench(quick: bool, agent: bool = True) -> dict[str, Any]:
   report.update(bench_cost_model(seconds))
   if agent:
     report.update(run_agent_bench(quick))
+    if not quick:
+      report.update(run_distributed_bench())
   return report
 
 

@@ -226,7 +226,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
   from launch.bench import run_bench, write_report
-  what = "the game and the cost model" + ("" if args.no_agent else ", search, acting and learner")
+  what = "the game and the cost model" + ("" if args.no_agent else ", search, acting and learner"
+                                            + ("" if args.quick else ", and local_mp runs with 1 and 2 actors"))
   with console(stderr=True).status(f"benchmarking {what}..."):
     report = run_bench(quick=args.quick, agent=not args.no_agent)
   write_report(report, args.out)

@@ -189,3 +189,15 @@ def test_check_workdir_refuses_another_configuration(tmp_path):
   assert check_workdir(get_config("tiny"), str(tmp_path)) is None
   with pytest.raises(MalloczeroError, match="config 'tiny'"):
     check_workdir(get_config("small"), str(tmp_path))
+
+
+def test_local_mt_runs_every_node_as_a_thread_and_finishes(tmp_path):
+  workdir = tmp_path / "mt"
+  result = subprocess.run(
+      [sys.executable, "-m", "launch.cli", "train", "--launch", "local_mt", "--config", "tiny",
+       "--num-actors", "2", "--max-steps", "100", "--eval-every", "1000", "--workdir",
+       str(workdir)], cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  assert "finished: learner steps 0 -> 100" in result.stdout
+  assert checkpoint_steps(str(workdir / "checkpoints")) == 100
+  assert (workdir / "report.json").exists()
