@@ -201,3 +201,22 @@ def test_local_mt_runs_every_node_as_a_thread_and_finishes(tmp_path):
   assert "finished: learner steps 0 -> 100" in result.stdout
   assert checkpoint_steps(str(workdir / "checkpoints")) == 100
   assert (workdir / "report.json").exists()
+
+
+def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
+  """A killed learner stops the whole program: exit 1, its last checkpoint intact, no orphans."""
+  workdir = tmp_path / "run"
+  run = _Launch(workdir, "--max-steps", "100000", "--eval-every", "100000")
+  # The tiny config checkpoints every 30 s: wait for one, so that there is something to keep.
+  checkpoint = workdir / "checkpoints" / "learner_state.pkl"
+  run.wait_until(lambda: checkpoint.exists() and "learner_0" in run.node_processes(),
+                 "a periodic learner checkpoint")
+  saved_step = checkpoint_steps(str(checkpoint))
+  victim = run.node_processes()["learner_0"]
+  victim.send_signal(signal.SIGKILL)
+  code, output = run.finish()
+  assert code == 1, output[-3000:]
+  assert "failed: the learner node exited; stopping the program" in output
+  assert checkpoint_steps(str(checkpoint)) >= saved_step > 0
+  assert load_params(str(checkpoint))
+  assert run.orphans() == []
