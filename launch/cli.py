@@ -104,19 +104,57 @@ def solver_options(args: argparse.Namespace, solver: str) -> dict:
   return {}
 
 
+def _solve_line(name: str, result) -> str:
+  m = result.mapping
+  return (f"{name}: {len(m.allocations)} of {result.info['requests']} requests placed; "
+          f"estimated {m.estimated_time_s * 1e3:.4g} ms vs {m.slow_only_time_s * 1e3:.4g} ms "
+          f"all-slow (speed-up {m.speedup:.3f}x) in {result.solve_time_s:.2f} s; validated")
+
+
+def _solve_with_agent(args: argparse.Namespace, workload: Workload, hw: Hardware):
+  """--solver agent | portfolio: the agent's own result is always printed on its own line."""
+  from actors.agent import load_agent, solve_with_agent
+  from env.solvers import solve
+  if not args.checkpoint:
+    raise MalloczeroError(f"--solver {args.solver} needs --checkpoint DIR (a training work "
+                          "directory or its checkpoint)")
+  agent = load_agent(args.checkpoint)
+  result = solve_with_agent(agent, workload, hw, simulations=args.simulations,
+                            attempts=args.attempts, seed=args.seed)
+  info = result.info
+  print(_solve_line("agent", result) + f" (checkpoint step {info['learner_steps']}, "
+        f"{info['simulations']} simulations, best of {info['attempts']} trajectories: "
+        f"#{info['best_attempt']}; greedy alone {info['greedy_speedup']:.3f}x)")
+  if args.solver == "agent":
+    return result
+  baseline = solve(workload, hw, "msa")
+  print(_solve_line("msa", baseline))
+  winner = result if result.mapping.estimated_time_s <= baseline.mapping.estimated_time_s \
+      else baseline
+  print(f"portfolio: {'agent' if winner is result else 'msa'} wins "
+        f"({winner.mapping.speedup:.3f}x vs "
+        f"{(baseline if winner is result else result).mapping.speedup:.3f}x); its mapping is "
+        "the portfolio's")
+  return winner
+
+
 def cmd_solve(args: argparse.Namespace) -> int:
   from env.solvers import solve
   workload = load_workload(args.workload)
   hw = resolve_hardware(workload, args.hardware, args.capacity)
-  result = solve(workload, hw, args.solver, **solver_options(args, args.solver))
+  if args.solver in ("agent", "portfolio"):
+    result = _solve_with_agent(args, workload, hw)
+  else:
+    if args.checkpoint:
+      raise MalloczeroError(f"--checkpoint is for --solver agent or portfolio, not {args.solver}")
+    result = solve(workload, hw, args.solver, **solver_options(args, args.solver))
+    extra = ""
+    if args.solver == "cpsat":
+      extra = (f"; CP-SAT {result.info['status']}, proven bound "
+               f"{result.info['bound_s'] * 1e3:.4g} ms"
+               + (f" ({result.info['fallback']})" if "fallback" in result.info else ""))
+    print(_solve_line(args.solver, result) + extra)
   m = result.mapping
-  extra = ""
-  if args.solver == "cpsat":
-    extra = (f"; CP-SAT {result.info['status']}, proven bound {result.info['bound_s'] * 1e3:.4g} ms"
-             + (f" ({result.info['fallback']})" if "fallback" in result.info else ""))
-  print(f"{args.solver}: {len(m.allocations)} of {result.info['requests']} requests placed; "
-        f"estimated {m.estimated_time_s * 1e3:.4g} ms vs {m.slow_only_time_s * 1e3:.4g} ms "
-        f"all-slow (speed-up {m.speedup:.3f}x) in {result.solve_time_s:.2f} s; validated{extra}")
   if args.out:
     m.save(args.out)
     print(f"wrote {args.out}")
@@ -378,7 +416,15 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("workload", help="workload JSON (.json/.json.gz) or MiniMalloc CSV")
   p.add_argument("--hardware", help=f"preset ({', '.join(PRESETS)}) or hardware JSON file")
   p.add_argument("--capacity", type=_positive_int, help="fast memory size in bytes")
-  p.add_argument("--solver", default="msa", choices=SOLVER_CHOICES)
+  p.add_argument("--solver", default="msa", choices=SOLVER_CHOICES + ("agent", "portfolio"),
+                 help="a baseline, the trained agent (needs --checkpoint), or portfolio (the "
+                 "better of the agent and msa)")
+  p.add_argument("--checkpoint", help="agent / portfolio: a training work directory or its "
+                 "checkpoint")
+  p.add_argument("--simulations", type=_positive_int,
+                 help="agent: simulations per move (default: twice the run's evaluation search)")
+  p.add_argument("--attempts", type=_positive_int, default=8,
+                 help="agent: trajectories played, the first greedy (default 8); the best is kept")
   p.add_argument("--out", help="write the validated mapping here (JSON)")
   p.add_argument("--plot", help="draw the memory map here (PNG)")
   _add_solver_flags(p)

@@ -174,6 +174,25 @@ def load_params(path: str, which: str = "params") -> Params:
   return _read_checkpoint(path)[which]
 
 
+def checkpoint_configs(path: str) -> tuple[Any, Any]:
+  """(NetworkConfig, GameConfig) a checkpoint's networks were built with."""
+  from configs.config import NetworkConfig
+  from env.game import GameConfig
+  payload = _read_checkpoint(path)
+  try:
+    return NetworkConfig(**payload["network_config"]), GameConfig(**payload["game_config"])
+  except (KeyError, TypeError) as e:
+    raise MalloczeroError(f"learner checkpoint '{_checkpoint_file(path)}' was made by another "
+                          f"version of malloczero ({type(e).__name__}: {e})") from e
+
+
+def check_params_fit(networks: MuZeroNetworks, params: Params, path: str) -> None:
+  """Raises MalloczeroError unless `params` have the shapes `networks` expect."""
+  example = {k: np.zeros((1, *s.shape), s.dtype) for k, s in observation_spec(networks.game).items()}
+  template = jax.eval_shape(networks.init, jax.random.PRNGKey(0), example)
+  _check_same_structure(template, params, "parameters", _checkpoint_file(path))
+
+
 def checkpoint_steps(path: str) -> int:
   """The learner step a checkpoint (file, or directory holding one) was saved at."""
   return int(_read_checkpoint(path)["steps"])

@@ -1,0 +1,102 @@
+"""The trained agent as a solver: `solve --solver agent|portfolio --checkpoint DIR`."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from actors.agent import load_agent, solve_with_agent
+from configs.config import get_config
+from env.errors import MalloczeroError
+from env.solvers import solve
+from env.suites import WORKLOAD_DIR, get_suite
+from env.validator import validate_mapping
+from learner.learner import MuZeroLearner, random_batch
+from learner.networks import make_networks
+from system.training import save_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  """A tiny training work directory with a real (briefly trained) learner checkpoint."""
+  config = get_config("tiny")
+  directory = tmp_path_factory.mktemp("agent-run")
+  save_config(config, str(directory))
+  learner = MuZeroLearner(make_networks(config.network, config.game), config,
+                          sample_fn=lambda: random_batch(config, config.learner.batch_size),
+                          checkpoint_dir=str(directory / "checkpoints"))
+  learner.run(3)
+  return directory
+
+
+def _program():
+  entry = get_suite("tiny").entries[0]
+  workload = entry.workload()
+  return entry, workload, entry.hardware_for(workload)
+
+
+def test_agent_keeps_the_best_of_its_trajectories_and_its_mapping_validates(workdir):
+  agent = load_agent(str(workdir))
+  assert agent.learner_steps == 3 and agent.search.eval_num_simulations == 16
+  _, workload, hardware = _program()
+  result = solve_with_agent(agent, workload, hardware, simulations=4, attempts=3)
+  validate_mapping(workload, hardware, result.mapping)
+  speedups = result.info["attempt_speedups"]
+  assert len(speedups) == 3 and result.mapping.speedup == pytest.approx(max(speedups))
+  assert result.mapping.speedup >= result.info["greedy_speedup"]
+
+
+def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
+  entry, workload, hardware = _program()
+  path = os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz")
+  capacity = str(hardware.levels[0].capacity_bytes)
+  common = [sys.executable, "-m", "launch.cli", "solve", path, "--hardware", entry.hardware,
+            "--capacity", capacity, "--checkpoint", str(workdir), "--simulations", "4",
+            "--attempts", "2"]
+  out, plot = tmp_path / "map.json", tmp_path / "map.png"
+  result = subprocess.run(common + ["--solver", "agent", "--out", str(out), "--plot", str(plot)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.startswith("agent: ") and "checkpoint step 3" in result.stdout
+  assert out.exists() and plot.exists()
+  validated = subprocess.run([sys.executable, "-m", "launch.cli", "validate", path, str(out),
+                              "--capacity", capacity], cwd=REPO, capture_output=True, text=True)
+  assert validated.returncode == 0, validated.stderr
+
+  result = subprocess.run(common + ["--solver", "portfolio"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = result.stdout.splitlines()
+  assert lines[0].startswith("agent: ") and lines[1].startswith("msa: ")
+  assert lines[2].startswith("portfolio: ")
+  msa = solve(workload, hardware, "msa").mapping.speedup
+  won = float(lines[2].split("(")[1].split("x")[0])
+  assert won >= msa - 5e-4  # Printed with 3 decimals.
+
+
+def test_missing_or_incompatible_checkpoint_is_a_one_line_error(workdir, tmp_path):
+  with pytest.raises(MalloczeroError, match="no learner checkpoint"):
+    load_agent(str(tmp_path / "nowhere"))
+  with open(workdir / "checkpoints" / "learner_state.pkl", "rb") as f:
+    payload = pickle.load(f)
+  payload["network_config"]["d_model"] = 48  # Networks these parameters do not fit.
+  other = tmp_path / "other" / "checkpoints"
+  other.mkdir(parents=True)
+  with open(other / "learner_state.pkl", "wb") as f:
+    pickle.dump(payload, f)
+  with pytest.raises(MalloczeroError, match="does not match"):
+    load_agent(str(tmp_path / "other"))
+  entry, _, _ = _program()
+  path = os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz")
+  for extra in (["--checkpoint", str(tmp_path / "other")], []):
+    result = subprocess.run([sys.executable, "-m", "launch.cli", "solve", path, "--hardware",
+                             entry.hardware, "--solver", "agent", *extra], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
