@@ -24,10 +24,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_TIMEOUT_S = 420
 
 
+_LAUNCHES: list["_Launch"] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test():
+  """A failing test must not leave a training program running (it would slow every later test)."""
+  yield
+  while _LAUNCHES:
+    _LAUNCHES.pop().kill()
+
+
 class _Launch:
   """`malloczero train --launch local_mp` in a subprocess, with every process it ever started."""
 
   def __init__(self, workdir, *args: str):
+    _LAUNCHES.append(self)
     self.workdir = workdir
     self.process = subprocess.Popen(
         [sys.executable, "-m", "launch.cli", "train", "--launch", "local_mp", "--config", "tiny",
@@ -65,8 +77,11 @@ class _Launch:
         continue
       if len(cmdline) > 4 and cmdline[1].endswith("decorate_output"):
         for grandchild in child.children():
-          if "process_entry" in " ".join(grandchild.cmdline()):
-            nodes[node_name(cmdline[3])] = grandchild
+          try:  # A process that is exiting (a zombie) has no command line any more.
+            if "process_entry" in " ".join(grandchild.cmdline()):
+              nodes[node_name(cmdline[3])] = grandchild
+          except psutil.Error:
+            continue
     return nodes
 
   def wait_until(self, condition, what: str, timeout_s: float = RUN_TIMEOUT_S) -> None:
@@ -87,6 +102,17 @@ class _Launch:
     self.process.wait(timeout=RUN_TIMEOUT_S)
     self._reader.join(timeout=30)
     return self.process.returncode, "".join(self.lines)
+
+  def kill(self) -> None:
+    self.node_processes()
+    for process in [psutil.Process(self.process.pid)] if self.process.poll() is None else []:
+      self.seen[process.pid] = process
+    for process in self.seen.values():
+      try:
+        process.kill()
+      except psutil.Error:
+        pass
+    self.process.wait(timeout=30)
 
   def orphans(self) -> list[str]:
     time.sleep(1.0)
