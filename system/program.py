@@ -202,7 +202,11 @@ class _Monitor:
     return (int(info.current_size), int(limiter.insert_stats.completed),
             int(limiter.sample_stats.completed))
 
-  def live_actors(self, counts: dict[str, float]) -> int:
+  @property
+  def num_found(self) -> int:
+    return len(self._processes)
+
+  def live_actors(self) -> int:
     if self._launch == "local_mp" and self._processes:
       return sum(1 for i in range(self._num_actors) if f"actor_{i}" not in self.gone)
     return self._num_actors
@@ -212,7 +216,7 @@ class _Monitor:
     items, inserts, samples = self.replay_stats()
     return RunSample(elapsed_s, int(counts.get("learner_steps", 0)),
                      int(counts.get("actor_moves", 0)), int(counts.get("actor_episodes", 0)),
-                     items, inserts, samples, self.live_actors(counts))
+                     items, inserts, samples, self.live_actors())
 
   def last_evaluation(self) -> Optional[dict[str, str]]:
     path = os.path.join(self._workdir, "learning_curve.csv")
@@ -289,7 +293,7 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
              f"({'with' if has_replay else 'without'} a replay checkpoint)")
   from system.training import save_config
   save_config(config, workdir)
-  _prepare_baselines(config, workdir, print_fn)
+  msa = _msa_geomeans(config, workdir, print_fn)
 
   context = NodeContext(workdir, output_to_files=(launch == "local_mp" and node_output == "files"),
                         own_process=(launch == "local_mp"))
@@ -308,7 +312,7 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   print_fn(f"launched {launch}: replay, counter, learner, {num_actors} actor(s), evaluator, "
            f"limiter; learner steps {start_step or 0} -> {max_steps}")
   monitor = _Monitor(program, launch, workdir, num_actors)
-  status = _watch(manager, monitor, config, launch, num_actors, max_steps, max_seconds,
+  status = _watch(manager, monitor, config, launch, num_actors, max_steps, max_seconds, msa,
                   print_fn)
   manager.wait(raise_error=False)
   final = monitor_final_counts(workdir)
@@ -338,27 +342,26 @@ def monitor_final_counts(workdir: str) -> dict[str, float]:
     return json.load(f)
 
 
-def _prepare_baselines(config: Config, workdir: str, print_fn: Callable[[str], None]) -> None:
-  """Computes the baseline speed-ups of every program once, before the nodes need them."""
-  from actors.games import suite_games
-  from system.training import baseline_speedups
-  specs = suite_games(config.suite, "train") + suite_games(config.suite, "heldout")
-  if not os.path.exists(os.path.join(workdir, "baselines.json")):
-    print_fn(f"computing baselines (msa, greedy, bestfit, random) on {len(specs)} programs")
-  baseline_speedups(specs, workdir, config.seed)
-
-
-def _watch(manager: Any, monitor: _Monitor, config: Config, launch: str, num_actors: int,
-           max_steps: int, max_seconds: Optional[float],
-           print_fn: Callable[[str], None]) -> str:
-  """Prints a summary every few seconds until the program stops; returns why it stopped
-  ('running' when it stopped by itself or by a signal)."""
+def _msa_geomeans(config: Config, workdir: str,
+                  print_fn: Callable[[str], None]) -> dict[str, float]:
+  """Computes (and caches in the work directory) the baseline speed-ups of every program before
+  the nodes need them; returns msa's geomean per split for the summary line."""
   from actors.games import suite_games
   from env.mapping import geomean
   from system.training import baseline_speedups
-  specs = {s: suite_games(config.suite, s) for s in ("train", "heldout")}
-  baselines = baseline_speedups(specs["train"] + specs["heldout"], monitor._workdir, config.seed)
-  msa = {split: geomean([baselines["msa"][s.name] for s in v]) for split, v in specs.items() if v}
+  specs = {split: suite_games(config.suite, split) for split in ("train", "heldout")}
+  if not os.path.exists(os.path.join(workdir, "baselines.json")):
+    print_fn(f"computing baselines (msa, greedy, bestfit, random) on "
+             f"{sum(map(len, specs.values()))} programs")
+  baselines = baseline_speedups(specs["train"] + specs["heldout"], workdir, config.seed)
+  return {split: geomean([baselines["msa"][s.name] for s in v]) for split, v in specs.items() if v}
+
+
+def _watch(manager: Any, monitor: _Monitor, config: Config, launch: str, num_actors: int,
+           max_steps: int, max_seconds: Optional[float], msa: dict[str, float],
+           print_fn: Callable[[str], None]) -> str:
+  """Prints a summary every few seconds until the program stops; returns why it stopped
+  ('running' when it stopped by itself or by a signal)."""
   start = time.monotonic()
   status = "running"
   previous: Optional[RunSample] = None
@@ -371,7 +374,7 @@ def _watch(manager: Any, monitor: _Monitor, config: Config, launch: str, num_act
     monitor.elapsed = now - start
     if launch == "local_mp" and now >= found_at and found_at > 0:
       monitor.find_processes()
-      found_at = 0.0 if len(monitor._processes) >= num_actors + 5 else now + 2.0
+      found_at = 0.0 if monitor.num_found >= num_actors + 5 else now + 2.0
     if launch == "local_mt":
       try:
         manager.check_for_thread_worker_exception()
@@ -389,7 +392,7 @@ def _watch(manager: Any, monitor: _Monitor, config: Config, launch: str, num_act
         _stop_program()
         stopping = True
       elif name.startswith("actor"):
-        live = monitor.live_actors({})
+        live = monitor.live_actors()
         print_fn(f"{name} exited; training continues with {live} of {num_actors} actors"
                  if live else f"{name} exited; no actors left, the learner waits for data")
       else:

@@ -22,6 +22,8 @@ import tempfile
 from typing import Any, Optional
 
 import launchpad as lp
+import numpy as np
+import tree
 
 from configs.config import Config
 from env.errors import MalloczeroError
@@ -51,15 +53,9 @@ class NodeResources:
 def replay_ram_gib(config: Config) -> float:
   """Memory for a full replay table: every stored step once, with room for Reverb's chunking."""
   from replay.types import step_spec
-  import numpy as np
   step_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
-                   for s in _leaves(step_spec(config.game)))
+                   for s in tree.flatten(step_spec(config.game)))
   return float(max(16, math.ceil(3 * config.replay.max_size * step_bytes / 2**30)))
-
-
-def _leaves(tree: Any) -> list:
-  import tree as dm_tree
-  return dm_tree.flatten(tree)
 
 
 def vertex_resources(program: lp.Program, config: Config,
