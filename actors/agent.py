@@ -1,9 +1,9 @@
 """The trained agent as a solver: a checkpoint's networks with MCTS at test time.
 
-`solve_with_agent` plays `attempts` copies of one program in a single batch: the first with the
-greedy evaluation search (no noise), the others sampling root actions with Gumbel noise, all with
-`simulations` simulations per move, and keeps the best complete trajectory. Every mapping it
-returns has passed the independent validator.
+`solve_with_agent` plays `attempts` copies of one program in a single batch (the evaluation loop
+of actors/evaluator.py): the first with the greedy search (no noise), the others sampling root
+actions with Gumbel noise, all with `simulations` simulations per move, and keeps the best
+complete trajectory. Every mapping it returns has passed the independent validator.
 """
 
 from __future__ import annotations
@@ -12,19 +12,15 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-import jax
-import numpy as np
-
-from actors.actor import stack_observations
-from actors.search import make_search_fn
+from actors.evaluator import compile_searches, play_programs, with_simulations
+from actors.games import GameSpec
 from configs.config import SearchConfig
 from env.errors import MalloczeroError
-from env.game import GameConfig, MallocGame
+from env.game import GameConfig
 from env.hardware import Hardware
 from env.solvers import SolveResult
-from env.validator import validate_mapping
 from env.workload import Workload
 from learner.learner import (CHECKPOINT_FILENAME, check_params_fit, checkpoint_configs,
                              checkpoint_steps, load_params)
@@ -41,6 +37,11 @@ class Agent:
   game: GameConfig
   learner_steps: int
   checkpoint: str
+
+  @property
+  def default_simulations(self) -> int:
+    """Test-time search is wider than training's: twice the evaluation search."""
+    return 2 * self.search.eval_num_simulations
 
 
 def find_checkpoint(path: str) -> str:
@@ -72,38 +73,38 @@ def solve_with_agent(agent: Agent, workload: Workload, hardware: Hardware,
                      simulations: Optional[int] = None, attempts: int = DEFAULT_ATTEMPTS,
                      seed: int = 0) -> SolveResult:
   """Plays `attempts` trajectories (1 greedy, the rest sampled) and keeps the fastest."""
+  return play_with_agent(agent, [GameSpec(workload.name, workload, hardware)], simulations,
+                         attempts, seed)[0]
+
+
+def compile_agent(agent: Agent, spec: GameSpec, simulations: Optional[int] = None,
+                  attempts: int = DEFAULT_ATTEMPTS, num_programs: int = 1) -> float:
+  """Compiles the agent's searches for `play_with_agent` on `num_programs` programs; returns the
+  seconds it took (paid once per batch shape, so kept out of per-program solve times)."""
+  search = with_simulations(agent.search, simulations or agent.default_simulations)
+  return compile_searches(agent.networks, agent.params, search, agent.game, spec, num_programs,
+                          attempts)
+
+
+def play_with_agent(agent: Agent, specs: Sequence[GameSpec], simulations: Optional[int] = None,
+                    attempts: int = DEFAULT_ATTEMPTS, seed: int = 0) -> list[SolveResult]:
+  """`solve_with_agent` for several programs in one batch; each result's solve time is the
+  batch's wall time divided evenly among its programs."""
   if attempts < 1:
     raise MalloczeroError(f"attempts must be at least 1, got {attempts}")
-  simulations = simulations or 2 * agent.search.eval_num_simulations
+  simulations = simulations or agent.default_simulations
   start = time.perf_counter()
-  search = dataclasses.replace(agent.search, num_simulations=simulations,
-                               eval_num_simulations=simulations)
-  greedy = make_search_fn(agent.networks, search, evaluation=True)
-  sampled = make_search_fn(agent.networks, search, evaluation=False) if attempts > 1 else None
-  games = [MallocGame(workload, hardware, agent.game) for _ in range(attempts)]
-  observations = [g.reset().observation for g in games]
-  done = np.zeros(attempts, bool)
-  rng = jax.random.PRNGKey(seed)
-  params = jax.device_put(agent.params)
-  while not done.all():
-    rng, greedy_key, sampled_key = jax.random.split(rng, 3)
-    actions = [int(greedy(params, greedy_key, stack_observations(observations[:1])).action[0])]
-    if sampled is not None:
-      actions += [int(a) for a in np.asarray(
-          sampled(params, sampled_key, stack_observations(observations[1:])).action)]
-    for i, game in enumerate(games):
-      if not done[i]:
-        timestep = game.step(actions[i])
-        observations[i] = timestep.observation
-        done[i] = timestep.last()
-  times = [g.total_time for g in games]
-  best = int(np.argmin(times))
-  mapping = games[best].mapping("agent")
-  validate_mapping(workload, hardware, mapping)
-  info: dict[str, Any] = {
-      "requests": len(games[0].requests), "attempts": attempts, "best_attempt": best,
-      "greedy_speedup": games[0].cost_model.slow_only_time / times[0],
-      "attempt_speedups": [games[0].cost_model.slow_only_time / t for t in times],
-      "simulations": simulations, "learner_steps": agent.learner_steps,
-      "checkpoint": agent.checkpoint}
-  return SolveResult(mapping, time.perf_counter() - start, info)
+  results = play_programs(agent.networks, agent.params,
+                          with_simulations(agent.search, simulations), agent.game, specs,
+                          attempts=attempts, seed=seed, solver_name="agent")
+  share = (time.perf_counter() - start) / max(1, len(specs))
+  solved = []
+  for spec, result in zip(specs, results):
+    info: dict[str, Any] = {
+        "requests": result.requests,
+        "attempts": attempts, "best_attempt": result.best_attempt,
+        "greedy_speedup": result.greedy_speedup,
+        "attempt_speedups": list(result.attempt_speedups), "simulations": simulations,
+        "learner_steps": agent.learner_steps, "checkpoint": agent.checkpoint}
+    solved.append(SolveResult(result.mapping, share, info))
+  return solved

@@ -1,55 +1,86 @@
-"""Greedy evaluation: each program played once with the evaluation search (more simulations, no
-noise); every mapping it produces is checked by the independent validator."""
+"""Evaluation play: the network with MCTS on fixed programs, every mapping validated.
+
+One loop serves every evaluation: the learning curve of a training run, the final report, the
+`evaluate` command and the agent solver. `play_programs` plays `attempts` copies of each program
+in one batch: the first copy with the greedy evaluation search (no noise), the others sampling
+root actions with Gumbel noise; it keeps each program's fastest complete trajectory.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+import time
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
 
 from actors.actor import stack_observations
 from actors.games import GameSpec
-from actors.search import make_search_fn
+from actors.search import SearchFn, make_search_fn
 from configs.config import Config, SearchConfig
-from env.game import MallocGame
+from env.game import GameConfig, MallocGame
 from env.mapping import Mapping
 from env.validator import validate_mapping
-from learner.networks import MuZeroNetworks
+from learner.networks import MuZeroNetworks, Params
 
 
 @dataclasses.dataclass(frozen=True)
 class EvaluationResult:
   program: str
-  episode_return: float
-  speedup: float
-  time_s: float            # The mapping's estimated program time.
-  mapping: Mapping
+  episode_return: float    # The greedy trajectory's return.
+  speedup: float           # The kept (fastest) mapping's speed-up over all-slow.
+  time_s: float            # The kept mapping's estimated program time.
+  mapping: Mapping         # The kept mapping; it has passed the validator.
+  greedy_speedup: float    # The greedy trajectory's speed-up (equal to `speedup` if attempts=1).
+  attempt_speedups: tuple[float, ...]   # [attempts], the greedy trajectory first.
+  best_attempt: int
+  requests: int            # Requests in the program's game (moves of one trajectory).
 
 
 # Cached: a fresh `make_search_fn` is a new jitted closure, so without this every evaluation (every
-# learning-curve point of a training run) would compile the search again.
-@functools.lru_cache(maxsize=8)
-def _evaluation_search(networks: MuZeroNetworks, search: SearchConfig) -> Any:
-  return make_search_fn(networks, search, evaluation=True)
+# learning-curve point of a training run, every program of `evaluate`) would compile again.
+@functools.lru_cache(maxsize=16)
+def _search_fn(networks: MuZeroNetworks, search: SearchConfig, evaluation: bool) -> SearchFn:
+  return make_search_fn(networks, search, evaluation=evaluation)
 
 
-def evaluate_params(networks: MuZeroNetworks, params: Any, config: Config,
-                    specs: Sequence[GameSpec], seed: int = 0,
-                    solver_name: str = "muzero") -> list[EvaluationResult]:
-  """Plays every spec once, all in one batch (games that end early idle on action 0)."""
-  search = _evaluation_search(networks, config.search)
-  games = [MallocGame(s.workload, s.hardware, config.game) for s in specs]
+def with_simulations(search: SearchConfig, simulations: Optional[int]) -> SearchConfig:
+  """The search config with `simulations` for both modes (None keeps the config's own)."""
+  if simulations is None:
+    return search
+  return dataclasses.replace(search, num_simulations=simulations,
+                             eval_num_simulations=simulations)
+
+
+def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig,
+                  game_config: GameConfig, specs: Sequence[GameSpec], attempts: int = 1,
+                  seed: int = 0, solver_name: str = "muzero") -> list[EvaluationResult]:
+  """Plays `attempts` trajectories of every spec, all in one batch; one result per spec.
+
+  Games that end early idle on action 0 until the longest has finished. Sampled attempts use
+  `search.num_simulations`, the greedy one `search.eval_num_simulations`.
+  """
+  if attempts < 1:
+    raise ValueError(f"attempts must be at least 1, got {attempts}")
+  greedy = _search_fn(networks, search, True)
+  sampled = _search_fn(networks, search, False) if attempts > 1 else None
+  # games[a * P + p]: attempt a of program p, so the greedy attempts are the first P games.
+  num_programs = len(specs)
+  games = [MallocGame(s.workload, s.hardware, game_config) for _ in range(attempts) for s in specs]
   observations = [g.reset().observation for g in games]
   returns = np.zeros(len(games))
   done = np.zeros(len(games), bool)
   rng = jax.random.PRNGKey(seed)
   params = jax.device_put(params)
   while not done.all():
-    rng, key = jax.random.split(rng)
-    actions = np.asarray(search(params, key, stack_observations(observations)).action)
+    rng, greedy_key, sampled_key = jax.random.split(rng, 3)
+    actions = np.asarray(
+        greedy(params, greedy_key, stack_observations(observations[:num_programs])).action)
+    if sampled is not None:
+      actions = np.concatenate([actions, np.asarray(sampled(
+          params, sampled_key, stack_observations(observations[num_programs:])).action)])
     for i, game in enumerate(games):
       if done[i]:
         continue
@@ -58,9 +89,40 @@ def evaluate_params(networks: MuZeroNetworks, params: Any, config: Config,
       observations[i] = timestep.observation
       done[i] = timestep.last()
   results = []
-  for spec, game, episode_return in zip(specs, games, returns):
-    mapping = game.mapping(solver_name)
+  for p, spec in enumerate(specs):
+    copies = games[p::num_programs]
+    times = [g.total_time for g in copies]
+    best = int(np.argmin(times))
+    mapping = copies[best].mapping(solver_name)
     validate_mapping(spec.workload, spec.hardware, mapping)
-    results.append(EvaluationResult(spec.name, float(episode_return), mapping.speedup,
-                                    mapping.estimated_time_s, mapping))
+    slow = copies[0].cost_model.slow_only_time
+    results.append(EvaluationResult(
+        spec.name, float(returns[p]), mapping.speedup, mapping.estimated_time_s, mapping,
+        greedy_speedup=slow / times[0], attempt_speedups=tuple(slow / t for t in times),
+        best_attempt=best, requests=len(copies[0].requests)))
   return results
+
+
+def compile_searches(networks: MuZeroNetworks, params: Params, search: SearchConfig,
+                     game_config: GameConfig, spec: GameSpec, num_programs: int = 1,
+                     attempts: int = 1) -> float:
+  """Compiles the searches `play_programs` will call for this batch shape, so that the play it
+  times afterwards is play alone; returns the seconds compiling took."""
+  start = time.perf_counter()
+  observation = MallocGame(spec.workload, spec.hardware, game_config).reset().observation
+  rng = jax.random.PRNGKey(0)
+  batches = [(True, num_programs)] + ([(False, num_programs * (attempts - 1))] if attempts > 1
+                                      else [])
+  for evaluation, size in batches:
+    output = _search_fn(networks, search, evaluation)(params, rng,
+                                                      stack_observations([observation] * size))
+    jax.block_until_ready(output.action)
+  return time.perf_counter() - start
+
+
+def evaluate_params(networks: MuZeroNetworks, params: Any, config: Config,
+                    specs: Sequence[GameSpec], seed: int = 0,
+                    solver_name: str = "muzero") -> list[EvaluationResult]:
+  """Greedy play of every spec once with the config's evaluation search: the learning curve."""
+  return play_programs(networks, params, config.search, config.game, specs, attempts=1,
+                       seed=seed, solver_name=solver_name)

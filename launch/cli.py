@@ -159,7 +159,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     m.save(args.out)
     print(f"wrote {args.out}")
   if args.plot:
-    from launch.plots import plot_memory_map
+    from system.plots import plot_memory_map
     plot_memory_map(workload, hw, m, args.plot)
     print(f"wrote {args.plot}")
   return 0
@@ -243,21 +243,31 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
   from env.suites import get_suite
-  from launch.evaluate import evaluate_suite, print_table, summarise, write_outputs
+  from launch.evaluate import print_tables, run_evaluation
+  from system.evaluation import load_agents
+  from system.report import write_report
   solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
   unknown = [s for s in solvers if s not in SOLVER_CHOICES]
-  if unknown or not solvers:
+  if unknown or (not solvers and not args.checkpoint):
     raise MalloczeroError(f"unknown solver(s) {', '.join(unknown) or '(none given)'} in --solvers "
                           f"(choose from {', '.join(SOLVER_CHOICES)})")
+  for flag in ("simulations", "batch_agents"):
+    if getattr(args, flag) and not args.checkpoint:
+      raise MalloczeroError(f"--{flag.replace('_', '-')} needs --checkpoint DIR")
   suite = get_suite(args.suite).split(args.split)
   if args.limit:
     suite = dataclasses.replace(suite, entries=suite.entries[:args.limit])
+  # Checkpoints are loaded (and a bad one refused) before any solver runs.
+  agents = load_agents(args.checkpoint or [], args.simulations, args.attempts)
   out = console()
+  for a in agents:
+    out.print(f"{a.label}: {a.agent.checkpoint} (learner step {a.agent.learner_steps}), "
+              f"{a.simulations} simulations, best of {a.attempts} trajectories per program")
   title = f"malloczero evaluate: suite '{suite.name}' ({args.split}, {len(suite.entries)} entries)"
-  rows = evaluate_suite(suite, solvers, lambda s: solver_options(args, s), out)
-  summary = summarise(rows, solvers)
-  print_table(rows, solvers, summary, out, title)
-  for path in write_outputs(rows, solvers, summary, args.out, title):
+  evaluation = run_evaluation(suite, solvers, agents, lambda s: solver_options(args, s), out,
+                              batch_agents=args.batch_agents, seed=args.seed)
+  print_tables(evaluation, out, title)
+  for path in write_report(evaluation, args.out, title):
     out.print(f"wrote {path}")
   return 0
 
@@ -355,20 +365,24 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
             f"{result.actor_moves:,} actor moves, {result.episodes:,} games in "
             f"{result.elapsed_s:.0f} s")
   if result.report is not None:
+    from system.report import summary_rows
+    from system.training import BASELINES
     table = Table(title=f"final evaluation at learner step {result.learner_steps}: geomean "
                   "speed-up over all-slow")
-    for column in ("split", "programs", "muzero", "msa", "greedy", "bestfit", "muzero vs msa",
-                   "wins/ties/losses"):
+    for column in ("split", "programs", "agent", *BASELINES, "agent vs msa", "wins/ties/losses"):
       table.add_column(column, justify="left" if column == "split" else "right")
-    for split, s in result.report["summary"].items():
-      table.add_row(split, str(s["programs"]), *(f"{s[k]:.3f}x" for k in
-                                                 ("muzero", "msa", "greedy", "bestfit",
-                                                  "muzero_vs_msa")),
-                    f"{s['wins']}/{s['ties']}/{s['losses']}")
+    for line in summary_rows(result.report, baselines=BASELINES):
+      table.add_row(*line)
     out.print(table)
-  for name in ("report.md", "learning_curve.png", "checkpoints", "logs", "tensorboard"):
+  for name, what in (("report.md", "the evaluation report (with report.json, report.csv and "
+                     "pictures)"), ("learning_curve.png", "the learning curve"),
+                     ("checkpoints", "checkpoints"), ("logs", "CSV logs"),
+                     ("tensorboard", "TensorBoard events")):
     if os.path.exists(os.path.join(result.workdir, name)):
-      out.print(f"  {os.path.join(result.workdir, name)}")
+      out.print(f"  {what}: {os.path.join(result.workdir, name)}")
+  if result.report is not None:
+    out.print(f"  compare with evo and CP-SAT too: malloczero evaluate --suite {config.suite} "
+              f"--checkpoint {result.workdir} --out {os.path.join(result.workdir, 'evaluation')}")
   if result.status.startswith("failed"):
     print(f"malloczero: error: {result.status}; the last checkpoint is in "
           f"{os.path.join(result.workdir, 'checkpoints')}", file=sys.stderr)
@@ -449,11 +463,22 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("name", nargs="?", help="suite to show")
   p.set_defaults(func=cmd_suite)
 
-  p = sub.add_parser("evaluate", help="run solvers on every entry of a suite; table, CSV, JSON, "
-                     "Markdown and PNG")
+  p = sub.add_parser("evaluate", help="run solvers and trained checkpoints on every entry of a "
+                     "suite; tables, CSV, JSON, Markdown and pictures")
   p.add_argument("--suite", required=True, help="suite name (see 'malloczero suite list')")
+  p.add_argument("--checkpoint", nargs="+", metavar="DIR",
+                 help="training work directories (or their checkpoints) to evaluate as agents; "
+                 "several give a checkpoint-by-quality table")
   p.add_argument("--solvers", default="msa,greedy,evo,cpsat",
-                 help="comma-separated (default msa,greedy,evo,cpsat)")
+                 help="comma-separated baselines (default msa,greedy,evo,cpsat; msa always runs)")
+  p.add_argument("--simulations", type=_positive_int,
+                 help="agents: search simulations per move (default: twice the run's evaluation "
+                 "search)")
+  p.add_argument("--attempts", type=_positive_int, default=8,
+                 help="agents: trajectories per program, the first greedy (default 8)")
+  p.add_argument("--batch-agents", action="store_true",
+                 help="agents: play all programs in one batch (faster; per-program solve times "
+                 "are then shares of the batch)")
   p.add_argument("--split", default="all", choices=("all", "train", "heldout"))
   p.add_argument("--limit", type=_positive_int, help="only the first N entries")
   p.add_argument("--out", default="evaluation", help="output directory (default ./evaluation)")

@@ -3,6 +3,7 @@ Vertex AI program built (not launched) for 64 actors."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ import pytest
 
 from configs.config import get_config
 from env.errors import MalloczeroError
+from env.suites import get_suite
 from learner.learner import checkpoint_steps, load_params, params_digest
 from system.nodes import NodeContext
 from system.program import build_program, check_workdir, node_name
@@ -143,7 +145,14 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   assert killed_at < 600
   checkpoint = workdir / "checkpoints" / "learner_state.pkl"
   assert checkpoint_steps(str(checkpoint)) == 600  # The learner kept stepping without actor_1.
-  for name in ("report.md", "report.json", "learning_curve.csv", "config.json",
+  squeezed = lambda text: re.sub(r"\s+", "", text)  # Rich may wrap long lines anywhere.
+  assert squeezed(f"the evaluation report (with report.json, report.csv and pictures): "
+                  f"{workdir}/report.md") in squeezed(output)
+  report = json.loads((workdir / "report.json").read_text())
+  assert report["agents"][0]["learner_steps"] == 600
+  assert {r["entry"] for r in report["rows"]} == {e.name for e in get_suite("tiny").entries}
+  for name in ("report.md", "report.json", "report.csv", "report_memory_map_worst.png",
+               "learning_curve.csv", "config.json",
                "checkpoints/counter.json", "logs/learner/logs.csv", "logs/actor_0/logs.csv",
                "nodes/learner.log"):
     assert (workdir / name).exists(), name

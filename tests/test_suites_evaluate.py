@@ -89,10 +89,13 @@ def test_cli_evaluate_writes_table_csv_json_markdown_and_png(tmp_path):
     assert r["greedy_speedup"] == pytest.approx(r["slow_only_ms"] / r["greedy_ms"])
     assert r["entry"] in result.stdout
   summary = report["summary"]
-  assert summary["entries"] == len(entries)
-  assert summary["cpsat_beats_msa"] == sum(r["cpsat_vs_msa"] > 1 + 1e-9 for r in rows)
+  assert summary["all"]["entries"] == len(entries)
+  assert summary["train"]["entries"] + summary["heldout"]["entries"] == len(entries)
+  assert summary["all"]["cpsat_wins"] == sum(r["cpsat_vs_msa"] > 1 + 1e-6 for r in rows)
   markdown = (out / "evaluation.md").read_text()
-  assert markdown.count("\n| ") == len(entries) + 1
-  assert (out / "evaluation.png").read_bytes()[:4] == b"\x89PNG"
+  per_program = markdown.split("## Per program")[1].split("## Pictures")[0]
+  assert per_program.count("\n| ") == len(entries) + 1
+  assert (out / "speedups.png").read_bytes()[:4] == b"\x89PNG"
+  assert not (out / "mappings").exists()  # Only agents' mappings are written.
   bad = _cli("evaluate", "--suite", "tiny", "--solvers", "msa,magic", "--out", str(out))
   assert bad.returncode == 1 and "unknown solver(s) magic" in bad.stderr

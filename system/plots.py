@@ -1,0 +1,163 @@
+"""Pictures: memory maps, bar charts of solver speed-ups, and learning curves from a run's logs."""
+
+from __future__ import annotations
+
+import csv
+import os
+from typing import Optional, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # Headless: files only.
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.collections import PatchCollection  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
+import numpy as np  # noqa: E402
+
+from env.hardware import Hardware  # noqa: E402
+from env.mapping import Mapping  # noqa: E402
+from env.workload import Workload  # noqa: E402
+
+SPLIT_COLOURS = {"train": "#4c72b0", "heldout": "#dd8452"}
+KIND_COLOURS = {"activation": "#4c72b0", "parameter": "#dd8452", "input": "#55a868",
+                "output": "#c44e52"}
+
+
+def plot_memory_map(workload: Workload, hardware: Hardware, mapping: Mapping, path: str) -> None:
+  """Time (ops) on x, address on y; one panel per fast level; rectangles coloured by kind."""
+  plot_memory_maps(workload, hardware, [mapping], path,
+                   f"{workload.name} on {hardware.name} ({mapping.solver}): estimated speed-up "
+                   f"{mapping.speedup:.3f}x over all-slow")
+
+
+def plot_memory_maps(workload: Workload, hardware: Hardware, mappings: Sequence[Mapping],
+                     path: str, title: str) -> None:
+  """Several mappings of one program side by side: a column per mapping, a row per fast level."""
+  num_fast, columns = hardware.num_fast_levels, len(mappings)
+  fig, axes = plt.subplots(num_fast, columns, figsize=(12 if columns == 1 else 8 * columns,
+                                                       3.2 * num_fast + 0.6), squeeze=False)
+  size = {b.id: (hardware.align(b.size), b.kind) for b in workload.buffers}
+  for column, mapping in enumerate(mappings):
+    for level, ax in enumerate(axes[:, column]):
+      lv = hardware.levels[level]
+      rects, colours = [], []
+      for a in mapping.allocations:
+        if a["level"] != level:
+          continue
+        nbytes, kind = size[a["buffer"]]
+        rects.append(Rectangle((a["start"], a["offset"] / 2**20), a["end"] - a["start"],
+                               nbytes / 2**20))
+        colours.append(KIND_COLOURS[kind])
+      ax.add_collection(PatchCollection(rects, facecolors=colours, edgecolors="black",
+                                        linewidths=0.2, alpha=0.85))
+      ax.set_xlim(0, workload.num_ops)
+      ax.set_ylim(0, lv.capacity_bytes / 2**20)
+      ax.set_ylabel(f"{lv.name} address (MiB)")
+      heading = f"{lv.name}: {len(rects)} allocations, capacity {lv.capacity_bytes / 2**20:.2f} MiB"
+      if columns > 1:
+        heading = f"{mapping.solver} ({mapping.speedup:.3f}x) - {heading}"
+      ax.set_title(heading, fontsize=9, loc="left")
+    axes[-1, column].set_xlabel("program time (op index in schedule order)")
+  fig.legend(handles=[Patch(color=c, label=k) for k, c in KIND_COLOURS.items() if k != "output"],
+             loc="upper right", bbox_to_anchor=(0.99, 0.955 if num_fast == 1 else 0.975),
+             ncol=3, fontsize=8, frameon=False)
+  fig.suptitle(title, fontsize=11, x=0.01, ha="left")
+  fig.tight_layout(rect=(0, 0, 1, 0.9 if num_fast == 1 else 0.95))
+  _save(fig, path)
+
+
+def plot_speedups(rows: list[dict], solvers: list[str], path: str, title: str) -> None:
+  """Grouped bars: per suite entry, each solver's speed-up over all-slow."""
+  entries = [r["entry"] for r in rows]
+  width = 0.8 / max(1, len(solvers))
+  fig, ax = plt.subplots(figsize=(max(8, 0.5 * len(entries) * max(1, len(solvers)) ** 0.5 + 4), 5))
+  x = np.arange(len(entries))
+  for i, s in enumerate(solvers):
+    ax.bar(x + i * width - 0.4 + width / 2, [r.get(f"{s}_speedup", np.nan) for r in rows], width,
+           label=s)
+  ax.axhline(1.0, color="black", linewidth=0.6)
+  ax.set_xticks(x)
+  ax.set_xticklabels(entries, rotation=60, ha="right", fontsize=7)
+  ax.set_ylabel("speed-up over all-slow")
+  ax.set_title(title)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+def plot_ratio_bars(rows: list[dict], solver: str, path: str, title: str) -> None:
+  """Per program, `solver`'s time relative to msa's (msa time / solver time), best first."""
+  rows = sorted(rows, key=lambda r: -r[f"{solver}_vs_msa"])
+  colours = [SPLIT_COLOURS.get(r["split"], "grey") for r in rows]
+  fig, ax = plt.subplots(figsize=(max(8, 0.22 * len(rows) + 3), 4.8))
+  x = np.arange(len(rows))
+  ax.bar(x, [r[f"{solver}_vs_msa"] - 1 for r in rows], 0.8, bottom=1, color=colours)
+  ax.axhline(1.0, color="black", linewidth=0.8)
+  ax.set_xticks(x)
+  ax.set_xticklabels([r["entry"] for r in rows], rotation=70, ha="right", fontsize=7)
+  ax.set_xlim(-0.6, len(rows) - 0.4)
+  ax.set_ylabel(f"{solver} vs msa (msa time / {solver} time)")
+  ax.set_title(title, fontsize=10)
+  ax.legend(handles=[Patch(color=c, label=s) for s, c in SPLIT_COLOURS.items()
+                     if any(r["split"] == s for r in rows)], fontsize=8)
+  ax.grid(axis="y", alpha=0.3)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+def _read_csv(path: str) -> list[dict[str, str]]:
+  if not os.path.isfile(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return list(csv.DictReader(f))
+
+
+def plot_learning_curves(workdirs: dict[str, str], references: dict[str, dict[str, float]],
+                         path: str, title: str) -> Optional[str]:
+  """From each run's logs: the evaluated speed-up (learning_curve.csv) and the learner's loss
+  (logs/learner/logs.csv) against learner steps. `references` is {split: {solver: geomean}},
+  drawn as horizontal lines. Returns None (and draws nothing) when no run has logs."""
+  curves = {label: _read_csv(os.path.join(d, "learning_curve.csv")) for label, d in workdirs.items()}
+  losses = {label: _read_csv(os.path.join(d, "logs", "learner", "logs.csv"))
+            for label, d in workdirs.items()}
+  if not any(curves.values()) and not any(losses.values()):
+    return None
+  fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7.5), sharex=True)
+  styles = ["o-", "s--", "^-.", "d:"]
+  for i, (label, rows) in enumerate(curves.items()):
+    for split in SPLIT_COLOURS:
+      points = [(int(r["learner_steps"]), float(r["geomean_speedup"])) for r in rows
+                if r["split"] == split]
+      if points:
+        top.plot(*zip(*sorted(points)), styles[i % len(styles)], color=SPLIT_COLOURS[split],
+                 markersize=4, label=f"{label} ({split})")
+  for split, solvers in references.items():
+    for solver, style in zip(solvers, ("--", (0, (5, 1, 1, 1)), ":", "-.")):
+      top.axhline(solvers[solver], linestyle=style, linewidth=1, alpha=0.7,
+                  color=SPLIT_COLOURS.get(split, "grey"), label=f"{solver} ({split})")
+  top.set_ylabel("geomean speed-up over all-slow")
+  top.set_title(title, fontsize=10)
+  top.legend(fontsize=7, ncol=2)
+  top.grid(alpha=0.3)
+  for i, (label, rows) in enumerate(losses.items()):
+    points = sorted((int(float(r["learner_steps"])), float(r["loss"])) for r in rows
+                    if r.get("loss") not in (None, ""))
+    if points:
+      steps, values = map(np.asarray, zip(*points))
+      window = max(1, len(values) // 50)
+      smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+      bottom.plot(steps[window - 1:], smooth, styles[i % len(styles)][1:] or "-", label=label)
+  bottom.set_xlabel("learner steps")
+  bottom.set_ylabel("learner loss (smoothed)")
+  bottom.grid(alpha=0.3)
+  if any(losses.values()):
+    bottom.legend(fontsize=7)
+  fig.tight_layout()
+  _save(fig, path)
+  return path
+
+
+def _save(fig, path: str) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

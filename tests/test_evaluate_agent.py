@@ -1,0 +1,119 @@
+"""`malloczero evaluate --checkpoint`: a freshly trained tiny agent beside the baselines."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from env.mapping import load_mapping
+from env.suites import WORKLOAD_DIR, get_suite
+from env.validator import validate_mapping
+from system.evaluation import evaluate_suite, load_agents
+from system.report import mapping_file
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 40
+
+
+def _cli(*args, timeout=600):
+  return subprocess.run([sys.executable, "-m", "launch.cli", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A real tiny training run (self-play into Reverb, learner steps, learning curve, logs)."""
+  workdir = tmp_path_factory.mktemp("evaluate") / "run"
+  result = _cli("train", "--launch", "single", "--config", "tiny", "--max-learner-steps",
+                str(STEPS), "--eval-every", str(STEPS // 2), "--workdir", str(workdir), "--quiet")
+  assert result.returncode == 0, result.stderr[-2000:]
+  return workdir
+
+
+def test_agent_rows_are_its_validated_mappings_and_agree_with_the_baselines(trained):
+  agents = load_agents([str(trained)], simulations=4, attempts=2)
+  suite = get_suite("tiny")
+  evaluation = evaluate_suite(suite, ["greedy", "cpsat"], agents,
+                              lambda s: {"time_limit_s": 2.0} if s == "cpsat" else {})
+  assert evaluation.solvers == ["msa", "greedy", "cpsat"]  # msa always runs, first.
+  assert [r["entry"] for r in evaluation.rows] == [e.name for e in suite.entries]
+  for entry, row in zip(suite.entries, evaluation.rows):
+    workload, hardware = entry.load()
+    mapping = evaluation.mappings[(entry.name, "agent")]
+    checked = validate_mapping(workload, hardware, mapping)
+    assert checked.estimated_time_s * 1e3 == pytest.approx(row["agent_ms"], rel=1e-9)
+    assert row["agent_speedup"] == pytest.approx(row["slow_only_ms"] / row["agent_ms"])
+    assert row["agent_vs_msa"] == pytest.approx(row["msa_ms"] / row["agent_ms"])
+    # Keeping the best of two trajectories never loses to the greedy one.
+    assert row["agent_speedup"] >= row["agent_greedy_speedup"] * (1 - 1e-12)
+    # No mapping beats CP-SAT's proven lower bound.
+    assert row["agent_ms"] >= row["cpsat_bound_ms"] * (1 - 1e-6) and row["agent_gap"] >= 0
+  for split, summary in evaluation.summary.items():
+    rows = [r for r in evaluation.rows if split == "all" or r["split"] == split]
+    assert summary["entries"] == len(rows)
+    assert summary["agent_wins"] == sum(r["agent_vs_msa"] > 1 + 1e-6 for r in rows)
+    assert summary["agent_wins"] + summary["agent_ties"] + summary["agent_losses"] == len(rows)
+  assert set(evaluation.summary) == {"all", "train", "heldout"}
+
+
+def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
+  # A second run directory holding the same checkpoint: two agents, told apart by run name.
+  other = tmp_path / "other-run"
+  shutil.copytree(trained / "checkpoints", other / "checkpoints")
+  out = tmp_path / "eval"
+  result = _cli("evaluate", "--suite", "tiny", "--checkpoint", str(trained), str(other),
+                "--solvers", "msa,greedy,evo,cpsat", "--time-limit", "1", "--evaluations", "20",
+                "--simulations", "4", "--attempts", "2", "--out", str(out))
+  assert result.returncode == 0, result.stderr[-3000:]
+  labels = [f"run@{STEPS}", f"other-run@{STEPS}"]
+  report = json.loads((out / "evaluation.json").read_text())
+  assert [a["label"] for a in report["agents"]] == labels
+  assert all(a["learner_steps"] == STEPS and a["attempts"] == 2 for a in report["agents"])
+  # The same parameters and seed play the same trajectories.
+  for row in report["rows"]:
+    assert row[f"{labels[0]}_ms"] == row[f"{labels[1]}_ms"]
+  for name in ("evaluation.md", "evaluation.csv", "speedups.png", "best_agent_vs_msa.png",
+               "memory_map_best.png", "memory_map_worst.png", "learning_curve.png"):
+    assert (out / name).stat().st_size > 0, name
+  for name in ("speedups.png", "memory_map_best.png", "learning_curve.png"):
+    assert (out / name).read_bytes()[:4] == b"\x89PNG"
+  markdown = (out / "evaluation.md").read_text()
+  for heading in ("## Summary per split", "## Checkpoints by quality", "## Per program",
+                  "loses to msa"):
+    assert heading in markdown
+  assert "checkpoints by quality" in result.stdout
+  # Every agent mapping on disk passes the command-line validator.
+  for entry in get_suite("tiny").entries:
+    workload, hardware = entry.load()
+    path = mapping_file(str(out), labels[0], entry.name)
+    assert load_mapping(path).estimated_time_s * 1e3 == pytest.approx(
+        next(r for r in report["rows"] if r["entry"] == entry.name)[f"{labels[0]}_ms"])
+    checked = _cli("validate", os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz"), path,
+                   "--hardware", entry.hardware, "--capacity",
+                   str(hardware.levels[0].capacity_bytes))
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_missing_or_incompatible_checkpoint_is_a_one_line_error(trained, tmp_path):
+  with open(trained / "checkpoints" / "learner_state.pkl", "rb") as f:
+    payload = pickle.load(f)
+  payload["network_config"]["latent_dim"] = 96  # Networks these parameters do not fit.
+  (tmp_path / "bad" / "checkpoints").mkdir(parents=True)
+  with open(tmp_path / "bad" / "checkpoints" / "learner_state.pkl", "wb") as f:
+    pickle.dump(payload, f)
+  cases = {"no learner checkpoint": ("--checkpoint", str(tmp_path / "nowhere")),
+           "does not match": ("--checkpoint", str(trained), str(tmp_path / "bad")),
+           "--simulations needs --checkpoint": ("--simulations", "8")}
+  for message, args in cases.items():
+    result = _cli("evaluate", "--suite", "tiny", "--solvers", "msa", *args,
+                  "--out", str(tmp_path / "never"))
+    assert result.returncode == 1, (message, result.stderr)
+    assert result.stderr.startswith("malloczero: error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+  assert not (tmp_path / "never").exists()  # Refused before anything ran or was written.
