@@ -1,6 +1,7 @@
 """Actors: the batched Gumbel MuZero search, the batched actor writing to a real Reverb server, the
 variable client and greedy evaluation, on the tiny suite's real XLA programs."""
 
+import dataclasses
 import threading
 import time
 
@@ -10,7 +11,7 @@ import pytest
 import reverb
 
 from actors.actor import BatchedActor, EpisodeResult, stack_observations
-from actors.evaluator import evaluate_params
+from actors.evaluator import evaluate_params, play_programs
 from actors.games import GamePool, suite_games
 from actors.search import make_search_fn
 from actors.variable_client import VariableClient
@@ -401,3 +402,23 @@ def test_evaluate_params_mappings_are_valid_and_consistent(params):
     assert report.slow_only_time_s == pytest.approx(slow, rel=1e-6)
     assert result.episode_return == pytest.approx((slow - final) / slow, rel=1e-9, abs=1e-12)
     assert result.speedup == pytest.approx(slow / final, rel=1e-12)
+
+
+def test_play_programs_keeps_each_programs_fastest_attempt(params):
+  """Several programs x several attempts in one batch: per program, the kept mapping is the
+  fastest of its attempts, the greedy attempt comes first, and every mapping validates."""
+  specs = ALL_SPECS[:3]
+  search = dataclasses.replace(CONFIG.search, num_simulations=4, eval_num_simulations=4)
+  results = play_programs(NETWORKS, noisy(params, 11, scale=0.5), search, CONFIG.game, specs,
+                          attempts=3, seed=5)
+  assert [r.program for r in results] == [s.name for s in specs]
+  for spec, result in zip(specs, results):
+    assert len(result.attempt_speedups) == 3
+    assert result.speedup == pytest.approx(max(result.attempt_speedups), rel=1e-12)
+    assert result.attempt_speedups[result.best_attempt] == pytest.approx(result.speedup)
+    assert result.greedy_speedup == result.attempt_speedups[0]
+    assert result.requests == len(_game(spec).requests)
+    checked = validate_mapping(spec.workload, spec.hardware, result.mapping)
+    assert checked.speedup == pytest.approx(result.speedup, rel=1e-6)
+  with pytest.raises(ValueError, match="attempts"):
+    play_programs(NETWORKS, params, search, CONFIG.game, specs, attempts=0)
