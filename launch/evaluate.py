@@ -6,6 +6,7 @@ report of a training run shares.
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Sequence
 
 from rich.console import Console
@@ -20,9 +21,20 @@ from system.report import console_columns, quality_table, split_table
 def run_evaluation(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentUnderTest],
                    options: Callable[[str], dict], console: Console, batch_agents: bool = False,
                    seed: int = 0) -> SuiteEvaluation:
-  """`evaluate_suite` with a progress bar: one unit per (program, solver or agent)."""
+  """`evaluate_suite` with a progress bar: one unit per (program, solver or agent). Where the
+  output is not a terminal (a log file), each finished unit is a line instead."""
   solver_count = len(set(solvers) | {"msa"})
   total = len(suite.entries) * (solver_count + len(agents))
+  if not console.is_terminal:
+    done, started = [0], time.monotonic()
+
+    def log(description: str, advance: int) -> None:
+      if advance:
+        done[0] += advance
+        console.print(f"[{done[0]}/{total}, {time.monotonic() - started:.0f} s] {description}",
+                      highlight=False, soft_wrap=True)
+
+    return evaluate_suite(suite, solvers, agents, options, log, batch_agents, seed)
   with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TimeElapsedColumn(), console=console, transient=False) as progress:
     task = progress.add_task("evaluating", total=total)
