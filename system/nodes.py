@@ -300,6 +300,13 @@ class LearnerNode:
       file = learner.save()
       say("learner", f"saved {file} at step {learner.num_steps}")
       logger.close()
+      if self._context.own_process and lp.wait_for_stop(0):
+        # Everything this node owns is saved. Dropping a Reverb sampling stream whose server
+        # is stopping can block process exit past Launchpad's grace period (seen once, after a
+        # 50-minute run), and Launchpad then kills every process, so this one leaves now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
       self._sampler.close()
 
 

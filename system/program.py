@@ -307,6 +307,10 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
       print_fn(f"node output: {os.path.join(workdir, NODE_OUTPUT_DIR)}/<node>.log")
     manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
                         terminal="current_terminal", local_resources=_local_resources(program))
+    # A node still running after the grace period is SIGKILLed; by default Launchpad then kills
+    # this process too, which would lose the final report of a run whose checkpoints are saved.
+    # Launchpad 0.5.2 has no flag for it.
+    manager._kill_main_thread = False  # pylint: disable=protected-access
   else:
     manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_THREADING)
   print_fn(f"launched {launch}: replay, counter, learner, {num_actors} actor(s), evaluator, "
@@ -402,7 +406,8 @@ def _watch(manager: Any, monitor: _Monitor, config: Config, launch: str, num_act
       print_fn(f"time limit of {max_seconds:.0f} s reached: stopping the program")
       _stop_program()
       stopping = True
-    if now - last_summary >= config.distributed.summary_every_s:
+    if now - last_summary >= config.distributed.summary_every_s and not stopping:
+      # Not while stopping: the counter and replay go away and would read as zeros.
       sample = monitor.sample(monitor.elapsed)
       monitor.samples.append(sample)
       print_fn(_summary_line(sample, previous, max_steps, num_actors,
