@@ -96,7 +96,7 @@ def plot_ratio_bars(rows: list[dict], solver: str, path: str, title: str) -> Non
   ax.set_xticks(x)
   ax.set_xticklabels([r["entry"] for r in rows], rotation=70, ha="right", fontsize=7)
   ax.set_xlim(-0.6, len(rows) - 0.4)
-  ax.set_ylabel(f"{solver} vs msa (msa time / {solver} time)")
+  ax.set_ylabel("msa time / its time")
   ax.set_title(title, fontsize=10)
   ax.legend(handles=[Patch(color=c, label=s) for s, c in SPLIT_COLOURS.items()
                      if any(r["split"] == s for r in rows)], fontsize=8)
