@@ -286,7 +286,8 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   if start_step is not None:
     if start_step >= max_steps:
       raise MalloczeroError(f"{workdir} is already at learner step {start_step} >= --max-steps "
-                            f"{max_steps}; raise --max-steps to train further")
+                            f"{max_steps}; raise --max-steps to train further, or give a new --workdir "
+                            "for a fresh run")
     replay_dir = os.path.join(workdir, REPLAY_CHECKPOINT_DIR)
     has_replay = os.path.isdir(replay_dir) and bool(os.listdir(replay_dir))
     print_fn(f"resuming {workdir} from learner step {start_step} "

@@ -177,12 +177,16 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   assert checkpoint_steps(str(checkpoint)) >= 620
   assert run.orphans() == []
 
-  # 3. A run of another configuration is refused before anything starts.
-  result = subprocess.run(
-      [sys.executable, "-m", "launch.cli", "train", "--config", "small", "--suite", "tiny",
-       "--workdir", str(workdir)], cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert result.returncode == 1
-  assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
+  # 3. A run of another configuration, or one already past --max-steps, is refused before
+  # anything starts.
+  for args, message in ((("--config", "small", "--suite", "tiny"), "holds a run of config"),
+                        (("--config", "tiny", "--max-steps", "600"), "raise --max-steps")):
+    result = subprocess.run(
+        [sys.executable, "-m", "launch.cli", "train", *args, "--workdir", str(workdir)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
+    assert message in result.stderr, result.stderr
 
 
 def test_vertex_ai_program_builds_for_64_actors_and_its_resources_resolve(tmp_path):
