@@ -81,21 +81,21 @@ def compile_agent(agent: Agent, spec: GameSpec, simulations: Optional[int] = Non
                   attempts: int = DEFAULT_ATTEMPTS, num_programs: int = 1) -> float:
   """Compiles the agent's searches for `play_with_agent` on `num_programs` programs; returns the
   seconds it took (paid once per batch shape, so kept out of per-program solve times)."""
-  search = with_simulations(agent.search, simulations or agent.default_simulations)
-  return compile_searches(agent.networks, agent.params, search, agent.game, spec, num_programs,
-                          attempts)
+  return compile_searches(agent.networks, agent.params, _test_time_search(agent, simulations),
+                          agent.game, spec, num_programs, attempts)
+
+
+def _test_time_search(agent: Agent, simulations: Optional[int]) -> SearchConfig:
+  return with_simulations(agent.search, simulations or agent.default_simulations)
 
 
 def play_with_agent(agent: Agent, specs: Sequence[GameSpec], simulations: Optional[int] = None,
                     attempts: int = DEFAULT_ATTEMPTS, seed: int = 0) -> list[SolveResult]:
   """`solve_with_agent` for several programs in one batch; each result's solve time is the
   batch's wall time divided evenly among its programs."""
-  if attempts < 1:
-    raise MalloczeroError(f"attempts must be at least 1, got {attempts}")
-  simulations = simulations or agent.default_simulations
+  search = _test_time_search(agent, simulations)
   start = time.perf_counter()
-  results = play_programs(agent.networks, agent.params,
-                          with_simulations(agent.search, simulations), agent.game, specs,
+  results = play_programs(agent.networks, agent.params, search, agent.game, specs,
                           attempts=attempts, seed=seed, solver_name="agent")
   share = (time.perf_counter() - start) / max(1, len(specs))
   solved = []
@@ -104,7 +104,8 @@ def play_with_agent(agent: Agent, specs: Sequence[GameSpec], simulations: Option
         "requests": result.requests,
         "attempts": attempts, "best_attempt": result.best_attempt,
         "greedy_speedup": result.greedy_speedup,
-        "attempt_speedups": list(result.attempt_speedups), "simulations": simulations,
+        "attempt_speedups": list(result.attempt_speedups),
+        "simulations": search.eval_num_simulations,
         "learner_steps": agent.learner_steps, "checkpoint": agent.checkpoint}
     solved.append(SolveResult(result.mapping, share, info))
   return solved

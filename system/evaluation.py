@@ -79,6 +79,7 @@ class SuiteEvaluation:
   mappings: dict[tuple[str, str], Mapping]   # (program, solver or agent label): msa and agents.
   elapsed_s: float
   compile_s: dict[str, float]        # Per agent: one-off search compilation, not in solve times.
+  specs: dict[str, GameSpec]         # The loaded programs, by entry name.
 
   @property
   def names(self) -> list[str]:
@@ -154,7 +155,7 @@ def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
              for split in ("all",) + SPLITS}
   summary = {k: v for k, v in summary.items() if v["entries"]}
   return SuiteEvaluation(suite.name, solvers, list(agents), rows, summary, mappings,
-                         time.monotonic() - started, compile_s)
+                         time.monotonic() - started, compile_s, {s.name: s for s in specs})
 
 
 def _describe(entry: SuiteEntry, workload, hardware) -> dict[str, Any]:

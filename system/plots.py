@@ -112,6 +112,14 @@ def _read_csv(path: str) -> list[dict[str, str]]:
     return list(csv.DictReader(f))
 
 
+def _step_and_loss(row: dict[str, str]) -> Optional[tuple[int, float]]:
+  """None for a row without a loss, or the last line of a log the learner is still writing."""
+  try:
+    return int(float(row["learner_steps"])), float(row["loss"])
+  except (KeyError, TypeError, ValueError):
+    return None
+
+
 def plot_learning_curves(workdirs: dict[str, str], references: dict[str, dict[str, float]],
                          path: str, title: str) -> Optional[str]:
   """From each run's logs: the evaluated speed-up (learning_curve.csv) and the learner's loss
@@ -140,8 +148,7 @@ def plot_learning_curves(workdirs: dict[str, str], references: dict[str, dict[st
   top.legend(fontsize=7, ncol=2)
   top.grid(alpha=0.3)
   for i, (label, rows) in enumerate(losses.items()):
-    points = sorted((int(float(r["learner_steps"])), float(r["loss"])) for r in rows
-                    if r.get("loss") not in (None, ""))
+    points = sorted(p for p in map(_step_and_loss, rows) if p is not None)
     if points:
       steps, values = map(np.asarray, zip(*points))
       window = max(1, len(values) // 50)

@@ -179,14 +179,12 @@ def mapping_file(out_dir: str, label: str, program: str) -> str:
 
 def _write_agent_mappings(evaluation: SuiteEvaluation, out_dir: str) -> list[str]:
   """Each agent's mapping of each program, for `malloczero validate` or a compiler to use."""
-  paths = []
   for agent in evaluation.agents:
     for row in evaluation.rows:
       path = mapping_file(out_dir, agent.label, row["entry"])
       os.makedirs(os.path.dirname(path), exist_ok=True)
       evaluation.mappings[(row["entry"], agent.label)].save(path)
-      paths.append(path)
-  return [os.path.join(out_dir, "mappings")] if paths else []
+  return [os.path.join(out_dir, "mappings")] if evaluation.agents else []
 
 
 def _write_csv(evaluation: SuiteEvaluation, path: str) -> str:
@@ -216,10 +214,9 @@ def _draw_pictures(evaluation: SuiteEvaluation, out_dir: str, prefix: str, title
   pictures.append((f"{agent} vs msa per program", name))
   ranked = sorted(evaluation.rows, key=lambda r: r[f"{agent}_vs_msa"])
   for which, row in (("best", ranked[-1]), ("worst", ranked[0])):
-    entry = next(e for e in get_suite(evaluation.suite).entries if e.name == row["entry"])
-    workload, hardware = entry.load()
+    spec = evaluation.specs[row["entry"]]
     name = f"{prefix}memory_map_{which}.png"
-    plot_memory_maps(workload, hardware, [evaluation.mappings[(row["entry"], agent)],
+    plot_memory_maps(spec.workload, spec.hardware, [evaluation.mappings[(row["entry"], agent)],
                                           evaluation.mappings[(row["entry"], "msa")]],
                      os.path.join(out_dir, name),
                      f"{row['entry']}: {agent}'s {which} program against msa "

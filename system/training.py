@@ -109,29 +109,11 @@ class LearningCurve:
             for split in self._splits}
 
   def plot(self) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    colours = {"train": "#4c72b0", "heldout": "#dd8452"}
-    for split in self._splits:
-      rows = [r for r in self.rows if r["split"] == split]
-      ax.plot([int(r["learner_steps"]) for r in rows], [float(r["geomean_speedup"]) for r in rows],
-              "o-", color=colours.get(split), label=f"muzero ({split})")
-      for solver, style in (("msa", "--"), ("greedy", "-."), ("bestfit", (0, (5, 1, 1, 1))),
-                            ("random", ":")):
-        ax.axhline(self.baseline_geomean(solver, split), linestyle=style, linewidth=1,
-                   color=colours.get(split), alpha=0.7, label=f"{solver} ({split})")
-    ax.set_xlabel("learner steps")
-    ax.set_ylabel("geomean speed-up over all-slow")
-    ax.set_title(f"malloczero {self._config.name} on suite '{self._config.suite}' "
-                 "(greedy evaluation search)", fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
+    from system.plots import plot_learning_curves
     path = os.path.join(self._workdir, "learning_curve.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_learning_curves({self._config.name: self._workdir}, self.baseline_geomeans(), path,
+                         f"malloczero {self._config.name} on suite '{self._config.suite}' "
+                         "(greedy evaluation search)")
     return path
 
 
