@@ -25,7 +25,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml scripts/find_python310
 	@$(PY) -m pip install -q -r requirements.txt -c constraints.txt $(PIP_QUIET)
 	@$(PY) -m pip install -q dm-acme==0.4.0 --no-deps $(PIP_QUIET)
 	@$(PY) -m pip install -q --no-deps --no-build-isolation -e . $(PIP_QUIET)
-	@$(PY) -c "import launchpad, reverb, jax, haiku, mctx, acme, env, launch" || { echo "setup: the installed stack does not import; see above" >&2; exit 1; }
+	@$(PY) -c "import launchpad, reverb, jax, haiku, mctx, acme, malloczero.launch.cli" || { echo "setup: the installed stack does not import; see above" >&2; exit 1; }
 	@touch $(STAMP)
 	@echo "setup: done ($(VENV) ready)"
 

@@ -9,12 +9,12 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from actors.games import GamePool
-from actors.search import make_search_fn
-from actors.variable_client import VariableClient
-from configs.config import Config
-from learner.networks import MuZeroNetworks
-from replay.types import Step
+from malloczero.actors.games import GamePool
+from malloczero.actors.search import make_search_fn
+from malloczero.actors.variable_client import VariableClient
+from malloczero.configs.config import Config
+from malloczero.learner.networks import MuZeroNetworks
+from malloczero.replay.types import Step
 
 
 @dataclasses.dataclass(frozen=True)

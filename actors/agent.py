@@ -14,17 +14,17 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
-from actors.evaluator import compile_searches, play_programs, with_simulations
-from actors.games import GameSpec
-from configs.config import SearchConfig
-from env.errors import MalloczeroError
-from env.game import GameConfig
-from env.hardware import Hardware
-from env.solvers import SolveResult
-from env.workload import Workload
-from learner.learner import (CHECKPOINT_FILENAME, check_params_fit, checkpoint_configs,
+from malloczero.actors.evaluator import compile_searches, play_programs, with_simulations
+from malloczero.actors.games import GameSpec
+from malloczero.configs.config import SearchConfig
+from malloczero.env.errors import MalloczeroError
+from malloczero.env.game import GameConfig
+from malloczero.env.hardware import Hardware
+from malloczero.env.solvers import SolveResult
+from malloczero.env.workload import Workload
+from malloczero.learner.learner import (CHECKPOINT_FILENAME, check_params_fit, checkpoint_configs,
                              checkpoint_steps, load_params)
-from learner.networks import MuZeroNetworks, Params, make_networks
+from malloczero.learner.networks import MuZeroNetworks, Params, make_networks
 
 DEFAULT_ATTEMPTS = 8
 

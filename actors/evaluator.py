@@ -16,14 +16,14 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-from actors.actor import stack_observations
-from actors.games import GameSpec
-from actors.search import SearchFn, make_search_fn
-from configs.config import Config, SearchConfig
-from env.game import GameConfig, MallocGame
-from env.mapping import Mapping
-from env.validator import validate_mapping
-from learner.networks import MuZeroNetworks, Params
+from malloczero.actors.actor import stack_observations
+from malloczero.actors.games import GameSpec
+from malloczero.actors.search import SearchFn, make_search_fn
+from malloczero.configs.config import Config, SearchConfig
+from malloczero.env.game import GameConfig, MallocGame
+from malloczero.env.mapping import Mapping
+from malloczero.env.validator import validate_mapping
+from malloczero.learner.networks import MuZeroNetworks, Params
 
 
 @dataclasses.dataclass(frozen=True)

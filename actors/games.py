@@ -7,10 +7,10 @@ from typing import Sequence
 
 import numpy as np
 
-from env.game import GameConfig, MallocGame
-from env.hardware import Hardware
-from env.suites import get_suite
-from env.workload import Workload
+from malloczero.env.game import GameConfig, MallocGame
+from malloczero.env.hardware import Hardware
+from malloczero.env.programs.suites import get_suite
+from malloczero.env.workload import Workload
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import mctx
 
-from configs.config import SearchConfig
-from learner.networks import MuZeroNetworks, Params, logits_to_scalar, masked_policy_logits
+from malloczero.configs.config import SearchConfig
+from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar, masked_policy_logits
 
 
 class SearchOutput(NamedTuple):

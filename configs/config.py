@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from env.game import GameConfig
+from malloczero.env.game import GameConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,7 @@ PRESETS = {"tiny": tiny, "small": small, "large": large}
 
 
 def get_config(name: str) -> Config:
-  from env.errors import MalloczeroError
+  from malloczero.env.errors import MalloczeroError
   if name not in PRESETS:
     raise MalloczeroError(f"unknown config '{name}' (choose from {', '.join(PRESETS)})")
   return PRESETS[name]()

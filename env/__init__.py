@@ -3,15 +3,15 @@
 `env` imports none of malloczero's other packages.
 """
 
-from env.cost_model import Allocations, CostModel, Evaluation
-from env.errors import (HardwareError, IllegalActionError, MalloczeroError, MappingError,
+from malloczero.env.cost_model import Allocations, CostModel, Evaluation
+from malloczero.env.errors import (HardwareError, IllegalActionError, MalloczeroError, MappingError,
                         WorkloadError)
-from env.game import GameConfig, MallocGame, observation_spec
-from env.hardware import PRESETS, Hardware, MemoryLevel, load_hardware
-from env.mapping import Mapping, load_mapping
-from env.requests import Requests, build_requests
-from env.validator import ValidationReport, validate_mapping
-from env.workload import Buffer, Op, Workload, load_workload, save_workload
+from malloczero.env.game import GameConfig, MallocGame, observation_spec
+from malloczero.env.hardware import PRESETS, Hardware, MemoryLevel, load_hardware
+from malloczero.env.mapping import Mapping, load_mapping
+from malloczero.env.requests import Requests, build_requests
+from malloczero.env.validator import ValidationReport, validate_mapping
+from malloczero.env.workload import Buffer, Op, Workload, load_workload, save_workload
 
 __all__ = [
     "Allocations", "Buffer", "CostModel", "Evaluation", "GameConfig", "Hardware", "HardwareError",

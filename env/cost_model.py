@@ -21,8 +21,8 @@ import functools
 
 import numpy as np
 
-from env.hardware import Hardware
-from env.workload import Workload
+from malloczero.env.hardware import Hardware
+from malloczero.env.workload import Workload
 
 
 @dataclasses.dataclass(frozen=True)

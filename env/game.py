@@ -29,13 +29,13 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from env.cost_model import Allocations, CostModel
-from env.errors import HardwareError, IllegalActionError, MalloczeroError
-from env.hardware import Hardware, check_fits
-from env.mapping import Mapping
-from env.placement import Placement
-from env.requests import Requests, build_requests
-from env.workload import Workload
+from malloczero.env.cost_model import Allocations, CostModel
+from malloczero.env.errors import HardwareError, IllegalActionError, MalloczeroError
+from malloczero.env.hardware import Hardware, check_fits
+from malloczero.env.mapping import Mapping
+from malloczero.env.placement import Placement
+from malloczero.env.requests import Requests, build_requests
+from malloczero.env.workload import Workload
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from env.errors import HardwareError
+from malloczero.env.errors import HardwareError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

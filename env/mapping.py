@@ -18,18 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from env.cost_model import Allocations
-from env.errors import MappingError
-from env.hardware import Hardware, HardwareError
-from env.workload import Workload
+from malloczero.env.cost_model import Allocations
+from malloczero.env.errors import MappingError
+from malloczero.env.hardware import Hardware, HardwareError
+from malloczero.env.workload import Workload
 
 ALLOCATION_KEYS = ("request", "buffer", "level", "offset", "start", "end")
-
-
-def geomean(values: Any) -> float:
-  """Geometric mean, the summary of speed-ups across programs; nan for none."""
-  values = list(values)
-  return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from env.cost_model import Allocations, CostModel
-from env.mapping import Mapping
-from env.requests import Requests
+from malloczero.env.cost_model import Allocations, CostModel
+from malloczero.env.mapping import Mapping
+from malloczero.env.requests import Requests
 
 
 class Placement:

@@ -23,7 +23,7 @@ import dataclasses
 
 import numpy as np
 
-from env.cost_model import CostModel
+from malloczero.env.cost_model import CostModel
 
 
 @dataclasses.dataclass(frozen=True)

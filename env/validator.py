@@ -18,11 +18,11 @@ import dataclasses
 
 import numpy as np
 
-from env.cost_model import CostModel
-from env.errors import MappingError
-from env.hardware import Hardware
-from env.mapping import Mapping
-from env.workload import Workload
+from malloczero.env.cost_model import CostModel
+from malloczero.env.errors import MappingError
+from malloczero.env.hardware import Hardware
+from malloczero.env.mapping import Mapping
+from malloczero.env.workload import Workload
 
 RELATIVE_TIME_TOLERANCE = 1e-6
 

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from env.errors import WorkloadError
+from malloczero.env.errors import WorkloadError
 
 PROGRAM_START = -1
 KINDS = ("activation", "parameter", "input", "output")

@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from env.game import MallocGame
-from env.hardware import PRESETS, Hardware
-from env.synthetic import contended, random_workload
-from env.workload import Workload
+from malloczero.env.game import MallocGame
+from malloczero.env.hardware import PRESETS, Hardware
+from malloczero.env.programs.synthetic import contended, random_workload
+from malloczero.env.workload import Workload
 
 # ~1,000 requests on tpu-v4i-like at 25% of peak live bytes; ~2,000 buffers for evaluation.
 GAME_PROGRAM_OPS = 700
@@ -56,8 +56,8 @@ def _initial_agent(config: Any) -> tuple[Any, Any]:
   """(networks, freshly initialised params) of a config; speed does not depend on training."""
   import jax
 
-  from learner.learner import make_initial_state
-  from learner.networks import make_networks
+  from malloczero.learner.learner import make_initial_state
+  from malloczero.learner.networks import make_networks
   networks = make_networks(config.network, config.game)
   return networks, make_initial_state(networks, config, jax.random.PRNGKey(0)).params
 
@@ -116,9 +116,9 @@ def bench_search(preset: str, batch: int, simulations: int, calls: int) -> dict[
 
   import jax
 
-  from actors.actor import stack_observations
-  from actors.search import make_search_fn
-  from configs.config import get_config
+  from malloczero.actors.actor import stack_observations
+  from malloczero.actors.search import make_search_fn
+  from malloczero.configs.config import get_config
   config = get_config(preset)
   search_config = dataclasses.replace(config.search, num_simulations=simulations)
   networks, params = _initial_agent(config)
@@ -146,10 +146,10 @@ def bench_acting(preset: str, batch: int, steps: int) -> dict[str, Any]:
   """The batched actor end to end (search + game steps + observation stacking), no replay."""
   import dataclasses
 
-  from actors.actor import BatchedActor, acting_moves_per_s
-  from actors.games import GamePool, GameSpec
-  from actors.variable_client import VariableClient
-  from configs.config import get_config
+  from malloczero.actors.actor import BatchedActor, acting_moves_per_s
+  from malloczero.actors.games import GamePool, GameSpec
+  from malloczero.actors.variable_client import VariableClient
+  from malloczero.configs.config import get_config
   config = get_config(preset)
   config = dataclasses.replace(config, actor=dataclasses.replace(config.actor, num_games=batch))
   networks, params = _initial_agent(config)
@@ -170,8 +170,8 @@ def bench_acting(preset: str, batch: int, steps: int) -> dict[str, Any]:
 def bench_learner(preset: str, batch: int, unroll: int, updates: int) -> dict[str, Any]:
   import dataclasses
 
-  from configs.config import get_config
-  from learner.learner import learner_updates_per_s
+  from malloczero.configs.config import get_config
+  from malloczero.learner.learner import learner_updates_per_s
   config = get_config(preset)
   config = dataclasses.replace(config, learner=dataclasses.replace(
       config.learner, batch_size=batch, unroll_steps=unroll))
@@ -201,8 +201,8 @@ def bench_distributed(num_actors: int, seconds: float, config_name: str = "small
   import shutil
   import tempfile
 
-  from configs.config import get_config
-  from system.program import launch_training
+  from malloczero.configs.config import get_config
+  from malloczero.system.program import launch_training
   config = get_config(config_name)
   workdir = tempfile.mkdtemp(prefix=f"malloczero-bench-{num_actors}-")
   try:

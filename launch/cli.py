@@ -16,11 +16,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from env.errors import MalloczeroError
-from env.hardware import PRESETS, Hardware, load_hardware
-from env.mapping import load_mapping
-from env.validator import validate_mapping
-from env.workload import Workload, load_workload
+from malloczero.env.errors import MalloczeroError
+from malloczero.env.hardware import PRESETS, Hardware, load_hardware
+from malloczero.env.mapping import load_mapping
+from malloczero.env.validator import validate_mapping
+from malloczero.env.workload import Workload, load_workload
 
 EXIT_INPUT_ERROR = 1
 
@@ -113,8 +113,8 @@ def _solve_line(name: str, result) -> str:
 
 def _solve_with_agent(args: argparse.Namespace, workload: Workload, hw: Hardware):
   """--solver agent | portfolio: the agent's own result is always printed on its own line."""
-  from actors.agent import load_agent, solve_with_agent
-  from env.solvers import solve
+  from malloczero.actors.agent import load_agent, solve_with_agent
+  from malloczero.env.solvers import solve
   if not args.checkpoint:
     raise MalloczeroError(f"--solver {args.solver} needs --checkpoint DIR (a training work "
                           "directory or its checkpoint)")
@@ -139,7 +139,7 @@ def _solve_with_agent(args: argparse.Namespace, workload: Workload, hw: Hardware
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-  from env.solvers import solve
+  from malloczero.env.solvers import solve
   workload = load_workload(args.workload)
   hw = resolve_hardware(workload, args.hardware, args.capacity)
   if args.solver in ("agent", "portfolio"):
@@ -159,7 +159,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     m.save(args.out)
     print(f"wrote {args.out}")
   if args.plot:
-    from system.plots import plot_memory_map
+    from malloczero.system.plots import plot_memory_map
     plot_memory_map(workload, hw, m, args.plot)
     print(f"wrote {args.plot}")
   return 0
@@ -175,9 +175,9 @@ def _describe_import(workload: Workload, out: str, stats: dict | None = None) ->
 
 
 def cmd_import_jax(args: argparse.Namespace) -> int:
-  from env.programs import import_model
-  from env.workload import save_workload
-  from env.zoo import MODELS
+  from malloczero.env.programs import import_model
+  from malloczero.env.workload import save_workload
+  from malloczero.env.programs.zoo import MODELS
   if args.model not in MODELS:
     raise MalloczeroError(f"unknown model '{args.model}' (choose from {', '.join(MODELS)})")
   batch = args.batch or MODELS[args.model].default_batches[0]
@@ -190,8 +190,8 @@ def cmd_import_jax(args: argparse.Namespace) -> int:
 
 
 def cmd_import_hlo(args: argparse.Namespace) -> int:
-  from env.hlo_import import workload_from_hlo_text
-  from env.workload import save_workload
+  from malloczero.env.programs.hlo_import import workload_from_hlo_text
+  from malloczero.env.workload import save_workload
   import os
   try:
     with open(args.hlo, encoding="utf-8") as f:
@@ -206,7 +206,7 @@ def cmd_import_hlo(args: argparse.Namespace) -> int:
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
-  from env.suites import get_suite, program_summaries, suite_names
+  from malloczero.env.programs.suites import get_suite, program_summaries, suite_names
   out = console()
   if args.action == "list":
     table = Table(title="built-in suites")
@@ -222,8 +222,8 @@ def cmd_suite(args: argparse.Namespace) -> int:
     return 0
   if not args.name:
     raise MalloczeroError("'suite show' needs a suite name (see 'malloczero suite list')")
-  from env.requests import build_requests
-  from env.cost_model import CostModel
+  from malloczero.env.requests import build_requests
+  from malloczero.env.cost_model import CostModel
   suite = get_suite(args.name)
   programs = program_summaries()
   table = Table(title=f"suite '{suite.name}': {suite.description}")
@@ -242,10 +242,10 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-  from env.suites import get_suite
-  from launch.evaluate import print_tables, run_evaluation
-  from system.evaluation import load_agents
-  from system.report import write_report
+  from malloczero.env.programs.suites import get_suite
+  from malloczero.launch.evaluate import print_tables, run_evaluation
+  from malloczero.system.evaluation import load_agents
+  from malloczero.system.report import write_report
   solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
   unknown = [s for s in solvers if s not in SOLVER_CHOICES]
   if unknown or (not solvers and not args.checkpoint):
@@ -273,7 +273,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-  from launch.bench import run_bench, write_report
+  from malloczero.launch.bench import run_bench, write_report
   what = "the game and the cost model" + ("" if args.no_agent else ", search, acting and learner"
                                             + ("" if args.quick else ", and local_mp runs with 1 and 2 actors"))
   with console(stderr=True).status(f"benchmarking {what}..."):
@@ -301,7 +301,7 @@ def _flushing_print(out: Console):
 
 
 def _train_config(args: argparse.Namespace):
-  from configs.config import get_config
+  from malloczero.configs.config import get_config
   config = get_config(args.config)
   if args.suite:
     config = dataclasses.replace(config, suite=args.suite)
@@ -309,7 +309,7 @@ def _train_config(args: argparse.Namespace):
     config = dataclasses.replace(config, seed=args.seed)
   if args.eval_every:
     config = dataclasses.replace(config, eval_every_steps=args.eval_every)
-  from env.suites import get_suite
+  from malloczero.env.programs.suites import get_suite
   get_suite(config.suite)  # A wrong suite name fails here, before anything starts.
   return config
 
@@ -323,7 +323,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return _train_vertex_ai(config, args, workdir)
   if args.launch != "single":
     return _train_distributed(config, args, workdir)
-  from system.single_process import train_single_process
+  from malloczero.system.single_process import train_single_process
   out = console()
   out.print(f"malloczero train: config '{config.name}', suite '{config.suite}', single process "
             f"(in-process Reverb, 1 actor x {config.actor.num_games} games, 1 learner); "
@@ -351,7 +351,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
-  from system.program import launch_training
+  from malloczero.system.program import launch_training
   out = console()
   num_actors = args.num_actors or config.distributed.num_actors
   out.print(f"malloczero train: config '{config.name}', suite '{config.suite}', Launchpad "
@@ -365,8 +365,8 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
             f"{result.actor_moves:,} actor moves, {result.episodes:,} games in "
             f"{result.elapsed_s:.0f} s")
   if result.report is not None:
-    from system.report import summary_rows
-    from system.training import BASELINES
+    from malloczero.system.report import summary_rows
+    from malloczero.system.training import BASELINES
     table = Table(title=f"final evaluation at learner step {result.learner_steps}: geomean "
                   "speed-up over all-slow")
     for column in ("split", "programs", "agent", *BASELINES, "agent vs msa", "wins/ties/losses"):
@@ -395,7 +395,7 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
 
 
 def _train_vertex_ai(config, args: argparse.Namespace, workdir: str) -> int:
-  from system.vertex import launch_vertex_ai
+  from malloczero.system.vertex import launch_vertex_ai
   num_actors = args.num_actors or config.distributed.num_actors
   launch_vertex_ai(config, workdir, num_actors, max_steps=args.max_steps)
   return 0

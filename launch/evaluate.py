@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from env.suites import Suite
-from system.evaluation import AgentUnderTest, SuiteEvaluation, evaluate_suite
-from system.report import console_columns, quality_table, split_table
+from malloczero.env.programs.suites import Suite
+from malloczero.system.evaluation import AgentUnderTest, SuiteEvaluation, evaluate_suite
+from malloczero.system.report import console_columns, quality_table, split_table
 
 
 def run_evaluation(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentUnderTest],

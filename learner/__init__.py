@@ -1,11 +1,11 @@
 """malloczero: learner (see DESIGN.md): Haiku networks, the MuZero loss, the optax learner."""
 
-from learner.learner import (CHECKPOINT_FILENAME, MuZeroLearner, TrainingState, checkpoint_steps,
+from malloczero.learner.learner import (CHECKPOINT_FILENAME, MuZeroLearner, TrainingState, checkpoint_steps,
                              importance_weights, learner_updates_per_s, learning_rate_schedule,
                              load_params, make_initial_state, params_digest, make_optimizer, make_sgd_step,
                              random_batch)
-from learner.losses import PRIORITY_EPSILON, muzero_loss, scale_gradient, value_targets
-from learner.networks import (ILLEGAL_LOGIT, MuZeroNetworks, Prediction, logits_to_scalar,
+from malloczero.learner.losses import PRIORITY_EPSILON, muzero_loss, scale_gradient, value_targets
+from malloczero.learner.networks import (ILLEGAL_LOGIT, MuZeroNetworks, Prediction, logits_to_scalar,
                               make_networks, masked_policy_logits, scalar_to_probs)
 
 __all__ = [

@@ -24,12 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from configs.config import Config, LearnerConfig
-from env.errors import MalloczeroError
-from env.game import observation_spec
-from learner.losses import muzero_loss
-from learner.networks import MuZeroNetworks, Observation, Params, make_networks
-from replay.types import Batch, Step
+from malloczero.configs.config import Config, LearnerConfig
+from malloczero.env.errors import MalloczeroError
+from malloczero.env.game import observation_spec
+from malloczero.learner.losses import muzero_loss
+from malloczero.learner.networks import MuZeroNetworks, Observation, Params, make_networks
+from malloczero.replay.types import Batch, Step
 
 _log = logging.getLogger("malloczero.learner")
 
@@ -176,8 +176,8 @@ def load_params(path: str, which: str = "params") -> Params:
 
 def checkpoint_configs(path: str) -> tuple[Any, Any]:
   """(NetworkConfig, GameConfig) a checkpoint's networks were built with."""
-  from configs.config import NetworkConfig
-  from env.game import GameConfig
+  from malloczero.configs.config import NetworkConfig
+  from malloczero.env.game import GameConfig
   payload = _read_checkpoint(path)
   try:
     return NetworkConfig(**payload["network_config"]), GameConfig(**payload["game_config"])

@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from configs.config import LearnerConfig
-from learner.networks import MuZeroNetworks, Params, logits_to_scalar, scalar_to_probs
-from replay.types import Step
+from malloczero.configs.config import LearnerConfig
+from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar, scalar_to_probs
+from malloczero.replay.types import Step
 
 # Keeps items whose value is already exact sampleable; matches the replay writer's initial
 # priorities (replay/writer.py) so written and updated priorities are on one scale.

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import rlax
 
-from configs.config import NetworkConfig
-from env.game import GameConfig
+from malloczero.configs.config import NetworkConfig
+from malloczero.env.game import GameConfig
 
 Params = Any
 Observation = dict[str, chex.Array]

@@ -4,11 +4,11 @@ Actors write fixed-length `Step` sequences with `SequenceWriter`; the learner re
 `Sampler`; `make_table` / `start_server` build the Reverb table both sides agree on.
 """
 
-from replay.sampler import Sampler
-from replay.tables import (TABLE_NAME, error_buffer, make_rate_limiter, make_table,
+from malloczero.replay.sampler import Sampler
+from malloczero.replay.tables import (TABLE_NAME, error_buffer, make_rate_limiter, make_table,
                            sequence_signature, start_server)
-from replay.types import Batch, Step, step_spec, zero_step
-from replay.writer import PRIORITY_EPSILON, SequenceWriter, WriterStopped
+from malloczero.replay.types import Batch, Step, step_spec, zero_step
+from malloczero.replay.writer import PRIORITY_EPSILON, SequenceWriter, WriterStopped
 
 __all__ = [
     "Batch", "PRIORITY_EPSILON", "Sampler", "SequenceWriter", "Step", "TABLE_NAME",

@@ -26,9 +26,9 @@ import reverb
 import tensorflow as tf
 import tree
 
-from configs.config import Config
-from replay.tables import TABLE_NAME, sequence_signature
-from replay.types import Batch, Step
+from malloczero.configs.config import Config
+from malloczero.replay.tables import TABLE_NAME, sequence_signature
+from malloczero.replay.types import Batch, Step
 
 
 class Sampler:

@@ -13,8 +13,8 @@ import reverb
 import tensorflow as tf
 import tree
 
-from configs.config import Config
-from replay.types import Step, step_spec
+from malloczero.configs.config import Config
+from malloczero.replay.types import Step, step_spec
 
 TABLE_NAME = "priority_table"
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from dm_env import specs
 
-from env.game import GameConfig, observation_spec
+from malloczero.env.game import GameConfig, observation_spec
 
 
 class Step(NamedTuple):

@@ -21,9 +21,9 @@ import numpy as np
 import reverb
 import tree
 
-from configs.config import Config
-from replay.tables import TABLE_NAME
-from replay.types import Step, step_spec, zero_step
+from malloczero.configs.config import Config
+from malloczero.replay.tables import TABLE_NAME
+from malloczero.replay.types import Step, step_spec, zero_step
 
 PRIORITY_EPSILON = 1e-3  # Keeps items whose value was already exact sampleable.
 POLL_MS = 500  # How often a write blocked by the rate limiter checks whether to give up.

@@ -21,10 +21,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rich.progress import Progress  # noqa: E402
 
-from env.programs import import_model, program_name  # noqa: E402
-from env.suites import MANIFEST, WORKLOAD_DIR  # noqa: E402
-from env.workload import load_workload, save_workload  # noqa: E402
-from env.zoo import MODELS  # noqa: E402
+from malloczero.env.programs import import_model, program_name  # noqa: E402
+from malloczero.env.programs.suites import MANIFEST, WORKLOAD_DIR  # noqa: E402
+from malloczero.env.workload import load_workload, save_workload  # noqa: E402
+from malloczero.env.programs.zoo import MODELS  # noqa: E402
 
 # Held-out models, one per family where possible: never trained on, to measure generalisation.
 HELDOUT_MODELS = {"default": ("mobilenet", "vit", "gru", "deepfm"), "tiny": ("lstm",)}

@@ -17,18 +17,26 @@ import os
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from actors.agent import Agent, compile_agent, load_agent, play_with_agent
-from actors.games import GameSpec
-from env.errors import MalloczeroError
-from env.mapping import Mapping, geomean
-from env.solvers import SolveResult, solve
-from env.suites import Suite, SuiteEntry
+import numpy as np
+
+from malloczero.actors.agent import Agent, compile_agent, load_agent, play_with_agent
+from malloczero.actors.games import GameSpec
+from malloczero.env.errors import MalloczeroError
+from malloczero.env.mapping import Mapping
+from malloczero.env.solvers import SolveResult, solve
+from malloczero.env.programs.suites import Suite, SuiteEntry
 
 # Ratios within this of 1 count as ties with msa.
 TIE_TOLERANCE = 1e-6
 SPLITS = ("train", "heldout")
 
 Progress = Callable[[str, int], None]   # (what is being done now, units finished since last call)
+
+
+def geomean(values: Any) -> float:
+  """Geometric mean, the summary of speed-ups across programs; nan for none."""
+  values = list(values)
+  return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,7 @@ import numpy as np
 import reverb
 from acme.utils import counting, loggers
 
-from configs.config import Config
+from malloczero.configs.config import Config
 
 CHECKPOINT_DIR = "checkpoints"
 REPLAY_CHECKPOINT_DIR = os.path.join(CHECKPOINT_DIR, "replay")
@@ -125,7 +125,7 @@ def wait_for_replay(client: reverb.Client, name: str, timeout_s: float = 600.0) 
 
 
 def _replay_tables(config: Config) -> list[reverb.Table]:
-  from replay.tables import make_table
+  from malloczero.replay.tables import make_table
   return [make_table(config)]
 
 
@@ -144,7 +144,7 @@ class ReplayNode(lp.ReverbNode):
 
   def run(self) -> None:
     start_node(self._context, "replay")
-    from replay.tables import TABLE_NAME
+    from malloczero.replay.tables import TABLE_NAME
     directory = self._context.path(REPLAY_CHECKPOINT_DIR)
     os.makedirs(directory, exist_ok=True)
     resumable = bool(os.listdir(directory))
@@ -240,9 +240,9 @@ class LearnerNode:
   def __init__(self, config: Config, context: NodeContext, replay: reverb.Client, counter: Any,
                max_steps: int):
     start_node(context, "learner")
-    from learner.learner import MuZeroLearner
-    from learner.networks import make_networks
-    from replay import Sampler
+    from malloczero.learner.learner import MuZeroLearner
+    from malloczero.learner.networks import make_networks
+    from malloczero.replay import Sampler
     self._config, self._context = config, context
     self._counter = counter
     self._max_steps = max_steps
@@ -255,7 +255,7 @@ class LearnerNode:
                                   seed=config.seed,
                                   checkpoint_dir=context.path(CHECKPOINT_DIR))
     if self._learner.num_steps:
-      from learner.learner import params_digest
+      from malloczero.learner.learner import params_digest
       say("learner", f"resumed at step {self._learner.num_steps}, parameters "
           f"{params_digest(self._learner.get_variables())}")
     else:
@@ -325,12 +325,12 @@ class ActorNode:
     self._replay, self._learner, self._counter = replay, learner, counter
 
   def run(self) -> None:
-    from actors.actor import BatchedActor, EpisodeResult
-    from actors.games import GamePool, suite_games
-    from actors.variable_client import VariableClient
-    from learner.networks import make_networks
-    from replay import SequenceWriter
-    from replay.writer import WriterStopped
+    from malloczero.actors.actor import BatchedActor, EpisodeResult
+    from malloczero.actors.games import GamePool, suite_games
+    from malloczero.actors.variable_client import VariableClient
+    from malloczero.learner.networks import make_networks
+    from malloczero.replay import SequenceWriter
+    from malloczero.replay.writer import WriterStopped
     config = self._config
     seed = config.seed + 7919 * (self._actor_id + 1)
     wait_for_replay(self._replay, self._name)
@@ -394,9 +394,9 @@ class EvaluatorNode:
     self._learner, self._counter = learner, counter
 
   def run(self) -> None:
-    from actors.games import suite_games
-    from learner.networks import make_networks
-    from system.training import LearningCurve, Stopwatch
+    from malloczero.actors.games import suite_games
+    from malloczero.learner.networks import make_networks
+    from malloczero.system.training import LearningCurve, Stopwatch
     config = self._config
     split = "heldout" if config.distributed.heldout_only_evaluator else "train"
     specs = suite_games(config.suite, split) or suite_games(config.suite, "train")

@@ -14,9 +14,9 @@ from matplotlib.collections import PatchCollection  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 
-from env.hardware import Hardware  # noqa: E402
-from env.mapping import Mapping  # noqa: E402
-from env.workload import Workload  # noqa: E402
+from malloczero.env.hardware import Hardware  # noqa: E402
+from malloczero.env.mapping import Mapping  # noqa: E402
+from malloczero.env.workload import Workload  # noqa: E402
 
 SPLIT_COLOURS = {"train": "#4c72b0", "heldout": "#dd8452"}
 KIND_COLOURS = {"activation": "#4c72b0", "parameter": "#dd8452", "input": "#55a868",

@@ -30,9 +30,9 @@ from typing import Any, Callable, Optional
 
 import launchpad as lp
 
-from configs.config import Config
-from env.errors import MalloczeroError
-from system.nodes import (CHECKPOINT_DIR, COUNTER_FILE, NODE_OUTPUT_DIR, REPLAY_CHECKPOINT_DIR,
+from malloczero.configs.config import Config
+from malloczero.env.errors import MalloczeroError
+from malloczero.system.nodes import (CHECKPOINT_DIR, COUNTER_FILE, NODE_OUTPUT_DIR, REPLAY_CHECKPOINT_DIR,
                           ActorNode, EvaluatorNode, LearnerNode, NodeContext, PersistentCounter,
                           ReplayNode, StepsLimiter)
 
@@ -89,7 +89,7 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
 
   Raises MalloczeroError when the directory holds a run of another configuration or an unreadable
   checkpoint, before anything is started."""
-  from learner.learner import checkpoint_steps
+  from malloczero.learner.learner import checkpoint_steps
   saved = os.path.join(workdir, "config.json")
   if os.path.exists(saved):
     try:
@@ -193,7 +193,7 @@ class _Monitor:
       return {}
 
   def replay_stats(self) -> tuple[int, int, int]:
-    from replay.tables import TABLE_NAME
+    from malloczero.replay.tables import TABLE_NAME
     try:
       info = self._replay.server_info(timeout=2)[TABLE_NAME]
     except Exception:  # pylint: disable=broad-except
@@ -292,7 +292,7 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
     has_replay = os.path.isdir(replay_dir) and bool(os.listdir(replay_dir))
     print_fn(f"resuming {workdir} from learner step {start_step} "
              f"({'with' if has_replay else 'without'} a replay checkpoint)")
-  from system.training import save_config
+  from malloczero.system.training import save_config
   save_config(config, workdir)
   msa = _msa_geomeans(config, workdir, print_fn)
 
@@ -321,7 +321,7 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
                   print_fn)
   manager.wait(raise_error=False)
   final = monitor_final_counts(workdir)
-  from learner.learner import checkpoint_steps
+  from malloczero.learner.learner import checkpoint_steps
   try:
     steps = checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR))
   except MalloczeroError:
@@ -334,7 +334,7 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   print_fn(f"program stopped ({status}) at learner step {steps}; checkpoint in "
            f"{os.path.join(workdir, CHECKPOINT_DIR)}")
   if final_report and result.ok and steps > 0:
-    from system.report import write_final_report
+    from malloczero.system.report import write_final_report
     result.report = write_final_report(config, workdir, print_fn)
   return result
 
@@ -351,9 +351,9 @@ def _msa_geomeans(config: Config, workdir: str,
                   print_fn: Callable[[str], None]) -> dict[str, float]:
   """Computes (and caches in the work directory) the baseline speed-ups of every program before
   the nodes need them; returns msa's geomean per split for the summary line."""
-  from actors.games import suite_games
-  from env.mapping import geomean
-  from system.training import baseline_speedups
+  from malloczero.actors.games import suite_games
+  from malloczero.system.evaluation import geomean
+  from malloczero.system.training import baseline_speedups
   specs = {split: suite_games(config.suite, split) for split in ("train", "heldout")}
   if not os.path.exists(os.path.join(workdir, "baselines.json")):
     print_fn(f"computing baselines (msa, greedy, bestfit, random) on "

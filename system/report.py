@@ -13,11 +13,11 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from configs.config import Config
-from env.suites import get_suite
-from system.evaluation import (SPLITS, SuiteEvaluation, best_agent, evaluate_suite, load_agents,
+from malloczero.configs.config import Config
+from malloczero.env.programs.suites import get_suite
+from malloczero.system.evaluation import (SPLITS, SuiteEvaluation, best_agent, evaluate_suite, load_agents,
                                run_directory)
-from system.training import BASELINES
+from malloczero.system.training import BASELINES
 
 Formatter = Callable[[Any], str]
 
@@ -199,7 +199,7 @@ def _write_csv(evaluation: SuiteEvaluation, path: str) -> str:
 def _draw_pictures(evaluation: SuiteEvaluation, out_dir: str, prefix: str, title: str,
                    learning_curves: bool) -> list[tuple[str, str]]:
   """(caption, file name) of each picture drawn."""
-  from system.plots import (plot_learning_curves, plot_memory_maps, plot_ratio_bars,
+  from malloczero.system.plots import (plot_learning_curves, plot_memory_maps, plot_ratio_bars,
                             plot_speedups)
   pictures = []
   name = f"{prefix}speedups.png"

@@ -18,15 +18,15 @@ import numpy as np
 import reverb
 from acme.utils import loggers
 
-from actors.actor import BatchedActor, EpisodeResult
-from actors.games import GamePool, suite_games
-from actors.variable_client import VariableClient
-from configs.config import Config
-from env.game import observation_spec
-from learner.learner import MuZeroLearner
-from learner.networks import make_networks
-from replay import Sampler, SequenceWriter, start_server
-from system.training import LearningCurve, Stopwatch, save_config
+from malloczero.actors.actor import BatchedActor, EpisodeResult
+from malloczero.actors.games import GamePool, suite_games
+from malloczero.actors.variable_client import VariableClient
+from malloczero.configs.config import Config
+from malloczero.env.game import observation_spec
+from malloczero.learner.learner import MuZeroLearner
+from malloczero.learner.networks import make_networks
+from malloczero.replay import Sampler, SequenceWriter, start_server
+from malloczero.system.training import LearningCurve, Stopwatch, save_config
 
 
 # How long one sample may wait on the rate limiter before the learner thread re-checks for shutdown.

@@ -20,12 +20,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from actors.evaluator import evaluate_params
-from actors.games import GameSpec
-from configs.config import Config
-from env.mapping import geomean
-from env.solvers import solve
-from learner.networks import MuZeroNetworks
+from malloczero.actors.evaluator import evaluate_params
+from malloczero.actors.games import GameSpec
+from malloczero.configs.config import Config
+from malloczero.system.evaluation import geomean
+from malloczero.env.solvers import solve
+from malloczero.learner.networks import MuZeroNetworks
 
 BASELINES = ("msa", "greedy", "bestfit", "random")
 CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_return",
@@ -109,7 +109,7 @@ class LearningCurve:
             for split in self._splits}
 
   def plot(self) -> str:
-    from system.plots import plot_learning_curves
+    from malloczero.system.plots import plot_learning_curves
     path = os.path.join(self._workdir, "learning_curve.png")
     plot_learning_curves({self._config.name: self._workdir}, self.baseline_geomeans(), path,
                          f"malloczero {self._config.name} on suite '{self._config.suite}' "

@@ -15,25 +15,30 @@ actors can be checked on a laptop; `launch_vertex_ai` needs xmanager and Google 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import zipfile
 from typing import Any, Optional
 
 import launchpad as lp
 import numpy as np
 import tree
 
-from configs.config import Config
-from env.errors import MalloczeroError
-from system.nodes import NodeContext
-from system.program import build_program
+from malloczero.configs.config import Config
+from malloczero.env.errors import MalloczeroError
+from malloczero.system.nodes import NodeContext
+from malloczero.system.program import build_program
 
 VERTEX_MAX_WORKER_POOLS = 4
-# Packages of this repository that the nodes import (copied into the image).
-CODE_PACKAGES = ("actors", "configs", "env", "launch", "learner", "replay", "system")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What a wheel build of the repository does not need (and may be large: runs, the venv).
+_NOT_SOURCE = (".git", ".venv", "build", "runs", "workdirs", "docs", "tests", "*.egg-info",
+               "__pycache__", ".pytest_cache", ".hypothesis")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +57,7 @@ class NodeResources:
 
 def replay_ram_gib(config: Config) -> float:
   """Memory for a full replay table: every stored step once, with room for Reverb's chunking."""
-  from replay.types import step_spec
+  from malloczero.replay.types import step_spec
   step_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
                    for s in tree.flatten(step_spec(config.game)))
   return float(max(16, math.ceil(3 * config.replay.max_size * step_bytes / 2**30)))
@@ -92,13 +97,31 @@ def worker_pools(program: lp.Program, resources: dict[str, NodeResources]
   return sorted(ordered, key=lambda pool: pool[2] != 1)
 
 
+def build_wheel(out_dir: str) -> str:
+  """Builds this repository's wheel (pyproject.toml lists its packages and data) into `out_dir`
+  from a scratch copy of the sources, so the checkout gains no build/ folder; returns its path."""
+  os.makedirs(out_dir, exist_ok=True)
+  with tempfile.TemporaryDirectory(prefix="malloczero-src-") as scratch:
+    source = os.path.join(scratch, "src")
+    shutil.copytree(REPO_ROOT, source, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                             "--no-build-isolation", "--wheel-dir", out_dir, source],
+                            capture_output=True, text=True, check=False)
+  wheels = glob.glob(os.path.join(out_dir, "malloczero-*.whl"))
+  if result.returncode or not wheels:
+    raise MalloczeroError(f"building the malloczero wheel failed: "
+                          f"{(result.stderr or result.stdout).strip().splitlines()[-1:]}")
+  return wheels[0]
+
+
 def stage_code(directory: str) -> str:
-  """Copies what the image needs into `directory`: this repository's packages, Acme (installed
-  here with --no-deps, which a requirements file cannot say) and the pinned requirements."""
+  """Fills `directory` with what the image needs: the `malloczero` package as its wheel installs
+  it, Acme (installed here with --no-deps, which a requirements file cannot say) and the pinned
+  requirements. Returns the requirements file."""
   import acme
-  for package in CODE_PACKAGES:
-    shutil.copytree(os.path.join(REPO_ROOT, package), os.path.join(directory, package),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+  with tempfile.TemporaryDirectory(prefix="malloczero-wheel-") as wheel_dir:
+    with zipfile.ZipFile(build_wheel(wheel_dir)) as wheel:
+      wheel.extractall(directory, [n for n in wheel.namelist() if n.startswith("malloczero/")])
   shutil.copytree(os.path.dirname(acme.__file__), os.path.join(directory, "acme"),
                   ignore=shutil.ignore_patterns("__pycache__", "*_test.py"))
   requirements = os.path.join(directory, "requirements-docker.txt")

@@ -2,8 +2,8 @@
 
 from hypothesis import strategies as st
 
-from env.hardware import Hardware, MemoryLevel
-from env.workload import Workload, workload_from_ops
+from malloczero.env.hardware import Hardware, MemoryLevel
+from malloczero.env.workload import Workload, workload_from_ops
 
 
 @st.composite

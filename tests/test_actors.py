@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import reverb
 
-from actors.actor import BatchedActor, EpisodeResult, stack_observations
-from actors.evaluator import evaluate_params, play_programs
-from actors.games import GamePool, suite_games
-from actors.search import make_search_fn
-from actors.variable_client import VariableClient
-from configs.config import get_config
-from env import MallocGame, validate_mapping
-from learner.learner import make_initial_state
-from learner.networks import make_networks
-from replay import TABLE_NAME, SequenceWriter, start_server
+from malloczero.actors.actor import BatchedActor, EpisodeResult, stack_observations
+from malloczero.actors.evaluator import evaluate_params, play_programs
+from malloczero.actors.games import GamePool, suite_games
+from malloczero.actors.search import make_search_fn
+from malloczero.actors.variable_client import VariableClient
+from malloczero.configs.config import get_config
+from malloczero.env import MallocGame, validate_mapping
+from malloczero.learner.learner import make_initial_state
+from malloczero.learner.networks import make_networks
+from malloczero.replay import TABLE_NAME, SequenceWriter, start_server
 
 CONFIG = get_config("tiny")
 NETWORKS = make_networks(CONFIG.network, CONFIG.game)  # Shared: compiled functions are reused.
@@ -213,7 +213,7 @@ def played(params):
   jax.monitoring.register_event_duration_secs_listener(counter)
   try:
     with pytest.MonkeyPatch.context() as patch:
-      patch.setattr("actors.actor.make_search_fn", counting_make_search_fn)
+      patch.setattr("malloczero.actors.actor.make_search_fn", counting_make_search_fn)
       actor = BatchedActor(NETWORKS, CONFIG, GamePool(TRAIN_SPECS, CONFIG.game, num_games, seed=1),
                            variables, writer, seed=0, on_episode=results.append)
     # Warm-up: the first step compiles; play on to one episode end and one parameter swap.

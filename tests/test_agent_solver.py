@@ -9,15 +9,15 @@ import sys
 
 import pytest
 
-from actors.agent import load_agent, solve_with_agent
-from configs.config import get_config
-from env.errors import MalloczeroError
-from env.solvers import solve
-from env.suites import WORKLOAD_DIR, get_suite
-from env.validator import validate_mapping
-from learner.learner import MuZeroLearner, random_batch
-from learner.networks import make_networks
-from system.training import save_config
+from malloczero.actors.agent import load_agent, solve_with_agent
+from malloczero.configs.config import get_config
+from malloczero.env.errors import MalloczeroError
+from malloczero.env.solvers import solve
+from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
+from malloczero.env.validator import validate_mapping
+from malloczero.learner.learner import MuZeroLearner, random_batch
+from malloczero.learner.networks import make_networks
+from malloczero.system.training import save_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,7 +56,7 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   entry, workload, hardware = _program()
   path = os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz")
   capacity = str(hardware.levels[0].capacity_bytes)
-  common = [sys.executable, "-m", "launch.cli", "solve", path, "--hardware", entry.hardware,
+  common = [sys.executable, "-m", "malloczero", "solve", path, "--hardware", entry.hardware,
             "--capacity", capacity, "--checkpoint", str(workdir), "--simulations", "4",
             "--attempts", "2"]
   out, plot = tmp_path / "map.json", tmp_path / "map.png"
@@ -65,7 +65,7 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.startswith("agent: ") and "checkpoint step 3" in result.stdout
   assert out.exists() and plot.exists()
-  validated = subprocess.run([sys.executable, "-m", "launch.cli", "validate", path, str(out),
+  validated = subprocess.run([sys.executable, "-m", "malloczero", "validate", path, str(out),
                               "--capacity", capacity], cwd=REPO, capture_output=True, text=True)
   assert validated.returncode == 0, validated.stderr
 
@@ -95,7 +95,7 @@ def test_missing_or_incompatible_checkpoint_is_a_one_line_error(workdir, tmp_pat
   entry, _, _ = _program()
   path = os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz")
   for extra in (["--checkpoint", str(tmp_path / "other")], []):
-    result = subprocess.run([sys.executable, "-m", "launch.cli", "solve", path, "--hardware",
+    result = subprocess.run([sys.executable, "-m", "malloczero", "solve", path, "--hardware",
                              entry.hardware, "--solver", "agent", *extra], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1

@@ -10,7 +10,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cli(*args, timeout=300):
-  return subprocess.run([sys.executable, "-m", "launch.cli", *args], capture_output=True,
+  return subprocess.run([sys.executable, "-m", "malloczero", *args], capture_output=True,
                         text=True, timeout=timeout, cwd=REPO)
 
 
@@ -49,10 +49,10 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
   import signal
   import time
 
-  from learner.learner import load_params
+  from malloczero.learner.learner import load_params
   workdir = tmp_path / "run"
   process = subprocess.Popen(
-      [sys.executable, "-m", "launch.cli", "train", "--launch", "single", "--config", "tiny",
+      [sys.executable, "-m", "malloczero", "train", "--launch", "single", "--config", "tiny",
        "--max-learner-steps",
        "100000", "--eval-every", "100000", "--workdir", str(workdir), "--quiet"],
       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -97,7 +97,7 @@ def test_make_setup_is_idempotent():
 
 
 def test_import_jax_writes_a_workload_and_rejects_unknown_models(tmp_path):
-  from env import load_workload
+  from malloczero.env import load_workload
   out = tmp_path / "mlp.json.gz"
   result = _cli("import-jax", "mlp", "--tiny", "--train", "--batch", "2", "--out", str(out))
   assert result.returncode == 0, result.stderr
@@ -110,8 +110,8 @@ def test_import_jax_writes_a_workload_and_rejects_unknown_models(tmp_path):
 
 
 def test_import_hlo_round_trip_and_malformed_text(tmp_path):
-  from env.zoo import compiled_hlo_text
-  from env import load_workload
+  from malloczero.env.programs.zoo import compiled_hlo_text
+  from malloczero.env import load_workload
   hlo = tmp_path / "gpt.hlo"
   hlo.write_text(compiled_hlo_text("gpt", 1, False, tiny=True))
   out = tmp_path / "gpt.json"

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from env import Hardware, HardwareError, MemoryLevel, PRESETS, load_hardware
-from env.cost_model import Allocations, CostModel
-from env.requests import build_requests
-from env.workload import Workload
+from malloczero.env import Hardware, HardwareError, MemoryLevel, PRESETS, load_hardware
+from malloczero.env.cost_model import Allocations, CostModel
+from malloczero.env.requests import build_requests
+from malloczero.env.workload import Workload
 
 # Round numbers: fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s.
 HW = Hardware("toy", (MemoryLevel("fast", 1000, 100.0), MemoryLevel("slow", 10**9, 10.0)),
@@ -59,7 +59,7 @@ def test_requests_window_hides_the_copy():
 
 @given(seed=st.integers(0, 1000))
 def test_incremental_delta_equals_fresh_difference(seed):
-  from env.synthetic import contended, random_workload
+  from malloczero.env.programs.synthetic import contended, random_workload
   workload = random_workload(seed, num_ops=25)
   hw = contended(PRESETS["nnpi-like"], workload, 0.3)
   model = CostModel(workload, hw)
@@ -122,7 +122,7 @@ def test_impossible_hardware_is_rejected(tmp_path, mutate, message):
 
 
 def test_unknown_hardware_and_a_program_too_big_for_slow_memory():
-  from env.game import MallocGame
+  from malloczero.env.game import MallocGame
   with pytest.raises(HardwareError, match="unknown hardware 'tpu-v9'"):
     load_hardware("tpu-v9")
   tiny_slow = Hardware("tiny", (MemoryLevel("fast", 64, 100.0), MemoryLevel("slow", 100, 10.0)),

@@ -11,18 +11,18 @@ import sys
 
 import pytest
 
-from env.mapping import load_mapping
-from env.suites import WORKLOAD_DIR, get_suite
-from env.validator import validate_mapping
-from system.evaluation import evaluate_suite, load_agents
-from system.report import mapping_file
+from malloczero.env.mapping import load_mapping
+from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
+from malloczero.env.validator import validate_mapping
+from malloczero.system.evaluation import evaluate_suite, load_agents
+from malloczero.system.report import mapping_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 40
 
 
 def _cli(*args, timeout=600):
-  return subprocess.run([sys.executable, "-m", "launch.cli", *args], cwd=REPO,
+  return subprocess.run([sys.executable, "-m", "malloczero", *args], cwd=REPO,
                         capture_output=True, text=True, timeout=timeout)
 
 

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, strategies as st
 
-from env import (GameConfig, IllegalActionError, MallocGame, MalloczeroError, PRESETS,
+from malloczero.env import (GameConfig, IllegalActionError, MallocGame, MalloczeroError, PRESETS,
                  validate_mapping)
-from env.cost_model import CostModel
-from env.synthetic import contended, mlp_training_step, random_workload
+from malloczero.env.cost_model import CostModel
+from malloczero.env.programs.synthetic import contended, mlp_training_step, random_workload
 from tests.strategies import hardware_for, workloads
 
 
@@ -191,7 +191,7 @@ def test_usable_from_acme_environment_loop():
 
 
 def test_too_many_fast_levels_for_the_observation_is_a_clear_error():
-  from env import Hardware, HardwareError, MemoryLevel
+  from malloczero.env import Hardware, HardwareError, MemoryLevel
   workload = random_workload(1, num_ops=10)
   hw = Hardware("deep", tuple(MemoryLevel(f"l{i}", 1 << 30, 10.0 ** (12 - i)) for i in range(4)),
                 1e12, 1e9, 1)

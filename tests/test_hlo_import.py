@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from env.errors import WorkloadError
-from env.game import MallocGame
-from env.hardware import PRESETS
-from env.hlo_import import SMALL_CONSTANT_BYTES, workload_from_hlo_text, workload_from_jax
-from env.synthetic import contended
-from env.workload import Workload, load_workload, save_workload
+from malloczero.env.errors import WorkloadError
+from malloczero.env.game import MallocGame
+from malloczero.env.hardware import PRESETS
+from malloczero.env.programs.hlo_import import SMALL_CONSTANT_BYTES, workload_from_hlo_text, workload_from_jax
+from malloczero.env.programs.synthetic import contended
+from malloczero.env.workload import Workload, load_workload, save_workload
 
 BATCH = 8
 DIMS = (32, 64, 64, 10)  # Three dense layers.

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import tree
 
-from configs.config import get_config
-from env import MallocGame, MalloczeroError, PRESETS
-from env.synthetic import contended, random_workload
-from learner import learner as learner_lib
-from learner import (MuZeroLearner, importance_weights, load_params, make_networks, random_batch,
+from malloczero.configs.config import get_config
+from malloczero.env import MallocGame, MalloczeroError, PRESETS
+from malloczero.env.programs.synthetic import contended, random_workload
+from malloczero.learner import learner as learner_lib
+from malloczero.learner import (MuZeroLearner, importance_weights, load_params, make_networks, random_batch,
                      scalar_to_probs, value_targets)
-from learner.losses import PRIORITY_EPSILON
-from replay.types import Batch, Step, zero_step
+from malloczero.learner.losses import PRIORITY_EPSILON
+from malloczero.replay.types import Batch, Step, zero_step
 
 CONFIG = get_config("tiny")
 NETWORKS = make_networks(CONFIG.network, CONFIG.game)  # Shared: compiled functions are reused.

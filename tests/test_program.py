@@ -15,12 +15,12 @@ import time
 import psutil
 import pytest
 
-from configs.config import get_config
-from env.errors import MalloczeroError
-from env.suites import get_suite
-from learner.learner import checkpoint_steps, load_params, params_digest
-from system.nodes import NodeContext
-from system.program import build_program, check_workdir, node_name
+from malloczero.configs.config import get_config
+from malloczero.env.errors import MalloczeroError
+from malloczero.env.programs.suites import get_suite
+from malloczero.learner.learner import checkpoint_steps, load_params, params_digest
+from malloczero.system.nodes import NodeContext
+from malloczero.system.program import build_program, check_workdir, node_name
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_TIMEOUT_S = 420
@@ -44,7 +44,7 @@ class _Launch:
     _LAUNCHES.append(self)
     self.workdir = workdir
     self.process = subprocess.Popen(
-        [sys.executable, "-m", "launch.cli", "train", "--launch", "local_mp", "--config", "tiny",
+        [sys.executable, "-m", "malloczero", "train", "--launch", "local_mp", "--config", "tiny",
          "--num-actors", "2", "--workdir", str(workdir), *args],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     self.seen: dict[int, psutil.Process] = {}
@@ -182,7 +182,7 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   for args, message in ((("--config", "small", "--suite", "tiny"), "holds a run of config"),
                         (("--config", "tiny", "--max-steps", "600"), "raise --max-steps")):
     result = subprocess.run(
-        [sys.executable, "-m", "launch.cli", "train", *args, "--workdir", str(workdir)],
+        [sys.executable, "-m", "malloczero", "train", *args, "--workdir", str(workdir)],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
@@ -190,7 +190,7 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
 
 
 def test_vertex_ai_program_builds_for_64_actors_and_its_resources_resolve(tmp_path):
-  from system.vertex import VERTEX_MAX_WORKER_POOLS, stage_code, vertex_resources, worker_pools
+  from malloczero.system.vertex import VERTEX_MAX_WORKER_POOLS, stage_code, vertex_resources, worker_pools
   config = get_config("large")
   program = build_program(config, NodeContext(str(tmp_path)), num_actors=64, max_steps=1000)
   assert {k: len(v) for k, v in program.groups.items()} == {
@@ -205,14 +205,16 @@ def test_vertex_ai_program_builds_for_64_actors_and_its_resources_resolve(tmp_pa
   assert sum(replicas for _, _, replicas in pools) == 69
   assert resources["replay"].ram_gib >= 16
   requirements = stage_code(str(tmp_path / "image"))
-  for package in ("acme", "actors", "env", "learner", "replay", "system"):
+  for package in ("acme", "malloczero", "malloczero/actors", "malloczero/env/programs",
+                  "malloczero/learner", "malloczero/replay", "malloczero/system"):
     assert (tmp_path / "image" / package / "__init__.py").exists(), package
+  assert (tmp_path / "image" / "malloczero/env/programs/data/suites.json").exists()
   with open(requirements, encoding="utf-8") as f:
     assert "dm-launchpad==0.5.2" in f.read()
 
 
 def test_vertex_ai_launch_refuses_a_local_workdir():
-  from system.vertex import launch_vertex_ai
+  from malloczero.system.vertex import launch_vertex_ai
   with pytest.raises(MalloczeroError, match="/gcs/"):
     launch_vertex_ai(get_config("tiny"), "/tmp/run", num_actors=2)
 
@@ -223,7 +225,7 @@ def test_a_program_needs_an_actor(tmp_path):
 
 
 def test_check_workdir_refuses_another_configuration(tmp_path):
-  from system.training import save_config
+  from malloczero.system.training import save_config
   save_config(get_config("tiny"), str(tmp_path))
   assert check_workdir(get_config("tiny"), str(tmp_path)) is None
   with pytest.raises(MalloczeroError, match="config 'tiny'"):
@@ -233,7 +235,7 @@ def test_check_workdir_refuses_another_configuration(tmp_path):
 def test_local_mt_runs_every_node_as_a_thread_and_finishes(tmp_path):
   workdir = tmp_path / "mt"
   result = subprocess.run(
-      [sys.executable, "-m", "launch.cli", "train", "--launch", "local_mt", "--config", "tiny",
+      [sys.executable, "-m", "malloczero", "train", "--launch", "local_mt", "--config", "tiny",
        "--num-actors", "2", "--max-steps", "100", "--eval-every", "1000", "--workdir",
        str(workdir)], cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -9,9 +9,9 @@ import pytest
 import reverb
 import tree
 
-from configs.config import get_config
-from env.game import GameConfig
-from replay import (PRIORITY_EPSILON, TABLE_NAME, Batch, Sampler, SequenceWriter, Step,
+from malloczero.configs.config import get_config
+from malloczero.env.game import GameConfig
+from malloczero.replay import (PRIORITY_EPSILON, TABLE_NAME, Batch, Sampler, SequenceWriter, Step,
                     WriterStopped, error_buffer, make_table, sequence_signature, start_server,
                     step_spec)
 

@@ -7,14 +7,14 @@ import sys
 import numpy as np
 import pytest
 
-from env import Hardware, MalloczeroError, MemoryLevel, PRESETS, load_mapping, validate_mapping
-from env.cost_model import CostModel
-from env.placement import Placement
-from env.requests import build_requests
-from env.solvers import SOLVERS, solve
-from env.solvers.evo import decode
-from env.synthetic import contended, random_workload
-from env.workload import Workload
+from malloczero.env import Hardware, MalloczeroError, MemoryLevel, PRESETS, load_mapping, validate_mapping
+from malloczero.env.cost_model import CostModel
+from malloczero.env.placement import Placement
+from malloczero.env.requests import build_requests
+from malloczero.env.solvers import SOLVERS, solve
+from malloczero.env.solvers.evo import decode
+from malloczero.env.programs.synthetic import contended, random_workload
+from malloczero.env.workload import Workload
 
 HW = Hardware("toy", (MemoryLevel("fast", 1000, 100.0), MemoryLevel("slow", 10**9, 10.0)),
               peak_flops_per_s=1.0, copy_bandwidth_bytes_per_s=10.0, alignment_bytes=1)
@@ -131,7 +131,7 @@ def test_cli_solve_writes_a_valid_mapping_and_a_plot(tmp_path):
   csv = tmp_path / "prog.csv"
   csv.write_text("id,lower,upper,size\n0,0,4,300\n1,1,3,500\n2,3,6,400\n3,2,5,200\n")
   out, png = tmp_path / "map.json", tmp_path / "map.png"
-  run = lambda *a: subprocess.run([sys.executable, "-m", "launch.cli", *a], capture_output=True,
+  run = lambda *a: subprocess.run([sys.executable, "-m", "malloczero", *a], capture_output=True,
                                   text=True, timeout=300)
   result = run("solve", str(csv), "--capacity", "800", "--solver", "cpsat", "--out", str(out),
                "--plot", str(png))

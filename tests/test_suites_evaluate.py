@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from env import MalloczeroError, validate_mapping
-from env.solvers import solve
-from env.suites import get_suite, program_summaries, suite_names
+from malloczero.env import MalloczeroError, validate_mapping
+from malloczero.env.solvers import solve
+from malloczero.env.programs.suites import get_suite, program_summaries, suite_names
 
 
 def test_suites_exist_and_split_by_model():
@@ -54,7 +54,7 @@ def test_unknown_suite_and_split():
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "launch.cli", *args], capture_output=True,
+  return subprocess.run([sys.executable, "-m", "malloczero", *args], capture_output=True,
                         text=True, timeout=600)
 
 

@@ -17,15 +17,15 @@ import threading
 import numpy as np
 import pytest
 
-from actors.games import suite_games
-from configs.config import get_config
-from env import MalloczeroError, validate_mapping
-from env.mapping import geomean
-from learner.learner import CHECKPOINT_FILENAME
-from learner.networks import make_networks
-from system import single_process
-from system.single_process import train_single_process
-from system.training import LearningCurve
+from malloczero.actors.games import suite_games
+from malloczero.configs.config import get_config
+from malloczero.env import MalloczeroError, validate_mapping
+from malloczero.system.evaluation import geomean
+from malloczero.learner.learner import CHECKPOINT_FILENAME
+from malloczero.learner.networks import make_networks
+from malloczero.system import single_process
+from malloczero.system.single_process import train_single_process
+from malloczero.system.training import LearningCurve
 
 CONFIG = get_config("tiny")
 STEPS = 100

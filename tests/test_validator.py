@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from env import MallocGame, MappingError, PRESETS, save_workload, validate_mapping
-from env.mapping import Mapping, load_mapping
-from env.synthetic import contended, random_workload
+from malloczero.env import MallocGame, MappingError, PRESETS, save_workload, validate_mapping
+from malloczero.env.mapping import Mapping, load_mapping
+from malloczero.env.programs.synthetic import contended, random_workload
 
 WORKLOAD = random_workload(21, num_ops=40)
 HARDWARE = contended(PRESETS["tpu-v4i-like"], WORKLOAD, 0.3)
@@ -98,7 +98,7 @@ def test_other_hardware_is_rejected(mapping):
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "launch.cli", *args], capture_output=True, text=True,
+  return subprocess.run([sys.executable, "-m", "malloczero", *args], capture_output=True, text=True,
                         timeout=120)
 
 
@@ -130,8 +130,8 @@ def test_cli_validate_accepts_and_rejects(tmp_path, mapping):
 def test_cli_validate_minimalloc_csv(tmp_path):
   csv = tmp_path / "p.csv"
   csv.write_text("id,lower,upper,size\n0,0,4,300\n1,1,3,500\n2,3,6,400\n")
-  from env import load_workload
-  from env.cost_model import CostModel
+  from malloczero.env import load_workload
+  from malloczero.env.cost_model import CostModel
   workload = load_workload(csv)
   hw = PRESETS["minimalloc"].with_fast_capacity(800)
   game = MallocGame(workload, hw)

@@ -6,8 +6,8 @@ import json
 import pytest
 from hypothesis import given
 
-from env import WorkloadError, load_workload, save_workload
-from env.workload import Workload, workload_from_minimalloc_csv, workload_to_minimalloc_csv
+from malloczero.env import WorkloadError, load_workload, save_workload
+from malloczero.env.workload import Workload, workload_from_minimalloc_csv, workload_to_minimalloc_csv
 from tests.strategies import workloads
 
 GOOD = {"name": "tiny", "source": "hand",
@@ -46,9 +46,9 @@ def test_csv_round_trip_and_objective_is_bytes_times_time(tmp_path):
   path = tmp_path / "mm.csv"
   path.write_text(text)
   assert load_workload(path) == w
-  from env.cost_model import CostModel
-  from env.hardware import PRESETS
-  from env.requests import build_requests
+  from malloczero.env.cost_model import CostModel
+  from malloczero.env.hardware import PRESETS
+  from malloczero.env.requests import build_requests
   model = CostModel(w, PRESETS["minimalloc"])
   inv = model.inverse_bandwidth
   saving = build_requests(model).standalone_saving[:, 0]

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from env import zoo
-from env.errors import WorkloadError
+from malloczero.env.programs import zoo
+from malloczero.env.errors import WorkloadError
 
 BATCH = 2
 

@@ -7,18 +7,18 @@ import dataclasses
 import time
 from typing import Any
 
-from env.cost_model import CostModel
-from env.errors import MalloczeroError
-from env.game import GameConfig, MallocGame
-from env.hardware import Hardware, check_fits
-from env.mapping import Mapping
-from env.placement import Placement
-from env.requests import build_requests
-from env.solvers.cpsat import cpsat
-from env.solvers.evo import evo
-from env.solvers.heuristics import bestfit_play, greedy, msa, random_play
-from env.validator import validate_mapping
-from env.workload import Workload
+from malloczero.env.cost_model import CostModel
+from malloczero.env.errors import MalloczeroError
+from malloczero.env.game import GameConfig, MallocGame
+from malloczero.env.hardware import Hardware, check_fits
+from malloczero.env.mapping import Mapping
+from malloczero.env.placement import Placement
+from malloczero.env.requests import build_requests
+from malloczero.env.solvers.cpsat import cpsat
+from malloczero.env.solvers.evo import evo
+from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa, random_play
+from malloczero.env.validator import validate_mapping
+from malloczero.env.workload import Workload
 
 PLACEMENT_SOLVERS = {"msa": msa, "greedy": greedy, "evo": evo, "cpsat": cpsat}
 GAME_SOLVERS = {"random": random_play, "bestfit": bestfit_play}  # Policies played in mallocGame.

@@ -19,8 +19,8 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
-from env.placement import Placement
-from env.solvers.heuristics import msa
+from malloczero.env.placement import Placement
+from malloczero.env.solvers.heuristics import msa
 
 UNITS_PER_SLOW_ONLY_TIME = 1e9
 

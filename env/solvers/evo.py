@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from env.placement import Placement
+from malloczero.env.placement import Placement
 
 
 def decode(placement: Placement, priority: np.ndarray) -> float:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from env.game import MallocGame
-from env.placement import Placement
+from malloczero.env.game import MallocGame
+from malloczero.env.placement import Placement
 
 
 def msa(placement: Placement) -> dict:

@@ -17,9 +17,9 @@ import functools
 import json
 import os
 
-from env.errors import MalloczeroError
-from env.hardware import Hardware, load_hardware
-from env.workload import Workload, load_workload
+from malloczero.env.errors import MalloczeroError
+from malloczero.env.hardware import Hardware, load_hardware
+from malloczero.env.workload import Workload, load_workload
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 WORKLOAD_DIR = os.path.join(DATA_DIR, "workloads")

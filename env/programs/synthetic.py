@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from env.hardware import Hardware
-from env.workload import Workload, workload_from_ops
+from malloczero.env.hardware import Hardware
+from malloczero.env.workload import Workload, workload_from_ops
 
 
 def random_workload(seed: int, num_ops: int = 40, num_parameters: int | None = None,

@@ -2,7 +2,7 @@
 
 `build_program(name, batch, train)` returns `(fn, example_args)` such that
 `jax.jit(fn).lower(*example_args).compile()` is the program; `compiled_hlo_text(...)` returns that
-program's optimised, scheduled HLO text (the input of `env.hlo_import`).
+program's optimised, scheduled HLO text (the input of `env.programs.hlo_import`).
 
 Programs
   * Inference (`train=False`): `fn(params, inputs) -> outputs`, the forward pass in evaluation
@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from env.errors import WorkloadError
+from malloczero.env.errors import WorkloadError
 
 
 @dataclasses.dataclass(frozen=True)

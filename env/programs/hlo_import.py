@@ -85,8 +85,8 @@ from typing import Any, Callable, Iterator, Union
 
 import numpy as np
 
-from env.errors import WorkloadError
-from env.workload import Workload
+from malloczero.env.errors import WorkloadError
+from malloczero.env.workload import Workload
 
 SMALL_CONSTANT_BYTES = 64  # ENTRY constants up to this size are ignored (immediates).
 

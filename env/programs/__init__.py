@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from env.workload import Workload
+from malloczero.env.workload import Workload
 
 
 def program_name(model: str, batch: int, train: bool, tiny: bool = False) -> str:
@@ -15,7 +15,7 @@ def import_model(model: str, batch: int, train: bool, tiny: bool = False,
   """Builds the zoo model's program, compiles it with XLA on the CPU and imports it.
 
   Returns the workload and XLA's own memory and flop statistics for the same program."""
-  from env.hlo_import import workload_from_jax  # jax and haiku load only when importing.
-  from env.zoo import build_program
+  from malloczero.env.programs.hlo_import import workload_from_jax  # jax and haiku load only when importing.
+  from malloczero.env.programs.zoo import build_program
   fn, args = build_program(model, batch, train, seed=seed, tiny=tiny)
   return workload_from_jax(fn, *args, name=program_name(model, batch, train, tiny))
