@@ -1,0 +1,109 @@
+"""The files of a training run's work directory, named in one place.
+
+Every part of the system (the learner's checkpoints, the agent that loads them, the nodes, the
+launcher, the reports) reaches the work directory through `WorkDir`, so the layout below is the
+only place its names are spelt. It lives beside the configs because every layer reads it:
+
+  config.json                      the Config the run was started with
+  checkpoints/learner_state.pkl    parameters, optimiser state, step (restored on restart)
+  checkpoints/replay/              Reverb's checkpoints of the replay table (distributed runs)
+  checkpoints/counter.json         the counter node's counts (distributed runs)
+  baselines.json                   msa / greedy / bestfit / random speed-ups of the programs
+  learning_curve.csv / .png        greedy evaluation of the agent against learner steps
+  logs/<label>/logs.csv            Acme CSV logs: learner, actor(s), evaluator
+  tensorboard/<label>/             TensorBoard events (distributed runs)
+  nodes/<name>.log                 each local_mp node's output
+  report.{md,json,csv}, report_*.png, mappings/
+                                   the final evaluation report and the agent's mappings
+
+A report directory (`malloczero evaluate --out`) holds the same report part under its own stem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+CHECKPOINT_FILENAME = "learner_state.pkl"
+REPORT_STEM = "report"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkDir:
+  """The paths of one work directory (nothing is created or read here)."""
+  root: str
+
+  @classmethod
+  def of_checkpoint(cls, checkpoint_file: str) -> WorkDir:
+    """The work directory of `.../RUN/checkpoints/learner_state.pkl`."""
+    return cls(os.path.dirname(os.path.dirname(os.path.abspath(checkpoint_file))))
+
+  def _path(self, *parts: str) -> str:
+    return os.path.join(self.root, *parts)
+
+  @property
+  def config(self) -> str:
+    return self._path("config.json")
+
+  @property
+  def checkpoints(self) -> str:
+    return self._path("checkpoints")
+
+  @property
+  def learner_state(self) -> str:
+    return os.path.join(self.checkpoints, CHECKPOINT_FILENAME)
+
+  @property
+  def replay_checkpoints(self) -> str:
+    return os.path.join(self.checkpoints, "replay")
+
+  @property
+  def counter(self) -> str:
+    return os.path.join(self.checkpoints, "counter.json")
+
+  @property
+  def baselines(self) -> str:
+    return self._path("baselines.json")
+
+  @property
+  def learning_curve_csv(self) -> str:
+    return self._path("learning_curve.csv")
+
+  @property
+  def learning_curve_png(self) -> str:
+    return self._path("learning_curve.png")
+
+  @property
+  def logs(self) -> str:
+    return self._path("logs")
+
+  def log_csv(self, label: str) -> str:
+    """Where Acme's `CSVLogger(root, label=label, add_uid=False)` writes."""
+    return os.path.join(self.logs, label, "logs.csv")
+
+  @property
+  def tensorboard(self) -> str:
+    return self._path("tensorboard")
+
+  def tensorboard_events(self, label: str) -> str:
+    return os.path.join(self.tensorboard, label)
+
+  @property
+  def nodes(self) -> str:
+    return self._path("nodes")
+
+  def node_log(self, name: str) -> str:
+    return os.path.join(self.nodes, f"{name}.log")
+
+  def report(self, extension: str, stem: str = REPORT_STEM) -> str:
+    """`report.md`, `.json` or `.csv` (or another stem's, e.g. `evaluation.md`)."""
+    return self._path(f"{stem}.{extension}")
+
+  @property
+  def mappings(self) -> str:
+    return self._path("mappings")
+
+  @property
+  def evaluation(self) -> str:
+    """Where the launcher suggests `malloczero evaluate --out` for this run."""
+    return self._path("evaluation")
