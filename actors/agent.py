@@ -22,7 +22,7 @@ from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware
 from malloczero.env.solvers import SolveResult
 from malloczero.env.workload import Workload
-from malloczero.learner.learner import (CHECKPOINT_FILENAME, check_params_fit, checkpoint_configs,
+from malloczero.learner.checkpoint import (CHECKPOINT_FILENAME, check_params_fit, checkpoint_configs,
                              checkpoint_steps, load_params)
 from malloczero.learner.networks import MuZeroNetworks, Params, make_networks
 

@@ -167,11 +167,32 @@ def bench_acting(preset: str, batch: int, steps: int) -> dict[str, Any]:
           f"acting_{preset}_moves_per_s": acting_moves_per_s(actor, steps)}
 
 
+def learner_updates_per_s(config: Any, num_updates: int = 20, num_batches: int = 4) -> float:
+  """Learner SGD steps per second on in-memory random batches (no Reverb), after compilation.
+
+  Goes through `MuZeroLearner.step()`, so host-to-device transfer, importance weights and the
+  metrics' device-to-host copy are included; sampling from replay is not."""
+  from malloczero.learner.fakes import random_batch
+  from malloczero.learner.learner import MuZeroLearner
+  from malloczero.learner.networks import make_networks
+  batch_size = config.learner.batch_size
+  batches = [random_batch(config, batch_size, seed) for seed in range(num_batches)]
+  counter = iter(range(1 << 62))
+  networks = make_networks(config.network, config.game)
+  learner = MuZeroLearner(networks, config, lambda: batches[next(counter) % num_batches],
+                          seed=config.seed)
+  learner.step()  # Compiles.
+  learner.step()
+  start = time.perf_counter()
+  for _ in range(num_updates):
+    learner.step()
+  return num_updates / (time.perf_counter() - start)
+
+
 def bench_learner(preset: str, batch: int, unroll: int, updates: int) -> dict[str, Any]:
   import dataclasses
 
   from malloczero.configs.config import get_config
-  from malloczero.learner.learner import learner_updates_per_s
   config = get_config(preset)
   config = dataclasses.replace(config, learner=dataclasses.replace(
       config.learner, batch_size=batch, unroll_steps=unroll))

@@ -3,17 +3,15 @@
 One `step()` samples a `Batch` (replay/types.py), runs one jitted SGD step on the MuZero loss
 (learner/losses.py), writes the new priorities back to replay and returns metrics. Actors pull
 parameters with `get_variables()` (thread-safe: the learner may run in its own thread, as under
-Launchpad's courier). The whole training state is checkpointed as one pickle of numpy arrays,
-written atomically, and a learner built on a directory that holds one resumes from it.
+Launchpad's courier). The whole training state is checkpointed (learner/checkpoint.py), and a
+learner built on a directory that holds a checkpoint resumes from it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
-import pickle
 import threading
 import time
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
@@ -27,14 +25,12 @@ import optax
 from malloczero.configs.config import Config, LearnerConfig
 from malloczero.env.errors import MalloczeroError
 from malloczero.env.game import observation_spec
+from malloczero.learner.checkpoint import CHECKPOINT_FILENAME, restore_state, save_state, to_numpy
 from malloczero.learner.losses import muzero_loss
-from malloczero.learner.networks import MuZeroNetworks, Observation, Params, make_networks
+from malloczero.learner.networks import MuZeroNetworks, Observation, Params
 from malloczero.replay.types import Batch, Step
 
 _log = logging.getLogger("malloczero.learner")
-
-CHECKPOINT_FILENAME = "learner_state.pkl"
-_CHECKPOINT_FORMAT = "malloczero-learner-state-v1"
 
 SampleFn = Union[Callable[[], Batch], Iterator[Batch]]
 UpdatePrioritiesFn = Callable[[np.ndarray, np.ndarray], None]
@@ -141,81 +137,6 @@ def make_sgd_step(networks: MuZeroNetworks, config: Config
     return new_state, metrics, priorities
 
   return jax.jit(sgd_step)
-
-
-# ------------------------------------------------------------------------------ checkpoints
-
-def _to_numpy(tree: Any) -> Any:
-  return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
-
-
-def _checkpoint_file(path: str) -> str:
-  return os.path.join(path, CHECKPOINT_FILENAME) if os.path.isdir(path) else path
-
-
-def _read_checkpoint(path: str) -> dict[str, Any]:
-  file = _checkpoint_file(path)
-  if not os.path.isfile(file):
-    raise MalloczeroError(f"no learner checkpoint at '{path}'")
-  try:
-    with open(file, "rb") as f:
-      payload = pickle.load(f)
-  except Exception as e:  # Truncated, not a pickle, unknown classes: all mean unusable.
-    raise MalloczeroError(f"learner checkpoint '{file}' is unreadable "
-                          f"({type(e).__name__}: {e})".replace("\n", " ")) from e
-  if not isinstance(payload, dict) or payload.get("format") != _CHECKPOINT_FORMAT:
-    raise MalloczeroError(f"'{file}' is not a malloczero learner checkpoint")
-  return payload
-
-
-def load_params(path: str, which: str = "params") -> Params:
-  """Network parameters (numpy) from a checkpoint file or a directory holding one, without
-  building a learner; `which` is 'params' or 'target_params'."""
-  return _read_checkpoint(path)[which]
-
-
-def checkpoint_configs(path: str) -> tuple[Any, Any]:
-  """(NetworkConfig, GameConfig) a checkpoint's networks were built with."""
-  from malloczero.configs.config import NetworkConfig
-  from malloczero.env.game import GameConfig
-  payload = _read_checkpoint(path)
-  try:
-    return NetworkConfig(**payload["network_config"]), GameConfig(**payload["game_config"])
-  except (KeyError, TypeError) as e:
-    raise MalloczeroError(f"learner checkpoint '{_checkpoint_file(path)}' was made by another "
-                          f"version of malloczero ({type(e).__name__}: {e})") from e
-
-
-def check_params_fit(networks: MuZeroNetworks, params: Params, path: str) -> None:
-  """Raises MalloczeroError unless `params` have the shapes `networks` expect."""
-  example = {k: np.zeros((1, *s.shape), s.dtype) for k, s in observation_spec(networks.game).items()}
-  template = jax.eval_shape(networks.init, jax.random.PRNGKey(0), example)
-  _check_same_structure(template, params, "parameters", _checkpoint_file(path))
-
-
-def checkpoint_steps(path: str) -> int:
-  """The learner step a checkpoint (file, or directory holding one) was saved at."""
-  return int(_read_checkpoint(path)["steps"])
-
-
-def params_digest(params: Params) -> str:
-  """A short SHA-256 of a parameter tree's values (leaf order and dtypes included): equal digests
-  mean equal parameters, e.g. a restored learner's and its checkpoint's."""
-  import hashlib
-  digest = hashlib.sha256()
-  for leaf in jax.tree_util.tree_leaves(params):
-    array = np.ascontiguousarray(np.asarray(leaf))
-    digest.update(str((array.dtype, array.shape)).encode())
-    digest.update(array.tobytes())
-  return digest.hexdigest()[:16]
-
-
-def _check_same_structure(template: Any, loaded: Any, what: str, file: str) -> None:
-  t_leaves, t_def = jax.tree_util.tree_flatten(template)
-  l_leaves, l_def = jax.tree_util.tree_flatten(loaded)
-  if t_def != l_def or any(np.shape(a) != np.shape(b) for a, b in zip(t_leaves, l_leaves)):
-    raise MalloczeroError(f"learner checkpoint '{file}' does not match this configuration "
-                          f"({what} differ in structure or shapes)")
 
 
 # ------------------------------------------------------------------------------ the learner
@@ -329,7 +250,7 @@ class MuZeroLearner:
       cached = self._numpy_params
     if cached is None or cached[0] != num_steps:
       # Device-to-host outside the lock: jax arrays are immutable, so `state` stays intact.
-      cached = (num_steps, _to_numpy(state.params))
+      cached = (num_steps, to_numpy(state.params))
       with self._lock:
         if self._numpy_params is None or self._numpy_params[0] < num_steps:
           self._numpy_params = cached
@@ -340,7 +261,7 @@ class MuZeroLearner:
       if name == "params":
         out.append(cached[1])
       elif name == "target_params":
-        out.append(_to_numpy(state.target_params))
+        out.append(to_numpy(state.target_params))
       elif name == "steps":
         out.append(np.int64(num_steps))
       else:
@@ -357,31 +278,9 @@ class MuZeroLearner:
         raise MalloczeroError("no checkpoint path: pass one to save() or build the learner with "
                               "a checkpoint_dir")
       path = self._checkpoint_dir
-    file = _checkpoint_file(path)
     with self._lock:
       state, num_steps = self._state, self._num_steps
-    state = _to_numpy(state)
-    payload = {
-        "format": _CHECKPOINT_FORMAT,
-        "steps": num_steps,
-        "params": state.params,
-        "target_params": state.target_params,
-        # Leaves only: optax's state classes are an implementation detail of the installed
-        # version; the treedef is rebuilt from a fresh optimizer state on restore.
-        "opt_state_leaves": jax.tree_util.tree_leaves(state.opt_state),
-        "rng": state.rng,
-        "network_config": dataclasses.asdict(self._networks.config),
-        "game_config": dataclasses.asdict(self._networks.game),
-        "saved_at": time.time(),
-    }
-    directory = os.path.dirname(os.path.abspath(file))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{file}.tmp.{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "wb") as f:
-      pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, file)  # Readers see the old checkpoint or the new one, never half of one.
+    file = save_state(path, state, num_steps, self._networks)
     self._last_save = time.monotonic()
     return file
 
@@ -389,90 +288,8 @@ class MuZeroLearner:
     """Loads the training state from a checkpoint file or a directory holding one.
 
     Raises MalloczeroError when it is missing, unreadable or made for other networks."""
-    payload = _read_checkpoint(path)
-    file = _checkpoint_file(path)
-    template = self._state
-    _check_same_structure(template.params, payload["params"], "parameters", file)
-    _check_same_structure(template.target_params, payload["target_params"], "target parameters",
-                          file)
-    opt_leaves, opt_def = jax.tree_util.tree_flatten(template.opt_state)
-    loaded_leaves = payload["opt_state_leaves"]
-    if len(loaded_leaves) != len(opt_leaves) or any(
-        np.shape(a) != np.shape(b) for a, b in zip(opt_leaves, loaded_leaves)):
-      raise MalloczeroError(f"learner checkpoint '{file}' does not match this configuration "
-                            "(optimizer state differs)")
-    as_jax = lambda tree: jax.tree_util.tree_map(jnp.asarray, tree)
-    state = TrainingState(
-        params=as_jax(payload["params"]),
-        target_params=as_jax(payload["target_params"]),
-        opt_state=jax.tree_util.tree_unflatten(opt_def, [jnp.asarray(x) for x in loaded_leaves]),
-        steps=jnp.asarray(payload["steps"], jnp.int32),
-        rng=jnp.asarray(payload["rng"]))
+    state, num_steps = restore_state(path, self._state)
     with self._lock:
       self._state = state
-      self._num_steps = int(payload["steps"])
+      self._num_steps = num_steps
       self._numpy_params = None
-
-
-# ------------------------------------------------------------------------------ benchmarking
-
-def random_batch(config: Config, batch_size: int, seed: int = 0) -> Batch:
-  """A random but well-formed batch `[B, L, ...]`: plausible observations and legal masks,
-  actions drawn from peaked search policies, and episodes that end at random points inside the
-  sequence (terminal state, then zero padding) as the replay writer lays them out."""
-  rng = np.random.default_rng(seed)
-  game = config.game
-  length = config.learner.sequence_length
-  num_actions = game.num_actions
-  spec = observation_spec(game)
-  shape = lambda *s: (batch_size, length) + s
-  obs = {k: rng.random(shape(*s.shape), dtype=np.float32) for k, s in spec.items()
-         if k != "legal_actions"}
-  num_candidates = rng.integers(0, game.num_candidates + 1, shape())                  # [B, L]
-  legal = np.arange(num_actions) <= num_candidates[..., None]                         # [B, L, A]
-  obs["candidates"][..., 0] = (np.arange(game.num_candidates) < num_candidates[..., None])
-  # Episode end: the terminal state sits at index `end` (beyond L: no end in this item).
-  end = rng.integers(1, 2 * length, batch_size)
-  index = np.arange(length)[None]
-  valid = (index < end[:, None]).astype(np.float32)                                   # [B, L]
-  terminal = index == end[:, None]
-  logits = np.where(legal, 3.0 * rng.standard_normal(shape(num_actions)), -np.inf)
-  policy = np.exp(logits - logits.max(-1, keepdims=True))
-  policy /= policy.sum(-1, keepdims=True)
-  action = (policy.cumsum(-1) < rng.random(shape(1))).sum(-1).clip(0, num_actions - 1)
-  reward = (rng.exponential(0.02, shape()) * (action > 0)).astype(np.float32)
-  root_value = rng.random(shape(), dtype=np.float32) * 0.5
-  # The terminal observation is zeros with action 0 legal; padding is zeros with nothing legal.
-  for k in obs:
-    obs[k] *= valid.reshape(valid.shape + (1,) * (obs[k].ndim - 2))
-  legal = (legal & (valid[..., None] > 0)) | (terminal[..., None] & (np.arange(num_actions) == 0))
-  obs["legal_actions"] = legal
-  steps = Step(observation=obs, action=(action * valid).astype(np.int32),
-               reward=reward * valid, policy=(policy * valid[..., None]).astype(np.float32),
-               root_value=root_value * valid, valid=valid)
-  keys = np.arange(batch_size, dtype=np.uint64)
-  probabilities = rng.uniform(0.5, 1.5, batch_size) / batch_size
-  return Batch(steps=steps, keys=keys, probabilities=probabilities)
-
-
-def learner_updates_per_s(config: Config, batch_size: Optional[int] = None,
-                          num_updates: int = 20, num_batches: int = 4) -> float:
-  """Learner SGD steps per second on in-memory random batches (no Reverb), after compilation.
-
-  Goes through `MuZeroLearner.step()`, so host-to-device transfer, importance weights and the
-  metrics' device-to-host copy are included; sampling from replay is not."""
-  if batch_size is not None:
-    config = dataclasses.replace(config,
-                                 learner=dataclasses.replace(config.learner, batch_size=batch_size))
-  batch_size = config.learner.batch_size
-  batches = [random_batch(config, batch_size, seed) for seed in range(num_batches)]
-  counter = iter(range(1 << 62))
-  networks = make_networks(config.network, config.game)
-  learner = MuZeroLearner(networks, config, lambda: batches[next(counter) % num_batches],
-                          seed=config.seed)
-  learner.step()  # Compiles.
-  learner.step()
-  start = time.perf_counter()
-  for _ in range(num_updates):
-    learner.step()
-  return num_updates / (time.perf_counter() - start)

@@ -255,7 +255,7 @@ class LearnerNode:
                                   seed=config.seed,
                                   checkpoint_dir=context.path(CHECKPOINT_DIR))
     if self._learner.num_steps:
-      from malloczero.learner.learner import params_digest
+      from malloczero.learner.checkpoint import params_digest
       say("learner", f"resumed at step {self._learner.num_steps}, parameters "
           f"{params_digest(self._learner.get_variables())}")
     else:

@@ -89,7 +89,7 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
 
   Raises MalloczeroError when the directory holds a run of another configuration or an unreadable
   checkpoint, before anything is started."""
-  from malloczero.learner.learner import checkpoint_steps
+  from malloczero.learner.checkpoint import checkpoint_steps
   saved = os.path.join(workdir, "config.json")
   if os.path.exists(saved):
     try:
@@ -321,7 +321,7 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
                   print_fn)
   manager.wait(raise_error=False)
   final = monitor_final_counts(workdir)
-  from malloczero.learner.learner import checkpoint_steps
+  from malloczero.learner.checkpoint import checkpoint_steps
   try:
     steps = checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR))
   except MalloczeroError:

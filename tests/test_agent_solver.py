@@ -15,7 +15,8 @@ from malloczero.env.errors import MalloczeroError
 from malloczero.env.solvers import solve
 from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
 from malloczero.env.validator import validate_mapping
-from malloczero.learner.learner import MuZeroLearner, random_batch
+from malloczero.learner.fakes import random_batch
+from malloczero.learner.learner import MuZeroLearner
 from malloczero.learner.networks import make_networks
 from malloczero.system.training import save_config
 

@@ -49,7 +49,7 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
   import signal
   import time
 
-  from malloczero.learner.learner import load_params
+  from malloczero.learner.checkpoint import load_params
   workdir = tmp_path / "run"
   process = subprocess.Popen(
       [sys.executable, "-m", "malloczero", "train", "--launch", "single", "--config", "tiny",

@@ -17,8 +17,9 @@ from malloczero.configs.config import get_config
 from malloczero.env import MallocGame, MalloczeroError, PRESETS
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.learner import learner as learner_lib
-from malloczero.learner import (MuZeroLearner, importance_weights, load_params, make_networks, random_batch,
+from malloczero.learner import (MuZeroLearner, importance_weights, load_params, make_networks,
                      scalar_to_probs, value_targets)
+from malloczero.learner.fakes import random_batch
 from malloczero.learner.losses import PRIORITY_EPSILON
 from malloczero.replay.types import Batch, Step, zero_step
 

@@ -18,7 +18,7 @@ import pytest
 from malloczero.configs.config import get_config
 from malloczero.env.errors import MalloczeroError
 from malloczero.env.programs.suites import get_suite
-from malloczero.learner.learner import checkpoint_steps, load_params, params_digest
+from malloczero.learner.checkpoint import checkpoint_steps, load_params, params_digest
 from malloczero.system.nodes import NodeContext
 from malloczero.system.program import build_program, check_workdir, node_name
 

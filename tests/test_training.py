@@ -21,7 +21,7 @@ from malloczero.actors.games import suite_games
 from malloczero.configs.config import get_config
 from malloczero.env import MalloczeroError, validate_mapping
 from malloczero.system.evaluation import geomean
-from malloczero.learner.learner import CHECKPOINT_FILENAME
+from malloczero.learner.checkpoint import CHECKPOINT_FILENAME
 from malloczero.learner.networks import make_networks
 from malloczero.system import single_process
 from malloczero.system.single_process import train_single_process
