@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 from malloczero.actors.evaluator import compile_searches, play_programs, with_simulations
 from malloczero.actors.games import GameSpec
 from malloczero.configs.config import SearchConfig
+from malloczero.configs.workdir import WorkDir
 from malloczero.env.errors import MalloczeroError
 from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware
@@ -46,7 +47,7 @@ class Agent:
 
 def find_checkpoint(path: str) -> str:
   """A training work directory, its checkpoints/ folder, or the checkpoint file -> the file."""
-  for candidate in (os.path.join(path, "checkpoints", CHECKPOINT_FILENAME),
+  for candidate in (WorkDir(path).learner_state,
                     os.path.join(path, CHECKPOINT_FILENAME), path):
     if os.path.isfile(candidate):
       return candidate
@@ -62,7 +63,7 @@ def load_agent(path: str) -> Agent:
   params = load_params(file)
   check_params_fit(networks, params, file)
   search = SearchConfig()
-  config_file = os.path.join(os.path.dirname(os.path.dirname(file)), "config.json")
+  config_file = WorkDir.of_checkpoint(file).config
   if os.path.isfile(config_file):
     with open(config_file, encoding="utf-8") as f:
       search = SearchConfig(**json.load(f).get("search", {}))

@@ -345,8 +345,10 @@ def cmd_train(args: argparse.Namespace) -> int:
   out.print(table)
   out.print(f"{result.learner_steps} learner steps, {result.actor_steps} actor steps, "
             f"{result.episodes} episodes in {result.elapsed_s:.0f} s")
-  for name in ("learning_curve.png", "learning_curve.csv", "checkpoints/learner_state.pkl"):
-    out.print(f"wrote {os.path.join(workdir, name)}")
+  from malloczero.configs.workdir import WorkDir
+  files = WorkDir(workdir)
+  for path in (files.learning_curve_png, files.learning_curve_csv, files.learner_state):
+    out.print(f"wrote {path}")
   return 0
 
 
@@ -374,18 +376,20 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
     for line in summary_rows(result.report, baselines=BASELINES):
       table.add_row(*line)
     out.print(table)
-  for name, what in (("report.md", "the evaluation report (with report.json, report.csv and "
-                     "pictures)"), ("learning_curve.png", "the learning curve"),
-                     ("checkpoints", "checkpoints"), ("logs", "CSV logs"),
-                     ("tensorboard", "TensorBoard events")):
-    if os.path.exists(os.path.join(result.workdir, name)):
-      out.print(f"  {what}: {os.path.join(result.workdir, name)}")
+  from malloczero.configs.workdir import WorkDir
+  files = WorkDir(result.workdir)
+  for path, what in ((files.report("md"), "the evaluation report (with report.json, report.csv "
+                      "and pictures)"), (files.learning_curve_png, "the learning curve"),
+                     (files.checkpoints, "checkpoints"), (files.logs, "CSV logs"),
+                     (files.tensorboard, "TensorBoard events")):
+    if os.path.exists(path):
+      out.print(f"  {what}: {path}")
   if result.report is not None:
     out.print(f"  compare with evo and CP-SAT too: malloczero evaluate --suite {config.suite} "
-              f"--checkpoint {result.workdir} --out {os.path.join(result.workdir, 'evaluation')}")
+              f"--checkpoint {result.workdir} --out {files.evaluation}")
   if result.status.startswith("failed"):
     print(f"malloczero: error: {result.status}; the last checkpoint is in "
-          f"{os.path.join(result.workdir, 'checkpoints')}", file=sys.stderr)
+          f"{files.checkpoints}", file=sys.stderr)
     return 1
   if result.status == "interrupted":
     print(f"malloczero: interrupted at learner step {result.learner_steps}; run the same command "

@@ -21,6 +21,7 @@ import numpy as np
 
 from malloczero.actors.agent import Agent, compile_agent, load_agent, play_with_agent
 from malloczero.actors.games import GameSpec
+from malloczero.configs.workdir import WorkDir
 from malloczero.env.errors import MalloczeroError
 from malloczero.env.mapping import Mapping
 from malloczero.env.solvers import SolveResult, solve
@@ -70,7 +71,7 @@ def load_agents(checkpoints: Sequence[str], simulations: Optional[int] = None,
 
 def run_directory(checkpoint_file: str) -> str:
   """The training work directory of `.../RUN/checkpoints/learner_state.pkl`."""
-  return os.path.dirname(os.path.dirname(os.path.abspath(checkpoint_file)))
+  return WorkDir.of_checkpoint(checkpoint_file).root
 
 
 def _run_name(checkpoint_file: str) -> str:

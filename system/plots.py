@@ -14,6 +14,7 @@ from matplotlib.collections import PatchCollection  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 
+from malloczero.configs.workdir import WorkDir  # noqa: E402
 from malloczero.env.hardware import Hardware  # noqa: E402
 from malloczero.env.mapping import Mapping  # noqa: E402
 from malloczero.env.workload import Workload  # noqa: E402
@@ -125,9 +126,8 @@ def plot_learning_curves(workdirs: dict[str, str], references: dict[str, dict[st
   """From each run's logs: the evaluated speed-up (learning_curve.csv) and the learner's loss
   (logs/learner/logs.csv) against learner steps. `references` is {split: {solver: geomean}},
   drawn as horizontal lines. Returns None (and draws nothing) when no run has logs."""
-  curves = {label: _read_csv(os.path.join(d, "learning_curve.csv")) for label, d in workdirs.items()}
-  losses = {label: _read_csv(os.path.join(d, "logs", "learner", "logs.csv"))
-            for label, d in workdirs.items()}
+  curves = {label: _read_csv(WorkDir(d).learning_curve_csv) for label, d in workdirs.items()}
+  losses = {label: _read_csv(WorkDir(d).log_csv("learner")) for label, d in workdirs.items()}
   if not any(curves.values()) and not any(losses.values()):
     return None
   fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7.5), sharex=True)

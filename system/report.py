@@ -14,6 +14,7 @@ import re
 from typing import Any, Callable, Optional
 
 from malloczero.configs.config import Config
+from malloczero.configs.workdir import REPORT_STEM, WorkDir
 from malloczero.env.programs.suites import get_suite
 from malloczero.system.evaluation import (SPLITS, SuiteEvaluation, best_agent, evaluate_suite, load_agents,
                                run_directory)
@@ -116,16 +117,16 @@ def write_report(evaluation: SuiteEvaluation, out_dir: str, title: str, stem: st
                  picture_prefix: str = "", learning_curves: bool = True) -> list[str]:
   """Writes `{stem}.md/.csv/.json` and the pictures into out_dir; returns the paths written."""
   os.makedirs(out_dir, exist_ok=True)
-  path = lambda name: os.path.join(out_dir, name)
-  written = [_write_csv(evaluation, path(f"{stem}.csv"))]
-  with open(path(f"{stem}.json"), "w", encoding="utf-8") as f:
+  report = lambda extension: WorkDir(out_dir).report(extension, stem)
+  written = [_write_csv(evaluation, report("csv"))]
+  with open(report("json"), "w", encoding="utf-8") as f:
     json.dump(evaluation.to_json(title), f, indent=1)
-  written.append(path(f"{stem}.json"))
+  written.append(report("json"))
   written += _write_agent_mappings(evaluation, out_dir)
   pictures = _draw_pictures(evaluation, out_dir, picture_prefix, title, learning_curves)
-  with open(path(f"{stem}.md"), "w", encoding="utf-8") as f:
+  with open(report("md"), "w", encoding="utf-8") as f:
     f.write(markdown(evaluation, title, pictures))
-  return [path(f"{stem}.md")] + written + [path(p) for _, p in pictures]
+  return [report("md")] + written + [os.path.join(out_dir, p) for _, p in pictures]
 
 
 def markdown(evaluation: SuiteEvaluation, title: str,
@@ -174,7 +175,7 @@ def markdown(evaluation: SuiteEvaluation, title: str,
 def mapping_file(out_dir: str, label: str, program: str) -> str:
   """Where `write_report` puts an agent's validated mapping of one program."""
   safe = lambda text: re.sub(r"[^A-Za-z0-9._-]+", "_", text)
-  return os.path.join(out_dir, "mappings", safe(label), f"{safe(program)}.json")
+  return os.path.join(WorkDir(out_dir).mappings, safe(label), f"{safe(program)}.json")
 
 
 def _write_agent_mappings(evaluation: SuiteEvaluation, out_dir: str) -> list[str]:
@@ -184,7 +185,7 @@ def _write_agent_mappings(evaluation: SuiteEvaluation, out_dir: str) -> list[str
       path = mapping_file(out_dir, agent.label, row["entry"])
       os.makedirs(os.path.dirname(path), exist_ok=True)
       evaluation.mappings[(row["entry"], agent.label)].save(path)
-  return [os.path.join(out_dir, "mappings")] if evaluation.agents else []
+  return [WorkDir(out_dir).mappings] if evaluation.agents else []
 
 
 def _write_csv(evaluation: SuiteEvaluation, path: str) -> str:
@@ -247,7 +248,7 @@ def write_final_report(config: Config, workdir: str,
                               batch_agents=True, seed=config.seed)
   title = (f"Final evaluation: config `{config.name}`, suite `{config.suite}`, learner step "
            f"{agent.agent.learner_steps}")
-  write_report(evaluation, workdir, title, stem="report", picture_prefix="report_",
+  write_report(evaluation, workdir, title, stem=REPORT_STEM, picture_prefix=f"{REPORT_STEM}_",
                learning_curves=False)
   for split in SPLITS:
     s = evaluation.summary.get(split)
@@ -256,7 +257,7 @@ def write_final_report(config: Config, workdir: str,
                + ", ".join(f"{b} {s[f'{b}_geomean_speedup']:.3f}x" for b in BASELINES)
                + f"; vs msa {s['agent_geomean_vs_msa']:.3f}x (wins {s['agent_wins']}, ties "
                f"{s['agent_ties']}, losses {s['agent_losses']} of {s['entries']})")
-  print_fn(f"wrote {os.path.join(workdir, 'report.md')} (with report.json, report.csv and "
+  print_fn(f"wrote {WorkDir(workdir).report('md')} (with report.json, report.csv and "
            "pictures)")
   return evaluation.to_json(title)
 

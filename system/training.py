@@ -1,12 +1,6 @@
 """What every training launch shares: baselines to compare against, periodic greedy evaluation of
-the learner's parameters, and the learning-curve table and picture in the work directory.
-
-Work directory layout:
-  config.json                    the Config the run was started with
-  checkpoints/learner_state.pkl  parameters, optimiser state, step count (restored on restart)
-  logs/<label>/logs.csv          Acme CSV logs: learner, actor, evaluation
-  baselines.json                 msa / greedy / bestfit / random speed-ups of the programs
-  learning_curve.csv / .png      greedy evaluation of the agent against learner steps
+the learner's parameters, and the learning-curve table and picture in the work directory (whose
+files configs/workdir.py names).
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ import numpy as np
 from malloczero.actors.evaluator import evaluate_params
 from malloczero.actors.games import GameSpec
 from malloczero.configs.config import Config
+from malloczero.configs.workdir import WorkDir
 from malloczero.system.evaluation import geomean
 from malloczero.env.solvers import solve
 from malloczero.learner.networks import MuZeroNetworks
@@ -34,14 +29,14 @@ CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_
 
 def save_config(config: Config, workdir: str) -> None:
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+  with open(WorkDir(workdir).config, "w", encoding="utf-8") as f:
     json.dump(dataclasses.asdict(config), f, indent=1)
 
 
 def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
                       seed: int = 0) -> dict[str, dict[str, float]]:
   """{solver: {program: speed-up}} for the cheap baselines; cached in workdir/baselines.json."""
-  path = os.path.join(workdir, "baselines.json") if workdir else None
+  path = WorkDir(workdir).baselines if workdir else None
   cached: dict[str, dict[str, float]] = {}
   if path and os.path.exists(path):
     with open(path, encoding="utf-8") as f:
@@ -66,11 +61,11 @@ class LearningCurve:
 
   def __init__(self, networks: MuZeroNetworks, config: Config, workdir: str,
                splits: dict[str, Sequence[GameSpec]]):
-    self._networks, self._config, self._workdir = networks, config, workdir
+    self._networks, self._config, self._workdir = networks, config, WorkDir(workdir)
     self._splits = {k: list(v) for k, v in splits.items() if v}
     self.baselines = baseline_speedups([s for v in self._splits.values() for s in v], workdir,
                                        config.seed)
-    self.path = os.path.join(workdir, "learning_curve.csv")
+    self.path = self._workdir.learning_curve_csv
     self.rows: list[dict[str, Any]] = []
     if os.path.exists(self.path):  # A resumed run continues its curve.
       with open(self.path, encoding="utf-8") as f:
@@ -110,8 +105,8 @@ class LearningCurve:
 
   def plot(self) -> str:
     from malloczero.system.plots import plot_learning_curves
-    path = os.path.join(self._workdir, "learning_curve.png")
-    plot_learning_curves({self._config.name: self._workdir}, self.baseline_geomeans(), path,
+    path = self._workdir.learning_curve_png
+    plot_learning_curves({self._config.name: self._workdir.root}, self.baseline_geomeans(), path,
                          f"malloczero {self._config.name} on suite '{self._config.suite}' "
                          "(greedy evaluation search)")
     return path
