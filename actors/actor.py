@@ -59,6 +59,10 @@ class BatchedActor:
   def num_games(self) -> int:
     return self._pool.num_slots
 
+  @property
+  def num_programs(self) -> int:
+    return len(self._pool.specs)
+
   def _start_episode(self, slot: int) -> None:
     index, game = self._pool.draw(slot)
     observation = game.reset().observation

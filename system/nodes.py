@@ -22,18 +22,11 @@ import time
 from typing import Any, Callable, Optional
 
 import launchpad as lp
-import numpy as np
 import reverb
-from acme.utils import counting, loggers
+from acme.utils import counting
 
 from malloczero.configs.config import Config
-
-CHECKPOINT_DIR = "checkpoints"
-REPLAY_CHECKPOINT_DIR = os.path.join(CHECKPOINT_DIR, "replay")
-COUNTER_FILE = os.path.join(CHECKPOINT_DIR, "counter.json")
-NODE_OUTPUT_DIR = "nodes"
-# How long one learner sample may wait on the rate limiter before it re-checks for a stop.
-SAMPLE_TIMEOUT_MS = 1000
+from malloczero.configs.workdir import WorkDir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +37,9 @@ class NodeContext:
   own_process: bool = False       # local_mp: the node is alone in its process.
   tensorboard: bool = True
 
-  def path(self, *parts: str) -> str:
-    return os.path.join(self.workdir, *parts)
+  @property
+  def files(self) -> WorkDir:
+    return WorkDir(self.workdir)
 
 
 def start_node(context: NodeContext, name: str) -> None:
@@ -58,8 +52,8 @@ def start_node(context: NodeContext, name: str) -> None:
     os.dup2(devnull, 0)
   if not context.output_to_files:
     return
-  os.makedirs(context.path(NODE_OUTPUT_DIR), exist_ok=True)
-  log = open(context.path(NODE_OUTPUT_DIR, f"{name}.log"), "a", buffering=1, encoding="utf-8")
+  os.makedirs(context.files.nodes, exist_ok=True)
+  log = open(context.files.node_log(name), "a", buffering=1, encoding="utf-8")
   sys.stdout.flush()
   sys.stderr.flush()
   os.dup2(log.fileno(), 1)
@@ -76,17 +70,12 @@ def say(name: str, message: str) -> None:
     pass
 
 
-def make_logger(context: NodeContext, label: str, steps_key: Optional[str] = None,
-                time_delta: float = 0.0) -> loggers.Logger:
-  """CSV under workdir/logs/<label>/logs.csv and TensorBoard events under workdir/tensorboard."""
-  targets: list[loggers.Logger] = [
-      loggers.CSVLogger(context.workdir, label=label, add_uid=False)]
-  if context.tensorboard:
-    from acme.utils.loggers.tf_summary import TFSummaryLogger
-    targets.append(TFSummaryLogger(context.path("tensorboard", label), label=label,
-                                   steps_key=steps_key))
-  logger = loggers.Dispatcher(targets, serialize_fn=loggers.to_numpy)
-  return loggers.TimeFilter(logger, time_delta) if time_delta > 0 else logger
+def make_logger(context: NodeContext, label: str, steps_key: str,
+                time_delta: float = 0.0) -> Any:
+  """The builder's logger with TensorBoard events unless the context turns them off."""
+  from malloczero.system.builder import make_logger as make
+  return make(context.files, label, tensorboard=context.tensorboard, steps_key=steps_key,
+              time_delta=time_delta)
 
 
 def retry_until_answered(call: Callable[[], Any], name: str, what: str,
@@ -124,11 +113,6 @@ def wait_for_replay(client: reverb.Client, name: str, timeout_s: float = 600.0) 
 # ------------------------------------------------------------------------------------------ replay
 
 
-def _replay_tables(config: Config) -> list[reverb.Table]:
-  from malloczero.replay.tables import make_table
-  return [make_table(config)]
-
-
 class ReplayNode(lp.ReverbNode):
   """Launchpad's ReverbNode that also checkpoints its tables at stop (it only does so periodically).
 
@@ -138,20 +122,20 @@ class ReplayNode(lp.ReverbNode):
 
   def __init__(self, config: Config, context: NodeContext):
     import functools
-    super().__init__(functools.partial(_replay_tables, config))
+    from malloczero.system.builder import make_replay_tables
+    super().__init__(functools.partial(make_replay_tables, config))
     self._config = config
     self._context = context
 
   def run(self) -> None:
     start_node(self._context, "replay")
     from malloczero.replay.tables import TABLE_NAME
-    directory = self._context.path(REPLAY_CHECKPOINT_DIR)
+    from malloczero.system.builder import make_replay_server
+    directory = self._context.files.replay_checkpoints
     os.makedirs(directory, exist_ok=True)
     resumable = bool(os.listdir(directory))
-    server = reverb.Server(
-        tables=self._priority_tables_fn(),
-        port=lp.get_port_from_address(self._address.resolve()),
-        checkpointer=reverb.checkpointers.DefaultCheckpointer(directory))
+    server = make_replay_server(self._config, lp.get_port_from_address(self._address.resolve()),
+                                checkpoint_dir=directory)
     client = server.localhost_client()
     size = client.server_info()[TABLE_NAME].current_size
     say("replay", f"restored {size} items from {directory}" if resumable
@@ -179,7 +163,7 @@ class PersistentCounter(counting.Counter):
   def __init__(self, config: Config, context: NodeContext):
     start_node(context, "counter")
     super().__init__(time_delta=0.0)
-    self._file = context.path(COUNTER_FILE)
+    self._file = context.files.counter
     self._save_every_s = config.distributed.counter_save_every_s
     if os.path.exists(self._file):
       with open(self._file, encoding="utf-8") as f:
@@ -240,20 +224,15 @@ class LearnerNode:
   def __init__(self, config: Config, context: NodeContext, replay: reverb.Client, counter: Any,
                max_steps: int):
     start_node(context, "learner")
-    from malloczero.learner.learner import MuZeroLearner
     from malloczero.learner.networks import make_networks
-    from malloczero.replay import Sampler
+    from malloczero.system.builder import make_learner, make_sampler
     self._config, self._context = config, context
     self._counter = counter
     self._max_steps = max_steps
     wait_for_replay(replay, "learner")
-    self._sampler = Sampler(replay.server_address, config,
-                            rate_limiter_timeout_ms=SAMPLE_TIMEOUT_MS)
-    self._learner = MuZeroLearner(make_networks(config.network, config.game), config,
-                                  sample_fn=self._sampler.sample,
-                                  update_priorities_fn=self._sampler.update_priorities,
-                                  seed=config.seed,
-                                  checkpoint_dir=context.path(CHECKPOINT_DIR))
+    self._sampler = make_sampler(replay.server_address, config)
+    self._learner = make_learner(make_networks(config.network, config.game), config,
+                                 self._sampler, context.files)
     if self._learner.num_steps:
       from malloczero.learner.checkpoint import params_digest
       say("learner", f"resumed at step {self._learner.num_steps}, parameters "
@@ -268,6 +247,7 @@ class LearnerNode:
     return self._learner.num_steps
 
   def run(self) -> None:
+    from malloczero.system.loops import run_learner
     learner = self._learner
     counts = retry_until_answered(self._counter.get_counts, "learner", "the counter")
     # The counter's file and the learner's checkpoint are saved at different moments: the
@@ -277,20 +257,18 @@ class LearnerNode:
       self._counter.increment(learner_steps=offset)
     logger = make_logger(self._context, "learner", steps_key="learner_steps", time_delta=1.0)
     unreported = 0
+
+    def count_step() -> None:
+      nonlocal unreported
+      unreported += 1
+      try:
+        self._counter.increment(learner_steps=unreported)
+        unreported = 0
+      except Exception:  # pylint: disable=broad-except  # Counter stopping: count it later.
+        pass
+
     try:
-      while not lp.wait_for_stop(0) and learner.num_steps < self._max_steps:
-        try:
-          metrics = learner.step()
-        except TimeoutError:  # Rate limited: re-check for a stop, then wait again.
-          continue
-        unreported += 1
-        try:
-          self._counter.increment(learner_steps=unreported)
-          unreported = 0
-        except Exception:  # pylint: disable=broad-except  # Counter stopping: count it later.
-          pass
-        metrics["learner_steps"] = int(metrics["learner_steps"])
-        logger.write(metrics)
+      run_learner(learner, logger, lambda: lp.wait_for_stop(0), self._max_steps, count_step)
       if learner.num_steps >= self._max_steps:
         learner.save()
         say("learner", f"reached {learner.num_steps} steps; checkpoint saved, waiting for stop")
@@ -325,34 +303,25 @@ class ActorNode:
     self._replay, self._learner, self._counter = replay, learner, counter
 
   def run(self) -> None:
-    from malloczero.actors.actor import BatchedActor, EpisodeResult
-    from malloczero.actors.games import GamePool, suite_games
-    from malloczero.actors.variable_client import VariableClient
     from malloczero.learner.networks import make_networks
-    from malloczero.replay import SequenceWriter
-    from malloczero.replay.writer import WriterStopped
+    from malloczero.system.builder import make_actor, make_variable_client
+    from malloczero.system.loops import EpisodeStatistics, step_actor
     config = self._config
     seed = config.seed + 7919 * (self._actor_id + 1)
     wait_for_replay(self._replay, self._name)
     stop = lp.stop_event()
-    episodes: list[EpisodeResult] = []
-    networks = make_networks(config.network, config.game)
-    pool = GamePool(suite_games(config.suite, "train"), config.game, config.actor.num_games,
-                    seed=seed)
-    writer = SequenceWriter(self._replay, config, config.actor.num_games, should_stop=stop.is_set)
-    variables = VariableClient(self._learner, config.actor.variable_update_period)
-    actor = BatchedActor(networks, config, pool, variables, writer, seed=seed,
-                         on_episode=episodes.append)
+    episodes = EpisodeStatistics()
+    variables = make_variable_client(self._learner, config.actor)
+    actor = make_actor(make_networks(config.network, config.game), config, self._replay,
+                       variables, seed, should_stop=stop.is_set, on_episode=episodes.add)
     logger = make_logger(self._context, self._name, steps_key="actor_moves")
     retry_until_answered(variables.update_and_wait, self._name, "the learner")
-    say(self._name, f"playing {actor.num_games} games of {len(pool.specs)} programs")
+    say(self._name, f"playing {actor.num_games} games of {actor.num_programs} programs")
     reported_moves = reported_episodes = 0
     last_report = time.monotonic()
     try:
       while not stop.is_set():
-        try:
-          actor.step()
-        except WriterStopped:
+        if not step_actor(actor, stop.is_set):  # Replay stopped under a write at shutdown.
           break
         now = time.monotonic()
         if now - last_report >= config.distributed.actor_report_every_s:
@@ -366,14 +335,9 @@ class ActorNode:
           if episodes:
             logger.write({"actor_moves": moves, "episodes": actor.num_episodes,
                           "moves_per_s": (moves - reported_moves) / (now - last_report),
-                          "mean_return": float(np.mean([e.episode_return for e in episodes])),
-                          "mean_speedup": float(np.mean([e.speedup for e in episodes]))})
+                          **episodes.summary()})
             episodes.clear()
           reported_moves, reported_episodes, last_report = moves, actor.num_episodes, now
-    except Exception:
-      if stop.is_set():  # Replay stopped under a blocked write during shutdown.
-        return
-      raise
     finally:
       variables.close()
       logger.close()

@@ -31,10 +31,10 @@ from typing import Any, Callable, Optional
 import launchpad as lp
 
 from malloczero.configs.config import Config
+from malloczero.configs.workdir import WorkDir
 from malloczero.env.errors import MalloczeroError
-from malloczero.system.nodes import (CHECKPOINT_DIR, COUNTER_FILE, NODE_OUTPUT_DIR, REPLAY_CHECKPOINT_DIR,
-                          ActorNode, EvaluatorNode, LearnerNode, NodeContext, PersistentCounter,
-                          ReplayNode, StepsLimiter)
+from malloczero.system.nodes import (ActorNode, EvaluatorNode, LearnerNode, NodeContext,
+                                     PersistentCounter, ReplayNode, StepsLimiter)
 
 LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
 # Nodes without which training cannot go on: the program is stopped when one of them dies.
@@ -90,7 +90,8 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
   Raises MalloczeroError when the directory holds a run of another configuration or an unreadable
   checkpoint, before anything is started."""
   from malloczero.learner.checkpoint import checkpoint_steps
-  saved = os.path.join(workdir, "config.json")
+  files = WorkDir(workdir)
+  saved = files.config
   if os.path.exists(saved):
     try:
       with open(saved, encoding="utf-8") as f:
@@ -102,9 +103,8 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
           f"{workdir} holds a run of config '{previous.get('name')}' on suite "
           f"'{previous.get('suite')}' with other networks or game settings; resume it with the "
           "same --config and --suite, or use another --workdir")
-  checkpoint = os.path.join(workdir, CHECKPOINT_DIR)
-  if os.path.isdir(checkpoint) and os.path.exists(os.path.join(checkpoint, "learner_state.pkl")):
-    return checkpoint_steps(checkpoint)
+  if os.path.isdir(files.checkpoints) and os.path.exists(files.learner_state):
+    return checkpoint_steps(files.checkpoints)
   return None
 
 
@@ -219,7 +219,7 @@ class _Monitor:
                      items, inserts, samples, self.live_actors())
 
   def last_evaluation(self) -> Optional[dict[str, str]]:
-    path = os.path.join(self._workdir, "learning_curve.csv")
+    path = WorkDir(self._workdir).learning_curve_csv
     if not os.path.exists(path):
       return None
     with open(path, encoding="utf-8") as f:
@@ -282,13 +282,14 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   num_actors = num_actors or config.distributed.num_actors
   max_steps = max_steps or config.max_learner_steps
   workdir = os.path.abspath(workdir)
+  files = WorkDir(workdir)
   start_step = check_workdir(config, workdir)
   if start_step is not None:
     if start_step >= max_steps:
       raise MalloczeroError(f"{workdir} is already at learner step {start_step} >= --max-steps "
                             f"{max_steps}; raise --max-steps to train further, or give a new --workdir "
                             "for a fresh run")
-    replay_dir = os.path.join(workdir, REPLAY_CHECKPOINT_DIR)
+    replay_dir = files.replay_checkpoints
     has_replay = os.path.isdir(replay_dir) and bool(os.listdir(replay_dir))
     print_fn(f"resuming {workdir} from learner step {start_step} "
              f"({'with' if has_replay else 'without'} a replay checkpoint)")
@@ -305,7 +306,7 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   flags.FLAGS.lp_termination_notice_secs = TERMINATION_NOTICE_S
   if launch == "local_mp":
     if context.output_to_files:
-      print_fn(f"node output: {os.path.join(workdir, NODE_OUTPUT_DIR)}/<node>.log")
+      print_fn(f"node output: {files.nodes}/<node>.log")
     manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
                         terminal="current_terminal", local_resources=_local_resources(program))
     # A node still running after the grace period is SIGKILLed; by default Launchpad then kills
@@ -323,7 +324,7 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   final = monitor_final_counts(workdir)
   from malloczero.learner.checkpoint import checkpoint_steps
   try:
-    steps = checkpoint_steps(os.path.join(workdir, CHECKPOINT_DIR))
+    steps = checkpoint_steps(files.checkpoints)
   except MalloczeroError:
     steps = 0
   if status == "running":
@@ -332,7 +333,7 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
                              int(final.get("actor_episodes", 0)), monitor.elapsed,
                              num_actors, monitor.samples, workdir)
   print_fn(f"program stopped ({status}) at learner step {steps}; checkpoint in "
-           f"{os.path.join(workdir, CHECKPOINT_DIR)}")
+           f"{files.checkpoints}")
   if final_report and result.ok and steps > 0:
     from malloczero.system.report import write_final_report
     result.report = write_final_report(config, workdir, print_fn)
@@ -340,7 +341,7 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
 
 
 def monitor_final_counts(workdir: str) -> dict[str, float]:
-  path = os.path.join(workdir, COUNTER_FILE)
+  path = WorkDir(workdir).counter
   if not os.path.exists(path):
     return {}
   with open(path, encoding="utf-8") as f:
@@ -355,7 +356,7 @@ def _msa_geomeans(config: Config, workdir: str,
   from malloczero.system.evaluation import geomean
   from malloczero.system.training import baseline_speedups
   specs = {split: suite_games(config.suite, split) for split in ("train", "heldout")}
-  if not os.path.exists(os.path.join(workdir, "baselines.json")):
+  if not os.path.exists(WorkDir(workdir).baselines):
     print_fn(f"computing baselines (msa, greedy, bestfit, random) on "
              f"{sum(map(len, specs.values()))} programs")
   baselines = baseline_speedups(specs["train"] + specs["heldout"], workdir, config.seed)

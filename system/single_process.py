@@ -8,32 +8,23 @@ Reverb table's SampleToInsertRatio rate limiter keeps the two in step.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 from typing import Any, Callable
 
-import jax
-import numpy as np
 import reverb
-from acme.utils import loggers
 
-from malloczero.actors.actor import BatchedActor, EpisodeResult
-from malloczero.actors.games import GamePool, suite_games
-from malloczero.actors.variable_client import VariableClient
+from malloczero.actors.games import suite_games
 from malloczero.configs.config import Config
-from malloczero.env.game import observation_spec
-from malloczero.learner.learner import MuZeroLearner
+from malloczero.configs.workdir import WorkDir
 from malloczero.learner.networks import make_networks
-from malloczero.replay import Sampler, SequenceWriter, start_server
+from malloczero.system import builder
+from malloczero.system.loops import EpisodeStatistics, run_learner, step_actor
 from malloczero.system.training import LearningCurve, Stopwatch, save_config
 
-
-# How long one sample may wait on the rate limiter before the learner thread re-checks for shutdown.
-# Stopping the server does not wake a sample blocked in the in-process dataset (it reads the table
-# directly, not over gRPC), so without a bound a learner waiting for inserts never returns and
-# joining it would hang the trainer (e.g. on max_seconds, or when the actor fails).
-SAMPLE_TIMEOUT_MS = 1000
+# The actor's log row averages its last games (the distributed actors' rows average the games
+# since their previous row instead: they report far more often).
+RECENT_EPISODES = 50
 
 
 @dataclasses.dataclass
@@ -45,14 +36,6 @@ class TrainingResult:
   curve: list[dict[str, Any]]
   baselines: dict[str, dict[str, float]]  # {split: {baseline: geomean speed-up}}
   workdir: str
-
-
-def _logger(workdir: str, label: str, print_fn: Callable[[str], None] | None,
-            time_delta: float) -> loggers.Logger:
-  targets = [loggers.CSVLogger(workdir, label=label, add_uid=False)]
-  if print_fn is not None:
-    targets.append(loggers.TerminalLogger(label=label, print_fn=print_fn, time_delta=time_delta))
-  return loggers.Dispatcher(targets, serialize_fn=loggers.to_numpy)
 
 
 def train_single_process(config: Config, workdir: str, max_learner_steps: int | None = None,
@@ -68,45 +51,33 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
   max_learner_steps = max_learner_steps or config.max_learner_steps
   eval_every_steps = eval_every_steps or config.eval_every_steps
   save_config(config, workdir)
+  files = WorkDir(workdir)
   networks = make_networks(config.network, config.game)
   train_specs = suite_games(config.suite, "train")
   heldout_specs = suite_games(config.suite, "heldout")
 
-  server, address = start_server(config)
-  sampler = Sampler(address, config, rate_limiter_timeout_ms=SAMPLE_TIMEOUT_MS)
-  client = reverb.Client(address)
+  server = builder.make_replay_server(config)
+  address = f"localhost:{server.port}"
+  sampler = builder.make_sampler(address, config)
   try:  # Restores a checkpoint: an unusable one raises MalloczeroError before anything runs.
-    learner = MuZeroLearner(networks, config, sample_fn=sampler.sample,
-                            update_priorities_fn=sampler.update_priorities, seed=config.seed,
-                            checkpoint_dir=os.path.join(workdir, "checkpoints"))
+    learner = builder.make_learner(networks, config, sampler, files)
   except BaseException:
     server.stop()  # Otherwise it keeps its port and threads until garbage-collected.
     raise
-  learner_logger = _logger(workdir, "learner", print_fn, log_every_s)
+  learner_logger = builder.make_logger(files, "learner", print_fn, log_every_s)
   curve = LearningCurve(networks, config, workdir, {"train": train_specs, "heldout": heldout_specs})
-  actor_logger = _logger(workdir, "actor", print_fn, log_every_s)
-  episodes: list[EpisodeResult] = []
-
-  def on_episode(result: EpisodeResult) -> None:
-    episodes.append(result)
-
+  actor_logger = builder.make_logger(files, "actor", print_fn, log_every_s)
+  episodes = EpisodeStatistics(window=RECENT_EPISODES)
   stop = threading.Event()
-  writer = SequenceWriter(client, config, config.actor.num_games, should_stop=stop.is_set)
-  variables = VariableClient(learner, config.actor.variable_update_period)
-  actor = BatchedActor(networks, config, GamePool(train_specs, config.game, config.actor.num_games,
-                                                  seed=config.seed),
-                       variables, writer, seed=config.seed, on_episode=on_episode)
+  variables = builder.make_variable_client(learner, config.actor)
+  actor = builder.make_actor(networks, config, reverb.Client(address), variables, config.seed,
+                             should_stop=stop.is_set, on_episode=episodes.add)
   clock = Stopwatch()
   failure: list[BaseException] = []
 
   def learner_loop() -> None:
     try:
-      while not stop.is_set() and learner.num_steps < max_learner_steps:
-        try:
-          metrics = learner.step()
-        except TimeoutError:  # Rate limited for SAMPLE_TIMEOUT_MS: check `stop`, wait again.
-          continue
-        learner_logger.write(metrics)
+      run_learner(learner, learner_logger, stop.is_set, max_learner_steps)
     except Exception as e:  # Surfaces in the main thread.
       failure.append(e)
     finally:
@@ -128,20 +99,14 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
     while not stop.is_set():
       if max_seconds is not None and clock.elapsed > max_seconds:
         break
-      try:
-        actor.step()
-      except Exception:
-        if stop.is_set():  # The learner finished and stopped the server under a blocked write.
-          break
-        raise
+      if not step_actor(actor, stop.is_set):  # The learner finished and stopped replay.
+        break
       if learner.num_steps >= next_eval:
         curve.evaluate(learner.get_variables(), learner.num_steps, clock.elapsed)
         next_eval += eval_every_steps
       if time.monotonic() - last_log > log_every_s and episodes:
-        recent = episodes[-50:]
         actor_logger.write({"actor_steps": actor.num_steps, "episodes": actor.num_episodes,
-                            "mean_return": float(np.mean([e.episode_return for e in recent])),
-                            "mean_speedup": float(np.mean([e.speedup for e in recent]))})
+                            **episodes.summary()})
         last_log = time.monotonic()
   finally:
     stop.set()

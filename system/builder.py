@@ -1,0 +1,96 @@
+"""The builder: turns the Config into the parts of a training run.
+
+As in Acme, the distributed program (system/nodes.py) and the single-process trainer
+(system/single_process.py) only call this module to make their parts, so both wire the same
+replay table, sampler, learner, actor and loggers; they differ only in where each part runs and
+how the parts reach each other (in-process objects, or Launchpad handles). The loops that drive
+the parts are in system/loops.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import reverb
+from acme.utils import loggers
+
+from malloczero.actors.actor import BatchedActor, EpisodeResult
+from malloczero.actors.games import GamePool, suite_games
+from malloczero.actors.variable_client import VariableClient, VariableSource
+from malloczero.configs.config import ActorConfig, Config
+from malloczero.configs.workdir import WorkDir
+from malloczero.learner.learner import MuZeroLearner
+from malloczero.learner.networks import MuZeroNetworks
+from malloczero.replay import Sampler, SequenceWriter, make_table
+
+# How long one learner sample may wait on the replay's rate limiter before the learner re-checks
+# for a stop. Stopping an in-process server does not wake a sample blocked in the dataset (it reads
+# the table directly, not over gRPC), so without a bound a learner waiting for inserts would never
+# return, and joining it would hang the trainer (e.g. on max_seconds, or when the actor fails).
+SAMPLE_TIMEOUT_MS = 1000
+
+
+def make_replay_tables(config: Config) -> list[reverb.Table]:
+  return [make_table(config)]
+
+
+def make_replay_server(config: Config, port: Optional[int] = None,
+                       checkpoint_dir: Optional[str] = None) -> reverb.Server:
+  """A Reverb server holding the replay table (`port=None` picks a free port). With a
+  `checkpoint_dir`, it restores the newest checkpoint there and `checkpoint()` writes to it."""
+  checkpointer = (reverb.checkpointers.DefaultCheckpointer(checkpoint_dir)
+                  if checkpoint_dir is not None else None)
+  return reverb.Server(tables=make_replay_tables(config), port=port, checkpointer=checkpointer)
+
+
+def make_sampler(replay_address: str, config: Config) -> Sampler:
+  return Sampler(replay_address, config, rate_limiter_timeout_ms=SAMPLE_TIMEOUT_MS)
+
+
+def make_learner(networks: MuZeroNetworks, config: Config, sampler: Sampler,
+                 workdir: WorkDir) -> MuZeroLearner:
+  """The learner on the sampler's batches; it resumes from the work directory's checkpoint.
+
+  Raises MalloczeroError, before anything runs, when that checkpoint is unusable."""
+  return MuZeroLearner(networks, config, sample_fn=sampler.sample,
+                       update_priorities_fn=sampler.update_priorities, seed=config.seed,
+                       checkpoint_dir=workdir.checkpoints)
+
+
+def make_variable_client(source: VariableSource, config: ActorConfig) -> VariableClient:
+  return VariableClient(source, config.variable_update_period)
+
+
+def make_actor(networks: MuZeroNetworks, config: Config, replay: reverb.Client,
+               variables: VariableClient, seed: int, should_stop: Callable[[], bool],
+               on_episode: Callable[[EpisodeResult], None]) -> BatchedActor:
+  """The batched self-play actor on the suite's train programs, writing into replay; a replay
+  write blocked by the rate limiter gives up once `should_stop()`."""
+  pool = GamePool(suite_games(config.suite, "train"), config.game, config.actor.num_games,
+                  seed=seed)
+  writer = SequenceWriter(replay, config, config.actor.num_games, should_stop=should_stop)
+  return BatchedActor(networks, config, pool, variables, writer, seed=seed, on_episode=on_episode)
+
+
+def make_logger(workdir: WorkDir, label: str, print_fn: Optional[Callable[[str], None]] = None,
+                print_every_s: float = 0.0, tensorboard: bool = False,
+                steps_key: Optional[str] = None, time_delta: float = 0.0) -> loggers.Logger:
+  """Acme's logger for one part of a run: CSV rows in `workdir.log_csv(label)`; with `print_fn`,
+  console lines at most every `print_every_s`; with `tensorboard`, events stepped by `steps_key`.
+  A `time_delta` drops rows written sooner than that after the last one."""
+  targets: list[loggers.Logger] = [loggers.CSVLogger(workdir.root, label=label, add_uid=False)]
+  if print_fn is not None:
+    targets.append(loggers.TerminalLogger(label=label, print_fn=print_fn,
+                                          time_delta=print_every_s))
+  if tensorboard:
+    from acme.utils.loggers.tf_summary import TFSummaryLogger
+    targets.append(TFSummaryLogger(workdir.tensorboard_events(label), label=label,
+                                   steps_key=steps_key))
+
+  def serialize(data: Any) -> Any:
+    if steps_key in data:  # A TensorBoard step is an integer (the learner counts in floats).
+      data = dict(data, **{steps_key: int(data[steps_key])})
+    return loggers.to_numpy(data)
+
+  logger = loggers.Dispatcher(targets, serialize_fn=serialize)
+  return loggers.TimeFilter(logger, time_delta) if time_delta > 0 else logger

@@ -1,0 +1,66 @@
+"""What the single-process trainer and the distributed nodes both do with the builder's parts: step
+the learner, step the actor, and summarise the actor's finished games for its log."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from malloczero.actors.actor import BatchedActor, EpisodeResult
+from malloczero.learner.learner import MuZeroLearner
+
+
+def run_learner(learner: MuZeroLearner, logger: Any, should_stop: Callable[[], bool],
+                max_steps: int, on_step: Optional[Callable[[], None]] = None) -> None:
+  """Steps the learner until `should_stop()` or `max_steps`, logging each step's metrics;
+  `on_step()` follows every step, before its metrics are logged.
+
+  A sample that the rate limiter held back for `SAMPLE_TIMEOUT_MS` (system/builder.py) raises
+  TimeoutError: the loop re-checks for a stop and waits again, so a stop is never blocked by a
+  learner waiting for data."""
+  while not should_stop() and learner.num_steps < max_steps:
+    try:
+      metrics = learner.step()
+    except TimeoutError:
+      continue
+    if on_step is not None:
+      on_step()
+    logger.write(metrics)
+
+
+def step_actor(actor: BatchedActor, stopping: Callable[[], bool]) -> bool:
+  """One move in every game. False when the step was cut short by the run stopping: a replay write
+  the stop abandoned (WriterStopped), or replay stopped under a blocked write. Raises otherwise."""
+  try:
+    actor.step()
+  except Exception:
+    if stopping():
+      return False
+    raise
+  return True
+
+
+class EpisodeStatistics:
+  """The games an actor finished, summarised for a row of its log.
+
+  With a `window`, the row averages the last `window` games (a moving average); without one, the
+  games since the last `clear()`.
+  """
+
+  def __init__(self, window: Optional[int] = None):
+    self._episodes: collections.deque[EpisodeResult] = collections.deque(maxlen=window)
+
+  def add(self, result: EpisodeResult) -> None:
+    self._episodes.append(result)
+
+  def __len__(self) -> int:
+    return len(self._episodes)
+
+  def summary(self) -> dict[str, float]:
+    return {"mean_return": float(np.mean([e.episode_return for e in self._episodes])),
+            "mean_speedup": float(np.mean([e.speedup for e in self._episodes]))}
+
+  def clear(self) -> None:
+    self._episodes.clear()
