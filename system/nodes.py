@@ -79,7 +79,7 @@ def make_logger(context: NodeContext, label: str, steps_key: str,
 
 
 def retry_until_answered(call: Callable[[], Any], name: str, what: str,
-                         timeout_s: float = 600.0) -> Any:
+                         timeout_s: float = 600.0, poll_s: float = 1.0) -> Any:
   """`call()` until it succeeds: a node's server starts only once the node is built (the learner
   restores its checkpoint and waits for replay first), and client calls carry a timeout so that
   no node blocks forever on a peer that has stopped. Raises SystemExit on a program stop."""
@@ -88,7 +88,7 @@ def retry_until_answered(call: Callable[[], Any], name: str, what: str,
     try:
       return call()
     except Exception as e:  # pylint: disable=broad-except
-      if lp.wait_for_stop(1.0):
+      if lp.wait_for_stop(poll_s):
         raise SystemExit(0)
       if time.monotonic() > deadline:
         raise RuntimeError(f"{name}: no answer from {what} within {timeout_s:.0f} s "
@@ -97,17 +97,8 @@ def retry_until_answered(call: Callable[[], Any], name: str, what: str,
 
 def wait_for_replay(client: reverb.Client, name: str, timeout_s: float = 600.0) -> None:
   """Blocks until the replay server answers (it may be restoring a checkpoint), or a stop."""
-  deadline = time.monotonic() + timeout_s
-  while True:
-    try:
-      client.server_info(timeout=2)
-      return
-    except Exception:  # pylint: disable=broad-except
-      if lp.wait_for_stop(0.5):
-        raise SystemExit(0)
-      if time.monotonic() > deadline:
-        raise RuntimeError(f"{name}: replay server at {client.server_address} did not answer "
-                           f"within {timeout_s:.0f} s")
+  retry_until_answered(lambda: client.server_info(timeout=2), name,
+                       f"the replay server at {client.server_address}", timeout_s, poll_s=0.5)
 
 
 # ------------------------------------------------------------------------------------------ replay
