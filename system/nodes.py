@@ -70,12 +70,12 @@ def say(name: str, message: str) -> None:
     pass
 
 
-def make_logger(context: NodeContext, label: str, steps_key: str,
+def node_logger(context: NodeContext, label: str, steps_key: str,
                 time_delta: float = 0.0) -> Any:
-  """The builder's logger with TensorBoard events unless the context turns them off."""
-  from malloczero.system.builder import make_logger as make
-  return make(context.files, label, tensorboard=context.tensorboard, steps_key=steps_key,
-              time_delta=time_delta)
+  """The builder's logger, with TensorBoard events unless the context turns them off."""
+  from malloczero.system.builder import make_logger
+  return make_logger(context.files, label, tensorboard=context.tensorboard, steps_key=steps_key,
+                     time_delta=time_delta)
 
 
 def retry_until_answered(call: Callable[[], Any], name: str, what: str,
@@ -246,7 +246,7 @@ class LearnerNode:
     offset = learner.num_steps - counts.get("learner_steps", 0)
     if offset:
       self._counter.increment(learner_steps=offset)
-    logger = make_logger(self._context, "learner", steps_key="learner_steps", time_delta=1.0)
+    logger = node_logger(self._context, "learner", steps_key="learner_steps", time_delta=1.0)
     unreported = 0
 
     def count_step() -> None:
@@ -305,7 +305,7 @@ class ActorNode:
     variables = make_variable_client(self._learner, config.actor)
     actor = make_actor(make_networks(config.network, config.game), config, self._replay,
                        variables, seed, should_stop=stop.is_set, on_episode=episodes.add)
-    logger = make_logger(self._context, self._name, steps_key="actor_moves")
+    logger = node_logger(self._context, self._name, steps_key="actor_moves")
     retry_until_answered(variables.update_and_wait, self._name, "the learner")
     say(self._name, f"playing {actor.num_games} games of {actor.num_programs} programs")
     reported_moves = reported_episodes = 0
@@ -358,7 +358,7 @@ class EvaluatorNode:
     networks = make_networks(config.network, config.game)
     curve = LearningCurve(networks, config, self._context.workdir, {split: specs})
     msa = curve.baseline_geomean("msa", split)
-    logger = make_logger(self._context, "evaluator", steps_key="learner_steps")
+    logger = node_logger(self._context, "evaluator", steps_key="learner_steps")
     clock = Stopwatch()
     done = {int(r["learner_steps"]) for r in curve.rows if r["split"] == split}
     every = config.eval_every_steps
