@@ -4,9 +4,10 @@ from malloczero.learner.learner import (CHECKPOINT_FILENAME, MuZeroLearner, Trai
                              importance_weights, learner_updates_per_s, learning_rate_schedule,
                              load_params, make_initial_state, params_digest, make_optimizer, make_sgd_step,
                              random_batch)
-from malloczero.learner.losses import PRIORITY_EPSILON, muzero_loss, scale_gradient, value_targets
+from malloczero.learner.losses import muzero_loss, scale_gradient
 from malloczero.learner.networks import (ILLEGAL_LOGIT, MuZeroNetworks, Prediction, logits_to_scalar,
                               make_networks, masked_policy_logits, scalar_to_probs)
+from malloczero.replay.targets import PRIORITY_EPSILON, value_targets
 
 __all__ = [
     "CHECKPOINT_FILENAME", "ILLEGAL_LOGIT", "MuZeroLearner", "MuZeroNetworks", "PRIORITY_EPSILON",

@@ -19,7 +19,7 @@ from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.learner import learner as learner_lib
 from malloczero.learner import (MuZeroLearner, importance_weights, load_params, make_networks, random_batch,
                      scalar_to_probs, value_targets)
-from malloczero.learner.losses import PRIORITY_EPSILON
+from malloczero.replay import PRIORITY_EPSILON
 from malloczero.replay.types import Batch, Step, zero_step
 
 CONFIG = get_config("tiny")
