@@ -24,11 +24,10 @@ from malloczero.actors.games import GameSpec
 from malloczero.env.errors import MalloczeroError
 from malloczero.env.mapping import Mapping
 from malloczero.env.solvers import SolveResult, solve
-from malloczero.env.programs.suites import Suite, SuiteEntry
+from malloczero.env.programs.suites import SPLITS, Suite, SuiteEntry
 
 # Ratios within this of 1 count as ties with msa.
 TIE_TOLERANCE = 1e-6
-SPLITS = ("train", "heldout")
 
 Progress = Callable[[str, int], None]   # (what is being done now, units finished since last call)
 

@@ -14,9 +14,9 @@ import re
 from typing import Any, Callable, Optional
 
 from malloczero.configs.config import Config
-from malloczero.env.programs.suites import get_suite
-from malloczero.system.evaluation import (SPLITS, SuiteEvaluation, best_agent, evaluate_suite, load_agents,
-                               run_directory)
+from malloczero.env.programs.suites import SPLITS, get_suite
+from malloczero.system.evaluation import (TIE_TOLERANCE, SuiteEvaluation, best_agent,
+                                          evaluate_suite, load_agents, run_directory)
 from malloczero.system.training import BASELINES
 
 Formatter = Callable[[Any], str]
@@ -152,7 +152,7 @@ def markdown(evaluation: SuiteEvaluation, title: str,
     lines += ["## Checkpoints by quality", "", *_markdown_table(*quality_table(evaluation)), ""]
   if evaluation.agents:
     agent = best_agent(evaluation).label
-    losses = sorted((r for r in evaluation.rows if r[f"{agent}_vs_msa"] < 1 - 1e-6),
+    losses = sorted((r for r in evaluation.rows if r[f"{agent}_vs_msa"] < 1 - TIE_TOLERANCE),
                     key=lambda r: r[f"{agent}_vs_msa"])
     lines += [f"## Programs where `{agent}` loses to msa ({len(losses)} of "
               f"{len(evaluation.rows)})", ""]
