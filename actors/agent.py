@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 from malloczero.actors.evaluator import compile_searches, play_programs, with_simulations
 from malloczero.actors.games import GameSpec
-from malloczero.configs.config import SearchConfig
+from malloczero.configs.config import DEFAULT_ATTEMPTS, SearchConfig
 from malloczero.configs.workdir import WorkDir
 from malloczero.env.errors import MalloczeroError
 from malloczero.env.game import GameConfig
@@ -26,8 +26,6 @@ from malloczero.env.workload import Workload
 from malloczero.learner.checkpoint import (CHECKPOINT_FILENAME, check_params_fit, checkpoint_configs,
                              checkpoint_steps, load_params)
 from malloczero.learner.networks import MuZeroNetworks, Params, make_networks
-
-DEFAULT_ATTEMPTS = 8
 
 
 @dataclasses.dataclass(frozen=True)

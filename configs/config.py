@@ -33,6 +33,11 @@ class SearchConfig:
   gumbel_scale: float = 1.0
 
 
+# Trajectories the trained agent plays per program at test time (the first greedy, the others
+# sampled), keeping the best. Test-time only, so not in SearchConfig: runs never read it.
+DEFAULT_ATTEMPTS = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
   batch_size: int = 64

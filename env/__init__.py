@@ -6,17 +6,20 @@
 from malloczero.env.cost_model import Allocations, CostModel, Evaluation
 from malloczero.env.errors import (HardwareError, IllegalActionError, MalloczeroError, MappingError,
                         WorkloadError)
-from malloczero.env.game import GameConfig, MallocGame, observation_spec
+from malloczero.env.game import GameConfig, MallocGame
 from malloczero.env.hardware import PRESETS, Hardware, MemoryLevel, load_hardware
 from malloczero.env.mapping import Mapping, load_mapping
+from malloczero.env.observation import (FeatureLayout, ObservationLayout, observation_layout,
+                                       observation_spec)
 from malloczero.env.requests import Requests, build_requests
 from malloczero.env.validator import ValidationReport, validate_mapping
 from malloczero.env.workload import Buffer, Op, Workload, load_workload, save_workload
 
 __all__ = [
-    "Allocations", "Buffer", "CostModel", "Evaluation", "GameConfig", "Hardware", "HardwareError",
-    "IllegalActionError", "MallocGame", "MalloczeroError", "Mapping", "MappingError",
-    "MemoryLevel", "Op", "PRESETS", "Requests", "ValidationReport", "Workload", "WorkloadError",
-    "build_requests", "load_hardware", "load_mapping", "load_workload", "observation_spec",
-    "save_workload", "validate_mapping",
+    "Allocations", "Buffer", "CostModel", "Evaluation", "FeatureLayout", "GameConfig", "Hardware",
+    "HardwareError", "IllegalActionError", "MallocGame", "MalloczeroError", "Mapping",
+    "MappingError", "MemoryLevel", "ObservationLayout", "Op", "PRESETS", "Requests",
+    "ValidationReport", "Workload", "WorkloadError", "build_requests", "load_hardware",
+    "load_mapping", "load_workload", "observation_layout", "observation_spec", "save_workload",
+    "validate_mapping",
 ]

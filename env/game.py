@@ -8,15 +8,8 @@ interleaved fastest first. The reward is the exact decrease of the cost model's 
 caused by the step, divided by the all-slow program time, so an episode's return is the
 fractional time saved over "everything in slow memory".
 
-Observations are fixed-size float32 arrays (shapes below) so one network serves every workload
-and every hardware with up to `max_fast_levels` fast levels:
-
-  request      [F_REQ]       the current request (static features, current saving per level, ...)
-  occupancy    [L, bins]     per fast level: fraction of each address bin taken during the window
-  candidates   [K, F_CAND]   the K candidate placements (valid flag, level one-hot, offset, gap, ...)
-  lookahead    [M, F_LOOK]   static features of the next M requests (valid flag first)
-  legal_actions [A] bool     action 0 is always legal
-
+Observations are fixed-size float32 arrays, laid out feature by feature in env/observation.py, so
+one network serves every workload and every hardware with up to `max_fast_levels` fast levels.
 After the last request the terminal observation is all zeros with only action 0 legal.
 """
 
@@ -33,6 +26,7 @@ from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.errors import HardwareError, IllegalActionError, MalloczeroError
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
+from malloczero.env.observation import ObservationLayout, observation_layout, observation_spec
 from malloczero.env.placement import Placement
 from malloczero.env.requests import Requests, build_requests
 from malloczero.env.workload import Workload
@@ -50,32 +44,25 @@ class GameConfig:
     return 1 + self.num_candidates
 
   @property
+  def layout(self) -> ObservationLayout:
+    """The named features of each observation part."""
+    return observation_layout(self.max_fast_levels)
+
+  @property
   def static_features(self) -> int:
-    return 8 + 2 * self.max_fast_levels
+    return self.layout.static.size
 
   @property
   def request_features(self) -> int:
-    return self.static_features + 2 * self.max_fast_levels + 2
+    return self.layout.request.size
 
   @property
   def candidate_features(self) -> int:
-    return 6 + self.max_fast_levels
+    return self.layout.candidate.size
 
   @property
   def lookahead_features(self) -> int:
-    return 1 + self.static_features
-
-
-def observation_spec(config: GameConfig) -> dict[str, specs.Array]:
-  f32 = np.float32
-  return {
-      "request": specs.Array((config.request_features,), f32, "request"),
-      "occupancy": specs.Array((config.max_fast_levels, config.occupancy_bins), f32, "occupancy"),
-      "candidates": specs.Array((config.num_candidates, config.candidate_features), f32,
-                                "candidates"),
-      "lookahead": specs.Array((config.lookahead, config.lookahead_features), f32, "lookahead"),
-      "legal_actions": specs.Array((config.num_actions,), bool, "legal_actions"),
-  }
+    return self.layout.lookahead.size
 
 
 class MallocGame(dm_env.Environment):
@@ -217,28 +204,29 @@ class MallocGame(dm_env.Environment):
     legal[0] = True
     legal[1:1 + n] = True
     self._legal = legal
+    layout = cfg.layout
     if n:
       cap = self._capacity[self._cand_level].astype(np.float64)
       gap = np.array(gaps[:n], np.float64)
-      cand[:n, 0] = 1.0
-      cand[np.arange(n), 1 + self._cand_level] = 1.0
-      k = 1 + cfg.max_fast_levels
-      cand[:n, k] = self._cand_offset / cap
-      cand[:n, k + 1] = gap / cap
-      cand[:n, k + 2] = (gap - size) / cap
-      cand[:n, k + 3] = np.array(ranks[:n]) / num_cand
-      cand[:n, k + 4] = saving[self._cand_level] / self._saving_scale
+      c = layout.candidate
+      cand[:n, c.index("valid")] = 1.0
+      cand[np.arange(n), c.slice("level").start + self._cand_level] = 1.0
+      cand[:n, c.index("offset")] = self._cand_offset / cap
+      cand[:n, c.index("gap")] = gap / cap
+      cand[:n, c.index("slack")] = (gap - size) / cap
+      cand[:n, c.index("rank")] = np.array(ranks[:n]) / num_cand
+      cand[:n, c.index("saving")] = saving[self._cand_level] / self._saving_scale
     request = np.zeros(cfg.request_features, np.float32)
-    s = cfg.static_features
-    request[:s] = self._static[r]
-    request[s:s + num_fast] = saving / self._saving_scale
-    request[s + cfg.max_fast_levels:s + cfg.max_fast_levels + num_fast] = 1.0  # level present
-    request[-2] = self._placement.total_time / self.normaliser
-    request[-1] = n / num_cand
+    q = layout.request
+    request[q.slice("static")] = self._static[r]
+    request[q.slice("saving", num_fast)] = saving / self._saving_scale
+    request[q.slice("level_present", num_fast)] = 1.0
+    request[q.index("program_time")] = self._placement.total_time / self.normaliser
+    request[q.index("candidates_found")] = n / num_cand
     lookahead = np.zeros((cfg.lookahead, cfg.lookahead_features), np.float32)
     following = self._static[r + 1:r + 1 + cfg.lookahead]
-    lookahead[:len(following), 0] = 1.0
-    lookahead[:len(following), 1:] = following
+    lookahead[:len(following), layout.lookahead.index("valid")] = 1.0
+    lookahead[:len(following), layout.lookahead.slice("static")] = following
     return {"request": request, "occupancy": occupancy, "candidates": cand,
             "lookahead": lookahead, "legal_actions": legal}
 
@@ -251,18 +239,21 @@ class MallocGame(dm_env.Environment):
   def _static_features(self) -> np.ndarray:
     """[R, static_features] per-request features that do not change during an episode."""
     cfg, req = self.config, self.requests
-    num_requests, num_fast, mf = len(req), self._num_fast, cfg.max_fast_levels
+    num_requests, num_fast = len(req), self._num_fast
     num_ops = float(self.workload.num_ops)
     self._saving_scale = max(float(req.standalone_saving.max()), 1e-30)
-    f = np.zeros((num_requests, cfg.static_features), np.float32)
-    f[:, 0] = req.is_prefetch
-    f[:, 1] = ~req.is_prefetch
-    f[:, 2:2 + num_fast] = np.minimum(req.size[:, None] / self._capacity[None, :], 2.0)
-    f[:, 2 + mf] = req.start / num_ops
-    f[:, 3 + mf] = req.end / num_ops
-    f[:, 4 + mf] = (req.end - req.start) / num_ops
-    f[:, 5 + mf:5 + mf + num_fast] = req.standalone_saving / self._saving_scale
-    f[:, 5 + 2 * mf] = np.minimum(req.exposed_copy_time / self._saving_scale, 10.0)
-    f[:, 6 + 2 * mf] = np.log2(req.size) / 32.0
-    f[:, 7 + 2 * mf] = np.arange(num_requests) / num_requests
+    s = cfg.layout.static
+    f = np.zeros((num_requests, s.size), np.float32)
+    f[:, s.index("is_prefetch")] = req.is_prefetch
+    f[:, s.index("is_activation")] = ~req.is_prefetch
+    f[:, s.slice("size_vs_capacity", num_fast)] = np.minimum(
+        req.size[:, None] / self._capacity[None, :], 2.0)
+    f[:, s.index("start")] = req.start / num_ops
+    f[:, s.index("end")] = req.end / num_ops
+    f[:, s.index("duration")] = (req.end - req.start) / num_ops
+    f[:, s.slice("standalone_saving", num_fast)] = req.standalone_saving / self._saving_scale
+    f[:, s.index("exposed_copy_time")] = np.minimum(req.exposed_copy_time / self._saving_scale,
+                                                    10.0)
+    f[:, s.index("log_size")] = np.log2(req.size) / 32.0
+    f[:, s.index("position")] = np.arange(num_requests) / num_requests
     return f

@@ -12,13 +12,18 @@ import os
 import sys
 from typing import Sequence
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from malloczero.configs.config import DEFAULT_ATTEMPTS
+from malloczero.configs.config import PRESETS as CONFIG_PRESETS
 from malloczero.env.errors import MalloczeroError
 from malloczero.env.hardware import PRESETS, Hardware, load_hardware
 from malloczero.env.mapping import load_mapping
+from malloczero.env.programs.suites import SPLITS
+from malloczero.env.solvers import SOLVERS
+from malloczero.env.solvers.cpsat import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS
+from malloczero.env.solvers.evo import DEFAULT_EVALUATIONS
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload, load_workload
 
@@ -210,13 +215,12 @@ def cmd_suite(args: argparse.Namespace) -> int:
   out = console()
   if args.action == "list":
     table = Table(title="built-in suites")
-    for col in ("suite", "entries", "train", "heldout", "programs", "description"):
+    for col in ("suite", "entries", *SPLITS, "programs", "description"):
       table.add_column(col)
     for name in suite_names():
       suite = get_suite(name)
       table.add_row(name, str(len(suite.entries)),
-                    str(sum(e.split == "train" for e in suite.entries)),
-                    str(sum(e.split == "heldout" for e in suite.entries)),
+                    *(str(sum(e.split == split for e in suite.entries)) for split in SPLITS),
                     str(len({e.program for e in suite.entries})), suite.description)
     out.print(table)
     return 0
@@ -247,10 +251,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
   from malloczero.system.evaluation import load_agents
   from malloczero.system.report import write_report
   solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
-  unknown = [s for s in solvers if s not in SOLVER_CHOICES]
+  unknown = [s for s in solvers if s not in SOLVERS]
   if unknown or (not solvers and not args.checkpoint):
     raise MalloczeroError(f"unknown solver(s) {', '.join(unknown) or '(none given)'} in --solvers "
-                          f"(choose from {', '.join(SOLVER_CHOICES)})")
+                          f"(choose from {', '.join(SOLVERS)})")
   for flag in ("simulations", "batch_agents"):
     if getattr(args, flag) and not args.checkpoint:
       raise MalloczeroError(f"--{flag.replace('_', '-')} needs --checkpoint DIR")
@@ -405,15 +409,14 @@ def _train_vertex_ai(config, args: argparse.Namespace, workdir: str) -> int:
   return 0
 
 
-SOLVER_CHOICES = ("msa", "greedy", "bestfit", "random", "evo", "cpsat")
-
-
 def _add_solver_flags(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--time-limit", type=_positive_float, default=10.0,
-                 help="seconds per program for cpsat and evo (default 10)")
-  p.add_argument("--workers", type=_positive_int, default=2, help="CP-SAT worker threads")
-  p.add_argument("--evaluations", type=_positive_int, default=120,
-                 help="evo budget: full mappings decoded (default 120)")
+  # evo has no time limit of its own; on the command line it shares CP-SAT's.
+  p.add_argument("--time-limit", type=_positive_float, default=DEFAULT_TIME_LIMIT_S,
+                 help=f"seconds per program for cpsat and evo (default {DEFAULT_TIME_LIMIT_S:g})")
+  p.add_argument("--workers", type=_positive_int, default=DEFAULT_WORKERS,
+                 help="CP-SAT worker threads")
+  p.add_argument("--evaluations", type=_positive_int, default=DEFAULT_EVALUATIONS,
+                 help=f"evo budget: full mappings decoded (default {DEFAULT_EVALUATIONS})")
   p.add_argument("--seed", type=int, default=0, help="seed for random and evo")
 
 
@@ -434,15 +437,16 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("workload", help="workload JSON (.json/.json.gz) or MiniMalloc CSV")
   p.add_argument("--hardware", help=f"preset ({', '.join(PRESETS)}) or hardware JSON file")
   p.add_argument("--capacity", type=_positive_int, help="fast memory size in bytes")
-  p.add_argument("--solver", default="msa", choices=SOLVER_CHOICES + ("agent", "portfolio"),
+  p.add_argument("--solver", default="msa", choices=SOLVERS + ("agent", "portfolio"),
                  help="a baseline, the trained agent (needs --checkpoint), or portfolio (the "
                  "better of the agent and msa)")
   p.add_argument("--checkpoint", help="agent / portfolio: a training work directory or its "
                  "checkpoint")
   p.add_argument("--simulations", type=_positive_int,
                  help="agent: simulations per move (default: twice the run's evaluation search)")
-  p.add_argument("--attempts", type=_positive_int, default=8,
-                 help="agent: trajectories played, the first greedy (default 8); the best is kept")
+  p.add_argument("--attempts", type=_positive_int, default=DEFAULT_ATTEMPTS,
+                 help=f"agent: trajectories played, the first greedy (default {DEFAULT_ATTEMPTS}); "
+                 "the best is kept")
   p.add_argument("--out", help="write the validated mapping here (JSON)")
   p.add_argument("--plot", help="draw the memory map here (PNG)")
   _add_solver_flags(p)
@@ -478,12 +482,13 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--simulations", type=_positive_int,
                  help="agents: search simulations per move (default: twice the run's evaluation "
                  "search)")
-  p.add_argument("--attempts", type=_positive_int, default=8,
-                 help="agents: trajectories per program, the first greedy (default 8)")
+  p.add_argument("--attempts", type=_positive_int, default=DEFAULT_ATTEMPTS,
+                 help=f"agents: trajectories per program, the first greedy (default "
+                 f"{DEFAULT_ATTEMPTS})")
   p.add_argument("--batch-agents", action="store_true",
                  help="agents: play all programs in one batch (faster; per-program solve times "
                  "are then shares of the batch)")
-  p.add_argument("--split", default="all", choices=("all", "train", "heldout"))
+  p.add_argument("--split", default="all", choices=("all",) + SPLITS)
   p.add_argument("--limit", type=_positive_int, help="only the first N entries")
   p.add_argument("--out", default="evaluation", help="output directory (default ./evaluation)")
   _add_solver_flags(p)
@@ -498,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=cmd_bench)
 
   p = sub.add_parser("train", help="train the MuZero agent on a suite's train programs")
-  p.add_argument("--config", default="small", choices=("tiny", "small", "large"),
+  p.add_argument("--config", default="small", choices=tuple(CONFIG_PRESETS),
                  help="preset (default small: minutes on a laptop; tiny: tests)")
   p.add_argument("--launch", default="local_mp",
                  choices=("local_mp", "local_mt", "vertex_ai", "single"),

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from malloczero.env.programs.suites import Suite
 from malloczero.system.evaluation import AgentUnderTest, SuiteEvaluation, evaluate_suite
-from malloczero.system.report import console_columns, quality_table, split_table
+from malloczero.system.report import cells, console_columns, quality_table, split_table
 
 
 def run_evaluation(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentUnderTest],
@@ -60,10 +60,9 @@ def _rich_table(title: str, header: list[str], body: list[list[str]], first_wide
 
 def print_tables(evaluation: SuiteEvaluation, console: Console, title: str) -> None:
   cols = console_columns(evaluation)
-  longest = max((len(r["entry"]) for r in evaluation.rows), default=5)
-  console.print(_rich_table(title, [h for _, h, _ in cols],
-                            [[fmt(r[k]) if k in r else "" for k, _, fmt in cols]
-                             for r in evaluation.rows], longest))
+  longest = max((len(r.entry) for r in evaluation.rows), default=5)
+  console.print(_rich_table(title, [h for h, _, _ in cols],
+                            [cells(cols, r) for r in evaluation.rows], longest))
   console.print(_rich_table("summary per split (geomean speed-up over all-slow; wins / ties / "
                             "losses against msa)", *split_table(evaluation)))
   if len(evaluation.agents) > 1:

@@ -6,9 +6,10 @@ from malloczero.learner.checkpoint import (CHECKPOINT_FILENAME, check_params_fit
 from malloczero.learner.learner import (MuZeroLearner, TrainingState, importance_weights,
                                         learning_rate_schedule, make_initial_state, make_optimizer,
                                         make_sgd_step)
-from malloczero.learner.losses import PRIORITY_EPSILON, muzero_loss, scale_gradient, value_targets
+from malloczero.learner.losses import muzero_loss, scale_gradient
 from malloczero.learner.networks import (ILLEGAL_LOGIT, MuZeroNetworks, Prediction, logits_to_scalar,
                               make_networks, masked_policy_logits, scalar_to_probs)
+from malloczero.replay.targets import PRIORITY_EPSILON, value_targets
 
 __all__ = [
     "CHECKPOINT_FILENAME", "ILLEGAL_LOGIT", "MuZeroLearner", "MuZeroNetworks", "PRIORITY_EPSILON",

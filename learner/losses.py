@@ -12,7 +12,8 @@ the K + 1 unrolled states k, fits:
 
 `v_target` is the target network's value. The bootstrap is dropped when state k+n is the terminal
 state or padding (valid == 0): the terminal value is 0 by definition, so only real states
-bootstrap. Value and reward losses are still applied past the end, with target 0, as in MuZero, so
+bootstrap. The target and the priorities sent back to replay are replay/targets.py's, which the
+actors' replay writer also uses for its initial priorities, so both are on one scale. Value and reward losses are still applied past the end, with target 0, as in MuZero, so
 that the model learns that nothing more is to be had there.
 
 Everything is in raw return units (normalised time saved); `scalar_to_probs` scales and
@@ -26,16 +27,12 @@ from typing import Any
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from malloczero.configs.config import LearnerConfig
 from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar, scalar_to_probs
+from malloczero.replay.targets import priority, value_targets
 from malloczero.replay.types import Step
-
-# Keeps items whose value is already exact sampleable; matches the replay writer's initial
-# priorities (replay/writer.py) so written and updated priorities are on one scale.
-PRIORITY_EPSILON = 1e-3
 
 # MuZero halves the gradient entering the latent at each dynamics step, so the representation's
 # gradient does not grow with the number of unroll steps.
@@ -45,38 +42,6 @@ DYNAMICS_GRADIENT_SCALE = 0.5
 def scale_gradient(x: chex.Array, scale: float) -> chex.Array:
   """Identity in the forward pass; multiplies the gradient by `scale` in the backward pass."""
   return x * scale + jax.lax.stop_gradient(x) * (1.0 - scale)
-
-
-def value_targets(rewards: chex.Array, valid: chex.Array, bootstrap_values: chex.Array,
-                  unroll_steps: int, td_steps: int, discount: float = 1.0) -> chex.Array:
-  """n-step value targets of the K + 1 unrolled states.
-
-  Args:
-    rewards: `[B, L]` reward for the action at each step (0 for the terminal state and padding).
-    valid: `[B, L]` 1 for real steps, 0 for the terminal state and padding.
-    bootstrap_values: `[B, L]` value estimates of each step's state; only entries
-      `td_steps .. td_steps + unroll_steps` are read, and only where `valid` is 1.
-    unroll_steps: K.
-    td_steps: n.
-    discount: per-step discount (mallocGame: 1).
-
-  Returns:
-    `[B, K+1]`: `z_k = sum_{i<n} discount^i r_{k+i} valid_{k+i} + discount^n valid_{k+n} v_{k+n}`,
-    and 0 for states that are not real (the terminal state and beyond have no future).
-  """
-  length = rewards.shape[-1]
-  k, n = unroll_steps, td_steps
-  if length < k + n + 1:
-    raise ValueError(f"sequences of {length} steps are too short for {k} unroll steps and "
-                     f"{n} TD steps (need {k + n + 1})")
-  # A static [L, K+1] matrix of discounts: column k sums rewards k .. k+n-1.
-  weights = np.zeros((length, k + 1), np.float32)
-  for col in range(k + 1):
-    weights[col:col + n, col] = discount ** np.arange(n)
-  rewards = rewards * valid
-  n_step = rewards @ jnp.asarray(weights, rewards.dtype)                                 # [B, K+1]
-  bootstrap = (valid * bootstrap_values)[..., n:n + k + 1]                             # [B, K+1]
-  return (n_step + discount ** n * bootstrap) * valid[..., :k + 1]
 
 
 def _cross_entropy(logits: chex.Array, target_probs: chex.Array) -> chex.Array:
@@ -171,7 +136,7 @@ def muzero_loss(networks: MuZeroNetworks, params: Params, target_params: Params,
   loss = jnp.mean(importance_weights.astype(jnp.float32) * per_item)
 
   predicted_value = logits_to_scalar(value_logits[:, 0], net_cfg)                     # [B]
-  priorities = jnp.abs(z[:, 0] - predicted_value) + PRIORITY_EPSILON
+  priorities = priority(z[:, 0], predicted_value)
   priorities = jax.lax.stop_gradient(priorities)
 
   # Diagnostics.

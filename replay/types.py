@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from dm_env import specs
 
-from malloczero.env.game import GameConfig, observation_spec
+from malloczero.env.game import GameConfig
+from malloczero.env.observation import observation_spec
 
 
 class Step(NamedTuple):

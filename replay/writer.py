@@ -6,11 +6,12 @@ state (valid = 0, the terminal observation, zero action/reward/policy/root value
 padding steps. Item t (0 <= t < T) is the window of steps t..t+L-1; it is created as soon as step
 t+L-1 has been appended, when everything its initial priority needs is known:
 
-  priority_t = |z_t - root_value_t| + 1e-3,
-  z_t = sum_{i<n} reward[t+i] + root_value[t+n]          (n = td_steps, discount 1)
+  priority_t = |z_t - root_value_t| + PRIORITY_EPSILON,
+  z_t = sum_{i<n} d^i reward[t+i] valid[t+i] + d^n valid[t+n] root_value[t+n]
 
-where the terminal step and the padding contribute zero reward and zero value, so the n-step sum
-stops at the episode's end and there is no bootstrap from the terminal state or beyond.
+(n = td_steps, d = the learner's discount): the learner's own n-step target (replay/targets.py)
+with the search's root values in place of the target network's, so the n-step sum stops at the
+episode's end and there is no bootstrap from the terminal state or beyond.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import tree
 
 from malloczero.configs.config import Config
 from malloczero.replay.tables import TABLE_NAME
+from malloczero.replay.targets import priority, value_targets
 from malloczero.replay.types import Step, step_spec, zero_step
 
-PRIORITY_EPSILON = 1e-3  # Keeps items whose value was already exact sampleable.
 POLL_MS = 500  # How often a write blocked by the rate limiter checks whether to give up.
 
 
@@ -42,6 +43,7 @@ class _GameState:
     self.num_appended = 0             # All steps appended this episode (real, terminal, padding).
     self.rewards: list[float] = []    # Per appended step; 0 for the terminal state and padding.
     self.values: list[float] = []     # Root values, likewise.
+    self.valid: list[float] = []      # 1 for real steps, 0 for the terminal state and padding.
     self.done = False                 # The terminal state has been appended.
 
 
@@ -59,7 +61,7 @@ class SequenceWriter:
                should_stop: Optional[Callable[[], bool]] = None):
     """Args:
       client: client of the server holding `table`.
-      config: uses `learner.sequence_length`, `learner.td_steps` and `game`.
+      config: uses `learner.sequence_length`, `learner.td_steps`, `learner.discount` and `game`.
       num_games: B, the number of games (episodes in progress) written concurrently.
       table: the table to insert into.
       max_in_flight_items: per game, the number of created but unconfirmed items after which
@@ -70,6 +72,7 @@ class SequenceWriter:
     self._should_stop = should_stop
     self._length = config.learner.sequence_length
     self._td_steps = config.learner.td_steps
+    self._discount = config.learner.discount
     if self._length <= self._td_steps:
       raise ValueError(f"sequence_length ({self._length}) must exceed td_steps ({self._td_steps}) "
                        "so that every item holds its bootstrap state")
@@ -140,6 +143,7 @@ class SequenceWriter:
     state.writer.append(step)
     state.rewards.append(float(step.reward))
     state.values.append(float(step.root_value))
+    state.valid.append(float(step.valid))
     state.num_appended += 1
     start = state.num_appended - self._length
     if 0 <= start < state.num_real:
@@ -150,6 +154,8 @@ class SequenceWriter:
       self._wait(state.writer.flush, block_until_num_items=self._max_in_flight)
 
   def _priority(self, state: _GameState, t: int) -> float:
-    n = self._td_steps
-    target = sum(state.rewards[t:t + n]) + state.values[t + n]
-    return abs(target - state.values[t]) + PRIORITY_EPSILON
+    window = slice(t, t + self._td_steps + 1)  # State t, its n rewards and its bootstrap state.
+    rewards, valid, values = (np.asarray(column[window], np.float64)
+                              for column in (state.rewards, state.valid, state.values))
+    target = value_targets(rewards, valid, values, 0, self._td_steps, self._discount)[0]
+    return float(priority(target, values[0]))

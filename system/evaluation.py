@@ -4,10 +4,11 @@ The same code makes `malloczero evaluate` and the final report of a training run
 play is actors/evaluator.py's, which the training program's evaluator node also uses for the
 learning curve. Every mapping behind a row has passed the independent validator.
 
-A row is one program: `{solver}_ms`, `{solver}_speedup` (over all-slow), `{solver}_solve_s`,
-`{solver}_vs_msa` (msa time / solver time) for each baseline solver and each agent label; CP-SAT's
-status, proven lower bound and gap; each agent's gap to that bound and its greedy trajectory's
-speed-up.
+A `ProgramRow` is one program: per baseline solver and agent label a `SolverOutcome` (time,
+speed-up over all-slow, solve time, ratio to msa, gap to CP-SAT's proven bound, an agent's greedy
+speed-up), and CP-SAT's status and bound when it ran. A `SplitSummary` sums up the rows of a split.
+Both are flattened into `{label}_{figure}` columns only for the files (`to_dict`), whose columns
+and their order are the evaluation files' format.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping as MappingType, Optional, Sequence
 
 import numpy as np
 
@@ -25,11 +26,10 @@ from malloczero.configs.workdir import WorkDir
 from malloczero.env.errors import MalloczeroError
 from malloczero.env.mapping import Mapping
 from malloczero.env.solvers import SolveResult, solve
-from malloczero.env.programs.suites import Suite, SuiteEntry
+from malloczero.env.programs.suites import SPLITS, Suite, SuiteEntry
 
 # Ratios within this of 1 count as ties with msa.
 TIE_TOLERANCE = 1e-6
-SPLITS = ("train", "heldout")
 
 Progress = Callable[[str, int], None]   # (what is being done now, units finished since last call)
 
@@ -78,13 +78,106 @@ def _run_name(checkpoint_file: str) -> str:
   return os.path.basename(run_directory(checkpoint_file))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class SolverOutcome:
+  """One baseline's or agent's validated mapping of one program, in the report's units."""
+  time_ms: float                 # Estimated program time.
+  speedup: float                 # All-slow time / time.
+  solve_s: float                 # An agent's excludes its one-off search compilation.
+  vs_msa: float                  # msa time / time: above 1 is faster than msa.
+  gap: Optional[float] = None    # To CP-SAT's proven lower bound; only where CP-SAT ran.
+  greedy_speedup: Optional[float] = None   # Agents only: their greedy trajectory's speed-up.
+
+
+@dataclasses.dataclass(frozen=True)
+class CpsatBound:
+  """What CP-SAT proved about one program."""
+  status: str                    # "optimal", "feasible", ...; "(msa fallback)" when it found none.
+  bound_ms: float                # Proven lower bound on the program time.
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramRow:
+  """One program of the suite with every baseline's and agent's outcome."""
+  entry: str
+  split: str
+  model: str
+  hardware: str
+  capacity_fraction: float
+  fast_capacity_bytes: int
+  ops: int
+  buffers: int
+  requests: int
+  slow_only_ms: float
+  outcomes: MappingType[str, SolverOutcome]   # Baselines (msa first), then agents, by label.
+  cpsat: Optional[CpsatBound] = None
+
+  def to_dict(self) -> dict[str, Any]:
+    """The row as the evaluation files write it: flat `{label}_{figure}` columns."""
+    row: dict[str, Any] = {
+        "entry": self.entry, "split": self.split, "model": self.model,
+        "hardware": self.hardware, "capacity_fraction": self.capacity_fraction,
+        "fast_capacity_bytes": self.fast_capacity_bytes, "ops": self.ops,
+        "buffers": self.buffers, "requests": self.requests, "slow_only_ms": self.slow_only_ms}
+    for label, outcome in self.outcomes.items():
+      row[f"{label}_ms"] = outcome.time_ms
+      row[f"{label}_speedup"] = outcome.speedup
+      row[f"{label}_solve_s"] = outcome.solve_s
+      if label == "cpsat" and self.cpsat is not None:
+        row["cpsat_status"] = self.cpsat.status
+        row["cpsat_bound_ms"] = self.cpsat.bound_ms
+      if outcome.greedy_speedup is not None:
+        row[f"{label}_greedy_speedup"] = outcome.greedy_speedup
+    for label, outcome in self.outcomes.items():
+      row[f"{label}_vs_msa"] = outcome.vs_msa
+      if outcome.gap is not None:
+        row[f"{label}_gap"] = outcome.gap
+    return row
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverSummary:
+  """One baseline or agent over the programs of a split; the figures against msa are None for
+  msa itself."""
+  geomean_speedup: float
+  total_solve_s: float
+  geomean_vs_msa: Optional[float] = None
+  wins: Optional[int] = None         # Programs where it is faster than msa, beyond TIE_TOLERANCE.
+  ties: Optional[int] = None
+  losses: Optional[int] = None
+  best_vs_msa: Optional[float] = None
+  worst_vs_msa: Optional[float] = None
+  mean_gap: Optional[float] = None   # Only where CP-SAT ran.
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitSummary:
+  """The programs of one split ("all", "train" or "heldout")."""
+  entries: int
+  solvers: MappingType[str, SolverSummary]    # By label, in column order.
+  cpsat_optimal: Optional[int] = None         # Programs CP-SAT solved to optimality.
+
+  def to_dict(self) -> dict[str, Any]:
+    """The summary as the evaluation files write it: flat `{label}_{figure}` keys, where the
+    figures are SolverSummary's field names, in its field order."""
+    summary: dict[str, Any] = {"entries": self.entries}
+    for label, figures in self.solvers.items():
+      for field in dataclasses.fields(figures):
+        value = getattr(figures, field.name)
+        if value is not None:
+          summary[f"{label}_{field.name}"] = value
+    if self.cpsat_optimal is not None:
+      summary["cpsat_optimal"] = self.cpsat_optimal
+    return summary
+
+
+@dataclasses.dataclass(frozen=True)
 class SuiteEvaluation:
   suite: str
   solvers: list[str]                 # Baseline solvers, msa first.
   agents: list[AgentUnderTest]
-  rows: list[dict[str, Any]]         # One per program, in suite order.
-  summary: dict[str, dict[str, Any]]   # {"all" | "train" | "heldout": figures}
+  rows: list[ProgramRow]             # One per program, in suite order.
+  summary: dict[str, SplitSummary]   # {"all" | "train" | "heldout": figures}, non-empty splits.
   mappings: dict[tuple[str, str], Mapping]   # (program, solver or agent label): msa and agents.
   elapsed_s: float
   compile_s: dict[str, float]        # Per agent: one-off search compilation, not in solve times.
@@ -100,7 +193,9 @@ class SuiteEvaluation:
             "solvers": self.solvers,
             "agents": [{**a.describe(), "compile_s": round(self.compile_s[a.label], 2)}
                        for a in self.agents],
-            "elapsed_s": round(self.elapsed_s, 1), "summary": self.summary, "rows": self.rows}
+            "elapsed_s": round(self.elapsed_s, 1),
+            "summary": {split: s.to_dict() for split, s in self.summary.items()},
+            "rows": [row.to_dict() for row in self.rows]}
 
 
 def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentUnderTest] = (),
@@ -115,25 +210,26 @@ def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
   started = time.monotonic()
   solvers = ["msa"] + [s for s in solvers if s != "msa"]
   progress = progress or (lambda description, advance: None)
-  rows: list[dict[str, Any]] = []
+  solved: list[dict[str, SolveResult]] = []   # Per program: label -> result.
+  bounds: list[Optional[CpsatBound]] = []
   mappings: dict[tuple[str, str], Mapping] = {}
   specs = []
   for entry in suite.entries:
     workload, hardware = entry.load()
     specs.append(GameSpec(entry.name, workload, hardware))
-    row = _describe(entry, workload, hardware)
+    results, bound = {}, None
     for solver in solvers:
       progress(f"{entry.name}: {solver}", 0)
-      result = solve(workload, hardware, solver, **options(solver))
-      _record(row, solver, result)
+      results[solver] = result = solve(workload, hardware, solver, **options(solver))
       if solver == "msa":
         mappings[(entry.name, "msa")] = result.mapping
       if solver == "cpsat":
-        row["cpsat_status"] = result.info["status"] + (" (msa fallback)"
-                                                       if "fallback" in result.info else "")
-        row["cpsat_bound_ms"] = result.info["bound_s"] * 1e3
+        bound = CpsatBound(result.info["status"] + (" (msa fallback)"
+                                                    if "fallback" in result.info else ""),
+                           result.info["bound_s"] * 1e3)
       progress(f"{entry.name}: {solver}", 1)
-    rows.append(row)
+    solved.append(results)
+    bounds.append(bound)
   compile_s = {}
   for tested in agents:
     progress(f"{tested.label}: compiling the search", 0)
@@ -141,71 +237,73 @@ def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
                                             tested.attempts, len(specs) if batch_agents else 1)
     if batch_agents:
       progress(f"{tested.label}: all {len(specs)} programs in one batch", 0)
-      results = play_with_agent(tested.agent, specs, tested.simulations, tested.attempts, seed)
+      played = play_with_agent(tested.agent, specs, tested.simulations, tested.attempts, seed)
       progress(f"{tested.label}: all {len(specs)} programs in one batch", len(specs))
     else:
-      results = []
+      played = []
       for spec in specs:
         progress(f"{spec.name}: {tested.label}", 0)
-        results += play_with_agent(tested.agent, [spec], tested.simulations, tested.attempts, seed)
+        played += play_with_agent(tested.agent, [spec], tested.simulations, tested.attempts, seed)
         progress(f"{spec.name}: {tested.label}", 1)
-    for row, result in zip(rows, results):
-      _record(row, tested.label, result)
-      row[f"{tested.label}_greedy_speedup"] = result.info["greedy_speedup"]
-      mappings[(row["entry"], tested.label)] = result.mapping
+    for spec, results, result in zip(specs, solved, played):
+      results[tested.label] = result
+      mappings[(spec.name, tested.label)] = result.mapping
+  labels = {a.label for a in agents}
+  rows = [_program_row(entry, spec, results, bound, labels)
+          for entry, spec, results, bound in zip(suite.entries, specs, solved, bounds)]
   names = solvers + [a.label for a in agents]
-  for row in rows:
-    for name in names:
-      row[f"{name}_vs_msa"] = row["msa_ms"] / row[f"{name}_ms"]
-      if "cpsat_bound_ms" in row:
-        # Clamped: the bound is exact only up to CP-SAT's integer rounding (1e-9 of all-slow).
-        row[f"{name}_gap"] = max(0.0, 1 - row["cpsat_bound_ms"] / row[f"{name}_ms"])
-  summary = {split: summarise([r for r in rows if split == "all" or r["split"] == split], names)
+  summary = {split: summarise([r for r in rows if split == "all" or r.split == split], names)
              for split in ("all",) + SPLITS}
-  summary = {k: v for k, v in summary.items() if v["entries"]}
+  summary = {k: v for k, v in summary.items() if v.entries}
   return SuiteEvaluation(suite.name, solvers, list(agents), rows, summary, mappings,
                          time.monotonic() - started, compile_s, {s.name: s for s in specs})
 
 
-def _describe(entry: SuiteEntry, workload, hardware) -> dict[str, Any]:
-  return {"entry": entry.name, "split": entry.split, "model": entry.model,
-          "hardware": entry.hardware, "capacity_fraction": entry.capacity_fraction,
-          "fast_capacity_bytes": hardware.levels[0].capacity_bytes,
-          "ops": workload.num_ops, "buffers": workload.num_buffers}
+def _program_row(entry: SuiteEntry, spec: GameSpec, results: dict[str, SolveResult],
+                 bound: Optional[CpsatBound], agents: set[str]) -> ProgramRow:
+  """`results` by label, baselines (msa first) then agents."""
+  msa = results["msa"].mapping
+  msa_ms = msa.estimated_time_s * 1e3
+  outcomes = {}
+  for label, result in results.items():
+    time_ms = result.mapping.estimated_time_s * 1e3
+    # Clamped: the bound is exact only up to CP-SAT's integer rounding (1e-9 of all-slow).
+    gap = None if bound is None else max(0.0, 1 - bound.bound_ms / time_ms)
+    outcomes[label] = SolverOutcome(
+        time_ms, result.mapping.speedup, result.solve_time_s, msa_ms / time_ms, gap,
+        result.info["greedy_speedup"] if label in agents else None)
+  return ProgramRow(
+      entry.name, entry.split, entry.model, entry.hardware, entry.capacity_fraction,
+      fast_capacity_bytes=spec.hardware.levels[0].capacity_bytes, ops=spec.workload.num_ops,
+      buffers=spec.workload.num_buffers, requests=results["msa"].info["requests"],
+      slow_only_ms=msa.slow_only_time_s * 1e3, outcomes=outcomes, cpsat=bound)
 
 
-def _record(row: dict[str, Any], name: str, result: SolveResult) -> None:
-  m = result.mapping
-  row["requests"] = result.info["requests"]
-  row["slow_only_ms"] = m.slow_only_time_s * 1e3
-  row[f"{name}_ms"] = m.estimated_time_s * 1e3
-  row[f"{name}_speedup"] = m.speedup
-  row[f"{name}_solve_s"] = result.solve_time_s
-
-
-def summarise(rows: list[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
   """Per solver or agent: geomean speed-up, geomean ratio to msa, wins / ties / losses against
   msa, best and worst ratio, total solve time."""
-  summary: dict[str, Any] = {"entries": len(rows)}
   if not rows:
-    return summary
+    return SplitSummary(0, {})
+  solvers = {}
   for name in names:
-    ratios = [r[f"{name}_vs_msa"] for r in rows]
-    summary[f"{name}_geomean_speedup"] = geomean([r[f"{name}_speedup"] for r in rows])
-    summary[f"{name}_total_solve_s"] = sum(r[f"{name}_solve_s"] for r in rows)
+    outcomes = [r.outcomes[name] for r in rows]
+    speedup = geomean([o.speedup for o in outcomes])
+    solve_s = sum(o.solve_s for o in outcomes)
     if name == "msa":
+      solvers[name] = SolverSummary(speedup, solve_s)
       continue
-    summary[f"{name}_geomean_vs_msa"] = geomean(ratios)
-    summary[f"{name}_wins"] = sum(v > 1 + TIE_TOLERANCE for v in ratios)
-    summary[f"{name}_ties"] = sum(abs(v - 1) <= TIE_TOLERANCE for v in ratios)
-    summary[f"{name}_losses"] = sum(v < 1 - TIE_TOLERANCE for v in ratios)
-    summary[f"{name}_best_vs_msa"] = max(ratios)
-    summary[f"{name}_worst_vs_msa"] = min(ratios)
-    if f"{name}_gap" in rows[0]:
-      summary[f"{name}_mean_gap"] = sum(r[f"{name}_gap"] for r in rows) / len(rows)
-  if "cpsat_status" in rows[0]:
-    summary["cpsat_optimal"] = sum(r["cpsat_status"] == "optimal" for r in rows)
-  return summary
+    ratios = [o.vs_msa for o in outcomes]
+    solvers[name] = SolverSummary(
+        speedup, solve_s, geomean_vs_msa=geomean(ratios),
+        wins=sum(v > 1 + TIE_TOLERANCE for v in ratios),
+        ties=sum(abs(v - 1) <= TIE_TOLERANCE for v in ratios),
+        losses=sum(v < 1 - TIE_TOLERANCE for v in ratios),
+        best_vs_msa=max(ratios), worst_vs_msa=min(ratios),
+        mean_gap=(sum(o.gap for o in outcomes) / len(rows)
+                  if outcomes[0].gap is not None else None))
+  cpsat_optimal = (sum(r.cpsat.status == "optimal" for r in rows)
+                   if rows[0].cpsat is not None else None)
+  return SplitSummary(len(rows), solvers, cpsat_optimal)
 
 
 def best_agent(evaluation: SuiteEvaluation) -> AgentUnderTest:
@@ -213,4 +311,4 @@ def best_agent(evaluation: SuiteEvaluation) -> AgentUnderTest:
   if not evaluation.agents:
     raise MalloczeroError("no agent was evaluated")
   overall = evaluation.summary["all"]
-  return max(evaluation.agents, key=lambda a: overall[f"{a.label}_geomean_speedup"])
+  return max(evaluation.agents, key=lambda a: overall.solvers[a.label].geomean_speedup)

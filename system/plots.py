@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import matplotlib
 
@@ -18,6 +18,9 @@ from malloczero.configs.workdir import WorkDir  # noqa: E402
 from malloczero.env.hardware import Hardware  # noqa: E402
 from malloczero.env.mapping import Mapping  # noqa: E402
 from malloczero.env.workload import Workload  # noqa: E402
+
+if TYPE_CHECKING:
+  from malloczero.system.evaluation import ProgramRow
 
 SPLIT_COLOURS = {"train": "#4c72b0", "heldout": "#dd8452"}
 KIND_COLOURS = {"activation": "#4c72b0", "parameter": "#dd8452", "input": "#55a868",
@@ -67,15 +70,15 @@ def plot_memory_maps(workload: Workload, hardware: Hardware, mappings: Sequence[
   _save(fig, path)
 
 
-def plot_speedups(rows: list[dict], solvers: list[str], path: str, title: str) -> None:
+def plot_speedups(rows: Sequence[ProgramRow], solvers: list[str], path: str, title: str) -> None:
   """Grouped bars: per suite entry, each solver's speed-up over all-slow."""
-  entries = [r["entry"] for r in rows]
+  entries = [r.entry for r in rows]
   width = 0.8 / max(1, len(solvers))
   fig, ax = plt.subplots(figsize=(max(8, 0.5 * len(entries) * max(1, len(solvers)) ** 0.5 + 4), 5))
   x = np.arange(len(entries))
   for i, s in enumerate(solvers):
-    ax.bar(x + i * width - 0.4 + width / 2, [r.get(f"{s}_speedup", np.nan) for r in rows], width,
-           label=s)
+    ax.bar(x + i * width - 0.4 + width / 2,
+           [r.outcomes[s].speedup if s in r.outcomes else np.nan for r in rows], width, label=s)
   ax.axhline(1.0, color="black", linewidth=0.6)
   ax.set_xticks(x)
   ax.set_xticklabels(entries, rotation=60, ha="right", fontsize=7)
@@ -86,21 +89,21 @@ def plot_speedups(rows: list[dict], solvers: list[str], path: str, title: str) -
   _save(fig, path)
 
 
-def plot_ratio_bars(rows: list[dict], solver: str, path: str, title: str) -> None:
+def plot_ratio_bars(rows: Sequence[ProgramRow], solver: str, path: str, title: str) -> None:
   """Per program, `solver`'s time relative to msa's (msa time / solver time), best first."""
-  rows = sorted(rows, key=lambda r: -r[f"{solver}_vs_msa"])
-  colours = [SPLIT_COLOURS.get(r["split"], "grey") for r in rows]
+  rows = sorted(rows, key=lambda r: -r.outcomes[solver].vs_msa)
+  colours = [SPLIT_COLOURS.get(r.split, "grey") for r in rows]
   fig, ax = plt.subplots(figsize=(max(8, 0.22 * len(rows) + 3), 4.8))
   x = np.arange(len(rows))
-  ax.bar(x, [r[f"{solver}_vs_msa"] - 1 for r in rows], 0.8, bottom=1, color=colours)
+  ax.bar(x, [r.outcomes[solver].vs_msa - 1 for r in rows], 0.8, bottom=1, color=colours)
   ax.axhline(1.0, color="black", linewidth=0.8)
   ax.set_xticks(x)
-  ax.set_xticklabels([r["entry"] for r in rows], rotation=70, ha="right", fontsize=7)
+  ax.set_xticklabels([r.entry for r in rows], rotation=70, ha="right", fontsize=7)
   ax.set_xlim(-0.6, len(rows) - 0.4)
   ax.set_ylabel("msa time / its time")
   ax.set_title(title, fontsize=10)
   ax.legend(handles=[Patch(color=c, label=s) for s, c in SPLIT_COLOURS.items()
-                     if any(r["split"] == s for r in rows)], fontsize=8)
+                     if any(r.split == s for r in rows)], fontsize=8)
   ax.grid(axis="y", alpha=0.3)
   fig.tight_layout()
   _save(fig, path)

@@ -15,12 +15,15 @@ from typing import Any, Callable, Optional
 
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import REPORT_STEM, WorkDir
-from malloczero.env.programs.suites import get_suite
-from malloczero.system.evaluation import (SPLITS, SuiteEvaluation, best_agent, evaluate_suite, load_agents,
-                               run_directory)
+from malloczero.env.programs.suites import SPLITS, get_suite
+from malloczero.system.evaluation import (TIE_TOLERANCE, ProgramRow, SolverSummary,
+                                          SuiteEvaluation, best_agent, evaluate_suite,
+                                          load_agents, run_directory)
 from malloczero.system.training import BASELINES
 
 Formatter = Callable[[Any], str]
+# (header, the value in a row or None where it has none, its formatter) of a per-program table.
+Column = tuple[str, Callable[[ProgramRow], Any], Formatter]
 
 
 def _ms(v: float) -> str:
@@ -35,38 +38,55 @@ def _percent(v: float) -> str:
   return f"{100 * v:.2f}%"
 
 
-def columns(evaluation: SuiteEvaluation) -> list[tuple[str, str, Formatter]]:
-  """(row key, header, formatter) of the per-program table."""
-  cols: list[tuple[str, str, Formatter]] = [
-      ("entry", "program", str), ("split", "split", str), ("requests", "requests", str),
-      ("slow_only_ms", "all-slow", _ms)]
-  has_bound = any("cpsat_bound_ms" in r for r in evaluation.rows)
+def _outcome(label: str, figure: str) -> Callable[[ProgramRow], Any]:
+  return lambda row: getattr(row.outcomes[label], figure)
+
+
+def _has_bound(evaluation: SuiteEvaluation) -> bool:
+  return any(r.cpsat is not None for r in evaluation.rows)
+
+
+def cells(cols: list[Column], row: ProgramRow) -> list[str]:
+  """A row of a per-program table: each column's value formatted, blank where there is none."""
+  values = [value(row) for _, value, _ in cols]
+  return ["" if v is None else fmt(v) for v, (_, _, fmt) in zip(values, cols)]
+
+
+def columns(evaluation: SuiteEvaluation) -> list[Column]:
+  """The per-program table of the Markdown report."""
+  cols: list[Column] = [
+      ("program", lambda r: r.entry, str), ("split", lambda r: r.split, str),
+      ("requests", lambda r: r.requests, str), ("all-slow", lambda r: r.slow_only_ms, _ms)]
+  has_bound = _has_bound(evaluation)
   agents = {a.label for a in evaluation.agents}
   for name in evaluation.names:
-    cols.append((f"{name}_ms", f"{name} time", _ms))
+    cols.append((f"{name} time", _outcome(name, "time_ms"), _ms))
     if name != "msa":
-      cols.append((f"{name}_vs_msa", f"{name} vs msa", _x))
+      cols.append((f"{name} vs msa", _outcome(name, "vs_msa"), _x))
     if has_bound and name in agents:
-      cols.append((f"{name}_gap", f"{name} gap", _percent))
+      cols.append((f"{name} gap", _outcome(name, "gap"), _percent))
   if has_bound:
-    cols += [("cpsat_status", "CP-SAT", str), ("cpsat_bound_ms", "bound", _ms),
-             ("cpsat_gap", "CP-SAT gap", _percent)]
-  cols += [(f"{name}_solve_s", f"{name} s", lambda v: f"{v:.2f}") for name in evaluation.names]
+    cpsat = lambda figure: lambda r: None if r.cpsat is None else getattr(r.cpsat, figure)
+    cols += [("CP-SAT", cpsat("status"), str), ("bound", cpsat("bound_ms"), _ms),
+             ("CP-SAT gap", _outcome("cpsat", "gap"), _percent)]
+  cols += [(f"{name} s", _outcome(name, "solve_s"), lambda v: f"{v:.2f}")
+           for name in evaluation.names]
   return cols
 
 
-def console_columns(evaluation: SuiteEvaluation) -> list[tuple[str, str, Formatter]]:
+def console_columns(evaluation: SuiteEvaluation) -> list[Column]:
   """A narrower per-program table for the terminal: speed-ups only, and the agents' details."""
   agents = [a.label for a in evaluation.agents]
-  has_bound = any("cpsat_bound_ms" in r for r in evaluation.rows)
-  cols: list[tuple[str, str, Formatter]] = [("entry", "program", str), ("split", "split", str),
-                                            ("requests", "requests", str)]
-  cols += [(f"{name}_speedup", name, _x) for name in evaluation.names]
-  cols += [(f"{name}_vs_msa", f"{name} vs msa", _x) for name in agents]
+  has_bound = _has_bound(evaluation)
+  cols: list[Column] = [("program", lambda r: r.entry, str), ("split", lambda r: r.split, str),
+                        ("requests", lambda r: r.requests, str)]
+  cols += [(name, _outcome(name, "speedup"), _x) for name in evaluation.names]
+  cols += [(f"{name} vs msa", _outcome(name, "vs_msa"), _x) for name in agents]
   if has_bound:
-    cols += [("cpsat_status", "CP-SAT", lambda v: v.split(" ")[0])]
-    cols += [(f"{name}_gap", f"{name} gap", _percent) for name in agents]
-  cols += [(f"{name}_solve_s", f"{name} s", lambda v: f"{v:.2f}") for name in agents]
+    cols += [("CP-SAT", lambda r: None if r.cpsat is None else r.cpsat.status,
+              lambda v: v.split(" ")[0])]
+    cols += [(f"{name} gap", _outcome(name, "gap"), _percent) for name in agents]
+  cols += [(f"{name} s", _outcome(name, "solve_s"), lambda v: f"{v:.2f}") for name in agents]
   return cols
 
 
@@ -77,15 +97,19 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
   body = []
   for split, s in evaluation.summary.items():
     for name in evaluation.names:
+      figures = s.solvers[name]
       if name == "msa":
         versus = ["1.000x", "-", "-", "-"]
       else:
-        versus = [_x(s[f"{name}_geomean_vs_msa"]),
-                  f"{s[f'{name}_wins']}/{s[f'{name}_ties']}/{s[f'{name}_losses']}",
-                  _x(s[f"{name}_best_vs_msa"]), _x(s[f"{name}_worst_vs_msa"])]
-      body.append([split, name, str(s["entries"]), _x(s[f"{name}_geomean_speedup"]), *versus,
-                   f"{s[f'{name}_total_solve_s']:.1f}"])
+        versus = [_x(figures.geomean_vs_msa), _wins_ties_losses(figures),
+                  _x(figures.best_vs_msa), _x(figures.worst_vs_msa)]
+      body.append([split, name, str(s.entries), _x(figures.geomean_speedup), *versus,
+                   f"{figures.total_solve_s:.1f}"])
   return header, body
+
+
+def _wins_ties_losses(figures: SolverSummary) -> str:
+  return f"{figures.wins}/{figures.ties}/{figures.losses}"
 
 
 def quality_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]]:
@@ -97,13 +121,13 @@ def quality_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str
   header += ["mean solve s"]
   body = []
   overall = evaluation.summary["all"]
-  for a in sorted(evaluation.agents, key=lambda a: -overall[f"{a.label}_geomean_speedup"]):
+  for a in sorted(evaluation.agents, key=lambda a: -overall.solvers[a.label].geomean_speedup):
     line = [a.label, str(a.agent.learner_steps), str(a.simulations), str(a.attempts)]
     for split in splits:
-      s = evaluation.summary[split]
-      line += [_x(s[f"{a.label}_geomean_speedup"]), _x(s[f"{a.label}_geomean_vs_msa"]),
-               f"{s[f'{a.label}_wins']}/{s[f'{a.label}_ties']}/{s[f'{a.label}_losses']}"]
-    line.append(f"{overall[f'{a.label}_total_solve_s'] / overall['entries']:.2f}")
+      figures = evaluation.summary[split].solvers[a.label]
+      line += [_x(figures.geomean_speedup), _x(figures.geomean_vs_msa),
+               _wins_ties_losses(figures)]
+    line.append(f"{overall.solvers[a.label].total_solve_s / overall.entries:.2f}")
     body.append(line)
   return header, body
 
@@ -153,20 +177,19 @@ def markdown(evaluation: SuiteEvaluation, title: str,
     lines += ["## Checkpoints by quality", "", *_markdown_table(*quality_table(evaluation)), ""]
   if evaluation.agents:
     agent = best_agent(evaluation).label
-    losses = sorted((r for r in evaluation.rows if r[f"{agent}_vs_msa"] < 1 - 1e-6),
-                    key=lambda r: r[f"{agent}_vs_msa"])
+    versus = lambda r: r.outcomes[agent].vs_msa
+    losses = sorted((r for r in evaluation.rows if versus(r) < 1 - TIE_TOLERANCE), key=versus)
     lines += [f"## Programs where `{agent}` loses to msa ({len(losses)} of "
               f"{len(evaluation.rows)})", ""]
     lines += _markdown_table(
         ["program", "split", f"{agent}", "msa", f"{agent} vs msa"],
-        [[r["entry"], r["split"], _x(r[f"{agent}_speedup"]), _x(r["msa_speedup"]),
-          _x(r[f"{agent}_vs_msa"])] for r in losses]) if losses else ["None."]
+        [[r.entry, r.split, _x(r.outcomes[agent].speedup), _x(r.outcomes["msa"].speedup),
+          _x(versus(r))] for r in losses]) if losses else ["None."]
     lines.append("")
   cols = columns(evaluation)
   lines += ["## Per program", "",
-            *_markdown_table([h for _, h, _ in cols],
-                             [[fmt(r[k]) if k in r else "" for k, _, fmt in cols]
-                              for r in evaluation.rows]), ""]
+            *_markdown_table([h for h, _, _ in cols], [cells(cols, r) for r in evaluation.rows]),
+            ""]
   if pictures:
     lines += ["## Pictures", ""] + [f"![{caption}]({name})" for caption, name in pictures]
   return "\n".join(lines) + "\n"
@@ -182,18 +205,19 @@ def _write_agent_mappings(evaluation: SuiteEvaluation, out_dir: str) -> list[str
   """Each agent's mapping of each program, for `malloczero validate` or a compiler to use."""
   for agent in evaluation.agents:
     for row in evaluation.rows:
-      path = mapping_file(out_dir, agent.label, row["entry"])
+      path = mapping_file(out_dir, agent.label, row.entry)
       os.makedirs(os.path.dirname(path), exist_ok=True)
-      evaluation.mappings[(row["entry"], agent.label)].save(path)
+      evaluation.mappings[(row.entry, agent.label)].save(path)
   return [WorkDir(out_dir).mappings] if evaluation.agents else []
 
 
 def _write_csv(evaluation: SuiteEvaluation, path: str) -> str:
-  keys = list(dict.fromkeys(k for r in evaluation.rows for k in r))
+  rows = [r.to_dict() for r in evaluation.rows]
+  keys = list(dict.fromkeys(k for r in rows for k in r))
   with open(path, "w", newline="", encoding="utf-8") as f:
     writer = csv.DictWriter(f, fieldnames=keys)
     writer.writeheader()
-    writer.writerows(evaluation.rows)
+    writer.writerows(rows)
   return path
 
 
@@ -213,21 +237,20 @@ def _draw_pictures(evaluation: SuiteEvaluation, out_dir: str, prefix: str, title
   plot_ratio_bars(evaluation.rows, agent, os.path.join(out_dir, name),
                   f"{agent} against msa per program (above 1: the agent's mapping is faster)")
   pictures.append((f"{agent} vs msa per program", name))
-  ranked = sorted(evaluation.rows, key=lambda r: r[f"{agent}_vs_msa"])
+  ranked = sorted(evaluation.rows, key=lambda r: r.outcomes[agent].vs_msa)
   for which, row in (("best", ranked[-1]), ("worst", ranked[0])):
-    spec = evaluation.specs[row["entry"]]
+    spec = evaluation.specs[row.entry]
     name = f"{prefix}memory_map_{which}.png"
-    plot_memory_maps(spec.workload, spec.hardware, [evaluation.mappings[(row["entry"], agent)],
-                                          evaluation.mappings[(row["entry"], "msa")]],
+    plot_memory_maps(spec.workload, spec.hardware, [evaluation.mappings[(row.entry, agent)],
+                                          evaluation.mappings[(row.entry, "msa")]],
                      os.path.join(out_dir, name),
-                     f"{row['entry']}: {agent}'s {which} program against msa "
-                     f"({row[f'{agent}_vs_msa']:.3f}x msa)")
+                     f"{row.entry}: {agent}'s {which} program against msa "
+                     f"({row.outcomes[agent].vs_msa:.3f}x msa)")
     pictures.append((f"memory maps of the {which} program, {agent} beside msa", name))
   if learning_curves:
     workdirs = {a.label: run_directory(a.agent.checkpoint) for a in evaluation.agents}
-    references = {split: {s: evaluation.summary[split][f"{s}_geomean_speedup"]
-                          for s in ("msa", "bestfit") if f"{s}_geomean_speedup" in
-                          evaluation.summary[split]}
+    references = {split: {s: evaluation.summary[split].solvers[s].geomean_speedup
+                          for s in ("msa", "bestfit") if s in evaluation.summary[split].solvers}
                   for split in SPLITS if split in evaluation.summary}
     name = f"{prefix}learning_curve.png"
     if plot_learning_curves(workdirs, references, os.path.join(out_dir, name),
@@ -253,10 +276,11 @@ def write_final_report(config: Config, workdir: str,
   for split in SPLITS:
     s = evaluation.summary.get(split)
     if s:
-      print_fn(f"  {split}: agent {s['agent_geomean_speedup']:.3f}x, "
-               + ", ".join(f"{b} {s[f'{b}_geomean_speedup']:.3f}x" for b in BASELINES)
-               + f"; vs msa {s['agent_geomean_vs_msa']:.3f}x (wins {s['agent_wins']}, ties "
-               f"{s['agent_ties']}, losses {s['agent_losses']} of {s['entries']})")
+      figures = s.solvers["agent"]
+      print_fn(f"  {split}: agent {figures.geomean_speedup:.3f}x, "
+               + ", ".join(f"{b} {s.solvers[b].geomean_speedup:.3f}x" for b in BASELINES)
+               + f"; vs msa {figures.geomean_vs_msa:.3f}x (wins {figures.wins}, ties "
+               f"{figures.ties}, losses {figures.losses} of {s.entries})")
   print_fn(f"wrote {WorkDir(workdir).report('md')} (with report.json, report.csv and "
            "pictures)")
   return evaluation.to_json(title)
@@ -268,7 +292,10 @@ def _random_seed(seed: int) -> Callable[[str], dict]:
 
 def summary_rows(report: dict[str, Any], label: str = "agent",
                  baselines: Optional[tuple[str, ...]] = None) -> list[list[str]]:
-  """Console table of a final report: per split, the agent and baselines' geomeans and W/T/L."""
+  """Console table of a final report: per split, the agent and baselines' geomeans and W/T/L.
+
+  `report` is the report's JSON (`write_final_report`'s result), so it reads the files' flat keys.
+  """
   baselines = baselines or tuple(s for s in report["solvers"])
   body = []
   for split in SPLITS:

@@ -42,23 +42,25 @@ def test_agent_rows_are_its_validated_mappings_and_agree_with_the_baselines(trai
   evaluation = evaluate_suite(suite, ["greedy", "cpsat"], agents,
                               lambda s: {"time_limit_s": 2.0} if s == "cpsat" else {})
   assert evaluation.solvers == ["msa", "greedy", "cpsat"]  # msa always runs, first.
-  assert [r["entry"] for r in evaluation.rows] == [e.name for e in suite.entries]
+  assert [r.entry for r in evaluation.rows] == [e.name for e in suite.entries]
   for entry, row in zip(suite.entries, evaluation.rows):
     workload, hardware = entry.load()
     mapping = evaluation.mappings[(entry.name, "agent")]
     checked = validate_mapping(workload, hardware, mapping)
-    assert checked.estimated_time_s * 1e3 == pytest.approx(row["agent_ms"], rel=1e-9)
-    assert row["agent_speedup"] == pytest.approx(row["slow_only_ms"] / row["agent_ms"])
-    assert row["agent_vs_msa"] == pytest.approx(row["msa_ms"] / row["agent_ms"])
+    agent, msa = row.outcomes["agent"], row.outcomes["msa"]
+    assert checked.estimated_time_s * 1e3 == pytest.approx(agent.time_ms, rel=1e-9)
+    assert agent.speedup == pytest.approx(row.slow_only_ms / agent.time_ms)
+    assert agent.vs_msa == pytest.approx(msa.time_ms / agent.time_ms)
     # Keeping the best of two trajectories never loses to the greedy one.
-    assert row["agent_speedup"] >= row["agent_greedy_speedup"] * (1 - 1e-12)
+    assert agent.speedup >= agent.greedy_speedup * (1 - 1e-12)
     # No mapping beats CP-SAT's proven lower bound.
-    assert row["agent_ms"] >= row["cpsat_bound_ms"] * (1 - 1e-6) and row["agent_gap"] >= 0
+    assert agent.time_ms >= row.cpsat.bound_ms * (1 - 1e-6) and agent.gap >= 0
   for split, summary in evaluation.summary.items():
-    rows = [r for r in evaluation.rows if split == "all" or r["split"] == split]
-    assert summary["entries"] == len(rows)
-    assert summary["agent_wins"] == sum(r["agent_vs_msa"] > 1 + 1e-6 for r in rows)
-    assert summary["agent_wins"] + summary["agent_ties"] + summary["agent_losses"] == len(rows)
+    rows = [r for r in evaluation.rows if split == "all" or r.split == split]
+    figures = summary.solvers["agent"]
+    assert summary.entries == len(rows)
+    assert figures.wins == sum(r.outcomes["agent"].vs_msa > 1 + 1e-6 for r in rows)
+    assert figures.wins + figures.ties + figures.losses == len(rows)
   assert set(evaluation.summary) == {"all", "train", "heldout"}
 
 

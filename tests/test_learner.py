@@ -20,7 +20,7 @@ from malloczero.learner import learner as learner_lib
 from malloczero.learner import (MuZeroLearner, importance_weights, load_params, make_networks,
                      scalar_to_probs, value_targets)
 from malloczero.learner.fakes import random_batch
-from malloczero.learner.losses import PRIORITY_EPSILON
+from malloczero.replay import PRIORITY_EPSILON
 from malloczero.replay.types import Batch, Step, zero_step
 
 CONFIG = get_config("tiny")

@@ -127,20 +127,38 @@ def test_episode_items_priorities_and_reset(queue_server):
   writer.close()
 
 
+def one_episode_priorities(config, client, length):
+  """Writes one episode of `length` steps; returns its items' priorities, rewards and values."""
+  writer = SequenceWriter(client, config, num_games=1)
+  steps, terminal = make_episode(0, 0, length)
+  for step in steps:
+    writer.append(0, step)
+  writer.end_episode(0, terminal)
+  priorities = [p for _, p in drain(client, config, length)]
+  rewards = np.array([s.reward for s in steps], np.float64)
+  values = np.array([s.root_value for s in steps], np.float64)
+  return priorities, rewards, values
+
+
 def test_priority_with_full_n_step_window(queue_server):
   """A long episode: early items bootstrap from root_value[t+n], late ones are truncated."""
   config, client = queue_server
   n = config.learner.td_steps
-  writer = SequenceWriter(client, config, num_games=1)
-  steps, terminal = make_episode(0, 0, 12)
-  for step in steps:
-    writer.append(0, step)
-  writer.end_episode(0, terminal)
-  priorities = [p for _, p in drain(client, config, 12)]
-  rewards = np.array([s.reward for s in steps], np.float64)
-  values = np.array([s.root_value for s in steps], np.float64)
+  priorities, rewards, values = one_episode_priorities(config, client, 12)
   assert priorities[0] == pytest.approx(abs(rewards[:n].sum() + values[n] - values[0]) + 1e-3)
   assert priorities[-1] == pytest.approx(abs(rewards[-1] - values[-1]) + 1e-3)
+
+
+def test_initial_priorities_use_the_learners_discount(queue_server):
+  """Initial priorities are the learner's n-step target (discounted) against the root value."""
+  config, client = queue_server
+  config = dataclasses.replace(config, learner=dataclasses.replace(config.learner, discount=0.5))
+  n = config.learner.td_steps
+  priorities, rewards, values = one_episode_priorities(config, client, 6)
+  weights = 0.5 ** np.arange(n)
+  assert priorities[0] == pytest.approx(
+      abs(rewards[:n] @ weights + 0.5 ** n * values[n] - values[0]) + PRIORITY_EPSILON)
+  assert priorities[-1] == pytest.approx(abs(rewards[-1] - values[-1]) + PRIORITY_EPSILON)
 
 
 def test_interleaved_games_do_not_mix(queue_server):

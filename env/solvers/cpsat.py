@@ -23,9 +23,12 @@ from malloczero.env.placement import Placement
 from malloczero.env.solvers.heuristics import msa
 
 UNITS_PER_SLOW_ONLY_TIME = 1e9
+DEFAULT_TIME_LIMIT_S = 10.0
+DEFAULT_WORKERS = 2  # Search threads.
 
 
-def cpsat(placement: Placement, time_limit_s: float = 10.0, workers: int = 2,
+def cpsat(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+          workers: int = DEFAULT_WORKERS,
           seed: int = 0) -> dict:
   model_cost, req, hw = placement.model, placement.requests, placement.hardware
   unit = model_cost.slow_only_time / UNITS_PER_SLOW_ONLY_TIME

@@ -17,6 +17,8 @@ import numpy as np
 
 from malloczero.env.placement import Placement
 
+DEFAULT_EVALUATIONS = 120  # The budget: full mappings decoded.
+
 
 def decode(placement: Placement, priority: np.ndarray) -> float:
   """Builds the mapping for `priority` [R] into `placement` (reset first); returns program time."""
@@ -26,7 +28,7 @@ def decode(placement: Placement, priority: np.ndarray) -> float:
   return placement.total_time
 
 
-def evo(placement: Placement, evaluations: int = 120, population: int = 12, elite: int = 3,
+def evo(placement: Placement, evaluations: int = DEFAULT_EVALUATIONS, population: int = 12, elite: int = 3,
         sigma: float = 0.3, time_limit_s: float | None = None, seed: int = 0) -> dict:
   req = placement.requests
   num_requests = len(req)
