@@ -1,4 +1,4 @@
-"""malloczero: learner (see DESIGN.md): Haiku networks, the MuZero loss, the optax learner."""
+"""malloczero: learner (see docs/design.md): Haiku networks, the MuZero loss, the optax learner."""
 
 from malloczero.learner.learner import (CHECKPOINT_FILENAME, MuZeroLearner, TrainingState, checkpoint_steps,
                              importance_weights, learner_updates_per_s, learning_rate_schedule,
