@@ -2,6 +2,8 @@
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -36,3 +38,15 @@ def test_the_readme_python_api_example_runs(capsys):
   assert namespace["episode_return"] == pytest.approx(1 - 1 / played.speedup, rel=1e-6)
   assert namespace["checked"].speedup == pytest.approx(namespace["result"].mapping.speedup,
                                                        rel=1e-6)
+
+
+def test_importing_malloczero_loads_no_agent_library():
+  """The README's promise: `import malloczero` loads the game, the baselines and the suites, and
+  the agent's libraries only when the agent is first used."""
+  code = ("import sys, malloczero\n"
+          "print(' '.join(m for m in ('jax', 'haiku', 'mctx', 'reverb', 'launchpad', 'tensorflow')\n"
+          "               if m in sys.modules))\n")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.strip() == "", f"import malloczero loaded {result.stdout.strip()}"
