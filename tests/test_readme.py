@@ -43,9 +43,8 @@ def test_the_readme_python_api_example_runs(capsys):
 def test_importing_malloczero_loads_no_agent_library():
   """The README's promise: `import malloczero` loads the game, the baselines and the suites, and
   the agent's libraries only when the agent is first used."""
-  code = ("import sys, malloczero\n"
-          "print(' '.join(m for m in ('jax', 'haiku', 'mctx', 'reverb', 'launchpad', 'tensorflow')\n"
-          "               if m in sys.modules))\n")
+  libraries = ("jax", "haiku", "mctx", "reverb", "launchpad", "tensorflow")
+  code = f"import sys, malloczero\nprint(' '.join(m for m in {libraries!r} if m in sys.modules))\n"
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=REPO)
   assert result.returncode == 0, result.stderr[-2000:]
