@@ -1,4 +1,6 @@
 # Two commands do all the set-up on a fresh machine: `make train` and `make test`.
+# `make test` is the whole suite (CI runs it); `make test-fast` leaves out the tests marked `slow`
+# (trainings, Launchpad launches, XLA compiles of the zoo, the wheel) and takes under a minute.
 # Both create .venv (CPython 3.10) from the pinned requirements first; `make setup` alone
 # is idempotent and returns in seconds when requirements, constraints and pyproject are unchanged.
 SHELL := /bin/bash
@@ -13,7 +15,7 @@ PYTEST_ARGS ?=
 # default suite, stopping itself after 9 minutes of training plus the final evaluation (~10 min).
 TRAIN_ARGS ?= --launch local_mp --config small --num-actors 2 --max-seconds 540
 
-.PHONY: setup test train bench clean-venv
+.PHONY: setup test test-fast train bench clean-venv
 setup: $(STAMP)
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml scripts/find_python310.sh
@@ -32,6 +34,10 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml scripts/find_python310
 test: setup
 	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+test-fast: setup
+	@rc=0; $(PY) -m pytest -m "not slow" $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "test-fast: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 train: setup
 	$(VENV)/bin/malloczero train $(TRAIN_ARGS)

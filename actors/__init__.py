@@ -1,1 +1,1 @@
-"""malloczero: actors (see DESIGN.md)."""
+"""malloczero: actors (see docs/design.md)."""

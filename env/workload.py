@@ -1,6 +1,6 @@
 """Workloads: a compiled program as a schedule of ops and the buffers they read and write.
 
-JSON format (DESIGN.md)::
+JSON format (docs/design.md)::
 
   {"name": str, "source": str,
    "ops": [{"name": str, "flops": number}, ...],            # in schedule order

@@ -1,1 +1,1 @@
-"""malloczero: launch (see DESIGN.md)."""
+"""malloczero: launch (see docs/design.md)."""

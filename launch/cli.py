@@ -422,7 +422,8 @@ def _add_solver_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
   parser = _Parser(prog="malloczero", description="Learned memory mapping for compiled ML "
-                   "programs: mallocGame, its cost model, and (soon) a distributed MuZero agent.")
+                   "programs: mallocGame, its cost model, baselines and a distributed MuZero "
+                   "agent.")
   sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
   p = sub.add_parser("validate", help="check a mapping independently; exit 0 if valid")

@@ -1,4 +1,4 @@
-"""malloczero: learner (see DESIGN.md): Haiku networks, the MuZero loss, the optax learner and its
+"""malloczero: learner (see docs/design.md): Haiku networks, the MuZero loss, the optax learner and its
 checkpoints. Made-up batches for benchmarks and tests are in learner/fakes.py, outside this API."""
 
 from malloczero.learner.checkpoint import (CHECKPOINT_FILENAME, check_params_fit, checkpoint_configs,

@@ -1,4 +1,4 @@
-"""malloczero: replay (see DESIGN.md).
+"""malloczero: replay (see docs/design.md).
 
 Actors write fixed-length `Step` sequences with `SequenceWriter`; the learner reads `Batch`es with
 `Sampler`; `make_table` / `start_server` build the Reverb table both sides agree on.

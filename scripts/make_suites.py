@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Generates the built-in suites: compiles the model zoo with XLA (CPU), imports each program,
-and writes env/data/workloads/<program>.json.gz and env/data/suites.json.
+and writes env/programs/data/workloads/<program>.json.gz and env/programs/data/suites.json.
 
   .venv/bin/python scripts/make_suites.py            # all suites (a few minutes on 2 cores)
   .venv/bin/python scripts/make_suites.py --only tiny

@@ -1,1 +1,1 @@
-"""malloczero: system (see DESIGN.md)."""
+"""malloczero: system (see docs/design.md)."""

@@ -3,6 +3,7 @@
 import os
 
 import hypothesis
+import pytest
 
 hypothesis.settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,
                                      print_blob=True)
@@ -10,3 +11,24 @@ hypothesis.settings.register_profile("dev", max_examples=40, deadline=None)
 hypothesis.settings.register_profile("thorough", max_examples=500, deadline=None)
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE",
                                                 "ci" if os.environ.get("CI") else "dev"))
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+  """The tiny training run every test that needs a trained checkpoint shares, built once per test
+  session (about a minute on 2 CPU cores; tests/trained.py): a dict with its `workdir` (a str,
+  named `run`), the trainer's `result`, its LearningCurve `curve`, `baselines`, `learner_log`,
+  `curve_rows` and `checkpoint_steps`, read right after training.
+
+  The work directory is shared: a test that changes a checkpoint copies the directory first. Its
+  checkpoints are checked unchanged at the end of the session."""
+  from tests import trained  # Loads JAX, Reverb and Launchpad: only when a test needs the run.
+  workdir = str(tmp_path_factory.mktemp("trained") / "run")
+  run = trained.train_tiny_run(workdir)
+  digests = trained.checkpoint_digests(workdir)
+  yield run
+  after = trained.checkpoint_digests(workdir)
+  changed = sorted(name for name in set(digests) | set(after)
+                   if digests.get(name) != after.get(name))
+  assert not changed, (f"a test changed the shared trained run's {changed}: copy "
+                       f"{workdir} before changing it")

@@ -388,6 +388,7 @@ def test_variable_client_fetches_every_update_period_calls():
 
 # ------------------------------------------------------------------------------ evaluation
 
+@pytest.mark.slow
 def test_evaluate_params_mappings_are_valid_and_consistent(params):
   # Perturbed parameters, so that the greedy search places buffers and the mappings checked
   # below hold real allocations (fresh parameters mostly leave everything in slow memory).
@@ -404,6 +405,7 @@ def test_evaluate_params_mappings_are_valid_and_consistent(params):
     assert result.speedup == pytest.approx(slow / final, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_play_programs_keeps_each_programs_fastest_attempt(params):
   """Several programs x several attempts in one batch: per program, the kept mapping is the
   fastest of its attempts, the greedy attempt comes first, and every mapping validates."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import pickle
 import subprocess
 import sys
@@ -10,30 +11,22 @@ import sys
 import pytest
 
 from malloczero.actors.agent import load_agent, solve_with_agent
-from malloczero.configs.config import get_config
 from malloczero.env.errors import MalloczeroError
 from malloczero.env.solvers import solve
 from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
 from malloczero.env.validator import validate_mapping
-from malloczero.learner.fakes import random_batch
-from malloczero.learner.learner import MuZeroLearner
-from malloczero.learner.networks import make_networks
-from malloczero.system.training import save_config
+from tests.trained import STEPS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-  """A tiny training work directory with a real (briefly trained) learner checkpoint."""
-  config = get_config("tiny")
-  directory = tmp_path_factory.mktemp("agent-run")
-  save_config(config, str(directory))
-  learner = MuZeroLearner(make_networks(config.network, config.game), config,
-                          sample_fn=lambda: random_batch(config, config.learner.batch_size),
-                          checkpoint_dir=str(directory / "checkpoints"))
-  learner.run(3)
-  return directory
+def workdir(trained_run):
+  """A tiny training work directory with a real (briefly trained) learner checkpoint: the
+  session's shared run (conftest.py)."""
+  return pathlib.Path(trained_run["workdir"])
 
 
 def _program():
@@ -44,7 +37,7 @@ def _program():
 
 def test_agent_keeps_the_best_of_its_trajectories_and_its_mapping_validates(workdir):
   agent = load_agent(str(workdir))
-  assert agent.learner_steps == 3 and agent.search.eval_num_simulations == 16
+  assert agent.learner_steps == STEPS and agent.search.eval_num_simulations == 16
   _, workload, hardware = _program()
   result = solve_with_agent(agent, workload, hardware, simulations=4, attempts=3)
   validate_mapping(workload, hardware, result.mapping)
@@ -64,7 +57,7 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   result = subprocess.run(common + ["--solver", "agent", "--out", str(out), "--plot", str(plot)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert result.stdout.startswith("agent: ") and "checkpoint step 3" in result.stdout
+  assert result.stdout.startswith("agent: ") and f"checkpoint step {STEPS}" in result.stdout
   assert out.exists() and plot.exists()
   validated = subprocess.run([sys.executable, "-m", "malloczero", "validate", path, str(out),
                               "--capacity", capacity], cwd=REPO, capture_output=True, text=True)

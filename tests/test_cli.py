@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -14,6 +16,7 @@ def _cli(*args, timeout=300):
                         text=True, timeout=timeout, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
   out = tmp_path / "bench.json"
   result = _cli("bench", "--quick", "--out", str(out))
@@ -30,6 +33,7 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
   assert report["learner_small_batch"] == 256 and report["learner_small_unroll"] == 5
 
 
+@pytest.mark.slow
 def test_train_runs_a_tiny_single_process_training_and_reports_its_curve(tmp_path):
   workdir = tmp_path / "run"
   result = _cli("train", "--launch", "single", "--config", "tiny", "--max-learner-steps", "4",
@@ -44,6 +48,7 @@ def test_train_runs_a_tiny_single_process_training_and_reports_its_curve(tmp_pat
     assert json.load(f)["name"] == "tiny"
 
 
+@pytest.mark.slow
 def test_interrupted_train_keeps_its_checkpoint(tmp_path):
   """Ctrl-C during training exits 130 and leaves a checkpoint a restart can resume from."""
   import signal
@@ -96,6 +101,7 @@ def test_make_setup_is_idempotent():
   assert result.returncode == 0, "make setup would reinstall although nothing changed"
 
 
+@pytest.mark.slow
 def test_import_jax_writes_a_workload_and_rejects_unknown_models(tmp_path):
   from malloczero.env import load_workload
   out = tmp_path / "mlp.json.gz"
@@ -109,6 +115,7 @@ def test_import_jax_writes_a_workload_and_rejects_unknown_models(tmp_path):
   assert "unknown model 'alexnet'" in bad.stderr and "resnet50" in bad.stderr
 
 
+@pytest.mark.slow
 def test_import_hlo_round_trip_and_malformed_text(tmp_path):
   from malloczero.env.programs.zoo import compiled_hlo_text
   from malloczero.env import load_workload

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import pickle
 import shutil
 import subprocess
@@ -16,9 +17,11 @@ from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
 from malloczero.env.validator import validate_mapping
 from malloczero.system.evaluation import evaluate_suite, load_agents
 from malloczero.system.report import mapping_file
+from tests.trained import STEPS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 40
+
+pytestmark = pytest.mark.slow
 
 
 def _cli(*args, timeout=600):
@@ -27,13 +30,10 @@ def _cli(*args, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A real tiny training run (self-play into Reverb, learner steps, learning curve, logs)."""
-  workdir = tmp_path_factory.mktemp("evaluate") / "run"
-  result = _cli("train", "--launch", "single", "--config", "tiny", "--max-learner-steps",
-                str(STEPS), "--eval-every", str(STEPS // 2), "--workdir", str(workdir), "--quiet")
-  assert result.returncode == 0, result.stderr[-2000:]
-  return workdir
+def trained(trained_run):
+  """A real tiny training run (self-play into Reverb, learner steps, learning curve, logs): the
+  session's shared run (conftest.py), whose work directory is named `run`."""
+  return pathlib.Path(trained_run["workdir"])
 
 
 def test_agent_rows_are_its_validated_mappings_and_agree_with_the_baselines(trained):

@@ -129,6 +129,7 @@ def _constant_value_params(params, value: float):
   return dict(params, value_head=head)
 
 
+@pytest.mark.slow
 def test_loss_uses_n_step_targets_with_target_network_bootstrap(batch):
   """Priorities are |z_0 - v_0| + eps: with the online value at 0 and the target network's value
   at a known constant, they reveal the z_0 the loss used."""
@@ -165,6 +166,7 @@ def test_importance_weights():
 
 # ------------------------------------------------------------------------------ learning
 
+@pytest.mark.slow
 def test_loss_drops_on_a_fixed_batch(trained):
   _, history, _ = trained
   losses = np.array([m["loss"] for m in history])
@@ -178,6 +180,7 @@ def test_loss_drops_on_a_fixed_batch(trained):
     assert np.isfinite(history[-1][key]), key
 
 
+@pytest.mark.slow
 def test_priorities_are_finite_positive_per_item(trained, batch):
   _, _, written = trained
   assert len(written) == 300
@@ -189,6 +192,7 @@ def test_priorities_are_finite_positive_per_item(trained, batch):
   assert written[-1][1].mean() < written[0][1].mean()
 
 
+@pytest.mark.slow
 def test_legality_head_learns_the_mask(trained, batch):
   learner, history, _ = trained
   assert history[-1]["legality_accuracy"] > 0.9
@@ -200,6 +204,7 @@ def test_legality_head_learns_the_mask(trained, batch):
   assert exact.mean() > 0.9
 
 
+@pytest.mark.slow
 def test_random_batch_is_well_formed_and_trainable(trained):
   learner, _, _ = trained
   data = random_batch(CONFIG, CONFIG.learner.batch_size, seed=1)
@@ -220,6 +225,7 @@ def test_random_batch_is_well_formed_and_trainable(trained):
 
 # ------------------------------------------------------------------------- variables, checkpoints
 
+@pytest.mark.slow
 def test_get_variables(trained):
   learner, _, _ = trained
   params = learner.get_variables()
@@ -233,6 +239,7 @@ def test_get_variables(trained):
     learner.get_variables(["nope"])
 
 
+@pytest.mark.slow
 def test_save_restore_round_trip(tmp_path, batch):
   first = MuZeroLearner(NETWORKS, CONFIG, lambda: batch, seed=1, checkpoint_dir=str(tmp_path))
   for _ in range(3):

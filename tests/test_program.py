@@ -128,6 +128,7 @@ class _Launch:
     return left
 
 
+@pytest.mark.slow
 def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_path):
   workdir = tmp_path / "run"
 
@@ -189,6 +190,7 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
     assert message in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_vertex_ai_program_builds_for_64_actors_and_its_resources_resolve(tmp_path):
   from malloczero.system.vertex import VERTEX_MAX_WORKER_POOLS, stage_code, vertex_resources, worker_pools
   config = get_config("large")
@@ -232,6 +234,7 @@ def test_check_workdir_refuses_another_configuration(tmp_path):
     check_workdir(get_config("small"), str(tmp_path))
 
 
+@pytest.mark.slow
 def test_local_mt_runs_every_node_as_a_thread_and_finishes(tmp_path):
   workdir = tmp_path / "mt"
   result = subprocess.run(
@@ -244,6 +247,7 @@ def test_local_mt_runs_every_node_as_a_thread_and_finishes(tmp_path):
   assert (workdir / "report.json").exists()
 
 
+@pytest.mark.slow
 def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
   """A killed learner stops the whole program: exit 1, its last checkpoint intact, no orphans."""
   workdir = tmp_path / "run"

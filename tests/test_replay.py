@@ -257,6 +257,7 @@ def test_rate_limiter_blocks_until_min_size():
   server.stop()
 
 
+@pytest.mark.slow
 def test_writer_blocked_by_the_rate_limiter_gives_up_when_told_to_stop():
   """With no learner sampling, inserts stop once the table is ahead of the samples-per-insert
   budget; a writer told to stop must raise instead of waiting forever."""

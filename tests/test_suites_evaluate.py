@@ -69,6 +69,7 @@ def test_cli_suite_list_and_show():
   assert missing.returncode == 1 and missing.stderr.startswith("malloczero: error: unknown suite")
 
 
+@pytest.mark.slow
 def test_cli_evaluate_writes_table_csv_json_markdown_and_png(tmp_path):
   out = tmp_path / "eval"
   result = _cli("evaluate", "--suite", "tiny", "--solvers", "msa,greedy,cpsat", "--time-limit",

@@ -1,81 +1,41 @@
 """Single-process training on the tiny suite with a real Reverb server and a real learner thread:
 it learns, its evaluations are valid, it resumes from its checkpoint, and it refuses a corrupt one.
 
-One training run (module fixture) serves most tests; it takes about a minute on 2 CPU cores. The
-runs share one `make_networks` result, so a resumed run reuses the compiled initialisation, SGD
-step and evaluation search instead of compiling them again (the networks are pure functions of
-their configs, so this changes nothing else).
+One training run, shared with every other test that needs a trained checkpoint (`trained_run` in
+conftest.py, built once per session by tests/trained.py), serves most tests; it takes about a
+minute on 2 CPU cores. The resume test resumes a copy of it. The runs share one `make_networks`
+result, so a resumed run reuses the compiled initialisation, SGD step and evaluation search
+instead of compiling them again (the networks are pure functions of their configs, so this
+changes nothing else).
 """
 
-import csv
-import functools
 import json
 import os
-import pickle
+import shutil
 import threading
 
 import numpy as np
 import pytest
 
 from malloczero.actors.games import suite_games
-from malloczero.configs.config import get_config
 from malloczero.env import MalloczeroError, validate_mapping
 from malloczero.system.evaluation import geomean
 from malloczero.learner.checkpoint import CHECKPOINT_FILENAME
-from malloczero.learner.networks import make_networks
 from malloczero.system import single_process
 from malloczero.system.single_process import train_single_process
-from malloczero.system.training import LearningCurve
+from tests.trained import (CONFIG, STEPS, cached_make_networks, checkpoint_steps, read_csv,
+                           train)
 
-CONFIG = get_config("tiny")
-STEPS = 100
-EVAL_EVERY = 50
+pytestmark = pytest.mark.slow
+
 RESUMED_STEPS = STEPS + 20
 
 
-def read_csv(path):
-  with open(path, encoding="utf-8", newline="") as f:
-    return list(csv.DictReader(f))
-
-
-def checkpoint_steps(workdir):
-  with open(os.path.join(workdir, "checkpoints", CHECKPOINT_FILENAME), "rb") as f:
-    return pickle.load(f)["steps"]
-
-
-cached_make_networks = functools.lru_cache(maxsize=None)(make_networks)
-
-
-def train(workdir, max_learner_steps):
-  """Runs the trainer and returns (result, the LearningCurve it used)."""
-  curves = []
-
-  class RecordingCurve(LearningCurve):
-
-    def __init__(self, *args, **kwargs):
-      super().__init__(*args, **kwargs)
-      curves.append(self)
-
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(single_process, "make_networks", cached_make_networks)
-    patch.setattr(single_process, "LearningCurve", RecordingCurve)
-    result = train_single_process(CONFIG, workdir, max_learner_steps=max_learner_steps,
-                                  eval_every_steps=EVAL_EVERY, print_fn=None)
-  assert len(curves) == 1
-  return result, curves[0]
-
-
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """The first run, and what it left in its work directory (read before any test resumes it)."""
-  workdir = str(tmp_path_factory.mktemp("train"))
-  result, curve = train(workdir, STEPS)
-  with open(os.path.join(workdir, "baselines.json"), encoding="utf-8") as f:
-    baselines = json.load(f)
-  return dict(workdir=workdir, result=result, curve=curve, baselines=baselines,
-              learner_log=read_csv(os.path.join(workdir, "logs", "learner", "logs.csv")),
-              curve_rows=read_csv(os.path.join(workdir, "learning_curve.csv")),
-              checkpoint_steps=checkpoint_steps(workdir))
+def trained(trained_run):
+  """The shared run, and what it left in its work directory (read before any test resumes a
+  copy of it)."""
+  return trained_run
 
 
 def train_rows(rows):
@@ -123,8 +83,9 @@ def test_final_evaluation_mappings_are_valid(trained):
     assert float(last["geomean_speedup"]) == pytest.approx(geomean([r.speedup for r in results]))
 
 
-def test_resume_continues_from_checkpoint(trained):
-  workdir = trained["workdir"]
+def test_resume_continues_from_checkpoint(trained, tmp_path):
+  workdir = str(tmp_path / "run")  # A copy: the shared run stays as it was trained.
+  shutil.copytree(trained["workdir"], workdir)
   result, _ = train(workdir, RESUMED_STEPS)
   assert result.learner_steps == RESUMED_STEPS == checkpoint_steps(workdir)
   log = read_csv(os.path.join(workdir, "logs", "learner", "logs.csv"))

@@ -47,6 +47,7 @@ def test_bad_batch_raises_workload_error():
     zoo.build_program("mlp", 0, train=False, tiny=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(zoo.TINY_MODELS))
 def test_tiny_model_compiles_for_inference_and_training(name):
   # Inference: fn(params, inputs) -> outputs with the batch dimension first.
@@ -90,6 +91,7 @@ def test_programs_are_deterministic_in_the_seed():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_compiled_hlo_text_is_a_scheduled_module():
   text = zoo.compiled_hlo_text("gpt", 1, train=False, tiny=True)
   assert "is_scheduled=true" in text and "ENTRY" in text

@@ -1,0 +1,190 @@
+"""The package layout, read from the sources with `ast` (nothing is imported): every import of the
+project's code is spelled `malloczero.`, the sub-packages import each other in one direction
+only, with no cycles, and the game core needs neither JAX nor Haiku.
+
+The direction (docs/design.md, README "Layout"):
+
+  launch -> system -> actors -> learner -> replay -> configs -> env
+
+A package may import any package to its right, never one to its left; `configs` is readable by
+every package but `env` and imports only `env`; `env` imports nothing of the agent. The root
+package `malloczero` (its `__init__` re-exports the Python API, `__main__` is the command) sits
+above them all, and no sub-package imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Sub-package -> its folder at the repository root (pyproject.toml's package-dir).
+FOLDERS = {"env": "env", "configs": "configs", "replay": "replay", "learner": "learner",
+           "actors": "actors", "system": "system", "launch": "launch"}
+# Right (imported) to left (importing): a package may import only those of lower rank.
+ORDER = ["env", "configs", "replay", "learner", "actors", "system", "launch"]
+RANK = {name: rank for rank, name in enumerate(ORDER)}
+# Top-level names that would be the project's folders imported without the package prefix.
+BARE = set(FOLDERS) | {"programs", "solvers"}
+# The game core (env/ but env/programs/, which compiles the zoo with XLA) runs without these.
+AGENT_LIBRARIES = {"jax", "jaxlib", "haiku", "mctx", "optax", "rlax", "reverb", "launchpad",
+                   "acme"}
+
+
+def _python_files(folder: str) -> list[str]:
+  found = []
+  for root, dirs, files in os.walk(os.path.join(REPO, folder)):
+    dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+    found += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
+  return found
+
+
+def _imports(path: str) -> list[tuple[int, str, int]]:
+  """(line, imported module, relative level) for every import statement in the file, including
+  imports inside functions."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), filename=path)
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found += [(node.lineno, alias.name, 0) for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      module = node.module or ""
+      if module == "malloczero" and not node.level:  # `from malloczero import env`
+        found += [(node.lineno, f"malloczero.{alias.name}", 0) for alias in node.names]
+      else:
+        found.append((node.lineno, module, node.level))
+  return found
+
+
+def _where(path: str, line: int) -> str:
+  return f"{os.path.relpath(path, REPO)}:{line}"
+
+
+def _sub_package(module: str) -> str | None:
+  """'malloczero.env.game' -> 'env'; 'malloczero' -> '' (the root package); else None."""
+  parts = module.split(".")
+  if parts[0] != "malloczero":
+    return None
+  return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else ""
+
+
+def _package_edges() -> dict[tuple[str, str], list[str]]:
+  """(importing, imported) sub-package -> where, for imports between different sub-packages."""
+  edges: dict[tuple[str, str], list[str]] = {}
+  for package, folder in FOLDERS.items():
+    for path in _python_files(folder):
+      for line, module, level in _imports(path):
+        target = _sub_package(module) if not level else None
+        if target is not None and target != package:
+          edges.setdefault((package, target), []).append(_where(path, line))
+  return edges
+
+
+def test_the_project_is_imported_as_malloczero_everywhere():
+  offending = []
+  folders = list(FOLDERS.values()) + ["malloczero", "tests", "scripts"]
+  for folder in folders:
+    for path in _python_files(folder):
+      for line, module, level in _imports(path):
+        if level:
+          offending.append(f"{_where(path, line)}: relative import "
+                           f"{'.' * level}{module} (spell it malloczero.)")
+        elif module.split(".")[0] in BARE:
+          offending.append(f"{_where(path, line)}: `{module}` is not spelled malloczero.")
+  assert not offending, "imports of the project's code without `malloczero.`:\n" + "\n".join(
+      offending)
+
+
+def test_sub_packages_import_in_one_direction():
+  offending = []
+  for (package, target), places in sorted(_package_edges().items()):
+    if target == "":
+      offending += [f"{where}: malloczero.{package} imports the root package `malloczero` "
+                    f"(import the sub-package that defines the name)" for where in places]
+    elif RANK[target] > RANK[package]:
+      offending += [f"{where}: malloczero.{package} imports malloczero.{target} "
+                    f"(against {' -> '.join(reversed(ORDER))})" for where in places]
+  assert not offending, "imports against the layering:\n" + "\n".join(offending)
+
+
+def test_no_import_cycles_between_sub_packages():
+  graph: dict[str, set[str]] = {package: set() for package in FOLDERS}
+  edges = _package_edges()
+  for package, target in edges:
+    if target:
+      graph[package].add(target)
+  cycles = []
+
+  def visit(package: str, path: list[str]) -> None:
+    for target in sorted(graph[package]):
+      if target in path:
+        loop = path[path.index(target):]
+        start = loop.index(min(loop))  # Each cycle once, whichever package it was found from.
+        cycle = loop[start:] + loop[:start] + [min(loop)]
+        cycles.append(" -> ".join(cycle) + "  (" + ", ".join(
+            edges[(a, b)][0] for a, b in zip(cycle, cycle[1:])) + ")")
+      else:
+        visit(target, path + [target])
+
+  for package in sorted(graph):
+    visit(package, [package])
+  cycles = sorted(set(cycles))
+  assert not cycles, "import cycles between sub-packages:\n" + "\n".join(cycles)
+
+
+def test_env_imports_nothing_of_the_agent_and_its_core_needs_no_jax():
+  agent = {"configs", "replay", "learner", "actors", "system", "launch"}
+  offending = []
+  for path in _python_files("env"):
+    in_programs = os.path.relpath(path, REPO).startswith(os.path.join("env", "programs") + os.sep)
+    for line, module, level in _imports(path):
+      target = _sub_package(module) if not level else None
+      if target in agent or target == "":
+        offending.append(f"{_where(path, line)}: env imports {module}")
+      if not in_programs and module.split(".")[0] in AGENT_LIBRARIES:
+        offending.append(f"{_where(path, line)}: the game core imports {module} "
+                         f"(only env/programs/ may use JAX / Haiku)")
+  assert not offending, "\n".join(offending)
+
+
+def test_configs_imports_only_env():
+  offending = [f"{where}: malloczero.configs imports malloczero.{target or '(root)'}"
+               for (package, target), places in _package_edges().items()
+               if package == "configs" and target != "env" for where in places]
+  assert not offending, "\n".join(offending)
+
+
+def _pyproject_packages() -> tuple[list[str], dict[str, str]]:
+  """[tool.setuptools] packages and package-dir, read with a few regular expressions (Python 3.10
+  has no tomllib and the venv may not hold tomli)."""
+  with open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8") as f:
+    text = f.read()
+  listed = re.search(r"^\[tool\.setuptools\]\s*\npackages\s*=\s*\[(.*?)\]", text, re.S | re.M)
+  assert listed, "pyproject.toml has no [tool.setuptools] packages list"
+  packages = re.findall(r'"([\w.]+)"', listed.group(1))
+  table = re.search(r"^\[tool\.setuptools\.package-dir\]\s*\n(.*?)(?:^\[|\Z)", text, re.S | re.M)
+  assert table, "pyproject.toml has no [tool.setuptools.package-dir] table"
+  package_dir = dict(re.findall(r'^"([\w.]+)"\s*=\s*"([\w./]+)"', table.group(1), re.M))
+  return packages, package_dir
+
+
+def test_pyproject_lists_every_package_folder():
+  """pyproject.toml's list is the wheel's list: a folder with an __init__.py it misses would be
+  left out of the installed package."""
+  packages, package_dir = _pyproject_packages()
+  assert package_dir == {"malloczero": "malloczero",
+                         **{f"malloczero.{name}": folder for name, folder in FOLDERS.items()}}
+  folders = {}
+  for package, folder in package_dir.items():
+    for root, dirs, files in os.walk(os.path.join(REPO, folder)):
+      dirs[:] = [d for d in dirs if d != "__pycache__"]
+      if "__init__.py" in files:
+        relative = os.path.relpath(root, os.path.join(REPO, folder))
+        name = package if relative == "." else f"{package}.{relative.replace(os.sep, '.')}"
+        folders[name] = os.path.relpath(root, REPO)
+  assert sorted(packages) == sorted(folders), (
+      f"pyproject.toml lists {sorted(set(packages) - set(folders))} without a folder, and "
+      f"misses {sorted(set(folders) - set(packages))}")

@@ -1,0 +1,85 @@
+"""The one tiny training run the tests share (`trained_run` in conftest.py builds it once per test
+session): single-process training on the tiny suite with a real Reverb server and a real learner
+thread, evaluated on both splits every EVAL_EVERY learner steps and at the end.
+
+Its work directory is read-only to the tests: one that changes a checkpoint (resumes the run,
+corrupts a file) copies the directory first. All runs share one `make_networks` result, so a
+resumed copy reuses the compiled initialisation, SGD step and evaluation search instead of
+compiling them again (the networks are pure functions of their configs, so this changes nothing
+else).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import hashlib
+import json
+import os
+import pickle
+
+import pytest
+
+from malloczero.configs.config import get_config
+from malloczero.learner.checkpoint import CHECKPOINT_FILENAME
+from malloczero.learner.networks import make_networks
+from malloczero.system import single_process
+from malloczero.system.single_process import train_single_process
+from malloczero.system.training import LearningCurve
+
+CONFIG = get_config("tiny")
+STEPS = 100
+EVAL_EVERY = 50
+
+cached_make_networks = functools.lru_cache(maxsize=None)(make_networks)
+
+
+def read_csv(path):
+  with open(path, encoding="utf-8", newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def checkpoint_steps(workdir):
+  with open(os.path.join(workdir, "checkpoints", CHECKPOINT_FILENAME), "rb") as f:
+    return pickle.load(f)["steps"]
+
+
+def train(workdir, max_learner_steps):
+  """Runs the trainer and returns (result, the LearningCurve it used)."""
+  curves = []
+
+  class RecordingCurve(LearningCurve):
+
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      curves.append(self)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(single_process, "make_networks", cached_make_networks)
+    patch.setattr(single_process, "LearningCurve", RecordingCurve)
+    result = train_single_process(CONFIG, workdir, max_learner_steps=max_learner_steps,
+                                  eval_every_steps=EVAL_EVERY, print_fn=None)
+  assert len(curves) == 1
+  return result, curves[0]
+
+
+def train_tiny_run(workdir: str) -> dict:
+  """The run, and what it left in its work directory (read before any test could touch it)."""
+  result, curve = train(workdir, STEPS)
+  with open(os.path.join(workdir, "baselines.json"), encoding="utf-8") as f:
+    baselines = json.load(f)
+  return dict(workdir=workdir, result=result, curve=curve, baselines=baselines,
+              learner_log=read_csv(os.path.join(workdir, "logs", "learner", "logs.csv")),
+              curve_rows=read_csv(os.path.join(workdir, "learning_curve.csv")),
+              checkpoint_steps=checkpoint_steps(workdir))
+
+
+def checkpoint_digests(workdir: str) -> dict[str, str]:
+  """sha256 of every file under workdir/checkpoints: the shared run's must not change."""
+  digests = {}
+  for root, _, files in os.walk(os.path.join(workdir, "checkpoints")):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        digests[os.path.relpath(path, workdir)] = hashlib.sha256(f.read()).hexdigest()
+  return digests
