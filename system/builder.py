@@ -9,19 +9,20 @@ the parts are in system/loops.py.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import reverb
 from acme.utils import loggers
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult
-from malloczero.actors.games import GamePool, suite_games
+from malloczero.actors.games import GamePool, GameSpec, suite_games
 from malloczero.actors.variable_client import VariableClient, VariableSource
 from malloczero.configs.config import ActorConfig, Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.learner.learner import MuZeroLearner
 from malloczero.learner.networks import MuZeroNetworks
 from malloczero.replay import Sampler, SequenceWriter, make_table
+from malloczero.system.training import LearningCurve
 
 # How long one learner sample may wait on the replay's rate limiter before the learner re-checks
 # for a stop. Stopping an in-process server does not wake a sample blocked in the dataset (it reads
@@ -70,6 +71,14 @@ def make_actor(networks: MuZeroNetworks, config: Config, replay: reverb.Client,
                   seed=seed)
   writer = SequenceWriter(replay, config, config.actor.num_games, should_stop=should_stop)
   return BatchedActor(networks, config, pool, variables, writer, seed=seed, on_episode=on_episode)
+
+
+def make_evaluator(networks: MuZeroNetworks, config: Config, workdir: WorkDir,
+                   splits: dict[str, Sequence[GameSpec]]) -> LearningCurve:
+  """Greedy evaluation of the learner's parameters on each split's programs (the evaluation search:
+  more simulations, no noise), appended to the work directory's learning curve beside the
+  baselines' speed-ups (computed once, cached in `workdir.baselines`)."""
+  return LearningCurve(networks, config, workdir.root, splits)
 
 
 def make_logger(workdir: WorkDir, label: str, print_fn: Optional[Callable[[str], None]] = None,

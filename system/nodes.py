@@ -351,12 +351,13 @@ class EvaluatorNode:
   def run(self) -> None:
     from malloczero.actors.games import suite_games
     from malloczero.learner.networks import make_networks
-    from malloczero.system.training import LearningCurve, Stopwatch
+    from malloczero.system.builder import make_evaluator
+    from malloczero.system.training import Stopwatch
     config = self._config
     split = "heldout" if config.distributed.heldout_only_evaluator else "train"
     specs = suite_games(config.suite, split) or suite_games(config.suite, "train")
     networks = make_networks(config.network, config.game)
-    curve = LearningCurve(networks, config, self._context.workdir, {split: specs})
+    curve = make_evaluator(networks, config, self._context.files, {split: specs})
     msa = curve.baseline_geomean("msa", split)
     logger = node_logger(self._context, "evaluator", steps_key="learner_steps")
     clock = Stopwatch()

@@ -20,7 +20,7 @@ from malloczero.configs.workdir import WorkDir
 from malloczero.learner.networks import make_networks
 from malloczero.system import builder
 from malloczero.system.loops import EpisodeStatistics, run_learner, step_actor
-from malloczero.system.training import LearningCurve, Stopwatch, save_config
+from malloczero.system.training import Stopwatch, save_config
 
 # The actor's log row averages its last games (the distributed actors' rows average the games
 # since their previous row instead: they report far more often).
@@ -65,7 +65,8 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
     server.stop()  # Otherwise it keeps its port and threads until garbage-collected.
     raise
   learner_logger = builder.make_logger(files, "learner", print_fn, log_every_s)
-  curve = LearningCurve(networks, config, workdir, {"train": train_specs, "heldout": heldout_specs})
+  curve = builder.make_evaluator(networks, config, files,
+                                 {"train": train_specs, "heldout": heldout_specs})
   actor_logger = builder.make_logger(files, "actor", print_fn, log_every_s)
   episodes = EpisodeStatistics(window=RECENT_EPISODES)
   stop = threading.Event()

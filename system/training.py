@@ -18,7 +18,7 @@ from malloczero.actors.evaluator import evaluate_params
 from malloczero.actors.games import GameSpec
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
-from malloczero.system.evaluation import geomean
+from malloczero.system.evaluation import TIE_TOLERANCE, geomean
 from malloczero.env.solvers import solve
 from malloczero.learner.networks import MuZeroNetworks
 
@@ -83,7 +83,7 @@ class LearningCurve:
           "learner_steps": learner_steps, "elapsed_s": round(elapsed_s, 1), "split": split,
           "geomean_speedup": geomean([r.speedup for r in results]),
           "mean_return": float(np.mean([r.episode_return for r in results])),
-          "beats_msa": sum(r.speedup >= msa[r.program] * (1 - 1e-9) for r in results),
+          "beats_msa": sum(r.speedup / msa[r.program] >= 1 - TIE_TOLERANCE for r in results),
           "programs": len(results)})
     write_header = not os.path.exists(self.path)
     with open(self.path, "a", encoding="utf-8", newline="") as f:

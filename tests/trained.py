@@ -23,7 +23,7 @@ import pytest
 from malloczero.configs.config import get_config
 from malloczero.learner.checkpoint import CHECKPOINT_FILENAME
 from malloczero.learner.networks import make_networks
-from malloczero.system import single_process
+from malloczero.system import builder, single_process
 from malloczero.system.single_process import train_single_process
 from malloczero.system.training import LearningCurve
 
@@ -56,7 +56,7 @@ def train(workdir, max_learner_steps):
 
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(single_process, "make_networks", cached_make_networks)
-    patch.setattr(single_process, "LearningCurve", RecordingCurve)
+    patch.setattr(builder, "LearningCurve", RecordingCurve)
     result = train_single_process(CONFIG, workdir, max_learner_steps=max_learner_steps,
                                   eval_every_steps=EVAL_EVERY, print_fn=None)
   assert len(curves) == 1
