@@ -4,7 +4,10 @@ the learner, step the actor, and summarise the actor's finished games for its lo
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Optional
+import contextlib
+import signal
+import threading
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -64,3 +67,35 @@ class EpisodeStatistics:
 
   def clear(self) -> None:
     self._episodes.clear()
+
+
+@contextlib.contextmanager
+def interrupt_sets(stop: threading.Event) -> Iterator[None]:
+  """Within the block, Ctrl-C (SIGINT) sets `stop` instead of raising at once; leaving the block
+  after one raises KeyboardInterrupt, so the caller's loop ends at its next `stop` check, saves,
+  and the command still exits as interrupted. A second Ctrl-C raises at once.
+
+  Why not let KeyboardInterrupt propagate: Python raises it wherever the main thread happens to be,
+  and where that is a garbage-collection callback (JAX registers one) the exception is printed
+  as "ignored" and dropped, so a training run would go on as if Ctrl-C had never been pressed.
+  Outside the main thread (where handlers cannot be installed) this does nothing.
+  """
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  interrupted = threading.Event()
+
+  def on_interrupt(signum: int, frame: Any) -> None:
+    del signum, frame
+    if interrupted.is_set():
+      raise KeyboardInterrupt
+    interrupted.set()
+    stop.set()
+
+  previous = signal.signal(signal.SIGINT, on_interrupt)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  if interrupted.is_set():
+    raise KeyboardInterrupt

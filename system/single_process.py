@@ -19,7 +19,7 @@ from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.learner.networks import make_networks
 from malloczero.system import builder
-from malloczero.system.loops import EpisodeStatistics, run_learner, step_actor
+from malloczero.system.loops import EpisodeStatistics, interrupt_sets, run_learner, step_actor
 from malloczero.system.training import Stopwatch, save_config
 
 # The actor's log row averages its last games (the distributed actors' rows average the games
@@ -97,18 +97,19 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
   next_eval = (learner.num_steps // eval_every_steps + 1) * eval_every_steps
   last_log = time.monotonic()
   try:
-    while not stop.is_set():
-      if max_seconds is not None and clock.elapsed > max_seconds:
-        break
-      if not step_actor(actor, stop.is_set):  # The learner finished and stopped replay.
-        break
-      if learner.num_steps >= next_eval:
-        curve.evaluate(learner.get_variables(), learner.num_steps, clock.elapsed)
-        next_eval += eval_every_steps
-      if time.monotonic() - last_log > log_every_s and episodes:
-        actor_logger.write({"actor_steps": actor.num_steps, "episodes": actor.num_episodes,
-                            **episodes.summary()})
-        last_log = time.monotonic()
+    with interrupt_sets(stop):
+      while not stop.is_set():
+        if max_seconds is not None and clock.elapsed > max_seconds:
+          break
+        if not step_actor(actor, stop.is_set):  # The learner finished and stopped replay.
+          break
+        if learner.num_steps >= next_eval:
+          curve.evaluate(learner.get_variables(), learner.num_steps, clock.elapsed)
+          next_eval += eval_every_steps
+        if time.monotonic() - last_log > log_every_s and episodes:
+          actor_logger.write({"actor_steps": actor.num_steps, "episodes": actor.num_episodes,
+                              **episodes.summary()})
+          last_log = time.monotonic()
   finally:
     stop.set()
     thread.join()  # Within about SAMPLE_TIMEOUT_MS plus one learner step; it stops the server.
