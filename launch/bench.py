@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from malloczero.env.files import write_text
 from malloczero.env.game import MallocGame
 from malloczero.env.hardware import PRESETS, Hardware
 from malloczero.env.programs.synthetic import contended, random_workload
@@ -275,6 +276,4 @@ def run_bench(quick: bool, agent: bool = True) -> dict[str, Any]:
 
 def write_report(report: dict[str, Any], path: str | None) -> None:
   if path:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(report, f, indent=1)
+    write_text(path, json.dumps(report, indent=1))

@@ -18,6 +18,7 @@ from rich.table import Table
 from malloczero.configs.config import DEFAULT_ATTEMPTS
 from malloczero.configs.config import PRESETS as CONFIG_PRESETS
 from malloczero.env.errors import MalloczeroError
+from malloczero.env.files import check_output_dir, check_output_file
 from malloczero.env.hardware import PRESETS, Hardware, load_hardware
 from malloczero.env.mapping import load_mapping
 from malloczero.env.programs.suites import SPLITS
@@ -143,8 +144,17 @@ def _solve_with_agent(args: argparse.Namespace, workload: Workload, hw: Hardware
   return winner
 
 
+def _check_plot(path: str | None) -> None:
+  if path:
+    from malloczero.system.plots import check_picture_path
+    check_picture_path(path)
+
+
 def cmd_solve(args: argparse.Namespace) -> int:
   from malloczero.env.solvers import solve
+  if args.out:
+    check_output_file(args.out)
+  _check_plot(args.plot)
   workload = load_workload(args.workload)
   hw = resolve_hardware(workload, args.hardware, args.capacity)
   if args.solver in ("agent", "portfolio"):
@@ -185,6 +195,7 @@ def cmd_import_jax(args: argparse.Namespace) -> int:
   from malloczero.env.programs.zoo import MODELS
   if args.model not in MODELS:
     raise MalloczeroError(f"unknown model '{args.model}' (choose from {', '.join(MODELS)})")
+  check_output_file(args.out)
   batch = args.batch or MODELS[args.model].default_batches[0]
   with console(stderr=True).status(f"compiling {args.model} (batch {batch}"
                                    f"{', training step' if args.train else ''}) with XLA..."):
@@ -197,7 +208,7 @@ def cmd_import_jax(args: argparse.Namespace) -> int:
 def cmd_import_hlo(args: argparse.Namespace) -> int:
   from malloczero.env.programs.hlo_import import workload_from_hlo_text
   from malloczero.env.workload import save_workload
-  import os
+  check_output_file(args.out)
   try:
     with open(args.hlo, encoding="utf-8") as f:
       text = f.read()
@@ -246,6 +257,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+  check_output_dir(args.out)  # First: before the imports, which load the whole agent stack.
   from malloczero.env.programs.suites import get_suite
   from malloczero.launch.evaluate import print_tables, run_evaluation
   from malloczero.system.evaluation import load_agents
@@ -278,11 +290,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
   from malloczero.launch.bench import run_bench, write_report
+  if args.out:
+    check_output_file(args.out)
   what = "the game and the cost model" + ("" if args.no_agent else ", search, acting and learner"
                                             + ("" if args.quick else ", and local_mp runs with 1 and 2 actors"))
   with console(stderr=True).status(f"benchmarking {what}..."):
     report = run_bench(quick=args.quick, agent=not args.no_agent)
-  write_report(report, args.out)
   table = Table(title="malloczero bench" + (" --quick" if args.quick else ""))
   table.add_column("metric")
   table.add_column("value", justify="right")
@@ -290,8 +303,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if isinstance(value, float):
       value = f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}"
     table.add_row(key, str(value))
-  console().print(table)
+  console().print(table)  # Before the file: a failed write does not lose the figures.
   if args.out:
+    write_report(report, args.out)
     print(f"wrote {args.out}")
   return 0
 
@@ -323,6 +337,8 @@ def cmd_train(args: argparse.Namespace) -> int:
   directory, which a second run with the same command resumes."""
   config = _train_config(args)
   workdir = args.workdir or os.path.join("runs", f"train-{config.name}")
+  if args.launch != "vertex_ai":  # Vertex's is a /gcs/ path, checked by launch_vertex_ai.
+    check_output_dir(workdir, "--workdir")
   if args.launch == "vertex_ai":
     return _train_vertex_ai(config, args, workdir)
   if args.launch != "single":
@@ -536,6 +552,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return args.func(args)
   except MalloczeroError as e:
     print(f"malloczero: error: {e}", file=sys.stderr)
+    return EXIT_INPUT_ERROR
+  except OSError as e:  # A file that vanished or a disk that filled up mid-run: still one line.
+    where = f"{e.filename}: " if e.filename else ""
+    print(f"malloczero: error: {where}{e.strerror or e}", file=sys.stderr)
     return EXIT_INPUT_ERROR
   except KeyboardInterrupt:
     print("malloczero: interrupted", file=sys.stderr)

@@ -10,11 +10,13 @@ import matplotlib
 
 matplotlib.use("Agg")  # Headless: files only.
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from matplotlib.collections import PatchCollection  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 
 from malloczero.configs.workdir import WorkDir  # noqa: E402
+from malloczero.env.files import atomic_write, check_output_file  # noqa: E402
 from malloczero.env.hardware import Hardware  # noqa: E402
 from malloczero.env.mapping import Mapping  # noqa: E402
 from malloczero.env.workload import Workload  # noqa: E402
@@ -167,7 +169,22 @@ def plot_learning_curves(workdirs: dict[str, str], references: dict[str, dict[st
   return path
 
 
+def picture_formats() -> tuple[str, ...]:
+  """The file extensions matplotlib can write (png, svg, pdf, ...); not pgf, which needs LaTeX
+  installed to measure text and would fail only once the picture is drawn."""
+  return tuple(sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"}))
+
+
+def check_picture_path(path: str, what: str = "--plot") -> str:
+  """`check_output_file` plus an extension matplotlib can write; raises OutputError."""
+  return check_output_file(path, what, extensions=picture_formats())
+
+
 def _save(fig, path: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  extension = os.path.splitext(path)[1].lstrip(".").lower()
+  try:
+    with atomic_write(path, "wb") as f:  # The format is named: a file object has no extension.
+      fig.savefig(f, format=extension if extension in picture_formats() else "png", dpi=110)
+  finally:
+    plt.close(fig)
