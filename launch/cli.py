@@ -63,8 +63,10 @@ def _positive_int(text: str) -> int:
 
 def resolve_hardware(workload: Workload, hardware: str | None, capacity: int | None,
                      fallback: Hardware | None = None) -> Hardware:
-  """--hardware (preset or file) and/or --capacity (fast bytes); MiniMalloc CSVs default to the
-  'minimalloc' machine, which needs --capacity."""
+  """--hardware (preset or file), else `fallback` (a mapping's recorded hardware); --capacity
+  overrides the fast size. A workload file records no hardware, so it needs one of those; a
+  MiniMalloc CSV (bytes and lifetimes only) defaults to the 'minimalloc' machine, which needs
+  --capacity."""
   if hardware is not None:
     hw = load_hardware(hardware)
   elif fallback is not None:
@@ -74,8 +76,12 @@ def resolve_hardware(workload: Workload, hardware: str | None, capacity: int | N
       raise MalloczeroError("a MiniMalloc CSV needs --capacity BYTES (the fast memory size)")
     hw = PRESETS["minimalloc"]
   else:
-    raise MalloczeroError(f"no hardware given: pass --hardware ({', '.join(PRESETS)} or a JSON "
-                          "file) and/or --capacity BYTES")
+    presets = f"--hardware ({', '.join(PRESETS)} or a hardware JSON file)"
+    raise MalloczeroError(
+        f"a workload file records no hardware: --capacity alone is for MiniMalloc CSVs; add "
+        f"{presets}" if capacity is not None else
+        f"a workload file records no hardware: pass {presets}; --capacity BYTES then sets its "
+        "fast memory size")
   return hw.with_fast_capacity(capacity) if capacity is not None else hw
 
 
@@ -289,20 +295,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-  from malloczero.launch.bench import run_bench, write_report
+  from malloczero.launch.bench import report_table, run_bench, write_report
   if args.out:
     check_output_file(args.out)
   what = "the game and the cost model" + ("" if args.no_agent else ", search, acting and learner"
                                             + ("" if args.quick else ", and local_mp runs with 1 and 2 actors"))
   with console(stderr=True).status(f"benchmarking {what}..."):
     report = run_bench(quick=args.quick, agent=not args.no_agent)
-  table = Table(title="malloczero bench" + (" --quick" if args.quick else ""))
-  table.add_column("metric")
-  table.add_column("value", justify="right")
-  for key, value in report.items():
-    if isinstance(value, float):
-      value = f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}"
-    table.add_row(key, str(value))
+  table = report_table(report, "malloczero bench" + (" --quick" if args.quick else ""))
   console().print(table)  # Before the file: a failed write does not lose the figures.
   if args.out:
     write_report(report, args.out)
@@ -450,10 +450,13 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--capacity", type=_positive_int, help="override the fast memory size in bytes")
   p.set_defaults(func=cmd_validate)
 
-  p = sub.add_parser("solve", help="map one program with a baseline solver; writes MAP.json")
+  p = sub.add_parser("solve", help="map one program with a baseline, the trained agent or the "
+                     "better of both; validates the mapping, writes MAP.json and its picture")
   p.add_argument("workload", help="workload JSON (.json/.json.gz) or MiniMalloc CSV")
-  p.add_argument("--hardware", help=f"preset ({', '.join(PRESETS)}) or hardware JSON file")
-  p.add_argument("--capacity", type=_positive_int, help="fast memory size in bytes")
+  p.add_argument("--hardware", help=f"preset ({', '.join(PRESETS)}) or hardware JSON file; "
+                 "required for a workload JSON (a MiniMalloc CSV defaults to minimalloc)")
+  p.add_argument("--capacity", type=_positive_int, help="fast memory size in bytes (overrides "
+                 "the hardware's; required for a MiniMalloc CSV without --hardware)")
   p.add_argument("--solver", default="msa", choices=SOLVERS + ("agent", "portfolio"),
                  help="a baseline, the trained agent (needs --checkpoint), or portfolio (the "
                  "better of the agent and msa)")
@@ -465,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help=f"agent: trajectories played, the first greedy (default {DEFAULT_ATTEMPTS}); "
                  "the best is kept")
   p.add_argument("--out", help="write the validated mapping here (JSON)")
-  p.add_argument("--plot", help="draw the memory map here (PNG)")
+  p.add_argument("--plot", help="draw the memory map here (.png, .svg, .pdf, ...)")
   _add_solver_flags(p)
   p.set_defaults(func=cmd_solve)
 
