@@ -20,6 +20,7 @@ import numpy as np
 
 from malloczero.env.cost_model import Allocations
 from malloczero.env.errors import MappingError
+from malloczero.env.files import write_text
 from malloczero.env.hardware import Hardware, HardwareError
 from malloczero.env.workload import Workload
 
@@ -102,8 +103,8 @@ class Mapping:
                float(data["estimated_time_s"]), float(data["slow_only_time_s"]))
 
   def save(self, path: str | os.PathLike) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(self.to_dict(), f, indent=1)
+    """Writes MAP.json atomically (see env/files.py)."""
+    write_text(path, json.dumps(self.to_dict(), indent=1))
 
 
 def load_mapping(path: str | os.PathLike) -> Mapping:

@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from malloczero.env.errors import WorkloadError
+from malloczero.env.files import write_bytes
 
 PROGRAM_START = -1
 KINDS = ("activation", "parameter", "input", "output")
@@ -332,9 +333,8 @@ def save_workload(w: Workload, path: str | os.PathLike) -> None:
     text = workload_to_minimalloc_csv(w)
   else:
     text = json.dumps(w.to_dict(), separators=(",", ":"))
-  opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "wt", encoding="utf-8") as f:
-    f.write(text)
+  data = text.encode("utf-8")
+  write_bytes(path, gzip.compress(data) if path.endswith(".gz") else data)
 
 
 def workload_from_ops(name: str, source: str, op_flops: Sequence[float],

@@ -15,11 +15,18 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+from rich.table import Table
 
+from malloczero.env.files import write_text
 from malloczero.env.game import MallocGame
 from malloczero.env.hardware import PRESETS, Hardware
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.workload import Workload
+
+NOTE = ("single process; game steps include building the observation; agent figures use all "
+        "cores through XLA and exclude compilation")
+# Text longer than this is printed under the table, wrapped, so the table stays ~100 columns.
+LONGEST_CELL = 30
 
 # ~1,000 requests on tpu-v4i-like at 25% of peak live bytes; ~2,000 buffers for evaluation.
 GAME_PROGRAM_OPS = 700
@@ -259,8 +266,7 @@ def run_bench(quick: bool, agent: bool = True) -> dict[str, Any]:
   report: dict[str, Any] = {
       "quick": quick, "python": platform.python_version(), "numpy": np.__version__,
       "cpu_count": os.cpu_count(), "machine": platform.machine(),
-      "note": "single process; game steps include building the observation; agent figures use "
-              "all cores through XLA and exclude compilation"}
+      "note": NOTE}
   report.update(bench_game(seconds))
   if not quick:
     three_level = bench_game(seconds, "nnpi-like")
@@ -273,8 +279,24 @@ def run_bench(quick: bool, agent: bool = True) -> dict[str, Any]:
   return report
 
 
+def report_table(report: dict[str, Any], title: str) -> Table:
+  """The console table: a row per figure (numbers with thousands separators); text too long for
+  a cell (the note) goes under the table as its caption, wrapped to the table's width."""
+  table = Table(title=title, caption_justify="left")
+  table.add_column("metric", no_wrap=True)
+  table.add_column("value", justify="right", max_width=LONGEST_CELL)
+  captions = []
+  for key, value in report.items():
+    if isinstance(value, float):
+      value = f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}"
+    if len(str(value)) > LONGEST_CELL:
+      captions.append(f"{key}: {value}")
+    else:
+      table.add_row(key, str(value))
+  table.caption = "\n".join(captions) or None
+  return table
+
+
 def write_report(report: dict[str, Any], path: str | None) -> None:
   if path:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(report, f, indent=1)
+    write_text(path, json.dumps(report, indent=1))

@@ -18,6 +18,7 @@ from rich.table import Table
 from malloczero.configs.config import DEFAULT_ATTEMPTS
 from malloczero.configs.config import PRESETS as CONFIG_PRESETS
 from malloczero.env.errors import MalloczeroError
+from malloczero.env.files import check_output_dir, check_output_file
 from malloczero.env.hardware import PRESETS, Hardware, load_hardware
 from malloczero.env.mapping import load_mapping
 from malloczero.env.programs.suites import SPLITS
@@ -62,8 +63,10 @@ def _positive_int(text: str) -> int:
 
 def resolve_hardware(workload: Workload, hardware: str | None, capacity: int | None,
                      fallback: Hardware | None = None) -> Hardware:
-  """--hardware (preset or file) and/or --capacity (fast bytes); MiniMalloc CSVs default to the
-  'minimalloc' machine, which needs --capacity."""
+  """--hardware (preset or file), else `fallback` (a mapping's recorded hardware); --capacity
+  overrides the fast size. A workload file records no hardware, so it needs one of those; a
+  MiniMalloc CSV (bytes and lifetimes only) defaults to the 'minimalloc' machine, which needs
+  --capacity."""
   if hardware is not None:
     hw = load_hardware(hardware)
   elif fallback is not None:
@@ -73,8 +76,12 @@ def resolve_hardware(workload: Workload, hardware: str | None, capacity: int | N
       raise MalloczeroError("a MiniMalloc CSV needs --capacity BYTES (the fast memory size)")
     hw = PRESETS["minimalloc"]
   else:
-    raise MalloczeroError(f"no hardware given: pass --hardware ({', '.join(PRESETS)} or a JSON "
-                          "file) and/or --capacity BYTES")
+    presets = f"--hardware ({', '.join(PRESETS)} or a hardware JSON file)"
+    raise MalloczeroError(
+        f"a workload file records no hardware: --capacity alone is for MiniMalloc CSVs; add "
+        f"{presets}" if capacity is not None else
+        f"a workload file records no hardware: pass {presets}; --capacity BYTES then sets its "
+        "fast memory size")
   return hw.with_fast_capacity(capacity) if capacity is not None else hw
 
 
@@ -143,8 +150,17 @@ def _solve_with_agent(args: argparse.Namespace, workload: Workload, hw: Hardware
   return winner
 
 
+def _check_plot(path: str | None) -> None:
+  if path:
+    from malloczero.system.plots import check_picture_path
+    check_picture_path(path)
+
+
 def cmd_solve(args: argparse.Namespace) -> int:
   from malloczero.env.solvers import solve
+  if args.out:
+    check_output_file(args.out)
+  _check_plot(args.plot)
   workload = load_workload(args.workload)
   hw = resolve_hardware(workload, args.hardware, args.capacity)
   if args.solver in ("agent", "portfolio"):
@@ -185,6 +201,7 @@ def cmd_import_jax(args: argparse.Namespace) -> int:
   from malloczero.env.programs.zoo import MODELS
   if args.model not in MODELS:
     raise MalloczeroError(f"unknown model '{args.model}' (choose from {', '.join(MODELS)})")
+  check_output_file(args.out)
   batch = args.batch or MODELS[args.model].default_batches[0]
   with console(stderr=True).status(f"compiling {args.model} (batch {batch}"
                                    f"{', training step' if args.train else ''}) with XLA..."):
@@ -197,7 +214,7 @@ def cmd_import_jax(args: argparse.Namespace) -> int:
 def cmd_import_hlo(args: argparse.Namespace) -> int:
   from malloczero.env.programs.hlo_import import workload_from_hlo_text
   from malloczero.env.workload import save_workload
-  import os
+  check_output_file(args.out)
   try:
     with open(args.hlo, encoding="utf-8") as f:
       text = f.read()
@@ -246,6 +263,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+  check_output_dir(args.out)  # First: before the imports, which load the whole agent stack.
   from malloczero.env.programs.suites import get_suite
   from malloczero.launch.evaluate import print_tables, run_evaluation
   from malloczero.system.evaluation import load_agents
@@ -277,21 +295,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-  from malloczero.launch.bench import run_bench, write_report
+  from malloczero.launch.bench import report_table, run_bench, write_report
+  if args.out:
+    check_output_file(args.out)
   what = "the game and the cost model" + ("" if args.no_agent else ", search, acting and learner"
                                             + ("" if args.quick else ", and local_mp runs with 1 and 2 actors"))
   with console(stderr=True).status(f"benchmarking {what}..."):
     report = run_bench(quick=args.quick, agent=not args.no_agent)
-  write_report(report, args.out)
-  table = Table(title="malloczero bench" + (" --quick" if args.quick else ""))
-  table.add_column("metric")
-  table.add_column("value", justify="right")
-  for key, value in report.items():
-    if isinstance(value, float):
-      value = f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}"
-    table.add_row(key, str(value))
-  console().print(table)
+  table = report_table(report, "malloczero bench" + (" --quick" if args.quick else ""))
+  console().print(table)  # Before the file: a failed write does not lose the figures.
   if args.out:
+    write_report(report, args.out)
     print(f"wrote {args.out}")
   return 0
 
@@ -323,6 +337,8 @@ def cmd_train(args: argparse.Namespace) -> int:
   directory, which a second run with the same command resumes."""
   config = _train_config(args)
   workdir = args.workdir or os.path.join("runs", f"train-{config.name}")
+  if args.launch != "vertex_ai":  # Vertex's is a /gcs/ path, checked by launch_vertex_ai.
+    check_output_dir(workdir, "--workdir")
   if args.launch == "vertex_ai":
     return _train_vertex_ai(config, args, workdir)
   if args.launch != "single":
@@ -434,10 +450,13 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--capacity", type=_positive_int, help="override the fast memory size in bytes")
   p.set_defaults(func=cmd_validate)
 
-  p = sub.add_parser("solve", help="map one program with a baseline solver; writes MAP.json")
+  p = sub.add_parser("solve", help="map one program with a baseline, the trained agent or the "
+                     "better of both; validates the mapping, writes MAP.json and its picture")
   p.add_argument("workload", help="workload JSON (.json/.json.gz) or MiniMalloc CSV")
-  p.add_argument("--hardware", help=f"preset ({', '.join(PRESETS)}) or hardware JSON file")
-  p.add_argument("--capacity", type=_positive_int, help="fast memory size in bytes")
+  p.add_argument("--hardware", help=f"preset ({', '.join(PRESETS)}) or hardware JSON file; "
+                 "required for a workload JSON (a MiniMalloc CSV defaults to minimalloc)")
+  p.add_argument("--capacity", type=_positive_int, help="fast memory size in bytes (overrides "
+                 "the hardware's; required for a MiniMalloc CSV without --hardware)")
   p.add_argument("--solver", default="msa", choices=SOLVERS + ("agent", "portfolio"),
                  help="a baseline, the trained agent (needs --checkpoint), or portfolio (the "
                  "better of the agent and msa)")
@@ -449,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help=f"agent: trajectories played, the first greedy (default {DEFAULT_ATTEMPTS}); "
                  "the best is kept")
   p.add_argument("--out", help="write the validated mapping here (JSON)")
-  p.add_argument("--plot", help="draw the memory map here (PNG)")
+  p.add_argument("--plot", help="draw the memory map here (.png, .svg, .pdf, ...)")
   _add_solver_flags(p)
   p.set_defaults(func=cmd_solve)
 
@@ -536,6 +555,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return args.func(args)
   except MalloczeroError as e:
     print(f"malloczero: error: {e}", file=sys.stderr)
+    return EXIT_INPUT_ERROR
+  except OSError as e:  # A file that vanished or a disk that filled up mid-run: still one line.
+    where = f"{e.filename}: " if e.filename else ""
+    print(f"malloczero: error: {where}{e.strerror or e}", file=sys.stderr)
     return EXIT_INPUT_ERROR
   except KeyboardInterrupt:
     print("malloczero: interrupted", file=sys.stderr)

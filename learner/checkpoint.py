@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import os
 import pickle
-import threading
 import time
 from typing import Any, NamedTuple
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from malloczero.configs.workdir import CHECKPOINT_FILENAME
 from malloczero.env.errors import MalloczeroError
+from malloczero.env.files import atomic_write
 from malloczero.env.game import observation_spec
 from malloczero.learner.networks import MuZeroNetworks, Params
 
@@ -74,12 +74,9 @@ def save_state(path: str, state: NamedTuple, num_steps: int, networks: MuZeroNet
       "saved_at": time.time(),
   }
   os.makedirs(os.path.dirname(os.path.abspath(file)), exist_ok=True)
-  tmp = f"{file}.tmp.{os.getpid()}.{threading.get_ident()}"
-  with open(tmp, "wb") as f:
+  # Readers see the old checkpoint or the new one, never half of one.
+  with atomic_write(file, "wb", fsync=True) as f:
     pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, file)  # Readers see the old checkpoint or the new one, never half of one.
   return file
 
 

@@ -27,6 +27,7 @@ from acme.utils import counting
 
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
+from malloczero.env.files import write_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,10 +164,7 @@ class PersistentCounter(counting.Counter):
 
   def write_file(self) -> None:
     os.makedirs(os.path.dirname(self._file), exist_ok=True)
-    tmp = f"{self._file}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(self.get_counts(), f)
-    os.replace(tmp, self._file)
+    write_text(self._file, json.dumps(self.get_counts()))
 
   def run(self) -> None:
     while not lp.wait_for_stop(self._save_every_s):

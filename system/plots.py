@@ -10,11 +10,13 @@ import matplotlib
 
 matplotlib.use("Agg")  # Headless: files only.
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from matplotlib.collections import PatchCollection  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 
 from malloczero.configs.workdir import WorkDir  # noqa: E402
+from malloczero.env.files import atomic_write, check_output_file  # noqa: E402
 from malloczero.env.hardware import Hardware  # noqa: E402
 from malloczero.env.mapping import Mapping  # noqa: E402
 from malloczero.env.workload import Workload  # noqa: E402
@@ -27,6 +29,15 @@ KIND_COLOURS = {"activation": "#4c72b0", "parameter": "#dd8452", "input": "#55a8
                 "output": "#c44e52"}
 
 
+def address_unit(capacity_bytes: int) -> tuple[str, int]:
+  """(unit, bytes per unit) in which a level of this size reads best: the largest of B, KiB, MiB
+  and GiB that the capacity reaches (64 KiB is '64 KiB', not '0.06 MiB')."""
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if capacity_bytes >= scale:
+      return unit, scale
+  return "B", 1
+
+
 def plot_memory_map(workload: Workload, hardware: Hardware, mapping: Mapping, path: str) -> None:
   """Time (ops) on x, address on y; one panel per fast level; rectangles coloured by kind."""
   plot_memory_maps(workload, hardware, [mapping], path,
@@ -37,37 +48,48 @@ def plot_memory_map(workload: Workload, hardware: Hardware, mapping: Mapping, pa
 def plot_memory_maps(workload: Workload, hardware: Hardware, mappings: Sequence[Mapping],
                      path: str, title: str) -> None:
   """Several mappings of one program side by side: a column per mapping, a row per fast level."""
+  _save(memory_map_figure(workload, hardware, mappings, title), path)
+
+
+def memory_map_figure(workload: Workload, hardware: Hardware, mappings: Sequence[Mapping],
+                      title: str):
+  """The figure `plot_memory_maps` saves (the caller closes it)."""
   num_fast, columns = hardware.num_fast_levels, len(mappings)
   fig, axes = plt.subplots(num_fast, columns, figsize=(12 if columns == 1 else 8 * columns,
                                                        3.2 * num_fast + 0.6), squeeze=False)
   size = {b.id: (hardware.align(b.size), b.kind) for b in workload.buffers}
+  drawn = set()
   for column, mapping in enumerate(mappings):
     for level, ax in enumerate(axes[:, column]):
       lv = hardware.levels[level]
+      unit, scale = address_unit(lv.capacity_bytes)
       rects, colours = [], []
       for a in mapping.allocations:
         if a["level"] != level:
           continue
         nbytes, kind = size[a["buffer"]]
-        rects.append(Rectangle((a["start"], a["offset"] / 2**20), a["end"] - a["start"],
-                               nbytes / 2**20))
+        rects.append(Rectangle((a["start"], a["offset"] / scale), a["end"] - a["start"],
+                               nbytes / scale))
         colours.append(KIND_COLOURS[kind])
+        drawn.add(kind)
       ax.add_collection(PatchCollection(rects, facecolors=colours, edgecolors="black",
                                         linewidths=0.2, alpha=0.85))
       ax.set_xlim(0, workload.num_ops)
-      ax.set_ylim(0, lv.capacity_bytes / 2**20)
-      ax.set_ylabel(f"{lv.name} address (MiB)")
-      heading = f"{lv.name}: {len(rects)} allocations, capacity {lv.capacity_bytes / 2**20:.2f} MiB"
+      ax.set_ylim(0, lv.capacity_bytes / scale)
+      ax.set_ylabel(f"{lv.name} address ({unit})")
+      heading = (f"{lv.name}: {len(rects)} allocations, capacity "
+                 f"{lv.capacity_bytes / scale:.4g} {unit}")
       if columns > 1:
         heading = f"{mapping.solver} ({mapping.speedup:.3f}x) - {heading}"
       ax.set_title(heading, fontsize=9, loc="left")
     axes[-1, column].set_xlabel("program time (op index in schedule order)")
-  fig.legend(handles=[Patch(color=c, label=k) for k, c in KIND_COLOURS.items() if k != "output"],
-             loc="upper right", bbox_to_anchor=(0.99, 0.955 if num_fast == 1 else 0.975),
-             ncol=3, fontsize=8, frameon=False)
+  if drawn:  # Only the kinds on the picture.
+    fig.legend(handles=[Patch(color=c, label=k) for k, c in KIND_COLOURS.items() if k in drawn],
+               loc="upper right", bbox_to_anchor=(0.99, 0.955 if num_fast == 1 else 0.975),
+               ncol=len(drawn), fontsize=8, frameon=False)
   fig.suptitle(title, fontsize=11, x=0.01, ha="left")
   fig.tight_layout(rect=(0, 0, 1, 0.9 if num_fast == 1 else 0.95))
-  _save(fig, path)
+  return fig
 
 
 def plot_speedups(rows: Sequence[ProgramRow], solvers: list[str], path: str, title: str) -> None:
@@ -167,7 +189,22 @@ def plot_learning_curves(workdirs: dict[str, str], references: dict[str, dict[st
   return path
 
 
+def picture_formats() -> tuple[str, ...]:
+  """The file extensions matplotlib can write (png, svg, pdf, ...); not pgf, which needs LaTeX
+  installed to measure text and would fail only once the picture is drawn."""
+  return tuple(sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"}))
+
+
+def check_picture_path(path: str, what: str = "--plot") -> str:
+  """`check_output_file` plus an extension matplotlib can write; raises OutputError."""
+  return check_output_file(path, what, extensions=picture_formats())
+
+
 def _save(fig, path: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  extension = os.path.splitext(path)[1].lstrip(".").lower()
+  try:
+    with atomic_write(path, "wb") as f:  # The format is named: a file object has no extension.
+      fig.savefig(f, format=extension if extension in picture_formats() else "png", dpi=110)
+  finally:
+    plt.close(fig)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import REPORT_STEM, WorkDir
+from malloczero.env.files import atomic_write, write_text
 from malloczero.env.programs.suites import SPLITS, get_suite
 from malloczero.system.evaluation import (TIE_TOLERANCE, ProgramRow, SolverSummary,
                                           SuiteEvaluation, best_agent, evaluate_suite,
@@ -143,13 +144,11 @@ def write_report(evaluation: SuiteEvaluation, out_dir: str, title: str, stem: st
   os.makedirs(out_dir, exist_ok=True)
   report = lambda extension: WorkDir(out_dir).report(extension, stem)
   written = [_write_csv(evaluation, report("csv"))]
-  with open(report("json"), "w", encoding="utf-8") as f:
-    json.dump(evaluation.to_json(title), f, indent=1)
+  write_text(report("json"), json.dumps(evaluation.to_json(title), indent=1))
   written.append(report("json"))
   written += _write_agent_mappings(evaluation, out_dir)
   pictures = _draw_pictures(evaluation, out_dir, picture_prefix, title, learning_curves)
-  with open(report("md"), "w", encoding="utf-8") as f:
-    f.write(markdown(evaluation, title, pictures))
+  write_text(report("md"), markdown(evaluation, title, pictures))
   return [report("md")] + written + [os.path.join(out_dir, p) for _, p in pictures]
 
 
@@ -214,7 +213,7 @@ def _write_agent_mappings(evaluation: SuiteEvaluation, out_dir: str) -> list[str
 def _write_csv(evaluation: SuiteEvaluation, path: str) -> str:
   rows = [r.to_dict() for r in evaluation.rows]
   keys = list(dict.fromkeys(k for r in rows for k in r))
-  with open(path, "w", newline="", encoding="utf-8") as f:
+  with atomic_write(path, "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=keys)
     writer.writeheader()
     writer.writerows(rows)

@@ -18,6 +18,7 @@ from malloczero.actors.evaluator import evaluate_params
 from malloczero.actors.games import GameSpec
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
+from malloczero.env.files import write_text
 from malloczero.system.evaluation import TIE_TOLERANCE, geomean
 from malloczero.env.solvers import solve
 from malloczero.learner.networks import MuZeroNetworks
@@ -29,8 +30,7 @@ CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_
 
 def save_config(config: Config, workdir: str) -> None:
   os.makedirs(workdir, exist_ok=True)
-  with open(WorkDir(workdir).config, "w", encoding="utf-8") as f:
-    json.dump(dataclasses.asdict(config), f, indent=1)
+  write_text(WorkDir(workdir).config, json.dumps(dataclasses.asdict(config), indent=1))
 
 
 def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
@@ -51,8 +51,7 @@ def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
         options = {"seed": seed} if solver == "random" else {}
         result[solver][spec.name] = solve(spec.workload, spec.hardware, solver, **options).speedup
   if path:
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1)
+    write_text(path, json.dumps(result, indent=1))
   return result
 
 
