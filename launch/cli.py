@@ -60,6 +60,22 @@ def _positive_int(text: str) -> int:
   return value
 
 
+# The seeds' consumers: numpy's default_rng takes no negative seed, CP-SAT's random_seed is an int32
+# and jax.random.PRNGKey an int64; derived seeds (seed + 7919 x actor) stay within the last two.
+MAX_SEED = 2**31 - 1
+
+
+def _seed(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected an integer seed, got '{text}'") from None
+  if not 0 <= value <= MAX_SEED:
+    raise argparse.ArgumentTypeError(f"the seed must be between 0 and 2**31-1 ({MAX_SEED}), "
+                                     f"got {value}")
+  return value
+
+
 def resolve_hardware(workload: Workload, hardware: str | None, capacity: int | None,
                      fallback: Hardware | None = None) -> Hardware:
   """--hardware (preset or file) and/or --capacity (fast bytes); MiniMalloc CSVs default to the
@@ -417,7 +433,7 @@ def _add_solver_flags(p: argparse.ArgumentParser) -> None:
                  help="CP-SAT worker threads")
   p.add_argument("--evaluations", type=_positive_int, default=DEFAULT_EVALUATIONS,
                  help=f"evo budget: full mappings decoded (default {DEFAULT_EVALUATIONS})")
-  p.add_argument("--seed", type=int, default=0, help="seed for random and evo")
+  p.add_argument("--seed", type=_seed, default=0, help="seed for random and evo (0 to 2**31-1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -524,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--node-output", default="files", choices=("files", "terminal"),
                  help="local_mp: node output to WORKDIR/nodes/*.log (default) or to this "
                  "terminal, each line prefixed with its node")
-  p.add_argument("--seed", type=int, help="override the config's seed")
+  p.add_argument("--seed", type=_seed, help="override the config's seed (0 to 2**31-1)")
   p.add_argument("--quiet", action="store_true", help="no periodic log lines")
   p.set_defaults(func=cmd_train)
   return parser

@@ -130,3 +130,20 @@ def test_import_hlo_round_trip_and_malformed_text(tmp_path):
   bad = _cli("import-hlo", str(truncated), "--out", str(out))
   assert bad.returncode == 1 and bad.stderr.startswith("malloczero: error: ")
   assert bad.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("seed", ["-1", "2147483648", "10000000000000000000000000000000", "x"])
+def test_every_seed_flag_is_checked_before_anything_runs(tmp_path, capsys, seed):
+  """`train --seed -1` used to end in numpy's ValueError traceback and leave config.json behind."""
+  from malloczero.launch.cli import main
+  workdir = tmp_path / "run"
+  for args in (("train", "--launch", "single", "--config", "tiny", "--workdir", str(workdir)),
+               ("train", "--launch", "local_mp", "--config", "tiny", "--workdir", str(workdir)),
+               ("solve", "w.json", "--solver", "random"), ("evaluate", "--suite", "tiny")):
+    with pytest.raises(SystemExit) as exit_info:
+      main([*args, "--seed", seed])
+    assert exit_info.value.code == 2, args
+    err = capsys.readouterr().err
+    assert err.startswith("malloczero: error: argument --seed: ") and err.count("\n") == 1, err
+    assert "0 and 2**31-1" in err or "expected an integer seed" in err
+  assert not workdir.exists()
