@@ -132,6 +132,14 @@ def _solve_line(name: str, result) -> str:
           f"all-slow (speed-up {m.speedup:.3f}x) in {result.solve_time_s:.2f} s; validated")
 
 
+def _search_notice(agent) -> None:
+  """A checkpoint without its run's config.json is played with the default search settings:
+  `solve` and `evaluate` both say so, in one line on stderr, rather than silently."""
+  notice = agent.search_notice()
+  if notice:
+    print(f"malloczero: notice: {notice}", file=sys.stderr)
+
+
 def _solve_with_agent(args: argparse.Namespace, workload: Workload, hw: Hardware):
   """--solver agent | portfolio: the agent's own result is always printed on its own line."""
   from malloczero.actors.agent import load_agent, solve_with_agent
@@ -140,6 +148,7 @@ def _solve_with_agent(args: argparse.Namespace, workload: Workload, hw: Hardware
     raise MalloczeroError(f"--solver {args.solver} needs --checkpoint DIR (a training work "
                           "directory or its checkpoint)")
   agent = load_agent(args.checkpoint)
+  _search_notice(agent)
   result = solve_with_agent(agent, workload, hw, simulations=args.simulations,
                             attempts=args.attempts, seed=args.seed)
   info = result.info
@@ -279,6 +288,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     suite = dataclasses.replace(suite, entries=suite.entries[:args.limit])
   # Checkpoints are loaded (and a bad one refused) before any solver runs.
   agents = load_agents(args.checkpoint or [], args.simulations, args.attempts)
+  for a in agents:
+    _search_notice(a.agent)
   out = console()
   for a in agents:
     out.print(f"{a.label}: {a.agent.checkpoint} (learner step {a.agent.learner_steps}), "

@@ -98,6 +98,9 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
         previous = json.load(f)
     except (OSError, ValueError) as e:
       raise MalloczeroError(f"{saved} is unreadable ({e}); use another --workdir") from e
+    if not isinstance(previous, dict) or not isinstance(previous.get("learner", {}), dict):
+      raise MalloczeroError(f"{saved} is not a run's config (a JSON object with a 'learner' "
+                            "object); use another --workdir")
     if _comparable(previous) != _comparable(dataclasses.asdict(config)):
       raise MalloczeroError(
           f"{workdir} holds a run of config '{previous.get('name')}' on suite "

@@ -265,3 +265,12 @@ def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
   assert checkpoint_steps(str(checkpoint)) >= saved_step > 0
   assert load_params(str(checkpoint))
   assert run.orphans() == []
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"learner": 3}', '{"name": "tiny", "learner": ['])
+def test_check_workdir_refuses_a_corrupt_config_in_one_line(tmp_path, text):
+  (tmp_path / "config.json").write_text(text)
+  with pytest.raises(MalloczeroError, match="config.json (is unreadable|is not a run's config)") \
+      as info:
+    check_workdir(get_config("tiny"), str(tmp_path))
+  assert "\n" not in str(info.value)
