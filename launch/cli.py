@@ -383,10 +383,45 @@ def cmd_train(args: argparse.Namespace) -> int:
   return 0
 
 
+# Local actors beyond this many per CPU core only slow each other (each one searches flat out)
+# and starve the learner; the machine would thrash before the first summary line.
+ACTORS_PER_CORE = 2
+# Resident memory of one local_mp node process: measured about 340 MiB per actor (and 270-350
+# MiB for each other node) with the tiny config; rounded up for bigger networks and programs.
+NODE_RESIDENT_BYTES = 512 << 20
+OTHER_NODES = 5  # replay, counter, learner, evaluator, limiter
+
+
+def local_actor_limit(launch: str) -> tuple[int, str]:
+  """The most actors this machine can run locally under `launch`, and why (cores, memory)."""
+  import psutil
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:  # Not Linux.
+    cores = os.cpu_count() or 1
+  limit = ACTORS_PER_CORE * cores
+  why = f"{cores} CPU core(s) run at most {limit} actors ({ACTORS_PER_CORE} per core)"
+  if launch == "local_mp":  # One process per node; under local_mt they share this one.
+    available = psutil.virtual_memory().available
+    by_memory = max(0, available // NODE_RESIDENT_BYTES - OTHER_NODES)
+    if by_memory < limit:
+      limit = int(by_memory)
+      why = (f"{human_bytes(available)} of available memory runs at most {limit} actors (about "
+             f"{human_bytes(NODE_RESIDENT_BYTES)} per node process, {OTHER_NODES} other nodes)")
+  return limit, why
+
+
 def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
   from malloczero.system.program import launch_training
   out = console()
   num_actors = args.num_actors or config.distributed.num_actors
+  limit, why = local_actor_limit(args.launch)
+  if num_actors > limit and not args.oversubscribe:
+    # Checked before anything is written or started: 1000 actors on 2 cores once spawned 642
+    # processes before the first line was printed.
+    print(f"malloczero: error: --num-actors {num_actors} is more than this machine can run: "
+          f"{why}; pass --oversubscribe to start them anyway", file=sys.stderr)
+    return 2
   out.print(f"malloczero train: config '{config.name}', suite '{config.suite}', Launchpad "
             f"{args.launch} with {num_actors} actor(s) x {config.actor.num_games} games; "
             f"work directory {os.path.abspath(workdir)}")
@@ -540,6 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "learner in this process, in-process Reverb")
   p.add_argument("--num-actors", type=_positive_int,
                  help="actor nodes (default: the config's; local_mp and vertex_ai)")
+  p.add_argument("--oversubscribe", action="store_true",
+                 help="local launches: start --num-actors actors even beyond what this machine's "
+                 "cores and memory can run")
   p.add_argument("--suite", help="suite to train on (default: the config's)")
   p.add_argument("--workdir", help="checkpoints, logs, the learning curve and the report "
                  "(default runs/train-CONFIG); an existing one is resumed")

@@ -147,3 +147,40 @@ def test_every_seed_flag_is_checked_before_anything_runs(tmp_path, capsys, seed)
     assert err.startswith("malloczero: error: argument --seed: ") and err.count("\n") == 1, err
     assert "0 and 2**31-1" in err or "expected an integer seed" in err
   assert not workdir.exists()
+
+
+def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscribed(
+    tmp_path, capsys, monkeypatch):
+  """`--num-actors 1000` on 2 cores used to be accepted silently and spawn hundreds of processes."""
+  import types
+
+  import psutil
+
+  from malloczero.launch import cli
+  workdir = tmp_path / "run"
+  too_many = str(cli.ACTORS_PER_CORE * len(os.sched_getaffinity(0)) + 1)
+  for launch in ("local_mp", "local_mt"):
+    code = cli.main(["train", "--launch", launch, "--config", "tiny", "--num-actors", too_many,
+                     "--workdir", str(workdir)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"malloczero: error: --num-actors {too_many} is more than this machine "
+                          "can run: ") and "CPU core(s)" in err and "--oversubscribe" in err
+  assert not workdir.exists()
+  # Memory bounds local_mp (one process per node) as well as cores.
+  monkeypatch.setattr(psutil, "virtual_memory",
+                      lambda: types.SimpleNamespace(available=6 * cli.NODE_RESIDENT_BYTES))
+  assert cli.local_actor_limit("local_mp")[0] == 1
+  assert "available memory runs at most 1 actors" in cli.local_actor_limit("local_mp")[1]
+  assert cli.local_actor_limit("local_mt")[0] == cli.ACTORS_PER_CORE * len(os.sched_getaffinity(0))
+  # --oversubscribe lets the launch go on (to the next check: an impossible --max-steps here).
+  workdir.mkdir()
+  monkeypatch.setattr("malloczero.system.program.check_workdir", lambda config, workdir: 10)
+  code = cli.main(["train", "--launch", "local_mt", "--config", "tiny", "--num-actors", too_many,
+                   "--oversubscribe", "--max-steps", "5", "--workdir", str(workdir)])
+  assert code == 1 and "raise --max-steps" in capsys.readouterr().err
+  # Cloud workers are not this machine's: vertex_ai is not checked (it refuses a local workdir).
+  code = cli.main(["train", "--launch", "vertex_ai", "--config", "tiny", "--num-actors", "1000",
+                   "--workdir", str(tmp_path / "cloud")])
+  err = capsys.readouterr().err
+  assert code == 1 and "/gcs/" in err and "more than this machine" not in err
