@@ -386,10 +386,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 # Local actors beyond this many per CPU core only slow each other (each one searches flat out)
 # and starve the learner; the machine would thrash before the first summary line.
 ACTORS_PER_CORE = 2
-# Resident memory of one local_mp node process: measured about 340 MiB per actor (and 270-350
-# MiB for each other node) with the tiny config; rounded up for bigger networks and programs.
-NODE_RESIDENT_BYTES = 512 << 20
-OTHER_NODES = 5  # replay, counter, learner, evaluator, limiter
+# Resident memory of local_mp node processes, measured over a tiny-config run on 2 cores: each
+# actor peaked at 577 MiB; replay, counter, learner, evaluator and limiter together at 2.6 GiB.
+ACTOR_RESIDENT_BYTES = 640 << 20
+OTHER_NODES_RESIDENT_BYTES = 3 << 30
 
 
 def local_actor_limit(launch: str) -> tuple[int, str]:
@@ -403,11 +403,12 @@ def local_actor_limit(launch: str) -> tuple[int, str]:
   why = f"{cores} CPU core(s) run at most {limit} actors ({ACTORS_PER_CORE} per core)"
   if launch == "local_mp":  # One process per node; under local_mt they share this one.
     available = psutil.virtual_memory().available
-    by_memory = max(0, available // NODE_RESIDENT_BYTES - OTHER_NODES)
+    by_memory = max(0, (available - OTHER_NODES_RESIDENT_BYTES) // ACTOR_RESIDENT_BYTES)
     if by_memory < limit:
       limit = int(by_memory)
       why = (f"{human_bytes(available)} of available memory runs at most {limit} actors (about "
-             f"{human_bytes(NODE_RESIDENT_BYTES)} per node process, {OTHER_NODES} other nodes)")
+             f"{human_bytes(ACTOR_RESIDENT_BYTES)} each beside "
+             f"{human_bytes(OTHER_NODES_RESIDENT_BYTES)} for the other nodes)")
   return limit, why
 
 

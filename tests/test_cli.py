@@ -169,7 +169,8 @@ def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscrib
   assert not workdir.exists()
   # Memory bounds local_mp (one process per node) as well as cores.
   monkeypatch.setattr(psutil, "virtual_memory",
-                      lambda: types.SimpleNamespace(available=6 * cli.NODE_RESIDENT_BYTES))
+                      lambda: types.SimpleNamespace(
+                          available=cli.OTHER_NODES_RESIDENT_BYTES + cli.ACTOR_RESIDENT_BYTES))
   assert cli.local_actor_limit("local_mp")[0] == 1
   assert "available memory runs at most 1 actors" in cli.local_actor_limit("local_mp")[1]
   assert cli.local_actor_limit("local_mt")[0] == cli.ACTORS_PER_CORE * len(os.sched_getaffinity(0))
