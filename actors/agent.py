@@ -36,6 +36,19 @@ class Agent:
   game: GameConfig
   learner_steps: int
   checkpoint: str
+  # The run's config.json the search settings came from; None when the checkpoint has none beside
+  # it and the defaults are used (the command line says so: `search_notice`).
+  config_file: Optional[str] = None
+
+  def search_notice(self) -> Optional[str]:
+    """One line naming the search settings used when the run's own are unknown, else None."""
+    if self.config_file is not None:
+      return None
+    s = self.search
+    return (f"no config.json beside the checkpoint {self.checkpoint} (expected "
+            f"{WorkDir.of_checkpoint(self.checkpoint).config}): using the default search settings "
+            f"(evaluation search {s.eval_num_simulations} simulations, "
+            f"{s.max_num_considered_actions} considered actions, Gumbel scale {s.gumbel_scale:g})")
 
   @property
   def default_simulations(self) -> int:
@@ -60,12 +73,38 @@ def load_agent(path: str) -> Agent:
   networks = make_networks(network_config, game_config)
   params = load_params(file)
   check_params_fit(networks, params, file)
-  search = SearchConfig()
-  config_file = WorkDir.of_checkpoint(file).config
+  config_file: Optional[str] = WorkDir.of_checkpoint(file).config
   if os.path.isfile(config_file):
+    search = read_search_config(config_file)
+  else:
+    search, config_file = SearchConfig(), None
+  return Agent(networks, params, search, game_config, checkpoint_steps(file), file, config_file)
+
+
+def read_search_config(config_file: str) -> SearchConfig:
+  """The search settings of a run's config.json; a corrupt file is a one-line MalloczeroError."""
+  def fail(why: str) -> MalloczeroError:
+    return MalloczeroError(f"run config '{config_file}' is unusable ({why})".replace("\n", " "))
+  try:
     with open(config_file, encoding="utf-8") as f:
-      search = SearchConfig(**json.load(f).get("search", {}))
-  return Agent(networks, params, search, game_config, checkpoint_steps(file), file)
+      data = json.load(f)
+  except (OSError, ValueError) as e:  # ValueError: not JSON, not UTF-8, or too many digits.
+    raise fail(f"{type(e).__name__}: {e}") from None
+  search = data.get("search") if isinstance(data, dict) else None
+  if not isinstance(search, dict):
+    raise fail("no 'search' object")
+  fields = {f.name: f for f in dataclasses.fields(SearchConfig)}
+  unknown = sorted(set(search) - set(fields))
+  if unknown:
+    raise fail(f"unknown search settings {', '.join(map(repr, unknown))}")
+  for name, value in search.items():
+    if fields[name].type == "int":
+      if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+        raise fail(f"search '{name}' must be an integer between 1 and 2**20, got {value!r}")
+    elif (isinstance(value, bool) or not isinstance(value, (int, float))
+          or not 0 <= value < float("inf")):
+      raise fail(f"search '{name}' must be a finite number >= 0, got {value!r}")
+  return SearchConfig(**search)
 
 
 def solve_with_agent(agent: Agent, workload: Workload, hardware: Hardware,

@@ -22,6 +22,10 @@ import numpy as np
 from malloczero.env.errors import HardwareError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+# Capacities and the alignment become int64 arrays and are added to offsets there; the bound keeps
+# those sums from overflowing (the 'minimalloc' preset's slow memory is 2**62 bytes).
+MAX_CAPACITY_BYTES = 1 << 62
+MAX_ALIGNMENT_BYTES = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,15 +118,24 @@ class Hardware:
 
 
 def _as_int(x: Any, key: str) -> int:
-  if isinstance(x, bool) or not isinstance(x, (int, float)) or int(x) != x:
+  if (isinstance(x, bool) or not isinstance(x, (int, float))
+      or (isinstance(x, float) and not np.isfinite(x)) or int(x) != x):
     raise HardwareError(f"'{key}' must be an integer, got {x!r}")
+  limit = MAX_ALIGNMENT_BYTES if key == "alignment_bytes" else MAX_CAPACITY_BYTES
+  if abs(int(x)) > limit:
+    digits = len(str(abs(int(x))))
+    shown = str(int(x)) if digits <= 30 else f"a {digits}-digit number"
+    raise HardwareError(f"'{key}' = {shown} is beyond the limit of 2**{limit.bit_length() - 1}")
   return int(x)
 
 
 def _as_float(x: Any, key: str) -> float:
   if isinstance(x, bool) or not isinstance(x, (int, float)):
     raise HardwareError(f"'{key}' must be a number, got {x!r}")
-  return float(x)
+  try:
+    return float(x)
+  except OverflowError:
+    raise HardwareError(f"'{key}' is too large a number") from None
 
 
 def _check_hardware(hw: Hardware) -> None:
@@ -133,6 +146,8 @@ def _check_hardware(hw: Hardware) -> None:
   for lv in hw.levels:
     if lv.capacity_bytes <= 0:
       fail(f"level '{lv.name}' has capacity {lv.capacity_bytes}; capacities must be positive")
+    if lv.capacity_bytes > MAX_CAPACITY_BYTES:
+      fail(f"level '{lv.name}' has capacity {lv.capacity_bytes}, beyond the limit of 2**62 bytes")
     if not np.isfinite(lv.bandwidth_bytes_per_s) or lv.bandwidth_bytes_per_s <= 0:
       fail(f"level '{lv.name}' has bandwidth {lv.bandwidth_bytes_per_s}; must be positive")
   for faster, slower in zip(hw.levels, hw.levels[1:]):
@@ -186,8 +201,10 @@ def load_hardware(spec: str | os.PathLike) -> Hardware:
       data = json.load(f)
   except json.JSONDecodeError as e:
     raise HardwareError(f"{spec}: not valid JSON: {e.msg} at line {e.lineno}") from None
-  except OSError as e:
+  except (OSError, UnicodeDecodeError) as e:
     raise HardwareError(f"{spec}: cannot read: {e}") from None
+  except ValueError as e:  # An integer of more digits than Python converts.
+    raise HardwareError(f"{spec}: not a readable hardware description: {e}") from None
   return Hardware.from_dict(data, where=spec)
 
 

@@ -22,7 +22,7 @@ from malloczero.env.cost_model import Allocations
 from malloczero.env.errors import MappingError
 from malloczero.env.files import write_text
 from malloczero.env.hardware import Hardware, HardwareError
-from malloczero.env.workload import Workload
+from malloczero.env.workload import Workload, int_out_of_range
 
 ALLOCATION_KEYS = ("request", "buffer", "level", "offset", "start", "end")
 
@@ -88,6 +88,8 @@ class Mapping:
         v = a.get(key)
         if isinstance(v, bool) or not isinstance(v, int):
           raise MappingError(f"{where}: allocation {i}: '{key}' must be an integer, got {v!r}")
+        if (problem := int_out_of_range(v, key)):
+          raise MappingError(f"{where}: allocation {i}: {problem}")
       rows.append({k: int(a[k]) for k in ALLOCATION_KEYS})
     for key in ("estimated_time_s", "slow_only_time_s"):
       v = data[key]
@@ -119,4 +121,6 @@ def load_mapping(path: str | os.PathLike) -> Mapping:
                        f"{e.lineno}") from None
   except (OSError, UnicodeDecodeError) as e:
     raise MappingError(f"{path}: cannot read: {e}") from None
+  except ValueError as e:  # An integer of more digits than Python converts.
+    raise MappingError(f"{path}: not a readable mapping: {e}") from None
   return Mapping.from_dict(data, where=path)

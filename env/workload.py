@@ -35,6 +35,12 @@ from malloczero.env.files import write_bytes
 PROGRAM_START = -1
 KINDS = ("activation", "parameter", "input", "output")
 PREFETCHED_KINDS = ("parameter", "input")  # Exist before the program: copied in per use window.
+# Integers read from files are bounded so that the int64 arrays built from them, and the sums and
+# offsets computed in those arrays, cannot overflow: 2**60 bytes is 1 EiB.
+MAX_FILE_INT = 1 << 60
+MAX_TOTAL_BYTES = 1 << 62
+# A MiniMalloc CSV's schedule is built op by op, so its length is bounded by what fits in memory.
+MAX_CSV_OPS = 1 << 22
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +150,24 @@ def _is_int(x: Any) -> bool:
   return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
+def show_int(value: int) -> str:
+  """An integer as text; a huge one as its digit count, so that an error stays one short line."""
+  digits = len(str(abs(int(value))))
+  return str(int(value)) if digits <= 30 else f"a {digits}-digit number"
+
+
+def _power_of_two(limit: int) -> str:
+  return f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
+
+
+def int_out_of_range(value: int, field: str, limit: int = MAX_FILE_INT) -> str | None:
+  """The one-line complaint about `field` when |value| exceeds `limit`, else None (the caller's
+  own checks then judge the sign and the meaning)."""
+  if abs(int(value)) <= limit:
+    return None
+  return f"'{field}' = {show_int(value)} is beyond the limit of {_power_of_two(limit)} in magnitude"
+
+
 def _is_number(x: Any) -> bool:
   return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
@@ -184,6 +208,8 @@ def _parse_workload(data: Any, where: str) -> Workload:
     bid = b["id"]
     if not _is_int(bid):
       _fail(where, f"buffer #{i}: 'id' must be an integer, got {bid!r}")
+    if (problem := int_out_of_range(bid, "id")):
+      _fail(where, f"buffer #{i}: {problem}")
     label = f"buffer {bid}"
     size, def_op, uses, kind = b["size"], b.get("def"), b["uses"], b["kind"]
     bname = b.get("name", f"b{bid}")
@@ -199,6 +225,9 @@ def _parse_workload(data: Any, where: str) -> Workload:
       _fail(where, f"{label} ('{bname}'): 'uses' must be a list of op indices, got {uses!r}")
     if not isinstance(kind, str):
       _fail(where, f"{label} ('{bname}'): 'kind' must be a string")
+    for key, value in (("size", size), ("def", def_op), *(("uses", u) for u in uses)):
+      if (problem := int_out_of_range(value, key)):
+        _fail(where, f"{label} ('{bname}'): {problem}")
     buffers.append(Buffer(int(bid), bname, int(size), int(def_op),
                           tuple(sorted({int(u) for u in uses})), kind))
   try:
@@ -215,6 +244,10 @@ def _check_workload(w: Workload) -> None:
   if not w.buffers:
     _fail(where, "the workload has no buffers")
   num_ops = len(w.ops)
+  total_bytes = sum(b.size for b in w.buffers)
+  if total_bytes > MAX_TOTAL_BYTES:
+    _fail(where, f"the buffers' sizes add up to {show_int(total_bytes)} bytes, above the limit "
+          "of 2**62")
   seen: set[int] = set()
   for b in w.buffers:
     label = f"buffer {b.id} ('{b.name}')"
@@ -279,7 +312,12 @@ def workload_from_minimalloc_csv(text: str, name: str = "minimalloc") -> Workloa
     try:
       rec = {k: int(row[col[k]].strip()) for k in required}
     except (ValueError, IndexError):
-      _fail(name, f"CSV line {line}: expected integers for id,lower,upper,size, got {','.join(row)}")
+      _fail(name, f"CSV line {line}: expected integers for id,lower,upper,size, got "
+            f"{','.join(row)[:200]}")
+    for key in required:
+      limit = MAX_CSV_OPS if key in ("lower", "upper") else MAX_FILE_INT
+      if (problem := int_out_of_range(rec[key], key, limit)):
+        _fail(name, f"CSV line {line}: {problem}")
     if rec["lower"] < 0 or rec["upper"] <= rec["lower"]:
       _fail(name, f"CSV line {line}: buffer {rec['id']} needs 0 <= lower < upper, "
             f"got [{rec['lower']}, {rec['upper']})")
@@ -324,6 +362,8 @@ def load_workload(path: str | os.PathLike) -> Workload:
   except json.JSONDecodeError as e:
     raise WorkloadError(f"{path}: not valid JSON (truncated or corrupt?): {e.msg} at line "
                         f"{e.lineno} column {e.colno}") from None
+  except ValueError as e:  # An integer of more digits than Python converts.
+    raise WorkloadError(f"{path}: not a readable workload: {e}") from None
   return Workload.from_dict(data, where=path)
 
 

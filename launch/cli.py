@@ -61,6 +61,22 @@ def _positive_int(text: str) -> int:
   return value
 
 
+# The seeds' consumers: numpy's default_rng takes no negative seed, CP-SAT's random_seed is an int32
+# and jax.random.PRNGKey an int64; derived seeds (seed + 7919 x actor) stay within the last two.
+MAX_SEED = 2**31 - 1
+
+
+def _seed(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected an integer seed, got '{text}'") from None
+  if not 0 <= value <= MAX_SEED:
+    raise argparse.ArgumentTypeError(f"the seed must be between 0 and 2**31-1 ({MAX_SEED}), "
+                                     f"got {value}")
+  return value
+
+
 def resolve_hardware(workload: Workload, hardware: str | None, capacity: int | None,
                      fallback: Hardware | None = None) -> Hardware:
   """--hardware (preset or file), else `fallback` (a mapping's recorded hardware); --capacity
@@ -123,6 +139,14 @@ def _solve_line(name: str, result) -> str:
           f"all-slow (speed-up {m.speedup:.3f}x) in {result.solve_time_s:.2f} s; validated")
 
 
+def _search_notice(agent) -> None:
+  """A checkpoint without its run's config.json is played with the default search settings:
+  `solve` and `evaluate` both say so, in one line on stderr, rather than silently."""
+  notice = agent.search_notice()
+  if notice:
+    print(f"malloczero: notice: {notice}", file=sys.stderr)
+
+
 def _solve_with_agent(args: argparse.Namespace, workload: Workload, hw: Hardware):
   """--solver agent | portfolio: the agent's own result is always printed on its own line."""
   from malloczero.actors.agent import load_agent, solve_with_agent
@@ -131,6 +155,7 @@ def _solve_with_agent(args: argparse.Namespace, workload: Workload, hw: Hardware
     raise MalloczeroError(f"--solver {args.solver} needs --checkpoint DIR (a training work "
                           "directory or its checkpoint)")
   agent = load_agent(args.checkpoint)
+  _search_notice(agent)
   result = solve_with_agent(agent, workload, hw, simulations=args.simulations,
                             attempts=args.attempts, seed=args.seed)
   info = result.info
@@ -281,6 +306,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     suite = dataclasses.replace(suite, entries=suite.entries[:args.limit])
   # Checkpoints are loaded (and a bad one refused) before any solver runs.
   agents = load_agents(args.checkpoint or [], args.simulations, args.attempts)
+  for a in agents:
+    _search_notice(a.agent)
   out = console()
   for a in agents:
     out.print(f"{a.label}: {a.agent.checkpoint} (learner step {a.agent.learner_steps}), "
@@ -372,10 +399,46 @@ def cmd_train(args: argparse.Namespace) -> int:
   return 0
 
 
+# Local actors beyond this many per CPU core only slow each other (each one searches flat out)
+# and starve the learner; the machine would thrash before the first summary line.
+ACTORS_PER_CORE = 2
+# Resident memory of local_mp node processes, measured over a tiny-config run on 2 cores: each
+# actor peaked at 577 MiB; replay, counter, learner, evaluator and limiter together at 2.6 GiB.
+ACTOR_RESIDENT_BYTES = 640 << 20
+OTHER_NODES_RESIDENT_BYTES = 3 << 30
+
+
+def local_actor_limit(launch: str) -> tuple[int, str]:
+  """The most actors this machine can run locally under `launch`, and why (cores, memory)."""
+  import psutil
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:  # Not Linux.
+    cores = os.cpu_count() or 1
+  limit = ACTORS_PER_CORE * cores
+  why = f"{cores} CPU core(s) run at most {limit} actors ({ACTORS_PER_CORE} per core)"
+  if launch == "local_mp":  # One process per node; under local_mt they share this one.
+    available = psutil.virtual_memory().available
+    by_memory = max(0, (available - OTHER_NODES_RESIDENT_BYTES) // ACTOR_RESIDENT_BYTES)
+    if by_memory < limit:
+      limit = int(by_memory)
+      why = (f"{human_bytes(available)} of available memory runs at most {limit} actors (about "
+             f"{human_bytes(ACTOR_RESIDENT_BYTES)} each beside "
+             f"{human_bytes(OTHER_NODES_RESIDENT_BYTES)} for the other nodes)")
+  return limit, why
+
+
 def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
   from malloczero.system.program import launch_training
   out = console()
   num_actors = args.num_actors or config.distributed.num_actors
+  limit, why = local_actor_limit(args.launch)
+  if num_actors > limit and not args.oversubscribe:
+    # Checked before anything is written or started: 1000 actors on 2 cores once spawned 642
+    # processes before the first line was printed.
+    print(f"malloczero: error: --num-actors {num_actors} is more than this machine can run: "
+          f"{why}; pass --oversubscribe to start them anyway", file=sys.stderr)
+    return 2
   out.print(f"malloczero train: config '{config.name}', suite '{config.suite}', Launchpad "
             f"{args.launch} with {num_actors} actor(s) x {config.actor.num_games} games; "
             f"work directory {os.path.abspath(workdir)}")
@@ -433,7 +496,7 @@ def _add_solver_flags(p: argparse.ArgumentParser) -> None:
                  help="CP-SAT worker threads")
   p.add_argument("--evaluations", type=_positive_int, default=DEFAULT_EVALUATIONS,
                  help=f"evo budget: full mappings decoded (default {DEFAULT_EVALUATIONS})")
-  p.add_argument("--seed", type=int, default=0, help="seed for random and evo")
+  p.add_argument("--seed", type=_seed, default=0, help="seed for random and evo (0 to 2**31-1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -532,6 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "learner in this process, in-process Reverb")
   p.add_argument("--num-actors", type=_positive_int,
                  help="actor nodes (default: the config's; local_mp and vertex_ai)")
+  p.add_argument("--oversubscribe", action="store_true",
+                 help="local launches: start --num-actors actors even beyond what this machine's "
+                 "cores and memory can run")
   p.add_argument("--suite", help="suite to train on (default: the config's)")
   p.add_argument("--workdir", help="checkpoints, logs, the learning curve and the report "
                  "(default runs/train-CONFIG); an existing one is resumed")
@@ -543,7 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--node-output", default="files", choices=("files", "terminal"),
                  help="local_mp: node output to WORKDIR/nodes/*.log (default) or to this "
                  "terminal, each line prefixed with its node")
-  p.add_argument("--seed", type=int, help="override the config's seed")
+  p.add_argument("--seed", type=_seed, help="override the config's seed (0 to 2**31-1)")
   p.add_argument("--quiet", action="store_true", help="no periodic log lines")
   p.set_defaults(func=cmd_train)
   return parser

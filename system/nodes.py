@@ -43,6 +43,40 @@ class NodeContext:
     return WorkDir(self.workdir)
 
 
+# local_mp with `--node-output files`: the launcher names each node process's work directory and
+# group in its environment (system/program.py), read when this module is imported.
+NODE_WORKDIR_ENV = "MALLOCZERO_NODE_WORKDIR"
+NODE_GROUP_ENV = "MALLOCZERO_NODE_GROUP"
+
+
+def _output_to_log_from_the_start() -> None:
+  """Sends a local_mp node process's output to its log file before any node code runs.
+
+  Launchpad unpickles a node (importing this module), then dereferences its handles, which logs
+  'Reverb client connecting to ...', and only then constructs the node, whose `start_node` would
+  redirect its output: without this those first lines reach the launcher's console."""
+  workdir, group = os.environ.get(NODE_WORKDIR_ENV), os.environ.get(NODE_GROUP_ENV)
+  if not workdir or not group:
+    return
+  argv = sys.argv
+  task = next((argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--lp_task_id"), "0")
+  name = f"{group}_{task}" if group == "actor" else group
+  files = WorkDir(workdir)
+  try:
+    os.makedirs(files.nodes, exist_ok=True)
+    log = os.open(files.node_log(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+  except OSError:
+    return  # start_node tries again, and reports a failure in the node's own way.
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.dup2(log, 1)
+  os.dup2(log, 2)
+  os.close(log)
+
+
+_output_to_log_from_the_start()
+
+
 def start_node(context: NodeContext, name: str) -> None:
   """Sends this process's output to its log file (local_mp) and quiets TensorFlow's C++ logs."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -170,6 +204,25 @@ class PersistentCounter(counting.Counter):
     while not lp.wait_for_stop(self._save_every_s):
       self.write_file()
     self.write_file()
+
+
+def align_counter_file(files: WorkDir, learner_steps: int) -> None:
+  """Sets counter.json's `learner_steps` to the learner checkpoint's step once the program stopped.
+
+  At a stop the counter writes its file at once, while the learner may finish one more step and
+  save it: the checkpoint is the truth (as when the learner resumes)."""
+  try:
+    with open(files.counter, encoding="utf-8") as f:
+      counts = json.load(f)
+  except (OSError, ValueError):
+    return  # No counter file (the run never got that far): nothing to align.
+  if not isinstance(counts, dict) or counts.get("learner_steps") == learner_steps:
+    return
+  counts["learner_steps"] = learner_steps
+  tmp = f"{files.counter}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(counts, f)
+  os.replace(tmp, files.counter)
 
 
 class StepsLimiter:

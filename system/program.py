@@ -33,8 +33,9 @@ import launchpad as lp
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.env.errors import MalloczeroError
-from malloczero.system.nodes import (ActorNode, EvaluatorNode, LearnerNode, NodeContext,
-                                     PersistentCounter, ReplayNode, StepsLimiter)
+from malloczero.system.nodes import (NODE_GROUP_ENV, NODE_WORKDIR_ENV, ActorNode, EvaluatorNode,
+                                     LearnerNode, NodeContext, PersistentCounter, ReplayNode,
+                                     StepsLimiter, align_counter_file)
 
 LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
 # Nodes without which training cannot go on: the program is stopped when one of them dies.
@@ -98,6 +99,9 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
         previous = json.load(f)
     except (OSError, ValueError) as e:
       raise MalloczeroError(f"{saved} is unreadable ({e}); use another --workdir") from e
+    if not isinstance(previous, dict) or not isinstance(previous.get("learner", {}), dict):
+      raise MalloczeroError(f"{saved} is not a run's config (a JSON object with a 'learner' "
+                            "object); use another --workdir")
     if _comparable(previous) != _comparable(dataclasses.asdict(config)):
       raise MalloczeroError(
           f"{workdir} holds a run of config '{previous.get('name')}' on suite "
@@ -145,7 +149,8 @@ class DistributedResult:
 class _Monitor:
   """The launcher's view of a running program: counters, replay statistics, live nodes."""
 
-  def __init__(self, program: lp.Program, launch: str, workdir: str, num_actors: int):
+  def __init__(self, program: lp.Program, launch: str, workdir: str, num_actors: int,
+               start_step: int = 0):
     import courier
     import reverb
     self._counter = courier.Client(
@@ -158,6 +163,11 @@ class _Monitor:
     self.gone: set[str] = set()
     self.samples: list[RunSample] = []
     self.elapsed = 0.0
+    # While the counter or replay is starting (or stopping) they do not answer: the last answers
+    # stand in, so the summary shows neither zeros (negative rates) nor a resumed run at step 0.
+    self.start_step = start_step
+    self._last_counts: dict[str, float] = {}
+    self._last_replay = (0, 0, 0)
 
   def find_processes(self) -> None:
     """Node name (e.g. 'actor_1') -> process, from the launcher's children (local_mp)."""
@@ -212,9 +222,14 @@ class _Monitor:
     return self._num_actors
 
   def sample(self, elapsed_s: float) -> RunSample:
-    counts = self.counts()
-    items, inserts, samples = self.replay_stats()
-    return RunSample(elapsed_s, int(counts.get("learner_steps", 0)),
+    counts = self.counts() or self._last_counts
+    self._last_counts = counts
+    replay = self.replay_stats()
+    self._last_replay = replay = replay if any(replay) else self._last_replay
+    items, inserts, samples = replay
+    # Until the learner has told the counter its restored step, the checkpoint's step stands.
+    learner_steps = max(int(counts.get("learner_steps", 0)), self.start_step)
+    return RunSample(elapsed_s, learner_steps,
                      int(counts.get("actor_moves", 0)), int(counts.get("actor_episodes", 0)),
                      items, inserts, samples, self.live_actors())
 
@@ -234,18 +249,28 @@ def node_name(title: str) -> str:
 
 def _summary_line(sample: RunSample, previous: Optional[RunSample], max_steps: int,
                   num_actors: int, evaluation: Optional[dict[str, str]],
-                  msa: dict[str, float]) -> str:
+                  msa: dict[str, float], min_replay_items: int = 0, start_step: int = 0) -> str:
+  """One line per summary period; rates over the period, never negative, and no samples/insert
+  before there is a period with inserts to divide by."""
   def rate(field: str) -> float:
     if previous is None or sample.elapsed_s <= previous.elapsed_s:
       return 0.0
-    return (getattr(sample, field) - getattr(previous, field)) / (sample.elapsed_s - previous.elapsed_s)
-  spi = (sample.samples - previous.samples) / max(1, sample.inserts - previous.inserts) \
-      if previous is not None and sample.inserts > previous.inserts else float("nan")
-  line = (f"[{sample.elapsed_s:5.0f} s] learner {sample.learner_steps}/{max_steps} "
-          f"({rate('learner_steps'):.1f}/s) | actors {sample.live_actors}/{num_actors}: "
+    change = getattr(sample, field) - getattr(previous, field)
+    return max(0.0, change / (sample.elapsed_s - previous.elapsed_s))
+  learner = f"learner {sample.learner_steps}/{max_steps}"
+  if sample.learner_steps <= start_step and sample.replay_items < min_replay_items:
+    learner += f" (waiting for replay: {sample.replay_items:,}/{min_replay_items:,} items)"
+  elif sample.learner_steps <= start_step and rate("learner_steps") == 0.0:
+    learner += " (starting: replay is ready, the learner compiles its update)"
+  else:
+    learner += f" ({rate('learner_steps'):.1f}/s)"
+  line = (f"[{sample.elapsed_s:5.0f} s] {learner} | actors {sample.live_actors}/{num_actors}: "
           f"{sample.actor_moves:,} moves ({rate('actor_moves'):,.0f}/s), "
-          f"{sample.episodes} games | replay {sample.replay_items:,} items, "
-          f"samples/insert {spi:.2f}")
+          f"{sample.episodes} games | replay {sample.replay_items:,} items")
+  if previous is not None and sample.inserts > previous.inserts and \
+      sample.samples >= previous.samples:
+    line += (f", samples/insert "
+             f"{(sample.samples - previous.samples) / (sample.inserts - previous.inserts):.2f}")
   if evaluation is not None:
     split = evaluation["split"]
     line += (f" | eval @{evaluation['learner_steps']} {split} "
@@ -253,10 +278,30 @@ def _summary_line(sample: RunSample, previous: Optional[RunSample], max_steps: i
   return line
 
 
-def _local_resources(program: lp.Program) -> dict[str, Any]:
+def _say_the_stop_countdown_once(print_fn: Callable[[str], None]) -> None:
+  """Launchpad counts down its grace period on one console line rewritten with '\\r' every second;
+  on a pipe or in a file the countdown runs together into one long line. It is said once instead."""
+  from launchpad.launch import worker_manager
+  said = False
+
+  def countdown_print(*args: Any, **kwargs: Any) -> None:
+    nonlocal said
+    if "Waiting for workers to stop for" in " ".join(map(str, args)):
+      if not said:
+        said = True
+        print_fn(f"waiting up to {TERMINATION_NOTICE_S} s for the nodes to stop")
+      return
+    print(*args, **kwargs)
+
+  worker_manager.print = countdown_print  # The module's own name for print: only its prints.
+
+
+def _local_resources(program: lp.Program, context: NodeContext) -> dict[str, Any]:
   from launchpad.nodes.python.local_multi_processing import PythonProcess
   env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-  return {label: PythonProcess(env=dict(env)) for label in program.groups}
+  if context.output_to_files:  # Each node process writes to its log file from its first line.
+    env[NODE_WORKDIR_ENV] = context.workdir
+  return {label: PythonProcess(env={**env, NODE_GROUP_ENV: label}) for label in program.groups}
 
 
 def _stop_program() -> None:
@@ -304,11 +349,12 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   if not flags.FLAGS.is_parsed():
     flags.FLAGS(["malloczero"], known_only=True)
   flags.FLAGS.lp_termination_notice_secs = TERMINATION_NOTICE_S
+  _say_the_stop_countdown_once(print_fn)
   if launch == "local_mp":
     if context.output_to_files:
       print_fn(f"node output: {files.nodes}/<node>.log")
     manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
-                        terminal="current_terminal", local_resources=_local_resources(program))
+                        terminal="current_terminal", local_resources=_local_resources(program, context))
     # A node still running after the grace period is SIGKILLed; by default Launchpad then kills
     # this process too, which would lose the final report of a run whose checkpoints are saved.
     # Launchpad 0.5.2 has no flag for it.
@@ -317,16 +363,18 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
     manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_THREADING)
   print_fn(f"launched {launch}: replay, counter, learner, {num_actors} actor(s), evaluator, "
            f"limiter; learner steps {start_step or 0} -> {max_steps}")
-  monitor = _Monitor(program, launch, workdir, num_actors)
+  monitor = _Monitor(program, launch, workdir, num_actors, start_step=start_step or 0)
   status = _watch(manager, monitor, config, launch, num_actors, max_steps, max_seconds, msa,
                   print_fn)
   manager.wait(raise_error=False)
-  final = monitor_final_counts(workdir)
   from malloczero.learner.checkpoint import checkpoint_steps
   try:
     steps = checkpoint_steps(files.checkpoints)
   except MalloczeroError:
     steps = 0
+  if steps:
+    align_counter_file(files, steps)
+  final = monitor_final_counts(workdir)
   if status == "running":
     status = "finished" if steps >= max_steps else "interrupted"
   result = DistributedResult(status, steps, start_step or 0, int(final.get("actor_moves", 0)),
@@ -413,7 +461,8 @@ def _watch(manager: Any, monitor: _Monitor, config: Config, launch: str, num_act
       sample = monitor.sample(monitor.elapsed)
       monitor.samples.append(sample)
       print_fn(_summary_line(sample, previous, max_steps, num_actors,
-                             monitor.last_evaluation(), msa))
+                             monitor.last_evaluation(), msa, config.replay.min_size_to_sample,
+                             monitor.start_step))
       previous, last_summary = sample, now
       if sample.learner_steps >= max_steps and reached_at is None:
         reached_at = now

@@ -94,3 +94,54 @@ def test_missing_or_incompatible_checkpoint_is_a_one_line_error(workdir, tmp_pat
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
+
+
+def _copy_without_config(workdir, tmp_path, config_text=None):
+  """A copy of the run's checkpoint whose config.json is missing or replaced by `config_text`."""
+  import shutil
+  copy = tmp_path / "copy"
+  (copy / "checkpoints").mkdir(parents=True)
+  shutil.copy(workdir / "checkpoints" / "learner_state.pkl", copy / "checkpoints")
+  if config_text is not None:
+    (copy / "config.json").write_text(config_text)
+  return copy
+
+
+def test_corrupt_or_missing_run_config_is_one_line_in_solve_and_evaluate(workdir, tmp_path):
+  """A corrupt config.json used to end in a traceback; a missing one silently meant the default
+  search settings."""
+  entry, _, _ = _program()
+  path = os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz")
+  commands = (["solve", path, "--hardware", entry.hardware, "--solver", "agent", "--simulations",
+               "2", "--attempts", "1", "--checkpoint"],
+              ["evaluate", "--suite", "tiny", "--solvers", "msa", "--limit", "1", "--simulations",
+               "2", "--attempts", "1", "--out", str(tmp_path / "never"), "--checkpoint"])
+  for text, message in (("{\"search\": {\"num_simu", "JSONDecodeError"),
+                        ("[1, 2]", "no 'search' object"),
+                        ('{"search": {"num_simulations": "many"}}', "'num_simulations' must be"),
+                        ('{"search": {"simulations": 4}}', "unknown search settings 'simulations'"),
+                        ('{"search": {"gumbel_scale": 1e400}}', "'gumbel_scale' must be a finite")):
+    copy = _copy_without_config(workdir, tmp_path / str(abs(hash(text))), text)
+    with pytest.raises(MalloczeroError, match=message):
+      load_agent(str(copy))
+    for command in commands:
+      result = subprocess.run([sys.executable, "-m", "malloczero", *command, str(copy)], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+      assert result.returncode == 1, result.stderr[-2000:]
+      assert result.stderr.startswith("malloczero: error: run config ")
+      assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+  assert not (tmp_path / "never").exists()
+
+  copy = _copy_without_config(workdir, tmp_path / "missing")
+  agent = load_agent(str(copy))
+  assert agent.config_file is None and agent.search_notice().startswith("no config.json beside")
+  assert load_agent(str(workdir)).search_notice() is None
+  for command in commands:
+    result = subprocess.run([sys.executable, "-m", "malloczero", *command, str(copy)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    notices = [line for line in result.stderr.splitlines() if line.startswith("malloczero: ")]
+    assert len(notices) == 1, result.stderr
+    assert notices[0].startswith("malloczero: notice: no config.json beside the checkpoint")
+    assert "using the default search settings (evaluation search 32 simulations, 8 considered " \
+        "actions, Gumbel scale 1)" in notices[0]

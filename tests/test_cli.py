@@ -130,3 +130,58 @@ def test_import_hlo_round_trip_and_malformed_text(tmp_path):
   bad = _cli("import-hlo", str(truncated), "--out", str(out))
   assert bad.returncode == 1 and bad.stderr.startswith("malloczero: error: ")
   assert bad.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("seed", ["-1", "2147483648", "10000000000000000000000000000000", "x"])
+def test_every_seed_flag_is_checked_before_anything_runs(tmp_path, capsys, seed):
+  """`train --seed -1` used to end in numpy's ValueError traceback and leave config.json behind."""
+  from malloczero.launch.cli import main
+  workdir = tmp_path / "run"
+  for args in (("train", "--launch", "single", "--config", "tiny", "--workdir", str(workdir)),
+               ("train", "--launch", "local_mp", "--config", "tiny", "--workdir", str(workdir)),
+               ("solve", "w.json", "--solver", "random"), ("evaluate", "--suite", "tiny")):
+    with pytest.raises(SystemExit) as exit_info:
+      main([*args, "--seed", seed])
+    assert exit_info.value.code == 2, args
+    err = capsys.readouterr().err
+    assert err.startswith("malloczero: error: argument --seed: ") and err.count("\n") == 1, err
+    assert "0 and 2**31-1" in err or "expected an integer seed" in err
+  assert not workdir.exists()
+
+
+def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscribed(
+    tmp_path, capsys, monkeypatch):
+  """`--num-actors 1000` on 2 cores used to be accepted silently and spawn hundreds of processes."""
+  import types
+
+  import psutil
+
+  from malloczero.launch import cli
+  workdir = tmp_path / "run"
+  too_many = str(cli.ACTORS_PER_CORE * len(os.sched_getaffinity(0)) + 1)
+  for launch in ("local_mp", "local_mt"):
+    code = cli.main(["train", "--launch", launch, "--config", "tiny", "--num-actors", too_many,
+                     "--workdir", str(workdir)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"malloczero: error: --num-actors {too_many} is more than this machine "
+                          "can run: ") and "CPU core(s)" in err and "--oversubscribe" in err
+  assert not workdir.exists()
+  # Memory bounds local_mp (one process per node) as well as cores.
+  monkeypatch.setattr(psutil, "virtual_memory",
+                      lambda: types.SimpleNamespace(
+                          available=cli.OTHER_NODES_RESIDENT_BYTES + cli.ACTOR_RESIDENT_BYTES))
+  assert cli.local_actor_limit("local_mp")[0] == 1
+  assert "available memory runs at most 1 actors" in cli.local_actor_limit("local_mp")[1]
+  assert cli.local_actor_limit("local_mt")[0] == cli.ACTORS_PER_CORE * len(os.sched_getaffinity(0))
+  # --oversubscribe lets the launch go on (to the next check: an impossible --max-steps here).
+  workdir.mkdir()
+  monkeypatch.setattr("malloczero.system.program.check_workdir", lambda config, workdir: 10)
+  code = cli.main(["train", "--launch", "local_mt", "--config", "tiny", "--num-actors", too_many,
+                   "--oversubscribe", "--max-steps", "5", "--workdir", str(workdir)])
+  assert code == 1 and "raise --max-steps" in capsys.readouterr().err
+  # Cloud workers are not this machine's: vertex_ai is not checked (it refuses a local workdir).
+  code = cli.main(["train", "--launch", "vertex_ai", "--config", "tiny", "--num-actors", "1000",
+                   "--workdir", str(tmp_path / "cloud")])
+  err = capsys.readouterr().err
+  assert code == 1 and "/gcs/" in err and "more than this machine" not in err

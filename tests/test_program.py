@@ -161,6 +161,14 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   assert os.listdir(workdir / "checkpoints" / "replay"), "no replay checkpoint"
   assert run.orphans() == []
   saved_digest = params_digest(load_params(str(checkpoint)))
+  # The console, read through a pipe: launcher lines only (node output is in nodes/*.log), no
+  # colour codes, no nan or negative rates, a named wait for replay, one line per stop countdown.
+  assert "\x1b" not in output and "Reverb client connecting" not in output, output[:3000]
+  summaries = [line for line in output.splitlines() if re.match(r"\[\s*\d+ s\] learner ", line)]
+  assert summaries and not any("nan" in line for line in summaries), output[-3000:]
+  assert not re.search(r"\(-[\d,.]+/s\)", output), output[-3000:]
+  assert re.search(r"learner 0/600 \(waiting for replay: [\d,]+/200 items\)", output), output[:3000]
+  assert "Waiting for workers to stop for" not in output
 
   # 2. The same command resumes: learner parameters, step and replay come back; SIGTERM to the
   # launcher stops every node, and the learner saves its step before exiting.
@@ -177,6 +185,12 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   assert restored and int(restored[-1]) > 0
   assert checkpoint_steps(str(checkpoint)) >= 620
   assert run.orphans() == []
+  # Right after the resume the summary shows the restored step, not 0; after the stop the
+  # counter's file agrees with the checkpoint (it used to be one step behind).
+  resumed = [int(m.group(1)) for m in re.finditer(r"\] learner (\d+)/100000", output)]
+  assert resumed and min(resumed) >= 600, output[-3000:]
+  counts = json.loads((workdir / "checkpoints" / "counter.json").read_text())
+  assert counts["learner_steps"] == checkpoint_steps(str(checkpoint))
 
   # 3. A run of another configuration, or one already past --max-steps, is refused before
   # anything starts.
@@ -265,3 +279,49 @@ def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
   assert checkpoint_steps(str(checkpoint)) >= saved_step > 0
   assert load_params(str(checkpoint))
   assert run.orphans() == []
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"learner": 3}', '{"name": "tiny", "learner": ['])
+def test_check_workdir_refuses_a_corrupt_config_in_one_line(tmp_path, text):
+  (tmp_path / "config.json").write_text(text)
+  with pytest.raises(MalloczeroError, match="config.json (is unreadable|is not a run's config)") \
+      as info:
+    check_workdir(get_config("tiny"), str(tmp_path))
+  assert "\n" not in str(info.value)
+
+
+def test_summary_line_names_the_replay_wait_and_has_no_nan_or_negative_rates():
+  from malloczero.system.program import RunSample, _summary_line
+  first = RunSample(3.0, 0, 0, 0, 0, 0, 0, 2)
+  line = _summary_line(first, None, 400, 2, None, {}, min_replay_items=1000)
+  assert "learner 0/400 (waiting for replay: 0/1,000 items)" in line
+  assert "nan" not in line and "samples/insert" not in line
+  filling = RunSample(6.0, 0, 640, 4, 640, 640, 0, 2)
+  assert "(waiting for replay: 640/1,000 items)" in _summary_line(filling, first, 400, 2, None, {},
+                                                                  min_replay_items=1000)
+  ready = RunSample(9.0, 0, 1200, 8, 1200, 1200, 0, 2)
+  assert "(starting: replay is ready" in _summary_line(ready, filling, 400, 2, None, {}, 1000)
+  stepping = RunSample(12.0, 30, 1500, 9, 1500, 1500, 960, 2)
+  line = _summary_line(stepping, ready, 400, 2, None, {}, 1000)
+  assert "learner 30/400 (10.0/s)" in line and "samples/insert 3.20" in line
+  # Counts that went backwards (a counter read while stopping) never show as negative rates.
+  stopping = RunSample(15.0, 0, 0, 0, 0, 0, 0, 2)
+  line = _summary_line(stopping, stepping, 400, 2, None, {}, 1000)
+  assert not re.search(r"-\d", line) and "nan" not in line
+  # A resumed run at step 600 is not 'waiting' on a restored table and shows its step.
+  resumed = RunSample(3.0, 600, 0, 0, 5000, 0, 0, 2)
+  assert "learner 600/2000 (starting" in _summary_line(resumed, None, 2000, 2, None, {}, 1000, 600)
+
+
+def test_counter_file_is_aligned_with_the_checkpoint_step(tmp_path):
+  from malloczero.configs.workdir import WorkDir
+  from malloczero.system.nodes import align_counter_file
+  files = WorkDir(str(tmp_path))
+  align_counter_file(files, 7)  # No file yet: nothing is written.
+  assert not os.path.exists(files.counter)
+  os.makedirs(files.checkpoints)
+  with open(files.counter, "w", encoding="utf-8") as f:
+    json.dump({"learner_steps": 641, "actor_moves": 9000}, f)
+  align_counter_file(files, 642)
+  with open(files.counter, encoding="utf-8") as f:
+    assert json.load(f) == {"learner_steps": 642, "actor_moves": 9000}

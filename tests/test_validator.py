@@ -151,3 +151,49 @@ def test_cli_validate_minimalloc_csv(tmp_path):
   out = _cli("validate", str(csv), str(path))
   assert out.returncode == 1 and "overlap" in out.stderr, out.stderr
   assert np.isfinite(data["estimated_time_s"])
+
+
+@pytest.mark.parametrize("key", ["request", "buffer", "level", "offset", "start", "end"])
+@pytest.mark.parametrize("value", [10**30, 2**63, -(2**63) - 1])
+def test_mapping_integers_beyond_int64_are_one_line_errors(tmp_path, mapping, key, value):
+  """They used to end in an OverflowError traceback when the allocation arrays were built."""
+  data = mapping.to_dict()
+  data["allocations"][0][key] = value
+  path = tmp_path / "m.json"
+  path.write_text(json.dumps(data))
+  with pytest.raises(MappingError, match=rf"allocation 0: '{key}' = .* beyond the limit of "
+                     r"2\*\*60") as info:
+    load_mapping(path)
+  assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("capacity_bytes", 10**30, r"'capacity_bytes' = a 31-digit number is beyond the limit of 2\*\*62"),
+    ("alignment_bytes", 2**63, r"'alignment_bytes' = 9223372036854775808 is beyond the limit"),
+    ("peak_flops_per_s", 10**400, r"'peak_flops_per_s' is too large a number"),
+])
+def test_hardware_numbers_beyond_the_limits_are_one_line_errors(tmp_path, field, value, message):
+  from malloczero.env.hardware import HardwareError, load_hardware
+  data = HARDWARE.to_dict()
+  if field == "capacity_bytes":
+    data["levels"][0][field] = value
+  else:
+    data[field] = value
+  path = tmp_path / "hw.json"
+  path.write_text(json.dumps(data))
+  with pytest.raises(HardwareError, match=message):
+    load_hardware(str(path))
+
+
+def test_cli_refuses_huge_integers_in_one_line(tmp_path, mapping):
+  wpath, mpath = tmp_path / "w.json", tmp_path / "m.json"
+  save_workload(WORKLOAD, wpath)
+  data = mapping.to_dict()
+  data["allocations"][0]["offset"] = 10**30
+  mpath.write_text(json.dumps(data))
+  for args in (("validate", str(wpath), str(mpath)),
+               ("solve", str(wpath), "--hardware", "tpu-v4i-like", "--capacity", str(10**30))):
+    out = _cli(*args)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.startswith("malloczero: error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert "beyond the limit" in out.stderr

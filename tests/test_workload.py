@@ -76,6 +76,16 @@ MALFORMED = [
     ("missing buffers", lambda d: d.pop("buffers"), r"missing required key 'buffers'"),
     ("ops not a list", lambda d: d.update(ops={"a": 1}), r"'ops' must be a list"),
     ("top-level list", lambda d: (d.clear(), None), r"missing required key"),
+    # Integers beyond int64 used to end in an OverflowError traceback when arrays were built.
+    ("size 10**30", lambda d: d["buffers"][1].update(size=10**30),
+     r"buffer 8 \('x'\): 'size' = a 31-digit number is beyond the limit of 2\*\*60"),
+    ("id 2**63", lambda d: d["buffers"][1].update(id=2**63),
+     r"'id' = 9223372036854775808 is beyond the limit of 2\*\*60"),
+    ("def 2**63", lambda d: d["buffers"][1].update(**{"def": 2**63}), r"'def' = .* beyond the limit"),
+    ("use 10**30", lambda d: d["buffers"][1].update(uses=[10**30]), r"'uses' = .* beyond the limit"),
+    ("sizes adding past 2**62", lambda d: [b.update(size=2**60) for b in d["buffers"]] and
+     d["buffers"].extend(dict(b, id=b["id"] + 10) for b in list(d["buffers"])),
+     r"sizes add up to .* above the limit of 2\*\*62"),
 ]
 
 
@@ -116,7 +126,21 @@ def test_truncated_and_non_json_files(tmp_path):
     ("id,lower,upper,size\n0,0,2,ten\n", "line 2: expected integers"),
     ("id,lower,upper,size\n0,0,2,-1\n", "size must be positive"),
     ("id,lower,upper,size\n0,0,2,4\n0,1,3,4\n", "duplicate buffer id 0"),
+    ("id,lower,upper,size\n0,0,2,1000000000000000000000000000000\n",
+     r"line 2: 'size' = a 31-digit number is beyond the limit of 2\*\*60"),
+    ("id,lower,upper,size\n9223372036854775808,0,2,4\n", r"line 2: 'id' = .* beyond the limit"),
+    # A schedule of 10**20 ops would be built op by op: refused before anything is allocated.
+    ("id,lower,upper,size\n0,0,100000000000000000000,4\n",
+     r"line 2: 'upper' = 100000000000000000000 is beyond the limit of 2\*\*22"),
 ])
 def test_malformed_csv(text, message):
   with pytest.raises(WorkloadError, match=message):
     workload_from_minimalloc_csv(text, name="bad")
+
+
+def test_integers_with_more_digits_than_python_reads_are_one_line_errors(tmp_path):
+  path = tmp_path / "huge.json"
+  path.write_text(json.dumps(GOOD).replace('"size": 64', '"size": 1' + "0" * 5000))
+  with pytest.raises(WorkloadError, match="huge.json: not a readable workload") as info:
+    load_workload(path)
+  assert "\n" not in str(info.value)
