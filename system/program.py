@@ -15,7 +15,9 @@ few seconds, watches the nodes, and writes the final evaluation report once the 
 
 Faults: under local_mp an actor that dies is reported and training goes on with the others;
 if the learner, replay or counter dies the program is stopped (their checkpoints are on disk) and
-the run ends with an error. Ctrl-C or SIGTERM stop every node, each saving what it owns.
+the run ends with an error. Ctrl-C or SIGTERM stop every node, each saving what it owns; so does
+the launcher's death, which each node process watches for (system/guards.py). The launcher holds
+the work directory's lock for the whole run, and the node processes hold theirs until they exit.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import launchpad as lp
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.env.errors import MalloczeroError
+from malloczero.system.guards import ProcessId, WorkDirLock
 from malloczero.system.nodes import (ActorNode, EvaluatorNode, LearnerNode, NodeContext,
                                      PersistentCounter, ReplayNode, StepsLimiter)
 
@@ -253,10 +256,14 @@ def _summary_line(sample: RunSample, previous: Optional[RunSample], max_steps: i
   return line
 
 
-def _local_resources(program: lp.Program) -> dict[str, Any]:
+def _local_resources(program: lp.Program, workdir: str) -> dict[str, Any]:
+  """Each node process's environment, which names its run: MALLOCZERO_WORKDIR, MALLOCZERO_NODE
+  (`ps e`, /proc/PID/environ; the nodes also name themselves `mz-NODE`, system/nodes.py)."""
   from launchpad.nodes.python.local_multi_processing import PythonProcess
-  env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-  return {label: PythonProcess(env=dict(env)) for label in program.groups}
+  # Launchpad 0.5.2 cannot pass a node a flag of our own (its flag placeholders need a flag it
+  # does not define), so the names travel in the environment.
+  env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "MALLOCZERO_WORKDIR": workdir}
+  return {label: PythonProcess(env={**env, "MALLOCZERO_NODE": label}) for label in program.groups}
 
 
 def _stop_program() -> None:
@@ -272,8 +279,18 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   """Launches the program locally, watches it until it stops, and reports.
 
   A work directory that holds a run resumes it: the learner restores its checkpoint (parameters,
-  optimiser state, step), Reverb its table, the counter its counts.
+  optimiser state, step), Reverb its table, the counter its counts. The work directory is locked
+  for the whole run (system/guards.py): a directory in use by another run is refused before
+  anything in it is written.
   """
+  with WorkDirLock(os.path.abspath(workdir), print_fn):
+    return _launch_training(config, workdir, launch, num_actors, max_steps, max_seconds,
+                            node_output, final_report, print_fn)
+
+
+def _launch_training(config: Config, workdir: str, launch: str, num_actors: Optional[int],
+                     max_steps: Optional[int], max_seconds: Optional[float], node_output: str,
+                     final_report: bool, print_fn: Callable[[str], None]) -> DistributedResult:
   if launch not in LOCAL_LAUNCH_TYPES:
     raise MalloczeroError(f"launch_training runs local launches ({', '.join(LOCAL_LAUNCH_TYPES)}); "
                           f"got '{launch}'")
@@ -298,7 +315,8 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   msa = _msa_geomeans(config, workdir, print_fn)
 
   context = NodeContext(workdir, output_to_files=(launch == "local_mp" and node_output == "files"),
-                        own_process=(launch == "local_mp"))
+                        own_process=(launch == "local_mp"),
+                        launcher=ProcessId.current() if launch == "local_mp" else None)
   program = build_program(config, context, num_actors, max_steps)
   from absl import flags
   if not flags.FLAGS.is_parsed():
@@ -308,7 +326,8 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
     if context.output_to_files:
       print_fn(f"node output: {files.nodes}/<node>.log")
     manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
-                        terminal="current_terminal", local_resources=_local_resources(program))
+                        terminal="current_terminal",
+                        local_resources=_local_resources(program, workdir))
     # A node still running after the grace period is SIGKILLed; by default Launchpad then kills
     # this process too, which would lose the final report of a run whose checkpoints are saved.
     # Launchpad 0.5.2 has no flag for it.
