@@ -5,6 +5,8 @@ launcher, the reports) reaches the work directory through `WorkDir`, so the layo
 only place its names are spelt. It lives beside the configs because every layer reads it:
 
   config.json                      the Config the run was started with
+  train.lock                       held (flock) by the training launcher; holds its pid
+  nodes.lock                       held shared by each local_mp node process while it runs
   checkpoints/learner_state.pkl    parameters, optimiser state, step (restored on restart)
   checkpoints/replay/              Reverb's checkpoints of the replay table (distributed runs)
   checkpoints/counter.json         the counter node's counts (distributed runs)
@@ -44,6 +46,16 @@ class WorkDir:
   @property
   def config(self) -> str:
     return self._path("config.json")
+
+  @property
+  def lock(self) -> str:
+    """The launcher's exclusive lock: one training run per work directory."""
+    return self._path("train.lock")
+
+  @property
+  def nodes_lock(self) -> str:
+    """The node processes' shared lock: they may outlive a killed launcher while they save."""
+    return self._path("nodes.lock")
 
   @property
   def checkpoints(self) -> str:

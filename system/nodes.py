@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -28,6 +29,7 @@ from acme.utils import counting
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.env.files import write_text
+from malloczero.system import guards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,16 +39,20 @@ class NodeContext:
   output_to_files: bool = False   # local_mp: stdout/stderr to workdir/nodes/<name>.log.
   own_process: bool = False       # local_mp: the node is alone in its process.
   tensorboard: bool = True
+  # local_mp: the launcher, which each node process watches (and stops at its death).
+  launcher: Optional[guards.ProcessId] = None
 
   @property
   def files(self) -> WorkDir:
     return WorkDir(self.workdir)
 
 
-# local_mp with `--node-output files`: the launcher names each node process's work directory and
-# group in its environment (system/program.py), read when this module is imported.
-NODE_WORKDIR_ENV = "MALLOCZERO_NODE_WORKDIR"
-NODE_GROUP_ENV = "MALLOCZERO_NODE_GROUP"
+# local_mp: the launcher names each node process's work directory and group in its environment
+# (system/program.py), and with `--node-output files` asks it to write to its log file; read when
+# this module is imported.
+NODE_WORKDIR_ENV = "MALLOCZERO_WORKDIR"
+NODE_GROUP_ENV = "MALLOCZERO_NODE"
+NODE_OUTPUT_ENV = "MALLOCZERO_NODE_OUTPUT"   # "files": the node's output goes to its log file.
 
 
 def _output_to_log_from_the_start() -> None:
@@ -56,7 +62,7 @@ def _output_to_log_from_the_start() -> None:
   'Reverb client connecting to ...', and only then constructs the node, whose `start_node` would
   redirect its output: without this those first lines reach the launcher's console."""
   workdir, group = os.environ.get(NODE_WORKDIR_ENV), os.environ.get(NODE_GROUP_ENV)
-  if not workdir or not group:
+  if os.environ.get(NODE_OUTPUT_ENV) != "files" or not workdir or not group:
     return
   argv = sys.argv
   task = next((argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--lp_task_id"), "0")
@@ -78,7 +84,8 @@ _output_to_log_from_the_start()
 
 
 def start_node(context: NodeContext, name: str) -> None:
-  """Sends this process's output to its log file (local_mp) and quiets TensorFlow's C++ logs."""
+  """Sends this process's output to its log file (local_mp) and quiets TensorFlow's C++ logs;
+  under local_mp, holds the nodes' lock on the work directory and watches the launcher."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   if context.own_process:
     # Launchpad starts local_mp nodes with --pdb_post_mortem: a node that raises would wait in pdb
@@ -86,6 +93,7 @@ def start_node(context: NodeContext, name: str) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
   if not context.output_to_files:
+    _guard(context, name)
     return
   os.makedirs(context.files.nodes, exist_ok=True)
   log = open(context.files.node_log(name), "a", buffering=1, encoding="utf-8")
@@ -95,6 +103,30 @@ def start_node(context: NodeContext, name: str) -> None:
   os.dup2(log.fileno(), 2)
   sys.stdout = sys.stderr = log
   print(f"--- {name} started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {os.getpid()})")
+  _guard(context, name)
+
+
+def _guard(context: NodeContext, name: str) -> None:
+  if context.own_process:
+    try:  # The process name `ps -e`, `top` and `pgrep mz-` show (15 bytes at most).
+      with open("/proc/self/comm", "w", encoding="ascii") as f:
+        f.write(f"mz-{name}"[:15])
+    except OSError:
+      pass
+  if context.own_process and context.launcher is not None:
+    guards.hold_nodes_lock(context.files)
+    guards.watch_launcher(context.launcher, name, say)
+
+
+def stop_program() -> None:
+  """`lp.stop()`, except that a local_mp node signals its launcher only through its verified
+  watch (Launchpad's `lp.stop()` SIGTERMs a bare pid, which may have been reused); with the
+  launcher gone, this node stops itself (its watch stops the others)."""
+  watch = guards.launcher_watch()
+  if watch is None:
+    lp.stop()
+  elif not watch.send(signal.SIGTERM):
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def say(name: str, message: str) -> None:
@@ -248,7 +280,7 @@ class StepsLimiter:
         continue
       if steps >= self._max_steps:
         say("limiter", f"learner reached {int(steps)} of {self._max_steps} steps: stopping")
-        lp.stop()
+        stop_program()
         lp.wait_for_stop()
         return
 

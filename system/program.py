@@ -15,7 +15,9 @@ few seconds, watches the nodes, and writes the final evaluation report once the 
 
 Faults: under local_mp an actor that dies is reported and training goes on with the others;
 if the learner, replay or counter dies the program is stopped (their checkpoints are on disk) and
-the run ends with an error. Ctrl-C or SIGTERM stop every node, each saving what it owns.
+the run ends with an error. Ctrl-C or SIGTERM stop every node, each saving what it owns; so does
+the launcher's death, which each node process watches for (system/guards.py). The launcher holds
+the work directory's lock for the whole run, and the node processes hold theirs until they exit.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ import launchpad as lp
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.env.errors import MalloczeroError
-from malloczero.system.nodes import (NODE_GROUP_ENV, NODE_WORKDIR_ENV, ActorNode, EvaluatorNode,
+from malloczero.system.guards import ProcessId, WorkDirLock
+from malloczero.system.nodes import (NODE_GROUP_ENV, NODE_OUTPUT_ENV, NODE_WORKDIR_ENV, ActorNode,
+                                     EvaluatorNode,
                                      LearnerNode, NodeContext, PersistentCounter, ReplayNode,
                                      StepsLimiter, align_counter_file)
 
@@ -297,10 +301,15 @@ def _say_the_stop_countdown_once(print_fn: Callable[[str], None]) -> None:
 
 
 def _local_resources(program: lp.Program, context: NodeContext) -> dict[str, Any]:
+  """Each node process's environment, which names its run and node (`ps e`, /proc/PID/environ;
+  the nodes also name themselves `mz-NODE`, system/nodes.py) and, with `--node-output files`,
+  sends its output to its log file from its first line."""
   from launchpad.nodes.python.local_multi_processing import PythonProcess
-  env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-  if context.output_to_files:  # Each node process writes to its log file from its first line.
-    env[NODE_WORKDIR_ENV] = context.workdir
+  # Launchpad 0.5.2 cannot pass a node a flag of our own (its flag placeholders need a flag it
+  # does not define), so the names travel in the environment.
+  env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", NODE_WORKDIR_ENV: context.workdir}
+  if context.output_to_files:
+    env[NODE_OUTPUT_ENV] = "files"
   return {label: PythonProcess(env={**env, NODE_GROUP_ENV: label}) for label in program.groups}
 
 
@@ -317,8 +326,18 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   """Launches the program locally, watches it until it stops, and reports.
 
   A work directory that holds a run resumes it: the learner restores its checkpoint (parameters,
-  optimiser state, step), Reverb its table, the counter its counts.
+  optimiser state, step), Reverb its table, the counter its counts. The work directory is locked
+  for the whole run (system/guards.py): a directory in use by another run is refused before
+  anything in it is written.
   """
+  with WorkDirLock(os.path.abspath(workdir), print_fn):
+    return _launch_training(config, workdir, launch, num_actors, max_steps, max_seconds,
+                            node_output, final_report, print_fn)
+
+
+def _launch_training(config: Config, workdir: str, launch: str, num_actors: Optional[int],
+                     max_steps: Optional[int], max_seconds: Optional[float], node_output: str,
+                     final_report: bool, print_fn: Callable[[str], None]) -> DistributedResult:
   if launch not in LOCAL_LAUNCH_TYPES:
     raise MalloczeroError(f"launch_training runs local launches ({', '.join(LOCAL_LAUNCH_TYPES)}); "
                           f"got '{launch}'")
@@ -343,7 +362,8 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   msa = _msa_geomeans(config, workdir, print_fn)
 
   context = NodeContext(workdir, output_to_files=(launch == "local_mp" and node_output == "files"),
-                        own_process=(launch == "local_mp"))
+                        own_process=(launch == "local_mp"),
+                        launcher=ProcessId.current() if launch == "local_mp" else None)
   program = build_program(config, context, num_actors, max_steps)
   from absl import flags
   if not flags.FLAGS.is_parsed():
@@ -354,7 +374,8 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
     if context.output_to_files:
       print_fn(f"node output: {files.nodes}/<node>.log")
     manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
-                        terminal="current_terminal", local_resources=_local_resources(program, context))
+                        terminal="current_terminal",
+                        local_resources=_local_resources(program, context))
     # A node still running after the grace period is SIGKILLed; by default Launchpad then kills
     # this process too, which would lose the final report of a run whose checkpoints are saved.
     # Launchpad 0.5.2 has no flag for it.

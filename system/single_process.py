@@ -8,6 +8,7 @@ Reverb table's SampleToInsertRatio rate limiter keeps the two in step.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -19,6 +20,7 @@ from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.learner.networks import make_networks
 from malloczero.system import builder
+from malloczero.system.guards import WorkDirLock
 from malloczero.system.loops import EpisodeStatistics, interrupt_sets, run_learner, step_actor
 from malloczero.system.training import Stopwatch, save_config
 
@@ -47,7 +49,17 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
   A work directory that already holds a checkpoint resumes from it. Evaluations (greedy search on
   the suite's train and held-out programs) happen every `eval_every_steps` learner steps (default:
   the config's) and at the end; they are appended to workdir/learning_curve.csv and drawn to learning_curve.png.
+  The work directory is locked for the whole run: one in use by another run is refused before
+  anything in it is written.
   """
+  with WorkDirLock(os.path.abspath(workdir), print_fn):
+    return _train(config, workdir, max_learner_steps, max_seconds, eval_every_steps, print_fn,
+                  log_every_s)
+
+
+def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seconds: float | None,
+           eval_every_steps: int | None, print_fn: Callable[[str], None] | None,
+           log_every_s: float) -> TrainingResult:
   max_learner_steps = max_learner_steps or config.max_learner_steps
   eval_every_steps = eval_every_steps or config.eval_every_steps
   save_config(config, workdir)

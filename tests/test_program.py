@@ -325,3 +325,62 @@ def test_counter_file_is_aligned_with_the_checkpoint_step(tmp_path):
   align_counter_file(files, 642)
   with open(files.counter, encoding="utf-8") as f:
     assert json.load(f) == {"learner_steps": 642, "actor_moves": 9000}
+
+
+@pytest.mark.slow
+def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_killed(tmp_path):
+  """A second train on a directory in use is refused; SIGKILL of the launcher stops every node
+  (each saving what it owns) and the same command then resumes."""
+  workdir = tmp_path / "run"
+  args = ("--max-steps", "100000", "--eval-every", "100000")
+  run = _Launch(workdir, *args)
+  run.wait_until(lambda: run.learner_steps() >= 1 and len(run.node_processes()) == 7,
+                 "the learner stepping with every node live")
+  config = (workdir / "config.json").read_text()
+
+  # 1. A second run on the same directory is refused in one line naming the launcher's pid.
+  second = subprocess.run(
+      [sys.executable, "-m", "malloczero", "train", "--launch", "local_mp", "--config", "tiny",
+       "--workdir", str(workdir), *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert second.returncode == 1, second.stdout[-2000:] + second.stderr[-2000:]
+  assert second.stderr == (f"malloczero: error: {workdir} is in use by another training run (pid "
+                           f"{run.process.pid}); wait for it to end or stop it, or give another "
+                           "--workdir\n")
+  assert (workdir / "config.json").read_text() == config
+
+  # Each node process names its run and node: environment and process name.
+  nodes = run.node_processes()
+  for name, process in nodes.items():
+    assert process.environ()["MALLOCZERO_WORKDIR"] == str(workdir), name
+    assert process.environ()["MALLOCZERO_NODE"] == name.rsplit("_", 1)[0], name
+    # 'mz-replay' for replay_0, 'mz-actor_1' for actor_1.
+    assert process.name().startswith("mz-") and name.startswith(process.name()[3:]), name
+
+  # 2. SIGKILL of the launcher: every node stops by itself, saving what it owns.
+  run.process.kill()
+  run.process.wait()
+  deadline = time.monotonic() + 120
+  while run.orphans() and time.monotonic() < deadline:
+    pass
+  assert run.orphans() == []
+  learner_log = (workdir / "nodes" / "learner.log").read_text()
+  assert f"the launcher (pid {run.process.pid}) is gone: stopping" in learner_log
+  saved = re.findall(r"learner: saved \S+ at step (\d+)", learner_log)
+  assert saved and int(saved[-1]) > 0, learner_log[-2000:]
+  checkpoint = workdir / "checkpoints" / "learner_state.pkl"
+  assert checkpoint_steps(str(checkpoint)) == int(saved[-1])
+  assert load_params(str(checkpoint))
+  replay_log = (workdir / "nodes" / "replay.log").read_text()
+  assert replay_log.rfind("replay: checkpointed") > replay_log.find("the launcher (pid")
+  assert os.listdir(workdir / "checkpoints" / "replay")
+  counts = json.loads((workdir / "checkpoints" / "counter.json").read_text())
+  assert counts["learner_steps"] > 0
+
+  # 3. The stale lock blocks nothing: the same command resumes.
+  run = _Launch(workdir, *args)
+  run.wait_until(lambda: run.learner_steps() >= int(saved[-1]) + 10, "the resumed learner stepping")
+  run.process.send_signal(signal.SIGTERM)
+  code, output = run.finish()
+  assert code == 130, output[-3000:]
+  assert f"resuming {workdir} from learner step {saved[-1]} (with a replay checkpoint)" in output
+  assert run.orphans() == []

@@ -1,0 +1,118 @@
+"""The work-directory lock and the node processes' watch on their launcher (system/guards.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from malloczero.configs.workdir import WorkDir
+from malloczero.env.errors import MalloczeroError
+from malloczero.system.guards import (LauncherWatch, ProcessId, WorkDirLock, hold_nodes_lock,
+                                      lock_holders)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A process that takes a lock (or, with "nodes", the nodes' shared lock), says so, and sleeps.
+HOLDER = """
+import sys, time
+from malloczero.configs.workdir import WorkDir
+from malloczero.system.guards import WorkDirLock, hold_nodes_lock
+if sys.argv[2] == "nodes":
+  hold_nodes_lock(WorkDir(sys.argv[1]))
+else:
+  lock = WorkDirLock(sys.argv[1])
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(workdir, kind: str = "launcher") -> subprocess.Popen:
+  process = subprocess.Popen([sys.executable, "-c", HOLDER, str(workdir), kind], cwd=REPO,
+                             stdout=subprocess.PIPE, text=True)
+  assert process.stdout.readline() == "locked\n"
+  return process
+
+
+def test_a_second_lock_is_refused_naming_the_holder_and_taken_after_release(tmp_path):
+  first = WorkDirLock(str(tmp_path))
+  assert (tmp_path / "train.lock").read_text() == f"{os.getpid()}\n"
+  with pytest.raises(MalloczeroError, match=rf"in use by another training run \(pid "
+                     rf"{os.getpid()}\)") as refused:
+    WorkDirLock(str(tmp_path))
+  assert "\n" not in str(refused.value)
+  first.release()
+  with WorkDirLock(str(tmp_path)):
+    pass
+
+
+def test_the_lock_of_a_killed_process_blocks_nothing(tmp_path):
+  holder = _holder(tmp_path)
+  with pytest.raises(MalloczeroError, match=rf"\(pid {holder.pid}\)"):
+    WorkDirLock(str(tmp_path))
+  holder.kill()
+  holder.wait()
+  assert (tmp_path / "train.lock").read_text() == f"{holder.pid}\n"  # Left behind, stale.
+  with WorkDirLock(str(tmp_path)):
+    assert (tmp_path / "train.lock").read_text() == f"{os.getpid()}\n"
+
+
+def test_a_launcher_waits_for_node_processes_then_refuses_naming_them(tmp_path):
+  nodes = _holder(tmp_path, "nodes")
+  assert lock_holders(WorkDir(str(tmp_path)).nodes_lock) == [nodes.pid]
+  said = []
+  try:
+    with pytest.raises(MalloczeroError, match=rf"node processes of an earlier run on {tmp_path} "
+                       rf"\(pids {nodes.pid}\) are still running"):
+      WorkDirLock(str(tmp_path), said.append, wait_for_nodes_s=1.0)
+    assert said == [f"waiting up to 1 s for the node processes of a stopped run (pids "
+                    f"{nodes.pid}) to save and exit"]
+    assert lock_holders(WorkDir(str(tmp_path)).lock) == []  # The refused launcher let go.
+  finally:
+    nodes.kill()
+    nodes.wait()
+  with WorkDirLock(str(tmp_path), wait_for_nodes_s=0.0):
+    hold_nodes_lock(WorkDir(str(tmp_path)))  # This run's nodes get their shared lock.
+
+
+def test_the_launcher_watch_never_signals_another_process(tmp_path):
+  child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+  try:
+    launcher = ProcessId(child.pid, __import__("psutil").Process(child.pid).create_time())
+    watch = LauncherWatch(launcher)
+    assert watch.is_alive() and watch.send(0)
+    # The same pid with another start time is a later process: it is neither alive nor signalled.
+    reused = LauncherWatch(ProcessId(child.pid, launcher.started - 1.0))
+    assert not reused.is_alive() and not reused.send(signal.SIGKILL)
+    assert child.poll() is None
+    ended = []
+    watch.on_exit(lambda: ended.append(True))
+    child.kill()
+    child.wait()
+    deadline = time.monotonic() + 10
+    while not ended and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert ended and not watch.is_alive() and not watch.send(signal.SIGTERM)
+  finally:
+    child.kill()
+    child.wait()
+
+
+@pytest.mark.parametrize("launch", [pytest.param("single", marks=pytest.mark.slow),  # Loads JAX.
+                                    "local_mt", "local_mp"])
+def test_train_refuses_a_work_directory_in_use_before_writing_anything(tmp_path, capsys, launch):
+  from malloczero.launch.cli import main
+  holder = _holder(tmp_path)
+  try:
+    code = main(["train", "--launch", launch, "--config", "tiny", "--workdir", str(tmp_path)])
+  finally:
+    holder.kill()
+    holder.wait()
+  err = capsys.readouterr().err
+  assert code == 1
+  assert err == (f"malloczero: error: {tmp_path} is in use by another training run (pid "
+                 f"{holder.pid}); wait for it to end or stop it, or give another --workdir\n")
+  assert sorted(os.listdir(tmp_path)) == ["nodes.lock", "train.lock"]
