@@ -40,6 +40,7 @@ from malloczero.system.nodes import (NODE_GROUP_ENV, NODE_OUTPUT_ENV, NODE_WORKD
                                      EvaluatorNode,
                                      LearnerNode, NodeContext, PersistentCounter, ReplayNode,
                                      StepsLimiter, align_counter_file)
+from malloczero.system.training import baseline_speedups, check_workdir, save_config
 
 LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
 # Nodes without which training cannot go on: the program is stopped when one of them dies.
@@ -79,41 +80,6 @@ def build_program(config: Config, context: NodeContext, num_actors: int,
 
 
 # ------------------------------------------------------------------------------------------ resume
-
-
-def _comparable(config_dict: dict[str, Any]) -> dict[str, Any]:
-  """The parts of a config that a checkpoint depends on (networks, game, replay items)."""
-  learner = config_dict.get("learner", {})
-  return {"network": config_dict.get("network"), "game": config_dict.get("game"),
-          "suite": config_dict.get("suite"),
-          "sequence": (learner.get("unroll_steps"), learner.get("td_steps"))}
-
-
-def check_workdir(config: Config, workdir: str) -> Optional[int]:
-  """The learner step a work directory resumes from (None for a new run).
-
-  Raises MalloczeroError when the directory holds a run of another configuration or an unreadable
-  checkpoint, before anything is started."""
-  from malloczero.learner.checkpoint import checkpoint_steps
-  files = WorkDir(workdir)
-  saved = files.config
-  if os.path.exists(saved):
-    try:
-      with open(saved, encoding="utf-8") as f:
-        previous = json.load(f)
-    except (OSError, ValueError) as e:
-      raise MalloczeroError(f"{saved} is unreadable ({e}); use another --workdir") from e
-    if not isinstance(previous, dict) or not isinstance(previous.get("learner", {}), dict):
-      raise MalloczeroError(f"{saved} is not a run's config (a JSON object with a 'learner' "
-                            "object); use another --workdir")
-    if _comparable(previous) != _comparable(dataclasses.asdict(config)):
-      raise MalloczeroError(
-          f"{workdir} holds a run of config '{previous.get('name')}' on suite "
-          f"'{previous.get('suite')}' with other networks or game settings; resume it with the "
-          "same --config and --suite, or use another --workdir")
-  if os.path.isdir(files.checkpoints) and os.path.exists(files.learner_state):
-    return checkpoint_steps(files.checkpoints)
-  return None
 
 
 # ------------------------------------------------------------------------------------------ launch
@@ -357,7 +323,6 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
     has_replay = os.path.isdir(replay_dir) and bool(os.listdir(replay_dir))
     print_fn(f"resuming {workdir} from learner step {start_step} "
              f"({'with' if has_replay else 'without'} a replay checkpoint)")
-  from malloczero.system.training import save_config
   save_config(config, workdir)
   msa = _msa_geomeans(config, workdir, print_fn)
 
@@ -423,7 +388,6 @@ def _msa_geomeans(config: Config, workdir: str,
   the nodes need them; returns msa's geomean per split for the summary line."""
   from malloczero.actors.games import suite_games
   from malloczero.system.evaluation import geomean
-  from malloczero.system.training import baseline_speedups
   specs = {split: suite_games(config.suite, split) for split in ("train", "heldout")}
   if not os.path.exists(WorkDir(workdir).baselines):
     print_fn(f"computing baselines (msa, greedy, bestfit, random) on "

@@ -22,7 +22,7 @@ from malloczero.learner.networks import make_networks
 from malloczero.system import builder
 from malloczero.system.guards import WorkDirLock
 from malloczero.system.loops import EpisodeStatistics, interrupt_sets, run_learner, step_actor
-from malloczero.system.training import Stopwatch, save_config
+from malloczero.system.training import Stopwatch, check_workdir, save_config
 
 # The actor's log row averages its last games (the distributed actors' rows average the games
 # since their previous row instead: they report far more often).
@@ -62,6 +62,7 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
            log_every_s: float) -> TrainingResult:
   max_learner_steps = max_learner_steps or config.max_learner_steps
   eval_every_steps = eval_every_steps or config.eval_every_steps
+  check_workdir(config, workdir)  # Another config's run is refused before its config.json is lost.
   save_config(config, workdir)
   files = WorkDir(workdir)
   networks = make_networks(config.network, config.game)

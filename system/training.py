@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from malloczero.actors.evaluator import evaluate_params
 from malloczero.actors.games import GameSpec
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
+from malloczero.env.errors import MalloczeroError
 from malloczero.env.files import write_text
 from malloczero.system.evaluation import TIE_TOLERANCE, geomean
 from malloczero.env.solvers import solve
@@ -31,6 +32,41 @@ CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_
 def save_config(config: Config, workdir: str) -> None:
   os.makedirs(workdir, exist_ok=True)
   write_text(WorkDir(workdir).config, json.dumps(dataclasses.asdict(config), indent=1))
+
+
+def _comparable(config_dict: dict[str, Any]) -> dict[str, Any]:
+  """The parts of a config that a checkpoint depends on (networks, game, replay items)."""
+  learner = config_dict.get("learner", {})
+  return {"network": config_dict.get("network"), "game": config_dict.get("game"),
+          "suite": config_dict.get("suite"),
+          "sequence": (learner.get("unroll_steps"), learner.get("td_steps"))}
+
+
+def check_workdir(config: Config, workdir: str) -> Optional[int]:
+  """The learner step a work directory resumes from (None for a new run).
+
+  Raises MalloczeroError when the directory holds a run of another configuration or an unreadable
+  checkpoint, before anything is started."""
+  from malloczero.learner.checkpoint import checkpoint_steps
+  files = WorkDir(workdir)
+  saved = files.config
+  if os.path.exists(saved):
+    try:
+      with open(saved, encoding="utf-8") as f:
+        previous = json.load(f)
+    except (OSError, ValueError) as e:
+      raise MalloczeroError(f"{saved} is unreadable ({e}); use another --workdir") from e
+    if not isinstance(previous, dict) or not isinstance(previous.get("learner", {}), dict):
+      raise MalloczeroError(f"{saved} is not a run's config (a JSON object with a 'learner' "
+                            "object); use another --workdir")
+    if _comparable(previous) != _comparable(dataclasses.asdict(config)):
+      raise MalloczeroError(
+          f"{workdir} holds a run of config '{previous.get('name')}' on suite "
+          f"'{previous.get('suite')}' with other networks or game settings; resume it with the "
+          "same --config and --suite, or use another --workdir")
+  if os.path.isdir(files.checkpoints) and os.path.exists(files.learner_state):
+    return checkpoint_steps(files.checkpoints)
+  return None
 
 
 def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,

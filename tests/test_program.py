@@ -3,6 +3,7 @@ Vertex AI program built (not launched) for 64 actors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -246,6 +247,20 @@ def test_check_workdir_refuses_another_configuration(tmp_path):
   assert check_workdir(get_config("tiny"), str(tmp_path)) is None
   with pytest.raises(MalloczeroError, match="config 'tiny'"):
     check_workdir(get_config("small"), str(tmp_path))
+
+
+def test_single_process_train_refuses_another_configuration_and_keeps_its_config(tmp_path):
+  from malloczero.system.single_process import train_single_process
+  from malloczero.system.training import save_config
+  save_config(get_config("tiny"), str(tmp_path))
+  before = (tmp_path / "config.json").read_text()
+  tiny = get_config("tiny")
+  # Another run's networks (tiny-sized, so that a trainer that failed to refuse ends quickly).
+  other = dataclasses.replace(tiny, network=dataclasses.replace(tiny.network, hidden_dim=48))
+  with pytest.raises(MalloczeroError, match="config 'tiny'"):
+    train_single_process(other, str(tmp_path), max_learner_steps=1, max_seconds=1,
+                         print_fn=None)
+  assert (tmp_path / "config.json").read_text() == before
 
 
 @pytest.mark.slow
