@@ -69,7 +69,12 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
     time.sleep(0.5)
   assert process.poll() is None, process.communicate()[1][-2000:]
   process.send_signal(signal.SIGINT)
-  _, stderr = process.communicate(timeout=120)
+  try:
+    _, stderr = process.communicate(timeout=120)
+  except subprocess.TimeoutExpired:
+    process.kill()  # A run that ignored Ctrl-C must not outlive the test.
+    process.communicate()
+    raise
   assert process.returncode == 130, stderr[-2000:]
   assert "malloczero: interrupted" in stderr
   checkpoint = workdir / "checkpoints" / "learner_state.pkl"
