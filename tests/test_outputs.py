@@ -11,7 +11,6 @@ from malloczero.env.files import (OutputError, atomic_write, check_output_dir, c
 from malloczero.launch import cli
 
 PROC = "/proc"
-needs_proc = pytest.mark.skipif(not os.path.isdir(PROC), reason="needs Linux /proc")
 
 
 def _run(capsys, *argv):
@@ -64,7 +63,6 @@ def test_check_output_file_refuses_what_cannot_be_written(tmp_path):
   assert _tree(tmp_path) == ["file", "old.json"]  # The checks leave nothing behind.
 
 
-@needs_proc
 def test_check_output_paths_probe_by_creating_a_file():
   """Root passes os.access on /proc; only creating a file tells."""
   with pytest.raises(OutputError, match="cannot create a file in /proc"):
@@ -132,7 +130,6 @@ def test_solve_refuses_bad_outputs_before_solving(tmp_path, capsys, program, fla
   assert _tree(out) == []  # In particular, no map.json beside a refused --plot.
 
 
-@needs_proc
 def test_solve_refuses_an_output_on_proc(capsys, program):
   code, stdout, err = _run(capsys, "solve", program, "--capacity", "800", "--out", "/proc/m.json")
   assert code == 1 and stdout == ""
