@@ -107,6 +107,12 @@ class WorkDir:
   def node_log(self, name: str) -> str:
     return os.path.join(self.nodes, f"{name}.log")
 
+  @property
+  def launch_files(self) -> str:
+    """Where Launchpad writes the pickled program its node processes start from (instead of a
+    folder in /tmp that a killed launcher would leave behind)."""
+    return os.path.join(self.nodes, "program")
+
   def report(self, extension: str, stem: str = REPORT_STEM) -> str:
     """`report.md`, `.json` or `.csv` (or another stem's, e.g. `evaluation.md`)."""
     return self._path(f"{stem}.{extension}")

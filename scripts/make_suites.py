@@ -25,6 +25,7 @@ from malloczero.env.programs import import_model, program_name  # noqa: E402
 from malloczero.env.programs.suites import MANIFEST, WORKLOAD_DIR  # noqa: E402
 from malloczero.env.workload import load_workload, save_workload  # noqa: E402
 from malloczero.env.programs.zoo import MODELS  # noqa: E402
+from malloczero.env.files import write_text  # noqa: E402
 
 # Held-out models, one per family where possible: never trained on, to measure generalisation.
 HELDOUT_MODELS = {"default": ("mobilenet", "vit", "gru", "deepfm"), "tiny": ("lstm",)}
@@ -98,8 +99,7 @@ def main() -> int:
           "default": f"{len(MODELS)} Haiku models compiled by XLA (CPU), inference and training "
                      "steps at two batch sizes, each at a contended fast capacity"}
       manifest["suites"][suite] = {"description": descriptions[suite], "entries": entries}
-  with open(MANIFEST, "w", encoding="utf-8") as f:
-    json.dump(manifest, f, indent=1, sort_keys=True)
+  write_text(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
   total = sum(os.path.getsize(os.path.join(WORKLOAD_DIR, p)) for p in os.listdir(WORKLOAD_DIR))
   print(f"wrote {MANIFEST}: {sum(len(s['entries']) for s in manifest['suites'].values())} entries, "
         f"{len(manifest['programs'])} programs, {total / 2**20:.1f} MiB of workloads")

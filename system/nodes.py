@@ -83,6 +83,11 @@ def _output_to_log_from_the_start() -> None:
 _output_to_log_from_the_start()
 
 
+# Seconds between a stop request and killing the nodes that have not exited: the launcher's
+# Launchpad flag, and each node process's own worker manager (see `_guard`).
+TERMINATION_NOTICE_S = 30
+
+
 def start_node(context: NodeContext, name: str) -> None:
   """Sends this process's output to its log file (local_mp) and quiets TensorFlow's C++ logs;
   under local_mp, holds the nodes' lock on the work directory and watches the launcher."""
@@ -113,6 +118,17 @@ def _guard(context: NodeContext, name: str) -> None:
         f.write(f"mz-{name}"[:15])
     except OSError:
       pass
+  if context.own_process:
+    # A node process's worker manager kills it this long after SIGTERM. It read Launchpad's
+    # flag default (10 s, too short for a learner or replay checkpoint on a loaded machine)
+    # before this node started; Launchpad 0.5.2 cannot pass node processes that flag.
+    from launchpad.launch import worker_manager
+    try:
+      manager = worker_manager.get_worker_manager()
+    except RuntimeError:  # Not started by Launchpad's process entry (a test calling a node).
+      manager = None
+    if manager is not None and manager._termination_notice_secs > 0:  # pylint: disable=protected-access
+      manager._termination_notice_secs = TERMINATION_NOTICE_S  # pylint: disable=protected-access
   if context.own_process and context.launcher is not None:
     guards.hold_nodes_lock(context.files)
     guards.watch_launcher(context.launcher, name, say)
@@ -215,6 +231,23 @@ class ReplayNode(lp.ReverbNode):
 # ----------------------------------------------------------------------------------------- counter
 
 
+def read_counts(path: str) -> tuple[Optional[dict[str, float]], Optional[str]]:
+  """(counts, None) from a counter.json; (None, None) when there is none; (None, why) when it
+  cannot be used (unreadable, not JSON, not an object of numbers)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      counts = json.load(f)
+  except FileNotFoundError:
+    return None, None
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+  if not isinstance(counts, dict) or not all(
+      isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+      for k, v in counts.items()):
+    return None, "not a JSON object of counts"
+  return counts, None
+
+
 class PersistentCounter(counting.Counter):
   """Acme's Counter, saved to workdir/checkpoints/counter.json periodically and at stop."""
 
@@ -223,10 +256,13 @@ class PersistentCounter(counting.Counter):
     super().__init__(time_delta=0.0)
     self._file = context.files.counter
     self._save_every_s = config.distributed.counter_save_every_s
-    if os.path.exists(self._file):
-      with open(self._file, encoding="utf-8") as f:
-        self.restore({"counts": json.load(f), "cache": {}})
+    counts, problem = read_counts(self._file)
+    if counts is not None:
+      self.restore({"counts": counts, "cache": {}})
       say("counter", f"restored {self.get_counts()}")
+    elif problem:
+      # Only statistics are lost: the learner re-adds its checkpoint's step on start.
+      say("counter", f"cannot read {self._file} ({problem}); counts start from 0")
 
   def write_file(self) -> None:
     os.makedirs(os.path.dirname(self._file), exist_ok=True)
@@ -243,18 +279,11 @@ def align_counter_file(files: WorkDir, learner_steps: int) -> None:
 
   At a stop the counter writes its file at once, while the learner may finish one more step and
   save it: the checkpoint is the truth (as when the learner resumes)."""
-  try:
-    with open(files.counter, encoding="utf-8") as f:
-      counts = json.load(f)
-  except (OSError, ValueError):
-    return  # No counter file (the run never got that far): nothing to align.
-  if not isinstance(counts, dict) or counts.get("learner_steps") == learner_steps:
-    return
+  counts, _ = read_counts(files.counter)
+  if counts is None or counts.get("learner_steps") == learner_steps:
+    return  # No usable counter file (the run never got that far): nothing to align.
   counts["learner_steps"] = learner_steps
-  tmp = f"{files.counter}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(counts, f)
-  os.replace(tmp, files.counter)
+  write_text(files.counter, json.dumps(counts))
 
 
 class StepsLimiter:

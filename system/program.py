@@ -22,13 +22,19 @@ the work directory's lock for the whole run, and the node processes hold theirs 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import csv
 import dataclasses
-import json
+import functools
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import launchpad as lp
 
@@ -39,14 +45,13 @@ from malloczero.system.guards import ProcessId, WorkDirLock
 from malloczero.system.nodes import (NODE_GROUP_ENV, NODE_OUTPUT_ENV, NODE_WORKDIR_ENV, ActorNode,
                                      EvaluatorNode,
                                      LearnerNode, NodeContext, PersistentCounter, ReplayNode,
-                                     StepsLimiter, align_counter_file)
+                                     StepsLimiter, TERMINATION_NOTICE_S, align_counter_file,
+                                     read_counts)
 from malloczero.system.training import baseline_speedups, check_workdir, save_config
 
 LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
 # Nodes without which training cannot go on: the program is stopped when one of them dies.
 ESSENTIAL_NODES = ("replay", "counter", "learner")
-# Seconds between a stop request and killing the nodes that have not exited (Launchpad's flag).
-TERMINATION_NOTICE_S = 30
 COUNTER_CALL_TIMEOUT_S = 5
 LEARNER_CALL_TIMEOUT_S = 20
 
@@ -266,6 +271,67 @@ def _say_the_stop_countdown_once(print_fn: Callable[[str], None]) -> None:
   worker_manager.print = countdown_print  # The module's own name for print: only its prints.
 
 
+@contextlib.contextmanager
+def _launch_files_in(directory: str) -> Iterator[None]:
+  """Launchpad's pickled program goes to the work directory rather than /tmp.
+
+  Launchpad removes its folder when the launcher exits; a killed launcher cannot, and its folder
+  is then removed by the next run on the work directory (which holds the lock, so no node of the
+  old run is still starting from it)."""
+  shutil.rmtree(directory, ignore_errors=True)
+  os.makedirs(directory)
+  saved, tempfile.tempdir = tempfile.tempdir, directory
+  try:
+    yield
+  finally:
+    tempfile.tempdir = saved
+
+
+# Launchpad's `decorate_output` script (launch/run_locally) without its ANSI colours: the same
+# arguments (COLOUR TITLE COMMAND...), the same signal traps (the node, not this wrapper, handles
+# them), one `[TITLE] ` prefix per line.
+_PLAIN_DECORATE = """#! /bin/bash
+trap '' EXIT
+trap '' TERM
+trap '' QUIT
+trap '' INT
+TITLE=${2:?line title expected}
+exec "${@:3}" 2>&1 | awk -v prefix="[$TITLE] " '{print prefix $0; fflush()}'
+"""
+
+
+def _launch_in_current_terminal_plain(script: str, commands: Any) -> Any:
+  """Launchpad's `launch_in_current_terminal`, with `script` as the output decorator."""
+  from launchpad.launch import worker_manager
+  manager = worker_manager.WorkerManager()
+  atexit.register(manager.wait)
+  for command in commands:
+    process = subprocess.Popen(["/bin/bash", script, "0", command.title,
+                                *command.command_as_list],
+                               env={**os.environ, **command.env_overrides})
+    manager.register_existing_process(command.title, process.pid)
+  return manager
+
+
+@contextlib.contextmanager
+def _plain_node_output(plain: bool, directory: str) -> Iterator[None]:
+  """Node lines on a console that is not a terminal (a pipe, a log file) carry no colour codes;
+  the uncoloured decorator is written to `directory`."""
+  from launchpad.launch.run_locally import run_locally
+  key = run_locally.SEPARATE_TERMINAL_CURRENT_TERMINAL
+  saved = run_locally._LOCAL_LAUNCHER_MAP[key]  # pylint: disable=protected-access
+  if plain:
+    script = os.path.join(directory, "decorate_output")
+    with open(script, "w", encoding="utf-8") as f:
+      f.write(_PLAIN_DECORATE)
+    run_locally._LOCAL_LAUNCHER_MAP[key] = functools.partial(  # pylint: disable=protected-access
+        _launch_in_current_terminal_plain, script)
+  try:
+    yield
+  finally:
+    run_locally._LOCAL_LAUNCHER_MAP[key] = saved  # pylint: disable=protected-access
+
+
 def _local_resources(program: lp.Program, context: NodeContext) -> dict[str, Any]:
   """Each node process's environment, which names its run and node (`ps e`, /proc/PID/environ;
   the nodes also name themselves `mz-NODE`, system/nodes.py) and, with `--node-output files`,
@@ -323,6 +389,10 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
     has_replay = os.path.isdir(replay_dir) and bool(os.listdir(replay_dir))
     print_fn(f"resuming {workdir} from learner step {start_step} "
              f"({'with' if has_replay else 'without'} a replay checkpoint)")
+    _, problem = read_counts(files.counter)
+    if problem:
+      print_fn(f"warning: cannot read {files.counter} ({problem}): actor counts restart from 0; "
+               "the learner resumes from its checkpoint")
   save_config(config, workdir)
   msa = _msa_geomeans(config, workdir, print_fn)
 
@@ -338,9 +408,11 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
   if launch == "local_mp":
     if context.output_to_files:
       print_fn(f"node output: {files.nodes}/<node>.log")
-    manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
-                        terminal="current_terminal",
-                        local_resources=_local_resources(program, context))
+    with _launch_files_in(files.launch_files), _plain_node_output(
+        not sys.stdout.isatty(), files.launch_files):
+      manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
+                          terminal="current_terminal",
+                          local_resources=_local_resources(program, context))
     # A node still running after the grace period is SIGKILLed; by default Launchpad then kills
     # this process too, which would lose the final report of a run whose checkpoints are saved.
     # Launchpad 0.5.2 has no flag for it.
@@ -375,11 +447,8 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
 
 
 def monitor_final_counts(workdir: str) -> dict[str, float]:
-  path = WorkDir(workdir).counter
-  if not os.path.exists(path):
-    return {}
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  counts, _ = read_counts(WorkDir(workdir).counter)
+  return counts or {}
 
 
 def _msa_geomeans(config: Config, workdir: str,

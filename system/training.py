@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import os
 import time
@@ -120,13 +121,14 @@ class LearningCurve:
           "mean_return": float(np.mean([r.episode_return for r in results])),
           "beats_msa": sum(r.speedup / msa[r.program] >= 1 - TIE_TOLERANCE for r in results),
           "programs": len(results)})
-    write_header = not os.path.exists(self.path)
-    with open(self.path, "a", encoding="utf-8", newline="") as f:
-      writer = csv.DictWriter(f, CURVE_FIELDS)
-      if write_header:
-        writer.writeheader()
-      writer.writerows(new_rows)
     self.rows.extend(new_rows)
+    # Rewritten whole and atomically (a few rows per evaluation): a run killed mid-write keeps
+    # the previous curve instead of a torn last line that would break the resume.
+    text = io.StringIO()
+    writer = csv.DictWriter(text, CURVE_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(self.rows)
+    write_text(self.path, text.getvalue())
     self.plot()
     return new_rows
 

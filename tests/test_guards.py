@@ -116,3 +116,38 @@ def test_train_refuses_a_work_directory_in_use_before_writing_anything(tmp_path,
   assert err == (f"malloczero: error: {tmp_path} is in use by another training run (pid "
                  f"{holder.pid}); wait for it to end or stop it, or give another --workdir\n")
   assert sorted(os.listdir(tmp_path)) == ["nodes.lock", "train.lock"]
+
+
+# A node process as Launchpad's process entry starts one (a worker manager registered in its
+# thread, then the node), whose save after a stop request takes longer than Launchpad's default
+# grace period of 10 s.
+SLOW_SAVER = """
+import sys, time
+from absl import flags
+import launchpad as lp
+from launchpad.launch import worker_manager
+from malloczero.system.nodes import NodeContext, start_node
+flags.FLAGS(["node"])
+worker_manager.WorkerManager(register_in_thread=True)
+start_node(NodeContext(sys.argv[1], own_process=True), "slow")
+print("ready", flush=True)
+lp.wait_for_stop()
+time.sleep(14)
+print("saved", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_node_process_gets_the_launchers_grace_period_to_save(tmp_path):
+  from malloczero.system.nodes import TERMINATION_NOTICE_S
+  assert TERMINATION_NOTICE_S > 14 + 5
+  node = subprocess.Popen([sys.executable, "-c", SLOW_SAVER, str(tmp_path)], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  try:
+    assert node.stdout.readline() == "ready\n"
+    node.send_signal(signal.SIGTERM)
+    out, _ = node.communicate(timeout=120)
+  finally:
+    node.kill()
+  # Launchpad's default would have killed it (SIGKILL) at 10 s, before it saved.
+  assert "saved" in out, (node.returncode, out)

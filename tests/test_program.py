@@ -278,9 +278,11 @@ def test_local_mt_runs_every_node_as_a_thread_and_finishes(tmp_path):
 
 @pytest.mark.slow
 def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
-  """A killed learner stops the whole program: exit 1, its last checkpoint intact, no orphans."""
+  """A killed learner stops the whole program: exit 1, its last checkpoint intact, no orphans.
+  With --node-output terminal through a pipe, node lines reach the console, uncoloured."""
   workdir = tmp_path / "run"
-  run = _Launch(workdir, "--max-steps", "100000", "--eval-every", "100000")
+  run = _Launch(workdir, "--max-steps", "100000", "--eval-every", "100000",
+                "--node-output", "terminal")
   # The tiny config checkpoints every 30 s: wait for one, so that there is something to keep.
   checkpoint = workdir / "checkpoints" / "learner_state.pkl"
   run.wait_until(lambda: checkpoint.exists() and "learner_0" in run.node_processes(),
@@ -291,6 +293,9 @@ def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
   code, output = run.finish()
   assert code == 1, output[-3000:]
   assert "failed: the learner node exited; stopping the program" in output
+  assert re.search(r"^\[learner/0\] learner: ", output, re.MULTILINE), output[:3000]
+  assert "\x1b" not in output, output[:3000]
+  assert not (workdir / "nodes" / "learner.log").exists()
   assert checkpoint_steps(str(checkpoint)) >= saved_step > 0
   assert load_params(str(checkpoint))
   assert run.orphans() == []
@@ -370,6 +375,10 @@ def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_kill
     assert process.environ()["MALLOCZERO_NODE"] == name.rsplit("_", 1)[0], name
     # 'mz-replay' for replay_0, 'mz-actor_1' for actor_1.
     assert process.name().startswith("mz-") and name.startswith(process.name()[3:]), name
+    # Each node starts from a program pickled in the work directory, not in /tmp.
+    cmdline = process.cmdline()
+    data_file = cmdline[cmdline.index("--data_file") + 1]
+    assert data_file.startswith(str(workdir / "nodes" / "program") + os.sep), data_file
 
   # 2. SIGKILL of the launcher: every node stops by itself, saving what it owns.
   run.process.kill()
@@ -390,6 +399,11 @@ def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_kill
   assert os.listdir(workdir / "checkpoints" / "replay")
   counts = json.loads((workdir / "checkpoints" / "counter.json").read_text())
   assert counts["learner_steps"] > 0
+  # The killed launcher could not remove its pickled program; it is in the work directory.
+  assert os.path.exists(data_file)
+  # A corrupt counter.json costs the actor counts only, with a warning: the learner's step comes
+  # from its checkpoint.
+  (workdir / "checkpoints" / "counter.json").write_text('{"learner_steps": 1')
 
   # 3. The stale lock blocks nothing: the same command resumes.
   run = _Launch(workdir, *args)
@@ -398,4 +412,13 @@ def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_kill
   code, output = run.finish()
   assert code == 130, output[-3000:]
   assert f"resuming {workdir} from learner step {saved[-1]} (with a replay checkpoint)" in output
+  assert (f"warning: cannot read {workdir}/checkpoints/counter.json (JSONDecodeError: "
+          in output), output[:3000]
+  counter_log = (workdir / "nodes" / "counter.log").read_text()
+  assert "counts start from 0" in counter_log, counter_log[-2000:]
+  counts = json.loads((workdir / "checkpoints" / "counter.json").read_text())
+  assert counts["learner_steps"] == checkpoint_steps(str(checkpoint)) > int(saved[-1])
+  # The old run's program is gone, and this run's launcher removed its own when it exited.
+  assert not os.path.exists(data_file)
+  assert not [p for p in os.listdir(workdir / "nodes" / "program") if p.startswith("tmp")]
   assert run.orphans() == []
