@@ -479,7 +479,8 @@ ENTRY %main (a: f32[64,32], b: f32[64,32]) -> f32[64,32] {
 def test_unscheduled_module_is_compiled_and_fused_first():
   result = import_hlo_text(UNSCHEDULED, "eager")
   assert result.compiled and not result.scheduled
-  assert len(result.notes) == 1 and "compiled it with XLA on the CPU" in result.notes[0]
+  assert len(result.notes) == 1 and "not scheduled: compiled it with XLA on the CPU" in (
+      result.notes[0])
   assert "4 ops before, 1 after" in result.notes[0]
   w = result.workload
   assert w.num_ops == 1  # XLA fused the four elementwise ops into one loop fusion.

@@ -883,8 +883,8 @@ class _Notes:
 
 @dataclasses.dataclass(frozen=True)
 class HloImport:
-  """What `import_hlo_text` made of a module: the workload, whether the module was scheduled
-  and whether it was compiled here first, and one-line notes for the user (which parser read
+  """What `import_hlo_text` made of a module: the workload, whether the input module was
+  scheduled and whether it was compiled here first, and one-line notes for the user (which parser read
   it, what compiling did, one warning per kind of approximation)."""
   workload: Workload
   scheduled: bool
@@ -905,8 +905,8 @@ def import_hlo_text(text: str, name: str, source: str = "xla-hlo",
   notes = _Notes()
   _check_text(text, name)
   module = _parse(text, name, notes)
-  compiled = False
-  if compile or (compile is None and not module.scheduled):
+  compiled, was_scheduled = False, module.scheduled
+  if compile or (compile is None and not was_scheduled):
     before = len(_ops_of(module))
     try:
       optimised, seconds = compile_hlo_on_cpu(text, name)
@@ -918,17 +918,16 @@ def import_hlo_text(text: str, name: str, source: str = "xla-hlo",
                  "XLA's fusion")
     else:
       module, compiled = _parse(optimised, name, notes), True
-      notes.note(f"the module was not scheduled: compiled it with XLA on the CPU in "
-                 f"{seconds:.1f} s ({before} ops before, {len(_ops_of(module))} after fusion "
-                 "and scheduling); --no-compile keeps the print order" if not module.scheduled
-                 or compile is None else
-                 f"compiled the module again with XLA on the CPU in {seconds:.1f} s ({before} "
-                 f"ops before, {len(_ops_of(module))} after)")
-  elif not module.scheduled:
+      what = ("was scheduled; compiled it again" if was_scheduled else
+              "was not scheduled: compiled it")
+      notes.note(f"the module {what} with XLA on the CPU in {seconds:.1f} s ({before} ops "
+                 f"before, {len(_ops_of(module))} after fusion and scheduling)"
+                 + ("" if was_scheduled else "; --no-compile keeps the print order"))
+  elif not was_scheduled:
     notes.note("the module is not scheduled: its print order is taken as the schedule and "
                "nothing is fused (--compile lets XLA optimise and schedule it first)")
   workload = _convert(module, name, source, notes)
-  return HloImport(workload, module.scheduled and not compiled, compiled, tuple(notes.all()))
+  return HloImport(workload, was_scheduled, compiled, tuple(notes.all()))
 
 
 def workload_from_hlo_text(text: str, name: str, source: str = "xla-hlo") -> Workload:
