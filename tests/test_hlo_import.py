@@ -673,3 +673,14 @@ def test_custom_calls_and_unsizable_shapes_import_with_one_warning_per_kind():
   result = import_hlo_text(odd, "odd")
   assert any("unknown element type 'q7' (2 instructions" in n for n in result.notes)
   assert {x.name for x in result.workload.buffers} == {"a", "x", "y", "z"}
+
+
+def test_embedding_lookup_compiled_by_xla_reads_only_its_rows():
+  """XLA's CPU backend wraps the gather fusion in a `call`; both are followed."""
+  def lookup(table, ids, x):
+    return table[ids] + x
+  w, _ = workload_from_jax(lookup, jax.ShapeDtypeStruct((4096, 64), jnp.float32),
+                           jax.ShapeDtypeStruct((32,), jnp.int32),
+                           jax.ShapeDtypeStruct((32, 64), jnp.float32), name="lookup")
+  table = next(b for b in w.buffers if b.size == 4096 * 64 * 4)
+  assert table.use_bytes == (32 * 64 * 4,)

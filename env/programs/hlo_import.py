@@ -1115,16 +1115,24 @@ def _operand_bytes(ins: _Instr, k: int, comps: dict[str, _Computation],
     return _bytes(ins.shape)
   if op == "dynamic-update-slice" and k == 0:
     return 0  # Updated in place: the operand's untouched part is neither read nor written.
-  if op == "fusion":
-    fused = _fused_computation(ins, comps)
-    param = _fused_parameter(fused, k) if fused else None
-    if param is not None and isinstance(param.shape, _Array):
-      return _fused_parameter_bytes(fused, param.name)
+  if op in ("fusion", "call"):
+    return _called_parameter_bytes(ins, k, comps, 0)
   return None
 
 
+def _called_parameter_bytes(ins: _Instr, k: int, comps: dict[str, _Computation],
+                            depth: int) -> int | None:
+  """Bytes a fusion or call reads of its operand k: what its computation reads of
+  `parameter(k)` (the CPU backend wraps fusions in calls, so both are followed)."""
+  called = _fused_computation(ins, comps)
+  param = _fused_parameter(called, k) if called else None
+  if param is None or not isinstance(param.shape, _Array) or depth > 8:
+    return None
+  return _fused_parameter_bytes(called, param.name, comps, depth + 1)
+
+
 def _fused_computation(ins: _Instr, comps: dict[str, _Computation]) -> _Computation | None:
-  called = _comp_names(_attr(ins.attrs, "calls"))
+  called = _comp_names(_attr(ins.attrs, "calls") or _attr(ins.attrs, "to_apply"))
   return comps.get(called[0]) if called else None
 
 
@@ -1136,19 +1144,22 @@ def _fused_parameter(fused: _Computation, k: int) -> _Instr | None:
   return None
 
 
-def _fused_parameter_bytes(fused: _Computation, name: str) -> int | None:
+def _fused_parameter_bytes(fused: _Computation, name: str, comps: dict[str, _Computation],
+                           depth: int) -> int | None:
   """Bytes a fusion reads of the operand bound to fused instruction `name`, when every use of
   it inside the fusion reads only part of it (slices, dynamic slices and gathers read their
   output's size of operand 0, an in-place dynamic-update-slice nothing of operand 0; bitcasts
-  are followed); None (all of it) as soon as one use reads it otherwise. This is
-  HloCostAnalysis::FusionParameterReadBytes with gathers counted as it counts them unfused."""
+  and nested fusions and calls are followed); None (all of it) as soon as one use reads it
+  otherwise. This is HloCostAnalysis::FusionParameterReadBytes with gathers counted as it
+  counts them unfused."""
   total = 0
   for user in fused.instrs:
     for k, operand in enumerate(user.operands):
       if operand != name:
         continue
-      if user.opcode == "bitcast":
-        sub = _fused_parameter_bytes(fused, user.name)
+      if user.opcode in ("bitcast", "fusion", "call"):
+        sub = (_fused_parameter_bytes(fused, user.name, comps, depth) if user.opcode == "bitcast"
+               else _called_parameter_bytes(user, k, comps, depth))
         if sub is None:
           return None
         total += sub
