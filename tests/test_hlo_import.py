@@ -684,3 +684,26 @@ def test_embedding_lookup_compiled_by_xla_reads_only_its_rows():
                            jax.ShapeDtypeStruct((32, 64), jnp.float32), name="lookup")
   table = next(b for b in w.buffers if b.size == 4096 * 64 * 4)
   assert table.use_bytes == (32 * 64 * 4,)
+
+
+@pytest.mark.parametrize("text", [ASYNC_COLLECTIVES, ACCESS], ids=["async", "access"])
+def test_partial_and_zero_byte_uses_play_and_validate_with_every_baseline(text):
+  """The game, the requests, every baseline and the validator charge the same bytes per use,
+  including the 0-byte uses of async dones and in-place updates."""
+  from malloczero.env.solvers import SOLVERS, solve
+  from malloczero.env.validator import validate_mapping
+  w = workload_from_hlo_text(text, "m")
+  for preset in ("tpu-v4i-like", "nnpi-like"):
+    hw = contended(PRESETS[preset], w, 0.3)
+    for solver in sorted(SOLVERS):
+      result = solve(w, hw, solver)  # Validated: its times equal a fresh cost-model evaluation.
+      assert result.mapping.speedup >= 1.0
+    # The game's rewards add up to the speed-up of the mapping it builds, which validates.
+    game = MallocGame(w, hw)
+    step, total = game.reset(), 0.0
+    while not step.last():
+      step = game.step(int(np.flatnonzero(game.legal_actions)[-1]))
+      total += step.reward
+    mapping = game.mapping("last-candidate")
+    validate_mapping(w, hw, mapping)  # Its times equal a fresh cost-model evaluation.
+    assert total == pytest.approx(1 - 1 / mapping.speedup, abs=1e-9)
