@@ -572,6 +572,24 @@ def test_async_collectives_alias_what_xla_aliases():
   assert w.arrays.incidence_bytes.sum() == 2 * 1024 + 4 * (2 * 2048) + 1024 + 2048
 
 
+def test_variadic_all_reduce_start_defines_all_its_results():
+  """Unlike the other starts, an all-reduce-start's tuple is its results, not (operands,
+  results); the done keeps every leaf live without moving it."""
+  text = ASYNC_COLLECTIVES.split("ENTRY")[0] + """ENTRY %main (a: f32[8], b: f32[16]) -> (f32[8], f32[16]) {
+  %a = f32[8]{0} parameter(0)
+  %b = f32[16]{0} parameter(1)
+  %s = (f32[8]{0}, f32[16]{0}) all-reduce-start(%a, %b), replica_groups={{0,1}}, to_apply=%add
+  ROOT %d = (f32[8]{0}, f32[16]{0}) all-reduce-done(%s)
+}
+"""
+  w, fallback, _ = _both_parsers(text)
+  assert w == fallback
+  b = {x.name: x for x in w.buffers}
+  assert {k: (v.size, v.kind, v.uses, v.use_bytes) for k, v in b.items()} == {
+      "a": (32, "parameter", (0, 1), (32, 0)), "b": (64, "parameter", (0, 1), (64, 0)),
+      "s{0}": (32, "output", (1,), (0,)), "s{1}": (64, "output", (1,), (0,))}
+
+
 # ----------------------------------------------------------------------------- 9. accessed bytes
 
 

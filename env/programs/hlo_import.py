@@ -83,7 +83,8 @@ Buffers
     (`async-start` `((operands), results, context)`, `all-gather-start`,
     `collective-permute-start`, `all-to-all-start`, ...) aliases element {0} to its operands,
     defines element {1} (the results: new buffers, defined at the start) and ignores the
-    context elements; an array-shaped start (`all-reduce-start`) defines its result. `send`
+    context elements; `all-reduce-start` defines its whole result (a tuple of results when it
+    reduces several operands). `send`
     aliases its data operand; `recv` defines element {0}. `async-update` passes the start
     through. The done (`*-done`, `send-done`, `recv-done`) defines nothing: its result is the
     start's results (`recv-done`: (data, token)). The done is a 0-flop op that uses the start's
@@ -1010,11 +1011,12 @@ def _convert(module: _Module, name: str, source: str, notes: _Notes) -> Workload
     return value[index]
 
   def use(value: Any, t: int, nbytes: int | None) -> None:
-    """Op t reads `nbytes` of the buffer `value` (None: all of it; a tuple: all of each)."""
+    """Op t reads `nbytes` of the buffer `value` (None: all of it; of a tuple, all of each
+    leaf, or nothing of any when `nbytes` is 0)."""
     leaves = list(_flatten(value))
     for b in leaves:
       size = buffers[b]["size"]
-      part = size if nbytes is None or len(leaves) != 1 else nbytes
+      part = size if nbytes is None or (len(leaves) != 1 and nbytes != 0) else nbytes
       moved[b][t] = min(size, moved[b].get(t, 0) + part)
 
   def begin_op(ins: _Instr) -> int:
@@ -1073,20 +1075,20 @@ def _convert(module: _Module, name: str, source: str, notes: _Notes) -> Workload
       elif op == "recv" and isinstance(shape, tuple) and shape:  # (data, context, token)
         results = new_buffers(ins, "activation", t, shape[0], index=(0,))
         value = (results,) + (None,) * (len(shape) - 1)
-      elif isinstance(shape, tuple) and len(shape) >= 2:
+      elif isinstance(shape, tuple) and len(shape) >= 2 and op != "all-reduce-start":
         # ((operands), results, context...): {0} aliases the operands, {1} is new.
         aliased = operands[0] if len(operands) == 1 and not isinstance(shape[0], tuple) else (
             tuple(operands))
         results = new_buffers(ins, "activation", t, shape[1], index=(1,))
         value = (aliased, results) + context()
-      else:  # An array-shaped start (all-reduce-start): its result is new.
+      else:  # all-reduce-start (a variadic one returns a tuple of results): all of it is new.
         results = value = new_buffers(ins, "activation", t)
       values[ins.name] = value
       pending[ins.name] = (operands, results)
     else:
       t = begin_op(ins)
       for k in range(len(ins.operands)):
-        use(arg(k), t, _operand_bytes(ins, k, comps, entry))
+        use(arg(k), t, _operand_bytes(ins, k, comps))
       values[ins.name] = new_buffers(ins, "activation", t, written=_result_bytes(ins, comps,
                                                                                   entry))
 
@@ -1106,8 +1108,7 @@ def _convert(module: _Module, name: str, source: str, notes: _Notes) -> Workload
                             where=name)
 
 
-def _operand_bytes(ins: _Instr, k: int, comps: dict[str, _Computation],
-                   entry: _Computation) -> int | None:
+def _operand_bytes(ins: _Instr, k: int, comps: dict[str, _Computation]) -> int | None:
   """Bytes op `ins` reads of its operand k when XLA's cost analysis charges less than all of
   it; None for all of it."""
   op = ins.opcode
