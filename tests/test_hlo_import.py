@@ -483,6 +483,7 @@ def test_unscheduled_module_is_compiled_and_fused_first():
       result.notes[0])
   assert "4 ops before, 1 after" in result.notes[0]
   w = result.workload
+  assert w.source == "xla-hlo, compiled with XLA on the CPU"
   assert w.num_ops == 1  # XLA fused the four elementwise ops into one loop fusion.
   assert w.arrays.flops.sum() == 4 * 64 * 32
   assert w.peak_live_bytes == 3 * 64 * 32 * 4  # a, b and the result; no temporaries.

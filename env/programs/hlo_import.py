@@ -927,6 +927,8 @@ def import_hlo_text(text: str, name: str, source: str = "xla-hlo",
   elif not was_scheduled:
     notes.note("the module is not scheduled: its print order is taken as the schedule and "
                "nothing is fused (--compile lets XLA optimise and schedule it first)")
+  if compiled:
+    source += ", compiled with XLA on the CPU"
   workload = _convert(module, name, source, notes)
   return HloImport(workload, was_scheduled, compiled, tuple(notes.all()))
 
