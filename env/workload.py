@@ -7,7 +7,20 @@ JSON format (docs/design.md)::
    "buffers": [{"id": int, "name": str, "size": int,         # bytes
                 "def": int | null,                           # defining op; null = program start
                 "uses": [int, ...],                          # op indices that read it
-                "kind": "activation" | "parameter" | "input" | "output"}, ...]}
+                "kind": "activation" | "parameter" | "input" | "output",
+                "use_bytes": [int, ...],                     # optional, parallel to uses
+                "def_bytes": int}, ...]}                     # optional
+
+`use_bytes[i]` is the number of bytes op `uses[i]` really reads of the buffer, and `def_bytes`
+the number its defining op writes; both default to `size`. They exist because XLA's cost
+analysis charges some ops less than whole buffers: a gather or a slice reads only the rows it
+fetches from a large table, an in-place dynamic-update-slice writes only its update. They are
+checked on load: `use_bytes` needs the same length as `uses`, `uses` then strictly increasing
+(so that the pairing is unambiguous), and every value an integer `0 <= bytes <= size`; 0 is a
+use that keeps the buffer live without moving data (the done of an asynchronous operation, the
+aliased operand of an in-place update). `def_bytes` needs a defining op and the same bounds.
+Both keys are omitted on save when every value equals `size`, so files without partial
+accesses are unchanged. The cost model and the game charge an incidence its bytes.
 
 Live ranges are half-open op intervals: an activation lives on `[def, last_use + 1)`, a
 parameter or input on `[0, last_use + 1)`, and a program output on `[def, T)` because it
@@ -51,13 +64,19 @@ class Op:
 
 @dataclasses.dataclass(frozen=True)
 class Buffer:
-  """A tensor. `def_op == PROGRAM_START` for parameters and inputs; `uses` sorted, unique."""
+  """A tensor. `def_op == PROGRAM_START` for parameters and inputs; `uses` sorted, unique.
+
+  `use_bytes` (parallel to `uses`) and `def_bytes` are the bytes each use reads and the
+  definition writes when that is less than `size`; None means `size` everywhere (the common
+  case, kept as None so that equality and saved files do not depend on how it was built)."""
   id: int
   name: str
   size: int
   def_op: int
   uses: tuple[int, ...]
   kind: str
+  use_bytes: tuple[int, ...] | None = None
+  def_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +95,7 @@ class WorkloadArrays:
   is_output: np.ndarray         # [N] bool
   incidence_buffer: np.ndarray  # [E] int64
   incidence_op: np.ndarray      # [E] int64
-  incidence_bytes: np.ndarray   # [E] float64
+  incidence_bytes: np.ndarray   # [E] float64: bytes the op moves (`def_bytes` / `use_bytes`)
   buffer_incidence_start: np.ndarray  # [N + 1] CSR offsets into the incidence arrays
 
 
@@ -124,13 +143,18 @@ class Workload:
             "peak_live_bytes": self.peak_live_bytes, **{f"{k}s": v for k, v in kinds.items()}}
 
   def to_dict(self) -> dict[str, Any]:
-    return {
-        "name": self.name, "source": self.source,
-        "ops": [{"name": o.name, "flops": o.flops} for o in self.ops],
-        "buffers": [{"id": b.id, "name": b.name, "size": b.size,
-                     "def": None if b.def_op == PROGRAM_START else b.def_op,
-                     "uses": list(b.uses), "kind": b.kind} for b in self.buffers],
-    }
+    buffers = []
+    for b in self.buffers:
+      entry = {"id": b.id, "name": b.name, "size": b.size,
+               "def": None if b.def_op == PROGRAM_START else b.def_op,
+               "uses": list(b.uses), "kind": b.kind}
+      if b.use_bytes is not None:
+        entry["use_bytes"] = list(b.use_bytes)
+      if b.def_bytes is not None:
+        entry["def_bytes"] = b.def_bytes
+      buffers.append(entry)
+    return {"name": self.name, "source": self.source,
+            "ops": [{"name": o.name, "flops": o.flops} for o in self.ops], "buffers": buffers}
 
   @classmethod
   def from_dict(cls, data: Any, where: str = "workload") -> "Workload":
@@ -228,12 +252,44 @@ def _parse_workload(data: Any, where: str) -> Workload:
     for key, value in (("size", size), ("def", def_op), *(("uses", u) for u in uses)):
       if (problem := int_out_of_range(value, key)):
         _fail(where, f"{label} ('{bname}'): {problem}")
+    use_bytes, def_bytes = b.get("use_bytes"), b.get("def_bytes")
+    if use_bytes is not None:
+      if not isinstance(use_bytes, list) or not all(_is_int(x) for x in use_bytes):
+        _fail(where, f"{label} ('{bname}'): 'use_bytes' must be a list of integers, got "
+              f"{use_bytes!r}"[:300])
+      if len(use_bytes) != len(uses):
+        _fail(where, f"{label} ('{bname}'): 'use_bytes' has {len(use_bytes)} entries for "
+              f"{len(uses)} uses")
+      if any(u >= v for u, v in zip(uses, uses[1:])):
+        _fail(where, f"{label} ('{bname}'): with 'use_bytes', 'uses' must be strictly increasing")
+      for x in use_bytes:
+        if (problem := int_out_of_range(x, "use_bytes")):
+          _fail(where, f"{label} ('{bname}'): {problem}")
+      use_bytes = tuple(int(x) for x in use_bytes)
+    if def_bytes is not None:
+      if not _is_int(def_bytes):
+        _fail(where, f"{label} ('{bname}'): 'def_bytes' must be an integer, got {def_bytes!r}")
+      if (problem := int_out_of_range(def_bytes, "def_bytes")):
+        _fail(where, f"{label} ('{bname}'): {problem}")
+      def_bytes = int(def_bytes)
     buffers.append(Buffer(int(bid), bname, int(size), int(def_op),
-                          tuple(sorted({int(u) for u in uses})), kind))
+                          tuple(sorted({int(u) for u in uses})), kind,
+                          *_normal_access_bytes(use_bytes, def_bytes, int(size))))
   try:
     return Workload(name, source, tuple(ops), tuple(buffers))
   except WorkloadError as e:
     raise WorkloadError(f"{where}: {getattr(e, 'detail', e)}") from None
+
+
+def _normal_access_bytes(use_bytes: tuple[int, ...] | None, def_bytes: int | None,
+                         size: int) -> tuple[tuple[int, ...] | None, int | None]:
+  """None where every access is the whole buffer, so that a file that spells out full sizes
+  loads equal to (and saves as) one that omits them."""
+  if use_bytes is not None and all(x == size for x in use_bytes):
+    use_bytes = None
+  if def_bytes == size:
+    def_bytes = None
+  return use_bytes, def_bytes
 
 
 def _check_workload(w: Workload) -> None:
@@ -268,6 +324,19 @@ def _check_workload(w: Workload) -> None:
         _fail(where, f"{label}: use at unknown op {u} (the schedule has {num_ops} ops)")
       if u <= b.def_op:
         _fail(where, f"{label}: used at op {u} before its definition at op {b.def_op}")
+    if b.use_bytes is not None:
+      if len(b.use_bytes) != len(b.uses):
+        _fail(where, f"{label}: 'use_bytes' has {len(b.use_bytes)} entries for {len(b.uses)} uses")
+      bad = next((x for x in b.use_bytes if not 0 <= x <= b.size), None)
+      if bad is not None:
+        _fail(where, f"{label}: 'use_bytes' entry {show_int(bad)} is outside 0..size "
+              f"({b.size})")
+    if b.def_bytes is not None:
+      if b.def_op == PROGRAM_START:
+        _fail(where, f"{label}: 'def_bytes' is given but the buffer has no defining op")
+      if not 0 <= b.def_bytes <= b.size:
+        _fail(where, f"{label}: 'def_bytes' {show_int(b.def_bytes)} is outside 0..size "
+              f"({b.size})")
 
 
 def _build_arrays(w: Workload) -> WorkloadArrays:
@@ -286,11 +355,22 @@ def _build_arrays(w: Workload) -> WorkloadArrays:
   starts = np.concatenate([[0], np.cumsum(counts)])
   inc_buf = np.repeat(np.arange(len(bufs), dtype=np.int64), counts)
   inc_op = np.fromiter((t for p in per_buffer for t in p), np.int64, count=int(starts[-1]))
+  inc_bytes = sizes[inc_buf].astype(np.float64)
+  for i, b in enumerate(bufs):  # Partial accesses (rare): overwrite the whole-buffer default.
+    if b.def_bytes is None and b.use_bytes is None:
+      continue
+    lo = int(starts[i])
+    if b.def_op >= 0:
+      if b.def_bytes is not None:
+        inc_bytes[lo] = b.def_bytes
+      lo += 1
+    if b.use_bytes is not None:
+      inc_bytes[lo:lo + len(b.uses)] = b.use_bytes
   return WorkloadArrays(
       flops=np.array([o.flops for o in w.ops], np.float64), sizes=sizes, def_op=def_op,
       live_start=live_start, live_end=live_end, is_prefetched=is_prefetched, is_output=is_output,
       incidence_buffer=inc_buf, incidence_op=inc_op,
-      incidence_bytes=sizes[inc_buf].astype(np.float64), buffer_incidence_start=starts)
+      incidence_bytes=inc_bytes, buffer_incidence_start=starts)
 
 
 # ----------------------------------------------------------------------------- files

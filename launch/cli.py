@@ -237,7 +237,7 @@ def cmd_import_jax(args: argparse.Namespace) -> int:
 
 
 def cmd_import_hlo(args: argparse.Namespace) -> int:
-  from malloczero.env.programs.hlo_import import workload_from_hlo_text
+  from malloczero.env.programs.hlo_import import import_hlo_text
   from malloczero.env.workload import save_workload
   check_output_file(args.out)
   try:
@@ -246,9 +246,12 @@ def cmd_import_hlo(args: argparse.Namespace) -> int:
   except (OSError, UnicodeDecodeError) as e:
     raise MalloczeroError(f"{args.hlo}: cannot read: {e}") from None
   name = args.name or os.path.basename(args.hlo).split(".")[0]
-  workload = workload_from_hlo_text(text, name, source=f"xla-hlo ({os.path.basename(args.hlo)})")
-  save_workload(workload, args.out)
-  _describe_import(workload, args.out)
+  result = import_hlo_text(text, name, source=f"xla-hlo ({os.path.basename(args.hlo)})",
+                           compile=args.compile)
+  for note in result.notes:  # What was done (parser, compiling) and one warning per kind.
+    print(f"import-hlo: {note}", file=sys.stderr)
+  save_workload(result.workload, args.out)
+  _describe_import(result.workload, args.out)
   return 0
 
 
@@ -543,9 +546,15 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--out", required=True, help="workload file (.json or .json.gz)")
   p.set_defaults(func=cmd_import_jax)
 
-  p = sub.add_parser("import-hlo", help="import an optimised HLO text module (from any backend)")
-  p.add_argument("hlo", help="HLO text, as printed by compiled.as_text() or XLA's dump")
+  p = sub.add_parser("import-hlo", help="import an HLO text module (from any backend; an "
+                     "unscheduled one is compiled with XLA on the CPU first)")
+  p.add_argument("hlo", help="HLO text, as printed by compiled.as_text() or XLA's dump "
+                 "(--xla_dump_to=DIR --xla_dump_hlo_as_text: the *after_optimizations.txt file)")
   p.add_argument("--name", help="workload name (default: the file's name)")
+  p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                 help="compile the module with XLA on the CPU before importing it (default: "
+                 "only when it is not scheduled); --no-compile keeps the print order of an "
+                 "unscheduled module as its schedule")
   p.add_argument("--out", required=True, help="workload file (.json or .json.gz)")
   p.set_defaults(func=cmd_import_hlo)
 

@@ -137,6 +137,24 @@ def test_import_hlo_round_trip_and_malformed_text(tmp_path):
   assert bad.stderr.count("\n") == 1
 
 
+def test_import_hlo_compiles_an_unscheduled_module_unless_told_not_to(tmp_path):
+  from malloczero.env import load_workload
+  hlo = tmp_path / "eager.hlo"
+  hlo.write_text("HloModule eager\n\nENTRY %main (a: f32[64,32], b: f32[64,32]) -> f32[64,32] {\n"
+                 "  %a = f32[64,32]{1,0} parameter(0)\n  %b = f32[64,32]{1,0} parameter(1)\n"
+                 "  %add = f32[64,32]{1,0} add(%a, %b)\n"
+                 "  ROOT %neg = f32[64,32]{1,0} negate(%add)\n}\n")
+  out = tmp_path / "eager.json"
+  result = _cli("import-hlo", str(hlo), "--out", str(out))
+  assert result.returncode == 0, result.stderr
+  assert result.stderr.count("\n") == 1 and "not scheduled: compiled it with XLA" in result.stderr
+  assert load_workload(out).num_ops == 1  # One fusion.
+  result = _cli("import-hlo", str(hlo), "--no-compile", "--out", str(out))
+  assert result.returncode == 0, result.stderr
+  assert result.stderr.count("\n") == 1 and "print order is taken as the schedule" in result.stderr
+  assert [o.name for o in load_workload(out).ops] == ["add", "neg"]
+
+
 @pytest.mark.parametrize("seed", ["-1", "2147483648", "10000000000000000000000000000000", "x"])
 def test_every_seed_flag_is_checked_before_anything_runs(tmp_path, capsys, seed):
   """`train --seed -1` used to end in numpy's ValueError traceback and leave config.json behind."""

@@ -83,6 +83,20 @@ MALFORMED = [
      r"'id' = 9223372036854775808 is beyond the limit of 2\*\*60"),
     ("def 2**63", lambda d: d["buffers"][1].update(**{"def": 2**63}), r"'def' = .* beyond the limit"),
     ("use 10**30", lambda d: d["buffers"][1].update(uses=[10**30]), r"'uses' = .* beyond the limit"),
+    ("use_bytes length", lambda d: d["buffers"][0].update(use_bytes=[8]),
+     r"buffer 7 \('w'\): 'use_bytes' has 1 entries for 2 uses"),
+    ("use_bytes above size", lambda d: d["buffers"][0].update(use_bytes=[8, 65]),
+     r"'use_bytes' entry 65 is outside 0..size \(64\)"),
+    ("use_bytes negative", lambda d: d["buffers"][0].update(use_bytes=[-1, 8]),
+     r"'use_bytes' entry -1 is outside"),
+    ("use_bytes not ints", lambda d: d["buffers"][0].update(use_bytes=[8, "8"]),
+     r"'use_bytes' must be a list of integers"),
+    ("use_bytes with unsorted uses", lambda d: d["buffers"][0].update(uses=[2, 0], use_bytes=[8, 8]),
+     r"with 'use_bytes', 'uses' must be strictly increasing"),
+    ("def_bytes on a parameter", lambda d: d["buffers"][0].update(def_bytes=8),
+     r"'def_bytes' is given but the buffer has no defining op"),
+    ("def_bytes above size", lambda d: d["buffers"][1].update(def_bytes=33),
+     r"'def_bytes' 33 is outside 0..size \(32\)"),
     ("sizes adding past 2**62", lambda d: [b.update(size=2**60) for b in d["buffers"]] and
      d["buffers"].extend(dict(b, id=b["id"] + 10) for b in list(d["buffers"])),
      r"sizes add up to .* above the limit of 2\*\*62"),
@@ -98,6 +112,47 @@ def test_malformed_workloads_give_one_line_errors(tmp_path, label, mutate, messa
   with pytest.raises(WorkloadError, match=message) as info:
     load_workload(path)
   assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def test_partial_accesses_are_charged_and_round_trip(tmp_path):
+  """`use_bytes` / `def_bytes` reach the incidences the cost model and the requests charge;
+  full-size values are dropped, so a file without partial accesses saves unchanged."""
+  from malloczero.env.cost_model import CostModel
+  from malloczero.env.hardware import PRESETS
+  from malloczero.env.requests import build_requests
+  data = json.loads(json.dumps(GOOD))
+  data["buffers"][0]["use_bytes"] = [8, 64]   # op 0 reads 8 of w's 64 bytes (a gather), op 2 all
+  data["buffers"][1]["def_bytes"] = 4         # op 0 writes 4 of x's 32 bytes
+  data["buffers"][2]["use_bytes"] = []
+  w = Workload.from_dict(data)
+  a = w.arrays
+  assert a.incidence_op.tolist() == [0, 2, 0, 1, 1]
+  assert a.incidence_bytes.tolist() == [8, 64, 4, 32, 16]
+  assert w.peak_live_bytes == 64 + 32 + 16    # Live ranges do not depend on what is accessed.
+  plain = Workload.from_dict(GOOD)
+  hw = PRESETS["tpu-v4i-like"]
+  slow = CostModel(w, hw).slow_memory_time
+  assert slow[0] == pytest.approx(CostModel(plain, hw).slow_memory_time[0] * (8 + 4) / (64 + 32))
+  requests = build_requests(CostModel(w, hw))
+  for r in range(len(requests.buffer)):
+    ops, moved = requests.ops(r)
+    b = int(requests.buffer[r])
+    lo, hi = a.buffer_incidence_start[b], a.buffer_incidence_start[b + 1]
+    wanted = dict(zip(a.incidence_op[lo:hi].tolist(), a.incidence_bytes[lo:hi].tolist()))
+    assert moved.tolist() == [wanted[t] for t in ops.tolist()]
+  path = tmp_path / "w.json"
+  save_workload(w, path)
+  saved = json.loads(path.read_text())["buffers"]
+  assert saved[0]["use_bytes"] == [8, 64] and saved[1]["def_bytes"] == 4
+  assert "use_bytes" not in saved[2] and "def_bytes" not in saved[2]
+  assert load_workload(path) == w
+  # Spelling out full sizes is the same workload as omitting them, and saves without the keys.
+  full = json.loads(json.dumps(GOOD))
+  full["buffers"][0]["use_bytes"] = [64, 64]
+  full["buffers"][1]["def_bytes"] = 32
+  assert Workload.from_dict(full) == plain
+  save_workload(Workload.from_dict(full), path)
+  assert json.loads(path.read_text()) == json.loads(json.dumps(plain.to_dict()))
 
 
 def test_truncated_and_non_json_files(tmp_path):
