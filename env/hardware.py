@@ -81,14 +81,41 @@ class Hardware:
                    for lv, c in zip(self.levels, capacities)) + (self.levels[-1],)
     return dataclasses.replace(self, levels=levels)
 
+  @property
+  def fast_capacity_bytes(self) -> int:
+    """The fast levels' capacities together."""
+    return sum(lv.capacity_bytes for lv in self.levels[:-1])
+
   def with_fast_capacity(self, capacity_bytes: int) -> "Hardware":
-    """Sets the fastest level's capacity, scaling the other fast levels by the same factor."""
+    """The fast levels *together* hold `capacity_bytes`, shared in the ratio of their capacities
+    here (nnpi-like's SRAM:LLC is 1:6), each rounded down to the alignment (at least one unit).
+
+    Together, not the fastest level alone, so that a capacity below a program's peak contends
+    every fast level: scaling the other levels with the fastest one gave nnpi-like an LLC of 6x
+    the SRAM, which at "25% of peak" held 150% of the program and contended nothing."""
     if capacity_bytes <= 0:
       raise HardwareError(f"{self.name}: fast capacity must be positive, got {capacity_bytes}")
-    scale = capacity_bytes / self.levels[0].capacity_bytes
-    caps = [capacity_bytes] + [max(1, int(round(lv.capacity_bytes * scale)))
-                               for lv in self.levels[1:-1]]
+    shares = np.array([lv.capacity_bytes for lv in self.levels[:-1]], np.float64)
+    shares /= shares.sum()
+    a = self.alignment_bytes
+    caps = [max(a, int(capacity_bytes * share) // a * a) for share in shares]
+    if len(caps) == 1:
+      caps = [capacity_bytes]  # One fast level: exactly what was asked (as before).
     return self.with_fast_capacities(caps)
+
+  def with_level_capacities(self, capacities: Mapping[str, int]) -> "Hardware":
+    """The named fast levels get the given capacities; the others keep theirs."""
+    fast = {lv.name: lv for lv in self.levels[:-1]}
+    for name, capacity in capacities.items():
+      if name not in fast:
+        slow = (f"; '{name}' is the slow default memory, which always holds the whole program"
+                if name == self.levels[-1].name else "")
+        raise HardwareError(f"{self.name}: no fast level '{name}' (fast levels: "
+                            f"{', '.join(fast)}){slow}")
+      if capacity <= 0:
+        raise HardwareError(f"{self.name}: capacity of '{name}' must be positive, got {capacity}")
+    return self.with_fast_capacities([capacities.get(lv.name, lv.capacity_bytes)
+                                      for lv in self.levels[:-1]])
 
   def to_dict(self) -> dict[str, Any]:
     return {"name": self.name, "peak_flops_per_s": self.peak_flops_per_s,

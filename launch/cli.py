@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import os
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -61,6 +61,14 @@ def _positive_int(text: str) -> int:
   return value
 
 
+def _capacity(text: str) -> tuple[Optional[str], int]:
+  """`BYTES` (the fast levels together) or `LEVEL=BYTES` (one fast level)."""
+  level, sep, value = text.rpartition("=")
+  if sep and not level:
+    raise argparse.ArgumentTypeError(f"expected BYTES or LEVEL=BYTES, got '{text}'")
+  return (level if sep else None), _positive_int(value)
+
+
 # The seeds' consumers: numpy's default_rng takes no negative seed, CP-SAT's random_seed is an int32
 # and jax.random.PRNGKey an int64; derived seeds (seed + 7919 x actor) stay within the last two.
 MAX_SEED = 2**31 - 1
@@ -77,34 +85,68 @@ def _seed(text: str) -> int:
   return value
 
 
-def resolve_hardware(workload: Workload, hardware: str | None, capacity: int | None,
+def resolve_hardware(workload: Workload, hardware: str | None,
+                     capacities: Sequence[tuple[Optional[str], int]] | None,
                      fallback: Hardware | None = None) -> Hardware:
   """--hardware (preset or file), else `fallback` (a mapping's recorded hardware); --capacity
-  overrides the fast size. A workload file records no hardware, so it needs one of those; a
-  MiniMalloc CSV (bytes and lifetimes only) defaults to the 'minimalloc' machine, which needs
-  --capacity."""
+  overrides fast sizes (see `apply_capacities`). A workload file records no hardware, so it needs
+  one of those; a MiniMalloc CSV (bytes and lifetimes only) defaults to the 'minimalloc' machine,
+  which needs --capacity."""
+  capacities = list(capacities or ())
   if hardware is not None:
     hw = load_hardware(hardware)
   elif fallback is not None:
     hw = fallback
   elif workload.source == "minimalloc-csv":
-    if capacity is None:
+    if not capacities:
       raise MalloczeroError("a MiniMalloc CSV needs --capacity BYTES (the fast memory size)")
     hw = PRESETS["minimalloc"]
   else:
     presets = f"--hardware ({', '.join(PRESETS)} or a hardware JSON file)"
     raise MalloczeroError(
         f"a workload file records no hardware: --capacity alone is for MiniMalloc CSVs; add "
-        f"{presets}" if capacity is not None else
+        f"{presets}" if capacities else
         f"a workload file records no hardware: pass {presets}; --capacity BYTES then sets its "
         "fast memory size")
-  return hw.with_fast_capacity(capacity) if capacity is not None else hw
+  return apply_capacities(hw, capacities)
+
+
+def apply_capacities(hw: Hardware, capacities: Sequence[tuple[Optional[str], int]]) -> Hardware:
+  """`--capacity BYTES`: the fast levels together hold BYTES, in the hardware's ratio (on
+  nnpi-like, 1/7 SRAM and 6/7 LLC); `--capacity LEVEL=BYTES` (repeatable): that level alone."""
+  together = [size for level, size in capacities if level is None]
+  per_level: dict[str, int] = {}
+  for level, size in capacities:
+    if level is not None:
+      if level in per_level:
+        raise MalloczeroError(f"--capacity {level}=... given twice")
+      per_level[level] = size
+  if len(together) > 1:
+    raise MalloczeroError("--capacity BYTES given twice")
+  if together and per_level:
+    raise MalloczeroError("give either --capacity BYTES (the fast levels together) or "
+                          "--capacity LEVEL=BYTES per level, not both")
+  if together:
+    return hw.with_fast_capacity(together[0])
+  return hw.with_level_capacities(per_level) if per_level else hw
+
+
+def _say_capacities(capacities: Optional[Sequence[tuple[Optional[str], int]]],
+                    hw: Hardware) -> None:
+  if capacities and hw.num_fast_levels > 1:
+    print(f"fast memory (--capacity): {describe_fast_levels(hw)}")
+
+
+def describe_fast_levels(hw: Hardware) -> str:
+  """'SRAM 1.00 MiB + LLC 6.00 MiB' (what --capacity set)."""
+  return " + ".join(f"{lv.name} {human_bytes(lv.capacity_bytes)}" for lv in hw.levels[:-1])
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
   workload = load_workload(args.workload)
   mapping = load_mapping(args.mapping)
   hw = resolve_hardware(workload, args.hardware, args.capacity, fallback=mapping.hardware)
+  _say_capacities(args.capacity, hw)
   report = validate_mapping(workload, hw, mapping)
   print(f"valid: {report.num_allocations} allocations on '{hw.name}', estimated "
         f"{report.estimated_time_s * 1e3:.4g} ms vs {report.slow_only_time_s * 1e3:.4g} ms "
@@ -188,6 +230,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
   _check_plot(args.plot)
   workload = load_workload(args.workload)
   hw = resolve_hardware(workload, args.hardware, args.capacity)
+  _say_capacities(args.capacity, hw)
   if args.solver in ("agent", "portfolio"):
     result = _solve_with_agent(args, workload, hw)
   else:
@@ -283,7 +326,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
     workload, hw = entry.load()
     requests = len(build_requests(CostModel(workload, hw)))
     table.add_row(entry.name, entry.split, entry.hardware,
-                  f"{human_bytes(hw.levels[0].capacity_bytes)} ({entry.capacity_fraction:.0%})",
+                  f"{describe_fast_levels(hw)} ({entry.capacity_fraction:.0%})",
                   str(workload.num_ops), str(workload.num_buffers), str(requests),
                   human_bytes(programs[entry.program]["peak_live_bytes"]))
   out.print(table)
@@ -502,6 +545,11 @@ def _add_solver_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--seed", type=_seed, default=0, help="seed for random and evo (0 to 2**31-1)")
 
 
+CAPACITY_HELP = ("fast memory in bytes, overriding the hardware's: BYTES for the fast levels "
+                 "together, shared in the hardware's ratio (nnpi-like: 1/7 SRAM, 6/7 LLC), or "
+                 "LEVEL=BYTES for one level (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = _Parser(prog="malloczero", description="Learned memory mapping for compiled ML "
                    "programs: mallocGame, its cost model, baselines and a distributed MuZero "
@@ -513,7 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("mapping", help="MAP.json written by a solver")
   p.add_argument("--hardware", help=f"preset ({', '.join(PRESETS)}) or hardware JSON file; "
                  "default: the hardware recorded in the mapping")
-  p.add_argument("--capacity", type=_positive_int, help="override the fast memory size in bytes")
+  p.add_argument("--capacity", type=_capacity, action="append", metavar="[LEVEL=]BYTES",
+                 help=CAPACITY_HELP)
   p.set_defaults(func=cmd_validate)
 
   p = sub.add_parser("solve", help="map one program with a baseline, the trained agent or the "
@@ -521,8 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("workload", help="workload JSON (.json/.json.gz) or MiniMalloc CSV")
   p.add_argument("--hardware", help=f"preset ({', '.join(PRESETS)}) or hardware JSON file; "
                  "required for a workload JSON (a MiniMalloc CSV defaults to minimalloc)")
-  p.add_argument("--capacity", type=_positive_int, help="fast memory size in bytes (overrides "
-                 "the hardware's; required for a MiniMalloc CSV without --hardware)")
+  p.add_argument("--capacity", type=_capacity, action="append", metavar="[LEVEL=]BYTES",
+                 help=CAPACITY_HELP + "; required for a MiniMalloc CSV without --hardware")
   p.add_argument("--solver", default="msa", choices=SOLVERS + ("agent", "portfolio"),
                  help="a baseline, the trained agent (needs --checkpoint), or portfolio (the "
                  "better of the agent and msa)")

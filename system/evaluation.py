@@ -274,7 +274,7 @@ def _program_row(entry: SuiteEntry, spec: GameSpec, results: dict[str, SolveResu
         result.info["greedy_speedup"] if label in agents else None)
   return ProgramRow(
       entry.name, entry.split, entry.model, entry.hardware, entry.capacity_fraction,
-      fast_capacity_bytes=spec.hardware.levels[0].capacity_bytes, ops=spec.workload.num_ops,
+      fast_capacity_bytes=spec.hardware.fast_capacity_bytes, ops=spec.workload.num_ops,
       buffers=spec.workload.num_buffers, requests=results["msa"].info["requests"],
       slow_only_ms=msa.slow_only_time_s * 1e3, outcomes=outcomes, cpsat=bound)
 

@@ -49,9 +49,9 @@ def test_agent_keeps_the_best_of_its_trajectories_and_its_mapping_validates(work
 def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   entry, workload, hardware = _program()
   path = os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz")
-  capacity = str(hardware.levels[0].capacity_bytes)
+  capacity = [f"--capacity={lv.name}={lv.capacity_bytes}" for lv in hardware.levels[:-1]]
   common = [sys.executable, "-m", "malloczero", "solve", path, "--hardware", entry.hardware,
-            "--capacity", capacity, "--checkpoint", str(workdir), "--simulations", "4",
+            *capacity, "--checkpoint", str(workdir), "--simulations", "4",
             "--attempts", "2"]
   out, plot = tmp_path / "map.json", tmp_path / "map.png"
   result = subprocess.run(common + ["--solver", "agent", "--out", str(out), "--plot", str(plot)],
@@ -60,7 +60,7 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   assert result.stdout.startswith("agent: ") and f"checkpoint step {STEPS}" in result.stdout
   assert out.exists() and plot.exists()
   validated = subprocess.run([sys.executable, "-m", "malloczero", "validate", path, str(out),
-                              "--capacity", capacity], cwd=REPO, capture_output=True, text=True)
+                              *capacity], cwd=REPO, capture_output=True, text=True)
   assert validated.returncode == 0, validated.stderr
 
   result = subprocess.run(common + ["--solver", "portfolio"], cwd=REPO, capture_output=True,

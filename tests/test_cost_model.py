@@ -1,5 +1,7 @@
 """The cost model on hand-computed cases, and the incremental update against fresh evaluation."""
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -97,8 +99,22 @@ def test_presets_and_hardware_json(tmp_path):
   path = tmp_path / "hw.json"
   path.write_text(json.dumps(PRESETS["tpu-v4i-like"].to_dict()))
   assert load_hardware(str(path)) == PRESETS["tpu-v4i-like"]
-  half = PRESETS["nnpi-like"].with_fast_capacity(2 << 20)
+  # A fast capacity is for the fast levels together, in the preset's ratio (SRAM:LLC = 1:6),
+  # each aligned down to 64 B: 14 MiB is 2 MiB of SRAM and 12 MiB of LLC.
+  half = PRESETS["nnpi-like"].with_fast_capacity(14 << 20)
   assert [l.capacity_bytes for l in half.levels] == [2 << 20, 12 << 20, 32 << 30]
+  odd = PRESETS["nnpi-like"].with_fast_capacity(1000)
+  assert [l.capacity_bytes for l in odd.levels[:2]] == [128, 832]  # 142.9 -> 128, 857.1 -> 832
+  assert odd.fast_capacity_bytes == 960 <= 1000
+  # One fast level gets exactly what was asked.
+  assert PRESETS["tpu-v4i-like"].with_fast_capacity(1000).levels[0].capacity_bytes == 1000
+  llc = PRESETS["nnpi-like"].with_level_capacities({"LLC": 1 << 20})
+  assert [l.capacity_bytes for l in llc.levels] == [4 << 20, 1 << 20, 32 << 30]
+  for levels, message in (({"DRAM": 5}, "no fast level 'DRAM' (fast levels: SRAM, LLC); 'DRAM' "
+                           "is the slow default memory"), ({"L2": 5}, "no fast level 'L2'"),
+                          ({"SRAM": 0}, "capacity of 'SRAM' must be positive")):
+    with pytest.raises(HardwareError, match=re.escape(message)):
+      PRESETS["nnpi-like"].with_level_capacities(levels)
 
 
 @pytest.mark.parametrize("mutate,message", [

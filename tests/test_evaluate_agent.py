@@ -97,8 +97,8 @@ def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
     assert load_mapping(path).estimated_time_s * 1e3 == pytest.approx(
         next(r for r in report["rows"] if r["entry"] == entry.name)[f"{labels[0]}_ms"])
     checked = _cli("validate", os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz"), path,
-                   "--hardware", entry.hardware, "--capacity",
-                   str(hardware.levels[0].capacity_bytes))
+                   "--hardware", entry.hardware,
+                   *[f"--capacity={lv.name}={lv.capacity_bytes}" for lv in hardware.levels[:-1]])
     assert checked.returncode == 0, checked.stderr
 
 

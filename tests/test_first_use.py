@@ -41,6 +41,34 @@ def test_solve_a_workload_file_says_it_needs_hardware(capsys, workload_file):
   assert code == 0 and "validated" in out, err
 
 
+def test_capacity_sets_the_fast_levels_together_or_one_level_and_says_which(capsys,
+                                                                            workload_file,
+                                                                            tmp_path):
+  out_map = tmp_path / "map.json"
+  code, out, err = _run(capsys, "solve", workload_file, "--hardware", "nnpi-like",
+                        "--capacity", 14 << 20, "--out", out_map)
+  assert code == 0, err
+  assert "fast memory (--capacity): SRAM 2.00 MiB + LLC 12.00 MiB" in out
+  # validate starts from the mapping's recorded machine (SRAM 2 MiB) and changes the LLC only.
+  code, out, err = _run(capsys, "validate", workload_file, out_map, "--capacity", "LLC=65536")
+  assert "fast memory (--capacity): SRAM 2.00 MiB + LLC 64.00 KiB" in out
+  code, out, err = _run(capsys, "solve", workload_file, "--hardware", "nnpi-like",
+                        "--capacity", "SRAM=4096", "--capacity", "LLC=8192")
+  assert code == 0 and "SRAM 4.00 KiB + LLC 8.00 KiB" in out, err
+  for flags, message in (
+      (("--capacity", "100", "--capacity", "LLC=5"), "give either --capacity BYTES (the fast "
+       "levels together) or --capacity LEVEL=BYTES per level, not both"),
+      (("--capacity", "100", "--capacity", "200"), "--capacity BYTES given twice"),
+      (("--capacity", "LLC=1", "--capacity", "LLC=2"), "--capacity LLC=... given twice"),
+      (("--capacity", "L3=4096"), "no fast level 'L3' (fast levels: SRAM, LLC)")):
+    code, out, err = _run(capsys, "solve", workload_file, "--hardware", "nnpi-like", *flags)
+    assert code == 1 and out == "" and err.count("\n") == 1 and message in err, err
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["solve", str(workload_file), "--hardware", "nnpi-like", "--capacity", "=5"])
+  assert exit_info.value.code == 2
+  assert "expected BYTES or LEVEL=BYTES, got '=5'" in capsys.readouterr().err
+
+
 def test_solve_help_and_synopsis_agree_on_hardware(capsys):
   with pytest.raises(SystemExit):
     cli.main(["solve", "--help"])

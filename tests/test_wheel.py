@@ -128,12 +128,12 @@ def test_the_installed_command_shows_a_suite_and_solves_a_suite_program(installe
                                     "workloads", f"{entry.program}.json.gz")
   assert os.path.exists(installed_workload)
   out = tmp_path / "map.json"
-  capacity = str(hardware.levels[0].capacity_bytes)
+  capacity = [f"--capacity={lv.name}={lv.capacity_bytes}" for lv in hardware.levels[:-1]]
   solved = _run_installed(target, tmp_path, "-m", "malloczero", "solve", installed_workload,
-                          "--hardware", entry.hardware, "--capacity", capacity, "--solver", "msa",
+                          "--hardware", entry.hardware, *capacity, "--solver", "msa",
                           "--out", str(out))
   assert solved.returncode == 0, solved.stderr[-3000:]
   assert solved.stdout.startswith("msa: ") and out.exists()
   checked = _run_installed(target, tmp_path, "-m", "malloczero", "validate", installed_workload,
-                           str(out), "--capacity", capacity)
+                           str(out), *capacity)
   assert checked.returncode == 0, checked.stderr[-3000:]

@@ -5,7 +5,9 @@ Workload files live in `env/programs/data/workloads/*.json.gz` and the suites in
 committed, so using a suite needs no compiler run.
 
 An entry's fast capacity is a fraction of its program's peak live bytes (rounded down to the
-alignment) so that memory is contended; on 3-level hardware the other fast levels scale with it.
+alignment) so that memory is contended. On 3-level hardware the fraction is for the fast levels
+together, shared in the preset's ratio (`Hardware.with_fast_capacity`): `nnpi-like:25%` is SRAM
+25/7% plus LLC 150/7% of peak, so both levels are contended.
 Entries are split into `train` and `heldout` by *model*, so held-out entries measure
 generalisation to programs never trained on.
 """
