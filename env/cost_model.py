@@ -1,17 +1,30 @@
 """XLA memory-space-assignment style cost model, vectorised with numpy.
 
   op time      = max(flops / peak, sum over the op's operands and results of bytes / bw(level))
-  program time = sum of op times + copy time that could not be hidden behind ops
+  program time = sum of op times + stalls waiting for copies (env/simulator.py)
 
-A buffer is in a fast level at op `t` when an allocation of that buffer covers `t`; otherwise it
-is in the slow default memory. An allocation of a parameter or input is filled by an
-asynchronous copy at the copy bandwidth that starts at the allocation's start; the copy is
-hidden behind the ops between the allocation's start and the first use it serves, and what
-is left over is exposed (added to program time). Hiding is measured against each op's
-*reference time*, the time it would take with all its buffers in the fastest level: the
-smallest time the op can take under any mapping, so exposed copy time is never understated
-and does not depend on the rest of the mapping. Concurrent copies are not modelled as
-contending for the copy engine.
+A mapping is a set of fast allocations (segments). Each holds one buffer in one fast level over
+ops `[start, end)` and is filled in one of two ways:
+
+* produced in place: an activation's allocation starting at its defining op, which writes the
+  value straight into fast memory;
+* a prefetch: an asynchronous copy from default memory issued at the allocation's start and due
+  at `prefetch_done` (the first use it serves). Uses in `[start, prefetch_done)` still read the
+  default-memory copy; uses in `[prefetch_done, end)` read the fast one.
+
+An allocation may also be evicted: an asynchronous copy to default memory issued at
+`evict_start` and due at `evict_done` (`<= end`), after which default memory holds the value
+again. At op `t` a buffer is in the level of the allocation serving `t`, else in default memory.
+
+Every prefetch and eviction shares one copy engine, as XLA's `RuntimeSimulator` models it: FIFO,
+advancing only during each op's default-memory idle time (op time minus the op's own
+default-memory bytes / default bandwidth), the program stalling at a due point for what is left
+(env/simulator.py says why one queue and how it is solved). Times from before copy contention
+(copies hidden behind each op's all-fastest reference time, no contention) are not comparable.
+
+`exposed_copy_time`, the copy time a prefetch cannot hide behind the reference time of the ops
+before its use, remains as the requests' and the greedy solvers' *estimate* of a prefetch's
+cost; it is not the program time.
 """
 
 from __future__ import annotations
@@ -22,36 +35,68 @@ import functools
 import numpy as np
 
 from malloczero.env.hardware import Hardware
+from malloczero.env.simulator import Copies, simulate_copies
 from malloczero.env.workload import Workload
+
+NO_COPY = -1  # In `prefetch_done` / `evict_start` / `evict_done`: no such copy.
 
 
 @dataclasses.dataclass(frozen=True)
 class Allocations:
-  """Fast-memory placements as parallel arrays `[n]` (buffer = position in `workload.buffers`)."""
+  """Fast-memory allocations (segments) as parallel arrays `[n]`.
+
+  `buffer` is a position in `workload.buffers`; `[start, end)` op indices. `prefetch_done` is
+  the boundary by which the prefetch filling the allocation must be done, `NO_COPY` for one
+  produced in place; left `None` it is `NO_COPY` for activations and, for parameters and inputs
+  (which only a prefetch can fill), the first use in the allocation (`CostModel.resolve`).
+  `evict_start` / `evict_done` are the eviction copy's window, `NO_COPY` when not evicted."""
   buffer: np.ndarray
   level: np.ndarray
   offset: np.ndarray
   start: np.ndarray
   end: np.ndarray
+  prefetch_done: np.ndarray | None = None
+  evict_start: np.ndarray | None = None
+  evict_done: np.ndarray | None = None
+
+  def __post_init__(self):
+    for name in ("evict_start", "evict_done"):
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, np.full(len(self.buffer), NO_COPY, np.int64))
 
   @classmethod
   def empty(cls) -> "Allocations":
     z = np.zeros(0, np.int64)
-    return cls(z, z, z, z, z)
+    return cls(z, z, z, z, z, z, z, z)
 
   def __len__(self) -> int:
     return len(self.buffer)
+
+  @property
+  def is_prefetch(self) -> np.ndarray:
+    """[n] bool: filled by a prefetch copy (needs `prefetch_done` set, see `CostModel.resolve`)."""
+    return self.prefetch_done != NO_COPY
+
+  @property
+  def is_evicted(self) -> np.ndarray:
+    return self.evict_start != NO_COPY
 
 
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
   total_time_s: float
   op_time_s: np.ndarray        # [T]
-  exposed_copy_s: np.ndarray   # [n] per allocation
+  stall_s: np.ndarray          # [T + 1] waiting for copies at each boundary (before op t; T: end)
+  copy_finish_s: np.ndarray    # [K] each copy's finish on the copy engine's clock (prefetches,
+                               # then evictions, in allocation order)
 
   @property
   def compute_and_memory_s(self) -> float:
     return float(self.op_time_s.sum())
+
+  @property
+  def total_stall_s(self) -> float:
+    return float(self.stall_s.sum())
 
 
 class CostModel:
@@ -108,34 +153,71 @@ class CostModel:
     new_time = np.maximum(self.compute_time[ops][None, :], memory)
     return (op_time[ops][None, :] - new_time).sum(axis=1) - exposed_copy_s
 
+  def first_use_in(self, buffer: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """[n] first op in `[start, end)` at which `buffer` is touched; `end` if none."""
+    a = self.workload.arrays
+    if len(a.incidence_op) == 0:
+      return np.asarray(end, np.int64).copy()
+    stride = self.num_ops + 1
+    pos = np.searchsorted(self._incidence_key, buffer * stride + start, side="left")
+    safe = np.minimum(pos, len(a.incidence_op) - 1)
+    serves = ((pos < len(a.incidence_op)) & (a.incidence_buffer[safe] == buffer)
+              & (a.incidence_op[safe] < end))
+    return np.where(serves, a.incidence_op[safe], end).astype(np.int64)
+
+  def resolve(self, allocations: Allocations) -> Allocations:
+    """`allocations` with `prefetch_done` filled in where it was left `None` (see Allocations)."""
+    if allocations.prefetch_done is not None:
+      return allocations
+    first = self.first_use_in(allocations.buffer, allocations.start, allocations.end)
+    done = np.where(self.workload.arrays.is_prefetched[allocations.buffer], first, NO_COPY)
+    return dataclasses.replace(allocations, prefetch_done=done.astype(np.int64))
+
+  def copy_work(self, buffer: np.ndarray) -> np.ndarray:
+    """[n] seconds a copy of each buffer keeps the copy engine busy."""
+    return self.copy_time[buffer]
+
+  def copies(self, allocations: Allocations) -> Copies:
+    """The prefetches, then the evictions, of resolved `allocations`."""
+    pre, ev = allocations.is_prefetch, allocations.is_evicted
+    return Copies(np.concatenate([allocations.start[pre], allocations.evict_start[ev]]),
+                  np.concatenate([allocations.prefetch_done[pre], allocations.evict_done[ev]]),
+                  np.concatenate([self.copy_work(allocations.buffer[pre]),
+                                  self.copy_work(allocations.buffer[ev])]))
+
   def evaluate(self, allocations: Allocations) -> Evaluation:
     """Fresh evaluation from scratch. Assumes allocations of one buffer do not overlap in time
     (the validator checks that); it does not use any of the game's incremental state."""
+    allocations = self.resolve(allocations)
     a = self.workload.arrays
     stride = self.num_ops + 1
     n = len(allocations)
     incidence_level = np.full(len(a.incidence_op), self.hardware.slow_level, np.int64)
-    exposed = np.zeros(n)
     if n:
       order = np.argsort(allocations.buffer * stride + allocations.start, kind="stable")
       alloc_buffer = allocations.buffer[order]
       alloc_start, alloc_end = allocations.start[order], allocations.end[order]
       alloc_key = alloc_buffer * stride + alloc_start
-      # The allocation of the same buffer with the latest start at or before each incidence.
+      # The allocation of the same buffer with the latest start at or before each incidence;
+      # it serves the incidence once its prefetch (if any) is done.
       idx = np.searchsorted(alloc_key, self._incidence_key, side="right") - 1
       safe = np.maximum(idx, 0)
       covered = ((idx >= 0) & (alloc_buffer[safe] == a.incidence_buffer)
-                 & (a.incidence_op < alloc_end[safe]))
+                 & (a.incidence_op < alloc_end[safe])
+                 & (a.incidence_op >= allocations.prefetch_done[order][safe]))
       incidence_level[covered] = allocations.level[order][safe[covered]]
-      # First incidence served by each allocation: where its copy must have finished.
-      pos = np.searchsorted(self._incidence_key, alloc_key, side="left")
-      pos_safe = np.minimum(pos, len(a.incidence_op) - 1)
-      serves = ((pos < len(a.incidence_op)) & (a.incidence_buffer[pos_safe] == alloc_buffer)
-                & (a.incidence_op[pos_safe] < alloc_end))
-      first_use = np.where(serves, a.incidence_op[pos_safe], alloc_end)
-      exposed[order] = self.exposed_copy_time(alloc_buffer, alloc_start, first_use)
     memory = np.bincount(a.incidence_op,
                          a.incidence_bytes * self.inverse_bandwidth[incidence_level],
                          minlength=self.num_ops)
+    slow = incidence_level == self.hardware.slow_level
+    default = np.bincount(a.incidence_op[slow], a.incidence_bytes[slow] * self.inverse_bandwidth[-1],
+                          minlength=self.num_ops)
     op_time = np.maximum(self.compute_time, memory)
-    return Evaluation(float(op_time.sum() + exposed.sum()), op_time, exposed)
+    schedule = simulate_copies(self.idle_time(op_time, default), self.copies(allocations))
+    return Evaluation(float(op_time.sum() + schedule.total_stall_s), op_time, schedule.stall_s,
+                      schedule.finish_s)
+
+  @staticmethod
+  def idle_time(op_time: np.ndarray, default_memory_time: np.ndarray) -> np.ndarray:
+    """[T] each op's default-memory idle time: when copies can use the default memory."""
+    return np.maximum(op_time - default_memory_time, 0.0)

@@ -2,15 +2,24 @@
 
 mallocGame and every baseline solver place requests through this one class, so they share the
 rules for free gaps and candidates and the exact incremental cost; only the choices differ.
+
+Op times update locally (a placement changes only the ops its buffer touches), but copy
+contention is not local: a placement changes the default-memory idle time of its ops, and a
+prefetch joins the copy queue, so every later copy may finish at another time. After each
+placement the copy queue is re-simulated (env/simulator.py, vectorised over the copies placed so
+far), so `total_time` is always the exact program time and the saving `place` returns is exact.
+`saving` is an estimate (op time saved minus the prefetch's exposed copy time against reference
+time, no contention) that players may use to choose; it is not what `place` returns.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from malloczero.env.cost_model import Allocations, CostModel
+from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.mapping import Mapping
 from malloczero.env.requests import Requests
+from malloczero.env.simulator import Copies, total_stall
 
 
 class Placement:
@@ -26,8 +35,16 @@ class Placement:
   def reset(self) -> None:
     num_requests, num_fast = len(self.requests), self.num_fast
     self.memory_time = self.model.slow_memory_time.copy()                       # [T]
+    self.default_time = self.model.slow_memory_time.copy()  # [T] of it in default memory
     self.op_time = np.maximum(self.model.compute_time, self.memory_time)        # [T]
-    self.total_time = float(self.op_time.sum())
+    self.op_time_sum = float(self.op_time.sum())
+    self.stall_time = 0.0
+    self.total_time = self.op_time_sum
+    # Prefetch copies placed so far: the first `num_copies` entries.
+    self._copy_start = np.zeros(num_requests, np.int64)
+    self._copy_done = np.zeros(num_requests, np.int64)
+    self._copy_work = np.zeros(num_requests)
+    self.num_copies = 0
     # Rectangles per fast level: [F, R], the first `count[f]` entries used.
     self._rect_start = np.zeros((num_fast, num_requests), np.int64)
     self._rect_end = np.zeros((num_fast, num_requests), np.int64)
@@ -61,14 +78,30 @@ class Placement:
                                             float(self.requests.exposed_copy_time[r]))
 
   def place(self, r: int, level: int, offset: int) -> float:
-    """Places request `r`; returns the seconds saved. The caller guarantees the spot is free."""
-    req = self.requests
+    """Places request `r`; returns the exact seconds saved (copy contention included). The caller
+    guarantees the spot is free."""
+    req, model = self.requests, self.model
     ops, nbytes = req.ops(r)
-    memory, new_time, saved = self.model.placement_delta(
-        self.memory_time, self.op_time, ops, nbytes, level, float(req.exposed_copy_time[r]))
+    memory, new_time, op_saved = model.placement_delta(
+        self.memory_time, self.op_time, ops, nbytes, level, 0.0)
     self.memory_time[ops] = memory
     self.op_time[ops] = new_time
-    self.total_time -= saved
+    self.default_time[ops] -= nbytes * model.inverse_bandwidth[-1]
+    self.op_time_sum -= op_saved
+    if req.is_prefetch[r]:
+      k = self.num_copies
+      self._copy_start[k] = req.start[r]
+      self._copy_done[k] = req.first_use[r]
+      self._copy_work[k] = model.copy_time[req.buffer[r]]
+      self.num_copies = k + 1
+    before = self.total_time
+    if self.num_copies:
+      k = self.num_copies
+      self.stall_time = total_stall(model.idle_time(self.op_time, self.default_time),
+                                    Copies(self._copy_start[:k], self._copy_done[:k],
+                                           self._copy_work[:k]))
+    self.total_time = self.op_time_sum + self.stall_time
+    saved = before - self.total_time
     i = self.count[level]
     self._rect_start[level, i] = req.start[r]
     self._rect_end[level, i] = req.end[r]
@@ -112,8 +145,10 @@ class Placement:
     """Placements so far, in the order they were made."""
     rows = np.array(self.placed, np.int64).reshape(len(self.placed), 3)
     req = self.requests
-    return Allocations(buffer=req.buffer[rows[:, 0]], level=rows[:, 1], offset=rows[:, 2],
-                       start=req.start[rows[:, 0]], end=req.end[rows[:, 0]])
+    r = rows[:, 0]
+    return Allocations(buffer=req.buffer[r], level=rows[:, 1], offset=rows[:, 2],
+                       start=req.start[r], end=req.end[r],
+                       prefetch_done=np.where(req.is_prefetch[r], req.first_use[r], NO_COPY))
 
   def mapping(self, solver: str) -> Mapping:
     return Mapping.from_arrays(self.model.workload, self.hardware, solver,

@@ -241,7 +241,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.solver == "cpsat":
       extra = (f"; CP-SAT {result.info['status']}, proven bound "
                f"{result.info['bound_s'] * 1e3:.4g} ms"
-               + (f" ({result.info['fallback']})" if "fallback" in result.info else ""))
+               + (f" ({result.info['fallback']})" if "fallback" in result.info else "")
+               + f" ({result.info['bound_note']})")
     print(_solve_line(args.solver, result) + extra)
   m = result.mapping
   if args.out:

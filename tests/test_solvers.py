@@ -95,16 +95,15 @@ def test_msa_skips_a_prefetch_whose_copy_cannot_be_hidden_greedy_weighs_it():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_cpsat_is_optimal_and_never_worse_than_the_heuristics_on_tiny_programs(seed):
+def test_cpsat_is_optimal_for_its_own_model_and_says_the_bound_is_uncontended(seed):
   workload = random_workload(100 + seed, num_ops=14)
   hardware = contended(PRESETS["nnpi-like" if seed % 2 else "tpu-v4i-like"], workload, 0.25)
   cp = solve(workload, hardware, "cpsat", time_limit_s=30.0)
   assert cp.info["status"] == "optimal"
-  for other in ("msa", "greedy", "evo"):
-    t = solve(workload, hardware, other).mapping.estimated_time_s
-    assert cp.mapping.estimated_time_s <= t * (1 + 1e-6), other
-  # The proven bound matches the optimum up to the model's integer rounding.
-  assert cp.info["bound_s"] == pytest.approx(cp.mapping.estimated_time_s, rel=1e-5)
+  # The proven bound matches its objective up to the model's integer rounding; the model has no
+  # copy contention, so the mapping's simulated time (validated by solve) may differ.
+  assert cp.info["bound_s"] == pytest.approx(cp.info["objective_s"], rel=1e-5)
+  assert "without copy contention" in cp.info["bound_note"]
 
 
 def test_evo_is_never_worse_than_decoding_its_seed_orders():

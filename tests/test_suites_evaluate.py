@@ -85,8 +85,8 @@ def test_cli_evaluate_writes_table_csv_json_markdown_and_png(tmp_path):
   for r in rows:
     assert r["msa_vs_msa"] == 1.0
     assert r["cpsat_ms"] <= r["msa_ms"] * (1 + 1e-6)  # msa is CP-SAT's hint
-    assert r["cpsat_status"] in ("optimal", "feasible")
-    assert r["cpsat_bound_ms"] <= r["cpsat_ms"] * (1 + 1e-6)
+    # CP-SAT's model has no copy contention: its bound is not one on the simulated time.
+    assert r["cpsat_status"] in ("optimal (uncontended bound)", "feasible (uncontended bound)")
     assert r["greedy_speedup"] == pytest.approx(r["slow_only_ms"] / r["greedy_ms"])
     assert r["entry"] in result.stdout
   summary = report["summary"]
