@@ -95,7 +95,9 @@ class Placement:
       self._copy_work[k] = model.copy_time[req.buffer[r]]
       self.num_copies = k + 1
     before = self.total_time
-    if self.num_copies:
+    # Moving bytes out of default memory never shortens an op's idle time, and more idle time
+    # never adds a stall: with no stall now, placing an activation leaves none to simulate.
+    if self.num_copies and (req.is_prefetch[r] or self.stall_time > 0):
       k = self.num_copies
       self.stall_time = total_stall(model.idle_time(self.op_time, self.default_time),
                                     Copies(self._copy_start[:k], self._copy_done[:k],

@@ -27,17 +27,21 @@ Conventions (op indices; `T` ops; boundary `t` is just before op `t`, boundary `
 * FIFO order is (start, done, input order);
 * work is in seconds: bytes / copy bandwidth.
 
-Closed form. Measure time on the copy engine's clock, which advances by each op's idle time and
-by every stall (during a stall the engine runs at full speed). With `P[t]` the idle time before
-boundary `t` and `S(t)` the stalls at boundaries before `t`, copy `k` arrives at
-`A_k = P[start_k] + S(start_k)` and, FIFO with one server, finishes at
-`C_k = max(A_k, C_{k-1}) + w_k`, that is `C_k = W_k + cummax_i(A_i - W_{i-1})` with `W` the
-cumulative work. The engine clock after boundary `d`'s stall is `max(P[d] + S, max C_k over
-copies done at d)`, so the cumulative stall after `d` is `max(0, cummax over d' <= d of
-(M_d' - P[d']))`. Stalls shift later arrivals and arrivals shift later stalls; the two are
-solved by iterating both cumulative maxima from no stalls: each pass is exact for one more
-alternation of "queue empties, then a stall", the stalls only grow, and the pass that changes
-nothing is the exact answer (at most one pass per boundary with a done point, usually 2-3).
+Closed form. Count the copy engine's progress as completed work `x` (seconds of copy work,
+FIFO, so the work of the first copies in order). Op `t` lets it advance by its idle time
+`idle[t]` but not past the work issued so far `V(t)`; a due point at boundary `d` forces it up to
+`W_d`, the work of the queue up to and including the last copy due there, and the program
+stalls for the difference (the engine runs at full speed while the program waits):
+
+  op t:  x <- min(x + idle[t], V(t))        due d:  x <- max(x, W_d), stall += the jump.
+
+With `P[t]` the idle time before boundary `t`, `z = x - P` turns both into plain clamps:
+`z <- min(z, V(t) - P[t + 1])` and `z <- max(z, W_d - P[d])`. Between two due boundaries the
+mins fold into one (`np.minimum.reduceat`), so the program is a chain of `D` maps
+`z -> max(min(z, hi_i), lo_i)`, one per due boundary. Such maps compose into one of the same
+form, `(lo, hi) = (max(min(lo_1, hi_2), lo_2), min(hi_1, hi_2))`, so every prefix of the chain
+comes from a log2(D)-step doubling scan of three numpy operations each, and the stall at each
+due boundary is how far its `lo` lifts the `z` that arrives there.
 `reference_stalls` in tests/test_cost_model.py is the op-by-op loop this must equal.
 """
 
@@ -77,39 +81,51 @@ class CopySchedule:
     return float(self.stall_s.sum())
 
 
-def simulate_copies(idle_s: np.ndarray, copies: Copies) -> CopySchedule:
-  """Stalls of `copies` sharing one FIFO copy engine that advances during `idle_s` [T]."""
+def simulate_copies(idle_s: np.ndarray, copies: Copies, finish: bool = True) -> CopySchedule:
+  """Stalls of `copies` sharing one FIFO copy engine that advances during `idle_s` [T]; each
+  copy's finish too unless `finish` is False (the game needs only the stalls)."""
   num_ops, k = len(idle_s), len(copies)
   stall = np.zeros(num_ops + 1)
   if k == 0:
     return CopySchedule(stall, np.zeros(0))
   order = np.lexsort((copies.done, copies.start))
   start, done, work = copies.start[order], copies.done[order], copies.work_s[order]
-  idle_before = np.concatenate(([0.0], np.cumsum(idle_s)))  # [T + 1]
-  cumulative = np.cumsum(work)
-  before = cumulative - work
-  # Boundaries with a done point, and the last copy (in FIFO order) due at each: its finish is
-  # the latest of the copies due there, since finishes never decrease along the queue.
+  idle_before = np.concatenate(([0.0], np.cumsum(idle_s)))  # P [T + 1]
+  cumulative = np.cumsum(work)                              # W along the queue [K]
+  # Due boundaries, and the last copy (in queue order) due at each.
   due_order = np.argsort(done, kind="stable")
   due_sorted = done[due_order]
   first = np.flatnonzero(np.concatenate(([True], due_sorted[1:] != due_sorted[:-1])))
-  boundaries = due_sorted[first]                                   # [D]
-  last_due = np.maximum.reduceat(due_order, first)                 # [D]
-  idle_at_due = idle_before[boundaries]
-  # Stalls before a copy's issue are those at done boundaries < start (issue comes first).
-  previous_due = np.searchsorted(boundaries, start, side="left") - 1  # [K], -1: none
-  arrival_idle = idle_before[start]
-  has_previous = previous_due >= 0
-  previous_safe = np.maximum(previous_due, 0)
-  stalled = np.zeros(k)
-  for _ in range(len(boundaries) + 1):
-    finish = cumulative + np.maximum.accumulate(arrival_idle + stalled - before)
-    after = np.maximum(np.maximum.accumulate(finish[last_due] - idle_at_due), 0.0)  # [D]
-    new = np.where(has_previous, after[previous_safe], 0.0)
-    if np.array_equal(new, stalled):
-      break
-    stalled = new
-  stall[boundaries] = np.diff(after, prepend=0.0)
+  boundaries = due_sorted[first]                                          # [D]
+  low = cumulative[np.maximum.reduceat(due_order, first)] - idle_before[boundaries]  # [D]
+  # Ops before the last due boundary: the work issued by each op's boundary caps the engine.
+  ops = np.arange(boundaries[-1])
+  issued = np.searchsorted(start, ops, side="right")
+  cap = np.where(issued > 0, cumulative[np.maximum(issued - 1, 0)], 0.0) - idle_before[ops + 1]
+  high = np.full(len(boundaries), np.inf)
+  previous = np.concatenate(([0], boundaries[:-1]))
+  nonempty = boundaries > previous
+  if ops.size:
+    segment_min = np.minimum.reduceat(cap, previous[nonempty])
+    high[nonempty] = segment_min
+  # Prefix compositions of z -> max(min(z, high), low), by doubling.
+  lo, hi = low.copy(), high.copy()
+  shift = 1
+  while shift < len(lo):
+    lo_prev, hi_prev = lo[:-shift], hi[:-shift]
+    lo_new = np.maximum(np.minimum(lo_prev, hi[shift:]), lo[shift:])
+    hi[shift:] = np.minimum(hi_prev, hi[shift:])
+    lo[shift:] = lo_new
+    shift *= 2
+  after = np.maximum(np.minimum(0.0, hi), lo)          # z just after each due boundary
+  arriving = np.minimum(np.concatenate(([0.0], after[:-1])), high)
+  stall[boundaries] = np.maximum(low - arriving, 0.0)
+  if not finish:
+    return CopySchedule(stall, np.full(k, np.nan))
+  # Finish of each copy on the engine's clock: FIFO from its arrival, stalls now known.
+  stalls_before = np.concatenate(([0.0], np.cumsum(stall)))[start]
+  arrival = idle_before[start] + stalls_before
+  finish = cumulative + np.maximum.accumulate(arrival - (cumulative - work))
   finish_s = np.empty(k)
   finish_s[order] = finish
   return CopySchedule(stall, finish_s)
@@ -117,4 +133,4 @@ def simulate_copies(idle_s: np.ndarray, copies: Copies) -> CopySchedule:
 
 def total_stall(idle_s: np.ndarray, copies: Copies) -> float:
   """Seconds the program waits for copies in all (see `simulate_copies`)."""
-  return simulate_copies(idle_s, copies).total_stall_s
+  return simulate_copies(idle_s, copies, finish=False).total_stall_s
