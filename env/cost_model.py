@@ -185,27 +185,35 @@ class CostModel:
                   np.concatenate([self.copy_work(allocations.buffer[pre]),
                                   self.copy_work(allocations.buffer[ev])]))
 
+  def serving(self, allocations: Allocations) -> np.ndarray:
+    """[E] for each incidence (workload order), the resolved allocation whose fast copy it
+    reads or writes, -1 where it uses default memory: the allocation of the same buffer
+    covering the op, once its prefetch (if any) is done."""
+    a = self.workload.arrays
+    stride = self.num_ops + 1
+    serving = np.full(len(a.incidence_op), -1, np.int64)
+    if len(allocations) == 0:
+      return serving
+    order = np.argsort(allocations.buffer * stride + allocations.start, kind="stable")
+    alloc_buffer = allocations.buffer[order]
+    alloc_key = alloc_buffer * stride + allocations.start[order]
+    # The allocation of the same buffer with the latest start at or before each incidence.
+    idx = np.searchsorted(alloc_key, self._incidence_key, side="right") - 1
+    safe = np.maximum(idx, 0)
+    covered = ((idx >= 0) & (alloc_buffer[safe] == a.incidence_buffer)
+               & (a.incidence_op < allocations.end[order][safe])
+               & (a.incidence_op >= allocations.prefetch_done[order][safe]))
+    serving[covered] = order[safe[covered]]
+    return serving
+
   def evaluate(self, allocations: Allocations) -> Evaluation:
     """Fresh evaluation from scratch. Assumes allocations of one buffer do not overlap in time
     (the validator checks that); it does not use any of the game's incremental state."""
     allocations = self.resolve(allocations)
     a = self.workload.arrays
-    stride = self.num_ops + 1
-    n = len(allocations)
-    incidence_level = np.full(len(a.incidence_op), self.hardware.slow_level, np.int64)
-    if n:
-      order = np.argsort(allocations.buffer * stride + allocations.start, kind="stable")
-      alloc_buffer = allocations.buffer[order]
-      alloc_start, alloc_end = allocations.start[order], allocations.end[order]
-      alloc_key = alloc_buffer * stride + alloc_start
-      # The allocation of the same buffer with the latest start at or before each incidence;
-      # it serves the incidence once its prefetch (if any) is done.
-      idx = np.searchsorted(alloc_key, self._incidence_key, side="right") - 1
-      safe = np.maximum(idx, 0)
-      covered = ((idx >= 0) & (alloc_buffer[safe] == a.incidence_buffer)
-                 & (a.incidence_op < alloc_end[safe])
-                 & (a.incidence_op >= allocations.prefetch_done[order][safe]))
-      incidence_level[covered] = allocations.level[order][safe[covered]]
+    serving = self.serving(allocations)
+    incidence_level = np.where(serving >= 0, allocations.level[np.maximum(serving, 0)]
+                               if len(allocations) else 0, self.hardware.slow_level)
     memory = np.bincount(a.incidence_op,
                          a.incidence_bytes * self.inverse_bandwidth[incidence_level],
                          minlength=self.num_ops)

@@ -1,12 +1,23 @@
-"""Mappings: the result of a solver or an agent, as written to MAP.json.
+"""Mappings: the result of a solver or an agent, as written to MAP.json (format version 2).
 
-  {"workload": str, "hardware": {...hardware JSON...}, "solver": str,
+  {"format_version": 2, "workload": str, "hardware": {...hardware JSON...}, "solver": str,
    "allocations": [{"request": int, "buffer": int, "level": int, "offset": int,
-                    "start": int, "end": int}, ...],
+                    "start": int, "end": int,
+                    "prefetch": {"start": int, "done": int},     # only if filled by a copy
+                    "eviction": {"start": int, "done": int}},    # only if evicted
+                   ...],
    "estimated_time_s": float, "slow_only_time_s": float}
 
-`buffer` is the buffer's id in the workload, `level` an index into the hardware's levels
-(0 = fastest), `[start, end)` op indices, `offset` bytes from the level's base.
+Each allocation is a segment: `buffer` (its id in the workload) in `level` (an index into the
+hardware's levels, 0 = fastest) at `offset` bytes over ops `[start, end)`. Without `prefetch` it
+is produced in place (an activation's producer writes it there); with it, a copy from default
+memory issued at `prefetch.start` (the allocation's start: the chunk is reserved from the copy's
+issue) and due before op `prefetch.done`, the first use it serves. `eviction` is a copy back to
+default memory issued before op `eviction.start` and due before op `eviction.done`.
+`request` is the game's request index (-1 when a solver made the segment outside the game).
+
+Version 1 files (no `format_version`: whole-range allocations with an implied prefetch) are
+refused with a one-line error: their times were computed without copy contention.
 """
 
 from __future__ import annotations
@@ -18,13 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from malloczero.env.cost_model import Allocations
+from malloczero.env.cost_model import NO_COPY, Allocations
 from malloczero.env.errors import MappingError
 from malloczero.env.files import write_text
 from malloczero.env.hardware import Hardware, HardwareError
 from malloczero.env.workload import Workload, int_out_of_range
 
 ALLOCATION_KEYS = ("request", "buffer", "level", "offset", "start", "end")
+COPY_KINDS = ("prefetch", "eviction")
+COPY_KEYS = ("start", "done")
+FORMAT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +46,7 @@ class Mapping:
   workload: str
   hardware: Hardware | None
   solver: str
-  allocations: tuple[dict[str, int], ...]
+  allocations: tuple[dict[str, Any], ...]
   estimated_time_s: float
   slow_only_time_s: float
 
@@ -44,17 +58,30 @@ class Mapping:
   def from_arrays(cls, workload: Workload, hardware: Hardware, solver: str, request: np.ndarray,
                   allocations: Allocations, estimated_time_s: float,
                   slow_only_time_s: float) -> "Mapping":
+    """`allocations` must say how each is filled (`prefetch_done` set, see `CostModel.resolve`)."""
+    if allocations.prefetch_done is None:
+      raise MappingError("internal: allocations without their prefetches cannot be written")
     ids = np.array([b.id for b in workload.buffers], np.int64)
-    rows = tuple({"request": int(q), "buffer": int(ids[b]), "level": int(lv), "offset": int(o),
-                  "start": int(s), "end": int(e)}
-                 for q, b, lv, o, s, e in zip(request, allocations.buffer, allocations.level,
-                                              allocations.offset, allocations.start,
-                                              allocations.end))
-    return cls(workload.name, hardware, solver, rows, float(estimated_time_s),
+    rows = []
+    for i in range(len(allocations)):
+      row: dict[str, Any] = {
+          "request": int(request[i]), "buffer": int(ids[allocations.buffer[i]]),
+          "level": int(allocations.level[i]), "offset": int(allocations.offset[i]),
+          "start": int(allocations.start[i]), "end": int(allocations.end[i])}
+      if allocations.prefetch_done[i] != NO_COPY:
+        row["prefetch"] = {"start": int(allocations.start[i]),
+                           "done": int(allocations.prefetch_done[i])}
+      if allocations.evict_start[i] != NO_COPY:
+        row["eviction"] = {"start": int(allocations.evict_start[i]),
+                           "done": int(allocations.evict_done[i])}
+      rows.append(row)
+    return cls(workload.name, hardware, solver, tuple(rows), float(estimated_time_s),
                float(slow_only_time_s))
 
   def to_arrays(self, workload: Workload) -> Allocations:
-    """Allocation arrays with buffer ids resolved to positions; unknown ids raise MappingError."""
+    """Allocation arrays with buffer ids resolved to positions; unknown ids raise MappingError.
+    A prefetch's written start is not among them (it is the allocation's start; the validator
+    checks that with `prefetch_starts`)."""
     index = workload.buffer_index
     try:
       buffer = np.array([index[a["buffer"]] for a in self.allocations], np.int64)
@@ -62,11 +89,19 @@ class Mapping:
       raise MappingError(f"allocation refers to unknown buffer id {e.args[0]} of workload "
                          f"'{workload.name}'") from None
     col = lambda k: np.array([a[k] for a in self.allocations], np.int64)
+    copy = lambda kind, key: np.array([a[kind][key] if kind in a else NO_COPY
+                                       for a in self.allocations], np.int64)
     return Allocations(buffer=buffer, level=col("level"), offset=col("offset"), start=col("start"),
-                       end=col("end"))
+                       end=col("end"), prefetch_done=copy("prefetch", "done"),
+                       evict_start=copy("eviction", "start"), evict_done=copy("eviction", "done"))
+
+  def prefetch_starts(self) -> np.ndarray:
+    """[n] each allocation's prefetch start as written (`NO_COPY` where it has none)."""
+    return np.array([a["prefetch"]["start"] if "prefetch" in a else NO_COPY
+                     for a in self.allocations], np.int64)
 
   def to_dict(self) -> dict[str, Any]:
-    return {"workload": self.workload,
+    return {"format_version": FORMAT_VERSION, "workload": self.workload,
             "hardware": self.hardware.to_dict() if self.hardware else None,
             "solver": self.solver, "allocations": [dict(a) for a in self.allocations],
             "estimated_time_s": self.estimated_time_s, "slow_only_time_s": self.slow_only_time_s}
@@ -75,6 +110,13 @@ class Mapping:
   def from_dict(cls, data: Any, where: str = "mapping") -> "Mapping":
     if not isinstance(data, dict):
       raise MappingError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    version = data.get("format_version", 1)
+    if version != FORMAT_VERSION:
+      raise MappingError(
+          f"{where}: mapping format version {version!r}"
+          + (" (no 'format_version')" if "format_version" not in data else "")
+          + f"; this malloczero reads version {FORMAT_VERSION} (segments with their prefetch and "
+          "eviction copies, times with copy contention): solve again to write one")
     for key in ("workload", "allocations", "estimated_time_s", "slow_only_time_s"):
       if key not in data:
         raise MappingError(f"{where}: missing required key '{key}'")
@@ -90,7 +132,23 @@ class Mapping:
           raise MappingError(f"{where}: allocation {i}: '{key}' must be an integer, got {v!r}")
         if (problem := int_out_of_range(v, key)):
           raise MappingError(f"{where}: allocation {i}: {problem}")
-      rows.append({k: int(a[k]) for k in ALLOCATION_KEYS})
+      row = {k: int(a[k]) for k in ALLOCATION_KEYS}
+      for kind in COPY_KINDS:
+        if a.get(kind) is None:
+          continue
+        copy = a[kind]
+        if not isinstance(copy, dict):
+          raise MappingError(f"{where}: allocation {i}: '{kind}' must be an object with "
+                             f"'start' and 'done', got {copy!r}")
+        for key in COPY_KEYS:
+          v = copy.get(key)
+          if isinstance(v, bool) or not isinstance(v, int):
+            raise MappingError(f"{where}: allocation {i}: '{kind}.{key}' must be an integer, "
+                               f"got {v!r}")
+          if (problem := int_out_of_range(v, f"{kind}.{key}")):
+            raise MappingError(f"{where}: allocation {i}: {problem}")
+        row[kind] = {key: int(copy[key]) for key in COPY_KEYS}
+      rows.append(row)
     for key in ("estimated_time_s", "slow_only_time_s"):
       v = data[key]
       if isinstance(v, bool) or not isinstance(v, (int, float)):

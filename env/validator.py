@@ -5,11 +5,23 @@ candidates or incremental bookkeeping. Checks, each failing with one line:
 
 * every allocation names a known buffer that may live in fast memory (program outputs may not),
   a fast level, an aligned offset, and fits under the level's capacity;
-* every allocation lies within its buffer's live range; an activation's allocation covers its
-  whole live range (activations are produced in place, never copied);
+* every allocation lies within its buffer's live range;
+* how it is filled: without a prefetch it is produced in place, so it starts at its buffer's
+  defining op (only activations have one); a prefetch is issued at the allocation's start and
+  due at an op inside it (`start <= done < end`); uses in `[start, done)` read default memory,
+  which holds the value then (see below);
+* an eviction copies a value produced in fast memory (a prefetched value is still in default
+  memory), issued after the producing op and done by the allocation's end
+  (`def < start <= done <= end`);
+* the value is in default memory wherever it is read from there or prefetched: always for
+  parameters and inputs; for an activation produced in default memory from the op after its
+  definition; for one produced in fast memory only from its eviction's done op on. So an
+  activation produced in fast memory and read later from default memory, or prefetched again,
+  needs an eviction that is done by then;
 * allocations of one buffer do not overlap in time;
 * no two allocations in one level overlap in time x address;
-* the reported slow-only and estimated times equal a fresh cost-model evaluation.
+* the reported slow-only and estimated times equal a fresh cost-model evaluation, which
+  simulates the copies (env/simulator.py) on its own.
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ import dataclasses
 
 import numpy as np
 
-from malloczero.env.cost_model import CostModel
+from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.errors import MappingError
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
@@ -46,6 +58,7 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
     raise MappingError(f"mapping was made for hardware '{mapping.hardware.name}' "
                        f"({_describe(mapping.hardware)}), not '{hardware.name}' ({_describe(hardware)})")
   alloc = mapping.to_arrays(workload)
+  prefetch_start = mapping.prefetch_starts()
   wa = workload.arrays
   size = np.asarray(hardware.align(wa.sizes[alloc.buffer]), np.int64)
   for i in range(len(alloc)):
@@ -68,13 +81,12 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
     if not lo <= s < e <= hi:
       raise MappingError(f"{what}: ops [{s}, {e}) are not a non-empty part of its live range "
                          f"[{lo}, {hi})")
-    if buf.kind == "activation" and (s, e) != (lo, hi):
-      raise MappingError(f"{what}: an activation's allocation must cover its whole live range "
-                         f"[{lo}, {hi}), got [{s}, {e})")
+    _check_copies(what, buf.kind, int(wa.def_op[b]), alloc, prefetch_start, i)
   _check_disjoint_per_buffer(workload, alloc)
+  model = CostModel(workload, hardware)
+  _check_default_copy(workload, model, alloc)
   for level in range(hardware.num_fast_levels):
     _check_no_overlap(workload, hardware, alloc, size, level)
-  model = CostModel(workload, hardware)
   fresh = model.evaluate(alloc).total_time_s
   for key, reported, expected in (("slow_only_time_s", mapping.slow_only_time_s,
                                    model.slow_only_time),
@@ -83,6 +95,69 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
       raise MappingError(f"reported {key} = {reported!r} but a fresh cost-model evaluation gives "
                          f"{expected!r}")
   return ValidationReport(len(alloc), fresh, model.slow_only_time)
+
+
+def _check_copies(what: str, kind: str, def_op: int, alloc: Allocations,
+                  prefetch_start: np.ndarray, i: int) -> None:
+  """How allocation `i` is filled and emptied (see the module docstring)."""
+  s, e = int(alloc.start[i]), int(alloc.end[i])
+  done, ev_start, ev_done = (int(alloc.prefetch_done[i]), int(alloc.evict_start[i]),
+                             int(alloc.evict_done[i]))
+  if done == NO_COPY:
+    if kind != "activation":
+      raise MappingError(f"{what}: a {kind} starts in default memory, so a fast allocation of it "
+                         "must be filled by a prefetch")
+    if s != def_op:
+      raise MappingError(f"{what}: without a prefetch it is produced in place, so it must start "
+                         f"at its defining op {def_op}, not {s}")
+  else:
+    if prefetch_start[i] != s:
+      raise MappingError(f"{what}: its prefetch starts at op {prefetch_start[i]}, not at the "
+                         f"allocation's start {s} (the chunk is reserved from the copy's issue)")
+    if not s <= done < e:
+      raise MappingError(f"{what}: its prefetch is due at op {done}, outside the allocation's ops "
+                         f"[{s}, {e})")
+    if kind == "activation" and s <= def_op:
+      raise MappingError(f"{what}: a prefetch at op {s} of an activation defined at op {def_op} "
+                         "copies a value not yet produced")
+  if ev_start != NO_COPY or ev_done != NO_COPY:
+    if done != NO_COPY:
+      raise MappingError(f"{what}: a prefetched value is still in default memory; only a value "
+                         "produced in fast memory can be evicted")
+    if not def_op < ev_start <= ev_done <= e:
+      raise MappingError(f"{what}: its eviction [{ev_start}, {ev_done}] must start after the "
+                         f"producing op {def_op} and be done by the allocation's end {e}")
+
+
+def _check_default_copy(workload: Workload, model: CostModel, alloc: Allocations) -> None:
+  """Wherever a value produced in fast memory is read from default memory or prefetched again,
+  an eviction must have put it there by then."""
+  produced = np.flatnonzero(alloc.prefetch_done == NO_COPY)  # Only activations, checked above.
+  if produced.size == 0:
+    return
+  # From this op on default memory holds the buffer: its eviction's done op, or never.
+  never = np.iinfo(np.int64).max
+  ready = np.full(workload.num_buffers, -1, np.int64)
+  ready[alloc.buffer[produced]] = np.where(alloc.evict_done[produced] == NO_COPY, never,
+                                           alloc.evict_done[produced])
+  for i in np.flatnonzero(alloc.prefetch_done != NO_COPY):
+    b = alloc.buffer[i]
+    if alloc.start[i] < ready[b]:
+      buf = workload.buffers[b]
+      when = ("it is never evicted" if ready[b] == never
+              else f"its eviction is done only at op {ready[b]}")
+      raise MappingError(f"allocation {i} (buffer {buf.id} '{buf.name}') prefetches at op "
+                         f"{alloc.start[i]} a value produced in fast memory, but {when}")
+  a = workload.arrays
+  default_read = (model.serving(alloc) < 0) & (a.incidence_op < ready[a.incidence_buffer])
+  if default_read.any():
+    e = np.flatnonzero(default_read)[0]
+    b, t = a.incidence_buffer[e], a.incidence_op[e]
+    buf = workload.buffers[b]
+    when = ("it is never evicted" if ready[b] == never
+            else f"its eviction is done only at op {ready[b]}")
+    raise MappingError(f"buffer {buf.id} '{buf.name}' is read from default memory at op {t} "
+                       f"after it was produced in fast memory, but {when}")
 
 
 def _describe(hw: Hardware) -> str:

@@ -10,7 +10,7 @@ from malloczero.env import Hardware, HardwareError, MemoryLevel, PRESETS, load_h
 from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.requests import build_requests
 from malloczero.env.simulator import Copies, simulate_copies
-from malloczero.env.workload import Workload
+from malloczero.env.workload import Workload, workload_from_ops
 
 # Round numbers: fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s.
 HW = Hardware("toy", (MemoryLevel("fast", 1000, 100.0), MemoryLevel("slow", 10**9, 10.0)),
@@ -202,3 +202,73 @@ def test_vectorised_copy_simulation_equals_the_reference_loop(case):
   fast = simulate_copies(idle, Copies(start, done, work))
   np.testing.assert_allclose(fast.stall_s, reference_stalls(idle, start, done, work),
                              rtol=1e-9, atol=1e-9)
+
+
+# XLA's memory-space-assignment test hardware: fast 128 B @ 1000 B/s, slow @ 100 B/s, copy
+# 100 B/s, 1000 flop/s, alignment 8. A 24-byte buffer (f32[2,3]) takes 0.024 s to touch in fast
+# memory, 0.24 s in default memory, and 0.24 s to copy.
+XLA_HW = Hardware("xla-test", (MemoryLevel("alternate", 128, 1000.0),
+                               MemoryLevel("default", 1 << 20, 100.0)),
+                  peak_flops_per_s=1000.0, copy_bandwidth_bytes_per_s=100.0, alignment_bytes=8)
+
+
+def xla_program(flops, buffers):
+  return workload_from_ops("xla-" + "-".join(str(int(f)) for f in flops), "hand", flops, buffers)
+
+
+def param(i, size, uses):
+  return {"id": i, "name": f"p{i}", "size": size, "def": None, "uses": uses, "kind": "parameter"}
+
+
+def prefetch(buffer, start, end, done):
+  """One prefetched allocation per buffer, at offsets that do not overlap."""
+  col = lambda *v: np.array(v, np.int64)
+  return Allocations(col(*buffer), col(*[0] * len(buffer)), col(*[32 * i for i in range(len(buffer))]),
+                     col(*start), col(*end), prefetch_done=col(*done))
+
+
+def test_one_prefetch_hidden_in_idle_time():
+  # op0 computes for 1 s touching nothing: 1 s of default-memory idle time, enough for the
+  # 0.24 s copy of p0 due before op1; op1 then reads p0 in fast memory (0.024 s).
+  program = xla_program([1000.0, 0.0], [param(0, 24, [1])])
+  model = CostModel(program, XLA_HW)
+  assert model.slow_only_time == pytest.approx(1.24)
+  ev = model.evaluate(prefetch([0], [0], [2], [1]))
+  assert ev.total_stall_s == 0.0 and ev.total_time_s == pytest.approx(1.024)
+
+
+def test_one_prefetch_exposed_stalls_for_what_remains():
+  # op0 computes for 0.1 s: the copy does 0.1 s of its 0.24 s, the program stalls 0.14 s.
+  model = CostModel(xla_program([100.0, 0.0], [param(0, 24, [1])]), XLA_HW)
+  ev = model.evaluate(prefetch([0], [0], [2], [1]))
+  np.testing.assert_allclose(ev.stall_s, [0.0, 0.14, 0.0], atol=1e-12)
+  assert ev.total_time_s == pytest.approx(0.1 + 0.14 + 0.024)
+
+
+def test_two_prefetches_share_the_idle_time_first_in_first_out():
+  # Both issued before op0 (0.3 s idle): p0 (due at op1) is served first and done at 0.24; p1
+  # gets 0.06 s there and 0.024 s during op1 (p0 read from fast memory: no default traffic),
+  # and the program stalls for its last 0.156 s before op2.
+  program = xla_program([300.0, 0.0, 0.0], [param(0, 24, [1]), param(1, 24, [2])])
+  model = CostModel(program, XLA_HW)
+  both = model.evaluate(prefetch([0, 1], [0, 0], [2, 3], [1, 2]))
+  np.testing.assert_allclose(both.stall_s, [0, 0, 0.156, 0], atol=1e-12)
+  assert both.total_time_s == pytest.approx(0.3 + 0.024 + 0.156 + 0.024)
+  np.testing.assert_allclose(both.copy_finish_s, [0.24, 0.48])
+  # Alone, p1's copy is done by 0.24 with no stall: the second copy finishes later when shared.
+  alone = model.evaluate(prefetch([1], [0], [3], [2]))
+  assert alone.total_stall_s == 0.0 and alone.copy_finish_s[0] == pytest.approx(0.24)
+  assert alone.total_time_s == pytest.approx(0.3 + 0.24 + 0.024)
+
+
+def test_a_copy_cannot_advance_during_an_op_busy_on_default_memory():
+  # op0 reads 48 B from default memory with no compute: 0.48 s all on default memory, no idle
+  # time, so p0's copy issued before it is still whole at op1: a 0.24 s stall.
+  program = xla_program([0.0, 0.0], [param(0, 24, [1]), param(1, 48, [0])])
+  model = CostModel(program, XLA_HW)
+  ev = model.evaluate(prefetch([0], [0], [2], [1]))
+  np.testing.assert_allclose(ev.stall_s, [0.0, 0.24, 0.0], atol=1e-12)
+  assert ev.total_time_s == pytest.approx(0.48 + 0.24 + 0.024)
+  # With 1 s of compute op0 takes 1 s and leaves 0.52 s idle: the copy hides.
+  busy = CostModel(xla_program([1000.0, 0.0], [param(0, 24, [1]), param(1, 48, [0])]), XLA_HW)
+  assert busy.evaluate(prefetch([0], [0], [2], [1])).total_stall_s == 0.0

@@ -84,7 +84,28 @@ def test_rejects_each_broken_constraint(mapping):
              if WORKLOAD.buffers[WORKLOAD.buffer_index[a["buffer"]]].kind == "activation")
   a = mapping.allocations[act]
   if a["end"] - a["start"] > 1:
-    cases.append((edited(mapping, act, end=a["end"] - 1), "must cover its whole live range"))
+    # Ending early is a valid segment only with an eviction: the last use reads default memory.
+    cases.append((edited(mapping, act, end=a["end"] - 1),
+                  r"read from default memory at op \d+ after it was produced in fast memory, "
+                  "but it is never evicted"))
+    cases.append((edited(mapping, act, start=a["start"] + 1),
+                  "without a prefetch it is produced in place, so it must start at its defining"))
+  cases.append((edited(mapping, act, eviction={"start": a["start"], "done": a["start"]}),
+                "its eviction .* must start after the producing op"))
+  param = next(i for i, a in enumerate(mapping.allocations) if "prefetch" in a)
+  p = mapping.allocations[param]
+  rows = [dict(r) for r in mapping.allocations]
+  del rows[param]["prefetch"]
+  cases += [
+      (with_allocations(mapping, rows), "starts in default memory, so a fast allocation of it "
+                                        "must be filled by a prefetch"),
+      (edited(mapping, param, prefetch={"start": p["start"] + 1, "done": p["prefetch"]["done"]}),
+       "its prefetch starts at op .*, not at the allocation's start"),
+      (edited(mapping, param, prefetch={"start": p["start"], "done": p["end"]}),
+       "its prefetch is due at op .*, outside the allocation's ops"),
+      (edited(mapping, param, eviction={"start": p["end"] - 1, "done": p["end"]}),
+       "only a value produced in fast memory can be evicted"),
+  ]
   for broken, message in cases:
     with pytest.raises(MappingError, match=message) as info:
       validate_mapping(WORKLOAD, HARDWARE, broken)
@@ -197,3 +218,83 @@ def test_cli_refuses_huge_integers_in_one_line(tmp_path, mapping):
     assert out.returncode == 1, out.stderr
     assert out.stderr.startswith("malloczero: error: ") and out.stderr.count("\n") == 1, out.stderr
     assert "beyond the limit" in out.stderr
+
+
+# ------------------------------------------------------------------ segments: eviction, prefetch
+
+def _evict_and_prefetch_program():
+  """XLA's EvictAndPrefetch in small: activation a (24 B) produced at op0, used at op1 and op5,
+  with three 1 s ops between; XLA's test hardware (see tests/test_cost_model.py)."""
+  from tests.test_cost_model import XLA_HW, xla_program
+  program = xla_program([0.0, 0.0, 1000.0, 1000.0, 1000.0, 0.0],
+                        [{"id": 7, "name": "a", "size": 24, "def": 0, "uses": [1, 5],
+                          "kind": "activation"}])
+  return program, XLA_HW
+
+
+def _segments(program, hw, rows):
+  from malloczero.env.cost_model import Allocations, CostModel
+  col = lambda k: np.array([r[k] for r in rows], np.int64)
+  alloc = Allocations(col("buffer"), col("level"), col("offset"), col("start"), col("end"),
+                      prefetch_done=col("done"), evict_start=col("evict_start"),
+                      evict_done=col("evict_done"))
+  model = CostModel(program, hw)
+  return Mapping.from_arrays(program, hw, "hand", np.full(len(rows), -1), alloc,
+                             model.evaluate(alloc).total_time_s, model.slow_only_time)
+
+
+def test_evict_and_prefetch_back_validates_and_times_by_hand():
+  program, hw = _evict_and_prefetch_program()
+  # Produced in fast memory over [0, 3), evicted from op1 to op3; prefetched back over [4, 6),
+  # due at op5. op0 and op1 touch a in fast memory (0.024 s each, 0.024 s idle each): the
+  # eviction (0.24 s) gets 0.024 s in op1 and the rest in op2's 1 s; the prefetch hides in op4.
+  rows = [dict(buffer=0, level=0, offset=0, start=0, end=3, done=-1, evict_start=1, evict_done=3),
+          dict(buffer=0, level=0, offset=8, start=4, end=6, done=5, evict_start=-1,
+               evict_done=-1)]
+  mapping = _segments(program, hw, rows)
+  assert mapping.allocations[0]["eviction"] == {"start": 1, "done": 3}
+  assert "prefetch" not in mapping.allocations[0]
+  assert mapping.allocations[1]["prefetch"] == {"start": 4, "done": 5}
+  report = validate_mapping(program, hw, mapping)
+  assert report.estimated_time_s == pytest.approx(3 * 0.024 + 3.0)
+  assert report.slow_only_time_s == pytest.approx(3 * 0.24 + 3.0)
+  # The same without the eviction: the prefetch copies a value default memory never got.
+  rows[0].update(evict_start=-1, evict_done=-1)
+  with pytest.raises(MappingError, match=r"allocation 1 \(buffer 7 'a'\) prefetches at op 4 a "
+                     "value produced in fast memory, but it is never evicted") as info:
+    validate_mapping(program, hw, _segments(program, hw, rows))
+  assert "\n" not in str(info.value)
+  # Without the prefetch back, op5 reads default memory: that needs the eviction too.
+  with pytest.raises(MappingError, match="read from default memory at op 5 after it was "
+                     "produced in fast memory, but it is never evicted"):
+    validate_mapping(program, hw, _segments(program, hw, rows[:1]))
+  # An eviction must be done by the end of the allocation it copies from.
+  rows[0].update(evict_start=1, evict_done=4)
+  with pytest.raises(MappingError, match=r"its eviction \[1, 4\] must start after the producing "
+                     "op 0 and be done by the allocation's end 3"):
+    validate_mapping(program, hw, _segments(program, hw, rows))
+
+
+def test_an_eviction_that_cannot_finish_stalls_the_program():
+  program, hw = _evict_and_prefetch_program()
+  # Evicted from op1, due before op2: only op1's 0.024 s of idle time, so a 0.216 s stall.
+  rows = [dict(buffer=0, level=0, offset=0, start=0, end=2, done=-1, evict_start=1, evict_done=2)]
+  report = validate_mapping(program, hw, _segments(program, hw, rows))
+  assert report.estimated_time_s == pytest.approx(0.024 + 0.024 + 0.216 + 3.0 + 0.24)
+
+
+def test_a_version_1_mapping_file_is_refused_in_one_line(tmp_path, mapping):
+  data = mapping.to_dict()
+  assert data["format_version"] == 2
+  del data["format_version"]
+  path = tmp_path / "old.json"
+  path.write_text(json.dumps(data))
+  with pytest.raises(MappingError, match=r"mapping format version 1 \(no 'format_version'\); "
+                     "this malloczero reads version 2") as info:
+    load_mapping(path)
+  assert "\n" not in str(info.value)
+  data["format_version"] = 3
+  path.write_text(json.dumps(data))
+  with pytest.raises(MappingError, match="mapping format version 3; this malloczero reads "
+                     "version 2"):
+    load_mapping(path)
