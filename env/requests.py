@@ -9,6 +9,9 @@
   even from program start starts at 0 and its leftover copy time is charged when placed.
 * Program outputs get no request: they must end the program in default memory.
 
+`exposed_copy_time` and `standalone_saving` are estimates, copies judged alone against the
+reference time; the program time itself simulates copy contention (env/simulator.py).
+
 Requests that can never pay off are dropped: those larger than every fast level, and those
 whose saving is not positive at any level even from the all-slow state (a request's saving can
 only shrink as other buffers move to fast memory, since op time is a max of compute and a sum).

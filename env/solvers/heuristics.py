@@ -1,4 +1,8 @@
-"""Constructive baselines: XLA's memory-space-assignment heuristic, a greedy, and random play."""
+"""Constructive baselines: XLA's memory-space-assignment heuristic, a greedy, and random play.
+
+They choose with the requests' estimates (op time saved, a prefetch's copy time not hidden
+behind the reference time of the ops before its use, no contention); the mappings they build are
+timed by the cost model's copy simulation like every other (`Placement.total_time`)."""
 
 from __future__ import annotations
 
