@@ -20,10 +20,12 @@ from rich.table import Table
 from malloczero.env.files import write_text
 from malloczero.env.game import MallocGame
 from malloczero.env.hardware import PRESETS, Hardware
+from malloczero.env.simulator import total_stall
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.workload import Workload
 
-NOTE = ("single process; game steps include building the observation; agent figures use all "
+NOTE = ("single process; game steps include building the observation and re-simulating the "
+        "copy queue; agent figures use all "
         "cores through XLA and exclude compilation")
 # Text longer than this is printed under the table, wrapped, so the table stays ~100 columns.
 LONGEST_CELL = 30
@@ -96,8 +98,17 @@ def bench_cost_model(seconds: float) -> dict[str, Any]:
       model.placement_delta(memory, op_time, ops, nbytes, 0, float(req.exposed_copy_time[r]))
     return len(req)
   updates_per_s, _ = _rate(updates, seconds)
+  # The copy queue of the whole mapping re-simulated, as the game does after a placement.
+  resolved = model.resolve(allocations)
+  copies = model.copies(resolved)
+  evaluation = model.evaluate(resolved)
+  slow = model.slow_memory_time  # The idle times themselves do not change the simulation's cost.
+  idle = model.idle_time(evaluation.op_time_s, slow)
+  simulations_per_s, _ = _rate(lambda: (total_stall(idle, copies), 1)[1], seconds)
   return {"eval_program_buffers": workload.num_buffers, "eval_program_ops": workload.num_ops,
-          "eval_mapping_allocations": len(allocations),
+          "eval_mapping_allocations": len(allocations), "eval_mapping_copies": len(copies),
+          "copy_simulations_per_s": simulations_per_s,
+          "copy_simulation_us": 1e6 / simulations_per_s,
           "cost_model_full_evaluations_per_s": evals_per_s,
           "cost_model_full_evaluation_ms": 1e3 / evals_per_s,
           "cost_model_incremental_updates_per_s": updates_per_s,
