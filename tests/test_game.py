@@ -197,3 +197,19 @@ def test_too_many_fast_levels_for_the_observation_is_a_clear_error():
                 1e12, 1e9, 1)
   with pytest.raises(HardwareError, match="3 fast levels"):
     MallocGame(workload, hw)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rewards_stay_exact_while_copies_stall(seed):
+  """Random play on a contended program makes prefetches wait for each other: the game's time
+  includes the stalls, and the rewards still sum to the simulated time saved."""
+  workload = random_workload(seed, num_ops=30)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
+  game = MallocGame(workload, hardware)
+  rewards, _ = play(game, "random", seed=seed)
+  evaluation = CostModel(workload, hardware).evaluate(game.allocations())
+  assert evaluation.total_stall_s > 0
+  assert game.total_time == pytest.approx(evaluation.total_time_s, rel=1e-9)
+  assert game.total_time == pytest.approx(evaluation.compute_and_memory_s
+                                          + evaluation.total_stall_s, rel=1e-12)
+  assert rewards.sum() == pytest.approx(1 - evaluation.total_time_s / game.normaliser, rel=1e-7)
