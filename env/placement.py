@@ -52,6 +52,7 @@ class Placement:
     self._rect_high = np.zeros((num_fast, num_requests), np.int64)
     self.count = [0] * num_fast
     self.placed: list[tuple[int, int, int]] = []  # (request, level, offset)
+    self._undo: tuple | None = None  # What the last `place` changed, for `undo_last`.
 
   def free_gaps(self, level: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
     """Free address intervals `[low, high)` of `level` throughout ops `[start, end)`, by address."""
@@ -82,6 +83,8 @@ class Placement:
     guarantees the spot is free."""
     req, model = self.requests, self.model
     ops, nbytes = req.ops(r)
+    self._undo = (ops, self.memory_time[ops], self.op_time[ops], self.default_time[ops],
+                  self.op_time_sum, self.stall_time, self.total_time, self.num_copies)
     memory, new_time, op_saved = model.placement_delta(
         self.memory_time, self.op_time, ops, nbytes, level, 0.0)
     self.memory_time[ops] = memory
@@ -126,9 +129,21 @@ class Placement:
     fits = np.flatnonzero(gap >= self.requests.size[r])
     return int(low[fits[np.argmin(gap[fits])]]) if fits.size else None
 
+  def undo_last(self) -> None:
+    """Takes back the last `place` (only the last one: what it changed was kept)."""
+    ops, memory, op_time, default, op_sum, stall, total, copies = self._undo
+    self.memory_time[ops], self.op_time[ops], self.default_time[ops] = memory, op_time, default
+    self.op_time_sum, self.stall_time, self.total_time = op_sum, stall, total
+    self.num_copies = copies
+    _, level, _ = self.placed.pop()
+    self.count[level] -= 1
+    self._undo = None
+
   def place_where_it_saves_most(self, r: int, fit: str = "best") -> bool:
-    """Places request `r` in the level where it saves most now among those with room, at the
-    `fit` ("best" or "first") offset; leaves it in slow memory if it saves nothing anywhere."""
+    """Places request `r` in the level where it is estimated to save most now (`saving`) among
+    those with room, at the `fit` ("best" or "first") offset, and keeps it there only if it
+    really saves time (copy contention can make an estimated saving a loss); otherwise, or if
+    it saves nothing anywhere, leaves it in slow memory."""
     saving = self.saving(r)
     find = self.best_fit if fit == "best" else self.first_fit
     for level in np.argsort(-saving, kind="stable"):
@@ -136,8 +151,10 @@ class Placement:
         return False
       offset = find(r, int(level))
       if offset is not None:
-        self.place(r, int(level), offset)
-        return True
+        if self.place(r, int(level), offset) > 0:
+          return True
+        self.undo_last()
+        return False
     return False
 
   def request_indices(self) -> np.ndarray:

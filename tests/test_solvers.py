@@ -145,3 +145,25 @@ def test_cli_solve_writes_a_valid_mapping_and_a_plot(tmp_path):
   assert json.loads(out.read_text())["solver"] == "cpsat"
   bad = run("solve", str(csv), "--solver", "msa")
   assert bad.returncode == 1 and "needs --capacity" in bad.stderr
+
+
+def test_greedy_keeps_only_placements_that_save_simulated_time_and_undo_restores_the_state():
+  workload = random_workload(0, num_ops=30)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
+  model = CostModel(workload, hardware)
+  placement = Placement(model, build_requests(model))
+  for r in range(len(placement.requests)):
+    before = (placement.total_time, len(placement.placed), placement.memory_time.copy())
+    level = 0
+    offset = placement.best_fit(r, level)
+    if offset is None:
+      continue
+    placement.place(r, level, offset)
+    placement.undo_last()
+    assert (placement.total_time, len(placement.placed)) == before[:2]
+    np.testing.assert_array_equal(placement.memory_time, before[2])
+    placed = placement.place_where_it_saves_most(r)
+    assert placement.total_time <= before[0] if placed else placement.total_time == before[0]
+  assert model.evaluate(placement.allocations()).total_time_s == pytest.approx(
+      placement.total_time, rel=1e-9)
+  assert placement.total_time <= model.slow_only_time
