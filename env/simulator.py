@@ -91,23 +91,26 @@ def simulate_copies(idle_s: np.ndarray, copies: Copies, finish: bool = True) -> 
   order = np.lexsort((copies.done, copies.start))
   start, done, work = copies.start[order], copies.done[order], copies.work_s[order]
   idle_before = np.concatenate(([0.0], np.cumsum(idle_s)))  # P [T + 1]
-  cumulative = np.cumsum(work)                              # W along the queue [K]
+  issued_work = np.concatenate(([0.0], np.cumsum(work)))    # W along the queue, 0 first [K + 1]
+  cumulative = issued_work[1:]
   # Due boundaries, and the last copy (in queue order) due at each.
   due_order = np.argsort(done, kind="stable")
   due_sorted = done[due_order]
   first = np.flatnonzero(np.concatenate(([True], due_sorted[1:] != due_sorted[:-1])))
   boundaries = due_sorted[first]                                          # [D]
   low = cumulative[np.maximum.reduceat(due_order, first)] - idle_before[boundaries]  # [D]
-  # Ops before the last due boundary: the work issued by each op's boundary caps the engine.
-  ops = np.arange(boundaries[-1])
-  issued = np.searchsorted(start, ops, side="right")
-  cap = np.where(issued > 0, cumulative[np.maximum(issued - 1, 0)], 0.0) - idle_before[ops + 1]
-  high = np.full(len(boundaries), np.inf)
-  previous = np.concatenate(([0], boundaries[:-1]))
-  nonempty = boundaries > previous
-  if ops.size:
-    segment_min = np.minimum.reduceat(cap, previous[nonempty])
-    high[nonempty] = segment_min
+  # Op t caps the engine at the work issued by its boundary minus P[t + 1]; the ops between
+  # two due boundaries fold into their smallest cap (none before a due boundary at 0).
+  last = boundaries[-1]
+  if last == 0:
+    high = np.full(1, np.inf)
+  else:
+    cap = (issued_work[np.searchsorted(start, np.arange(last), side="right")]
+           - idle_before[1:last + 1])
+    previous = np.concatenate(([0], boundaries[:-1]))
+    high = np.minimum.reduceat(cap, previous)
+    if boundaries[0] == 0:
+      high[0] = np.inf
   # Prefix compositions of z -> max(min(z, high), low), by doubling.
   lo, hi = low.copy(), high.copy()
   shift = 1
