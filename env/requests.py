@@ -55,14 +55,16 @@ def build_requests(model: CostModel) -> Requests:
   ref_prefix = model.reference_prefix
   rows: list[tuple[int, int, int, int]] = []  # (buffer, start, end, first_use)
   incidences: list[np.ndarray] = []
+  incidence_bytes: list[np.ndarray] = []  # The bytes each op moves: size x the op's weight.
   for b in range(workload.num_buffers):
     if a.is_output[b]:
       continue
     lo, hi = a.buffer_incidence_start[b], a.buffer_incidence_start[b + 1]
-    ops = a.incidence_op[lo:hi]
+    ops, nbytes = a.incidence_op[lo:hi], a.incidence_bytes[lo:hi]
     if not a.is_prefetched[b]:
       rows.append((b, int(a.live_start[b]), int(a.live_end[b]), int(a.live_start[b])))
       incidences.append(ops)
+      incidence_bytes.append(nbytes)
       continue
     if len(ops) == 0:
       continue
@@ -74,6 +76,7 @@ def build_requests(model: CostModel) -> Requests:
       if i == len(ops) or window_start[i] > ops[i - 1]:
         rows.append((b, int(window_start[group_first]), int(ops[i - 1]) + 1, int(ops[group_first])))
         incidences.append(ops[group_first:i])
+        incidence_bytes.append(nbytes[group_first:i])
         group_first = i
   if not rows:
     return _empty_requests(hw.num_fast_levels)
@@ -81,7 +84,7 @@ def build_requests(model: CostModel) -> Requests:
   counts = np.array([len(x) for x in incidences], np.int64)
   inc_start = np.concatenate([[0], np.cumsum(counts)])
   inc_op = np.concatenate(incidences).astype(np.int64)
-  inc_bytes = a.sizes[np.repeat(buffer, counts)].astype(np.float64)
+  inc_bytes = np.concatenate(incidence_bytes).astype(np.float64)
   size = np.asarray(hw.align(a.sizes[buffer]), np.int64)
   exposed = model.exposed_copy_time(buffer, start, first_use)
   saving = _standalone_saving(model, inc_op, inc_bytes, inc_start) - exposed[:, None]
