@@ -72,6 +72,25 @@ def test_compressed_csv_keeps_the_objective_and_the_mapping_exactly(solver):
   assert raw_mapping.estimated_time_s == pytest.approx(mapping.estimated_time_s, rel=1e-9)
 
 
+def test_the_game_on_a_compressed_csv_plays_exactly_as_on_the_raw_one():
+  """Same requests in the same order, same observations and rewards at every step."""
+  from malloczero.env.game import MallocGame
+  hw = PRESETS["minimalloc"].with_fast_capacity(800)
+  games = [MallocGame(w, hw) for w in (raw_workload(TINY, "tiny"),
+                                       workload_from_minimalloc_csv(TINY, name="tiny"))]
+  steps = [g.reset() for g in games]
+  while True:
+    for key in steps[0].observation:
+      np.testing.assert_allclose(steps[0].observation[key], steps[1].observation[key],
+                                 rtol=1e-6, err_msg=key)
+    assert (steps[0].reward or 0.0) == pytest.approx(steps[1].reward or 0.0, rel=1e-12)
+    if steps[0].last():
+      break
+    action = 1 if steps[0].observation["legal_actions"][1] else 0
+    steps = [g.step(action) for g in games]
+  assert games[0].total_time == pytest.approx(games[1].total_time, rel=1e-12)
+
+
 def test_a_time_inside_a_compressed_op_is_a_one_line_error():
   w = workload_from_minimalloc_csv(TINY, name="tiny")
   hw = PRESETS["minimalloc"].with_fast_capacity(800)
