@@ -168,6 +168,18 @@ def test_evo_time_limit_bounds_the_whole_solve_including_building():
   assert result.mapping.allocations
 
 
+def test_cpsat_time_limit_covers_building_its_model():
+  """A limit already spent by building leaves CP-SAT no search: it returns the msa hint (a valid
+  mapping) and says why, rather than searching past the limit."""
+  workload = random_workload(8, num_ops=40)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
+  result = solve(workload, hardware, "cpsat", time_limit_s=1e-9)
+  assert result.info["status"] == "unknown"
+  assert "building the model took" in result.info["fallback"]
+  assert result.mapping.estimated_time_s == pytest.approx(
+      solve(workload, hardware, "msa").mapping.estimated_time_s, rel=1e-12)
+
+
 def test_unknown_solver_is_a_one_line_error():
   w = random_workload(1, num_ops=10)
   with pytest.raises(MalloczeroError, match="unknown solver 'magic'"):

@@ -104,8 +104,8 @@ def cpsat(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
       placement.place(r, level, offset)
     return {"status": "unknown", "bound_s": 0.0, "model_build_s": built,
             "model_build_and_solve_s": built, "variables": len(choices),
-            "fallback": f"msa (building the model took {built:.2f} s of the {time_limit_s:.2f} s "
-                        "time limit)"}
+            "fallback": f"msa (building the model took {built:.2f} s, all of the "
+                        f"{float(time_limit_s):.2f} s left of the time limit)"}
   solver.parameters.max_time_in_seconds = remaining
   status = solver.Solve(m)
   info = {"status": solver.StatusName(status).lower(),
