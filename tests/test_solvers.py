@@ -4,6 +4,7 @@ import importlib
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -166,6 +167,21 @@ def test_evo_time_limit_bounds_the_whole_solve_including_building():
   result = solve(workload, hardware, "evo", time_limit_s=1e-9)
   assert result.info["evaluations"] == 1 and result.info["stopped_by_time_limit"]
   assert result.mapping.allocations
+
+
+def test_solve_time_includes_building_the_requests(monkeypatch):
+  """Building is part of the solve: a build that sleeps 0.2 s shows in the solve time (a lower
+  bound only, which a loaded machine cannot break) and is taken from evo's time limit."""
+  solvers_module = importlib.import_module("malloczero.env.solvers")
+  def slow_build(model):
+    time.sleep(0.2)
+    return build_requests(model)
+  monkeypatch.setattr(solvers_module, "build_requests", slow_build)
+  workload = random_workload(8, num_ops=40)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
+  assert solve(workload, hardware, "msa").solve_time_s >= 0.2
+  result = solve(workload, hardware, "evo", time_limit_s=0.15, evaluations=1000)
+  assert result.solve_time_s >= 0.2 and result.info["evaluations"] == 1
 
 
 def test_cpsat_time_limit_covers_building_its_model():
