@@ -7,7 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from malloczero.env import MappingError, load_workload, save_workload
+from malloczero.env import MappingError, WorkloadError, load_workload, save_workload
 from malloczero.env.cost_model import CostModel
 from malloczero.env.hardware import PRESETS
 from malloczero.env.mapping import Mapping
@@ -111,12 +111,12 @@ def test_weighted_ops_round_trip_through_json(tmp_path):
   data = json.loads(path.read_text())
   data["ops"][0]["weight"] = 0
   path.write_text(json.dumps(data))
-  with pytest.raises(Exception, match=r"op 0 \('t0'\): 'weight' must be an integer from 1 to "
+  with pytest.raises(WorkloadError, match=r"op 0 \('t0'\): 'weight' must be an integer from 1 to "
                      r"2\*\*60, got 0"):
     load_workload(path)
 
 
-def test_real_instance_reads_in_milliseconds_worth_of_ops():
+def test_real_instance_has_one_op_per_interval_between_distinct_endpoints():
   """Challenge instance A (MiniMalloc's own header) spans 2**20 time steps in 71 ops."""
   w = load_workload(INSTANCE_A)
   points = set()
