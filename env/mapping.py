@@ -6,7 +6,11 @@
    "estimated_time_s": float, "slow_only_time_s": float}
 
 `buffer` is the buffer's id in the workload, `level` an index into the hardware's levels
-(0 = fastest), `[start, end)` op indices, `offset` bytes from the level's base.
+(0 = fastest), `offset` bytes from the level's base, and `[start, end)` the allocation's window
+on the workload's time axis (env/workload.py): the op indices of the program's schedule, step by
+step, even where the workload stores several steps as one weighted op. For a MiniMalloc CSV
+these are the CSV's own times, so an activation's window is its row's `[lower, upper)`; the
+arrays the cost model works on use op indices, and `from_arrays` / `to_arrays` translate.
 """
 
 from __future__ import annotations
@@ -45,11 +49,12 @@ class Mapping:
                   allocations: Allocations, estimated_time_s: float,
                   slow_only_time_s: float) -> "Mapping":
     ids = np.array([b.id for b in workload.buffers], np.int64)
+    axis = workload.time_axis
     rows = tuple({"request": int(q), "buffer": int(ids[b]), "level": int(lv), "offset": int(o),
                   "start": int(s), "end": int(e)}
                  for q, b, lv, o, s, e in zip(request, allocations.buffer, allocations.level,
-                                              allocations.offset, allocations.start,
-                                              allocations.end))
+                                              allocations.offset, axis[allocations.start],
+                                              axis[allocations.end]))
     return cls(workload.name, hardware, solver, rows, float(estimated_time_s),
                float(slow_only_time_s))
 
@@ -62,8 +67,9 @@ class Mapping:
       raise MappingError(f"allocation refers to unknown buffer id {e.args[0]} of workload "
                          f"'{workload.name}'") from None
     col = lambda k: np.array([a[k] for a in self.allocations], np.int64)
-    return Allocations(buffer=buffer, level=col("level"), offset=col("offset"), start=col("start"),
-                       end=col("end"))
+    return Allocations(buffer=buffer, level=col("level"), offset=col("offset"),
+                       start=_op_index(workload, col("start"), "start"),
+                       end=_op_index(workload, col("end"), "end"))
 
   def to_dict(self) -> dict[str, Any]:
     return {"workload": self.workload,
@@ -107,6 +113,27 @@ class Mapping:
   def save(self, path: str | os.PathLike) -> None:
     """Writes MAP.json atomically (see env/files.py)."""
     write_text(path, json.dumps(self.to_dict(), indent=1))
+
+
+def _op_index(workload: Workload, times: np.ndarray, key: str) -> np.ndarray:
+  """Op indices of times on the workload's axis. With every op one step they are the same
+  numbers (the validator judges them); a time inside a weighted op, or off the axis, names no
+  op boundary, which is a one-line MappingError."""
+  axis = workload.time_axis
+  if axis[-1] == workload.num_ops:
+    return times
+  index = np.minimum(np.searchsorted(axis, times), len(axis) - 1)
+  bad = np.flatnonzero(axis[index] != times)
+  if bad.size:
+    i = int(bad[0])
+    raise MappingError(f"allocation {i}: '{key}' = {int(times[i])} is not an op boundary of "
+                       f"'{workload.name}' (its ops start at times {_sample(axis)})")
+  return index
+
+
+def _sample(axis: np.ndarray) -> str:
+  shown = ", ".join(str(int(x)) for x in axis[:6])
+  return shown + (f", ..., {int(axis[-1])}" if len(axis) > 6 else "")
 
 
 def load_mapping(path: str | os.PathLike) -> Mapping:

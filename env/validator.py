@@ -66,11 +66,13 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
                          f"the capacity {lv.capacity_bytes} of level '{lv.name}'")
     s, e, lo, hi = alloc.start[i], alloc.end[i], wa.live_start[b], wa.live_end[b]
     if not lo <= s < e <= hi:
-      raise MappingError(f"{what}: ops [{s}, {e}) are not a non-empty part of its live range "
-                         f"[{lo}, {hi})")
+      raise MappingError(f"{what}: ops [{_time(workload, s)}, {_time(workload, e)}) are not a "
+                         f"non-empty part of its live range [{_time(workload, lo)}, "
+                         f"{_time(workload, hi)})")
     if buf.kind == "activation" and (s, e) != (lo, hi):
       raise MappingError(f"{what}: an activation's allocation must cover its whole live range "
-                         f"[{lo}, {hi}), got [{s}, {e})")
+                         f"[{_time(workload, lo)}, {_time(workload, hi)}), got "
+                         f"[{_time(workload, s)}, {_time(workload, e)})")
   _check_disjoint_per_buffer(workload, alloc)
   for level in range(hardware.num_fast_levels):
     _check_no_overlap(workload, hardware, alloc, size, level)
@@ -85,6 +87,12 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
   return ValidationReport(len(alloc), fresh, model.slow_only_time)
 
 
+def _time(workload: Workload, op: int) -> int:
+  """An op boundary as the mapping file writes it: on the workload's time axis."""
+  axis = workload.time_axis
+  return int(axis[op]) if 0 <= op < len(axis) else int(op)
+
+
 def _describe(hw: Hardware) -> str:
   return ", ".join(f"{lv.name} {lv.capacity_bytes} B" for lv in hw.levels[:-1])
 
@@ -97,7 +105,8 @@ def _check_disjoint_per_buffer(workload: Workload, alloc) -> None:
     i = clash[0]
     buf = workload.buffers[b[i]]
     raise MappingError(f"buffer {buf.id} '{buf.name}' has two allocations overlapping in time: "
-                       f"ops [{s[i]}, {e[i]}) and [{s[i + 1]}, {e[i + 1]})")
+                       f"ops [{_time(workload, s[i])}, {_time(workload, e[i])}) and "
+                       f"[{_time(workload, s[i + 1])}, {_time(workload, e[i + 1])})")
 
 
 def _check_no_overlap(workload: Workload, hardware: Hardware, alloc, size: np.ndarray,
@@ -118,7 +127,8 @@ def _check_no_overlap(workload: Workload, hardware: Hardware, alloc, size: np.nd
       bi, bj = workload.buffers[alloc.buffer[i]], workload.buffers[alloc.buffer[j]]
       raise MappingError(
           f"allocations {i} (buffer {bi.id} '{bi.name}') and {j} (buffer {bj.id} '{bj.name}') "
-          f"overlap in level '{hardware.levels[level].name}': ops [{alloc.start[i]}, "
-          f"{alloc.end[i]}) x bytes [{alloc.offset[i]}, {alloc.offset[i] + size[i]}) and ops "
-          f"[{alloc.start[j]}, {alloc.end[j]}) x bytes [{alloc.offset[j]}, "
+          f"overlap in level '{hardware.levels[level].name}': ops [{_time(workload, alloc.start[i])}, "
+          f"{_time(workload, alloc.end[i])}) x bytes [{alloc.offset[i]}, {alloc.offset[i] + size[i]}) "
+          f"and ops [{_time(workload, alloc.start[j])}, {_time(workload, alloc.end[j])}) x bytes "
+          f"[{alloc.offset[j]}, "
           f"{alloc.offset[j] + size[j]})")

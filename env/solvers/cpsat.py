@@ -10,6 +10,10 @@ proven bound are exact up to that rounding; the returned mapping is re-evaluated
 
 Offsets are free (any aligned address), a superset of the game's gap-start candidates, so the
 CP-SAT optimum bounds what any game player can reach. The msa mapping is given as a hint.
+
+`time_limit_s` bounds the whole call: the msa hint and building the model are taken from it and
+CP-SAT searches for what is left (`solve()` has already taken out building the requests). A
+limit spent before the search starts returns the msa hint, said so in `fallback`.
 """
 
 from __future__ import annotations
@@ -91,12 +95,22 @@ def cpsat(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
   m.Minimize(sum(op_vars) + sum(c * v for c, v in exposed_terms) + constant)
 
   solver = cp_model.CpSolver()
-  solver.parameters.max_time_in_seconds = float(time_limit_s)
   solver.parameters.num_search_workers = int(workers)
   solver.parameters.random_seed = int(seed)
+  built = time.perf_counter() - t0
+  remaining = float(time_limit_s) - built
+  if remaining <= 0:
+    for (r, level), offset in hint.items():
+      placement.place(r, level, offset)
+    return {"status": "unknown", "bound_s": 0.0, "model_build_s": built,
+            "model_build_and_solve_s": built, "variables": len(choices),
+            "fallback": f"msa (building the model took {built:.2f} s, all of the "
+                        f"{float(time_limit_s):.2f} s left of the time limit)"}
+  solver.parameters.max_time_in_seconds = remaining
   status = solver.Solve(m)
   info = {"status": solver.StatusName(status).lower(),
           "bound_s": float(solver.BestObjectiveBound()) * unit,
+          "model_build_s": built,
           "model_build_and_solve_s": time.perf_counter() - t0,
           "variables": len(choices)}
   if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
