@@ -1,0 +1,26 @@
+"""Building blocks of a faithful reimplementation of XLA's memory-space assignment (issue 14).
+
+Each module reimplements one part of openxla/xla's `xla/service/memory_space_assignment/` (and
+the heap simulator's chunk search), with XLA's own tests reproduced in tests/test_msa_parts.py:
+
+* `cost_analysis`: `CostAnalysis` (op elapsed times, alternate-memory benefits,
+  memory-boundedness, copy times).
+* `buffer_order`: `MemoryBoundednessBufferIntervalComparator` (the order buffers are allocated).
+* `interval_picker`: `CostAnalysisPrefetchIntervalPicker` (prefetch start times, the "live range
+  too long" rule).
+* `chunks`: best-fit chunk search in time x address (`FindChunkCandidate`,
+  `FindBestChunkCandidates`).
+* `copy_resource`: `AsynchronousCopyResource`, the outstanding-copy limit, copy ordering.
+
+They are not yet assembled into msa's allocation loop (`AllocateSegment`); docs/msa.md says how
+they will be. The `msa` solver in env/solvers/heuristics.py is unchanged.
+"""
+
+from malloczero.env.solvers.msa.buffer_order import buffer_order
+from malloczero.env.solvers.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
+
+__all__ = [
+    "CostAnalysis",
+    "CostAnalysisOptions",
+    "buffer_order",
+]
