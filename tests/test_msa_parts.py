@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from malloczero.env.hardware import Hardware, MemoryLevel
-from malloczero.env.solvers.msa import CostAnalysis, CostAnalysisOptions, buffer_order
+from malloczero.env.solvers.msa import (
+    CostAnalysis, CostAnalysisOptions, CostAnalysisPrefetchIntervalPicker,
+    PrefetchIntervalOptions, buffer_order)
 from malloczero.env.solvers.msa.buffer_order import latest_use_times
 from malloczero.env.workload import Workload
 from tests.strategies import hardware_for, workloads
@@ -20,6 +22,8 @@ from tests.strategies import hardware_for, workloads
 XLA_HW = Hardware("xla-test", (MemoryLevel("alternate", 128, 1000.0),
                                MemoryLevel("default", 1 << 30, 100.0)),
                   peak_flops_per_s=1000.0, copy_bandwidth_bytes_per_s=100.0, alignment_bytes=8)
+# The ratios XLA's prefetch_interval_picker_test.cc builds its picker with.
+PICKER_TEST_RATIOS = PrefetchIntervalOptions(1.0, 2.0, 4.0)
 F32_4_3 = 48
 NEGATE, TANH = 12.0, 1200.0  # flops of f32[4,3] negate / tanh
 
@@ -174,3 +178,129 @@ def test_buffer_order_is_a_permutation_sorted_by_boundedness(data):
   bounded = ca.memory_boundedness[order].astype(np.float32)
   assert np.all(np.diff(bounded) <= 0)
   assert np.all(np.isfinite(ca.memory_boundedness))
+
+
+# ----------------------------------------------------------------------------- interval picker
+
+
+def fake_picker(op_elapsed, max_ratio: float) -> CostAnalysisPrefetchIntervalPicker:
+  """XLA's FakeCostAnalysis: the given elapsed per logical time, every copy (of the 32-byte
+  memory too) 3 s; ratios min 1, preferred 2, max `max_ratio`."""
+  return CostAnalysisPrefetchIntervalPicker(
+      np.asarray(op_elapsed, float), memory_copy_elapsed=3.0,
+      options=PrefetchIntervalOptions(1.0, 2.0, max_ratio))
+
+
+def test_prefetch_interval_order():
+  """XLA's PrefetchIntervalOrder: param0 at time 0, negates a..u at 1..21, the root add at 22
+  uses param0; every op 1 s, the copy 3 s, the add 0.5 s faster with param0 in alternate.
+  The preferred start 15 (elapsed 6 = 2 x copy) first, then alternately later and earlier until
+  the min ratio (18: elapsed 3 + 0.5 >= 3) and the max ratio (9: elapsed 12 = 4 x 3)."""
+  picker = fake_picker(np.ones(23), max_ratio=4.0)
+  it = picker.begin(copy_elapsed=3.0, start=0, end=22, use_elapsed_reduction=0.5)
+  order = []
+  while not it.done():
+    order.append(it.next())
+  assert order == [15, 16, 14, 17, 13, 18, 12, 11, 10, 9]
+  assert it.latest_time == 18
+  with pytest.raises(StopIteration):
+    it.next()
+  # Too little time between start and use: no interval at all.
+  assert picker.begin(3.0, start=19, end=22, use_elapsed_reduction=0.5).done()
+  assert picker.start_times(3.0, 19, 22, 0.5) == []
+
+
+def test_earliest_latest_window_too_small():
+  """XLA's EarliestLatestWindowTooSmall: param0, negate (1), tanh (2, elapsed 20), add (3) of
+  tanh and negate. For the add's use of negate, earliest and latest fall on the long op; the
+  only start offered is 1, just before it."""
+  picker = fake_picker([1.0, 1.0, 20.0, 1.0], max_ratio=12.0)
+  it = picker.begin(3.0, start=1, end=3, use_elapsed_reduction=0.5)
+  assert not it.done()
+  assert it.next() == 1
+  assert it.done()
+
+
+def test_picker_on_a_cost_analysis_counts_op_zero_from_program_start():
+  """The same chain as PrefetchIntervalOrder as a workload (21 negates of f32[2,4], then the add
+  of the last one and p0) on XLA's test hardware: every negate 64 B / 100 B/s = 0.64 s, the
+  copy of p0 0.32 s, the add 0.288 s faster with p0 in alternate memory. Latest start 20 (0 +
+  0.288 >= 0.8 x 0.32), preferred 19 (0.64 closest to 1.5 x 0.32), earliest 0: from program
+  start (-1) the 21 negates take 13.44 s > 10 x 1.32 s (the copy time of a 134-byte memory,
+  measured as XLA does on s32[134 / 4]: 132 bytes), from 0 the 20 after op 0 take 12.8 s."""
+  ops = [(f"negate{i}", 8.0) for i in range(21)] + [("add", 8.0)]
+  buffers = [{"name": "p0", "size": 32, "def": None, "uses": [0, 21], "kind": "parameter"}]
+  buffers += [{"name": f"n{i}", "size": 32, "def": i, "uses": [i + 1], "kind": "activation"}
+              for i in range(20)]
+  buffers += [{"name": "n20", "size": 32, "def": 20, "uses": [21], "kind": "activation"},
+              {"name": "v", "size": 32, "def": 21, "uses": [], "kind": "output"}]
+  w = program(ops, buffers)
+  ca = CostAnalysis(w, XLA_HW)
+  picker = CostAnalysisPrefetchIntervalPicker.from_cost_analysis(ca, 134)
+  assert picker.max_async_copy_elapsed == pytest.approx(13.2)
+  use = ca.buffer_incidences(0).start + 1  # p0's use by the add
+  assert ca.use_elapsed_reduction[use] == pytest.approx(0.288)
+  copy = ca.async_copy_elapsed(32)
+  window = picker.window(copy, -1, 21, ca.use_elapsed_reduction[use])
+  assert (window.earliest, window.latest, window.preferred) == (0, 20, 19)
+  assert picker.start_times(copy, -1, 21, ca.use_elapsed_reduction[use]) == [
+      19, 20] + list(range(18, -1, -1))
+  assert picker.logical_interval_elapsed(-1, 21) == pytest.approx(21 * 0.64)
+
+
+def test_live_range_too_long_and_eviction_end():
+  """CanAllocateInAlternateMemoryNoCopy refuses an interval whose elapsed time reaches max_ratio
+  x the whole memory's copy time (here 10 x 1.28 s = 12.8 s); PreferredEvictionEndTime is the
+  first end covering preferred_ratio x the copy time."""
+  picker = CostAnalysisPrefetchIntervalPicker(np.full(40, 0.64), memory_copy_elapsed=1.28)
+  assert picker.can_allocate_in_alternate_memory_no_copy(0, 20)       # 19 ops: 12.16 s
+  assert not picker.can_allocate_in_alternate_memory_no_copy(0, 21)   # 20 ops: 12.8 s
+  assert picker.can_allocate_in_alternate_memory_no_copy(5, 5)
+  # An eviction copying 0.48 s wants 0.72 s of ops: two of them after the start.
+  assert picker.preferred_eviction_end_time(0.48, start=3, latest_end=30) == 6
+  assert picker.preferred_eviction_end_time(0.48, start=3, latest_end=4) == 5
+  assert picker.estimated_prefetch_end_time(0.48, start=3, end=30) == 5
+  assert picker.estimated_prefetch_end_time(10.0, start=3, end=8) == 8
+
+
+def test_earlier_starts_are_thinned_once_later_ones_run_out():
+  """With many short ops the earlier side moves by at least 1/100 of the window's elapsed time
+  per step (XLA's kNumExploredDecreasingIntervals): ops of 1 s, a copy of 100 s, a use at
+  1000: latest 899 (100 s), preferred 799 (200 s), earliest 0 (999 s <= 10000 s)."""
+  picker = CostAnalysisPrefetchIntervalPicker(np.ones(1001), memory_copy_elapsed=10000.0,
+                                              options=PrefetchIntervalOptions(1.0, 2.0, 1.0))
+  starts = picker.start_times(copy_elapsed=100.0, start=0, end=1000)
+  window = picker.window(100.0, 0, 1000)
+  assert (window.earliest, window.latest, window.preferred) == (0, 899, 799)
+  assert starts[:3] == [799, 800, 798]
+  assert len(starts) < 2 * 100 + 110
+  later_done = starts.index(899)
+  tail = starts[later_done + 2:]
+  gaps = [picker.logical_interval_elapsed(b, 1000) - picker.logical_interval_elapsed(a, 1000)
+          for a, b in zip(tail, tail[1:])]
+  assert min(gaps) >= 999 / 100
+
+
+@given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=40), st.floats(0.01, 20.0),
+       st.floats(0.0, 5.0), st.floats(0.1, 2.0), st.floats(1.0, 4.0), st.floats(0.0, 50.0),
+       st.data())
+def test_picker_yields_each_start_once_within_its_window(elapsed, copy, reduction, min_ratio,
+                                                         preferred_ratio, memory_copy, data):
+  picker = CostAnalysisPrefetchIntervalPicker(
+      np.array(elapsed), memory_copy,
+      PrefetchIntervalOptions(min_ratio, preferred_ratio, 1.0))
+  end = data.draw(st.integers(0, len(elapsed) - 1))
+  start = data.draw(st.integers(-1, end))
+  window = picker.window(copy, start, end, reduction)
+  starts = picker.start_times(copy, start, end, reduction)
+  assert len(starts) == len(set(starts))
+  assert all(window.earliest <= s <= window.latest for s in starts)
+  if window.empty:
+    assert starts == []
+    return
+  assert starts[0] == window.preferred
+  assert window.latest in starts and window.earliest in starts
+  # Latest: the min-ratio rule holds there and at no later start.
+  rule = lambda s: picker.logical_interval_elapsed(s, end) + reduction >= min_ratio * copy
+  assert rule(window.latest)
+  assert not any(rule(s) for s in range(window.latest + 1, end))

@@ -18,9 +18,14 @@ they will be. The `msa` solver in env/solvers/heuristics.py is unchanged.
 
 from malloczero.env.solvers.msa.buffer_order import buffer_order
 from malloczero.env.solvers.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
+from malloczero.env.solvers.msa.interval_picker import (
+    CostAnalysisPrefetchIntervalPicker, PrefetchIntervalOptions, PrefetchWindow)
 
 __all__ = [
     "CostAnalysis",
     "CostAnalysisOptions",
+    "CostAnalysisPrefetchIntervalPicker",
+    "PrefetchIntervalOptions",
+    "PrefetchWindow",
     "buffer_order",
 ]
