@@ -17,15 +17,19 @@ they will be. The `msa` solver in env/solvers/heuristics.py is unchanged.
 """
 
 from malloczero.env.solvers.msa.buffer_order import buffer_order
+from malloczero.env.solvers.msa.chunks import ChunkCandidate, ChunkHeap, find_best_chunk_candidate
 from malloczero.env.solvers.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
 from malloczero.env.solvers.msa.interval_picker import (
     CostAnalysisPrefetchIntervalPicker, PrefetchIntervalOptions, PrefetchWindow)
 
 __all__ = [
+    "ChunkCandidate",
+    "ChunkHeap",
     "CostAnalysis",
     "CostAnalysisOptions",
     "CostAnalysisPrefetchIntervalPicker",
     "PrefetchIntervalOptions",
     "PrefetchWindow",
     "buffer_order",
+    "find_best_chunk_candidate",
 ]
