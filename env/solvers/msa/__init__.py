@@ -18,16 +18,22 @@ they will be. The `msa` solver in env/solvers/heuristics.py is unchanged.
 
 from malloczero.env.solvers.msa.buffer_order import buffer_order
 from malloczero.env.solvers.msa.chunks import ChunkCandidate, ChunkHeap, find_best_chunk_candidate
+from malloczero.env.solvers.msa.copy_resource import (
+    AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, OutstandingCopyLimit)
 from malloczero.env.solvers.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
 from malloczero.env.solvers.msa.interval_picker import (
     CostAnalysisPrefetchIntervalPicker, PrefetchIntervalOptions, PrefetchWindow)
 
 __all__ = [
+    "AsyncCopy",
+    "AsynchronousCopyOrdering",
+    "AsynchronousCopyResource",
     "ChunkCandidate",
     "ChunkHeap",
     "CostAnalysis",
     "CostAnalysisOptions",
     "CostAnalysisPrefetchIntervalPicker",
+    "OutstandingCopyLimit",
     "PrefetchIntervalOptions",
     "PrefetchWindow",
     "buffer_order",
