@@ -602,6 +602,16 @@ def test_async_copy_resource_has_enough_resource_multi_check(second, fits):
   assert len(resource.copies) == 2
 
 
+def test_async_copy_resource_has_enough_resource_multi_check_regression():
+  """XLA's HasEnoughResourceMultiCheckRegressionTest: the copy (1, 4) queues behind the existing
+  (1, 8) of the same start, so the pair does not fit (XLA notes another design might fit it)."""
+  resource = AsynchronousCopyResource([24.0, 0.0, 6.0, 411.0, 3479.0, 0.0, 0.0, 1537.0, 3095.0,
+                                       0.0, 26.7])
+  resource.add_copy(AsyncCopy(1, 8, 170.8, 1))
+  resource.add_copy(AsyncCopy(2, 8, 170.8, 2))
+  assert not resource.has_enough_resource_multi_check([(0, 4, 170.8), (1, 4, 170.8)])
+
+
 def naive_fifo_fits(budgets, copies) -> bool:
   """An independent op-by-op FIFO: each op's budget serves the earliest-started unfinished
   copies that may run at that op; every copy must be done by op end - 1."""
