@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from malloczero.env.cost_model import CostModel
 from malloczero.env.hardware import Hardware, MemoryLevel
 from malloczero.env.solvers.msa import (
     AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, ChunkHeap, CostAnalysis,
@@ -695,3 +696,41 @@ def test_outstanding_copy_limit(limit):
   assert copies.violates(3, 3) == (copies.overlapping(3, 3) >= limit)
   assert not copies.violates(3, 3, extra_async_copy_limit=3)
   assert not OutstandingCopyLimit(-1).violates(0, 100, num_additional_copies=50)
+
+
+# ----------------------------------------------------------------------------- cross-checks
+
+
+def xla_fold(def_benefit: float, use_benefits: list[float]) -> float:
+  """GetMemoryBoundedness's loop, literally: use by use, in order."""
+  benefit = def_benefit
+  for use in use_benefits:
+    if benefit > 0 and use > 0:
+      benefit += use
+    else:
+      benefit = max(benefit, use)
+  return benefit
+
+
+@given(st.data())
+def test_memory_boundedness_equals_xlas_sequential_fold(data):
+  w = data.draw(workloads())
+  hw = data.draw(hardware_for(w))
+  ca = CostAnalysis(w, hw)
+  a = w.arrays
+  for b in range(w.num_buffers):
+    rows = range(*ca.buffer_incidences(b).indices(len(a.incidence_op)))
+    defs = [ca.incidence_benefit[e] for e in rows if ca.incidence_is_def[e]]
+    uses = [ca.incidence_benefit[e] for e in rows if not ca.incidence_is_def[e]]
+    expected = xla_fold(defs[0] if defs else 0.0, uses) if (defs or uses) else 0.0
+    assert ca.memory_boundedness[b] == pytest.approx(expected / np.sqrt(max(a.sizes[b], 1)),
+                                                     rel=1e-9, abs=1e-300)
+
+
+@given(st.data())
+def test_default_memory_elapsed_is_the_cost_models_all_slow_op_time(data):
+  w = data.draw(workloads())
+  hw = data.draw(hardware_for(w))
+  model = CostModel(w, hw)
+  np.testing.assert_allclose(CostAnalysis(w, hw).elapsed,
+                             np.maximum(model.compute_time, model.slow_memory_time), rtol=1e-12)

@@ -28,9 +28,11 @@ tests (tests/test_msa_parts.py). Float tolerances: XLA computes in float32 and i
 `ConsumeResourceScaledIntegerResource` test exists because of rounding; here float64 with a
 relative tolerance of 1e-9 of the total budget.
 
-Not modelled, and why: memory spaces other than one alternate memory (each fast level would
-have its own resource only if it had its own copy engine; docs/msa.md), and
-`Dump` (debug output).
+XLA keeps two of these resources, one for prefetches and one for evictions, both starting from
+the ops' elapsed times (`MsaAlgorithm`'s constructor); the caller builds both the same way.
+
+Not modelled, and why: copy engines per fast level (the hardware has one copy bandwidth;
+docs/msa.md), and `Dump` (debug output).
 """
 
 from __future__ import annotations
