@@ -616,6 +616,8 @@ def test_async_copy_resource_has_enough_resource_multi_check_regression():
 def naive_fifo_fits(budgets, copies) -> bool:
   """An independent op-by-op FIFO: each op's budget serves the earliest-started unfinished
   copies that may run at that op; every copy must be done by op end - 1."""
+  if any(demand > 0 and end - 1 < start + 1 for start, end, demand in copies):
+    return False  # No op strictly between its start and end.
   order = sorted(range(len(copies)), key=lambda i: (copies[i][0], i))
   remaining = [copies[i][2] for i in order]
   for t, budget in enumerate(budgets):
@@ -629,7 +631,7 @@ def naive_fifo_fits(budgets, copies) -> bool:
     for k, i in enumerate(order):
       if copies[i][1] - 1 == t and remaining[k] > 1e-9:
         return False
-  return all(r <= 1e-9 for r in remaining)  # Also copies whose end - 1 is before op 0.
+  return all(r <= 1e-9 for r in remaining)
 
 
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=12),
@@ -645,6 +647,7 @@ def test_copy_resource_agrees_with_an_op_by_op_fifo(budgets, specs):
       continue
     fits = resource.has_enough_resource(start, end, float(demand))
     assert fits == naive_fifo_fits(budgets, accepted + [(start, end, float(demand))])
+    assert fits == resource.has_enough_resource_multi_check([(start, end, float(demand))])
     if fits:
       resource.add_copy(AsyncCopy(start, end, float(demand), i))
       accepted.append((start, end, float(demand)))

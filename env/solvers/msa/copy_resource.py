@@ -65,6 +65,22 @@ class AsynchronousCopyResource:
     if np.any(self.initial_resources < 0):
       raise ValueError("resources must be >= 0")
     self._copies: list[AsyncCopy] = []  # In start order; ties in the order added.
+    self._refresh()
+
+  def _refresh(self) -> None:
+    """Caches the queue of the copies added so far, for `has_enough_resource`'s fast path:
+    starts, ends, demands `[C]` in order, owed `[C]` (cumulative demand), arriving, waiting
+    after each op (Lindley's W) and cumulative arrivals `[T]`."""
+    copies, t = self._copies, len(self.initial_resources)
+    self._starts = np.array([c.start for c in copies], np.int64)
+    self._ends = np.array([c.end for c in copies], np.int64)
+    self._demands = np.array([c.resource for c in copies], np.float64)
+    self._owed = np.cumsum(self._demands)
+    first = np.clip(self._starts + 1, 0, max(t - 1, 0))
+    self._arriving = np.bincount(first, self._demands, minlength=t)[:t].astype(np.float64)
+    balance = np.cumsum(self._arriving - self.initial_resources)
+    self._waiting = balance - np.minimum(0.0, np.minimum.accumulate(balance)) if t else balance
+    self._arrived = np.cumsum(self._arriving)
 
   @property
   def copies(self) -> tuple[AsyncCopy, ...]:
@@ -105,9 +121,34 @@ class AsynchronousCopyResource:
 
   def has_enough_resource(self, start: int, end: int, resource: float) -> bool:
     """`HasEnoughResource`: a copy (start, end, resource) can be added without any copy, it
-    or one it delays, missing its end."""
-    finished, _ = self._simulate(self._with([AsyncCopy(start, end, resource, -1)]))
-    return bool(finished.all())
+    or one it delays, missing its end.
+
+    Only the queue from the new copy's first op on changes, and only the copies queued behind
+    it can be delayed (FIFO), so the check recomputes just that part: O(T - start + copies
+    behind) numpy work on the cached queue."""
+    if resource == 0:
+      return True  # As XLA: a copy that needs nothing changes nothing.
+    budget = self.initial_resources
+    t = len(budget)
+    first = max(start + 1, 0)
+    deadline = min(end - 1, t - 1)
+    if deadline < first:
+      return False
+    behind = int(np.searchsorted(self._starts, start, side="right"))
+    waiting_before = float(self._waiting[first - 1]) if first > 0 else 0.0
+    balance = np.cumsum(self._arriving[first:] - budget[first:])
+    balance += resource
+    waiting = balance - np.minimum(-waiting_before, np.minimum.accumulate(balance))
+    served = self._arrived[first:] + resource - waiting                     # [T - first]
+    owed_before = float(self._owed[behind - 1]) if behind else 0.0
+    tolerance = _RELATIVE_TOLERANCE * (budget.sum() + self._demands.sum() + resource)
+    if served[deadline - first] < owed_before + resource - tolerance:
+      return False
+    later = slice(behind, None)
+    needs = self._demands[later] > 0
+    deadlines = np.minimum(self._ends[later] - 1, t - 1)[needs] - first
+    owed = self._owed[later][needs] + resource
+    return bool(np.all(served[deadlines] >= owed - tolerance))
 
   def has_enough_resource_multi_check(self, specs: Sequence[tuple[int, int, float]]) -> bool:
     """`HasEnoughResourceMultiCheck`: the copies (start, end, resource) can all be added."""
@@ -117,11 +158,10 @@ class AsynchronousCopyResource:
 
   def add_copy(self, copy: AsyncCopy) -> None:
     """`AddCopy`; like XLA (which CHECK-fails) it refuses a copy that does not fit."""
-    copies = self._with([copy])
-    finished, _ = self._simulate(copies)
-    if not finished.all():
+    if not self.has_enough_resource(copy.start, copy.end, copy.resource):
       raise ValueError(f"not enough copy resource for {copy}")
-    self._copies = copies
+    self._copies = self._with([copy])
+    self._refresh()
 
   def remove_copy(self, copy: AsyncCopy) -> None:
     """`RemoveCopy`: removes the first added copy equal to `copy`."""
@@ -129,10 +169,11 @@ class AsynchronousCopyResource:
       self._copies.remove(copy)
     except ValueError:
       raise KeyError(f"no such copy {copy}") from None
+    self._refresh()
 
   def current_resources(self) -> np.ndarray:
     """`GetCurrentResources` `[T]`: each op's budget left after the copies."""
-    _, waiting = self._simulate(self._copies)
+    waiting = np.concatenate([[0.0], self._waiting[:-1]]) + self._arriving
     return np.maximum(0.0, self.initial_resources - waiting)
 
 
