@@ -299,7 +299,8 @@ def test_picker_yields_each_start_once_within_its_window(elapsed, copy, reductio
     assert starts == []
     return
   assert starts[0] == window.preferred
-  assert window.latest in starts and window.earliest in starts
+  # Every later start is tried; earlier ones may be thinned away (zero-time ops), not later ones.
+  assert set(range(window.preferred, window.latest + 1)) <= set(starts)
   # Latest: the min-ratio rule holds there and at no later start.
   rule = lambda s: picker.logical_interval_elapsed(s, end) + reduction >= min_ratio * copy
   assert rule(window.latest)
