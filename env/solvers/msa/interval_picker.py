@@ -45,6 +45,8 @@ from typing import Iterator
 
 import numpy as np
 
+from malloczero.env.solvers.msa.cost_analysis import CostAnalysis
+
 # XLA's kNumExploredDecreasingIntervals: once the later starts are used up, the earlier side is
 # thinned to about this many candidates.
 NUM_EXPLORED_DECREASING_INTERVALS = 100
@@ -93,7 +95,7 @@ class CostAnalysisPrefetchIntervalPicker:
                                    * options.max_overlap_to_mem_size_async_copy_ratio)
 
   @classmethod
-  def from_cost_analysis(cls, cost_analysis, mem_size_bytes: int,
+  def from_cost_analysis(cls, cost_analysis: CostAnalysis, mem_size_bytes: int,
                          options: PrefetchIntervalOptions = PrefetchIntervalOptions()
                          ) -> "CostAnalysisPrefetchIntervalPicker":
     """From a `CostAnalysis` and the alternate memory's size. XLA measures the memory's copy
