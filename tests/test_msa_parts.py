@@ -15,8 +15,9 @@ from malloczero.env.cost_model import CostModel
 from malloczero.env.hardware import Hardware, MemoryLevel
 from malloczero.env.solvers.msa import (
     AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, ChunkHeap, CostAnalysis,
-    CostAnalysisOptions, CostAnalysisPrefetchIntervalPicker, OutstandingCopyLimit,
-    PrefetchIntervalOptions, buffer_order, find_best_chunk_candidate)
+    CostAnalysisOptions, CostAnalysisPrefetchIntervalPicker,
+    InstructionCountPrefetchIntervalPicker, OutstandingCopyLimit, PrefetchIntervalOptions,
+    buffer_order, find_best_chunk_candidate)
 from malloczero.env.solvers.msa.buffer_order import latest_use_times
 from malloczero.env.workload import Workload
 from tests.strategies import hardware_for, workloads
@@ -279,6 +280,23 @@ def test_earlier_starts_are_thinned_once_later_ones_run_out():
   gaps = [picker.logical_interval_elapsed(b, 1000) - picker.logical_interval_elapsed(a, 1000)
           for a, b in zip(tail, tail[1:])]
   assert min(gaps) >= 999 / 100
+
+
+def test_instruction_count_picker():
+  """XLA's InstructionCountPrefetchIntervalPicker(2, 10), AssignMemorySpace's default in
+  memory_space_assignment_test.cc: a use at 22 may be prefetched from 12 (10 ops before) to 19
+  (Done once only 2 ops remain); one at 5 from the program start; keeping without a copy up to
+  10 ops; an eviction 2 ops long."""
+  picker = InstructionCountPrefetchIntervalPicker(2, 10)
+  assert picker.start_times(0.0, 0, 22) == list(range(12, 20))
+  assert picker.begin(0.0, 0, 22).latest_time == 19
+  assert picker.start_times(0.0, -1, 5) == [-1, 0, 1, 2]
+  assert picker.start_times(0.0, 3, 5) == []
+  assert picker.can_allocate_in_alternate_memory_no_copy(0, 10)
+  assert not picker.can_allocate_in_alternate_memory_no_copy(0, 11)
+  assert picker.preferred_eviction_end_time(0.0, 4, 30) == 6
+  assert picker.preferred_eviction_end_time(0.0, 4, 5) == 5
+  assert picker.logical_interval_elapsed(3, 7) == 3.0
 
 
 @given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=40), st.floats(0.01, 20.0),

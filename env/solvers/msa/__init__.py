@@ -7,7 +7,7 @@ the heap simulator's chunk search), with XLA's own tests reproduced in tests/tes
   memory-boundedness, copy times).
 * `buffer_order`: `MemoryBoundednessBufferIntervalComparator` (the order buffers are allocated).
 * `interval_picker`: `CostAnalysisPrefetchIntervalPicker` (prefetch start times, the "live range
-  too long" rule).
+  too long" rule) and `InstructionCountPrefetchIntervalPicker` (the one most XLA tests use).
 * `chunks`: best-fit chunk search in time x address (`FindChunkCandidate`,
   `FindBestChunkCandidates`).
 * `copy_resource`: `AsynchronousCopyResource`, the outstanding-copy limit, copy ordering.
@@ -22,7 +22,8 @@ from malloczero.env.solvers.msa.copy_resource import (
     AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, OutstandingCopyLimit)
 from malloczero.env.solvers.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
 from malloczero.env.solvers.msa.interval_picker import (
-    CostAnalysisPrefetchIntervalPicker, PrefetchIntervalOptions, PrefetchWindow)
+    CostAnalysisPrefetchIntervalPicker, InstructionCountPrefetchIntervalPicker,
+    PrefetchIntervalOptions, PrefetchWindow)
 
 __all__ = [
     "AsyncCopy",
@@ -33,6 +34,7 @@ __all__ = [
     "CostAnalysis",
     "CostAnalysisOptions",
     "CostAnalysisPrefetchIntervalPicker",
+    "InstructionCountPrefetchIntervalPicker",
     "OutstandingCopyLimit",
     "PrefetchIntervalOptions",
     "PrefetchWindow",

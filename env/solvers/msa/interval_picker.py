@@ -264,3 +264,79 @@ class PrefetchIntervalIterator:
   def __iter__(self) -> Iterator[int]:
     while not self.done():
       yield self.next()
+
+
+class InstructionCountPrefetchIntervalPicker:
+  """XLA's `InstructionCountPrefetchIntervalPicker` (prefetch_interval_picker.cc): the picker
+  most of `memory_space_assignment_test.cc` runs with (`AssignMemorySpace`'s default,
+  min 2 / max 10 ops), where every op counts as one second. Same interface as
+  `CostAnalysisPrefetchIntervalPicker` (the copy time and the use's saving are ignored), so that
+  the assembled msa can reproduce XLA's tests that use it (NegateChain, EvictAndPrefetch, ...).
+
+  * keep without a copy while the interval spans at most `max_overlap_count` ops;
+  * prefetch starts from max(start, end - max_overlap_count), one op later each time, while at
+    least `min_overlap_count` + 1 ops remain before the use (`Done`: end - t <= min);
+  * an eviction ends `min_overlap_count` ops after its start (or at the latest end)."""
+
+  def __init__(self, min_overlap_count: int = 2, max_overlap_count: int = 10):
+    self.min_overlap_count = int(min_overlap_count)
+    self.max_overlap_count = int(max_overlap_count)
+
+  def logical_interval_elapsed(self, start: int, end: int) -> float:
+    """`GetLogicalIntervalElapsed`: the ops strictly between, one second each."""
+    return float(end - start - 1)
+
+  def can_allocate_in_alternate_memory_no_copy(self, start: int, end: int) -> bool:
+    return end - start <= self.max_overlap_count
+
+  def preferred_eviction_end_time(self, copy_elapsed: float, start: int,
+                                  latest_end: int) -> int:
+    return min(start + self.min_overlap_count, latest_end)
+
+  def latest_prefetch_start_time(self, copy_elapsed: float, start: int, end: int,
+                                 use_elapsed_reduction: float = 0.0) -> int:
+    """XLA's `LatestPrefetchStartTime` (end - min), one more than `Next` ever yields."""
+    return end - self.min_overlap_count
+
+  def preferred_prefetch_start_time(self, copy_elapsed: float, earliest: int, latest: int,
+                                    end: int) -> int:
+    return max(earliest, end - self.max_overlap_count)
+
+  def estimated_prefetch_end_time(self, copy_elapsed: float, start: int, end: int) -> int:
+    return end
+
+  def begin(self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0,
+            preferred_time: int | None = None) -> "InstructionCountIterator":
+    first = (preferred_time if preferred_time is not None
+             else self.preferred_prefetch_start_time(copy_elapsed, start, end, end))
+    return InstructionCountIterator(first, end, self.min_overlap_count)
+
+  def start_times(self, copy_elapsed: float, start: int, end: int,
+                  use_elapsed_reduction: float = 0.0) -> list[int]:
+    return list(self.begin(copy_elapsed, start, end, use_elapsed_reduction))
+
+
+class InstructionCountIterator:
+  """`Next` / `Done` of the instruction-count picker: one op later each time."""
+
+  def __init__(self, first: int, end: int, min_overlap_count: int):
+    self._current = first
+    self.end = end
+    self.min_overlap_count = min_overlap_count
+
+  @property
+  def latest_time(self) -> int:
+    return self.end - self.min_overlap_count - 1
+
+  def done(self) -> bool:
+    return self.end - self._current <= self.min_overlap_count
+
+  def next(self) -> int:
+    if self.done():
+      raise StopIteration("the prefetch interval picker is done")
+    self._current += 1
+    return self._current - 1
+
+  def __iter__(self) -> Iterator[int]:
+    while not self.done():
+      yield self.next()
