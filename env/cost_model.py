@@ -218,7 +218,8 @@ class CostModel:
                          a.incidence_bytes * self.inverse_bandwidth[incidence_level],
                          minlength=self.num_ops)
     slow = incidence_level == self.hardware.slow_level
-    default = np.bincount(a.incidence_op[slow], a.incidence_bytes[slow] * self.inverse_bandwidth[-1],
+    default = np.bincount(a.incidence_op[slow],
+                          a.incidence_bytes[slow] * self.inverse_bandwidth[-1],
                           minlength=self.num_ops)
     op_time = np.maximum(self.compute_time, memory)
     schedule = simulate_copies(self.idle_time(op_time, default), self.copies(allocations))

@@ -240,7 +240,9 @@ class MallocGame(dm_env.Environment):
     """[R, static_features] per-request features that do not change during an episode."""
     cfg, req = self.config, self.requests
     num_requests, num_fast = len(req), self._num_fast
-    num_ops = float(self.workload.num_ops)
+    # Positions on the program's time axis, so a compressed (weighted) schedule reads the same.
+    axis = self.workload.time_axis
+    length = float(axis[-1])
     self._saving_scale = max(float(req.standalone_saving.max()), 1e-30)
     s = cfg.layout.static
     f = np.zeros((num_requests, s.size), np.float32)
@@ -248,9 +250,9 @@ class MallocGame(dm_env.Environment):
     f[:, s.index("is_activation")] = ~req.is_prefetch
     f[:, s.slice("size_vs_capacity", num_fast)] = np.minimum(
         req.size[:, None] / self._capacity[None, :], 2.0)
-    f[:, s.index("start")] = req.start / num_ops
-    f[:, s.index("end")] = req.end / num_ops
-    f[:, s.index("duration")] = (req.end - req.start) / num_ops
+    f[:, s.index("start")] = axis[req.start] / length
+    f[:, s.index("end")] = axis[req.end] / length
+    f[:, s.index("duration")] = (axis[req.end] - axis[req.start]) / length
     f[:, s.slice("standalone_saving", num_fast)] = req.standalone_saving / self._saving_scale
     f[:, s.index("exposed_copy_time")] = np.minimum(req.exposed_copy_time / self._saving_scale,
                                                     10.0)

@@ -9,12 +9,18 @@
    "estimated_time_s": float, "slow_only_time_s": float}
 
 Each allocation is a segment: `buffer` (its id in the workload) in `level` (an index into the
-hardware's levels, 0 = fastest) at `offset` bytes over ops `[start, end)`. Without `prefetch` it
-is produced in place (an activation's producer writes it there); with it, a copy from default
+hardware's levels, 0 = fastest) at `offset` bytes over `[start, end)`. Without `prefetch` it is
+produced in place (an activation's producer writes it there); with it, a copy from default
 memory issued at `prefetch.start` (the allocation's start: the chunk is reserved from the copy's
-issue) and due before op `prefetch.done`, the first use it serves. `eviction` is a copy back to
-default memory issued before op `eviction.start` and due before op `eviction.done`.
-`request` is the game's request index (-1 when a solver made the segment outside the game).
+issue) and due before `prefetch.done`, the first use it serves. `eviction` is a copy back to
+default memory issued at `eviction.start` and due at `eviction.done`. `request` is the game's
+request index (-1 when a solver made the segment outside the game).
+
+Every time (`start`, `end` and the copies' `start` and `done`) is on the workload's time axis
+(env/workload.py): the op indices of the program's schedule, step by step, even where the
+workload stores several steps as one weighted op. For a MiniMalloc CSV these are the CSV's own
+times, so an activation's window is its row's `[lower, upper)`; the arrays the cost model works
+on use op indices, and `from_arrays` / `to_arrays` translate.
 
 Version 1 files (no `format_version`: whole-range allocations with an implied prefetch) are
 refused with a one-line error: their times were computed without copy contention.
@@ -62,18 +68,19 @@ class Mapping:
     if allocations.prefetch_done is None:
       raise MappingError("internal: allocations without their prefetches cannot be written")
     ids = np.array([b.id for b in workload.buffers], np.int64)
+    axis = workload.time_axis
     rows = []
     for i in range(len(allocations)):
       row: dict[str, Any] = {
           "request": int(request[i]), "buffer": int(ids[allocations.buffer[i]]),
           "level": int(allocations.level[i]), "offset": int(allocations.offset[i]),
-          "start": int(allocations.start[i]), "end": int(allocations.end[i])}
+          "start": int(axis[allocations.start[i]]), "end": int(axis[allocations.end[i]])}
       if allocations.prefetch_done[i] != NO_COPY:
-        row["prefetch"] = {"start": int(allocations.start[i]),
-                           "done": int(allocations.prefetch_done[i])}
+        row["prefetch"] = {"start": int(axis[allocations.start[i]]),
+                           "done": int(axis[allocations.prefetch_done[i]])}
       if allocations.evict_start[i] != NO_COPY:
-        row["eviction"] = {"start": int(allocations.evict_start[i]),
-                           "done": int(allocations.evict_done[i])}
+        row["eviction"] = {"start": int(axis[allocations.evict_start[i]]),
+                           "done": int(axis[allocations.evict_done[i]])}
       rows.append(row)
     return cls(workload.name, hardware, solver, tuple(rows), float(estimated_time_s),
                float(slow_only_time_s))
@@ -89,16 +96,20 @@ class Mapping:
       raise MappingError(f"allocation refers to unknown buffer id {e.args[0]} of workload "
                          f"'{workload.name}'") from None
     col = lambda k: np.array([a[k] for a in self.allocations], np.int64)
-    copy = lambda kind, key: np.array([a[kind][key] if kind in a else NO_COPY
-                                       for a in self.allocations], np.int64)
-    return Allocations(buffer=buffer, level=col("level"), offset=col("offset"), start=col("start"),
-                       end=col("end"), prefetch_done=copy("prefetch", "done"),
+    copy = lambda kind, key: _op_index(
+        workload, np.array([a[kind][key] if kind in a else NO_COPY for a in self.allocations],
+                           np.int64), f"{kind}.{key}")
+    return Allocations(buffer=buffer, level=col("level"), offset=col("offset"),
+                       start=_op_index(workload, col("start"), "start"),
+                       end=_op_index(workload, col("end"), "end"),
+                       prefetch_done=copy("prefetch", "done"),
                        evict_start=copy("eviction", "start"), evict_done=copy("eviction", "done"))
 
-  def prefetch_starts(self) -> np.ndarray:
-    """[n] each allocation's prefetch start as written (`NO_COPY` where it has none)."""
-    return np.array([a["prefetch"]["start"] if "prefetch" in a else NO_COPY
-                     for a in self.allocations], np.int64)
+  def prefetch_starts(self, workload: Workload) -> np.ndarray:
+    """[n] each allocation's prefetch start as written, in op indices (`NO_COPY` where it has
+    none)."""
+    return _op_index(workload, np.array([a["prefetch"]["start"] if "prefetch" in a else NO_COPY
+                                         for a in self.allocations], np.int64), "prefetch.start")
 
   def to_dict(self) -> dict[str, Any]:
     return {"format_version": FORMAT_VERSION, "workload": self.workload,
@@ -147,6 +158,8 @@ class Mapping:
                                f"got {v!r}")
           if (problem := int_out_of_range(v, f"{kind}.{key}")):
             raise MappingError(f"{where}: allocation {i}: {problem}")
+          if v < 0:
+            raise MappingError(f"{where}: allocation {i}: '{kind}.{key}' must be >= 0, got {v}")
         row[kind] = {key: int(copy[key]) for key in COPY_KEYS}
       rows.append(row)
     for key in ("estimated_time_s", "slow_only_time_s"):
@@ -165,6 +178,29 @@ class Mapping:
   def save(self, path: str | os.PathLike) -> None:
     """Writes MAP.json atomically (see env/files.py)."""
     write_text(path, json.dumps(self.to_dict(), indent=1))
+
+
+def _op_index(workload: Workload, times: np.ndarray, key: str) -> np.ndarray:
+  """Op indices of times on the workload's axis. With every op one step they are the same
+  numbers (the validator judges them); a time inside a weighted op, or off the axis, names no
+  op boundary, which is a one-line MappingError."""
+  axis = workload.time_axis
+  if axis[-1] == workload.num_ops:
+    return times
+  index = np.minimum(np.searchsorted(axis, times), len(axis) - 1)
+  absent = times == NO_COPY  # No such copy: stays NO_COPY.
+  index[absent] = NO_COPY
+  bad = np.flatnonzero((axis[np.maximum(index, 0)] != times) & ~absent)
+  if bad.size:
+    i = int(bad[0])
+    raise MappingError(f"allocation {i}: '{key}' = {int(times[i])} is not an op boundary of "
+                       f"'{workload.name}' (its ops start at times {_sample(axis)})")
+  return index
+
+
+def _sample(axis: np.ndarray) -> str:
+  shown = ", ".join(str(int(x)) for x in axis[:6])
+  return shown + (f", ..., {int(axis[-1])}" if len(axis) > 6 else "")
 
 
 def load_mapping(path: str | os.PathLike) -> Mapping:

@@ -58,7 +58,7 @@ def build_requests(model: CostModel) -> Requests:
   ref_prefix = model.reference_prefix
   rows: list[tuple[int, int, int, int]] = []  # (buffer, start, end, first_use)
   incidences: list[np.ndarray] = []
-  incidence_bytes: list[np.ndarray] = []  # What each served op moves of the buffer.
+  incidence_bytes: list[np.ndarray] = []  # What each served op moves of the buffer (x its weight).
   for b in range(workload.num_buffers):
     if a.is_output[b]:
       continue
@@ -96,7 +96,8 @@ def build_requests(model: CostModel) -> Requests:
   keep = np.any(fits & (saving > 0), axis=1)
   boundedness = np.max(np.where(fits, saving, 0.0), axis=1) / np.sqrt(size)
   # np.lexsort sorts by the last key first; negate for descending.
-  order = np.lexsort((buffer, -(end - start), -size, -boundedness))
+  axis = workload.time_axis  # Live-range length in program time, whatever the ops' weights.
+  order = np.lexsort((buffer, -(axis[end] - axis[start]), -size, -boundedness))
   order = order[keep[order]]
   counts_kept = counts[order]
   gather = np.concatenate([np.arange(inc_start[r], inc_start[r + 1]) for r in order]) \

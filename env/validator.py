@@ -27,6 +27,7 @@ candidates or incremental bookkeeping. Checks, each failing with one line:
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import numpy as np
 
@@ -58,7 +59,7 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
     raise MappingError(f"mapping was made for hardware '{mapping.hardware.name}' "
                        f"({_describe(mapping.hardware)}), not '{hardware.name}' ({_describe(hardware)})")
   alloc = mapping.to_arrays(workload)
-  prefetch_start = mapping.prefetch_starts()
+  prefetch_start = mapping.prefetch_starts(workload)
   wa = workload.arrays
   size = np.asarray(hardware.align(wa.sizes[alloc.buffer]), np.int64)
   for i in range(len(alloc)):
@@ -79,9 +80,11 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
                          f"the capacity {lv.capacity_bytes} of level '{lv.name}'")
     s, e, lo, hi = alloc.start[i], alloc.end[i], wa.live_start[b], wa.live_end[b]
     if not lo <= s < e <= hi:
-      raise MappingError(f"{what}: ops [{s}, {e}) are not a non-empty part of its live range "
-                         f"[{lo}, {hi})")
-    _check_copies(what, buf.kind, int(wa.def_op[b]), alloc, prefetch_start, i)
+      raise MappingError(f"{what}: ops [{_time(workload, s)}, {_time(workload, e)}) are not a "
+                         f"non-empty part of its live range [{_time(workload, lo)}, "
+                         f"{_time(workload, hi)})")
+    _check_copies(what, buf.kind, int(wa.def_op[b]), alloc, prefetch_start, i,
+                  lambda op: _time(workload, op))
   _check_disjoint_per_buffer(workload, alloc)
   model = CostModel(workload, hardware)
   _check_default_copy(workload, model, alloc)
@@ -98,8 +101,9 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
 
 
 def _check_copies(what: str, kind: str, def_op: int, alloc: Allocations,
-                  prefetch_start: np.ndarray, i: int) -> None:
-  """How allocation `i` is filled and emptied (see the module docstring)."""
+                  prefetch_start: np.ndarray, i: int, at: Callable[[int], int]) -> None:
+  """How allocation `i` is filled and emptied (see the module docstring); `at` writes an op
+  boundary on the workload's time axis, as the mapping file does."""
   s, e = int(alloc.start[i]), int(alloc.end[i])
   done, ev_start, ev_done = (int(alloc.prefetch_done[i]), int(alloc.evict_start[i]),
                              int(alloc.evict_done[i]))
@@ -109,24 +113,26 @@ def _check_copies(what: str, kind: str, def_op: int, alloc: Allocations,
                          "must be filled by a prefetch")
     if s != def_op:
       raise MappingError(f"{what}: without a prefetch it is produced in place, so it must start "
-                         f"at its defining op {def_op}, not {s}")
+                         f"at its defining op {at(def_op)}, not {at(s)}")
   else:
     if prefetch_start[i] != s:
-      raise MappingError(f"{what}: its prefetch starts at op {prefetch_start[i]}, not at the "
-                         f"allocation's start {s} (the chunk is reserved from the copy's issue)")
+      raise MappingError(f"{what}: its prefetch starts at op {at(prefetch_start[i])}, not at the "
+                         f"allocation's start {at(s)} (the chunk is reserved from the copy's "
+                         "issue)")
     if not s <= done < e:
-      raise MappingError(f"{what}: its prefetch is due at op {done}, outside the allocation's ops "
-                         f"[{s}, {e})")
+      raise MappingError(f"{what}: its prefetch is due at op {at(done)}, outside the allocation's "
+                         f"ops [{at(s)}, {at(e)})")
     if kind == "activation" and s <= def_op:
-      raise MappingError(f"{what}: a prefetch at op {s} of an activation defined at op {def_op} "
-                         "copies a value not yet produced")
+      raise MappingError(f"{what}: a prefetch at op {at(s)} of an activation defined at op "
+                         f"{at(def_op)} copies a value not yet produced")
   if ev_start != NO_COPY or ev_done != NO_COPY:
     if done != NO_COPY:
       raise MappingError(f"{what}: a prefetched value is still in default memory; only a value "
                          "produced in fast memory can be evicted")
     if not def_op < ev_start <= ev_done <= e:
-      raise MappingError(f"{what}: its eviction [{ev_start}, {ev_done}] must start after the "
-                         f"producing op {def_op} and be done by the allocation's end {e}")
+      raise MappingError(f"{what}: its eviction [{at(ev_start)}, {at(ev_done)}] must start after "
+                         f"the producing op {at(def_op)} and be done by the allocation's end "
+                         f"{at(e)}")
 
 
 def _check_default_copy(workload: Workload, model: CostModel, alloc: Allocations) -> None:
@@ -145,9 +151,10 @@ def _check_default_copy(workload: Workload, model: CostModel, alloc: Allocations
     if alloc.start[i] < ready[b]:
       buf = workload.buffers[b]
       when = ("it is never evicted" if ready[b] == never
-              else f"its eviction is done only at op {ready[b]}")
+              else f"its eviction is done only at op {_time(workload, ready[b])}")
       raise MappingError(f"allocation {i} (buffer {buf.id} '{buf.name}') prefetches at op "
-                         f"{alloc.start[i]} a value produced in fast memory, but {when}")
+                         f"{_time(workload, alloc.start[i])} a value produced in fast memory, "
+                         f"but {when}")
   a = workload.arrays
   default_read = (model.serving(alloc) < 0) & (a.incidence_op < ready[a.incidence_buffer])
   if default_read.any():
@@ -155,9 +162,15 @@ def _check_default_copy(workload: Workload, model: CostModel, alloc: Allocations
     b, t = a.incidence_buffer[e], a.incidence_op[e]
     buf = workload.buffers[b]
     when = ("it is never evicted" if ready[b] == never
-            else f"its eviction is done only at op {ready[b]}")
-    raise MappingError(f"buffer {buf.id} '{buf.name}' is read from default memory at op {t} "
-                       f"after it was produced in fast memory, but {when}")
+            else f"its eviction is done only at op {_time(workload, ready[b])}")
+    raise MappingError(f"buffer {buf.id} '{buf.name}' is read from default memory at op "
+                       f"{_time(workload, t)} after it was produced in fast memory, but {when}")
+
+
+def _time(workload: Workload, op: int) -> int:
+  """An op boundary as the mapping file writes it: on the workload's time axis."""
+  axis = workload.time_axis
+  return int(axis[op]) if 0 <= op < len(axis) else int(op)
 
 
 def _describe(hw: Hardware) -> str:
@@ -172,7 +185,8 @@ def _check_disjoint_per_buffer(workload: Workload, alloc) -> None:
     i = clash[0]
     buf = workload.buffers[b[i]]
     raise MappingError(f"buffer {buf.id} '{buf.name}' has two allocations overlapping in time: "
-                       f"ops [{s[i]}, {e[i]}) and [{s[i + 1]}, {e[i + 1]})")
+                       f"ops [{_time(workload, s[i])}, {_time(workload, e[i])}) and "
+                       f"[{_time(workload, s[i + 1])}, {_time(workload, e[i + 1])})")
 
 
 def _check_no_overlap(workload: Workload, hardware: Hardware, alloc, size: np.ndarray,
@@ -193,7 +207,8 @@ def _check_no_overlap(workload: Workload, hardware: Hardware, alloc, size: np.nd
       bi, bj = workload.buffers[alloc.buffer[i]], workload.buffers[alloc.buffer[j]]
       raise MappingError(
           f"allocations {i} (buffer {bi.id} '{bi.name}') and {j} (buffer {bj.id} '{bj.name}') "
-          f"overlap in level '{hardware.levels[level].name}': ops [{alloc.start[i]}, "
-          f"{alloc.end[i]}) x bytes [{alloc.offset[i]}, {alloc.offset[i] + size[i]}) and ops "
-          f"[{alloc.start[j]}, {alloc.end[j]}) x bytes [{alloc.offset[j]}, "
+          f"overlap in level '{hardware.levels[level].name}': ops [{_time(workload, alloc.start[i])}, "
+          f"{_time(workload, alloc.end[i])}) x bytes [{alloc.offset[i]}, {alloc.offset[i] + size[i]}) "
+          f"and ops [{_time(workload, alloc.start[j])}, {_time(workload, alloc.end[j])}) x bytes "
+          f"[{alloc.offset[j]}, "
           f"{alloc.offset[j] + size[j]})")

@@ -3,7 +3,8 @@
 JSON format (docs/design.md)::
 
   {"name": str, "source": str,
-   "ops": [{"name": str, "flops": number}, ...],            # in schedule order
+   "ops": [{"name": str, "flops": number,                  # in schedule order
+            "weight": int}, ...],                           # optional, default 1
    "buffers": [{"id": int, "name": str, "size": int,         # bytes
                 "def": int | null,                           # defining op; null = program start
                 "uses": [int, ...],                          # op indices that read it
@@ -24,9 +25,26 @@ accesses are unchanged. The cost model and the game charge an incidence its byte
 
 Live ranges are half-open op intervals: an activation lives on `[def, last_use + 1)`, a
 parameter or input on `[0, last_use + 1)`, and a program output on `[def, T)` because it
-must survive the program. A MiniMalloc CSV (`id,lower,upper,size`) becomes a workload of
-zero-flop ops where each buffer is touched by every op of `[lower, upper)`, so that the time
-saved by placing it is proportional to bytes x time, MiniMalloc's objective.
+must survive the program.
+
+An op's `weight` (default 1) says how many identical consecutive steps of the program it stands
+for: its flops and every byte it reads or writes count `weight` times, so its time in the cost
+model is `weight` times the time of one step, exactly. The workload's *time axis* puts op `t`
+on `[time_axis[t], time_axis[t + 1])`, the cumulative weights: with every weight 1 it is the op
+index itself. Mapping files (env/mapping.py) give allocation windows on this axis, so a mapping
+reads in the program's own time whichever way the schedule was stored.
+
+A MiniMalloc CSV (`id,lower,upper,size`, or MiniMalloc's own header `buffer,start,end,size`)
+becomes a workload of zero-flop ops with its time axis compressed: one op per elementary
+interval between consecutive distinct endpoints (with 0 as the first), weighted by the
+interval's length, and each buffer touches every op of `[lower, upper)`. The time saved by
+placing a buffer is then its bytes x (upper - lower) times the bandwidth gain, MiniMalloc's
+objective, exactly as if every time step were an op of its own; the challenge instances
+(times up to 2**20, about 150-450 buffers) become a few hundred ops instead of a million.
+
+Other workloads are not compressed: a program from XLA defines a new result at every op, so no
+two consecutive ops touch the same buffers, and merging ops would also coarsen the points where
+a parameter's prefetch window may start, which changes the game's requests.
 """
 
 from __future__ import annotations
@@ -52,14 +70,15 @@ PREFETCHED_KINDS = ("parameter", "input")  # Exist before the program: copied in
 # offsets computed in those arrays, cannot overflow: 2**60 bytes is 1 EiB.
 MAX_FILE_INT = 1 << 60
 MAX_TOTAL_BYTES = 1 << 62
-# A MiniMalloc CSV's schedule is built op by op, so its length is bounded by what fits in memory.
-MAX_CSV_OPS = 1 << 22
 
 
 @dataclasses.dataclass(frozen=True)
 class Op:
+  """One step of the schedule, or `weight` identical consecutive steps merged into one op (a
+  compressed MiniMalloc time interval): `flops` and the bytes it moves are per step."""
   name: str
   flops: float
+  weight: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +105,7 @@ class WorkloadArrays:
   Incidences are the (op, buffer) pairs an op touches (its results and operands), sorted by
   buffer then op; each pair appears once.
   """
-  flops: np.ndarray             # [T] float64
+  flops: np.ndarray             # [T] float64, all steps of the op (its flops x weight)
   sizes: np.ndarray             # [N] int64
   def_op: np.ndarray            # [N] int64, PROGRAM_START for parameters / inputs
   live_start: np.ndarray        # [N] int64
@@ -95,7 +114,8 @@ class WorkloadArrays:
   is_output: np.ndarray         # [N] bool
   incidence_buffer: np.ndarray  # [E] int64
   incidence_op: np.ndarray      # [E] int64
-  incidence_bytes: np.ndarray   # [E] float64: bytes the op moves (`def_bytes` / `use_bytes`)
+  incidence_bytes: np.ndarray   # [E] float64: bytes the op moves (`def_bytes` / `use_bytes`),
+                                #   all steps of it (x the op's weight)
   buffer_incidence_start: np.ndarray  # [N + 1] CSR offsets into the incidence arrays
 
 
@@ -121,6 +141,12 @@ class Workload:
   def buffer_index(self) -> dict[int, int]:
     """Maps a buffer id to its position in `buffers`."""
     return {b.id: i for i, b in enumerate(self.buffers)}
+
+  @functools.cached_property
+  def time_axis(self) -> np.ndarray:
+    """[T + 1] int64: op `t` covers program time `[time_axis[t], time_axis[t + 1])`."""
+    weights = np.fromiter((o.weight for o in self.ops), np.int64, count=self.num_ops)
+    return np.concatenate([[0], np.cumsum(weights)])
 
   @functools.cached_property
   def arrays(self) -> WorkloadArrays:
@@ -154,7 +180,9 @@ class Workload:
         entry["def_bytes"] = b.def_bytes
       buffers.append(entry)
     return {"name": self.name, "source": self.source,
-            "ops": [{"name": o.name, "flops": o.flops} for o in self.ops], "buffers": buffers}
+            "ops": [{"name": o.name, "flops": o.flops,
+                     **({"weight": o.weight} if o.weight != 1 else {})} for o in self.ops],
+            "buffers": buffers}
 
   @classmethod
   def from_dict(cls, data: Any, where: str = "workload") -> "Workload":
@@ -221,7 +249,11 @@ def _parse_workload(data: Any, where: str) -> Workload:
       _fail(where, f"op {t}: 'name' must be a string")
     if not _is_number(flops) or not np.isfinite(flops) or flops < 0:
       _fail(where, f"op {t} ('{op_name}'): 'flops' must be a finite number >= 0, got {flops!r}")
-    ops.append(Op(op_name, float(flops)))
+    weight = op.get("weight", 1)
+    if not _is_int(weight) or not 1 <= weight <= MAX_FILE_INT:
+      _fail(where, f"op {t} ('{op_name}'): 'weight' must be an integer from 1 to 2**60, got "
+            f"{show_int(weight) if _is_int(weight) else repr(weight)}")
+    ops.append(Op(op_name, float(flops), int(weight)))
   buffers = []
   for i, b in enumerate(raw_buffers):
     if not isinstance(b, Mapping):
@@ -300,6 +332,12 @@ def _check_workload(w: Workload) -> None:
   if not w.buffers:
     _fail(where, "the workload has no buffers")
   num_ops = len(w.ops)
+  for t, op in enumerate(w.ops):
+    if not _is_int(op.weight) or not 1 <= op.weight <= MAX_FILE_INT:
+      _fail(where, f"op {t} ('{op.name}'): 'weight' must be an integer from 1 to 2**60, got "
+            f"{op.weight!r}")
+  if sum(op.weight for op in w.ops) > MAX_FILE_INT:
+    _fail(where, "the ops' weights add up to more than 2**60 steps")
   total_bytes = sum(b.size for b in w.buffers)
   if total_bytes > MAX_TOTAL_BYTES:
     _fail(where, f"the buffers' sizes add up to {show_int(total_bytes)} bytes, above the limit "
@@ -366,37 +404,47 @@ def _build_arrays(w: Workload) -> WorkloadArrays:
       lo += 1
     if b.use_bytes is not None:
       inc_bytes[lo:lo + len(b.uses)] = b.use_bytes
+  weight = np.array([o.weight for o in w.ops], np.float64)
   return WorkloadArrays(
-      flops=np.array([o.flops for o in w.ops], np.float64), sizes=sizes, def_op=def_op,
+      flops=np.array([o.flops for o in w.ops], np.float64) * weight, sizes=sizes, def_op=def_op,
       live_start=live_start, live_end=live_end, is_prefetched=is_prefetched, is_output=is_output,
       incidence_buffer=inc_buf, incidence_op=inc_op,
-      incidence_bytes=inc_bytes, buffer_incidence_start=starts)
+      incidence_bytes=inc_bytes * weight[inc_op], buffer_incidence_start=starts)
 
 
 # ----------------------------------------------------------------------------- files
 
 
+# MiniMalloc's own files name the columns buffer,start,end,size; both spellings are read.
+CSV_COLUMNS = {"id": ("id", "buffer"), "lower": ("lower", "start"), "upper": ("upper", "end"),
+               "size": ("size",)}
+
+
 def workload_from_minimalloc_csv(text: str, name: str = "minimalloc") -> Workload:
-  """Parses MiniMalloc's `id,lower,upper,size` CSV (half-open `[lower, upper)`)."""
+  """Parses MiniMalloc's `id,lower,upper,size` CSV (half-open `[lower, upper)`) into a workload
+  whose time axis is compressed to the distinct endpoints (see the module docstring), so that
+  its size follows the number of buffers, not the length of time."""
   reader = csv.reader(io.StringIO(text))
   rows = [r for r in reader if r and any(c.strip() for c in r)]
   if not rows:
     _fail(name, "empty CSV: expected a header 'id,lower,upper,size' and one row per buffer")
   header = [c.strip().lower() for c in rows[0]]
-  required = ("id", "lower", "upper", "size")
-  if not all(k in header for k in required):
-    _fail(name, f"CSV header must contain id,lower,upper,size; got {','.join(header)}")
-  col = {k: header.index(k) for k in required}
+  col = {}
+  for key, spellings in CSV_COLUMNS.items():
+    found = [header.index(k) for k in spellings if k in header]
+    if not found:
+      _fail(name, "CSV header must contain id,lower,upper,size (or MiniMalloc's "
+            f"buffer,start,end,size); got {','.join(header)[:200]}")
+    col[key] = found[0]
   records = []
   for line, row in enumerate(rows[1:], start=2):
     try:
-      rec = {k: int(row[col[k]].strip()) for k in required}
+      rec = {k: int(row[col[k]].strip()) for k in CSV_COLUMNS}
     except (ValueError, IndexError):
       _fail(name, f"CSV line {line}: expected integers for id,lower,upper,size, got "
             f"{','.join(row)[:200]}")
-    for key in required:
-      limit = MAX_CSV_OPS if key in ("lower", "upper") else MAX_FILE_INT
-      if (problem := int_out_of_range(rec[key], key, limit)):
+    for key in CSV_COLUMNS:
+      if (problem := int_out_of_range(rec[key], key)):
         _fail(name, f"CSV line {line}: {problem}")
     if rec["lower"] < 0 or rec["upper"] <= rec["lower"]:
       _fail(name, f"CSV line {line}: buffer {rec['id']} needs 0 <= lower < upper, "
@@ -404,18 +452,24 @@ def workload_from_minimalloc_csv(text: str, name: str = "minimalloc") -> Workloa
     records.append(rec)
   if not records:
     _fail(name, "CSV has a header but no buffers")
-  num_ops = max(r["upper"] for r in records)
-  ops = tuple(Op(f"t{t}", 0.0) for t in range(num_ops))
-  buffers = tuple(Buffer(r["id"], f"b{r['id']}", r["size"], r["lower"],
-                         tuple(range(r["lower"] + 1, r["upper"])), "activation") for r in records)
+  # Elementary intervals between consecutive distinct endpoints (0 included): one op each.
+  points = np.unique(np.array([0] + [r[k] for r in records for k in ("lower", "upper")],
+                              np.int64))
+  op_of = {int(p): t for t, p in enumerate(points.tolist())}
+  ops = tuple(Op(f"t{lo}", 0.0, hi - lo) for lo, hi in zip(points[:-1].tolist(),
+                                                           points[1:].tolist()))
+  buffers = tuple(Buffer(r["id"], f"b{r['id']}", r["size"], op_of[r["lower"]],
+                         tuple(range(op_of[r["lower"]] + 1, op_of[r["upper"]])), "activation")
+                  for r in records)
   return Workload(name, "minimalloc-csv", ops, buffers)
 
 
 def workload_to_minimalloc_csv(w: Workload) -> str:
-  a = w.arrays
+  """`id,lower,upper,size` with each buffer's live range on the workload's time axis."""
+  a, axis = w.arrays, w.time_axis
   lines = ["id,lower,upper,size"]
   for b, lo, hi in zip(w.buffers, a.live_start, a.live_end):
-    lines.append(f"{b.id},{lo},{hi},{b.size}")
+    lines.append(f"{b.id},{axis[lo]},{axis[hi]},{b.size}")
   return "\n".join(lines) + "\n"
 
 

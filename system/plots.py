@@ -74,7 +74,7 @@ def memory_map_figure(workload: Workload, hardware: Hardware, mappings: Sequence
         drawn.add(kind)
       ax.add_collection(PatchCollection(rects, facecolors=colours, edgecolors="black",
                                         linewidths=0.2, alpha=0.85))
-      ax.set_xlim(0, workload.num_ops)
+      ax.set_xlim(0, int(workload.time_axis[-1]))
       ax.set_ylim(0, lv.capacity_bytes / scale)
       ax.set_ylabel(f"{lv.name} address ({unit})")
       heading = (f"{lv.name}: {len(rects)} allocations, capacity "

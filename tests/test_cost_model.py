@@ -223,8 +223,9 @@ def param(i, size, uses):
 def prefetch(buffer, start, end, done):
   """One prefetched allocation per buffer, at offsets that do not overlap."""
   col = lambda *v: np.array(v, np.int64)
-  return Allocations(col(*buffer), col(*[0] * len(buffer)), col(*[32 * i for i in range(len(buffer))]),
-                     col(*start), col(*end), prefetch_done=col(*done))
+  offsets = [32 * i for i in range(len(buffer))]
+  return Allocations(col(*buffer), col(*[0] * len(buffer)), col(*offsets), col(*start), col(*end),
+                     prefetch_done=col(*done))
 
 
 def test_one_prefetch_hidden_in_idle_time():

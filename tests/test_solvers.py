@@ -1,8 +1,10 @@
 """Baselines: msa follows XLA's rules, CP-SAT is optimal and never worse, every mapping validates."""
 
+import importlib
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -118,6 +120,79 @@ def test_evo_is_never_worse_than_decoding_its_seed_orders():
   assert result.mapping.estimated_time_s <= seed_time * (1 + 1e-12)
   history = result.info["best_time_per_generation_s"]
   assert all(b <= a * (1 + 1e-12) for a, b in zip(history, history[1:]))
+
+
+class StepClock:
+  """A clock that moves only when a decode runs: each decode takes `cost` seconds."""
+
+  def __init__(self, cost: float):
+    self.now, self.cost, self.decodes = 0.0, cost, 0
+
+  def __call__(self) -> float:
+    return self.now
+
+  def decode(self, placement, priority):
+    self.decodes += 1
+    self.now += self.cost
+    return decode(placement, priority)
+
+
+@pytest.mark.parametrize("limit", [0.0, 2.5, 7.0, 20.0, 35.5])
+def test_evo_never_starts_a_decode_that_would_overrun_its_time_limit(monkeypatch, limit):
+  """With every decode taking one second, evo stops while this decode and the final decode of
+  the best genome still fit: the clock never passes the limit (the first decode always runs, so
+  a limit under one decode costs exactly that one), and it uses all the time it safely can."""
+  evo_module = importlib.import_module("malloczero.env.solvers.evo")
+  clock = StepClock(1.0)
+  monkeypatch.setattr(evo_module, "_clock", clock)
+  monkeypatch.setattr(evo_module, "decode", clock.decode)
+  workload = random_workload(8, num_ops=40)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
+  model = CostModel(workload, hardware)
+  placement = Placement(model, build_requests(model))
+  info = evo_module.evo(placement, evaluations=1000, time_limit_s=limit)
+  assert clock.now <= max(limit, 1.0)
+  assert clock.now > limit - 3.0  # Stops only when two more decodes would not fit.
+  assert info["stopped_by_time_limit"] and info["evaluations"] <= clock.decodes
+  # What it leaves in `placement` is the best mapping it found.
+  assert placement.total_time == pytest.approx(min(info["best_time_per_generation_s"]))
+
+
+def test_evo_time_limit_bounds_the_whole_solve_including_building():
+  """`solve` takes what building the model took from the solver's share: with a limit already
+  spent, evo decodes msa's order once and returns that (validated) mapping."""
+  workload = random_workload(8, num_ops=40)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
+  result = solve(workload, hardware, "evo", time_limit_s=1e-9)
+  assert result.info["evaluations"] == 1 and result.info["stopped_by_time_limit"]
+  assert result.mapping.allocations
+
+
+def test_solve_time_includes_building_the_requests(monkeypatch):
+  """Building is part of the solve: a build that sleeps 0.2 s shows in the solve time (a lower
+  bound only, which a loaded machine cannot break) and is taken from evo's time limit."""
+  solvers_module = importlib.import_module("malloczero.env.solvers")
+  def slow_build(model):
+    time.sleep(0.2)
+    return build_requests(model)
+  monkeypatch.setattr(solvers_module, "build_requests", slow_build)
+  workload = random_workload(8, num_ops=40)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
+  assert solve(workload, hardware, "msa").solve_time_s >= 0.2
+  result = solve(workload, hardware, "evo", time_limit_s=0.15, evaluations=1000)
+  assert result.solve_time_s >= 0.2 and result.info["evaluations"] == 1
+
+
+def test_cpsat_time_limit_covers_building_its_model():
+  """A limit already spent by building leaves CP-SAT no search: it returns the msa hint (a valid
+  mapping) and says why, rather than searching past the limit."""
+  workload = random_workload(8, num_ops=40)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
+  result = solve(workload, hardware, "cpsat", time_limit_s=1e-9)
+  assert result.info["status"] == "unknown"
+  assert "building the model took" in result.info["fallback"]
+  assert result.mapping.estimated_time_s == pytest.approx(
+      solve(workload, hardware, "msa").mapping.estimated_time_s, rel=1e-12)
 
 
 def test_unknown_solver_is_a_one_line_error():

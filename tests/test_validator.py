@@ -11,6 +11,7 @@ import pytest
 from malloczero.env import MallocGame, MappingError, PRESETS, save_workload, validate_mapping
 from malloczero.env.mapping import Mapping, load_mapping
 from malloczero.env.programs.synthetic import contended, random_workload
+from malloczero.env.workload import Workload
 
 WORKLOAD = random_workload(21, num_ops=40)
 HARDWARE = contended(PRESETS["tpu-v4i-like"], WORKLOAD, 0.3)
@@ -298,3 +299,27 @@ def test_a_version_1_mapping_file_is_refused_in_one_line(tmp_path, mapping):
   with pytest.raises(MappingError, match="mapping format version 3; this malloczero reads "
                      "version 2"):
     load_mapping(path)
+
+
+def test_copy_times_are_on_the_workload_time_axis(tmp_path):
+  """A weighted op stands for several steps: a segment's copies are written in program time,
+  like its window, and a copy time inside a weighted op names no op boundary."""
+  from tests.test_cost_model import XLA_HW
+  program = Workload.from_dict({
+      "name": "weighted", "source": "hand",
+      "ops": [{"name": "wait", "flops": 100.0, "weight": 10}, {"name": "use", "flops": 0.0}],
+      "buffers": [{"id": 3, "name": "p", "size": 24, "def": None, "uses": [1],
+                   "kind": "parameter"}]})
+  rows = [dict(buffer=0, level=0, offset=0, start=0, end=2, done=1, evict_start=-1,
+               evict_done=-1)]
+  mapping = _segments(program, XLA_HW, rows)
+  # op 0 is 10 steps of 0.1 s: its 1 s of idle time hides the 0.24 s copy.
+  assert mapping.allocations[0]["prefetch"] == {"start": 0, "done": 10}
+  assert mapping.allocations[0]["end"] == 11
+  assert validate_mapping(program, XLA_HW, mapping).estimated_time_s == pytest.approx(1.024)
+  path = tmp_path / "m.json"
+  mapping.save(path)
+  np.testing.assert_array_equal(load_mapping(path).to_arrays(program).prefetch_done, [1])
+  inside = edited(mapping, 0, prefetch={"start": 0, "done": 4})
+  with pytest.raises(MappingError, match="'prefetch.done' = 4 is not an op boundary"):
+    validate_mapping(program, XLA_HW, inside)

@@ -40,8 +40,10 @@ def test_json_round_trip(tmp_path_factory, workload):
 def test_csv_round_trip_and_objective_is_bytes_times_time(tmp_path):
   text = "id,lower,upper,size\n0,0,3,100\n1,1,2,50\n2,2,5,10\n"
   w = workload_from_minimalloc_csv(text, name="mm")
-  assert w.num_ops == 5 and w.source == "minimalloc-csv"
-  assert w.arrays.live_start.tolist() == [0, 1, 2] and w.arrays.live_end.tolist() == [3, 2, 5]
+  # Distinct endpoints 0, 1, 2, 3, 5: four ops, the last one two steps long.
+  assert w.num_ops == 4 and w.source == "minimalloc-csv"
+  assert [o.weight for o in w.ops] == [1, 1, 1, 2] and w.time_axis.tolist() == [0, 1, 2, 3, 5]
+  assert w.arrays.live_start.tolist() == [0, 1, 2] and w.arrays.live_end.tolist() == [3, 2, 4]
   assert workload_to_minimalloc_csv(w) == text
   path = tmp_path / "mm.csv"
   path.write_text(text)
@@ -184,9 +186,11 @@ def test_truncated_and_non_json_files(tmp_path):
     ("id,lower,upper,size\n0,0,2,1000000000000000000000000000000\n",
      r"line 2: 'size' = a 31-digit number is beyond the limit of 2\*\*60"),
     ("id,lower,upper,size\n9223372036854775808,0,2,4\n", r"line 2: 'id' = .* beyond the limit"),
-    # A schedule of 10**20 ops would be built op by op: refused before anything is allocated.
+    # Times are compressed to their distinct values, so only the int64 bound applies.
     ("id,lower,upper,size\n0,0,100000000000000000000,4\n",
-     r"line 2: 'upper' = 100000000000000000000 is beyond the limit of 2\*\*22"),
+     r"line 2: 'upper' = 100000000000000000000 is beyond the limit of 2\*\*60"),
+    ("buffer,start,end\n0,0,2\n", r"header must contain id,lower,upper,size \(or MiniMalloc's "
+     r"buffer,start,end,size\); got buffer,start,end"),
 ])
 def test_malformed_csv(text, message):
   with pytest.raises(WorkloadError, match=message):

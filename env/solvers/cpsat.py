@@ -1,4 +1,4 @@
-"""OR-Tools CP-SAT over the game's requests: an exact model of the cost model, with a time limit.
+"""OR-Tools CP-SAT over the game's requests: the cost model without copy contention, time-limited.
 
 Variables: for each request r and each fast level l where it fits, a presence literal x[r,l] and an
 aligned offset; a fixed time interval (the request's window) and an address interval, both
@@ -16,6 +16,10 @@ time of the ops before its use, alone on the copy engine, as the cost model char
 contention. The returned mapping is evaluated (and validated) with the contended simulator, but
 the objective and the proven bound are of the uncontended model: they bound neither the
 simulated program time nor what a game player can reach, and `info["bound_note"]` says so.
+
+`time_limit_s` bounds the whole call: the msa hint and building the model are taken from it and
+CP-SAT searches for what is left (`solve()` has already taken out building the requests). A
+limit spent before the search starts returns the msa hint, said so in `fallback`.
 """
 
 from __future__ import annotations
@@ -100,13 +104,23 @@ def cpsat(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
   m.Minimize(sum(op_vars) + sum(c * v for c, v in exposed_terms) + constant)
 
   solver = cp_model.CpSolver()
-  solver.parameters.max_time_in_seconds = float(time_limit_s)
   solver.parameters.num_search_workers = int(workers)
   solver.parameters.random_seed = int(seed)
+  built = time.perf_counter() - t0
+  remaining = float(time_limit_s) - built
+  if remaining <= 0:
+    for (r, level), offset in hint.items():
+      placement.place(r, level, offset)
+    return {"status": "unknown", "bound_s": 0.0, "bound_note": BOUND_NOTE, "model_build_s": built,
+            "model_build_and_solve_s": built, "variables": len(choices),
+            "fallback": f"msa (building the model took {built:.2f} s, all of the "
+                        f"{float(time_limit_s):.2f} s left of the time limit)"}
+  solver.parameters.max_time_in_seconds = remaining
   status = solver.Solve(m)
   info = {"status": solver.StatusName(status).lower(),
           "bound_s": float(solver.BestObjectiveBound()) * unit,
           "bound_note": BOUND_NOTE,
+          "model_build_s": built,
           "model_build_and_solve_s": time.perf_counter() - t0,
           "variables": len(choices)}
   if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):

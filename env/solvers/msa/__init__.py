@@ -1,0 +1,43 @@
+"""Building blocks of a faithful reimplementation of XLA's memory-space assignment (issue 14).
+
+Each module reimplements one part of openxla/xla's `xla/service/memory_space_assignment/` (and
+the heap simulator's chunk search), with XLA's own tests reproduced in tests/test_msa_parts.py:
+
+* `cost_analysis`: `CostAnalysis` (op elapsed times, alternate-memory benefits,
+  memory-boundedness, copy times).
+* `buffer_order`: `MemoryBoundednessBufferIntervalComparator` (the order buffers are allocated).
+* `interval_picker`: `CostAnalysisPrefetchIntervalPicker` (prefetch start times, the "live range
+  too long" rule) and `InstructionCountPrefetchIntervalPicker` (the one most XLA tests use).
+* `chunks`: best-fit chunk search in time x address (`FindChunkCandidate`,
+  `FindBestChunkCandidates`).
+* `copy_resource`: `AsynchronousCopyResource`, the outstanding-copy limit, copy ordering.
+
+They are not yet assembled into msa's allocation loop (`AllocateSegment`); docs/msa.md says how
+they will be. The `msa` solver in env/solvers/heuristics.py is unchanged.
+"""
+
+from malloczero.env.solvers.msa.buffer_order import buffer_order
+from malloczero.env.solvers.msa.chunks import ChunkCandidate, ChunkHeap, find_best_chunk_candidate
+from malloczero.env.solvers.msa.copy_resource import (
+    AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, OutstandingCopyLimit)
+from malloczero.env.solvers.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
+from malloczero.env.solvers.msa.interval_picker import (
+    CostAnalysisPrefetchIntervalPicker, InstructionCountPrefetchIntervalPicker,
+    PrefetchIntervalOptions, PrefetchWindow)
+
+__all__ = [
+    "AsyncCopy",
+    "AsynchronousCopyOrdering",
+    "AsynchronousCopyResource",
+    "ChunkCandidate",
+    "ChunkHeap",
+    "CostAnalysis",
+    "CostAnalysisOptions",
+    "CostAnalysisPrefetchIntervalPicker",
+    "InstructionCountPrefetchIntervalPicker",
+    "OutstandingCopyLimit",
+    "PrefetchIntervalOptions",
+    "PrefetchWindow",
+    "buffer_order",
+    "find_best_chunk_candidate",
+]

@@ -1,0 +1,204 @@
+"""Where msa puts a buffer in fast memory: XLA's best-fit chunk search in time x address.
+
+Reimplements, for one memory level:
+* `GlobalDecreasingSizeBestFitHeap::MakeFreeChunks` and `SlicedAllocationFinder::Find` (openxla/
+  xla, `xla/service/heap_simulator/heap_simulator.cc`; `FindChunkCandidate(s)` for one slice):
+  the free address ranges over a time interval are what the chunks live in that interval leave,
+  each used chunk's end rounded up to the alignment, and the range above the highest used chunk
+  unbounded. The preferred offset is taken if the buffer fits there; otherwise the smallest free
+  range that holds it, ties to the lower offset (the unbounded top range is the largest, so it
+  is used only when no bounded range fits). The chunk may end past the memory: the caller checks
+  `max_size_in_bytes`, as msa does.
+* `CommitChunk` (`add`), and removal of a committed chunk (msa uncommits pending chunks when an
+  allocation fails: `kFailRequiresUncommit`).
+* `MsaAlgorithm::FindBestChunkCandidates` (`xla/service/memory_space_assignment/algorithm.cc`):
+  with a preferred offset (the previous allocation's), only that offset; else the end time is
+  extended by a binary search (`std::lower_bound` over the uses) towards the latest later use
+  that could be kept without a copy (`CanAllocateInAlternateMemoryNoCopy` between consecutive
+  uses) and still fits within the memory, so that the next segments can reuse the chunk.
+
+Why: the chunk decides which later buffers still fit; msa's answer depends on XLA's exact rule
+(best fit, not first fit; preferred offset first; the extension), so the agent's game and the
+`msa` solver must share it.
+
+Times: this module uses the project's half-open op intervals `[start, end)` for rectangles (XLA's
+`BufferInterval` is inclusive `[start, end]`, i.e. `[start, end + 1)` here);
+`find_best_chunk_candidate` takes XLA-style use times (an allocation reserved "until use u"
+occupies `[start, u + 1)`). Efficient for a few thousand chunks: each query is one numpy pass
+over the chunks live in its interval.
+
+Not modelled, and why: sliced allocations (`max_slices` >= 2, off by default in XLA) and the
+slice-time permutations of `SlicedAllocationFinder`; colocations (`max_colocation_size`: a
+buffer here is one value); repacking (`max_repacks` 0 by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+_INITIAL_CAPACITY = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkCandidate:
+  """A chunk found by `find_best_chunk_candidate`: `offset` and `size` in bytes, reserved from
+  the allocation's start until (and including) op `end_use`, i.e. over `[start, end_use + 1)`."""
+  offset: int
+  size: int
+  end_use: int
+
+  @property
+  def chunk_end(self) -> int:
+    return self.offset + self.size
+
+
+class ChunkHeap:
+  """The chunks committed in one memory level: rectangles `[start, end)` x `[offset, offset +
+  size)`, with XLA's `heap_size` (the highest chunk end ever committed). Removed chunks stay in
+  the arrays, masked out, so handles returned by `add` stay valid."""
+
+  def __init__(self, alignment: int = 1):
+    if alignment <= 0:
+      raise ValueError(f"alignment must be positive, got {alignment}")
+    self.alignment = int(alignment)
+    self._start = np.zeros(_INITIAL_CAPACITY, np.int64)
+    self._end = np.zeros(_INITIAL_CAPACITY, np.int64)
+    self._offset = np.zeros(_INITIAL_CAPACITY, np.int64)
+    self._size = np.zeros(_INITIAL_CAPACITY, np.int64)
+    self._alive = np.zeros(_INITIAL_CAPACITY, bool)
+    self._count = 0
+    self.heap_size = 0
+
+  def __len__(self) -> int:
+    return int(self._alive[:self._count].sum())
+
+  def align_up(self, value: np.ndarray | int) -> np.ndarray | int:
+    a = self.alignment
+    return (value + a - 1) // a * a
+
+  def add(self, start: int, end: int, offset: int, size: int) -> int:
+    """Commits a chunk (`CommitChunk`); returns its handle for `remove`."""
+    if end <= start:
+      raise ValueError(f"empty time interval [{start}, {end})")
+    if offset < 0 or size < 0:
+      raise ValueError(f"negative offset {offset} or size {size}")
+    if self._count == len(self._start):
+      grow = len(self._start)
+      for name in ("_start", "_end", "_offset", "_size", "_alive"):
+        array = getattr(self, name)
+        setattr(self, name, np.concatenate([array, np.zeros(grow, array.dtype)]))
+    i = self._count
+    self._start[i], self._end[i], self._offset[i], self._size[i] = start, end, offset, size
+    self._alive[i] = True
+    self._count += 1
+    self.heap_size = max(self.heap_size, offset + size)
+    return i
+
+  def remove(self, handle: int) -> None:
+    """Uncommits a chunk. XLA's heap size does not shrink when a chunk is removed either."""
+    if not (0 <= handle < self._count and self._alive[handle]):
+      raise KeyError(f"no committed chunk {handle}")
+    self._alive[handle] = False
+
+  def chunks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The committed chunks as `[n]` arrays (start, end, offset, size)."""
+    live = self._alive[:self._count]
+    return (self._start[:self._count][live], self._end[:self._count][live],
+            self._offset[:self._count][live], self._size[:self._count][live])
+
+  def overlapping(self, start: int, end: int) -> np.ndarray:
+    """`[k]` handles of the committed chunks live at some op of `[start, end)`."""
+    n = self._count
+    hit = self._alive[:n] & (self._start[:n] < end) & (start < self._end[:n])
+    return np.flatnonzero(hit)
+
+  def free_chunks(self, start: int, end: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`MakeFreeChunks`: the free address ranges over `[start, end)` that can hold `size`
+    bytes, as `[k]` offsets and ends sorted by offset; the last end is `np.iinfo(int64).max`
+    (the unbounded range above every chunk live in the interval)."""
+    idx = self.overlapping(start, end)
+    offsets = self._offset[idx]
+    order = np.argsort(offsets, kind="stable")
+    used_start = offsets[order]
+    used_end = self.align_up(used_start + self._size[idx][order])
+    reach = np.maximum.accumulate(used_end) if len(used_end) else used_end
+    free_start = np.concatenate([[0], reach]).astype(np.int64)
+    free_end = np.concatenate([used_start, [np.iinfo(np.int64).max]]).astype(np.int64)
+    keep = free_end - free_start >= size
+    return free_start[keep], free_end[keep]
+
+  def fits_at(self, start: int, end: int, size: int, offset: int) -> bool:
+    """Whether `size` bytes fit at `offset` over `[start, end)` (`FindForOffset` for one
+    slice: inside one free range, at an aligned offset)."""
+    if offset < 0 or offset % self.alignment:
+      return False
+    free_start, free_end = self.free_chunks(start, end, size)
+    return bool(np.any((free_start <= offset) & (offset + size <= free_end)))
+
+  def find_chunk(self, start: int, end: int, size: int,
+                 preferred_offset: int | None = None) -> int:
+    """`FindChunkCandidate`: the offset for `size` bytes over `[start, end)`: the preferred
+    offset if it fits, else the start of the smallest free range that holds the buffer (ties to
+    the lower offset). Always found (the top range is unbounded); may end past the memory."""
+    if preferred_offset is not None and preferred_offset >= 0 and self.fits_at(
+        start, end, size, preferred_offset):
+      return int(preferred_offset)
+    free_start, free_end = self.free_chunks(start, end, size)
+    length = free_end - free_start
+    best = np.lexsort((free_start, length))[0]
+    return int(free_start[best])
+
+  def find_chunk_within(self, start: int, end: int, size: int, max_size: int,
+                        preferred_offset: int | None = None) -> int | None:
+    """`find_chunk`, or None when that chunk ends past `max_size` (msa's
+    `chunk_end() <= available_heap_size()` check)."""
+    offset = self.find_chunk(start, end, size, preferred_offset)
+    return offset if offset + size <= max_size else None
+
+
+def find_best_chunk_candidate(heap: ChunkHeap, start: int, end_use: int, size: int,
+                              use_times: Sequence[int], max_size: int,
+                              can_keep_without_copy: Callable[[int, int], bool],
+                              preferred_offset: int | None = None) -> ChunkCandidate | None:
+  """`FindBestChunkCandidates` for an allocation starting at op `start` that must serve the use
+  at `end_use` (XLA's request end time).
+
+  With `preferred_offset`: that offset over `[start, end_use + 1)` or nothing. Without: among the
+  uses from the first one at or after `end_use` up to the last one reachable from it through
+  consecutive uses that `can_keep_without_copy(u, next_u)` allows (the picker's
+  `can_allocate_in_alternate_memory_no_copy`), a `std::lower_bound`-style binary search for the
+  latest use until which a best-fit chunk still ends within `max_size`; the chunk found for the
+  latest fitting use evaluated is returned, reserved until that use. `use_times` are the
+  allocation value's use times, sorted; one of them must be >= `end_use`."""
+  if preferred_offset is not None:
+    if heap.fits_at(start, end_use + 1, size, preferred_offset) and (
+        preferred_offset + size <= max_size):
+      return ChunkCandidate(int(preferred_offset), size, end_use)
+    return None
+  uses = np.asarray(use_times, np.int64)
+  first = int(np.searchsorted(uses, end_use, side="left"))
+  if first == len(uses):
+    raise ValueError(f"no use at or after {end_use} among {uses.tolist()}")
+  last = first
+  while last + 1 < len(uses) and can_keep_without_copy(int(uses[last]), int(uses[last + 1])):
+    last += 1
+  best: ChunkCandidate | None = None
+  # std::lower_bound over uses[first : last + 1] with "the chunk fits" as the predicate, exactly
+  # as XLA runs it (the predicate records the latest fitting use it evaluates).
+  lo, count = first, last + 1 - first
+  while count > 0:
+    step = count // 2
+    mid = lo + step
+    use = int(uses[mid])
+    offset = heap.find_chunk(start, use + 1, size)
+    if offset + size <= max_size:
+      if best is None or use > best.end_use:
+        best = ChunkCandidate(offset, size, use)
+      lo = mid + 1
+      count -= step + 1
+    else:
+      count = step
+  return best
