@@ -1,5 +1,6 @@
 """The cost model on hand-computed cases, and the incremental update against fresh evaluation."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -273,3 +274,61 @@ def test_a_copy_cannot_advance_during_an_op_busy_on_default_memory():
   # With 1 s of compute op0 takes 1 s and leaves 0.52 s idle: the copy hides.
   busy = CostModel(xla_program([1000.0, 0.0], [param(0, 24, [1]), param(1, 48, [0])]), XLA_HW)
   assert busy.evaluate(prefetch([0], [0], [2], [1])).total_stall_s == 0.0
+
+
+def reference_evaluate(workload, hardware, alloc):
+  """Program time by plain loops: each incidence's level, op times, idle times, then the copy
+  queue by `reference_stalls`."""
+  inv = 1.0 / np.array([lv.bandwidth_bytes_per_s for lv in hardware.levels])
+  memory = [0.0] * workload.num_ops
+  default = [0.0] * workload.num_ops
+  a = workload.arrays
+  for b, t, nbytes in zip(a.incidence_buffer, a.incidence_op, a.incidence_bytes):
+    level = hardware.slow_level
+    for i in range(len(alloc)):
+      if (alloc.buffer[i] == b and alloc.start[i] <= t < alloc.end[i]
+          and t >= alloc.prefetch_done[i]):
+        level = alloc.level[i]
+    memory[t] += nbytes * inv[level]
+    if level == hardware.slow_level:
+      default[t] += nbytes * inv[level]
+  compute = a.flops / hardware.peak_flops_per_s
+  op_time = [max(c, m) for c, m in zip(compute, memory)]
+  idle = np.array([max(o - d, 0.0) for o, d in zip(op_time, default)])
+  starts, dones, work = [], [], []
+  for i in range(len(alloc)):
+    copy_s = a.sizes[alloc.buffer[i]] / hardware.copy_bandwidth_bytes_per_s
+    if alloc.prefetch_done[i] >= 0:
+      starts.append(alloc.start[i]), dones.append(alloc.prefetch_done[i]), work.append(copy_s)
+    if alloc.evict_start[i] >= 0:
+      starts.append(alloc.evict_start[i]), dones.append(alloc.evict_done[i]), work.append(copy_s)
+  return sum(op_time) + reference_stalls(idle, starts, dones, work).sum()
+
+
+@given(st.data())
+def test_evaluation_equals_plain_loops_on_random_programs_with_evictions(data):
+  from hypothesis import assume
+  from malloczero.env import MallocGame, MalloczeroError
+  from tests.strategies import hardware_for, workloads
+  workload = data.draw(workloads())
+  hardware = data.draw(hardware_for(workload))
+  try:
+    game = MallocGame(workload, hardware)
+  except MalloczeroError:
+    assume(False)
+  rng = np.random.default_rng(data.draw(st.integers(0, 100)))
+  ts = game.reset()
+  while not ts.last():
+    legal = np.flatnonzero(ts.observation["legal_actions"])
+    ts = game.step(legal[rng.integers(len(legal))])
+  alloc = game.allocations()
+  # Evict some activations produced in place, over a random window after their definition.
+  evict_start, evict_done = alloc.evict_start.copy(), alloc.evict_done.copy()
+  for i in np.flatnonzero((alloc.prefetch_done < 0) & (alloc.end - alloc.start >= 2)):
+    if rng.random() < 0.5:
+      evict_start[i] = rng.integers(alloc.start[i] + 1, alloc.end[i] + 1)
+      evict_done[i] = rng.integers(evict_start[i], alloc.end[i] + 1)
+  alloc = dataclasses.replace(alloc, evict_start=evict_start, evict_done=evict_done)
+  fresh = CostModel(workload, hardware).evaluate(alloc)
+  assert fresh.total_time_s == pytest.approx(reference_evaluate(workload, hardware, alloc),
+                                             rel=1e-9)
