@@ -19,7 +19,7 @@ import numpy as np
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.mapping import Mapping
 from malloczero.env.requests import Requests
-from malloczero.env.simulator import Copies, total_stall
+from malloczero.env.simulator import Copies, CopyQueue
 
 
 class Placement:
@@ -45,6 +45,7 @@ class Placement:
     self._copy_done = np.zeros(num_requests, np.int64)
     self._copy_work = np.zeros(num_requests)
     self.num_copies = 0
+    self._queue: CopyQueue | None = None  # The copies' queue, rebuilt when a prefetch is added.
     # Rectangles per fast level: [F, R], the first `count[f]` entries used.
     self._rect_start = np.zeros((num_fast, num_requests), np.int64)
     self._rect_end = np.zeros((num_fast, num_requests), np.int64)
@@ -97,14 +98,16 @@ class Placement:
       self._copy_done[k] = req.first_use[r]
       self._copy_work[k] = model.copy_time[req.buffer[r]]
       self.num_copies = k + 1
+      self._queue = None
     before = self.total_time
     # Moving bytes out of default memory never shortens an op's idle time, and more idle time
     # never adds a stall: with no stall now, placing an activation leaves none to simulate.
     if self.num_copies and (req.is_prefetch[r] or self.stall_time > 0):
       k = self.num_copies
-      self.stall_time = total_stall(model.idle_time(self.op_time, self.default_time),
-                                    Copies(self._copy_start[:k], self._copy_done[:k],
-                                           self._copy_work[:k]))
+      if self._queue is None:
+        self._queue = CopyQueue(Copies(self._copy_start[:k].copy(), self._copy_done[:k].copy(),
+                                       self._copy_work[:k].copy()), model.num_ops)
+      self.stall_time = self._queue.total_stall(model.idle_time(self.op_time, self.default_time))
     self.total_time = self.op_time_sum + self.stall_time
     saved = before - self.total_time
     i = self.count[level]
@@ -132,6 +135,8 @@ class Placement:
   def undo_last(self) -> None:
     """Takes back the last `place` (only the last one: what it changed was kept)."""
     ops, memory, op_time, default, op_sum, stall, total, copies = self._undo
+    if copies != self.num_copies:
+      self._queue = None
     self.memory_time[ops], self.op_time[ops], self.default_time[ops] = memory, op_time, default
     self.op_time_sum, self.stall_time, self.total_time = op_sum, stall, total
     self.num_copies = copies

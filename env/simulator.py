@@ -81,59 +81,84 @@ class CopySchedule:
     return float(self.stall_s.sum())
 
 
+class CopyQueue:
+  """A fixed set of copies, ready to be simulated under any idle times.
+
+  What depends only on the copies (their FIFO order, the work issued by each op, the due
+  boundaries) is computed once here; `schedule` then costs a few numpy operations per call.
+  The game re-simulates after every placement, but only a prefetch changes the copies."""
+
+  def __init__(self, copies: Copies, num_ops: int):
+    self.copies, self.num_ops = copies, num_ops
+    if len(copies) == 0:
+      return
+    self.order = np.lexsort((copies.done, copies.start))
+    self.start = copies.start[self.order]
+    self.work = copies.work_s[self.order]
+    issued_work = np.concatenate(([0.0], np.cumsum(self.work)))  # W along the queue [K + 1]
+    self.cumulative = issued_work[1:]
+    # Due boundaries, and the work up to the last copy (in queue order) due at each.
+    done = copies.done[self.order]
+    due_order = np.argsort(done, kind="stable")
+    due_sorted = done[due_order]
+    first = np.flatnonzero(np.concatenate(([True], due_sorted[1:] != due_sorted[:-1])))
+    self.boundaries = due_sorted[first]                                     # [D]
+    self.due_work = self.cumulative[np.maximum.reduceat(due_order, first)]  # [D]
+    # Op t caps the engine at the work issued by its boundary (minus P[t + 1], per call); the
+    # ops between two due boundaries fold into their smallest cap (none before boundary 0).
+    last = int(self.boundaries[-1])
+    self.issued_by_op = issued_work[np.searchsorted(self.start, np.arange(last), side="right")]
+    self.previous = np.concatenate(([0], self.boundaries[:-1]))
+
+  def schedule(self, idle_s: np.ndarray, finish: bool = True) -> CopySchedule:
+    """Stalls under `idle_s` [T]; each copy's finish too unless `finish` is False."""
+    k = len(self.copies)
+    stall = np.zeros(self.num_ops + 1)
+    if k == 0:
+      return CopySchedule(stall, np.zeros(0))
+    idle_before = np.concatenate(([0.0], np.cumsum(idle_s)))  # P [T + 1]
+    boundaries = self.boundaries
+    low = self.due_work - idle_before[boundaries]            # [D]
+    last = len(self.issued_by_op)
+    if last == 0:
+      high = np.full(1, np.inf)
+    else:
+      high = np.minimum.reduceat(self.issued_by_op - idle_before[1:last + 1], self.previous)
+      if boundaries[0] == 0:
+        high[0] = np.inf
+    # Prefix compositions of z -> max(min(z, high), low), by doubling.
+    lo, hi = low.copy(), high.copy()
+    shift = 1
+    while shift < len(lo):
+      lo_prev, hi_prev = lo[:-shift], hi[:-shift]
+      lo_new = np.maximum(np.minimum(lo_prev, hi[shift:]), lo[shift:])
+      hi[shift:] = np.minimum(hi_prev, hi[shift:])
+      lo[shift:] = lo_new
+      shift *= 2
+    after = np.maximum(np.minimum(0.0, hi), lo)          # z just after each due boundary
+    arriving = np.minimum(np.concatenate(([0.0], after[:-1])), high)
+    stall[boundaries] = np.maximum(low - arriving, 0.0)
+    if not finish:
+      return CopySchedule(stall, np.full(k, np.nan))
+    # Finish of each copy on the engine's clock: FIFO from its arrival, stalls now known.
+    stalls_before = np.concatenate(([0.0], np.cumsum(stall)))[self.start]
+    arrival = idle_before[self.start] + stalls_before
+    finish_s = np.empty(k)
+    finish_s[self.order] = self.cumulative + np.maximum.accumulate(
+        arrival - (self.cumulative - self.work))
+    return CopySchedule(stall, finish_s)
+
+  def total_stall(self, idle_s: np.ndarray) -> float:
+    """Seconds the program waits for the copies in all."""
+    return self.schedule(idle_s, finish=False).total_stall_s
+
+
 def simulate_copies(idle_s: np.ndarray, copies: Copies, finish: bool = True) -> CopySchedule:
   """Stalls of `copies` sharing one FIFO copy engine that advances during `idle_s` [T]; each
-  copy's finish too unless `finish` is False (the game needs only the stalls)."""
-  num_ops, k = len(idle_s), len(copies)
-  stall = np.zeros(num_ops + 1)
-  if k == 0:
-    return CopySchedule(stall, np.zeros(0))
-  order = np.lexsort((copies.done, copies.start))
-  start, done, work = copies.start[order], copies.done[order], copies.work_s[order]
-  idle_before = np.concatenate(([0.0], np.cumsum(idle_s)))  # P [T + 1]
-  issued_work = np.concatenate(([0.0], np.cumsum(work)))    # W along the queue, 0 first [K + 1]
-  cumulative = issued_work[1:]
-  # Due boundaries, and the last copy (in queue order) due at each.
-  due_order = np.argsort(done, kind="stable")
-  due_sorted = done[due_order]
-  first = np.flatnonzero(np.concatenate(([True], due_sorted[1:] != due_sorted[:-1])))
-  boundaries = due_sorted[first]                                          # [D]
-  low = cumulative[np.maximum.reduceat(due_order, first)] - idle_before[boundaries]  # [D]
-  # Op t caps the engine at the work issued by its boundary minus P[t + 1]; the ops between
-  # two due boundaries fold into their smallest cap (none before a due boundary at 0).
-  last = boundaries[-1]
-  if last == 0:
-    high = np.full(1, np.inf)
-  else:
-    cap = (issued_work[np.searchsorted(start, np.arange(last), side="right")]
-           - idle_before[1:last + 1])
-    previous = np.concatenate(([0], boundaries[:-1]))
-    high = np.minimum.reduceat(cap, previous)
-    if boundaries[0] == 0:
-      high[0] = np.inf
-  # Prefix compositions of z -> max(min(z, high), low), by doubling.
-  lo, hi = low.copy(), high.copy()
-  shift = 1
-  while shift < len(lo):
-    lo_prev, hi_prev = lo[:-shift], hi[:-shift]
-    lo_new = np.maximum(np.minimum(lo_prev, hi[shift:]), lo[shift:])
-    hi[shift:] = np.minimum(hi_prev, hi[shift:])
-    lo[shift:] = lo_new
-    shift *= 2
-  after = np.maximum(np.minimum(0.0, hi), lo)          # z just after each due boundary
-  arriving = np.minimum(np.concatenate(([0.0], after[:-1])), high)
-  stall[boundaries] = np.maximum(low - arriving, 0.0)
-  if not finish:
-    return CopySchedule(stall, np.full(k, np.nan))
-  # Finish of each copy on the engine's clock: FIFO from its arrival, stalls now known.
-  stalls_before = np.concatenate(([0.0], np.cumsum(stall)))[start]
-  arrival = idle_before[start] + stalls_before
-  finish = cumulative + np.maximum.accumulate(arrival - (cumulative - work))
-  finish_s = np.empty(k)
-  finish_s[order] = finish
-  return CopySchedule(stall, finish_s)
+  copy's finish too unless `finish` is False."""
+  return CopyQueue(copies, len(idle_s)).schedule(idle_s, finish)
 
 
 def total_stall(idle_s: np.ndarray, copies: Copies) -> float:
   """Seconds the program waits for copies in all (see `simulate_copies`)."""
-  return simulate_copies(idle_s, copies, finish=False).total_stall_s
+  return CopyQueue(copies, len(idle_s)).total_stall(idle_s)
