@@ -294,6 +294,11 @@ def test_a_version_1_mapping_file_is_refused_in_one_line(tmp_path, mapping):
                      "this malloczero reads version 2") as info:
     load_mapping(path)
   assert "\n" not in str(info.value)
+  wpath = tmp_path / "w.json"
+  save_workload(WORKLOAD, wpath)
+  out = _cli("validate", str(wpath), str(path))
+  assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+  assert "mapping format version 1 (no 'format_version')" in out.stderr
   data["format_version"] = 3
   path.write_text(json.dumps(data))
   with pytest.raises(MappingError, match="mapping format version 3; this malloczero reads "
