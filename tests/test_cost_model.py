@@ -332,3 +332,20 @@ def test_evaluation_equals_plain_loops_on_random_programs_with_evictions(data):
   fresh = CostModel(workload, hardware).evaluate(alloc)
   assert fresh.total_time_s == pytest.approx(reference_evaluate(workload, hardware, alloc),
                                              rel=1e-9)
+
+
+def test_uses_before_a_prefetch_is_done_read_default_memory():
+  # p0 is used by op0 (0.1 s of compute) and op2; a segment over [0, 3) whose prefetch is due
+  # at op2 serves only op2: op0 still reads the default-memory copy, 0.24 s with no idle time,
+  # and the copy hides in op1's 1 s of compute.
+  program = xla_program([100.0, 1000.0, 0.0], [param(0, 24, [0, 2])])
+  model = CostModel(program, XLA_HW)
+  ev = model.evaluate(prefetch([0], [0], [3], [2]))
+  np.testing.assert_allclose(ev.op_time_s, [0.24, 1.0, 0.024])
+  assert ev.total_stall_s == 0.0 and ev.total_time_s == pytest.approx(1.264)
+  # Due at op0 instead, it serves both uses (op0 takes its 0.1 s of compute), but the program
+  # first waits for the whole copy.
+  ev = model.evaluate(prefetch([0], [0], [3], [0]))
+  np.testing.assert_allclose(ev.op_time_s, [0.1, 1.0, 0.024])
+  np.testing.assert_allclose(ev.stall_s, [0.24, 0, 0, 0])
+  assert ev.total_time_s == pytest.approx(1.364)
