@@ -12,12 +12,13 @@ sum of op times plus the stalls.
 One queue, not two. XLA keeps a read queue (prefetches, default -> alternate) and a write queue
 (evictions, alternate -> default) and halves the bandwidth while both are busy, so both drain
 together at the full bandwidth in total. We keep one FIFO queue for both directions, ordered by
-issue: the bytes moved per second of idle time are the same, so a program's total copy work and
-the time the copy engine is busy are the same; what differs is only which copy finishes first
-when a prefetch and an eviction overlap (XLA's halving lets both progress; here the earlier one
-finishes first, the later one no later than under XLA). One queue is what makes the closed form
-below possible, and it is what `AsynchronousCopyResource`, the resource MSA itself plans
-prefetches against, assumes (one budget per op consumed in start order).
+issue: both are work-conserving at the same bandwidth, so the engine moves the same bytes in
+the same idle time; what differs is the order when a prefetch and an eviction overlap (XLA's
+halving lets both progress; here the earlier-issued one finishes sooner and the other later, so
+a copy due soon can wait longer behind an eviction issued before it, and less when it was first).
+One queue is what makes the closed form below possible, and it is how each of MSA's own
+`AsynchronousCopyResource`s, the budgets it plans copies against, works (one FIFO budget per op
+consumed in start order; MSA keeps one for prefetches and one for evictions).
 
 Conventions (op indices; `T` ops; boundary `t` is just before op `t`, boundary `T` the end):
 
