@@ -328,3 +328,22 @@ def test_copy_times_are_on_the_workload_time_axis(tmp_path):
   inside = edited(mapping, 0, prefetch={"start": 0, "done": 4})
   with pytest.raises(MappingError, match="'prefetch.done' = 4 is not an op boundary"):
     validate_mapping(program, XLA_HW, inside)
+
+
+def test_a_prefetch_waits_behind_an_eviction_issued_before_it():
+  """One FIFO copy engine for both directions: an eviction issued first is served first."""
+  from tests.test_cost_model import XLA_HW, xla_program
+  program = xla_program([0.0, 0.0, 100.0, 0.0, 0.0, 0.0], [
+      {"id": 0, "name": "a", "size": 24, "def": 0, "uses": [1, 5], "kind": "activation"},
+      {"id": 1, "name": "p", "size": 24, "def": None, "uses": [3], "kind": "parameter"}])
+  # a is produced in fast memory at op0 and evicted from op1 (due at op4); p is prefetched from
+  # op2, due at op3. op0 and op1 touch only fast memory (0.024 s each, all idle): the eviction
+  # gets 0.024 s of op1; op2 computes 0.1 s: 0.1 s more of the eviction, 0.116 s left. At op3
+  # the program waits for the rest of the eviction and the whole prefetch: 0.356 s. op5 reads
+  # a from default memory (0.24 s).
+  rows = [dict(buffer=0, level=0, offset=0, start=0, end=4, done=-1, evict_start=1, evict_done=4),
+          dict(buffer=1, level=0, offset=24, start=2, end=4, done=3, evict_start=-1,
+               evict_done=-1)]
+  mapping = _segments(program, XLA_HW, rows)
+  report = validate_mapping(program, XLA_HW, mapping)
+  assert report.estimated_time_s == pytest.approx(0.024 + 0.024 + 0.1 + 0.356 + 0.024 + 0.24)
