@@ -17,12 +17,13 @@ from malloczero.env.requests import build_requests
 from malloczero.env.solvers.cpsat import cpsat
 from malloczero.env.solvers.evo import evo
 from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa, random_play
+from malloczero.env.solvers.packing import pack
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
 
-PLACEMENT_SOLVERS = {"msa": msa, "greedy": greedy, "evo": evo, "cpsat": cpsat}
+PLACEMENT_SOLVERS = {"msa": msa, "greedy": greedy, "evo": evo, "cpsat": cpsat, "pack": pack}
 GAME_SOLVERS = {"random": random_play, "bestfit": bestfit_play}  # Policies played in mallocGame.
-SOLVERS = ("msa", "greedy", "bestfit", "random", "evo", "cpsat")
+SOLVERS = ("msa", "greedy", "bestfit", "random", "evo", "cpsat", "pack")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,5 +70,5 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   return SolveResult(mapping, elapsed, dict(info, requests=len(requests)))
 
 
-__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "greedy", "evo", "cpsat", "random_play",
+__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "greedy", "evo", "cpsat", "pack", "random_play",
            "bestfit_play"]
