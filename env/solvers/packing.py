@@ -89,6 +89,16 @@ def _undo(mem, tidx, told, ctl, mark):
 
 
 @numba.njit(cache=True)
+def _fits(mem, f0, t0, sec_lo, sec_hi, offset, capacity):
+  """Section inference with the monotonic floor: in every section of the partition, the floor
+  (and the offset just chosen: later placements are no lower) plus the unplaced bytes fit."""
+  for s in range(sec_lo, sec_hi):
+    if max(mem[f0 + s], offset) + mem[t0 + s] > capacity:
+      return False
+  return True
+
+
+@numba.njit(cache=True)
 def _preorder(mem, n, num_sections, size, width, lo, hi, buffers, fields, rank):
   """MiniMalloc's static preorder (PreorderingComparator) of `buffers` into `rank`: each field
   of the heuristic descending (W: window length in time, A: bytes x time, T: the most bytes of
@@ -170,20 +180,22 @@ def _search(mem, tidx, told, ctl, stamp, scratch, rank, best, n, num_sections, c
     for s in range(lo[b], hi[b]):
       _put(mem, tidx, told, ctl, f0 + s, height)
       _put(mem, tidx, told, ctl, t0 + s, mem[t0 + s] - size[b])
-    for a in range(na):  # Unallocated floor: no unplaced request of s can start lower.
-      s = scratch[a]
-      low = np.int64(1) << 62
-      for j in range(mem_ptr[s], mem_ptr[s + 1]):
-        q = mem_idx[j]
-        if mem[q] < 0 and mem[m0 + q] < low:
-          low = mem[m0 + q]
-      if mem[f0 + s] < low < (np.int64(1) << 62):
-        _put(mem, tidx, told, ctl, f0 + s, low)
-    feasible = True
-    for s in range(sec_lo, sec_hi):  # Section inference with the monotonic floor.
-      if max(mem[f0 + s], o) + mem[t0 + s] > capacity:
-        feasible = False
-        break
+    feasible = _fits(mem, f0, t0, sec_lo, sec_hi, o, capacity)
+    if feasible and na:
+      # Unallocated floor: no unplaced request of s can start below the lowest minimum offset
+      # among them. Computed only when the cheaper check passed; it can only tighten it.
+      for a in range(na):
+        s = scratch[a]
+        low = np.int64(1) << 62
+        for j in range(mem_ptr[s], mem_ptr[s + 1]):
+          q = mem_idx[j]
+          if mem[q] < 0 and mem[m0 + q] < low:
+            low = mem[m0 + q]
+        if mem[f0 + s] < low < (np.int64(1) << 62):
+          _put(mem, tidx, told, ctl, f0 + s, low)
+          if max(low, o) + mem[t0 + s] > capacity:
+            feasible = False
+            break
     status = _NOT_FOUND
     if feasible:
       _put(mem, tidx, told, ctl, area, mem[area] + size[b] * width[b])
