@@ -540,10 +540,10 @@ def _train_vertex_ai(config, args: argparse.Namespace, workdir: str) -> int:
 
 
 def _add_solver_flags(p: argparse.ArgumentParser) -> None:
-  # evo has no time limit of its own; on the command line it shares CP-SAT's.
+  # evo and pack have no time limit flag of their own; on the command line they share CP-SAT's.
   p.add_argument("--time-limit", type=_positive_float, default=DEFAULT_TIME_LIMIT_S,
-                 help=f"seconds per program for cpsat, evo and pack, building their models included "
-                      f"(default {DEFAULT_TIME_LIMIT_S:g})")
+                 help=f"seconds per program for cpsat, evo and pack, building their models "
+                      f"included (default {DEFAULT_TIME_LIMIT_S:g})")
   p.add_argument("--workers", type=_positive_int, default=DEFAULT_WORKERS,
                  help="CP-SAT worker threads")
   p.add_argument("--evaluations", type=_positive_int, default=DEFAULT_EVALUATIONS,

@@ -70,5 +70,5 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   return SolveResult(mapping, elapsed, dict(info, requests=len(requests)))
 
 
-__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "greedy", "evo", "cpsat", "pack", "random_play",
-           "bestfit_play"]
+__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "greedy", "evo", "cpsat", "pack",
+           "random_play", "bestfit_play"]

@@ -54,6 +54,7 @@ from typing import Callable
 import numba
 import numpy as np
 
+from malloczero.env.errors import MalloczeroError
 from malloczero.env.placement import Placement
 
 DEFAULT_TIME_LIMIT_S = 10.0
@@ -280,8 +281,13 @@ class _Kernel:
     np.add.at(cuts, self.lo + 1, 1)
     np.add.at(cuts, self.hi, -1)
     self.mem[2 * n + 2 * S:2 * n + 3 * S] = np.cumsum(cuts)[1:]
-    # Each placement logs at most 1 + its overlaps + 4 per section + 1 entries.
-    trail = int(n * (1 + len(self.ov_idx) // max(n, 1) + 4 * S + 2) + 16)
+    # The trail holds at most, per request on the current path (each is placed once): its
+    # offset, its overlaps' minimum offsets, floor, total and cut of its sections, the floors
+    # of the sections its overlaps span, and the bytes x time placed.
+    span = (self.hi - self.lo)
+    rows_of = np.repeat(np.arange(n), np.diff(self.ov_ptr))
+    spanned = np.bincount(rows_of, span[self.ov_idx], minlength=n).astype(np.int64)
+    trail = int((2 + np.diff(self.ov_ptr) + 3 * span + np.minimum(spanned, S)).sum()) + 16
     self.tidx, self.told = np.zeros(trail, np.int64), np.zeros(trail, np.int64)
     self.ctl = np.zeros(5, np.int64)
     self.stamp = np.zeros(S, np.int64)
@@ -317,7 +323,8 @@ class _Kernel:
     return int(status), used, int(ctl[_BEST] - base), best
 
 
-def _partitions(lo: np.ndarray, hi: np.ndarray, num_sections: int) -> list[tuple[list[int], int, int]]:
+def _partitions(lo: np.ndarray, hi: np.ndarray,
+                num_sections: int) -> list[tuple[list[int], int, int]]:
   """Independent partitions: maximal runs of sections joined by requests spanning their
   boundaries (MiniMalloc's sweep). Returns (requests, first section, end section)."""
   crossing = np.zeros(num_sections + 1, np.int64)
@@ -357,10 +364,14 @@ def _complete(placement: Placement, fixed: list[tuple[int, int]], order: np.ndar
       placement.place_where_it_saves_most(r, fit="best")
 
 
-def pack(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+def pack(placement: Placement, time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
          heuristics: tuple[str, ...] = HEURISTICS) -> dict:
+  for h in heuristics:
+    if not h or set(h) - set(_FIELD):
+      raise MalloczeroError(f"pack: preordering heuristic '{h}' must be letters of W (window "
+                            "length), A (bytes x time), T (bytes live where it is)")
   started = _clock()
-  deadline = started + float(time_limit_s)
+  deadline = started + float(DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
   req = placement.requests
   num_requests = len(req)
 
