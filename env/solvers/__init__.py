@@ -17,9 +17,16 @@ from malloczero.env.requests import build_requests
 from malloczero.env.solvers.cpsat import cpsat
 from malloczero.env.solvers.evo import evo
 from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa, random_play
-from malloczero.env.solvers.packing import pack
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
+
+
+def pack(placement: Placement, **options: Any) -> dict:
+  """The MiniMalloc-style packer (`packing.py`), imported on first use so that importing the
+  solvers does not load numba, which its jitted search needs."""
+  from malloczero.env.solvers.packing import pack as search
+  return search(placement, **options)
+
 
 PLACEMENT_SOLVERS = {"msa": msa, "greedy": greedy, "evo": evo, "cpsat": cpsat, "pack": pack}
 GAME_SOLVERS = {"random": random_play, "bestfit": bestfit_play}  # Policies played in mallocGame.
