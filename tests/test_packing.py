@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from malloczero.env import load_workload
+from malloczero.env import MalloczeroError, load_workload
 from malloczero.env.hardware import PRESETS
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import solve
@@ -130,3 +130,47 @@ def test_pack_on_tiny_xla_programs_proves_no_full_packing_and_is_no_worse_than_b
       or "larger than the fastest level's" in result.info["reason"]
   validate_mapping(w, hw, result.mapping)
   assert result.speedup >= solve(w, hw, "bestfit").speedup
+
+
+def test_pack_on_an_overfull_csv_searches_what_fits_everywhere_and_beats_bestfit():
+  """Instance A in 900,000 bytes (its peak is 2**20): the requests that save least per byte
+  leave the overfull sections, the search packs the rest, and the greedy completion of that
+  packing saves more than bestfit."""
+  w = load_workload(INSTANCE_A)
+  hw = PRESETS["minimalloc"].with_fast_capacity(900_000)
+  result = solve(w, hw, "pack", time_limit_s=SEARCH_LIMIT_S)
+  assert result.info["status"] == "infeasible"
+  assert result.info["reason"].startswith("1048576 bytes are live at time")
+  assert 0 < result.info["searched_requests"] < w.num_buffers
+  assert result.info["searched"] == "packed"
+  assert (f"the {result.info['searched_requests']} requests that fit everywhere were searched "
+          "(1 of 1 partitions packed") in describe(result.info)
+  assert result.mapping.estimated_time_s < solve(w, hw, "bestfit").mapping.estimated_time_s
+
+
+def test_the_search_grows_its_trail_when_it_fills_up():
+  """A trail too short for one path is doubled and the run repeated: same packing."""
+  from malloczero.env.solvers import packing
+  w = workload_from_minimalloc_csv(csv(ROWS), name="hand")
+  hw = PRESETS["minimalloc"].with_fast_capacity(CAPACITY)
+  full = solve(w, hw, "pack", time_limit_s=SEARCH_LIMIT_S)
+  original = packing._Kernel.__init__
+
+  def short_trail(self, *args, **kwargs):
+    original(self, *args, **kwargs)
+    self.tidx, self.told = self.tidx[:2].copy(), self.told[:2].copy()
+  try:
+    packing._Kernel.__init__ = short_trail
+    grown = solve(w, hw, "pack", time_limit_s=SEARCH_LIMIT_S)
+  finally:
+    packing._Kernel.__init__ = original
+  assert grown.info["status"] == "packed"
+  assert offsets_of(grown.mapping) == offsets_of(full.mapping)
+
+
+def test_a_bad_preordering_heuristic_is_a_one_line_error():
+  w = workload_from_minimalloc_csv(csv(ROWS), name="hand")
+  hw = PRESETS["minimalloc"].with_fast_capacity(CAPACITY)
+  with pytest.raises(MalloczeroError, match=r"^pack: preordering heuristic 'WAX' must be letters "
+                     r"of W \(window length\), A \(bytes x time\), T \(bytes live where it is\)$"):
+    solve(w, hw, "pack", heuristics=("WAT", "WAX"))

@@ -31,16 +31,20 @@ ideas taken from it:
 Not taken: buffers with gaps and fixed offsets (the workloads here have neither) and the
 minimum-capacity binary search.
 
-When the search does not find a full packing in the time limit (or proves that none exists,
-as the first inference does at once when more bytes are live at some time than the fastest
-level holds, the usual case for XLA programs, whose suite entries set capacity far below peak),
-`pack` returns the best, by program time, of: the search's best partial packing (the most bytes x
-time placed at any node, per partition) completed greedily, twice (the remaining requests by
-standalone saving, or by saving per byte; each where it saves most, best fit, any fast level),
-and bestfit's mapping (the game's order, first candidate). `info` says which, and that no full
+When more bytes are live at some time than the fastest level holds (or a request is larger
+than it), no full packing exists; that is the usual case for XLA programs, whose suite entries
+set the fast levels to a fraction of peak. `pack` then searches a subset that fits everywhere:
+the requests that save least per byte are dropped from the overfull sections (saving per byte is
+the window length on a MiniMalloc CSV; on an XLA program it is the memory-boundedness the cost
+model gives). When the search does not pack its requests in the time limit (or proves they
+cannot be), or worked on such a subset, `pack` returns the best, by program time, of: the
+search's packing or best partial packing (the most bytes x time placed at any node, per
+partition) completed greedily, twice (the remaining requests by standalone saving, or by saving
+per byte; each where it saves most, best fit, any fast level), and bestfit's mapping (the game's
+order, first candidate), so it is never worse than bestfit. `info` says which, and that no full
 packing was found or that none exists. The search handles requests, so XLA parameters with
 several prefetch windows are several items with disjoint windows; it packs the fastest level
-only (the fallback uses every level).
+only (the completions use every level).
 
 The search runs jitted (numba): Python-level DFS reached about 1,000 nodes a second on these
 instances, the jitted one 100,000-250,000, and instance A needs 116,000. It cannot read a clock,
@@ -65,7 +69,8 @@ from malloczero.env.placement import Placement
 DEFAULT_TIME_LIMIT_S = 10.0
 HEURISTICS = ("WAT", "TAW", "TWA")
 _OK, _NOT_FOUND, _ABORTED = 0, 1, 2
-_NODES_LEFT, _NODES, _TOP, _BEST, _STAMP = range(5)  # Slots of the search's `ctl` counters.
+# Slots of the search's `ctl` counters; FULL is set when the trail had no room for a change.
+_NODES_LEFT, _NODES, _TOP, _BEST, _STAMP, _FULL = range(6)
 _FIELD = {"W": 0, "A": 1, "T": 2}
 _clock = time.perf_counter
 
@@ -79,6 +84,9 @@ _clock = time.perf_counter
 @numba.njit(cache=True)
 def _put(mem, tidx, told, ctl, i, value):
   t = ctl[_TOP]
+  if t >= len(tidx):
+    ctl[_FULL] = 1  # Not applied: the search aborts, undoes what it logged and is rerun.
+    return
   tidx[t] = i
   told[t] = mem[i]
   ctl[_TOP] = t + 1
@@ -135,7 +143,7 @@ def _search(mem, tidx, told, ctl, stamp, scratch, rank, best, n, num_sections, c
   """MiniMalloc's SearchSolutions with DynamicallyDecompose folded in. `buffers` is the parent
   node's ordering of the partition (placed ones are skipped); `(last_offset, last_rank)` the
   canonical bound. A success keeps its changes (only a failing ancestor undoes them)."""
-  if ctl[_NODES_LEFT] <= 0:
+  if ctl[_NODES_LEFT] <= 0 or ctl[_FULL]:
     return _ABORTED
   ctl[_NODES_LEFT] -= 1
   ctl[_NODES] += 1
@@ -203,6 +211,8 @@ def _search(mem, tidx, told, ctl, stamp, scratch, rank, best, n, num_sections, c
             feasible = False
             break
     status = _NOT_FOUND
+    if ctl[_FULL]:
+      feasible, status = False, _ABORTED
     if feasible:
       _put(mem, tidx, told, ctl, area, mem[area] + size[b] * width[b])
       if mem[area] > ctl[_BEST]:
@@ -216,7 +226,9 @@ def _search(mem, tidx, told, ctl, stamp, scratch, rank, best, n, num_sections, c
         if mem[c0 + s] == 0:
           cutpoints[nc] = s + 1
           nc += 1
-      if nc == 1:
+      if ctl[_FULL]:
+        status = _ABORTED
+      elif nc == 1:
         status = _search(mem, tidx, told, ctl, stamp, scratch, rank, best, n, num_sections,
                          capacity, size, width, lo, hi, ov_ptr, ov_idx, mem_ptr, mem_idx, fields,
                          ordering, sec_lo, sec_hi, o, rb)
@@ -286,15 +298,13 @@ class _Kernel:
     np.add.at(cuts, self.lo + 1, 1)
     np.add.at(cuts, self.hi, -1)
     self.mem[2 * n + 2 * S:2 * n + 3 * S] = np.cumsum(cuts)[1:]
-    # The trail holds at most, per request on the current path (each is placed once): its
-    # offset, its overlaps' minimum offsets, floor, total and cut of its sections, the floors
-    # of the sections its overlaps span, and the bytes x time placed.
-    span = (self.hi - self.lo)
-    rows_of = np.repeat(np.arange(n), np.diff(self.ov_ptr))
-    spanned = np.bincount(rows_of, span[self.ov_idx], minlength=n).astype(np.int64)
-    trail = int((2 + np.diff(self.ov_ptr) + 3 * span + np.minimum(spanned, S)).sum()) + 16
+    # The trail's first size: per request on a path, its offset, its overlaps' minimum offsets,
+    # floor, total and cut of its sections and the bytes x time placed, plus room for the
+    # unallocated floors; `run` doubles it when it fills up.
+    span = self.hi - self.lo
+    trail = int((2 + np.diff(self.ov_ptr) + 3 * span).sum()) + 4 * S + 1024
     self.tidx, self.told = np.zeros(trail, np.int64), np.zeros(trail, np.int64)
-    self.ctl = np.zeros(5, np.int64)
+    self.ctl = np.zeros(6, np.int64)
     self.stamp = np.zeros(S, np.int64)
     self.scratch = np.zeros(S, np.int64)
     self.rank = np.zeros(n, np.int64)
@@ -311,16 +321,23 @@ class _Kernel:
     anything else is undone."""
     fields = np.array([_FIELD[c] for c in heuristic], np.int64)
     ctl, area = self.ctl, 2 * self.n + 3 * self.num_sections
-    ctl[_NODES_LEFT], ctl[_NODES] = nodes, 0
-    ctl[_BEST] = base = self.mem[area]
-    mark = ctl[_TOP]
-    best = self.mem[:self.n].copy()
-    _preorder(self.mem, self.n, self.num_sections, self.size, self.width, self.lo, self.hi,
-              buffers, fields, self.rank)
-    status = _search(self.mem, self.tidx, self.told, ctl, self.stamp, self.scratch, self.rank,
-                     best, self.n, self.num_sections, self.capacity, self.size, self.width,
-                     self.lo, self.hi, self.ov_ptr, self.ov_idx, self.mem_ptr, self.mem_idx,
-                     fields, buffers, sec_lo, sec_hi, np.int64(0), np.int64(-1))
+    while True:
+      ctl[_NODES_LEFT], ctl[_NODES], ctl[_FULL] = nodes, 0, 0
+      ctl[_BEST] = base = self.mem[area]
+      mark = ctl[_TOP]
+      best = self.mem[:self.n].copy()
+      _preorder(self.mem, self.n, self.num_sections, self.size, self.width, self.lo, self.hi,
+                buffers, fields, self.rank)
+      status = _search(self.mem, self.tidx, self.told, ctl, self.stamp, self.scratch, self.rank,
+                       best, self.n, self.num_sections, self.capacity, self.size, self.width,
+                       self.lo, self.hi, self.ov_ptr, self.ov_idx, self.mem_ptr, self.mem_idx,
+                       fields, buffers, sec_lo, sec_hi, np.int64(0), np.int64(-1))
+      if not ctl[_FULL]:
+        break
+      _undo(self.mem, self.tidx, self.told, ctl, mark)  # Nothing unlogged was applied.
+      grown = 2 * len(self.tidx)
+      self.tidx = np.concatenate([self.tidx, np.zeros(grown - len(self.tidx), np.int64)])
+      self.told = np.concatenate([self.told, np.zeros(grown - len(self.told), np.int64)])
     used = int(ctl[_NODES])
     self.nodes += used
     if status != _OK:
@@ -376,6 +393,98 @@ def _complete(placement: Placement, fixed: list[tuple[int, int]], order: np.ndar
       placement.place_where_it_saves_most(r, fit="best")
 
 
+def _sections(req, subset: np.ndarray, axis: np.ndarray):
+  """Sections of `subset`'s windows: (points, lo, hi, size, width, live bytes per section)."""
+  points = np.unique(np.concatenate([req.start[subset], req.end[subset]]))
+  lo = np.searchsorted(points, req.start[subset]).astype(np.int64)
+  hi = np.searchsorted(points, req.end[subset]).astype(np.int64)
+  num_sections = max(len(points) - 1, 0)
+  size = req.size[subset].astype(np.int64)
+  width = (axis[req.end[subset]] - axis[req.start[subset]]).astype(np.int64)
+  live = np.zeros(num_sections + 1, np.int64)
+  np.add.at(live, lo, size)
+  np.add.at(live, hi, -size)
+  return points, lo, hi, size, width, np.cumsum(live)[:num_sections]
+
+
+def _reduce(lo: np.ndarray, hi: np.ndarray, size: np.ndarray, live: np.ndarray, capacity: int,
+            priority: np.ndarray) -> np.ndarray:
+  """Which requests to keep so that no section holds more bytes than `capacity`: lowest
+  `priority` first, a request is dropped if it lives in a section that is still overfull."""
+  live, keep = live.copy(), np.ones(len(size), bool)
+  for b in np.argsort(priority, kind="stable").tolist():
+    if live.max(initial=0) <= capacity:
+      break
+    if live[lo[b]:hi[b]].max() > capacity:
+      keep[b] = False
+      live[lo[b]:hi[b]] -= size[b]
+  return keep
+
+
+def _search_packing(req, subset: np.ndarray, axis: np.ndarray, capacity: int, deadline: float,
+                    heuristics: tuple[str, ...], info: dict) -> tuple[dict[int, int], str]:
+  """Runs the search on requests `subset` (no section overfull) until `deadline`. Returns
+  ({request: offset} for the partitions it packed and the best partial packing of the others,
+  "packed" | "infeasible" (proven) | "timeout")."""
+  points, lo, hi, size, width, live = _sections(req, subset, axis)
+  num_sections = len(live)
+  # The jitted search is compiled on its first use on a machine (seconds; numba caches it
+  # beside this file) and loaded from that cache later (a fraction of a second). A tiny run
+  # first keeps that out of the node rate the time limit is turned into.
+  t0 = _clock()
+  _warm_up()
+  info["jit_s"] = _clock() - t0
+  kernel = _Kernel(size, width, lo, hi, req.start[subset], req.end[subset], num_sections,
+                   capacity)
+  parts = _partitions(lo, hi, num_sections)
+  pending, proven = list(range(len(parts))), []
+  best_partial: dict[int, tuple[int, np.ndarray]] = {}  # partition -> (area, offsets)
+  solution: dict[int, int] = {}
+  limit, rate, cut_short = len(subset), None, False
+  while pending and not cut_short:
+    limit *= 2
+    for p in list(pending):
+      buffers, a, z = parts[p]
+      for h in heuristics:
+        # The kernel cannot read a clock: it gets the nodes that fit in the time left, at the
+        # rate measured so far (a first short run measures it), with a fifth to spare.
+        left = deadline - _clock()
+        nodes = limit if rate is None else min(limit, int(0.8 * rate * left))
+        if left <= 0 or nodes <= 0:
+          cut_short = True
+          break
+        t0 = _clock()
+        result, used, area, offsets = kernel.run(np.array(buffers, np.int64), a, z, h, nodes)
+        if used >= 64:
+          rate = used / max(_clock() - t0, 1e-6)
+        if area > best_partial.get(p, (-1, None))[0]:
+          best_partial[p] = (area, offsets)
+        if result == _OK:
+          pending.remove(p)
+          solution.update({b: int(kernel.offset[b]) for b in buffers})
+          break
+        if result == _NOT_FOUND:  # The search is complete: no packing exists.
+          pending.remove(p)
+          proven.append(p)
+          break
+        if nodes < limit:
+          cut_short = True
+          break
+      if cut_short:
+        break
+  info["partitions"] = len(parts)
+  info["partitions_packed"] = len(parts) - len(pending) - len(proven)
+  info["nodes"] = kernel.nodes
+  for p in pending + proven:
+    if p in best_partial:
+      _, offsets = best_partial[p]
+      solution.update({b: int(offsets[b]) for b in parts[p][0] if offsets[b] >= 0})
+  status = "infeasible" if proven else "timeout" if pending else "packed"
+  if proven:
+    info["proven_partitions"] = len(proven)
+  return {int(subset[b]): o for b, o in solution.items()}, status
+
+
 def pack(placement: Placement, time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
          heuristics: tuple[str, ...] = HEURISTICS) -> dict:
   for h in heuristics:
@@ -395,100 +504,42 @@ def pack(placement: Placement, time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
 
   capacity = int(placement.capacity[0])
   axis = placement.model.workload.time_axis
-  fits = req.size <= capacity
-  items = np.flatnonzero(fits)
+  items = np.flatnonzero(req.size <= capacity)
   info: dict = {"requests_in_fastest_level": int(items.size)}
-  points = np.unique(np.concatenate([req.start[items], req.end[items]]))
-  lo = np.searchsorted(points, req.start[items])
-  hi = np.searchsorted(points, req.end[items])
-  num_sections = max(len(points) - 1, 0)
-  size = req.size[items].astype(np.int64)
-  width = (axis[req.end[items]] - axis[req.start[items]]).astype(np.int64)
-  live = np.zeros(num_sections + 1, np.int64)
-  np.add.at(live, lo, size)
-  np.add.at(live, hi, -size)
-  live = np.cumsum(live)[:num_sections]
-  worst = int(np.argmax(live)) if num_sections else 0
-
-  solution: dict[int, int] = {}   # item -> offset, for partitions packed or partially packed
-  status = "timeout"  # Until the search packs everything or proves it cannot.
+  points, lo, hi, size, _, live = _sections(req, items, axis)
+  worst = int(np.argmax(live)) if len(live) else 0
+  subset = items
   if items.size < num_requests:
-    status = "infeasible"
     info["reason"] = (f"{num_requests - items.size} request(s) larger than the fastest level's "
                       f"{capacity} bytes")
-  elif num_sections and live[worst] > capacity:
+  if len(live) and live[worst] > capacity:
+    info["reason"] = (f"{int(live[worst])} bytes are live at time {int(axis[points[worst]])}, "
+                      f"more than the fastest level's {capacity}")
+  if "reason" in info:
+    # No full packing exists. Search a subset that fits everywhere instead: the requests that
+    # save least per byte are dropped from the sections that are overfull.
+    density = req.standalone_saving[items, 0] / req.size[items]
+    subset = items[_reduce(lo, hi, size, live, capacity, density)]
+    info["searched_requests"] = int(subset.size)
+  solution, status = _search_packing(req, subset, axis, capacity, search_deadline, heuristics,
+                                     info) if subset.size else ({}, "timeout")
+  if "reason" in info:
+    info["searched"] = status  # Whether the subset was packed.
     status = "infeasible"
-    at = int(axis[points[worst]])
-    info["reason"] = (f"{int(live[worst])} bytes are live at time {at}, more than the fastest "
-                      f"level's {capacity}")
-  else:
-    # The jitted search is compiled on its first use on a machine (seconds; numba caches it
-    # beside this file) and loaded from that cache later (a fraction of a second). A tiny run
-    # first keeps that out of the node rate the time limit is turned into.
-    t0 = _clock()
-    _warm_up()
-    info["jit_s"] = _clock() - t0
-    kernel = _Kernel(size, width, lo, hi, req.start[items], req.end[items], num_sections,
-                     capacity)
-    parts = _partitions(lo, hi, num_sections)
-    info["partitions"] = len(parts)
-    pending, proven = list(range(len(parts))), []
-    best_partial: dict[int, tuple[int, np.ndarray]] = {}  # partition -> (area, offsets)
-    limit, rate, cut_short = int(items.size), None, False
-    while pending and not cut_short:
-      limit *= 2
-      for p in list(pending):
-        buffers, a, z = parts[p]
-        for h in heuristics:
-          # The kernel cannot read a clock: it gets the nodes that fit in the time left, at
-          # the rate measured so far (a first short run measures it).
-          left = search_deadline - _clock()
-          nodes = limit if rate is None else min(limit, int(rate * left))
-          if left <= 0 or nodes <= 0:
-            cut_short = True
-            break
-          t0 = _clock()
-          result, used, area, offsets = kernel.run(np.array(buffers, np.int64), a, z, h, nodes)
-          if used >= 64:
-            rate = used / max(_clock() - t0, 1e-6)
-          if area > best_partial.get(p, (-1, None))[0]:
-            best_partial[p] = (area, offsets)
-          if result == _OK:
-            pending.remove(p)
-            solution.update({b: int(kernel.offset[b]) for b in buffers})
-            break
-          if result == _NOT_FOUND:  # The search is complete: no packing exists.
-            pending.remove(p)
-            proven.append(p)
-            break
-          if nodes < limit:
-            cut_short = True
-            break
-        if cut_short:
-          break
-    if proven:
-      status = "infeasible"
-      info["reason"] = (f"the search proved that {len(proven)} of {len(parts)} independent "
-                        "partitions cannot be packed")
-    elif not pending:
-      status = "packed"
-    info["nodes"] = kernel.nodes
-    info["partitions_packed"] = len(parts) - len(pending) - len(proven)
-    for p in pending + proven:
-      if p in best_partial:
-        _, offsets = best_partial[p]
-        solution.update({b: int(offsets[b]) for b in parts[p][0] if offsets[b] >= 0})
+  elif status == "infeasible":
+    info["reason"] = (f"the search proved that {info['proven_partitions']} of "
+                      f"{info['partitions']} independent partitions cannot be packed")
   info["status"] = status
   info["search_s"] = _clock() - started
 
   if status == "packed":
     placement.reset()
-    for b, o in sorted(solution.items()):
-      placement.place(int(items[b]), 0, o)
+    for r, o in sorted(solution.items()):
+      placement.place(r, 0, o)
     return info
 
   # No full packing: the best of the completed partial packings and bestfit.
-  fixed = [(int(items[b]), o) for b, o in sorted(solution.items())]
+  fixed = sorted(solution.items())
   saving = req.standalone_saving.max(axis=1)
   candidates: list[tuple[float, str, Callable[[], None]]] = []
   replay_bestfit = lambda: [placement.place(r, level, o) for r, level, o in bestfit_rows]
@@ -503,7 +554,7 @@ def pack(placement: Placement, time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
   placement.reset()
   replay()
   info["returned"] = best_name
-  info["partial_bytes_x_time"] = int(sum(int(size[b]) * int(width[b]) for b in solution))
+  info["partial_requests"] = len(fixed)
   return info
 
 
@@ -511,14 +562,19 @@ def describe(info: dict) -> str:
   """The CLI's words for a pack result: packed, or why not and what was returned instead."""
   if "status" not in info:
     return ""  # No request at all: solve() said so.
-  if info.get("status") == "packed":
+  if info["status"] == "packed":
     return (f"; packed every request ({info.get('partitions', 0)} partitions, "
             f"{info.get('nodes', 0)} search nodes)")
-  if info.get("status") == "infeasible":
-    return f"; no full packing exists ({info['reason']}); returned {info['returned']}"
   jit = info.get("jit_s", 0.0)
+  search = (f"{info.get('partitions_packed', 0)} of {info.get('partitions', 0)} partitions "
+            f"packed, {info.get('nodes', 0)} search nodes"
+            + (f"; compiling the search took {jit:.1f} s of it, once per machine" if jit > 1
+               else ""))
+  if info["status"] == "infeasible" and "searched_requests" in info:
+    return (f"; no full packing exists ({info['reason']}); the {info['searched_requests']} "
+            f"requests that fit everywhere were searched ({search}); returned "
+            f"{info['returned']}")
+  if info["status"] == "infeasible":
+    return f"; no full packing exists ({info['reason']}; {search}); returned {info['returned']}"
   return (f"; no full packing found in the time limit (none proven impossible either: "
-          f"{info.get('partitions_packed', 0)} of {info.get('partitions', 0)} partitions "
-          f"packed, {info.get('nodes', 0)} search nodes"
-          + (f"; compiling the search took {jit:.1f} s of it, once per machine" if jit > 1 else "")
-          + f"); returned {info['returned']}")
+          f"{search}); returned {info['returned']}")
