@@ -35,8 +35,8 @@ When more bytes are live at some time than the fastest level holds (or a request
 than it), no full packing exists; that is the usual case for XLA programs, whose suite entries
 set the fast levels to a fraction of peak. `pack` then searches a subset that fits everywhere:
 the requests that save least per byte are dropped from the overfull sections (saving per byte is
-the window length on a MiniMalloc CSV; on an XLA program it is the memory-boundedness the cost
-model gives). When the search does not pack its requests in the time limit (or proves they
+the window length on a MiniMalloc CSV; on an XLA program, the op time the cost model says it
+saves alone, per byte). When the search does not pack its requests in the time limit (or proves they
 cannot be), or worked on such a subset, `pack` returns the best, by program time, of: the
 search's packing or best partial packing (the most bytes x time placed at any node, per
 partition) completed greedily, twice (the remaining requests by standalone saving, or by saving
