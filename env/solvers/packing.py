@@ -65,6 +65,7 @@ import numpy as np
 
 from malloczero.env.errors import MalloczeroError
 from malloczero.env.placement import Placement
+from malloczero.env.requests import Requests
 
 DEFAULT_TIME_LIMIT_S = 10.0
 HEURISTICS = ("WAT", "TAW", "TWA")
@@ -78,7 +79,8 @@ _clock = time.perf_counter
 # The search state is one int64 array `mem` so that a single trail (flat index, old value)
 # undoes any change: offset [0, n) (-1 = unplaced), min_off [n, 2n), section floor [2n, 2n+S),
 # section total (bytes of unplaced requests) [2n+S, 2n+2S), cuts (unplaced requests across the
-# boundary s | s+1) [2n+2S, 2n+3S), bytes x time placed [2n+3S].
+# boundary s | s+1) [2n+2S, 2n+3S), bytes x time placed [2n+3S]. The jitted functions take
+# int64 arrays and integers only (numba infers their types; they carry no annotations).
 
 
 @numba.njit(cache=True)
@@ -393,7 +395,7 @@ def _complete(placement: Placement, fixed: list[tuple[int, int]], order: np.ndar
       placement.place_where_it_saves_most(r, fit="best")
 
 
-def _sections(req, subset: np.ndarray, axis: np.ndarray):
+def _sections(req: Requests, subset: np.ndarray, axis: np.ndarray) -> tuple[np.ndarray, ...]:
   """Sections of `subset`'s windows: (points, lo, hi, size, width, live bytes per section)."""
   points = np.unique(np.concatenate([req.start[subset], req.end[subset]]))
   lo = np.searchsorted(points, req.start[subset]).astype(np.int64)
@@ -421,8 +423,9 @@ def _reduce(lo: np.ndarray, hi: np.ndarray, size: np.ndarray, live: np.ndarray, 
   return keep
 
 
-def _search_packing(req, subset: np.ndarray, axis: np.ndarray, capacity: int, deadline: float,
-                    heuristics: tuple[str, ...], info: dict) -> tuple[dict[int, int], str]:
+def _search_packing(req: Requests, subset: np.ndarray, axis: np.ndarray, capacity: int,
+                    deadline: float, heuristics: tuple[str, ...],
+                    info: dict) -> tuple[dict[int, int], str]:
   """Runs the search on requests `subset` (no section overfull) until `deadline`. Returns
   ({request: offset} for the partitions it packed and the best partial packing of the others,
   "packed" | "infeasible" (proven) | "timeout")."""
