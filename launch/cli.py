@@ -169,6 +169,8 @@ def solver_options(args: argparse.Namespace, solver: str) -> dict:
     return {"time_limit_s": args.time_limit, "workers": args.workers}
   if solver == "evo":
     return {"evaluations": args.evaluations, "time_limit_s": args.time_limit, "seed": args.seed}
+  if solver == "pack":
+    return {"time_limit_s": args.time_limit}
   if solver == "random":
     return {"seed": args.seed}
   return {}
@@ -243,6 +245,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
                f"{result.info['bound_s'] * 1e3:.4g} ms"
                + (f" ({result.info['fallback']})" if "fallback" in result.info else "")
                + f" ({result.info['bound_note']})")
+    elif args.solver == "pack":
+      from malloczero.env.solvers.packing import describe
+      extra = describe(result.info)
     print(_solve_line(args.solver, result) + extra)
   m = result.mapping
   if args.out:
@@ -536,10 +541,10 @@ def _train_vertex_ai(config, args: argparse.Namespace, workdir: str) -> int:
 
 
 def _add_solver_flags(p: argparse.ArgumentParser) -> None:
-  # evo has no time limit of its own; on the command line it shares CP-SAT's.
+  # evo and pack have no time limit flag of their own; on the command line they share CP-SAT's.
   p.add_argument("--time-limit", type=_positive_float, default=DEFAULT_TIME_LIMIT_S,
-                 help=f"seconds per program for cpsat and evo, building their models included "
-                      f"(default {DEFAULT_TIME_LIMIT_S:g})")
+                 help=f"seconds per program for cpsat, evo and pack, building their models "
+                      f"included (default {DEFAULT_TIME_LIMIT_S:g})")
   p.add_argument("--workers", type=_positive_int, default=DEFAULT_WORKERS,
                  help="CP-SAT worker threads")
   p.add_argument("--evaluations", type=_positive_int, default=DEFAULT_EVALUATIONS,

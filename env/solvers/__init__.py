@@ -20,9 +20,17 @@ from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa, random_
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
 
-PLACEMENT_SOLVERS = {"msa": msa, "greedy": greedy, "evo": evo, "cpsat": cpsat}
+
+def pack(placement: Placement, **options: Any) -> dict:
+  """The MiniMalloc-style packer (`packing.py`), imported on first use so that importing the
+  solvers does not load numba, which its jitted search needs."""
+  from malloczero.env.solvers.packing import pack as search
+  return search(placement, **options)
+
+
+PLACEMENT_SOLVERS = {"msa": msa, "greedy": greedy, "evo": evo, "cpsat": cpsat, "pack": pack}
 GAME_SOLVERS = {"random": random_play, "bestfit": bestfit_play}  # Policies played in mallocGame.
-SOLVERS = ("msa", "greedy", "bestfit", "random", "evo", "cpsat")
+SOLVERS = ("msa", "greedy", "bestfit", "random", "evo", "cpsat", "pack")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,5 +77,5 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   return SolveResult(mapping, elapsed, dict(info, requests=len(requests)))
 
 
-__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "greedy", "evo", "cpsat", "random_play",
-           "bestfit_play"]
+__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "greedy", "evo", "cpsat", "pack",
+           "random_play", "bestfit_play"]
