@@ -12,8 +12,13 @@ from malloczero.env.game import MallocGame
 from malloczero.env.placement import Placement
 
 
-def msa(placement: Placement) -> dict:
-  """XLA memory-space assignment, as its source describes it, over the game's requests.
+def msa_simple(placement: Placement) -> dict:
+  """The project's first, simplified msa, over the game's requests (solver "msa-simple").
+
+  Kept because CP-SAT (cpsat.py) needs a hint in its own decision space, the game's requests,
+  which the faithful msa (env/solvers/msa/algorithm.py, solver "msa") does not play in: its
+  segments, prefetch starts and evictions have no request. It is also the "old msa" that the
+  faithful one is measured against.
 
   * Order: the game's request order is already MSA's (memory-boundedness = time saved /
     sqrt(size) descending, then size, then live-range length).
