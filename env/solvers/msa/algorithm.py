@@ -62,7 +62,8 @@ Not modelled, and why:
 * colocations, aliasing and required assignments (a buffer here is one value; program outputs
   stay in default memory whole, as the validator requires, where XLA could keep their early
   segments in fast memory and evict);
-* values without a use (XLA gives them a default allocation; here nothing is allocated);
+* values without a use get one segment, their definition alone (`[def, def]`), kept in fast
+  memory without a copy when a chunk is free: producing them there still saves the write;
 * XLA's peak-memory shortcut (`FindEarliestExclusiveTimeToSatisfyPeakMemory`) and
   `EnsureSomeSpatialPrefetchFitExists`: compile-time optimisations that skip starts the chunk
   search would refuse anyway.
@@ -239,11 +240,17 @@ class MsaAlgorithm:
     """`AllocateAllocationValues` for one buffer: one `AllocateSegment` per use."""
     a = self.workload.arrays
     uses, incidences = self._uses(b)
-    if len(uses) == 0:
-      return []
     size = int(self.hardware.align(int(a.sizes[b])))
     def_op = int(a.def_op[b])
     is_activation = def_op != PROGRAM_START
+    if len(uses) == 0:
+      if not is_activation:
+        return []
+      # A value nothing reads: its definition alone, one segment ending where it starts.
+      pending = _Pending()
+      kept = self._no_copy(None, b, size, def_op, def_op, np.array([def_op]), pending)
+      self._counts["kept" if kept else "default_uses"] += 1
+      return [kept] if kept else []
     # When default memory holds the value (XLA: the default allocation's earliest available
     # time); None while it does not (an activation produced in fast memory, not yet evicted).
     default_available: int | None = None if is_activation else PROGRAM_START
