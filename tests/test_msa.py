@@ -256,6 +256,27 @@ def test_evictions_shouldnt_be_delayed():
   assert live.sum(0).max() <= 2
 
 
+def test_xlas_elapsed_budgets_hide_a_copy_the_simulator_stalls_for_and_idle_budgets_do_not():
+  """docs/msa.md's open question, on the smallest program that shows it: q is negated (op 0,
+  memory bound: 0.48 s moving 48 B, 0.006 s of compute), then add(p, q) (op 1). XLA budgets op 0
+  its elapsed 0.48 s, enough for p's 0.24 s copy, so msa prefetches p across op 0 for the add,
+  which then reads it 0.216 s faster. The cost model (XLA's `RuntimeSimulator` rule) moves
+  copies only in default-memory idle time, none during op 0: the program stalls 0.24 s and ends
+  0.024 s slower than with everything in default memory. With `copy_budget="idle"` msa sees no
+  room before the add and leaves p in default memory."""
+  p = Program(F32_2_3, ["p", "q"])
+  p.op("x", ["q"])
+  p.op("y", ["p", "q"])
+  w = p.build(["x", "y"])
+  model = CostModel(w, XLA_HW)
+  faithful, _ = msa_mapping(model)
+  assert [(a["buffer"], a["start"], a["prefetch"]["done"]) for a in faithful.allocations] == [
+      (0, 0, 1)]
+  assert faithful.estimated_time_s == pytest.approx(model.slow_only_time + 0.24 - 0.216)
+  idle, _ = msa_mapping(model, MsaOptions(copy_budget="idle"))
+  assert idle.allocations == () and idle.estimated_time_s == pytest.approx(model.slow_only_time)
+
+
 # ----------------------------------------------------------------------------- options
 
 
@@ -265,8 +286,11 @@ def test_options_have_xlas_test_defaults_and_refuse_an_unknown_picker():
           options.max_overlap_to_mem_size_async_copy_ratio) == (0.8, 1.5, 10.0)
   assert (options.max_outstanding_prefetches, options.max_outstanding_evictions) == (-1, -1)
   assert options.use_copy_resource and not options.enforce_prefetch_fifo_order
+  assert options.copy_budget == "elapsed"
   with pytest.raises(ValueError, match="unknown picker"):
     MsaOptions(picker="fastest")
+  with pytest.raises(ValueError, match="unknown copy budget"):
+    MsaOptions(copy_budget="free")
 
 
 def test_msa_is_the_registered_solver_and_the_old_one_is_msa_simple():
