@@ -154,8 +154,9 @@ def evictions_shouldnt_be_delayed() -> Workload:
 
 def test_simple_keeps_add_and_sub_in_fast_memory_at_different_offsets():
   """XLA's `Simple`: add and sub in alternate memory (different offsets, both live until mul);
-  the parameters stay in default memory (no op runs before their first use to hide a copy, so
-  the copy resource refuses every prefetch), and mul is the result."""
+  the parameters in default memory (XLA checks their own positions; here not even a copy is
+  made: no op runs before their first use to hide one, so the copy resource refuses every
+  prefetch), and mul, the result, too."""
   w = simple_program()
   allocations = run(w)
   add, sub = segments_of(w, allocations, "add"), segments_of(w, allocations, "sub")
@@ -184,11 +185,11 @@ def test_negate_chain_with_the_instruction_count_picker_prefetches_p1():
 
 def test_negate_chain_with_the_cost_picker_keeps_the_negates_and_prefetches_p1_late():
   """NegateChain with the cost picker (0.8 / 1.5 / 10), XLA's `CostAnalysis` variant: the
-  negates stay in alternate memory and p0 (read at once) in default memory. p1's copy (24 B at
-  100 B/s, 0.24 s) is started at the picker's preferred start, the one whose overlapped ops come
-  closest to 1.5 x the copy time: after op 5, so that negate6 (0.48 s) hides it, and the chunk
-  is held for two ops only. (XLA's test expects p1 in default memory as well; this project's
-  reimplementation finds the window and the room, see the report of issue 14.)"""
+  negates stay in alternate memory and the parameters' own positions in default memory (XLA's
+  `CheckParametersInDefaultMemory`; here a parameter's fast segment is always a prefetched
+  copy). p0 is read at once, so no copy can hide. p1's copy (24 B at 100 B/s, 0.24 s) starts at
+  the picker's preferred start, the one whose overlapped ops come closest to 1.5 x the copy
+  time: after op 5, so that negate6 (0.48 s) covers it, and the chunk is held two ops only."""
   w = negate_chain()
   allocations = run(w)
   for i in range(7):
