@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
+from malloczero.env.hardware import Hardware, MemoryLevel
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import SOLVERS, solve
 from malloczero.env.solvers.msa.algorithm import MsaOptions, msa_allocations, msa_mapping
@@ -276,6 +277,26 @@ def test_xlas_elapsed_budgets_hide_a_copy_the_simulator_stalls_for_and_idle_budg
   assert faithful.estimated_time_s == pytest.approx(model.slow_only_time + 0.24 - 0.216)
   idle, _ = msa_mapping(model, MsaOptions(copy_budget="idle"))
   assert idle.allocations == () and idle.estimated_time_s == pytest.approx(model.slow_only_time)
+
+
+def test_three_levels_fill_the_fastest_first_then_the_next():
+  """docs/msa.md's extension (XLA has one alternate memory): with SRAM (48 B) + LLC (128 B) +
+  DRAM, each segment tries SRAM first, then LLC. A chain of f32[4,3] negates keeps two values
+  live at each op: one fits in SRAM, the other goes to LLC; all stay in fast memory."""
+  hw = Hardware("three", (MemoryLevel("sram", 48, 1000.0), MemoryLevel("llc", 128, 200.0),
+                          MemoryLevel("dram", 1 << 30, 100.0)),
+                peak_flops_per_s=1000.0, copy_bandwidth_bytes_per_s=100.0, alignment_bytes=8)
+  p = Program(F32_4_3, ["p0"])
+  x = "p0"
+  for i in range(4):
+    x = p.op(f"negate{i}", [x])
+  w = p.build([x])
+  mapping, _ = msa_mapping(CostModel(w, hw))
+  validate_mapping(w, hw, mapping)
+  levels = {w.buffers[w.buffer_index[a["buffer"]]].name: a["level"] for a in mapping.allocations}
+  assert set(levels) == {"negate0", "negate1", "negate2"}
+  assert sorted(levels.values()) in ([0, 0, 1], [0, 1, 1])
+  assert all(levels[f"negate{i}"] != levels[f"negate{i + 1}"] for i in range(2))
 
 
 # ----------------------------------------------------------------------------- options

@@ -1,4 +1,6 @@
-"""Constructive baselines: XLA's memory-space-assignment heuristic, a greedy, and random play.
+"""Constructive baselines in the game's request space: msa-simple (the project's first, simplified
+XLA memory-space assignment; the faithful one is env/solvers/msa/algorithm.py), a greedy, and
+random play.
 
 They choose with the requests' estimates (op time saved, a prefetch's copy time not hidden
 behind the reference time of the ops before its use, no contention); the mappings they build are
