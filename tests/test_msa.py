@@ -21,7 +21,7 @@ from malloczero.env.solvers.msa.algorithm import MsaOptions, msa_allocations, ms
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
 from tests.strategies import hardware_for, workloads
-from tests.test_msa_parts import XLA_HW
+from tests.test_msa_parts import XLA_HW, tanh_negate_chains
 
 F32_2_3, F32_4_3 = 24, 48
 COUNT_PICKER = MsaOptions(picker="instruction_count")  # XLA's AssignMemorySpace default (2, 10).
@@ -245,6 +245,20 @@ def test_evict_and_prefetch_limit_async_copies(limit):
     assert segments_of(w, allocations, "tanh") == []
   else:
     assert prefetch.any()
+
+
+def test_memory_boundedness_buffer_interval_compare_gives_the_negates_fast_memory():
+  """XLA's `MemoryBoundednessBufferIntervalCompare` run through the whole loop (cost picker):
+  interleaved tanh and negate chains of f32[4,3], two of which fit in 128 B. The negates are
+  memory bound and sorted first: every negate but the result is produced in alternate memory,
+  alternating between the two offsets; no tanh (compute bound) is."""
+  w = tanh_negate_chains()
+  allocations = run(w)
+  for i in range(5):
+    assert segments_of(w, allocations, f"tanh{i}") == []
+  negates = [segments_of(w, allocations, f"negate{i}") for i in range(4)]
+  assert all(len(n) == 1 and n[0]["prefetch_done"] == NO_COPY for n in negates)
+  assert len({n[0]["offset"] for n in negates[:2]}) == 2
 
 
 def test_evictions_shouldnt_be_delayed():
