@@ -182,6 +182,7 @@ class _Pending:
     self.chunks: list[tuple[int, int]] = []               # (level, heap handle)
     self.prefetches: list[tuple[AsyncCopy, int, int]] = []  # (copy, inclusive start, end)
     self.evictions: list[tuple[AsyncCopy, int, int]] = []
+    self.kept = self.default_uses = 0
 
 
 class MsaAlgorithm:
@@ -265,6 +266,12 @@ class MsaAlgorithm:
       kept = self._no_copy(None, b, size, def_op, def_op, np.array([def_op]), pending)
       self._counts["kept" if kept else "default_uses"] += 1
       return [kept] if kept else []
+    return self._allocate_segments(b, uses, incidences, size, def_op)
+
+  def _allocate_segments(self, b: int, uses: np.ndarray, incidences: np.ndarray, size: int,
+                         def_op: int) -> list[_Segment]:
+    """The segments of one buffer's uses, committed; none when it had to be uncommitted."""
+    is_activation = def_op != PROGRAM_START
     # When default memory holds the value (XLA: the default allocation's earliest available
     # time); None while it does not (an activation produced in fast memory, not yet evicted).
     default_available: int | None = None if is_activation else PROGRAM_START
@@ -281,7 +288,7 @@ class MsaAlgorithm:
           if prev is None:
             segments.append(kept)
           prev = kept
-          self._counts["kept"] += 1
+          pending.kept += 1
           continue
       # 2. Evict when the fast copy is the only one.
       if prev is not None and default_available is None:
@@ -289,6 +296,7 @@ class MsaAlgorithm:
         if evicted is None:
           self._uncommit(pending)
           self._counts["uncommitted_buffers"] += 1
+          self._counts["default_uses"] += len(uses)
           return []
         default_available = evicted
       elif default_available is None:
@@ -303,11 +311,14 @@ class MsaAlgorithm:
       if fetched is not None:
         segments.append(fetched)
         prev, prev_in_default = fetched, False
-        self._counts["prefetches"] += 1
       else:
         # 4. The use reads default memory.
         prev, prev_in_default = None, True
-        self._counts["default_uses"] += 1
+        pending.default_uses += 1
+    self._counts["kept"] += pending.kept
+    self._counts["default_uses"] += pending.default_uses
+    self._counts["prefetches"] += len(pending.prefetches)
+    self._counts["evictions"] += len(pending.evictions)
     return segments
 
   # ------------------------------------------------------------------ AllocateSegment's steps
@@ -381,7 +392,6 @@ class MsaAlgorithm:
     self.eviction_resource.add_copy(copy)
     self.eviction_limit.add(inclusive_start, end)
     pending.evictions.append((copy, inclusive_start, end))
-    self._counts["evictions"] += 1
     return end
 
   def _prefetch(self, level: int, b: int, size: int, earliest: int, use: int, incidence: int,
@@ -433,11 +443,9 @@ class MsaAlgorithm:
       self.prefetch_limit.remove(inclusive_start, end)
       if self.options.enforce_prefetch_fifo_order:
         self.ordering.remove_copy(copy.start, copy.end)
-      self._counts["prefetches"] -= 1
     for copy, inclusive_start, end in pending.evictions:
       self.eviction_resource.remove_copy(copy)
       self.eviction_limit.remove(inclusive_start, end)
-      self._counts["evictions"] -= 1
 
   # ------------------------------------------------------------------ helpers
 
