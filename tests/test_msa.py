@@ -240,11 +240,13 @@ def test_evict_and_prefetch_limit_async_copies(limit):
                        w.num_ops) <= limit
   assert max_in_flight(allocations.evict_start[evicted], allocations.evict_done[evicted],
                        w.num_ops) <= limit
+  _, stats = msa_allocations(w, XLA_HW, options)
   if limit == 0:
     assert not prefetch.any() and not evicted.any()
-    assert segments_of(w, allocations, "tanh") == []
+    # tanh's eviction is refused, so the whole buffer is taken back (kFailRequiresUncommit).
+    assert segments_of(w, allocations, "tanh") == [] and stats.uncommitted_buffers == 1
   else:
-    assert prefetch.any()
+    assert prefetch.any() and stats.evictions == 1 and stats.uncommitted_buffers == 0
 
 
 def test_memory_boundedness_buffer_interval_compare_gives_the_negates_fast_memory():
