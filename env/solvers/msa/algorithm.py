@@ -38,6 +38,11 @@ whose copy XLA starts after op `t` is an allocation over `[t + 1, ...)` with `pr
 u` (the copy-done sits just before the use, XLA's `latest_prefetch_time`); an eviction started
 after producing op `d` and done before op `e` is `evict_start = d + 1`, `evict_done = e`.
 
+A prefetch may start as soon as default memory holds the value (XLA's
+`earliest_available_time`), also before earlier uses that read default memory, but not while an
+earlier fast segment of the same buffer is held: XLA may hold two copies of a value in
+alternate memory at once, the project's segments of a buffer may not overlap in time.
+
 Time conventions. XLA's logical times are op indices here, a parameter's definition -1 (the
 program start). XLA holds a chunk over inclusive times; the chunk heap here holds exactly the
 op range `[start, end)` of the allocation the mapping reports, so the mapping and the heap
@@ -301,8 +306,12 @@ class MsaAlgorithm:
         default_available = evicted
       elif default_available is None:
         default_available = def_op  # Produced in default memory (no fast chunk found).
-      # 3. Prefetch from default memory.
-      earliest = max(default_available, segment_start)
+      # 3. Prefetch from default memory, as soon as it holds the value (XLA: the default
+      # allocation's earliest available time, not the previous use), but not while an earlier
+      # fast segment of the buffer is still held (one buffer's segments may not overlap here).
+      earliest = default_available
+      if segments:
+        earliest = max(earliest, segments[-1].end - 1)
       fetched = None
       for level in range(self.num_fast):
         fetched = self._prefetch(level, b, size, earliest, use, incidence, uses, pending)
