@@ -356,6 +356,22 @@ def test_msa_is_the_registered_solver_and_the_old_one_is_msa_simple():
   assert solve(w, XLA_HW, "msa-simple").mapping.solver == "msa-simple"
 
 
+def test_the_cli_counts_msas_segments_and_buffers_not_requests(tmp_path, capsys):
+  """msa's mapping is segments, not the game's requests: `solve` says how many of each."""
+  import json
+  from malloczero.env.workload import save_workload
+  from malloczero.launch.cli import main
+  save_workload(evict_and_prefetch(), tmp_path / "w.json")
+  (tmp_path / "hw.json").write_text(json.dumps(XLA_HW.to_dict()))
+  assert main(["solve", str(tmp_path / "w.json"), "--hardware", str(tmp_path / "hw.json"),
+               "--solver", "msa", "--out", str(tmp_path / "map.json")]) == 0
+  line = capsys.readouterr().out.splitlines()[0]
+  mapping, _ = msa_mapping(CostModel(evict_and_prefetch(), XLA_HW))
+  buffers = len({a["buffer"] for a in mapping.allocations})
+  assert line.startswith(f"msa: {len(mapping.allocations)} segments of {buffers} buffers in fast "
+                         "memory; ")
+
+
 # ----------------------------------------------------------------------------- properties
 
 
