@@ -9,6 +9,8 @@ XLA's schedule starts with its parameter instructions; here parameters exist at 
 start (-1) and op 0 is the first real op, so XLA's time t is op t - (number of parameters).
 """
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -358,7 +360,6 @@ def test_msa_is_the_registered_solver_and_the_old_one_is_msa_simple():
 
 def test_the_cli_counts_msas_segments_and_buffers_not_requests(tmp_path, capsys):
   """msa's mapping is segments, not the game's requests: `solve` says how many of each."""
-  import json
   from malloczero.env.workload import save_workload
   from malloczero.launch.cli import main
   save_workload(evict_and_prefetch(), tmp_path / "w.json")
@@ -370,6 +371,24 @@ def test_the_cli_counts_msas_segments_and_buffers_not_requests(tmp_path, capsys)
   buffers = len({a["buffer"] for a in mapping.allocations})
   assert line.startswith(f"msa: {len(mapping.allocations)} segments of {buffers} buffers in fast "
                          "memory; ")
+
+
+def test_a_work_directorys_cached_msa_speedups_of_the_old_msa_are_computed_again(tmp_path):
+  """Training compares the agent with msa's speed-ups cached in workdir/baselines.json; a cache
+  written before msa became XLA's loop (no version) must not stand for the new msa."""
+  from malloczero.actors.games import GameSpec
+  from malloczero.system.training import BASELINE_VERSIONS, baseline_speedups
+  entry = get_suite("tiny").entries[0]
+  workload, hardware = entry.load()
+  spec = GameSpec(entry.name, workload, hardware)
+  stale = {b: {entry.name: 42.0} for b in ("msa", "greedy", "bestfit", "random")}
+  (tmp_path / "baselines.json").write_text(json.dumps(stale))
+  speedups = baseline_speedups([spec], str(tmp_path))
+  assert speedups["msa"][entry.name] == pytest.approx(solve(workload, hardware, "msa").speedup)
+  assert speedups["greedy"][entry.name] == 42.0  # Same version: the cache stands.
+  written = json.loads((tmp_path / "baselines.json").read_text())
+  assert written["versions"] == BASELINE_VERSIONS and "versions" not in speedups
+  assert baseline_speedups([spec], str(tmp_path)) == speedups
 
 
 # ----------------------------------------------------------------------------- properties
