@@ -51,6 +51,13 @@ prefetch's start, where XLA keeps the chunk over the copy-start's own op). Kept 
 the chunk reserved by `FindBestChunkCandidates`' extension; beyond it the previous offset is
 checked only over the new ops (XLA checks from the previous allocation's end).
 
+A value nothing reads gets one segment, its definition alone, kept in fast memory without a
+copy when a chunk is free: producing it there still saves the write.
+
+Copy budgets: XLA budgets each op its default-memory elapsed time for copies; the cost model,
+like XLA's own `RuntimeSimulator`, advances copies only in default-memory idle time, so a copy
+msa hides behind a memory-bound op can stall the program (`MsaOptions.copy_budget`, docs/msa.md).
+
 Three memory levels (docs/msa.md's extension; XLA has one alternate memory): one cost analysis,
 interval picker and chunk heap per fast level, the buffer order from the fastest level's
 memory-boundedness. A kept segment stays in its previous allocation's level; a first segment
@@ -67,8 +74,11 @@ Not modelled, and why:
 * colocations, aliasing and required assignments (a buffer here is one value; program outputs
   stay in default memory whole, as the validator requires, where XLA could keep their early
   segments in fast memory and evict);
-* values without a use get one segment, their definition alone (`[def, def]`), kept in fast
-  memory without a copy when a chunk is free: producing them there still saves the write;
+* inefficient-allocation retries (`inefficient_use_to_copy_ratio`, 0 by default: off) and
+  window prefetch;
+* parameter instructions as schedule slots: XLA's parameters occupy times 0, 1, ... before the
+  first op, here they exist at the program start (-1), so instruction counts from a parameter
+  are shorter by the number of parameters (only the instruction-count picker counts them);
 * XLA's peak-memory shortcut (`FindEarliestExclusiveTimeToSatisfyPeakMemory`) and
   `EnsureSomeSpatialPrefetchFitExists`: compile-time optimisations that skip starts the chunk
   search would refuse anyway.
