@@ -10,7 +10,8 @@ only place its names are spelt. It lives beside the configs because every layer 
   checkpoints/learner_state.pkl    parameters, optimiser state, step (restored on restart)
   checkpoints/replay/              Reverb's checkpoints of the replay table (distributed runs)
   checkpoints/counter.json         the counter node's counts (distributed runs)
-  baselines.json                   msa / greedy / bestfit / random speed-ups of the programs
+  baselines.json                   msa / greedy / bestfit / random speed-ups of the programs, with
+                                   each baseline's version (a changed baseline is recomputed)
   learning_curve.csv / .png        greedy evaluation of the agent against learner steps
   logs/<label>/logs.csv            Acme CSV logs: learner, actor(s), evaluator
   tensorboard/<label>/             TensorBoard events (distributed runs)

@@ -178,7 +178,13 @@ def solver_options(args: argparse.Namespace, solver: str) -> dict:
 
 def _solve_line(name: str, result) -> str:
   m = result.mapping
-  return (f"{name}: {len(m.allocations)} of {result.info['requests']} requests placed; "
+  if any(a["request"] < 0 for a in m.allocations):
+    # msa's own segments (a buffer may have several: kept, evicted, prefetched back).
+    buffers = len({a["buffer"] for a in m.allocations})
+    placed = f"{len(m.allocations)} segments of {buffers} buffers in fast memory"
+  else:
+    placed = f"{len(m.allocations)} of {result.info['requests']} requests placed"
+  return (f"{name}: {placed}; "
           f"estimated {m.estimated_time_s * 1e3:.4g} ms vs {m.slow_only_time_s * 1e3:.4g} ms "
           f"all-slow (speed-up {m.speedup:.3f}x) in {result.solve_time_s:.2f} s; validated")
 

@@ -92,7 +92,7 @@ class SolverOutcome:
 @dataclasses.dataclass(frozen=True)
 class CpsatBound:
   """What CP-SAT proved about one program."""
-  status: str                    # "optimal", "feasible", ...; "(msa fallback)" when it found none.
+  status: str                    # "optimal", "feasible", ...; "(msa-simple fallback)" when it found none.
   bound_ms: float                # Proven lower bound of CP-SAT's model, which has no copy
                                  # contention: not a bound on the simulated program time.
 
@@ -225,7 +225,7 @@ def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
       if solver == "msa":
         mappings[(entry.name, "msa")] = result.mapping
       if solver == "cpsat":
-        bound = CpsatBound(result.info["status"] + (" (msa fallback)"
+        bound = CpsatBound(result.info["status"] + (" (msa-simple fallback)"
                                                     if "fallback" in result.info else "")
                            + " (uncontended bound)",
                            result.info["bound_s"] * 1e3)

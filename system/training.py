@@ -26,6 +26,10 @@ from malloczero.env.solvers import solve
 from malloczero.learner.networks import MuZeroNetworks
 
 BASELINES = ("msa", "greedy", "bestfit", "random")
+# Bumped when a baseline's algorithm changes, so that the speed-ups a work directory cached for
+# the old one are computed again (a missing version is 1). msa 2: XLA's allocation loop
+# (env/solvers/msa/algorithm.py), which replaced the request-space msa (now msa-simple).
+BASELINE_VERSIONS = {"msa": 2}
 CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_return",
                 "beats_msa", "programs")
 
@@ -72,12 +76,17 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
 
 def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
                       seed: int = 0) -> dict[str, dict[str, float]]:
-  """{solver: {program: speed-up}} for the cheap baselines; cached in workdir/baselines.json."""
+  """{solver: {program: speed-up}} for the cheap baselines; cached in workdir/baselines.json
+  with each baseline's version (`BASELINE_VERSIONS`): a baseline cached at another version is
+  computed again."""
   path = WorkDir(workdir).baselines if workdir else None
   cached: dict[str, dict[str, float]] = {}
   if path and os.path.exists(path):
     with open(path, encoding="utf-8") as f:
       cached = json.load(f)
+    versions = cached.pop("versions", {})
+    cached = {b: v for b, v in cached.items()
+              if versions.get(b, 1) == BASELINE_VERSIONS.get(b, 1)}
   names = [s.name for s in specs]
   if all(all(n in cached.get(b, {}) for n in names) for b in BASELINES):
     return cached
@@ -88,7 +97,7 @@ def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
         options = {"seed": seed} if solver == "random" else {}
         result[solver][spec.name] = solve(spec.workload, spec.hardware, solver, **options).speedup
   if path:
-    write_text(path, json.dumps(result, indent=1))
+    write_text(path, json.dumps(dict(result, versions=BASELINE_VERSIONS), indent=1))
   return result
 
 

@@ -16,7 +16,8 @@ from malloczero.env.placement import Placement
 from malloczero.env.requests import build_requests
 from malloczero.env.solvers.cpsat import cpsat
 from malloczero.env.solvers.evo import evo
-from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa, random_play
+from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa_simple, random_play
+from malloczero.env.solvers.msa.algorithm import MsaOptions, msa_mapping
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
 
@@ -28,9 +29,19 @@ def pack(placement: Placement, **options: Any) -> dict:
   return search(placement, **options)
 
 
-PLACEMENT_SOLVERS = {"msa": msa, "greedy": greedy, "evo": evo, "cpsat": cpsat, "pack": pack}
+def msa(model: CostModel, time_limit_s: float | None = None,
+        **options: Any) -> tuple[Mapping, dict]:
+  """XLA's memory-space assignment (env/solvers/msa/algorithm.py): its own segments, prefetches
+  at the picker's starts and evictions, outside the game's request space. `options` are
+  `MsaOptions` fields; a time limit is accepted and not needed (msa is one greedy pass)."""
+  return msa_mapping(model, MsaOptions(**options))
+
+
+PLACEMENT_SOLVERS = {"msa-simple": msa_simple, "greedy": greedy, "evo": evo, "cpsat": cpsat,
+                     "pack": pack}
 GAME_SOLVERS = {"random": random_play, "bestfit": bestfit_play}  # Policies played in mallocGame.
-SOLVERS = ("msa", "greedy", "bestfit", "random", "evo", "cpsat", "pack")
+MODEL_SOLVERS = {"msa": msa}  # Build their own segments from the cost model.
+SOLVERS = ("msa", "greedy", "bestfit", "random", "evo", "cpsat", "pack", "msa-simple")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +73,9 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   if options.get("time_limit_s") is not None:
     options["time_limit_s"] = max(0.0, float(options["time_limit_s"])
                                   - (time.perf_counter() - started))
-  if solver in GAME_SOLVERS and len(requests):
+  if solver in MODEL_SOLVERS:
+    mapping, info = MODEL_SOLVERS[solver](model, **options)
+  elif solver in GAME_SOLVERS and len(requests):
     game = MallocGame(workload, hardware, game_config)
     info = GAME_SOLVERS[solver](game, **options)
     mapping = game.mapping(solver)
@@ -77,5 +90,5 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   return SolveResult(mapping, elapsed, dict(info, requests=len(requests)))
 
 
-__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "greedy", "evo", "cpsat", "pack",
-           "random_play", "bestfit_play"]
+__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "msa_simple", "greedy", "evo", "cpsat",
+           "pack", "random_play", "bestfit_play"]

@@ -9,7 +9,7 @@ prefetches. Times are integers in units of 1e-9 of the all-slow time, so the obj
 proven bound are exact up to that rounding; the returned mapping is re-evaluated exactly.
 
 Offsets are free (any aligned address), a superset of the game's gap-start candidates. The
-msa mapping is given as a hint.
+msa-simple mapping (the request-space msa, heuristics.py) is given as a hint.
 
 Copy contention is not modelled: a prefetch costs its exposed copy time against the reference
 time of the ops before its use, alone on the copy engine, as the cost model charged before copy
@@ -17,9 +17,9 @@ contention. The returned mapping is evaluated (and validated) with the contended
 the objective and the proven bound are of the uncontended model: they bound neither the
 simulated program time nor what a game player can reach, and `info["bound_note"]` says so.
 
-`time_limit_s` bounds the whole call: the msa hint and building the model are taken from it and
+`time_limit_s` bounds the whole call: the msa-simple hint and building the model are taken from it and
 CP-SAT searches for what is left (`solve()` has already taken out building the requests). A
-limit spent before the search starts returns the msa hint, said so in `fallback`.
+limit spent before the search starts returns the msa-simple hint, said so in `fallback`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from malloczero.env.placement import Placement
-from malloczero.env.solvers.heuristics import msa
+from malloczero.env.solvers.heuristics import msa_simple
 
 UNITS_PER_SLOW_ONLY_TIME = 1e9
 DEFAULT_TIME_LIMIT_S = 10.0
@@ -50,7 +50,7 @@ def cpsat(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
   t0 = time.perf_counter()
 
   placement.reset()
-  msa(placement)
+  msa_simple(placement)
   hint = {(r, level): offset for r, level, offset in placement.placed}
   hint_time = placement.total_time
   placement.reset()
@@ -113,7 +113,7 @@ def cpsat(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
       placement.place(r, level, offset)
     return {"status": "unknown", "bound_s": 0.0, "bound_note": BOUND_NOTE, "model_build_s": built,
             "model_build_and_solve_s": built, "variables": len(choices),
-            "fallback": f"msa (building the model took {built:.2f} s, all of the "
+            "fallback": f"msa-simple (building the model took {built:.2f} s, all of the "
                         f"{float(time_limit_s):.2f} s left of the time limit)"}
   solver.parameters.max_time_in_seconds = remaining
   status = solver.Solve(m)
@@ -133,10 +133,10 @@ def cpsat(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
       placement.reset()
       for (r, level), offset in hint.items():
         placement.place(r, level, offset)
-      info["kept"] = "msa hint (faster than CP-SAT's solution under copy contention)"
+      info["kept"] = "msa-simple hint (faster than CP-SAT's solution under copy contention)"
   else:
-    # No solution within the time limit: return the hint (msa) and say so.
+    # No solution within the time limit: return the hint (msa-simple) and say so.
     for (r, level), offset in hint.items():
       placement.place(r, level, offset)
-    info["fallback"] = "msa (CP-SAT found no solution in the time limit)"
+    info["fallback"] = "msa-simple (CP-SAT found no solution in the time limit)"
   return info

@@ -1,4 +1,6 @@
-"""Constructive baselines: XLA's memory-space-assignment heuristic, a greedy, and random play.
+"""Constructive baselines in the game's request space: msa-simple (the project's first, simplified
+XLA memory-space assignment; the faithful one is env/solvers/msa/algorithm.py), a greedy, and
+random play.
 
 They choose with the requests' estimates (op time saved, a prefetch's copy time not hidden
 behind the reference time of the ops before its use, no contention); the mappings they build are
@@ -12,8 +14,13 @@ from malloczero.env.game import MallocGame
 from malloczero.env.placement import Placement
 
 
-def msa(placement: Placement) -> dict:
-  """XLA memory-space assignment, as its source describes it, over the game's requests.
+def msa_simple(placement: Placement) -> dict:
+  """The project's first, simplified msa, over the game's requests (solver "msa-simple").
+
+  Kept because CP-SAT (cpsat.py) needs a hint in its own decision space, the game's requests,
+  which the faithful msa (env/solvers/msa/algorithm.py, solver "msa") does not play in: its
+  segments, prefetch starts and evictions have no request. It is also the "old msa" that the
+  faithful one is measured against.
 
   * Order: the game's request order is already MSA's (memory-boundedness = time saved /
     sqrt(size) descending, then size, then live-range length).

@@ -69,12 +69,18 @@ class AsynchronousCopyResource:
 
   def _refresh(self) -> None:
     """Caches the queue of the copies added so far, for `has_enough_resource`'s fast path:
-    starts, ends, demands `[C]` in order, owed `[C]` (cumulative demand), arriving, waiting
-    after each op (Lindley's W) and cumulative arrivals `[T]`."""
-    copies, t = self._copies, len(self.initial_resources)
+    starts, ends, demands `[C]` in order, then `_derive`."""
+    copies = self._copies
     self._starts = np.array([c.start for c in copies], np.int64)
     self._ends = np.array([c.end for c in copies], np.int64)
     self._demands = np.array([c.resource for c in copies], np.float64)
+    self._derive()
+
+  def _derive(self) -> None:
+    """From the ordered starts, ends and demands: owed `[C]` (cumulative demand), arriving,
+    waiting after each op (Lindley's W) and cumulative arrivals `[T]`. O(T + C) numpy work, so
+    that adding or removing one copy does not rebuild the arrays from the Python list."""
+    t = len(self.initial_resources)
     self._owed = np.cumsum(self._demands)
     first = np.clip(self._starts + 1, 0, max(t - 1, 0))
     self._arriving = np.bincount(first, self._demands, minlength=t)[:t].astype(np.float64)
@@ -157,19 +163,28 @@ class AsynchronousCopyResource:
     return bool(finished.all())
 
   def add_copy(self, copy: AsyncCopy) -> None:
-    """`AddCopy`; like XLA (which CHECK-fails) it refuses a copy that does not fit."""
+    """`AddCopy`; like XLA (which CHECK-fails) it refuses a copy that does not fit. It goes
+    after every copy that starts no later (XLA: the same start keeps the order added)."""
     if not self.has_enough_resource(copy.start, copy.end, copy.resource):
       raise ValueError(f"not enough copy resource for {copy}")
-    self._copies = self._with([copy])
-    self._refresh()
+    position = int(np.searchsorted(self._starts, copy.start, side="right"))
+    self._copies.insert(position, copy)
+    self._starts = np.insert(self._starts, position, copy.start)
+    self._ends = np.insert(self._ends, position, copy.end)
+    self._demands = np.insert(self._demands, position, copy.resource)
+    self._derive()
 
   def remove_copy(self, copy: AsyncCopy) -> None:
     """`RemoveCopy`: removes the first added copy equal to `copy`."""
     try:
-      self._copies.remove(copy)
+      position = self._copies.index(copy)
     except ValueError:
       raise KeyError(f"no such copy {copy}") from None
-    self._refresh()
+    del self._copies[position]
+    self._starts = np.delete(self._starts, position)
+    self._ends = np.delete(self._ends, position)
+    self._demands = np.delete(self._demands, position)
+    self._derive()
 
   def current_resources(self) -> np.ndarray:
     """`GetCurrentResources` `[T]`: each op's budget left after the copies."""

@@ -1,0 +1,503 @@
+"""XLA's memory-space-assignment allocation loop, assembled from the parts in this package.
+
+Reimplements, from reading openxla/xla `xla/service/memory_space_assignment/algorithm.cc`:
+
+* `MsaAlgorithm::Finish` / `AllocateAllocationValues`: buffers one at a time in
+  `MemoryBoundednessBufferIntervalComparator` order (`buffer_order.py`); per buffer its uses in
+  time order, each use one request (a *segment*) from the previous use (or the definition) to
+  the use.
+* `AllocateSegment`, trying in XLA's order, the first success winning:
+  1. `AllocateInAlternateMemoryNoCopy`: only when the previous allocation is in fast memory (or
+     there is none and the value may start there: an activation); refused when the segment is
+     longer than the picker allows ("live range too long",
+     `CanAllocateInAlternateMemoryNoCopy`); the previous offset is the only one tried when there
+     is a previous allocation, else `FindBestChunkCandidates` (best fit, end extended to later
+     uses while it fits: `chunks.find_best_chunk_candidate`).
+  2. `Evict`: when the previous allocation is in fast memory and default memory has no copy
+     yet. The eviction copy runs from just after the producing op to
+     max(`PreferredEvictionEndTime`, the allocation's end), capped at the use; the fast chunk is
+     kept until then where its offset stays free (the end shortened one op at a time otherwise).
+     An eviction refused by the outstanding-eviction limit fails the whole buffer
+     (`kFailRequiresUncommit`): its chunks and copies are taken back and it stays in default
+     memory. XLA's eviction resource check is kept, with XLA's last-retry rule (with one retry,
+     XLA's default, a copy the eviction resource cannot fit is charged 0), so it never refuses.
+  3. `Prefetch` / `PrefetchWithResourceConstraints` / `CheckPrefetchFit`: the picker's start
+     times in its order (preferred first, then alternately later and earlier); for each, the
+     FIFO ordering (option), the outstanding-prefetch limit, the prefetch copy resource
+     (option), then the chunk; the first start that passes wins. A chunk failure caches the
+     start (`exclusive_out_of_mem_start`) and any earlier start ends the search.
+  4. Otherwise the use reads default memory; the other segments keep what they got.
+
+Why: this is the heuristic the project's agent must beat, so it must make XLA's decisions on
+this project's workloads: XLA's acceptance of partly exposed prefetches (min ratio 0.8 with the
+use's saving credited), its preferred start, its evictions, its chunk rules.
+
+Output: `Allocations` segments in the cost model's terms (env/cost_model.py): an activation
+kept in fast memory is produced in place at its defining op; a prefetch for a use at op `u`
+whose copy XLA starts after op `t` is an allocation over `[t + 1, ...)` with `prefetch_done =
+u` (the copy-done sits just before the use, XLA's `latest_prefetch_time`); an eviction started
+after producing op `d` and done before op `e` is `evict_start = d + 1`, `evict_done = e`.
+
+A prefetch may start as soon as default memory holds the value (XLA's
+`earliest_available_time`), also before earlier uses that read default memory, but not while an
+earlier fast segment of the same buffer is held: XLA may hold two copies of a value in
+alternate memory at once, the project's segments of a buffer may not overlap in time.
+
+Time conventions. XLA's logical times are op indices here, a parameter's definition -1 (the
+program start). XLA holds a chunk over inclusive times; the chunk heap here holds exactly the
+op range `[start, end)` of the allocation the mapping reports, so the mapping and the heap
+agree by construction (one op shorter than XLA's reservation at an eviction's end and at a
+prefetch's start, where XLA keeps the chunk over the copy-start's own op). Kept segments reuse
+the chunk reserved by `FindBestChunkCandidates`' extension; beyond it the previous offset is
+checked only over the new ops (XLA checks from the previous allocation's end).
+
+A value nothing reads gets one segment, its definition alone, kept in fast memory without a
+copy when a chunk is free: producing it there still saves the write.
+
+Copy budgets: XLA budgets each op its default-memory elapsed time for copies; the cost model,
+like XLA's own `RuntimeSimulator`, advances copies only in default-memory idle time, so a copy
+msa hides behind a memory-bound op can stall the program (`MsaOptions.copy_budget`, docs/msa.md).
+
+Three memory levels (docs/msa.md's extension; XLA has one alternate memory): one cost analysis,
+interval picker and chunk heap per fast level, the buffer order from the fastest level's
+memory-boundedness. A kept segment stays in its previous allocation's level; a first segment
+and a prefetch try the fastest level first, then the next. The prefetch copy resource and the
+outstanding-copy limits are shared by all levels (the hardware has one copy engine).
+
+Not modelled, and why:
+* sliced prefetch (`max_slices` >= 2) and window prefetch: off by default in XLA;
+* cross-program prefetch: it keeps one parameter across program runs; this project evaluates a
+  single run;
+* while-loop nesting (the picker's nest levels, while uses' extra outstanding prefetches): this
+  project's schedules are flat;
+* repacking (`max_repacks` 0 by default) and retries (`max_retries` 1: a single attempt);
+* colocations, aliasing and required assignments (a buffer here is one value; program outputs
+  stay in default memory whole, as the validator requires, where XLA could keep their early
+  segments in fast memory and evict);
+* inefficient-allocation retries (`inefficient_use_to_copy_ratio`, 0 by default: off) and
+  window prefetch;
+* parameter instructions as schedule slots: XLA's parameters occupy times 0, 1, ... before the
+  first op, here they exist at the program start (-1), so instruction counts from a parameter
+  are shorter by the number of parameters (only the instruction-count picker counts them);
+* XLA's peak-memory shortcut (`FindEarliestExclusiveTimeToSatisfyPeakMemory`) and
+  `EnsureSomeSpatialPrefetchFitExists`: compile-time optimisations that skip starts the chunk
+  search would refuse anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
+from malloczero.env.hardware import Hardware
+from malloczero.env.mapping import Mapping
+from malloczero.env.solvers.msa.buffer_order import buffer_order
+from malloczero.env.solvers.msa.chunks import ChunkHeap, find_best_chunk_candidate
+from malloczero.env.solvers.msa.copy_resource import (
+    AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, OutstandingCopyLimit)
+from malloczero.env.solvers.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
+from malloczero.env.solvers.msa.interval_picker import (
+    CostAnalysisPrefetchIntervalPicker, InstructionCountPrefetchIntervalPicker,
+    PrefetchIntervalOptions)
+from malloczero.env.workload import PROGRAM_START, Workload
+
+PICKERS = ("cost", "instruction_count")
+COPY_BUDGETS = ("elapsed", "idle")
+# Without a cost analysis (the instruction-count picker), XLA budgets each op 1 and charges each
+# copy 0.1 (`Evict`: `options_.cost_analysis ? GetAsyncCopyElapsed(...) : 0.1`).
+_COUNT_PICKER_OP_BUDGET = 1.0
+_COUNT_PICKER_COPY_RESOURCE = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class MsaOptions:
+  """msa's options; defaults are XLA's test values (`memory_space_assignment_test_base.h`) where
+  XLA's tests set them, else XLA's `Options` defaults.
+
+  min_overlap_to_async_copy_ratio: 0.8. A prefetch start is accepted while the ops between it
+    and the use, plus the use's own saving, cover this x the copy time.
+  preferred_overlap_to_async_copy_ratio: 1.5. The first start tried covers this x the copy time.
+  max_overlap_to_mem_size_async_copy_ratio: 10. The earliest start, and the longest segment
+    kept without a copy, cover at most this x the time to copy the whole fast memory.
+  max_outstanding_prefetches / max_outstanding_evictions: XLA's `Options` default -1 (no limit).
+  use_copy_resource: check each prefetch against `AsynchronousCopyResource` (XLA always does;
+    False lets copies overlap freely, for comparison).
+  enforce_prefetch_fifo_order: XLA's option (default false): no prefetch nested in another.
+  picker: "cost" (`CostAnalysisPrefetchIntervalPicker`, what XLA runs with a cost analysis) or
+    "instruction_count" (`InstructionCountPrefetchIntervalPicker`, most of XLA's unit tests).
+  instruction_count_min / instruction_count_max: that picker's bounds (XLA's tests: 2 and 10).
+  copy_budget: what each op lends the copy resources. "elapsed" (XLA: `MsaAlgorithm`'s
+    constructor budgets each op its default-memory elapsed time) or "idle" (not XLA: the op's
+    default-memory idle time with everything in default memory, max(0, compute - memory), the
+    time in which the cost model's copy engine, like XLA's `RuntimeSimulator`, advances). With
+    "elapsed", msa believes a copy hides behind a memory-bound op that the simulator gives no
+    room to, and the copy stalls the program (docs/msa.md's open question). Only with the cost
+    picker (the instruction-count picker budgets 1 per op, as XLA without a cost analysis).
+  """
+  min_overlap_to_async_copy_ratio: float = 0.8
+  preferred_overlap_to_async_copy_ratio: float = 1.5
+  max_overlap_to_mem_size_async_copy_ratio: float = 10.0
+  max_outstanding_prefetches: int = -1
+  max_outstanding_evictions: int = -1
+  use_copy_resource: bool = True
+  enforce_prefetch_fifo_order: bool = False
+  picker: str = "cost"
+  instruction_count_min: int = 2
+  instruction_count_max: int = 10
+  copy_budget: str = "elapsed"
+
+  def __post_init__(self):
+    if self.picker not in PICKERS:
+      raise ValueError(f"unknown picker '{self.picker}' (choose from {', '.join(PICKERS)})")
+    if self.copy_budget not in COPY_BUDGETS:
+      raise ValueError(f"unknown copy budget '{self.copy_budget}' (choose from "
+                       f"{', '.join(COPY_BUDGETS)})")
+
+  @property
+  def interval_options(self) -> PrefetchIntervalOptions:
+    return PrefetchIntervalOptions(self.min_overlap_to_async_copy_ratio,
+                                   self.preferred_overlap_to_async_copy_ratio,
+                                   self.max_overlap_to_mem_size_async_copy_ratio)
+
+
+@dataclasses.dataclass(frozen=True)
+class MsaStats:
+  """What the loop did: segments kept without a copy, prefetches, evictions, uses left in
+  default memory, buffers sent back whole (a failed eviction)."""
+  kept: int
+  prefetches: int
+  evictions: int
+  default_uses: int
+  uncommitted_buffers: int
+
+  def to_dict(self) -> dict[str, int]:
+    return dataclasses.asdict(self)
+
+
+class _Segment:
+  """One fast allocation under construction (mutable while its buffer is being allocated):
+  op range `[start, end)` reported, chunk held over `[start, reserved_end)`."""
+  __slots__ = ("level", "offset", "start", "end", "reserved_end", "prefetch_done",
+               "evict_start", "evict_done")
+
+  def __init__(self, level: int, offset: int, start: int, end: int, reserved_end: int,
+               prefetch_done: int = NO_COPY):
+    self.level, self.offset, self.start, self.end = level, offset, start, end
+    self.reserved_end, self.prefetch_done = reserved_end, prefetch_done
+    self.evict_start = self.evict_done = NO_COPY
+
+
+class _Pending:
+  """Everything one buffer has committed so far, to take back on `kFailRequiresUncommit`."""
+
+  def __init__(self):
+    self.chunks: list[tuple[int, int]] = []               # (level, heap handle)
+    self.prefetches: list[tuple[AsyncCopy, int, int]] = []  # (copy, inclusive start, end)
+    self.evictions: list[tuple[AsyncCopy, int, int]] = []
+    self.kept = self.default_uses = 0
+
+
+class MsaAlgorithm:
+  """One run of msa's allocation loop over a (workload, hardware) pair; `run()` returns the
+  segments. Attributes after `run()`: `stats`."""
+
+  def __init__(self, workload: Workload, hardware: Hardware, options: MsaOptions = MsaOptions()):
+    self.workload, self.hardware, self.options = workload, hardware, options
+    self.num_fast = hardware.num_fast_levels
+    self.analyses = [CostAnalysis(workload, hardware, CostAnalysisOptions(alternate_level=level))
+                     for level in range(self.num_fast)]
+    self.capacity = [int(hardware.levels[level].capacity_bytes) for level in range(self.num_fast)]
+    if options.picker == "cost":
+      self.pickers = [CostAnalysisPrefetchIntervalPicker.from_cost_analysis(
+          ca, self.capacity[level], options.interval_options)
+          for level, ca in enumerate(self.analyses)]
+      ca = self.analyses[0]
+      budgets = ca.elapsed if options.copy_budget == "elapsed" else np.maximum(
+          ca.elapsed - ca.memory_elapsed, 0.0)
+    else:
+      self.pickers = [InstructionCountPrefetchIntervalPicker(
+          options.instruction_count_min, options.instruction_count_max)] * self.num_fast
+      budgets = np.full(workload.num_ops, _COUNT_PICKER_OP_BUDGET)
+    self.heaps = [ChunkHeap(hardware.alignment_bytes) for _ in range(self.num_fast)]
+    self.prefetch_resource = AsynchronousCopyResource(budgets)
+    self.eviction_resource = AsynchronousCopyResource(budgets)
+    self.prefetch_limit = OutstandingCopyLimit(options.max_outstanding_prefetches)
+    self.eviction_limit = OutstandingCopyLimit(options.max_outstanding_evictions)
+    self.ordering = AsynchronousCopyOrdering()
+    self._next_copy_id = 0
+    self._counts = dict(kept=0, prefetches=0, evictions=0, default_uses=0, uncommitted_buffers=0)
+    self.stats: MsaStats | None = None
+
+  # ------------------------------------------------------------------ the loop
+
+  def run(self) -> Allocations:
+    """Allocates every buffer in XLA's order; the segments, in allocation order."""
+    a = self.workload.arrays
+    order = buffer_order(self.workload, self.analyses[0].memory_boundedness)
+    rows: list[tuple[int, _Segment]] = []
+    for b in order:
+      b = int(b)
+      if a.is_output[b] or a.sizes[b] == 0:
+        continue
+      segments = self._allocate_buffer(b)
+      rows += [(b, s) for s in segments]
+    self.stats = MsaStats(**self._counts)
+    col = lambda f: np.array([f(b, s) for b, s in rows], np.int64)
+    return Allocations(buffer=col(lambda b, s: b), level=col(lambda b, s: s.level),
+                       offset=col(lambda b, s: s.offset), start=col(lambda b, s: s.start),
+                       end=col(lambda b, s: s.end),
+                       prefetch_done=col(lambda b, s: s.prefetch_done),
+                       evict_start=col(lambda b, s: s.evict_start),
+                       evict_done=col(lambda b, s: s.evict_done))
+
+  def _uses(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """The buffer's use ops `[U]` (sorted, the definition excluded) and their incidences."""
+    a = self.workload.arrays
+    sl = self.analyses[0].buffer_incidences(b)
+    ops = a.incidence_op[sl]
+    incidences = np.arange(sl.start, sl.stop)
+    is_use = ops != a.def_op[b]
+    ops, incidences = ops[is_use], incidences[is_use]
+    order = np.argsort(ops, kind="stable")
+    ops, incidences = ops[order], incidences[order]
+    first = np.concatenate([[True], ops[1:] != ops[:-1]]) if len(ops) else np.zeros(0, bool)
+    return ops[first].astype(np.int64), incidences[first]
+
+  def _allocate_buffer(self, b: int) -> list[_Segment]:
+    """`AllocateAllocationValues` for one buffer: one `AllocateSegment` per use."""
+    a = self.workload.arrays
+    uses, incidences = self._uses(b)
+    size = int(self.hardware.align(int(a.sizes[b])))
+    def_op = int(a.def_op[b])
+    is_activation = def_op != PROGRAM_START
+    if len(uses) == 0:
+      if not is_activation:
+        return []
+      # A value nothing reads: its definition alone, one segment ending where it starts.
+      pending = _Pending()
+      kept = self._no_copy(None, b, size, def_op, def_op, np.array([def_op]), pending)
+      self._counts["kept" if kept else "default_uses"] += 1
+      return [kept] if kept else []
+    return self._allocate_segments(b, uses, incidences, size, def_op)
+
+  def _allocate_segments(self, b: int, uses: np.ndarray, incidences: np.ndarray, size: int,
+                         def_op: int) -> list[_Segment]:
+    """The segments of one buffer's uses, committed; none when it had to be uncommitted."""
+    is_activation = def_op != PROGRAM_START
+    # When default memory holds the value (XLA: the default allocation's earliest available
+    # time); None while it does not (an activation produced in fast memory, not yet evicted).
+    default_available: int | None = None if is_activation else PROGRAM_START
+    pending = _Pending()
+    segments: list[_Segment] = []
+    prev: _Segment | None = None  # The previous allocation when it is in fast memory.
+    prev_in_default = False        # The previous allocation is the default one.
+    for k, (use, incidence) in enumerate(zip(uses.tolist(), incidences.tolist())):
+      segment_start = def_op if k == 0 else uses[k - 1]
+      # 1. Keep in fast memory without a copy.
+      if prev is not None or (not prev_in_default and is_activation):
+        kept = self._no_copy(prev, b, size, segment_start, use, uses, pending)
+        if kept is not None:
+          if prev is None:
+            segments.append(kept)
+          prev = kept
+          pending.kept += 1
+          continue
+      # 2. Evict when the fast copy is the only one.
+      if prev is not None and default_available is None:
+        evicted = self._evict(prev, b, size, use, pending)
+        if evicted is None:
+          self._uncommit(pending)
+          self._counts["uncommitted_buffers"] += 1
+          self._counts["default_uses"] += len(uses)
+          return []
+        default_available = evicted
+      elif default_available is None:
+        default_available = def_op  # Produced in default memory (no fast chunk found).
+      # 3. Prefetch from default memory, as soon as it holds the value (XLA: the default
+      # allocation's earliest available time, not the previous use), but not while an earlier
+      # fast segment of the buffer is still held (one buffer's segments may not overlap here).
+      earliest = default_available
+      if segments:
+        earliest = max(earliest, segments[-1].end - 1)
+      fetched = None
+      for level in range(self.num_fast):
+        fetched = self._prefetch(level, b, size, earliest, use, incidence, uses, pending)
+        if fetched is not None:
+          break
+      if fetched is not None:
+        segments.append(fetched)
+        prev, prev_in_default = fetched, False
+      else:
+        # 4. The use reads default memory.
+        prev, prev_in_default = None, True
+        pending.default_uses += 1
+    self._counts["kept"] += pending.kept
+    self._counts["default_uses"] += pending.default_uses
+    self._counts["prefetches"] += len(pending.prefetches)
+    self._counts["evictions"] += len(pending.evictions)
+    return segments
+
+  # ------------------------------------------------------------------ AllocateSegment's steps
+
+  def _no_copy(self, prev: _Segment | None, b: int, size: int, segment_start: int, use: int,
+               uses: np.ndarray, pending: _Pending) -> _Segment | None:
+    """`AllocateInAlternateMemoryNoCopy`. With a previous fast allocation: its level and offset
+    only, extended to the use. Without (an activation's first segment): produced in place at
+    the best chunk of the fastest level that has one. None when it fails."""
+    if prev is not None:
+      level = prev.level
+      if not self.pickers[level].can_allocate_in_alternate_memory_no_copy(segment_start, use):
+        return None  # Live range too long.
+      if use + 1 > prev.reserved_end:
+        heap = self.heaps[level]
+        if (prev.offset + size > self.capacity[level]
+            or not heap.fits_at(prev.reserved_end, use + 1, size, prev.offset)):
+          return None
+        pending.chunks.append((level, heap.add(prev.reserved_end, use + 1, prev.offset, size)))
+        prev.reserved_end = use + 1
+      prev.end = max(prev.end, use + 1)
+      return prev
+    for level in range(self.num_fast):
+      picker = self.pickers[level]
+      if not picker.can_allocate_in_alternate_memory_no_copy(segment_start, use):
+        continue
+      candidate = find_best_chunk_candidate(
+          self.heaps[level], segment_start, use, size, uses, self.capacity[level],
+          picker.can_allocate_in_alternate_memory_no_copy)
+      if candidate is None:
+        continue
+      reserved_end = candidate.end_use + 1
+      pending.chunks.append(
+          (level, self.heaps[level].add(segment_start, reserved_end, candidate.offset, size)))
+      return _Segment(level, candidate.offset, segment_start, use + 1, reserved_end)
+    return None
+
+  def _evict(self, prev: _Segment, b: int, size: int, use: int,
+             pending: _Pending) -> int | None:
+    """`Evict`: copies the value produced in fast memory back to default memory; returns the
+    op from which default memory holds it, or None (the buffer must be uncommitted)."""
+    level = prev.level
+    picker = self.pickers[level]
+    copy_elapsed = self._copy_elapsed(b)
+    exclusive_start = prev.start            # The producing op.
+    last_kept = prev.end - 1                # XLA's inclusive end of the previous allocation.
+    preferred_end = max(picker.preferred_eviction_end_time(copy_elapsed, exclusive_start, use),
+                        last_kept)
+    preferred_end = min(preferred_end, use)  # Done by the use (XLA's latest_prefetch_time).
+    # Keep the chunk until the eviction is done, shortening while the offset is taken.
+    end = preferred_end
+    heap = self.heaps[level]
+    while end > last_kept:
+      if end <= prev.reserved_end or heap.fits_at(prev.reserved_end, end, size, prev.offset):
+        break
+      end -= 1
+    if end <= exclusive_start:
+      return None  # The eviction interval is too short.
+    inclusive_start = exclusive_start + 1
+    if self.eviction_limit.violates(inclusive_start, end):
+      return None
+    if end > prev.reserved_end:
+      pending.chunks.append((level, heap.add(prev.reserved_end, end, prev.offset, size)))
+      prev.reserved_end = end
+    prev.end = max(prev.end, end)
+    prev.evict_start, prev.evict_done = exclusive_start + 1, end
+    resource = self._copy_resource(b)
+    if not self.eviction_resource.has_enough_resource(exclusive_start, end, resource):
+      resource = 0.0  # XLA's last retry (the only one with max_retries 1) charges nothing.
+    copy = self._new_copy(exclusive_start, end, resource)
+    self.eviction_resource.add_copy(copy)
+    self.eviction_limit.add(inclusive_start, end)
+    pending.evictions.append((copy, inclusive_start, end))
+    return end
+
+  def _prefetch(self, level: int, b: int, size: int, earliest: int, use: int, incidence: int,
+                uses: np.ndarray, pending: _Pending) -> _Segment | None:
+    """`PrefetchWithResourceConstraints` into `level`: the first start the picker offers that
+    passes `CheckPrefetchFit`; None when none does."""
+    picker = self.pickers[level]
+    copy_elapsed = self._copy_elapsed(b)
+    resource = self._copy_resource(b)
+    reduction = float(self.analyses[level].use_elapsed_reduction[incidence])
+    heap, capacity = self.heaps[level], self.capacity[level]
+    out_of_memory_start: int | None = None
+    for start in picker.begin(copy_elapsed, earliest, use, reduction):
+      if out_of_memory_start is not None and start <= out_of_memory_start:
+        return None  # An earlier start holds the chunk longer: it cannot fit either.
+      if self.options.enforce_prefetch_fifo_order and self.ordering.violates_ordering(start, use):
+        continue
+      if self.prefetch_limit.violates(start + 1, use):
+        continue
+      if self.options.use_copy_resource and not self.prefetch_resource.has_enough_resource(
+          start, use, resource):
+        continue
+      candidate = find_best_chunk_candidate(heap, start + 1, use, size, uses, capacity,
+                                            picker.can_allocate_in_alternate_memory_no_copy)
+      if candidate is None:
+        out_of_memory_start = start if out_of_memory_start is None else max(
+            out_of_memory_start, start)
+        continue
+      reserved_end = candidate.end_use + 1
+      pending.chunks.append((level, heap.add(start + 1, reserved_end, candidate.offset, size)))
+      copy = self._new_copy(start, use, resource)
+      if self.options.use_copy_resource:
+        self.prefetch_resource.add_copy(copy)
+      self.prefetch_limit.add(start + 1, use)
+      if self.options.enforce_prefetch_fifo_order:
+        self.ordering.add_copy(start, use)
+      pending.prefetches.append((copy, start + 1, use))
+      return _Segment(level, candidate.offset, start + 1, use + 1, reserved_end,
+                      prefetch_done=use)
+    return None
+
+  def _uncommit(self, pending: _Pending) -> None:
+    """`UncommitPendingChunks`: takes back one buffer's chunks and copies."""
+    for level, handle in pending.chunks:
+      self.heaps[level].remove(handle)
+    for copy, inclusive_start, end in pending.prefetches:
+      if self.options.use_copy_resource:
+        self.prefetch_resource.remove_copy(copy)
+      self.prefetch_limit.remove(inclusive_start, end)
+      if self.options.enforce_prefetch_fifo_order:
+        self.ordering.remove_copy(copy.start, copy.end)
+    for copy, inclusive_start, end in pending.evictions:
+      self.eviction_resource.remove_copy(copy)
+      self.eviction_limit.remove(inclusive_start, end)
+
+  # ------------------------------------------------------------------ helpers
+
+  def _copy_elapsed(self, b: int) -> float:
+    """`GetAsyncCopyElapsed` of the buffer (the picker's copy time)."""
+    return float(self.analyses[0].async_copy_elapsed(int(self.workload.arrays.sizes[b])))
+
+  def _copy_resource(self, b: int) -> float:
+    """What a copy of the buffer charges the copy resource."""
+    if self.options.picker == "cost":
+      return self._copy_elapsed(b)
+    return _COUNT_PICKER_COPY_RESOURCE
+
+  def _new_copy(self, exclusive_start: int, end: int, resource: float) -> AsyncCopy:
+    self._next_copy_id += 1
+    return AsyncCopy(exclusive_start, end, resource, self._next_copy_id)
+
+
+def msa_allocations(workload: Workload, hardware: Hardware,
+                    options: MsaOptions = MsaOptions()) -> tuple[Allocations, MsaStats]:
+  """msa's segments for a workload on a hardware, and what the loop did."""
+  algorithm = MsaAlgorithm(workload, hardware, options)
+  allocations = algorithm.run()
+  return allocations, algorithm.stats
+
+
+def msa_mapping(model: CostModel, options: MsaOptions = MsaOptions(),
+                solver: str = "msa") -> tuple[Mapping, dict[str, Any]]:
+  """msa's mapping, timed by the cost model (copies contending, env/simulator.py), and an info
+  dict with the loop's counts."""
+  allocations, stats = msa_allocations(model.workload, model.hardware, options)
+  evaluation = model.evaluate(allocations)
+  mapping = Mapping.from_arrays(model.workload, model.hardware, solver,
+                                np.full(len(allocations), -1, np.int64), allocations,
+                                evaluation.total_time_s, model.slow_only_time)
+  return mapping, stats.to_dict()
