@@ -61,6 +61,13 @@ def _positive_int(text: str) -> int:
   return value
 
 
+def _name_value(text: str) -> tuple[str, str]:
+  name, sep, value = text.partition("=")
+  if not sep or not name or not value:
+    raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got '{text}'")
+  return name, value
+
+
 def _capacity(text: str) -> tuple[Optional[str], int]:
   """`BYTES` (the fast levels together) or `LEVEL=BYTES` (one fast level)."""
   level, sep, value = text.rpartition("=")
@@ -173,7 +180,37 @@ def solver_options(args: argparse.Namespace, solver: str) -> dict:
     return {"time_limit_s": args.time_limit}
   if solver == "random":
     return {"seed": args.seed}
+  if solver == "msa":
+    return msa_options(args.msa_option)
   return {}
+
+
+def msa_options(pairs: Optional[Sequence[tuple[str, str]]]) -> dict:
+  """`--msa-option NAME=VALUE` pairs as `MsaOptions` fields, each value read as its field's type."""
+  from malloczero.env.solvers.msa.algorithm import MsaOptions
+  defaults = MsaOptions()
+  names = [f.name for f in dataclasses.fields(MsaOptions)]
+  options: dict = {}
+  for name, text in pairs or ():
+    if name not in names:
+      raise MalloczeroError(f"unknown --msa-option '{name}' (choose from {', '.join(names)})")
+    kind = type(getattr(defaults, name))
+    try:
+      if kind is bool:
+        if text.lower() not in ("true", "false"):
+          raise ValueError
+        value = text.lower() == "true"
+      else:
+        value = kind(text)
+    except ValueError:
+      wanted = {bool: "true or false", int: "an integer", float: "a number"}.get(kind, "a string")
+      raise MalloczeroError(f"--msa-option {name} needs {wanted}, got '{text}'") from None
+    options[name] = value
+  try:
+    MsaOptions(**options)
+  except ValueError as e:
+    raise MalloczeroError(f"--msa-option: {e}") from None
+  return options
 
 
 def _solve_line(name: str, result) -> str:
@@ -556,6 +593,11 @@ def _add_solver_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--evaluations", type=_positive_int, default=DEFAULT_EVALUATIONS,
                  help=f"evo budget: full mappings decoded (default {DEFAULT_EVALUATIONS})")
   p.add_argument("--seed", type=_seed, default=0, help="seed for random and evo (0 to 2**31-1)")
+  p.add_argument("--msa-option", type=_name_value, action="append", metavar="NAME=VALUE",
+                 help="msa: one of its options (env/solvers/msa/algorithm.py MsaOptions, defaults "
+                      "XLA's), e.g. min_overlap_to_async_copy_ratio=0.8, "
+                      "max_outstanding_prefetches=2, picker=instruction_count, copy_budget=idle; "
+                      "repeatable")
 
 
 CAPACITY_HELP = ("fast memory in bytes, overriding the hardware's: BYTES for the fast levels "

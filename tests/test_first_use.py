@@ -147,3 +147,22 @@ def test_bench_table_fits_a_hundred_columns():
   for key in report:
     assert key in text
   assert "102,761.3" in text and " ".join(NOTE.split()[:4]) in text
+
+
+def test_msa_options_reach_the_solver_from_the_command_line(capsys, workload_file):
+  base = ["solve", workload_file, "--hardware", "tpu-v4i-like", "--capacity", 4096]
+  code, default, err = _run(capsys, *base)
+  assert code == 0, err
+  # No prefetch may be outstanding: msa places fewer segments (it keeps only what needs no copy).
+  code, limited, err = _run(capsys, *base, "--msa-option", "max_outstanding_prefetches=0")
+  assert code == 0, err
+  segments = lambda out: int(out.split(" segments")[0].split()[-1])
+  assert segments(limited) < segments(default)
+  for option, message in (
+      ("nope=1", "unknown --msa-option 'nope' (choose from min_overlap_to_async_copy_ratio"),
+      ("use_copy_resource=maybe", "--msa-option use_copy_resource needs true or false"),
+      ("max_outstanding_prefetches=1.5", "max_outstanding_prefetches needs an integer"),
+      ("picker=zzz", "unknown picker 'zzz'"),
+      ("min_overlap_to_async_copy_ratio=-1", "must be a positive number, got -1.0")):
+    code, out, err = _run(capsys, *base, "--msa-option", option)
+    assert code == 1 and out == "" and err.count("\n") == 1 and message in err, err

@@ -87,6 +87,7 @@ Not modelled, and why:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -150,6 +151,18 @@ class MsaOptions:
   copy_budget: str = "elapsed"
 
   def __post_init__(self):
+    for name in ("min_overlap_to_async_copy_ratio", "preferred_overlap_to_async_copy_ratio",
+                 "max_overlap_to_mem_size_async_copy_ratio"):
+      value = getattr(self, name)
+      if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value}")
+    for name in ("max_outstanding_prefetches", "max_outstanding_evictions"):
+      if getattr(self, name) < -1:
+        raise ValueError(f"{name} must be -1 (no limit) or a count >= 0, got {getattr(self, name)}")
+    if not 0 <= self.instruction_count_min <= self.instruction_count_max:
+      raise ValueError(f"the instruction-count picker needs 0 <= instruction_count_min <= "
+                       f"instruction_count_max, got {self.instruction_count_min} and "
+                       f"{self.instruction_count_max}")
     if self.picker not in PICKERS:
       raise ValueError(f"unknown picker '{self.picker}' (choose from {', '.join(PICKERS)})")
     if self.copy_budget not in COPY_BUDGETS:
