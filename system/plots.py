@@ -28,6 +28,10 @@ SPLIT_COLOURS = {"train": "#4c72b0", "heldout": "#dd8452"}
 KIND_COLOURS = {"activation": "#4c72b0", "parameter": "#dd8452", "input": "#55a868",
                 "output": "#c44e52"}
 
+# Copies in flight, drawn over their allocation while its chunk waits for them (mapping files'
+# `prefetch` / `eviction` windows).
+COPY_HATCHES = {"prefetch": "////", "eviction": "\\\\\\\\"}
+
 
 def address_unit(capacity_bytes: int) -> tuple[str, int]:
   """(unit, bytes per unit) in which a level of this size reads best: the largest of B, KiB, MiB
@@ -58,12 +62,13 @@ def memory_map_figure(workload: Workload, hardware: Hardware, mappings: Sequence
   fig, axes = plt.subplots(num_fast, columns, figsize=(12 if columns == 1 else 8 * columns,
                                                        3.2 * num_fast + 0.6), squeeze=False)
   size = {b.id: (hardware.align(b.size), b.kind) for b in workload.buffers}
-  drawn = set()
+  drawn, drawn_copies = set(), set()
   for column, mapping in enumerate(mappings):
     for level, ax in enumerate(axes[:, column]):
       lv = hardware.levels[level]
       unit, scale = address_unit(lv.capacity_bytes)
       rects, colours = [], []
+      copies: dict[str, list[Rectangle]] = {kind: [] for kind in COPY_HATCHES}
       for a in mapping.allocations:
         if a["level"] != level:
           continue
@@ -72,8 +77,17 @@ def memory_map_figure(workload: Workload, hardware: Hardware, mappings: Sequence
                                nbytes / scale))
         colours.append(KIND_COLOURS[kind])
         drawn.add(kind)
+        for copy in COPY_HATCHES:  # The chunk is held while its copy is in flight.
+          if copy in a:
+            copies[copy].append(Rectangle((a[copy]["start"], a["offset"] / scale),
+                                          a[copy]["done"] - a[copy]["start"], nbytes / scale))
       ax.add_collection(PatchCollection(rects, facecolors=colours, edgecolors="black",
                                         linewidths=0.2, alpha=0.85))
+      for copy, hatch in COPY_HATCHES.items():
+        if copies[copy]:
+          ax.add_collection(PatchCollection(copies[copy], facecolors="none", edgecolors="black",
+                                            linewidths=0.0, hatch=hatch))
+          drawn_copies.add(copy)
       ax.set_xlim(0, int(workload.time_axis[-1]))
       ax.set_ylim(0, lv.capacity_bytes / scale)
       ax.set_ylabel(f"{lv.name} address ({unit})")
@@ -84,9 +98,12 @@ def memory_map_figure(workload: Workload, hardware: Hardware, mappings: Sequence
       ax.set_title(heading, fontsize=9, loc="left")
     axes[-1, column].set_xlabel("program time (op index in schedule order)")
   if drawn:  # Only the kinds on the picture.
-    fig.legend(handles=[Patch(color=c, label=k) for k, c in KIND_COLOURS.items() if k in drawn],
-               loc="upper right", bbox_to_anchor=(0.99, 0.955 if num_fast == 1 else 0.975),
-               ncol=len(drawn), fontsize=8, frameon=False)
+    handles = [Patch(color=c, label=k) for k, c in KIND_COLOURS.items() if k in drawn]
+    handles += [Patch(facecolor="white", edgecolor="black", hatch=h, label=f"{k} in flight")
+                for k, h in COPY_HATCHES.items() if k in drawn_copies]
+    fig.legend(handles=handles, loc="upper right",
+               bbox_to_anchor=(0.99, 0.955 if num_fast == 1 else 0.975),
+               ncol=len(handles), fontsize=8, frameon=False)
   fig.suptitle(title, fontsize=11, x=0.01, ha="left")
   fig.tight_layout(rect=(0, 0, 1, 0.9 if num_fast == 1 else 0.95))
   return fig

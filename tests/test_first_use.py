@@ -127,7 +127,12 @@ def test_memory_map_legend_lists_only_the_kinds_drawn(tmp_path):
     kind = {b.id: b.kind for b in mixed.buffers}
     kinds = {kind[a["buffer"]] for a in mapping.allocations}
     assert kinds >= {"activation", "parameter"}
-    assert set(legend(figures[2])) == kinds and len(legend(figures[2])) == len(kinds)
+    # Parameters arrive by prefetch: their copies in flight are hatched and named too.
+    copies = {f"{c} in flight" for a in mapping.allocations for c in ("prefetch", "eviction")
+              if c in a}
+    assert "prefetch in flight" in copies
+    assert set(legend(figures[2])) == kinds | copies
+    assert len(legend(figures[2])) == len(kinds) + len(copies)
   finally:
     for fig in figures:
       plt.close(fig)
