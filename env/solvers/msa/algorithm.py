@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -213,9 +214,69 @@ class _Pending:
     self.kept = self.default_uses = 0
 
 
+OPTION_KINDS = ("default", "evict", "uncommit", "keep", "prefetch")
+# Prefetch options offered per fast level at one decision point: the picker's first starts that
+# pass every check (msa itself takes the first). A bound keeps the action space small and
+# fixed-size for the game; 4 covers the preferred start and its nearest neighbours.
+DEFAULT_PREFETCH_STARTS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class MsaOption:
+  """One outcome msa's `AllocateSegment` can give a segment, with what an observation needs.
+
+  kind: "default" (the use reads default memory, no new copy), "evict" (the value, held only in
+    fast memory, is copied out; the use reads default memory), "uncommit" (an eviction is needed
+    and refused: the whole buffer goes back to default memory, XLA's `kFailRequiresUncommit`,
+    and its remaining uses are no longer steps), "keep" (fast memory without a copy: the
+    previous allocation extended to the use, or an activation produced in place), "prefetch"
+    (a copy from default memory into `level`, after an eviction when `evicts`).
+  level: the fast level the value is held in (-1: none; "evict": the level copied out of).
+  start, end: the op range `[start, end)` this option newly holds in fast memory (a prefetch's
+    copy runs from the boundary before `start` to the use; "keep" may reserve past the use,
+    as `FindBestChunkCandidates` extends it); "evict": the copy's ops `[start, end)`, the
+    chunk held until it is done; both -1 when nothing is allocated.
+  offset, size: the chunk in bytes (-1, 0 when nothing is allocated).
+  saving: msa's own estimate of the seconds saved (`use_elapsed_reduction` of the cost
+    analysis at `level`) at the use, plus the definition when the value is produced in place.
+  evicts: an eviction copy is started first (the fast copy is the value's only one).
+  """
+  kind: str
+  level: int = -1
+  start: int = -1
+  end: int = -1
+  offset: int = -1
+  size: int = 0
+  saving: float = 0.0
+  evicts: bool = False
+  # What `choose` applies; not part of the description.
+  plan: tuple = dataclasses.field(default=(), repr=False, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class MsaDecision:
+  """One decision point of msa's loop: one `AllocateSegment` call (a use's segment, from the
+  previous use or the definition), or the definition alone of a value nothing reads.
+
+  buffer: the buffer being allocated; use: the op the segment serves (the definition op for a
+  value nothing reads); segment_start: the previous use, or the definition (-1 for a
+  parameter); options: what msa weighs there, option 0 always the one that allocates nothing
+  new ("default", "evict" or "uncommit"); msa_choice: the index msa itself takes.
+  """
+  buffer: int
+  use: int
+  segment_start: int
+  options: tuple[MsaOption, ...]
+  msa_choice: int
+
+
 class MsaAlgorithm:
-  """One run of msa's allocation loop over a (workload, hardware) pair; `run()` returns the
-  segments. Attributes after `run()`: `stats`."""
+  """One run of msa's allocation loop over a (workload, hardware) pair.
+
+  `steps()` is the loop as a coroutine: it yields an `MsaDecision` at each decision point and
+  is sent the index of the option to apply; `run()` sends msa's own choice every time, which is
+  the `msa` solver (one implementation: the solver is the decision process played by msa).
+  Attributes after the loop ends: `stats`."""
 
   def __init__(self, workload: Workload, hardware: Hardware, options: MsaOptions = MsaOptions()):
     self.workload, self.hardware, self.options = workload, hardware, options
@@ -246,8 +307,22 @@ class MsaAlgorithm:
 
   # ------------------------------------------------------------------ the loop
 
-  def run(self) -> Allocations:
-    """Allocates every buffer in XLA's order; the segments, in allocation order."""
+  def run(self, max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS) -> Allocations:
+    """msa's own choice at every step; the segments, in allocation order."""
+    steps = self.steps(max_prefetch_starts)
+    try:
+      decision = next(steps)
+      while True:
+        decision = steps.send(decision.msa_choice)
+    except StopIteration as stop:
+      return stop.value
+
+  def steps(self, max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS
+            ) -> Generator[MsaDecision, int, Allocations]:
+    """Every buffer in XLA's order, one decision per segment; returns the segments, in
+    allocation order. Each yielded decision must be answered (`send`) with an option index."""
+    if max_prefetch_starts < 1:
+      raise ValueError(f"max_prefetch_starts must be >= 1, got {max_prefetch_starts}")
     a = self.workload.arrays
     order = buffer_order(self.workload, self.analyses[0].memory_boundedness)
     rows: list[tuple[int, _Segment]] = []
@@ -255,7 +330,7 @@ class MsaAlgorithm:
       b = int(b)
       if a.is_output[b] or a.sizes[b] == 0:
         continue
-      segments = self._allocate_buffer(b)
+      segments = yield from self._buffer_steps(b, max_prefetch_starts)
       rows += [(b, s) for s in segments]
     self.stats = MsaStats(**self._counts)
     col = lambda f: np.array([f(b, s) for b, s in rows], np.int64)
@@ -266,23 +341,38 @@ class MsaAlgorithm:
                        evict_start=col(lambda b, s: s.evict_start),
                        evict_done=col(lambda b, s: s.evict_done))
 
-  def _uses(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """The buffer's use ops `[U]` (sorted, the definition excluded) and their incidences."""
+  def _uses(self, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """The buffer's use ops `[U]` (sorted, the definition excluded), their incidences, and the
+    definition's incidence (None for a parameter)."""
     a = self.workload.arrays
     sl = self.analyses[0].buffer_incidences(b)
     ops = a.incidence_op[sl]
     incidences = np.arange(sl.start, sl.stop)
     is_use = ops != a.def_op[b]
+    def_incidence = int(incidences[~is_use][0]) if (~is_use).any() else None
     ops, incidences = ops[is_use], incidences[is_use]
     order = np.argsort(ops, kind="stable")
     ops, incidences = ops[order], incidences[order]
     first = np.concatenate([[True], ops[1:] != ops[:-1]]) if len(ops) else np.zeros(0, bool)
-    return ops[first].astype(np.int64), incidences[first]
+    return ops[first].astype(np.int64), incidences[first], def_incidence
 
-  def _allocate_buffer(self, b: int) -> list[_Segment]:
-    """`AllocateAllocationValues` for one buffer: one `AllocateSegment` per use."""
+  def _saving(self, level: int, *incidences: int | None) -> float:
+    return float(sum(self.analyses[level].use_elapsed_reduction[i] for i in incidences
+                     if i is not None))
+
+  def _decide(self, b: int, use: int, segment_start: int, options: list[MsaOption],
+              msa_choice: int) -> Generator[MsaDecision, int, MsaOption]:
+    """Yields the decision point; the option sent back."""
+    choice = yield MsaDecision(b, use, segment_start, tuple(options), msa_choice)
+    if not isinstance(choice, (int, np.integer)) or not 0 <= choice < len(options):
+      raise ValueError(f"option {choice!r} out of range: {len(options)} options")
+    return options[int(choice)]
+
+  def _buffer_steps(self, b: int, max_starts: int) -> Generator[MsaDecision, int, list[_Segment]]:
+    """`AllocateAllocationValues` for one buffer: one decision per `AllocateSegment`; the
+    segments committed (none when the buffer was uncommitted)."""
     a = self.workload.arrays
-    uses, incidences = self._uses(b)
+    uses, incidences, def_incidence = self._uses(b)
     size = int(self.hardware.align(int(a.sizes[b])))
     def_op = int(a.def_op[b])
     is_activation = def_op != PROGRAM_START
@@ -291,15 +381,16 @@ class MsaAlgorithm:
         return []
       # A value nothing reads: its definition alone, one segment ending where it starts.
       pending = _Pending()
-      kept = self._no_copy(None, b, size, def_op, def_op, np.array([def_op]), pending)
-      self._counts["kept" if kept else "default_uses"] += 1
-      return [kept] if kept else []
-    return self._allocate_segments(b, uses, incidences, size, def_op)
-
-  def _allocate_segments(self, b: int, uses: np.ndarray, incidences: np.ndarray, size: int,
-                         def_op: int) -> list[_Segment]:
-    """The segments of one buffer's uses, committed; none when it had to be uncommitted."""
-    is_activation = def_op != PROGRAM_START
+      options = [MsaOption("default")]
+      keep = self._plan_keep(None, size, def_op, def_op, np.array([def_op]), def_incidence)
+      if keep is not None:
+        options.append(keep)
+      option = yield from self._decide(b, def_op, def_op, options, len(options) - 1)
+      if option.kind == "keep":
+        self._counts["kept"] += 1
+        return [self._apply_keep(None, option, def_op, pending)]
+      self._counts["default_uses"] += 1
+      return []
     # When default memory holds the value (XLA: the default allocation's earliest available
     # time); None while it does not (an activation produced in fast memory, not yet evicted).
     default_available: int | None = None if is_activation else PROGRAM_START
@@ -308,39 +399,68 @@ class MsaAlgorithm:
     prev: _Segment | None = None  # The previous allocation when it is in fast memory.
     prev_in_default = False        # The previous allocation is the default one.
     for k, (use, incidence) in enumerate(zip(uses.tolist(), incidences.tolist())):
-      segment_start = def_op if k == 0 else uses[k - 1]
+      segment_start = def_op if k == 0 else int(uses[k - 1])
       # 1. Keep in fast memory without a copy.
+      keep = None
       if prev is not None or (not prev_in_default and is_activation):
-        kept = self._no_copy(prev, b, size, segment_start, use, uses, pending)
-        if kept is not None:
-          if prev is None:
-            segments.append(kept)
-          prev = kept
-          pending.kept += 1
-          continue
-      # 2. Evict when the fast copy is the only one.
-      if prev is not None and default_available is None:
-        evicted = self._evict(prev, b, size, use, pending)
-        if evicted is None:
-          self._uncommit(pending)
-          self._counts["uncommitted_buffers"] += 1
-          self._counts["default_uses"] += len(uses)
-          return []
-        default_available = evicted
+        keep = self._plan_keep(prev, size, segment_start, use, uses, incidence,
+                               def_incidence if prev is None else None)
+      # 2. Evict when the fast copy is the only one; XLA uncommits the buffer if it cannot.
+      needs_eviction = prev is not None and default_available is None
+      eviction_end = self._plan_eviction(prev, b, size, use) if needs_eviction else None
+      options = [MsaOption("default")]
+      prefetches: list[MsaOption] = []
+      if needs_eviction and eviction_end is None:
+        options = [MsaOption("uncommit")]
+      else:
+        if needs_eviction:
+          options = [MsaOption("evict", prev.level, prev.start + 1, eviction_end, prev.offset, size,
+                               evicts=True)]
+          available = eviction_end
+        else:
+          available = def_op if default_available is None else default_available
+        # 3. Prefetch from default memory, as soon as it holds the value (XLA: the default
+        # allocation's earliest available time, not the previous use), but not while an
+        # earlier fast segment of the buffer is still held (a buffer's segments may not
+        # overlap here).
+        earliest = available
+        if segments:
+          last_end = segments[-1].end if eviction_end is None else max(segments[-1].end,
+                                                                       eviction_end)
+          earliest = max(earliest, last_end - 1)
+        # The eviction holds its chunk until the copy is done: planned as if committed.
+        held = None
+        if eviction_end is not None and eviction_end > prev.reserved_end:
+          held = self.heaps[prev.level].add(prev.reserved_end, eviction_end, prev.offset, size)
+        for level in range(self.num_fast):
+          prefetches += self._plan_prefetches(level, b, size, earliest, use, incidence, uses,
+                                              max_starts, needs_eviction)
+        if held is not None:
+          self.heaps[prev.level].remove(held)
+      if keep is not None:
+        options.append(keep)
+      options += prefetches
+      # msa: keep if it can, else (the eviction, then) the first prefetch that fits, else 0.
+      msa_choice = 1 if keep is not None or prefetches else 0
+      option = yield from self._decide(b, use, segment_start, options, msa_choice)
+      if option.kind == "keep":
+        kept = self._apply_keep(prev, option, use, pending)
+        if prev is None:
+          segments.append(kept)
+        prev = kept
+        pending.kept += 1
+        continue
+      if option.kind == "uncommit":
+        self._uncommit(pending)
+        self._counts["uncommitted_buffers"] += 1
+        self._counts["default_uses"] += len(uses)
+        return []
+      if needs_eviction:
+        default_available = self._apply_eviction(prev, b, size, eviction_end, pending)
       elif default_available is None:
-        default_available = def_op  # Produced in default memory (no fast chunk found).
-      # 3. Prefetch from default memory, as soon as it holds the value (XLA: the default
-      # allocation's earliest available time, not the previous use), but not while an earlier
-      # fast segment of the buffer is still held (one buffer's segments may not overlap here).
-      earliest = default_available
-      if segments:
-        earliest = max(earliest, segments[-1].end - 1)
-      fetched = None
-      for level in range(self.num_fast):
-        fetched = self._prefetch(level, b, size, earliest, use, incidence, uses, pending)
-        if fetched is not None:
-          break
-      if fetched is not None:
+        default_available = def_op  # Produced in default memory.
+      if option.kind == "prefetch":
+        fetched = self._apply_prefetch(option, b, size, use, pending)
         segments.append(fetched)
         prev, prev_in_default = fetched, False
       else:
@@ -354,9 +474,11 @@ class MsaAlgorithm:
     return segments
 
   # ------------------------------------------------------------------ AllocateSegment's steps
+  # Each `_plan_*` checks without committing anything; its `_apply_*` commits the plan.
 
-  def _no_copy(self, prev: _Segment | None, b: int, size: int, segment_start: int, use: int,
-               uses: np.ndarray, pending: _Pending) -> _Segment | None:
+  def _plan_keep(self, prev: _Segment | None, size: int, segment_start: int, use: int,
+                 uses: np.ndarray, incidence: int | None,
+                 def_incidence: int | None = None) -> MsaOption | None:
     """`AllocateInAlternateMemoryNoCopy`. With a previous fast allocation: its level and offset
     only, extended to the use. Without (an activation's first segment): produced in place at
     the best chunk of the fastest level that has one. None when it fails."""
@@ -364,15 +486,14 @@ class MsaAlgorithm:
       level = prev.level
       if not self.pickers[level].can_allocate_in_alternate_memory_no_copy(segment_start, use):
         return None  # Live range too long.
+      reserved_end = prev.reserved_end
       if use + 1 > prev.reserved_end:
-        heap = self.heaps[level]
         if (prev.offset + size > self.capacity[level]
-            or not heap.fits_at(prev.reserved_end, use + 1, size, prev.offset)):
+            or not self.heaps[level].fits_at(prev.reserved_end, use + 1, size, prev.offset)):
           return None
-        pending.chunks.append((level, heap.add(prev.reserved_end, use + 1, prev.offset, size)))
-        prev.reserved_end = use + 1
-      prev.end = max(prev.end, use + 1)
-      return prev
+        reserved_end = use + 1
+      return MsaOption("keep", level, segment_start, reserved_end, prev.offset, size,
+                       self._saving(level, incidence), plan=(reserved_end,))
     for level in range(self.num_fast):
       picker = self.pickers[level]
       if not picker.can_allocate_in_alternate_memory_no_copy(segment_start, use):
@@ -383,15 +504,32 @@ class MsaAlgorithm:
       if candidate is None:
         continue
       reserved_end = candidate.end_use + 1
-      pending.chunks.append(
-          (level, self.heaps[level].add(segment_start, reserved_end, candidate.offset, size)))
-      return _Segment(level, candidate.offset, segment_start, use + 1, reserved_end)
+      saving = self._saving(level, incidence, def_incidence if incidence != def_incidence
+                            else None)
+      return MsaOption("keep", level, segment_start, reserved_end, candidate.offset, size,
+                       saving, plan=(reserved_end,))
     return None
 
-  def _evict(self, prev: _Segment, b: int, size: int, use: int,
-             pending: _Pending) -> int | None:
-    """`Evict`: copies the value produced in fast memory back to default memory; returns the
-    op from which default memory holds it, or None (the buffer must be uncommitted)."""
+  def _apply_keep(self, prev: _Segment | None, option: MsaOption, use: int,
+                  pending: _Pending) -> _Segment:
+    """Commits a keep: the previous allocation extended to the use, or a new one produced in
+    place; the segment."""
+    (reserved_end,) = option.plan
+    level = option.level
+    if prev is not None:
+      if reserved_end > prev.reserved_end:
+        pending.chunks.append((level, self.heaps[level].add(prev.reserved_end, reserved_end,
+                                                            prev.offset, option.size)))
+        prev.reserved_end = reserved_end
+      prev.end = max(prev.end, use + 1)
+      return prev
+    pending.chunks.append((level, self.heaps[level].add(option.start, reserved_end,
+                                                        option.offset, option.size)))
+    return _Segment(level, option.offset, option.start, use + 1, reserved_end)
+
+  def _plan_eviction(self, prev: _Segment, b: int, size: int, use: int) -> int | None:
+    """`Evict`'s checks: the op from which default memory will hold the value (the eviction
+    copy's end), or None (refused: the buffer must be uncommitted)."""
     level = prev.level
     picker = self.pickers[level]
     copy_elapsed = self._copy_elapsed(b)
@@ -409,11 +547,17 @@ class MsaAlgorithm:
       end -= 1
     if end <= exclusive_start:
       return None  # The eviction interval is too short.
-    inclusive_start = exclusive_start + 1
-    if self.eviction_limit.violates(inclusive_start, end):
+    if self.eviction_limit.violates(exclusive_start + 1, end):
       return None
+    return end
+
+  def _apply_eviction(self, prev: _Segment, b: int, size: int, end: int,
+                      pending: _Pending) -> int:
+    """Commits the eviction `_plan_eviction` accepted; returns its end."""
+    level, exclusive_start = prev.level, prev.start
     if end > prev.reserved_end:
-      pending.chunks.append((level, heap.add(prev.reserved_end, end, prev.offset, size)))
+      pending.chunks.append((level, self.heaps[level].add(prev.reserved_end, end, prev.offset,
+                                                          size)))
       prev.reserved_end = end
     prev.end = max(prev.end, end)
     prev.evict_start, prev.evict_done = exclusive_start + 1, end
@@ -422,23 +566,25 @@ class MsaAlgorithm:
       resource = 0.0  # XLA's last retry (the only one with max_retries 1) charges nothing.
     copy = self._new_copy(exclusive_start, end, resource)
     self.eviction_resource.add_copy(copy)
-    self.eviction_limit.add(inclusive_start, end)
-    pending.evictions.append((copy, inclusive_start, end))
+    self.eviction_limit.add(exclusive_start + 1, end)
+    pending.evictions.append((copy, exclusive_start + 1, end))
     return end
 
-  def _prefetch(self, level: int, b: int, size: int, earliest: int, use: int, incidence: int,
-                uses: np.ndarray, pending: _Pending) -> _Segment | None:
-    """`PrefetchWithResourceConstraints` into `level`: the first start the picker offers that
-    passes `CheckPrefetchFit`; None when none does."""
+  def _plan_prefetches(self, level: int, b: int, size: int, earliest: int, use: int,
+                       incidence: int, uses: np.ndarray, max_starts: int,
+                       evicts: bool) -> list[MsaOption]:
+    """`PrefetchWithResourceConstraints` into `level`: the first `max_starts` starts the picker
+    offers that pass `CheckPrefetchFit`, in the picker's order (msa takes the first)."""
     picker = self.pickers[level]
     copy_elapsed = self._copy_elapsed(b)
     resource = self._copy_resource(b)
     reduction = float(self.analyses[level].use_elapsed_reduction[incidence])
     heap, capacity = self.heaps[level], self.capacity[level]
     out_of_memory_start: int | None = None
+    found: list[MsaOption] = []
     for start in picker.begin(copy_elapsed, earliest, use, reduction):
       if out_of_memory_start is not None and start <= out_of_memory_start:
-        return None  # An earlier start holds the chunk longer: it cannot fit either.
+        break  # An earlier start holds the chunk longer: it cannot fit either.
       if self.options.enforce_prefetch_fifo_order and self.ordering.violates_ordering(start, use):
         continue
       if self.prefetch_limit.violates(start + 1, use):
@@ -452,18 +598,27 @@ class MsaAlgorithm:
         out_of_memory_start = start if out_of_memory_start is None else max(
             out_of_memory_start, start)
         continue
-      reserved_end = candidate.end_use + 1
-      pending.chunks.append((level, heap.add(start + 1, reserved_end, candidate.offset, size)))
-      copy = self._new_copy(start, use, resource)
-      if self.options.use_copy_resource:
-        self.prefetch_resource.add_copy(copy)
-      self.prefetch_limit.add(start + 1, use)
-      if self.options.enforce_prefetch_fifo_order:
-        self.ordering.add_copy(start, use)
-      pending.prefetches.append((copy, start + 1, use))
-      return _Segment(level, candidate.offset, start + 1, use + 1, reserved_end,
-                      prefetch_done=use)
-    return None
+      found.append(MsaOption("prefetch", level, start + 1, candidate.end_use + 1,
+                             candidate.offset, size, reduction, evicts,
+                             plan=(start, candidate.end_use + 1)))
+      if len(found) == max_starts:
+        break
+    return found
+
+  def _apply_prefetch(self, option: MsaOption, b: int, size: int, use: int,
+                      pending: _Pending) -> _Segment:
+    level, (start, reserved_end) = option.level, option.plan
+    resource = self._copy_resource(b)
+    pending.chunks.append((level, self.heaps[level].add(start + 1, reserved_end, option.offset,
+                                                        size)))
+    copy = self._new_copy(start, use, resource)
+    if self.options.use_copy_resource:
+      self.prefetch_resource.add_copy(copy)
+    self.prefetch_limit.add(start + 1, use)
+    if self.options.enforce_prefetch_fifo_order:
+      self.ordering.add_copy(start, use)
+    pending.prefetches.append((copy, start + 1, use))
+    return _Segment(level, option.offset, start + 1, use + 1, reserved_end, prefetch_done=use)
 
   def _uncommit(self, pending: _Pending) -> None:
     """`UncommitPendingChunks`: takes back one buffer's chunks and copies."""
@@ -496,12 +651,101 @@ class MsaAlgorithm:
     return AsyncCopy(exclusive_start, end, resource, self._next_copy_id)
 
 
+class MsaDecisions:
+  """msa's allocation loop as a decision process: `options()` at the current decision point
+  (`decision`), `choose(i)` to apply one and advance, `done` when every buffer is allocated,
+  then `allocations()` and `stats`.
+
+  Why a state object over the coroutine `MsaAlgorithm.steps()`: the game (issue 14 item 2)
+  needs to look at the options, pick one, and ask again; a generator's send protocol (prime,
+  StopIteration carrying the result) is kept inside.
+
+  max_prefetch_starts: prefetch options per fast level (the picker's first starts that fit).
+  """
+
+  def __init__(self, workload: Workload, hardware: Hardware, options: MsaOptions = MsaOptions(),
+               max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS):
+    self.algorithm = MsaAlgorithm(workload, hardware, options)
+    self._steps = self.algorithm.steps(max_prefetch_starts)
+    self._allocations: Allocations | None = None
+    self.decision: MsaDecision | None = None
+    self.num_steps = 0
+    self._advance(None)
+
+  def _advance(self, choice: int | None) -> None:
+    try:
+      self.decision = next(self._steps) if choice is None else self._steps.send(choice)
+    except StopIteration as stop:
+      self.decision, self._allocations = None, stop.value
+
+  @property
+  def done(self) -> bool:
+    return self.decision is None
+
+  def options(self) -> tuple[MsaOption, ...]:
+    if self.decision is None:
+      raise RuntimeError("no decision left: every buffer is allocated")
+    return self.decision.options
+
+  @property
+  def msa_choice(self) -> int:
+    """The index of the option msa itself takes here."""
+    if self.decision is None:
+      raise RuntimeError("no decision left: every buffer is allocated")
+    return self.decision.msa_choice
+
+  def choose(self, index: int) -> None:
+    """Applies option `index` of the current decision and moves to the next one."""
+    options = self.options()
+    if not 0 <= index < len(options):
+      raise ValueError(f"option {index} out of range: {len(options)} options")
+    self.num_steps += 1
+    self._advance(int(index))
+
+  def allocations(self) -> Allocations:
+    if self._allocations is None:
+      raise RuntimeError("the decision process is not done")
+    return self._allocations
+
+  @property
+  def stats(self) -> MsaStats:
+    if self.algorithm.stats is None:
+      raise RuntimeError("the decision process is not done")
+    return self.algorithm.stats
+
+
+Policy = Callable[[MsaDecision], int]
+
+
+def msa_policy(decision: MsaDecision) -> int:
+  """msa's own choice: the policy that is the `msa` solver."""
+  return decision.msa_choice
+
+
+def play(workload: Workload, hardware: Hardware, policy: Policy = msa_policy,
+         options: MsaOptions = MsaOptions(),
+         max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS) -> tuple[Allocations, MsaStats]:
+  """The segments a policy's choices give at every decision point, and the loop's counts."""
+  decisions = MsaDecisions(workload, hardware, options, max_prefetch_starts)
+  while not decisions.done:
+    decisions.choose(policy(decisions.decision))
+  return decisions.allocations(), decisions.stats
+
+
 def msa_allocations(workload: Workload, hardware: Hardware,
                     options: MsaOptions = MsaOptions()) -> tuple[Allocations, MsaStats]:
-  """msa's segments for a workload on a hardware, and what the loop did."""
-  algorithm = MsaAlgorithm(workload, hardware, options)
-  allocations = algorithm.run()
-  return allocations, algorithm.stats
+  """msa's segments for a workload on a hardware, and what the loop did: the decision process
+  played with msa's own choice at every step."""
+  return play(workload, hardware, msa_policy, options)
+
+
+def allocations_mapping(model: CostModel, allocations: Allocations, solver: str) -> Mapping:
+  """A mapping of the segments, timed by the cost model (copies contending,
+  env/simulator.py)."""
+  evaluation = model.evaluate(allocations)
+  return Mapping.from_arrays(model.workload, model.hardware, solver,
+                             np.full(len(allocations), -1, np.int64), allocations,
+                             evaluation.total_time_s, model.slow_only_time)
 
 
 def msa_mapping(model: CostModel, options: MsaOptions = MsaOptions(),
@@ -509,8 +753,4 @@ def msa_mapping(model: CostModel, options: MsaOptions = MsaOptions(),
   """msa's mapping, timed by the cost model (copies contending, env/simulator.py), and an info
   dict with the loop's counts."""
   allocations, stats = msa_allocations(model.workload, model.hardware, options)
-  evaluation = model.evaluate(allocations)
-  mapping = Mapping.from_arrays(model.workload, model.hardware, solver,
-                                np.full(len(allocations), -1, np.int64), allocations,
-                                evaluation.total_time_s, model.slow_only_time)
-  return mapping, stats.to_dict()
+  return allocations_mapping(model, allocations, solver), stats.to_dict()
