@@ -294,3 +294,26 @@ def test_an_episode_has_one_step_per_segment_msa_allocates_and_a_bounded_action_
   assert num_steps == expected == len(counts)
   assert max(counts) <= 2 + DEFAULT_PREFETCH_STARTS * hardware.num_fast_levels
   assert max(counts) > 2  # Some step offers more than one prefetch start.
+
+
+def test_the_solvers_steps_plan_only_up_to_msas_own_option_and_agree_with_the_full_ones():
+  """`MsaAlgorithm.run` (the `msa` solver) plans only what XLA's `AllocateSegment` tries before
+  its first success; each of its decisions is option 0 and msa's own, the same options as the
+  full decision point's option 0 and msa's choice."""
+  from malloczero.env.solvers.msa.algorithm import MsaAlgorithm
+  for e in get_suite("tiny").entries:
+    workload, hardware = e.load()
+    lean = MsaAlgorithm(workload, hardware).steps(1, msa_only=True)
+    full = MsaDecisions(workload, hardware)
+    decision = next(lean)
+    while True:
+      assert len(decision.options) <= 2
+      assert decision.buffer == full.decision.buffer and decision.use == full.decision.use
+      assert decision.options[0] == full.options()[0]
+      assert decision.options[decision.msa_choice] == full.options()[full.msa_choice]
+      full.choose(full.msa_choice)
+      try:
+        decision = lean.send(decision.msa_choice)
+      except StopIteration as stop:
+        assert full.done and same_allocations(stop.value, full.allocations())
+        break

@@ -307,9 +307,10 @@ class MsaAlgorithm:
 
   # ------------------------------------------------------------------ the loop
 
-  def run(self, max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS) -> Allocations:
-    """msa's own choice at every step; the segments, in allocation order."""
-    steps = self.steps(max_prefetch_starts)
+  def run(self) -> Allocations:
+    """msa's own choice at every step; the segments, in allocation order. Only the options up
+    to msa's own are planned (`steps(msa_only=True)`): the same steps, as fast as XLA's loop."""
+    steps = self.steps(1, msa_only=True)
     try:
       decision = next(steps)
       while True:
@@ -317,10 +318,15 @@ class MsaAlgorithm:
     except StopIteration as stop:
       return stop.value
 
-  def steps(self, max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS
+  def steps(self, max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS, msa_only: bool = False
             ) -> Generator[MsaDecision, int, Allocations]:
     """Every buffer in XLA's order, one decision per segment; returns the segments, in
-    allocation order. Each yielded decision must be answered (`send`) with an option index."""
+    allocation order. Each yielded decision must be answered (`send`) with an option index.
+
+    msa_only: plan only what XLA's `AllocateSegment` tries before its first success (no
+    prefetch once a keep fits, no slower level once a faster one has a start, one start), so
+    that the options are option 0 and msa's own: the `msa` solver at XLA's loop's cost (planning
+    every option costs it 3-6x on the default suite)."""
     if max_prefetch_starts < 1:
       raise ValueError(f"max_prefetch_starts must be >= 1, got {max_prefetch_starts}")
     a = self.workload.arrays
@@ -330,7 +336,7 @@ class MsaAlgorithm:
       b = int(b)
       if a.is_output[b] or a.sizes[b] == 0:
         continue
-      segments = yield from self._buffer_steps(b, max_prefetch_starts)
+      segments = yield from self._buffer_steps(b, max_prefetch_starts, msa_only)
       rows += [(b, s) for s in segments]
     self.stats = MsaStats(**self._counts)
     col = lambda f: np.array([f(b, s) for b, s in rows], np.int64)
@@ -368,7 +374,8 @@ class MsaAlgorithm:
       raise ValueError(f"option {choice!r} out of range: {len(options)} options")
     return options[int(choice)]
 
-  def _buffer_steps(self, b: int, max_starts: int) -> Generator[MsaDecision, int, list[_Segment]]:
+  def _buffer_steps(self, b: int, max_starts: int,
+                    msa_only: bool) -> Generator[MsaDecision, int, list[_Segment]]:
     """`AllocateAllocationValues` for one buffer: one decision per `AllocateSegment`; the
     segments committed (none when the buffer was uncommitted)."""
     a = self.workload.arrays
@@ -414,29 +421,15 @@ class MsaAlgorithm:
         options = [MsaOption("uncommit")]
       else:
         if needs_eviction:
-          options = [MsaOption("evict", prev.level, prev.start + 1, eviction_end, prev.offset, size,
-                               evicts=True)]
+          options = [MsaOption("evict", prev.level, prev.start + 1, eviction_end, prev.offset,
+                               size, evicts=True)]
           available = eviction_end
         else:
           available = def_op if default_available is None else default_available
-        # 3. Prefetch from default memory, as soon as it holds the value (XLA: the default
-        # allocation's earliest available time, not the previous use), but not while an
-        # earlier fast segment of the buffer is still held (a buffer's segments may not
-        # overlap here).
-        earliest = available
-        if segments:
-          last_end = segments[-1].end if eviction_end is None else max(segments[-1].end,
-                                                                       eviction_end)
-          earliest = max(earliest, last_end - 1)
-        # The eviction holds its chunk until the copy is done: planned as if committed.
-        held = None
-        if eviction_end is not None and eviction_end > prev.reserved_end:
-          held = self.heaps[prev.level].add(prev.reserved_end, eviction_end, prev.offset, size)
-        for level in range(self.num_fast):
-          prefetches += self._plan_prefetches(level, b, size, earliest, use, incidence, uses,
-                                              max_starts, needs_eviction)
-        if held is not None:
-          self.heaps[prev.level].remove(held)
+        if not (msa_only and keep is not None):
+          prefetches = self._plan_all_prefetches(
+              prev, segments, b, size, available, eviction_end, use, incidence, uses,
+              max_starts, msa_only)
       if keep is not None:
         options.append(keep)
       options += prefetches
@@ -569,6 +562,34 @@ class MsaAlgorithm:
     self.eviction_limit.add(exclusive_start + 1, end)
     pending.evictions.append((copy, exclusive_start + 1, end))
     return end
+
+  def _plan_all_prefetches(self, prev: _Segment | None, segments: list[_Segment], b: int,
+                           size: int, available: int, eviction_end: int | None, use: int,
+                           incidence: int, uses: np.ndarray, max_starts: int,
+                           msa_only: bool) -> list[MsaOption]:
+    """The prefetch options of one segment, fastest level first: from default memory, as
+    soon as it holds the value (`available`; XLA: the default allocation's earliest available
+    time, not the previous use), but not while an earlier fast segment of the buffer is still
+    held (a buffer's segments may not overlap here). After an eviction (`eviction_end`), as if
+    it were committed: it holds its chunk until the copy is done. With `msa_only`, no slower
+    level once a faster one has a start."""
+    earliest = available
+    if segments:
+      last_end = segments[-1].end if eviction_end is None else max(segments[-1].end,
+                                                                   eviction_end)
+      earliest = max(earliest, last_end - 1)
+    held = None
+    if eviction_end is not None and eviction_end > prev.reserved_end:
+      held = self.heaps[prev.level].add(prev.reserved_end, eviction_end, prev.offset, size)
+    prefetches: list[MsaOption] = []
+    for level in range(self.num_fast):
+      if msa_only and prefetches:
+        break
+      prefetches += self._plan_prefetches(level, b, size, earliest, use, incidence, uses,
+                                          max_starts, eviction_end is not None)
+    if held is not None:
+      self.heaps[prev.level].remove(held)
+    return prefetches
 
   def _plan_prefetches(self, level: int, b: int, size: int, earliest: int, use: int,
                        incidence: int, uses: np.ndarray, max_starts: int,
@@ -735,8 +756,10 @@ def play(workload: Workload, hardware: Hardware, policy: Policy = msa_policy,
 def msa_allocations(workload: Workload, hardware: Hardware,
                     options: MsaOptions = MsaOptions()) -> tuple[Allocations, MsaStats]:
   """msa's segments for a workload on a hardware, and what the loop did: the decision process
-  played with msa's own choice at every step."""
-  return play(workload, hardware, msa_policy, options)
+  played with msa's own choice at every step (`MsaAlgorithm.run`)."""
+  algorithm = MsaAlgorithm(workload, hardware, options)
+  allocations = algorithm.run()
+  return allocations, algorithm.stats
 
 
 def allocations_mapping(model: CostModel, allocations: Allocations, solver: str) -> Mapping:
