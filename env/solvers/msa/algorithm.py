@@ -28,6 +28,15 @@ Reimplements, from reading openxla/xla `xla/service/memory_space_assignment/algo
      start (`exclusive_out_of_mem_start`) and any earlier start ends the search.
   4. Otherwise the use reads default memory; the other segments keep what they got.
 
+The loop is a decision process (issue 14 item 2): `MsaAlgorithm.steps()` yields one
+`MsaDecision` per `AllocateSegment` call with the options msa weighs there (option 0: default
+memory, or the eviction, or the uncommit it forces; keep; prefetch at the picker's first K
+fitting starts per fast level) and msa's own choice, and applies the option it is sent;
+`MsaDecisions` is its state-object form. The `msa` solver sends msa's choice every time
+(`run`), planning only the options up to it, as XLA stops at its first success. Why: the game
+must offer the heuristic's own decisions, so that its answer is always reachable and every
+deviation is the agent's (docs/msa.md).
+
 Why: this is the heuristic the project's agent must beat, so it must make XLA's decisions on
 this project's workloads: XLA's acceptance of partly exposed prefetches (min ratio 0.8 with the
 use's saving credited), its preferred start, its evictions, its chunk rules.
