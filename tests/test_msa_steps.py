@@ -12,14 +12,13 @@ import json
 import pathlib
 import random
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers.msa.algorithm import (
-    DEFAULT_PREFETCH_STARTS, OPTION_KINDS, MsaDecision, MsaDecisions, MsaOptions,
+    DEFAULT_PREFETCH_STARTS, OPTION_KINDS, MsaAlgorithm, MsaDecision, MsaDecisions, MsaOptions,
     allocations_mapping, msa_allocations, msa_mapping, msa_policy, play)
 from malloczero.env.validator import validate_mapping
 from tests.strategies import hardware_for, workloads
@@ -154,7 +153,7 @@ def test_msas_choice_at_every_step_gives_the_solvers_mapping_from_before_the_ref
 
 @pytest.mark.parametrize("name,workload,options", hand_made(), ids=[c[0] for c in hand_made()])
 def test_msas_choice_reproduces_the_solver_on_xlas_programs(name, workload, options):
-  expected, stats = msa_allocations(workload, XLA_HW, options)
+  expected, _ = msa_allocations(workload, XLA_HW, options)
   for max_starts in (1, 2, 8):
     got = play_checked(workload, XLA_HW, msa_policy, options, max_starts)
     assert same_allocations(got, expected)
@@ -180,7 +179,7 @@ def test_evict_and_prefetch_is_a_keep_then_an_evicting_prefetch_and_later_starts
   assert second.options[0].kind == "evict"
   assert (second.options[0].start, second.options[0].end) == (1, 2)
   starts = [o.start for o in second.options if o.kind == "prefetch"]
-  assert starts[0] == 7 and len(starts) == DEFAULT_PREFETCH_STARTS and len(set(starts)) == len(starts)
+  assert starts[0] == 7 and len(set(starts)) == len(starts) == DEFAULT_PREFETCH_STARTS
   allocations = decisions.allocations()
   produced, fetched = segments_of(w, allocations, "tanh")
   assert (fetched["start"], fetched["prefetch_done"]) == (7, 16)
@@ -209,6 +208,8 @@ def test_default_memory_at_every_step_is_all_slow(name):
   workload, hardware = entry(name).load()
   allocations = play_checked(workload, hardware, default_policy)
   assert len(allocations) == 0
+  played, stats = play(workload, hardware, default_policy)
+  assert len(played) == 0 and stats.kept == stats.prefetches == stats.evictions == 0
   model = CostModel(workload, hardware)
   mapping = allocations_mapping(model, allocations, "default")
   assert validate_mapping(workload, hardware, mapping).estimated_time_s == pytest.approx(
@@ -300,7 +301,6 @@ def test_the_solvers_steps_plan_only_up_to_msas_own_option_and_agree_with_the_fu
   """`MsaAlgorithm.run` (the `msa` solver) plans only what XLA's `AllocateSegment` tries before
   its first success; each of its decisions is option 0 and msa's own, the same options as the
   full decision point's option 0 and msa's choice."""
-  from malloczero.env.solvers.msa.algorithm import MsaAlgorithm
   for e in get_suite("tiny").entries:
     workload, hardware = e.load()
     lean = MsaAlgorithm(workload, hardware).steps(1, msa_only=True)

@@ -12,8 +12,8 @@ the heap simulator's chunk search), with XLA's own tests reproduced in tests/tes
   `FindBestChunkCandidates`).
 * `copy_resource`: `AsynchronousCopyResource`, the outstanding-copy limit, copy ordering.
 
-They are not yet assembled into msa's allocation loop (`AllocateSegment`); docs/msa.md says how
-they will be. The `msa` solver in env/solvers/heuristics.py is unchanged.
+`algorithm` assembles them into msa's allocation loop (`AllocateSegment`), the `msa` solver, run
+as a decision process (`MsaDecisions`: each segment's options and msa's choice); docs/msa.md.
 """
 
 from malloczero.env.solvers.msa.buffer_order import buffer_order
