@@ -113,6 +113,9 @@ def test_cpsat_is_optimal_for_its_own_model_and_says_the_bound_is_uncontended(se
   # copy contention, so the mapping's simulated time (validated by solve) may differ.
   assert cp.info["bound_s"] == pytest.approx(cp.info["objective_s"], rel=1e-5)
   assert "without copy contention" in cp.info["bound_note"]
+  # Whatever its model says, the mapping it returns simulates no slower than its hint.
+  hint = solve(workload, hardware, "msa-simple").mapping.estimated_time_s
+  assert cp.mapping.estimated_time_s <= hint * (1 + 1e-9)
 
 
 def test_evo_is_never_worse_than_decoding_its_seed_orders():
