@@ -20,7 +20,7 @@ from malloczero.actors.actor import stack_observations
 from malloczero.actors.games import GameSpec
 from malloczero.actors.search import SearchFn, make_search_fn
 from malloczero.configs.config import Config, SearchConfig
-from malloczero.env.game import GameConfig, MallocGame
+from malloczero.env.game import GameConfig, make_game
 from malloczero.env.mapping import Mapping
 from malloczero.env.validator import validate_mapping
 from malloczero.learner.networks import MuZeroNetworks, Params
@@ -36,7 +36,7 @@ class EvaluationResult:
   greedy_speedup: float    # The greedy trajectory's speed-up (equal to `speedup` if attempts=1).
   attempt_speedups: tuple[float, ...]   # [attempts], the greedy trajectory first.
   best_attempt: int
-  requests: int            # Requests in the program's game (moves of one trajectory).
+  requests: int            # Moves of the greedy trajectory (the requests game: its requests).
 
 
 # Cached: a fresh `make_search_fn` is a new jitted closure, so without this every evaluation (every
@@ -68,7 +68,7 @@ def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig
   sampled = _search_fn(networks, search, False) if attempts > 1 else None
   # games[a * P + p]: attempt a of program p, so the greedy attempts are the first P games.
   num_programs = len(specs)
-  games = [MallocGame(s.workload, s.hardware, game_config) for _ in range(attempts) for s in specs]
+  games = [make_game(s.workload, s.hardware, game_config) for _ in range(attempts) for s in specs]
   observations = [g.reset().observation for g in games]
   returns = np.zeros(len(games))
   done = np.zeros(len(games), bool)
@@ -99,7 +99,7 @@ def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig
     results.append(EvaluationResult(
         spec.name, float(returns[p]), mapping.speedup, mapping.estimated_time_s, mapping,
         greedy_speedup=slow / times[0], attempt_speedups=tuple(slow / t for t in times),
-        best_attempt=best, requests=len(copies[0].requests)))
+        best_attempt=best, requests=copies[0].num_steps))
   return results
 
 
@@ -109,7 +109,7 @@ def compile_searches(networks: MuZeroNetworks, params: Params, search: SearchCon
   """Compiles the searches `play_programs` will call for this batch shape, so that the play it
   times afterwards is play alone; returns the seconds compiling took."""
   start = time.perf_counter()
-  observation = MallocGame(spec.workload, spec.hardware, game_config).reset().observation
+  observation = make_game(spec.workload, spec.hardware, game_config).reset().observation
   rng = jax.random.PRNGKey(0)
   batches = [(True, num_programs)] + ([(False, num_programs * (attempts - 1))] if attempts > 1
                                       else [])

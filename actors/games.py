@@ -7,7 +7,9 @@ from typing import Sequence
 
 import numpy as np
 
-from malloczero.env.game import GameConfig, MallocGame
+import dm_env
+
+from malloczero.env.game import GameConfig, make_game
 from malloczero.env.hardware import Hardware
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.workload import Workload
@@ -39,16 +41,16 @@ class GamePool:
     self.specs = list(specs)
     self._config = game_config
     self._rng = np.random.default_rng(seed)
-    self._cache: dict[tuple[int, int], MallocGame] = {}
+    self._cache: dict[tuple[int, int], dm_env.Environment] = {}
     self.num_slots = num_slots
 
-  def game(self, slot: int, index: int) -> MallocGame:
+  def game(self, slot: int, index: int) -> dm_env.Environment:
     key = (slot, index)
     if key not in self._cache:
       spec = self.specs[index]
-      self._cache[key] = MallocGame(spec.workload, spec.hardware, self._config)
+      self._cache[key] = make_game(spec.workload, spec.hardware, self._config)
     return self._cache[key]
 
-  def draw(self, slot: int) -> tuple[int, MallocGame]:
+  def draw(self, slot: int) -> tuple[int, dm_env.Environment]:
     index = int(self._rng.integers(len(self.specs)))
     return index, self.game(slot, index)

@@ -6,9 +6,10 @@
 from malloczero.env.cost_model import Allocations, CostModel, Evaluation
 from malloczero.env.errors import (HardwareError, IllegalActionError, MalloczeroError, MappingError,
                         WorkloadError)
-from malloczero.env.game import GameConfig, MallocGame
+from malloczero.env.game import REQUESTS_GAME, GameConfig, MallocGame, make_game
 from malloczero.env.hardware import PRESETS, Hardware, MemoryLevel, load_hardware
 from malloczero.env.mapping import Mapping, load_mapping
+from malloczero.env.msa_game import MsaGame
 from malloczero.env.observation import (FeatureLayout, ObservationLayout, observation_layout,
                                        observation_spec)
 from malloczero.env.requests import Requests, build_requests
@@ -18,8 +19,9 @@ from malloczero.env.workload import Buffer, Op, Workload, load_workload, save_wo
 __all__ = [
     "Allocations", "Buffer", "CostModel", "Evaluation", "FeatureLayout", "GameConfig", "Hardware",
     "HardwareError", "IllegalActionError", "MallocGame", "MalloczeroError", "Mapping",
-    "MappingError", "MemoryLevel", "ObservationLayout", "Op", "PRESETS", "Requests",
+    "MappingError", "MemoryLevel", "MsaGame", "ObservationLayout", "Op", "PRESETS",
+    "REQUESTS_GAME", "Requests",
     "ValidationReport", "Workload", "WorkloadError", "build_requests", "load_hardware",
-    "load_mapping", "load_workload", "observation_layout", "observation_spec", "save_workload",
+    "load_mapping", "load_workload", "make_game", "observation_layout", "observation_spec", "save_workload",
     "validate_mapping",
 ]

@@ -26,26 +26,60 @@ from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.errors import HardwareError, IllegalActionError, MalloczeroError
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
-from malloczero.env.observation import ObservationLayout, observation_layout, observation_spec
+from malloczero.env.observation import (ObservationLayout, msa_observation_layout,
+                                         observation_layout, observation_spec)
 from malloczero.env.placement import Placement
 from malloczero.env.requests import Requests, build_requests
 from malloczero.env.workload import Workload
 
 
+DECISIONS = ("msa", "requests")
+
+
 @dataclasses.dataclass(frozen=True)
 class GameConfig:
-  num_candidates: int = 16      # K; the action space has 1 + K actions.
+  """What the game plays and how wide its observations are.
+
+  decisions: "msa" (env/msa_game.py, the default: one step per decision point of XLA's msa
+    loop, the actions the options msa weighs there) or "requests" (this module: one step per
+    request, the actions its best-fit candidates).
+  num_candidates: K of the requests game (1 + K actions).
+  max_prefetch_starts: prefetch starts offered per fast level in the msa game
+    (2 + max_prefetch_starts x max_fast_levels actions).
+  """
+  num_candidates: int = 16
   occupancy_bins: int = 32
   lookahead: int = 8            # M
   max_fast_levels: int = 2      # Observation width: hardware may have up to this many fast levels.
+  decisions: str = "msa"
+  max_prefetch_starts: int = 4
+
+  def __post_init__(self):
+    if self.decisions not in DECISIONS:
+      raise ValueError(f"unknown game decisions '{self.decisions}' (choose from "
+                       f"{', '.join(DECISIONS)})")
+    for name in ("num_candidates", "occupancy_bins", "max_fast_levels", "max_prefetch_starts"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+    if self.lookahead < 0:
+      raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
 
   @property
   def num_actions(self) -> int:
+    if self.decisions == "msa":
+      return 2 + self.max_prefetch_starts * self.max_fast_levels
     return 1 + self.num_candidates
+
+  @property
+  def candidate_slots(self) -> int:
+    """Rows of the candidates observation: one per action after action 0."""
+    return self.num_actions - 1
 
   @property
   def layout(self) -> ObservationLayout:
     """The named features of each observation part."""
+    if self.decisions == "msa":
+      return msa_observation_layout(self.max_fast_levels)
     return observation_layout(self.max_fast_levels)
 
   @property
@@ -65,10 +99,26 @@ class GameConfig:
     return self.layout.lookahead.size
 
 
+REQUESTS_GAME = GameConfig(decisions="requests")
+
+
+def make_game(workload: Workload, hardware: Hardware, config: GameConfig = GameConfig()
+              ) -> dm_env.Environment:
+  """The game `config.decisions` names: `MsaGame` ("msa") or `MallocGame` ("requests")."""
+  if config.decisions == "msa":
+    from malloczero.env.msa_game import MsaGame  # It builds on this module's GameConfig.
+    return MsaGame(workload, hardware, config)
+  return MallocGame(workload, hardware, config)
+
+
 class MallocGame(dm_env.Environment):
   """mallocGame for one (workload, hardware) pair; deterministic, usable from Acme's loops."""
 
-  def __init__(self, workload: Workload, hardware: Hardware, config: GameConfig = GameConfig()):
+  def __init__(self, workload: Workload, hardware: Hardware,
+               config: GameConfig = REQUESTS_GAME):
+    if config.decisions != "requests":
+      raise ValueError(f"MallocGame plays requests; the config asks for '{config.decisions}' "
+                       "(env/msa_game.py's MsaGame, or `make_game`)")
     if hardware.num_fast_levels > config.max_fast_levels:
       raise HardwareError(f"hardware '{hardware.name}' has {hardware.num_fast_levels} fast levels; "
                           f"this game config observes at most {config.max_fast_levels}")
@@ -128,6 +178,11 @@ class MallocGame(dm_env.Environment):
   def total_time(self) -> float:
     """Program time of the current (partial) mapping, tracked incrementally."""
     return self._placement.total_time
+
+  @property
+  def num_steps(self) -> int:
+    """Moves made so far in this episode (every request is one move)."""
+    return self._cursor
 
   @property
   def cursor(self) -> int:

@@ -129,8 +129,68 @@ def observation_spec(config: GameConfig) -> dict[str, specs.Array]:
   return {
       "request": specs.Array((config.request_features,), f32, "request"),
       "occupancy": specs.Array((config.max_fast_levels, config.occupancy_bins), f32, "occupancy"),
-      "candidates": specs.Array((config.num_candidates, config.candidate_features), f32,
+      "candidates": specs.Array((config.candidate_slots, config.candidate_features), f32,
                                 "candidates"),
       "lookahead": specs.Array((config.lookahead, config.lookahead_features), f32, "lookahead"),
       "legal_actions": specs.Array((config.num_actions,), bool, "legal_actions"),
   }
+
+
+@functools.lru_cache(maxsize=None)
+def msa_observation_layout(max_fast_levels: int) -> ObservationLayout:
+  """The layouts of the msa game's observation parts (env/msa_game.py); `F` is
+  `max_fast_levels`. Positions are on the program's time axis / its length.
+
+  request: the decision point (one `AllocateSegment` call of msa's loop): the buffer, the
+    segment from the previous use (or the definition) to the use, what option 0 is, msa's own
+    choice, and the program so far. candidates: one row per action after action 0 (slot 1:
+    keep, then `K` prefetch starts per fast level, the picker's order). lookahead: the
+    buffer's next `M` uses (`static` holds their features).
+  """
+  levels = max_fast_levels
+  use = FeatureLayout((
+      ("position", 1),            # The use's op.
+      ("distance", 1),            # From the current use.
+      ("saving", levels),         # [F] msa's saving at the use / largest use saving.
+  ))
+  request = FeatureLayout((
+      ("is_activation", 1),
+      ("size_vs_capacity", levels),  # [F] size / level capacity, clipped at 2.
+      ("log_size", 1),            # log2(bytes) / 32.
+      ("definition", 1),          # Definition op (0 for a parameter).
+      ("last_use", 1),
+      ("segment_start", 1),       # Previous use, or the definition.
+      ("use", 1),
+      ("segment_length", 1),
+      ("use_index", 1),           # Uses before this one / uses of the buffer.
+      ("num_uses", 1),            # log2(1 + uses) / 10.
+      ("use_saving", levels),     # [F] msa's saving at this use / largest use saving.
+      ("copy_time", 1),           # The buffer's copy time / largest use saving, clipped at 10.
+      ("option0", 3),             # One-hot: default, evict, uncommit.
+      ("msa_takes_option0", 1),   # msa's own choice is action 0.
+      ("level_present", levels),  # [F] 1 for the levels this hardware has.
+      ("program_time", 1),        # Program time so far / all-slow time.
+      ("stall_share", 1),         # Copy stalls / program time so far.
+      ("progress", 1),            # Buffers allocated / buffers msa allocates.
+      ("options_found", 1),       # Legal actions / actions.
+  ))
+  candidate = FeatureLayout((
+      ("valid", 1),
+      ("keep", 1),                # Slot 1: kept in fast memory without a copy.
+      ("prefetch", 1),
+      ("level", levels),          # [F] one-hot of the fast level.
+      ("rank", 1),                # The prefetch start's rank in the picker's order / K.
+      ("start", 1),               # First op it holds in fast memory.
+      ("lead", 1),                # (use - start) / (use - segment_start + 1): copy's head start.
+      ("hold", 1),                # Ops it reserves / program length.
+      ("offset", 1),              # Chunk offset / level capacity.
+      ("saving", 1),              # msa's saving estimate / largest use saving.
+      ("hide_ratio", 1),          # All-slow op time before the use / copy time, clipped at 10.
+      ("evicts", 1),              # An eviction copy is started first.
+      ("msa_choice", 1),          # msa itself takes this slot.
+  ))
+  lookahead = FeatureLayout((
+      ("valid", 1),
+      ("static", use.size),
+  ))
+  return ObservationLayout(use, request, candidate, lookahead)

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numba
 import numpy as np
 
 
@@ -163,3 +164,45 @@ def simulate_copies(idle_s: np.ndarray, copies: Copies, finish: bool = True) -> 
 def total_stall(idle_s: np.ndarray, copies: Copies) -> float:
   """Seconds the program waits for copies in all (see `simulate_copies`)."""
   return CopyQueue(copies, len(idle_s)).total_stall(idle_s)
+
+
+@numba.njit(cache=True)
+def _stall_loop(idle_s, start, done, work_s):
+  """The clamps of the module docstring as one pass over the boundaries, after a stable sort
+  of the copies by (start, done): O(K log K + T), for one total."""
+  num_ops = len(idle_s)
+  span = num_ops + 2
+  order = np.argsort(start * span + done, kind="mergesort")
+  issued = np.zeros(num_ops + 1)   # work issued at each boundary
+  due = np.zeros(num_ops + 1)      # W_d: queue work up to the last copy due at d
+  cumulative = 0.0
+  for k in order:
+    cumulative += work_s[k]
+    issued[start[k]] += work_s[k]
+    if cumulative > due[done[k]]:
+      due[done[k]] = cumulative
+  x = 0.0
+  issued_so_far = 0.0
+  stall = 0.0
+  for t in range(num_ops + 1):
+    issued_so_far += issued[t]
+    if due[t] > x:
+      stall += due[t] - x
+      x = due[t]
+    if t == num_ops:
+      break
+    x = min(x + idle_s[t], issued_so_far)
+  return stall
+
+
+def total_stall_loop(idle_s: np.ndarray, copies: Copies) -> float:
+  """`total_stall`, jitted (numba) as one loop over the boundaries: the game's per-step
+  re-simulation, where rebuilding a `CopyQueue` for each new copy costs more than the loop.
+  Equal to `total_stall` (tests/test_cost_model.py); the first call compiles or loads it from
+  numba's cache."""
+  if len(copies) == 0:
+    return 0.0
+  return float(_stall_loop(np.ascontiguousarray(idle_s, np.float64),
+                           np.ascontiguousarray(copies.start, np.int64),
+                           np.ascontiguousarray(copies.done, np.int64),
+                           np.ascontiguousarray(copies.work_s, np.float64)))

@@ -118,7 +118,10 @@ def checkpoint_configs(path: str) -> tuple[Any, Any]:
   from malloczero.env.game import GameConfig
   payload = _read(path)
   try:
-    return NetworkConfig(**payload["network_config"]), GameConfig(**payload["game_config"])
+    # Checkpoints from before the msa game (issue 14) played requests and do not say so.
+    game = dict(payload["game_config"])
+    game.setdefault("decisions", "requests")
+    return NetworkConfig(**payload["network_config"]), GameConfig(**game)
   except (KeyError, TypeError) as e:
     raise MalloczeroError(f"learner checkpoint '{checkpoint_file(path)}' was made by another "
                           f"version of malloczero ({type(e).__name__}: {e})") from e

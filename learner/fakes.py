@@ -25,9 +25,9 @@ def random_batch(config: Config, batch_size: int, seed: int = 0) -> Batch:
   shape = lambda *s: (batch_size, length) + s
   obs = {k: rng.random(shape(*s.shape), dtype=np.float32) for k, s in spec.items()
          if k != "legal_actions"}
-  num_candidates = rng.integers(0, game.num_candidates + 1, shape())                  # [B, L]
+  num_candidates = rng.integers(0, game.candidate_slots + 1, shape())                  # [B, L]
   legal = np.arange(num_actions) <= num_candidates[..., None]                         # [B, L, A]
-  obs["candidates"][..., 0] = (np.arange(game.num_candidates) < num_candidates[..., None])
+  obs["candidates"][..., 0] = (np.arange(game.candidate_slots) < num_candidates[..., None])
   # Episode end: the terminal state sits at index `end` (beyond L: no end in this item).
   end = rng.integers(1, 2 * length, batch_size)
   index = np.arange(length)[None]

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 from malloczero.env import Hardware, HardwareError, MemoryLevel, PRESETS, load_hardware
 from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.requests import build_requests
-from malloczero.env.simulator import Copies, simulate_copies
+from malloczero.env.simulator import Copies, simulate_copies, total_stall_loop
 from malloczero.env.workload import Workload, workload_from_ops
 
 # Round numbers: fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s.
@@ -203,6 +203,14 @@ def test_vectorised_copy_simulation_equals_the_reference_loop(case):
   fast = simulate_copies(idle, Copies(start, done, work))
   np.testing.assert_allclose(fast.stall_s, reference_stalls(idle, start, done, work),
                              rtol=1e-9, atol=1e-9)
+
+
+@given(copy_cases())
+def test_jitted_stall_loop_equals_the_reference_loop(case):
+  idle, start, done, work = case
+  np.testing.assert_allclose(total_stall_loop(idle, Copies(start, done, work)),
+                             reference_stalls(idle, start, done, work).sum(), rtol=1e-9,
+                             atol=1e-9)
 
 
 # XLA's memory-space-assignment test hardware: fast 128 B @ 1000 B/s, slow @ 100 B/s, copy

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, strategies as st
 
-from malloczero.env import (GameConfig, IllegalActionError, MallocGame, MalloczeroError, PRESETS,
+from malloczero.env import (GameConfig, REQUESTS_GAME, IllegalActionError, MallocGame, MalloczeroError, PRESETS,
                  validate_mapping)
 from malloczero.env.cost_model import CostModel
 from malloczero.env.programs.synthetic import contended, mlp_training_step, random_workload
@@ -123,7 +123,7 @@ def test_observations_match_specs_and_game_is_deterministic():
   np.testing.assert_array_equal(first[0], second[0])
   assert first[1][0].step_type == dm_env.StepType.FIRST
   assert first[1][-1].step_type == dm_env.StepType.LAST and first[1][-1].discount == 0.0
-  assert game.action_spec().num_values == GameConfig().num_actions
+  assert game.action_spec().num_values == REQUESTS_GAME.num_actions
 
 
 def test_step_after_the_end_starts_a_new_episode():
@@ -150,7 +150,7 @@ def test_candidates_are_free_best_fit_first_and_requests_ordered_by_boundedness(
     _, offsets = game.candidates
     cand = ts.observation["candidates"]
     n = len(offsets)
-    first_numeric = 1 + GameConfig().max_fast_levels  # after the valid flag and level one-hot
+    first_numeric = 1 + REQUESTS_GAME.max_fast_levels  # after the valid flag and level one-hot
     waste = cand[:n, first_numeric + 2]  # (gap - size) / capacity, one fast level here
     assert np.all(np.diff(waste) >= 0), "best fit first"
     legal = np.flatnonzero(ts.observation["legal_actions"])
@@ -182,7 +182,7 @@ def test_usable_from_acme_environment_loop():
   workload = random_workload(1, num_ops=25)
   game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25))
   env_spec = specs.make_environment_spec(game)
-  assert env_spec.actions.num_values == GameConfig().num_actions
+  assert env_spec.actions.num_values == REQUESTS_GAME.num_actions
   actor = RandomLegalActor()
   loop = environment_loop.EnvironmentLoop(game, actor, should_update=False)
   loop.run(num_episodes=2)

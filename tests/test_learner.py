@@ -14,7 +14,7 @@ import pytest
 import tree
 
 from malloczero.configs.config import get_config
-from malloczero.env import MallocGame, MalloczeroError, PRESETS
+from malloczero.env import MalloczeroError, PRESETS, make_game
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.learner import learner as learner_lib
 from malloczero.learner import (MuZeroLearner, importance_weights, load_params, make_networks,
@@ -34,7 +34,7 @@ L = CONFIG.learner.sequence_length
 def _episode(seed: int) -> list[Step]:
   """One episode as the writer stores it: T real steps, the terminal step, L - 2 padding steps."""
   workload = random_workload(seed, 24)
-  game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25), CONFIG.game)
+  game = make_game(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25), CONFIG.game)
   rng = np.random.default_rng(seed)
   ts = game.reset()
   steps = []

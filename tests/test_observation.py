@@ -4,22 +4,24 @@ import numpy as np
 import pytest
 
 from malloczero.env import PRESETS, GameConfig, MallocGame, observation_layout
+from malloczero.env.observation import msa_observation_layout
 from malloczero.env.programs.synthetic import contended, mlp_training_step
 
 
+@pytest.mark.parametrize("decisions", ["requests", "msa"])
 @pytest.mark.parametrize("levels", [1, 2, 3])
-def test_features_tile_each_axis_and_size_the_game_config(levels):
-  layout = observation_layout(levels)
+def test_features_tile_each_axis_and_size_the_game_config(levels, decisions):
+  layout = (observation_layout if decisions == "requests" else msa_observation_layout)(levels)
   for part in (layout.static, layout.request, layout.candidate, layout.lookahead):
     covered = np.concatenate([np.arange(part.size)[part.slice(name)] for name in part.names])
     np.testing.assert_array_equal(covered, np.arange(part.size))
-  config = GameConfig(max_fast_levels=levels)
+  config = GameConfig(max_fast_levels=levels, decisions=decisions)
   assert (config.static_features, config.request_features, config.candidate_features,
           config.lookahead_features) == (layout.static.size, layout.request.size,
                                          layout.candidate.size, layout.lookahead.size)
   assert layout.candidate.width("level") == levels
   with pytest.raises(ValueError, match="use slice"):
-    layout.request.index("static")
+    layout.request.index("static" if decisions == "requests" else "option0")
 
 
 def test_named_features_hold_what_their_names_say():

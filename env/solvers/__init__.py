@@ -9,7 +9,7 @@ from typing import Any
 
 from malloczero.env.cost_model import CostModel
 from malloczero.env.errors import MalloczeroError
-from malloczero.env.game import GameConfig, MallocGame
+from malloczero.env.game import REQUESTS_GAME, GameConfig, MallocGame
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
 from malloczero.env.placement import Placement
@@ -57,7 +57,7 @@ class SolveResult:
 
 
 def solve(workload: Workload, hardware: Hardware, solver: str,
-          game_config: GameConfig = GameConfig(), **options: Any) -> SolveResult:
+          game_config: GameConfig = REQUESTS_GAME, **options: Any) -> SolveResult:
   """Runs a baseline; the returned mapping has passed `validate_mapping`.
 
   `solve_time_s` is the whole solve as a user waits for it: building the cost model, the

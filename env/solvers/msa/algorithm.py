@@ -313,6 +313,9 @@ class MsaAlgorithm:
     self._next_copy_id = 0
     self._counts = dict(kept=0, prefetches=0, evictions=0, default_uses=0, uncommitted_buffers=0)
     self.stats: MsaStats | None = None
+    # The buffers done and the one being allocated (its segment list, filled as it goes).
+    self._rows: list[tuple[int, _Segment]] = []
+    self._open: tuple[int, list[_Segment]] = (-1, [])
 
   # ------------------------------------------------------------------ the loop
 
@@ -340,14 +343,26 @@ class MsaAlgorithm:
       raise ValueError(f"max_prefetch_starts must be >= 1, got {max_prefetch_starts}")
     a = self.workload.arrays
     order = buffer_order(self.workload, self.analyses[0].memory_boundedness)
-    rows: list[tuple[int, _Segment]] = []
+    self._rows = rows = []
     for b in order:
       b = int(b)
       if a.is_output[b] or a.sizes[b] == 0:
         continue
+      self._open = (b, [])
       segments = yield from self._buffer_steps(b, max_prefetch_starts, msa_only)
       rows += [(b, s) for s in segments]
+      self._open = (-1, [])
     self.stats = MsaStats(**self._counts)
+    return self._to_allocations(rows)
+
+  def allocations_so_far(self) -> Allocations:
+    """The segments committed so far, the current buffer's included, as they stand now (a
+    kept segment's end and an eviction's copy are final only once its buffer is done)."""
+    b, open_segments = self._open
+    return self._to_allocations(self._rows + [(b, s) for s in open_segments])
+
+  @staticmethod
+  def _to_allocations(rows: list[tuple[int, _Segment]]) -> Allocations:
     col = lambda f: np.array([f(b, s) for b, s in rows], np.int64)
     return Allocations(buffer=col(lambda b, s: b), level=col(lambda b, s: s.level),
                        offset=col(lambda b, s: s.offset), start=col(lambda b, s: s.start),
@@ -411,7 +426,7 @@ class MsaAlgorithm:
     # time); None while it does not (an activation produced in fast memory, not yet evicted).
     default_available: int | None = None if is_activation else PROGRAM_START
     pending = _Pending()
-    segments: list[_Segment] = []
+    segments = self._open[1]
     prev: _Segment | None = None  # The previous allocation when it is in fast memory.
     prev_in_default = False        # The previous allocation is the default one.
     for k, (use, incidence) in enumerate(zip(uses.tolist(), incidences.tolist())):
@@ -454,6 +469,7 @@ class MsaAlgorithm:
         continue
       if option.kind == "uncommit":
         self._uncommit(pending)
+        segments.clear()
         self._counts["uncommitted_buffers"] += 1
         self._counts["default_uses"] += len(uses)
         return []
@@ -736,6 +752,12 @@ class MsaDecisions:
     if self._allocations is None:
       raise RuntimeError("the decision process is not done")
     return self._allocations
+
+  def allocations_so_far(self) -> Allocations:
+    """The segments the choices so far have committed (all of them once `done`)."""
+    if self._allocations is not None:
+      return self._allocations
+    return self.algorithm.allocations_so_far()
 
   @property
   def stats(self) -> MsaStats:

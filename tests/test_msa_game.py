@@ -1,0 +1,247 @@
+"""mallocGame on msa's decision points (env/msa_game.py): the heuristic is a policy in the game.
+
+What must hold: playing msa's slot at every step gives the `msa` solver's mapping exactly; every
+reward is the exact decrease of the cost model's program time (copies contending) so the
+rewards sum to the time saved; any legal play gives a mapping the validator accepts; the legal
+mask, the slots and the observation describe the options msa weighs.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+
+from malloczero.env import (REQUESTS_GAME, GameConfig, IllegalActionError, MallocGame,
+                            MalloczeroError, MsaGame, PRESETS, make_game, validate_mapping)
+from malloczero.env.cost_model import CostModel
+from malloczero.env.msa_game import option_slots
+from malloczero.env.programs.suites import get_suite
+from malloczero.env.programs.synthetic import contended, random_workload
+from malloczero.env.solvers.msa.algorithm import msa_allocations
+from tests.strategies import hardware_for, workloads
+from tests.test_msa_steps import same_allocations
+
+CONFIG = GameConfig()
+
+
+def play(game: MsaGame, policy: str, seed: int = 0) -> np.ndarray:
+  """Rewards of one episode under "msa", "random" or "default" (action 0 everywhere)."""
+  rng = np.random.default_rng(seed)
+  timestep, rewards = game.reset(), []
+  while not timestep.last():
+    legal = np.flatnonzero(timestep.observation["legal_actions"])
+    action = {"msa": game.msa_action, "default": 0,
+              "random": legal[rng.integers(len(legal))] if len(legal) else 0}[policy]
+    timestep = game.step(action)
+    rewards.append(timestep.reward)
+  return np.array(rewards)
+
+
+def tiny_entries():
+  return [(e.name, *e.load()) for e in get_suite("tiny").entries]
+
+
+def new_game(workload, hardware) -> MsaGame:
+  try:
+    return MsaGame(workload, hardware)
+  except MalloczeroError:
+    assume(False)  # msa has nothing to decide (every buffer an output or empty): not a game.
+
+
+@pytest.mark.parametrize("name,workload,hardware", tiny_entries(), ids=lambda x: str(x)[:30])
+def test_msas_slot_at_every_step_is_the_msa_solver(name, workload, hardware):
+  game = MsaGame(workload, hardware)
+  rewards = play(game, "msa")
+  expected, _ = msa_allocations(workload, hardware)
+  assert same_allocations(game.allocations(), expected)
+  report = validate_mapping(workload, hardware, game.mapping("msa"))
+  assert report.estimated_time_s == pytest.approx(game.total_time, rel=1e-9)
+  assert rewards.sum() == pytest.approx(1 - report.estimated_time_s / game.normaliser, rel=1e-7)
+
+
+@pytest.mark.parametrize("preset", ["tpu-v4i-like", "nnpi-like"])
+def test_msas_slot_is_the_msa_solver_on_a_contended_random_program(preset):
+  workload = random_workload(3, num_ops=120)
+  hardware = contended(PRESETS[preset], workload, 0.25)
+  game = MsaGame(workload, hardware)
+  play(game, "msa")
+  expected, stats = msa_allocations(workload, hardware)
+  assert stats.prefetches > 0
+  assert same_allocations(game.allocations(), expected)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_rewards_sum_to_the_time_saved_and_every_mapping_validates(data):
+  workload = data.draw(workloads())
+  hardware = data.draw(hardware_for(workload))
+  game = new_game(workload, hardware)
+  policy = data.draw(st.sampled_from(["random", "msa", "default"]))
+  rewards = play(game, policy, seed=data.draw(st.integers(0, 1000)))
+  model = CostModel(workload, hardware)
+  report = validate_mapping(workload, hardware, game.mapping(policy))
+  assert game.total_time == pytest.approx(report.estimated_time_s, rel=1e-9)
+  assert rewards.sum() == pytest.approx(1 - report.estimated_time_s / model.slow_only_time,
+                                        rel=1e-7, abs=1e-12)
+  if policy == "default":
+    assert len(game.allocations()) == 0 and np.all(rewards == 0.0)
+
+
+@pytest.mark.parametrize("seed,preset", [(0, "tpu-v4i-like"), (1, "nnpi-like"),
+                                         (2, "tpu-v4i-like")])
+def test_each_reward_is_the_exact_cost_model_decrease(seed, preset):
+  """Step by step, against a fresh evaluation of the segments committed so far (uncommits,
+  evictions and stalls included)."""
+  workload = random_workload(seed, num_ops=40)
+  hardware = contended(PRESETS[preset], workload, 0.25)
+  game = MsaGame(workload, hardware)
+  model = CostModel(workload, hardware)
+  rng = np.random.default_rng(seed)
+  timestep, previous, stalled = game.reset(), model.slow_only_time, False
+  while not timestep.last():
+    legal = np.flatnonzero(timestep.observation["legal_actions"])
+    timestep = game.step(legal[rng.integers(len(legal))])
+    evaluation = model.evaluate(game.allocations())
+    stalled |= evaluation.total_stall_s > 0
+    assert timestep.reward == pytest.approx(
+        (previous - evaluation.total_time_s) / model.slow_only_time, rel=1e-6, abs=1e-12)
+    assert game.total_time == pytest.approx(evaluation.total_time_s, rel=1e-9)
+    previous = evaluation.total_time_s
+  assert stalled, "the program should make copies wait, or the check is too easy"
+
+
+def test_uncommit_takes_back_the_buffers_segments_and_copies():
+  """XLA's evict-and-prefetch program with no eviction allowed: the activation kept in fast
+  memory must be evicted before its late use, the eviction is refused, and option 0 sends the
+  whole buffer back to default memory; the reward takes back what its first segment saved."""
+  from malloczero.env.solvers.msa.algorithm import MsaOptions
+  from tests.test_msa import evict_and_prefetch
+  from tests.test_msa_parts import XLA_HW
+  workload = evict_and_prefetch()
+  game = MsaGame(workload, XLA_HW, msa_options=MsaOptions(picker="instruction_count",
+                                                          max_outstanding_evictions=0))
+  timestep, total, seen = game.reset(), 0.0, False
+  while not timestep.last():
+    decision = game.decision
+    if decision.options[0].kind == "uncommit":
+      seen = True
+      before = game.total_time
+      held = [a for a in dataclasses.astuple(game.allocations())]
+      assert len(held[0]) > 0 and decision.buffer in held[0].tolist()
+      timestep = game.step(0)
+      assert decision.buffer not in game.allocations().buffer.tolist()
+      assert timestep.reward < 0 and game.total_time > before
+    else:
+      timestep = game.step(1 if timestep.observation["legal_actions"][1] else game.msa_action)
+    total += timestep.reward
+  assert seen, "the program should force an uncommit"
+  report = validate_mapping(workload, XLA_HW, game.mapping("uncommit"))
+  assert total == pytest.approx(1 - report.estimated_time_s / game.normaliser, rel=1e-9)
+
+
+def test_slots_legal_mask_and_observation_describe_msas_options():
+  workload = random_workload(5, num_ops=60)
+  hardware = contended(PRESETS["nnpi-like"], workload, 0.25)
+  game = MsaGame(workload, hardware)
+  layout = CONFIG.layout
+  c, q = layout.candidate, layout.request
+  rng = np.random.default_rng(0)
+  timestep, kinds = game.reset(), set()
+  while not timestep.last():
+    obs, decision = timestep.observation, game.decision
+    slots = option_slots(decision.options, CONFIG.max_prefetch_starts)
+    assert len(set(slots.tolist())) == len(slots)
+    np.testing.assert_array_equal(np.flatnonzero(obs["legal_actions"]), np.sort(slots))
+    np.testing.assert_array_equal(obs["candidates"][:, c.index("valid")], obs["legal_actions"][1:])
+    assert game.msa_action == slots[decision.msa_choice]
+    marked = np.flatnonzero(obs["candidates"][:, c.index("msa_choice")])
+    assert marked.tolist() == ([] if game.msa_action == 0 else [game.msa_action - 1])
+    assert obs["request"][q.index("msa_takes_option0")] == (game.msa_action == 0)
+    for option, slot in zip(decision.options[1:], slots[1:]):
+      row = obs["candidates"][slot - 1]
+      kinds.add(option.kind)
+      assert row[c.index(option.kind)] == 1.0
+      assert row[c.slice("level")].argmax() == option.level
+      if option.kind == "prefetch":
+        assert 2 + option.level * CONFIG.max_prefetch_starts <= slot < 2 + (
+            option.level + 1) * CONFIG.max_prefetch_starts
+      else:
+        assert slot == 1
+    kind0 = decision.options[0].kind
+    assert obs["request"][q.slice("option0")].argmax() == ("default", "evict",
+                                                           "uncommit").index(kind0)
+    for name, spec in game.observation_spec().items():
+      assert obs[name].shape == spec.shape and obs[name].dtype == spec.dtype
+    legal = np.flatnonzero(obs["legal_actions"])
+    timestep = game.step(legal[rng.integers(len(legal))])
+  assert kinds == {"keep", "prefetch"}
+  assert timestep.observation["legal_actions"].tolist() == [True] + [False] * (
+      CONFIG.num_actions - 1)
+
+
+def test_illegal_actions_and_wrong_configs_are_clear_errors():
+  workload = random_workload(1, num_ops=30)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
+  game = MsaGame(workload, hardware)
+  timestep = game.reset()
+  illegal = np.flatnonzero(~timestep.observation["legal_actions"])
+  assert len(illegal)
+  with pytest.raises(IllegalActionError, match=f"action {illegal[0]} is illegal at decision 0"):
+    game.step(illegal[0])
+  with pytest.raises(IllegalActionError, match="is illegal"):
+    game.step(CONFIG.num_actions)
+  with pytest.raises(ValueError, match="MsaGame plays msa's decisions"):
+    MsaGame(workload, hardware, REQUESTS_GAME)
+  with pytest.raises(ValueError, match="MallocGame plays requests"):
+    MallocGame(workload, hardware, CONFIG)
+  with pytest.raises(ValueError, match="unknown game decisions 'xla'"):
+    GameConfig(decisions="xla")
+  assert isinstance(make_game(workload, hardware, CONFIG), MsaGame)
+  assert isinstance(make_game(workload, hardware, REQUESTS_GAME), MallocGame)
+  assert CONFIG.num_actions == 2 + 4 * 2 and REQUESTS_GAME.num_actions == 17
+
+
+def test_deterministic_and_a_step_after_the_end_starts_again():
+  workload = random_workload(2, num_ops=40)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
+  game = MsaGame(workload, hardware)
+  first = play(game, "random", seed=3)
+  second = play(game, "random", seed=3)
+  np.testing.assert_array_equal(first, second)
+  timestep = game.step(0)
+  assert timestep.first() and game.num_steps == 0
+
+
+def test_usable_from_acme_environment_loop():
+  from acme import core, environment_loop, specs
+
+  class MsaActor(core.Actor):
+    """Plays the slot msa marks in the observation: no access to the game's internals."""
+
+    def __init__(self):
+      self.observed = 0
+
+    def select_action(self, observation):
+      marked = np.flatnonzero(observation["candidates"][:, CONFIG.layout.candidate.index(
+          "msa_choice")])
+      return np.int32(marked[0] + 1 if len(marked) else 0)
+
+    def observe_first(self, timestep):
+      self.observed += 1
+
+    def observe(self, action, next_timestep):
+      self.observed += 1
+
+    def update(self, wait=False):
+      pass
+
+  workload = random_workload(1, num_ops=40)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
+  game = MsaGame(workload, hardware)
+  assert specs.make_environment_spec(game).actions.num_values == CONFIG.num_actions
+  actor = MsaActor()
+  environment_loop.EnvironmentLoop(game, actor, should_update=False).run(num_episodes=1)
+  expected, _ = msa_allocations(workload, hardware)
+  assert same_allocations(game.allocations(), expected)
+  assert actor.observed == game.num_steps + 1
