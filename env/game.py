@@ -1,6 +1,11 @@
-"""mallocGame: a single-player game whose moves place a program's buffers in fast memory.
+"""The game's config, and the requests game: mallocGame over whole requests.
 
-Each step presents one request (see requests.py) and offers `A = 1 + K` actions: `0` leaves it in
+`GameConfig.decisions` picks the game: "msa" (env/msa_game.py, the default, what the agent
+trains on: one step per decision point of XLA's msa loop) or "requests" (`MallocGame` below, the
+project's first game, which the `bestfit` and `random` baselines still play). `make_game` builds
+either.
+
+In the requests game each step presents one request (see requests.py) and offers `A = 1 + K` actions: `0` leaves it in
 the slow default memory, `k >= 1` places it at the k-th candidate (level, offset). Candidates are
 the starts of the free address gaps of each fast level over the request's window that are large
 enough, ordered best fit first (least wasted bytes, ties to the lowest offset), the fast levels

@@ -31,6 +31,7 @@ memory can never add one).
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import dm_env
@@ -43,7 +44,7 @@ from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
 from malloczero.env.observation import observation_spec
-from malloczero.env.simulator import Copies, CopyQueue
+from malloczero.env.simulator import Copies, total_stall_loop
 from malloczero.env.solvers.msa.algorithm import MsaDecisions, MsaOption, MsaOptions
 from malloczero.env.workload import PROGRAM_START, Workload
 
@@ -64,6 +65,30 @@ def option_slots(options: tuple[MsaOption, ...], max_prefetch_starts: int) -> np
     rank[option.level] = k + 1
     slots[i] = 2 + option.level * max_prefetch_starts + k
   return slots
+
+
+class _Columns:
+  """Where each written feature sits (env/observation.py's msa layout), looked up once: the
+  observation is built every step."""
+
+  def __init__(self, config: GameConfig, num_fast: int):
+    layout = config.layout
+    q, c, look = layout.request, layout.candidate, layout.lookahead
+    for name in ("segment_start", "use", "segment_length", "use_index", "msa_takes_option0",
+                 "program_time", "stall_share", "progress", "options_found"):
+      setattr(self, name, q.index(name))
+    self.use_saving = q.slice("use_saving", num_fast)
+    self.option0 = q.slice("option0").start
+    for name in ("valid", "keep", "prefetch", "rank", "start", "lead", "hold", "offset",
+                 "saving", "hide_ratio", "evicts", "msa_choice"):
+      setattr(self, name, c.index(name))
+    self.level = c.slice("level").start
+    static = look.slice("static").start
+    self.look_valid = look.index("valid")
+    self.look_position = static + layout.static.index("position")
+    self.look_distance = static + layout.static.index("distance")
+    saving = layout.static.slice("saving", num_fast)
+    self.look_saving = slice(static + saving.start, static + saving.stop)
 
 
 class MsaGame(dm_env.Environment):
@@ -88,10 +113,24 @@ class MsaGame(dm_env.Environment):
     a = workload.arrays
     self._stride = workload.num_ops + 1
     self._incidence_key = model._incidence_key                           # [E] sorted
-    self._incidence_bytes = a.incidence_bytes.astype(np.float64)
     self._incidence_op = a.incidence_op
+    # Python lists for the per-step scalar updates (`_move`): numpy scalars cost more there.
+    self._key_list = self._incidence_key.tolist()
+    self._bytes_prefix = np.concatenate([[0], np.cumsum(a.incidence_bytes)]).astype(
+        np.float64).tolist()
+    self._inverse_list = model.inverse_bandwidth.tolist()
+    self._compute_list = model.compute_time.tolist()
+    self._slow_level = hardware.slow_level
+    self._def_op = a.def_op.tolist()
     self._axis = workload.time_axis.astype(np.float64)
     self._length = max(float(self._axis[-1]), 1e-30)
+    # [T + 1] positions of ops -1 (the program start: 0), 0, ..., T - 1.
+    self._last_op = len(self._axis) - 1
+    self._positions = np.concatenate([[0.0], self._axis / self._length])
+    self._position_list = self._positions.tolist()
+    self._candidates_shape = (config.candidate_slots, config.candidate_features)
+    self._request_size = config.request_features
+    self._lookahead_shape = (config.lookahead, config.lookahead_features)
     self._slow_op_prefix = np.concatenate(
         [[0.0], np.cumsum(np.maximum(model.compute_time, model.slow_memory_time))])
     self._obs_spec = observation_spec(config)
@@ -104,7 +143,10 @@ class MsaGame(dm_env.Environment):
     self._use_reduction = np.stack([ca.use_elapsed_reduction for ca in analyses])  # [F, E]
     self._saving_scale = max(float(self._use_reduction.max(initial=0.0)), 1e-30)
     self._num_buffers = int(np.sum(~a.is_output & (a.sizes > 0)))
-    self._uses_cache: dict[int, np.ndarray] = {}
+    self._static_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    self._bin_edges = [np.linspace(0.0, c, config.occupancy_bins + 1) for c in self._capacity]
+    self._bin_scale = [config.occupancy_bins / c for c in self._capacity]
+    self._columns = _Columns(config, self._num_fast)
 
   # -------------------------------------------------------------------------- dm_env API
 
@@ -190,47 +232,48 @@ class MsaGame(dm_env.Environment):
     self._op_time_sum = float(self._op_time.sum())
     self._stall_time = 0.0
     self.total_time = self._op_time_sum
-    self._level = np.full(len(self._incidence_key), self.hardware.slow_level, np.int64)  # [E]
-    # Copies so far, prefetches before evictions as `CostModel.copies` lists them: {id: row}.
-    self._prefetches: dict[int, tuple[int, int, float]] = {}
-    self._evictions: dict[int, tuple[int, int, float]] = {}
+    self._level = [self._slow_level] * len(self._key_list)  # [E] each incidence's level
+    # Copies so far (prefetches and evictions; the total stall does not depend on their order
+    # among equal (start, done)), the first `_next_copy` rows, `_copy_alive` False once taken
+    # back by an uncommit.
+    capacity = 2 * len(self._incidence_key) + 2
+    self._copy_start = np.zeros(capacity, np.int64)
+    self._copy_done = np.zeros(capacity, np.int64)
+    self._copy_work = np.zeros(capacity)
+    self._copy_alive = np.zeros(capacity, bool)
     self._next_copy = 0
-    self._queue: CopyQueue | None = None
+    self._num_copies = 0
+    self._copies_changed = False
     # What the current buffer has changed, to take back on an uncommit.
     self._buffer = -1
-    self._buffer_incidences: list[np.ndarray] = []
+    self._buffer_moves: list[int] = []  # Ops whose bytes of the buffer went to fast memory.
     self._buffer_copies: list[int] = []
     self._buffers_done = 0
 
-  def _incidences(self, buffer: int, op: int) -> np.ndarray:
+  def _move(self, buffer: int, op: int, level: int) -> None:
+    """Moves the buffer's bytes at `op` (its incidences there, one key range) to `level` and
+    updates the op's times. Scalar arithmetic: a step moves one or two ops."""
     key = buffer * self._stride + op
-    lo = int(np.searchsorted(self._incidence_key, key, "left"))
-    hi = int(np.searchsorted(self._incidence_key, key, "right"))
-    return np.arange(lo, hi)
-
-  def _move(self, incidences: np.ndarray, level: int) -> None:
-    """Moves incidences to `level` and updates their ops' times."""
-    if not len(incidences):
+    lo, hi = bisect.bisect_left(self._key_list, key), bisect.bisect_right(self._key_list, key)
+    if lo == hi or self._level[lo] == level:
       return
-    inv, slow = self._inverse_bandwidth, self.hardware.slow_level
-    old = self._level[incidences]
-    nbytes = self._incidence_bytes[incidences]
-    ops = self._incidence_op[incidences]
-    memory = nbytes * (inv[level] - inv[old])
-    default = nbytes * inv[slow] * (float(level == slow) - (old == slow))
-    np.add.at(self._memory_time, ops, memory)
-    np.add.at(self._default_time, ops, default)
-    self._level[incidences] = level
-    unique = np.unique(ops)
-    new_time = np.maximum(self.cost_model.compute_time[unique], self._memory_time[unique])
-    self._op_time_sum += float((new_time - self._op_time[unique]).sum())
-    self._op_time[unique] = new_time
+    old, inv, slow = self._level[lo], self._inverse_list, self._slow_level
+    nbytes = self._bytes_prefix[hi] - self._bytes_prefix[lo]
+    memory = self._memory_time[op] + nbytes * (inv[level] - inv[old])
+    self._memory_time[op] = memory
+    self._default_time[op] += nbytes * inv[slow] * ((level == slow) - (old == slow))
+    self._level[lo:hi] = [level] * (hi - lo)
+    new_time = max(self._compute_list[op], memory)
+    self._op_time_sum += new_time - self._op_time[op]
+    self._op_time[op] = new_time
 
-  def _add_copy(self, table: dict, start: int, done: int) -> None:
-    table[self._next_copy] = (start, done, float(self.cost_model.copy_time[self._buffer]))
-    self._buffer_copies.append(self._next_copy)
-    self._next_copy += 1
-    self._queue = None
+  def _add_copy(self, start: int, done: int) -> None:
+    k = self._next_copy
+    self._copy_start[k], self._copy_done[k] = start, done
+    self._copy_work[k] = self.cost_model.copy_time[self._buffer]
+    self._copy_alive[k] = True
+    self._buffer_copies.append(k)
+    self._next_copy, self._num_copies, self._copies_changed = k + 1, self._num_copies + 1, True
 
   def _apply(self, index: int) -> None:
     """Applies option `index` of the current decision to the timing state, then to msa's loop."""
@@ -238,72 +281,82 @@ class MsaGame(dm_env.Environment):
     option = decision.options[index]
     buffer, use = decision.buffer, decision.use
     if buffer != self._buffer:
-      self._buffer, self._buffer_incidences, self._buffer_copies = buffer, [], []
+      self._buffer, self._buffer_moves, self._buffer_copies = buffer, [], []
     first = decision.options[0]
     moved_to_slow = False
     if option.kind == "uncommit":
-      for incidences in self._buffer_incidences:
-        self._move(incidences, self.hardware.slow_level)
-      for copy in self._buffer_copies:
-        self._prefetches.pop(copy, None)
-        self._evictions.pop(copy, None)
-      moved_to_slow = bool(self._buffer_incidences)
-      self._queue = None if self._buffer_copies else self._queue
-      self._buffer_incidences, self._buffer_copies = [], []
+      for op in self._buffer_moves:
+        self._move(buffer, op, self._slow_level)
+      self._copy_alive[self._buffer_copies] = False
+      self._num_copies -= len(self._buffer_copies)
+      self._copies_changed |= bool(self._buffer_copies)
+      moved_to_slow = bool(self._buffer_moves)
+      self._buffer_moves, self._buffer_copies = [], []
     else:
       if first.kind == "evict" and (index == 0 or option.evicts):
-        self._add_copy(self._evictions, first.start, first.end)
+        self._add_copy(first.start, first.end)
       if option.kind in ("keep", "prefetch"):
-        incidences = self._incidences(buffer, use)
-        def_op = int(self.workload.arrays.def_op[buffer])
+        moved = [use]
+        def_op = self._def_op[buffer]
         if option.kind == "keep" and def_op != PROGRAM_START and decision.segment_start == def_op:
           # The first segment of an activation: produced in place, its definition writes fast
           # memory too (a later segment starts at the previous use, never at the definition).
-          incidences = np.unique(np.concatenate([self._incidences(buffer, def_op), incidences]))
-        self._move(incidences, option.level)
-        self._buffer_incidences.append(incidences)
+          moved.append(def_op)
+        for op in moved:
+          self._move(buffer, op, option.level)
+        self._buffer_moves += moved
         if option.kind == "prefetch":
-          self._add_copy(self._prefetches, option.start, use)
+          self._add_copy(option.start, use)
     self._decisions.choose(index)
     if self._decisions.done or self._decisions.decision.buffer != buffer:
       self._buffers_done += 1
-    copies = len(self._prefetches) + len(self._evictions)
-    if copies and (self._queue is None or self._stall_time > 0 or moved_to_slow):
-      if self._queue is None:
-        rows = list(self._prefetches.values()) + list(self._evictions.values())
-        start, done, work = (np.array(c) for c in zip(*rows))
-        self._queue = CopyQueue(Copies(start.astype(np.int64), done.astype(np.int64),
-                                       work.astype(np.float64)), self.cost_model.num_ops)
-      idle = self.cost_model.idle_time(self._op_time, self._default_time)
-      self._stall_time = self._queue.total_stall(idle)
-    elif not copies:
+    if self._num_copies and (self._copies_changed or self._stall_time > 0 or moved_to_slow):
+      alive = self._copy_alive[:self._next_copy]
+      idle = np.maximum(self._op_time - self._default_time, 0.0)  # CostModel.idle_time
+      self._stall_time = total_stall_loop(idle, Copies(
+          self._copy_start[:self._next_copy][alive], self._copy_done[:self._next_copy][alive],
+          self._copy_work[:self._next_copy][alive]))
+    elif not self._num_copies:
       self._stall_time = 0.0
+    self._copies_changed = False
     self.total_time = self._op_time_sum + self._stall_time
 
   # -------------------------------------------------------------------------- observation
 
-  def _uses(self, buffer: int) -> np.ndarray:
-    """[U] the buffer's use ops, sorted, the definition excluded."""
-    uses = self._uses_cache.get(buffer)
-    if uses is None:
-      a = self.workload.arrays
-      lo = int(np.searchsorted(self._incidence_key, buffer * self._stride, "left"))
-      hi = int(np.searchsorted(self._incidence_key, (buffer + 1) * self._stride, "left"))
-      ops = np.unique(self._incidence_op[lo:hi])
-      uses = ops[ops != a.def_op[buffer]]
-      self._uses_cache[buffer] = uses
-    return uses
+  def _buffer_static(self, buffer: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the buffer's use ops `[U]`, sorted, the definition excluded; its request features that
+    do not change during an episode), computed once per buffer."""
+    cached = self._static_cache.get(buffer)
+    if cached is not None:
+      return cached
+    a, q, num_fast = self.workload.arrays, self._layout.request, self._num_fast
+    lo = int(np.searchsorted(self._incidence_key, buffer * self._stride, "left"))
+    hi = int(np.searchsorted(self._incidence_key, (buffer + 1) * self._stride, "left"))
+    ops = np.unique(self._incidence_op[lo:hi])
+    uses = ops[ops != a.def_op[buffer]]
+    size = float(a.sizes[buffer])
+    row = np.zeros(q.size, np.float32)
+    row[q.index("is_activation")] = a.def_op[buffer] != PROGRAM_START
+    row[q.slice("size_vs_capacity", num_fast)] = np.minimum(size / self._capacity, 2.0)
+    row[q.index("log_size")] = np.log2(max(size, 1.0)) / 32.0
+    row[q.index("definition")] = self._position(int(a.def_op[buffer]))
+    row[q.index("last_use")] = self._position(int(uses[-1])) if len(uses) else 0.0
+    row[q.index("num_uses")] = np.log2(1 + len(uses)) / 10.0
+    row[q.index("copy_time")] = min(float(self.cost_model.copy_time[buffer]) / self._saving_scale,
+                                    10.0)
+    row[q.slice("level_present", num_fast)] = 1.0
+    self._static_cache[buffer] = (uses, row)
+    return uses, row
 
   def _position(self, op: int) -> float:
-    return 0.0 if op < 0 else float(self._axis[min(op, len(self._axis) - 1)]) / self._length
+    """An op's position on the program's time axis / its length (0 for the program start)."""
+    return self._position_list[min(op, self._last_op) + 1]
 
   def _observe(self) -> dict[str, np.ndarray]:
-    cfg, layout, num_fast = self.config, self._layout, self._num_fast
+    cfg, col, num_fast = self.config, self._columns, self._num_fast
     decision = self._decisions.decision
     options = decision.options
     buffer, use, segment_start = decision.buffer, decision.use, decision.segment_start
-    a = self.workload.arrays
-    size = float(a.sizes[buffer])
     slots = option_slots(options, cfg.max_prefetch_starts)
     legal = np.zeros(cfg.num_actions, bool)
     legal[slots] = True
@@ -315,74 +368,76 @@ class MsaGame(dm_env.Environment):
     scale = self._saving_scale
     copy_time = float(self.cost_model.copy_time[buffer])
 
-    uses = self._uses(buffer)
+    uses, static = self._buffer_static(buffer)
     k = int(np.searchsorted(uses, use))
-    request = np.zeros(cfg.request_features, np.float32)
-    q = layout.request
-    request[q.index("is_activation")] = a.def_op[buffer] != PROGRAM_START
-    request[q.slice("size_vs_capacity", num_fast)] = np.minimum(size / self._capacity, 2.0)
-    request[q.index("log_size")] = np.log2(max(size, 1.0)) / 32.0
-    request[q.index("definition")] = self._position(int(a.def_op[buffer]))
-    request[q.index("last_use")] = self._position(int(uses[-1])) if len(uses) else 0.0
-    request[q.index("segment_start")] = self._position(segment_start)
-    request[q.index("use")] = self._position(use)
-    request[q.index("segment_length")] = self._position(use) - self._position(segment_start)
-    request[q.index("use_index")] = k / max(len(uses), 1)
-    request[q.index("num_uses")] = np.log2(1 + len(uses)) / 10.0
-    request[q.slice("use_saving", num_fast)] = self._use_reduction[:, incidence] / scale
-    request[q.index("copy_time")] = min(copy_time / scale, 10.0)
-    request[q.slice("option0").start + OPTION0_KINDS.index(options[0].kind)] = 1.0
-    request[q.index("msa_takes_option0")] = self._msa_action == 0
-    request[q.slice("level_present", num_fast)] = 1.0
-    request[q.index("program_time")] = self.total_time / self.normaliser
-    request[q.index("stall_share")] = self._stall_time / max(self.total_time, 1e-30)
-    request[q.index("progress")] = self._buffers_done / max(self._num_buffers, 1)
-    request[q.index("options_found")] = len(options) / cfg.num_actions
+    use_position, start_position = self._position(use), self._position(segment_start)
+    request = static.copy()
+    request[col.segment_start] = start_position
+    request[col.use] = use_position
+    request[col.segment_length] = use_position - start_position
+    request[col.use_index] = k / max(len(uses), 1)
+    request[col.use_saving] = self._use_reduction[:, incidence] / scale
+    request[col.option0 + OPTION0_KINDS.index(options[0].kind)] = 1.0
+    request[col.msa_takes_option0] = self._msa_action == 0
+    request[col.program_time] = self.total_time / self.normaliser
+    request[col.stall_share] = self._stall_time / max(self.total_time, 1e-30)
+    request[col.progress] = self._buffers_done / max(self._num_buffers, 1)
+    request[col.options_found] = len(options) / cfg.num_actions
 
-    candidates = np.zeros((cfg.candidate_slots, cfg.candidate_features), np.float32)
-    c = layout.candidate
-    window = max(use - segment_start + 1, 1)
-    for i in range(1, len(options)):
-      option, row = options[i], candidates[slots[i] - 1]
-      row[c.index("valid")] = 1.0
-      row[c.index(option.kind)] = 1.0
-      row[c.slice("level").start + option.level] = 1.0
-      if option.kind == "prefetch":
-        row[c.index("rank")] = ((slots[i] - 2) % cfg.max_prefetch_starts) / cfg.max_prefetch_starts
-        hidden = self._slow_op_prefix[use] - self._slow_op_prefix[max(option.start, 0)]
-        row[c.index("hide_ratio")] = min(hidden / max(copy_time, 1e-30), 10.0)
-        row[c.index("lead")] = (use - option.start) / window
-      row[c.index("start")] = self._position(option.start)
-      row[c.index("hold")] = (self._position(option.end) - self._position(option.start))
-      row[c.index("offset")] = option.offset / self._capacity[option.level]
-      row[c.index("saving")] = option.saving / scale
-      row[c.index("evicts")] = option.evicts
-      row[c.index("msa_choice")] = i == decision.msa_choice
+    candidates = np.zeros(self._candidates_shape, np.float32)
+    n = len(options) - 1
+    if n:
+      rest = options[1:]
+      rows = slots[1:] - 1
+      level = np.fromiter([o.level for o in rest], np.int64, n)
+      start = np.fromiter([o.start for o in rest], np.int64, n)
+      end = np.fromiter([o.end for o in rest], np.int64, n)
+      prefetch = np.fromiter([o.kind == "prefetch" for o in rest], bool, n)
+      start_position = self._positions[start + 1]
+      candidates[rows, col.valid] = 1.0
+      candidates[rows, col.level + level] = 1.0
+      candidates[rows, col.keep] = ~prefetch
+      candidates[rows, col.prefetch] = prefetch
+      candidates[rows, col.start] = start_position
+      candidates[rows, col.hold] = self._positions[np.minimum(end, self._last_op) + 1] \
+          - start_position
+      candidates[rows, col.offset] = np.fromiter([o.offset for o in rest], np.float64,
+                                                 n) / self._capacity[level]
+      candidates[rows, col.saving] = np.fromiter([o.saving for o in rest], np.float64, n) / scale
+      if decision.msa_choice:
+        candidates[rows[decision.msa_choice - 1], col.msa_choice] = 1.0
+      if prefetch.any():
+        fetch_rows, fetch_start = rows[prefetch], np.maximum(start[prefetch], 0)
+        num_starts = cfg.max_prefetch_starts
+        candidates[fetch_rows, col.rank] = ((fetch_rows - 1) % num_starts) / num_starts
+        hidden = self._slow_op_prefix[use] - self._slow_op_prefix[fetch_start]
+        candidates[fetch_rows, col.hide_ratio] = np.minimum(hidden / max(copy_time, 1e-30), 10.0)
+        candidates[fetch_rows, col.lead] = (use - start[prefetch]) / max(use - segment_start + 1, 1)
+        candidates[fetch_rows, col.evicts] = np.fromiter([o.evicts for o in rest], bool, n)[prefetch]
 
     occupancy = np.zeros((cfg.max_fast_levels, cfg.occupancy_bins), np.float32)
     heaps = self._decisions.algorithm.heaps
+    first_op = max(segment_start, 0)
     for level in range(num_fast):
       start, end, offset, chunk = heaps[level].chunks()
-      live = (start < use + 1) & (end > max(segment_start, 0))
+      live = (start <= use) & (end > first_op)
       if live.any():
-        edges = np.linspace(0.0, self._capacity[level], cfg.occupancy_bins + 1)
-        low, high = offset[live], offset[live] + chunk[live]
-        covered = np.clip(edges[:, None] - low[None, :], 0, (high - low)[None, :]).sum(axis=1)
-        occupancy[level] = np.minimum(np.diff(covered) / (edges[1] - edges[0]), 1.0)
+        edges = self._bin_edges[level]
+        low = offset[live]
+        covered = np.minimum(np.maximum(edges[:, None] - low[None, :], 0),
+                             chunk[live][None, :]).sum(axis=1)
+        occupancy[level] = np.minimum(np.diff(covered) * self._bin_scale[level], 1.0)
 
-    lookahead = np.zeros((cfg.lookahead, cfg.lookahead_features), np.float32)
+    lookahead = np.zeros(self._lookahead_shape, np.float32)
     following = uses[k + 1:k + 1 + cfg.lookahead]
-    if len(following):
-      s = layout.static
+    n = len(following)
+    if n:
       first = np.searchsorted(self._incidence_key, buffer * self._stride + following, "left")
-      n = len(following)
-      positions = self._axis[np.minimum(following, len(self._axis) - 1)] / self._length
-      lookahead[:n, layout.lookahead.index("valid")] = 1.0
-      rows = np.zeros((n, s.size), np.float32)
-      rows[:, s.index("position")] = positions
-      rows[:, s.index("distance")] = positions - self._position(use)
-      rows[:, s.slice("saving", num_fast)] = (self._use_reduction[:, first] / scale).T
-      lookahead[:n, layout.lookahead.slice("static")] = rows
+      positions = self._positions[np.minimum(following, self._last_op) + 1]
+      lookahead[:n, col.look_valid] = 1.0
+      lookahead[:n, col.look_position] = positions
+      lookahead[:n, col.look_distance] = positions - use_position
+      lookahead[:n, col.look_saving] = (self._use_reduction[:, first] / scale).T
     return {"request": request, "occupancy": occupancy, "candidates": candidates,
             "lookahead": lookahead, "legal_actions": legal}
 

@@ -56,8 +56,12 @@ class FeatureLayout:
   def names(self) -> tuple[str, ...]:
     return tuple(name for name, _ in self.features)
 
+  @functools.cached_property
+  def _widths(self) -> dict[str, int]:
+    return dict(self.features)
+
   def width(self, name: str) -> int:
-    return dict(self.features)[name]
+    return self._widths[name]
 
   def slice(self, name: str, width: int | None = None) -> slice:
     """The columns of feature `name`; only its first `width` of them when given (a per-level

@@ -14,12 +14,14 @@ import platform
 import time
 from typing import Any, Callable
 
+import dm_env
 import numpy as np
 from rich.table import Table
 
 from malloczero.env.files import write_text
-from malloczero.env.game import MallocGame
+from malloczero.env.game import MallocGame, make_game
 from malloczero.env.hardware import PRESETS, Hardware
+from malloczero.env.msa_game import MsaGame
 from malloczero.env.simulator import total_stall
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.workload import Workload
@@ -30,7 +32,8 @@ NOTE = ("single process; game steps include building the observation and re-simu
 # Text longer than this is printed under the table, wrapped, so the table stays ~100 columns.
 LONGEST_CELL = 30
 
-# ~1,000 requests on tpu-v4i-like at 25% of peak live bytes; ~2,000 buffers for evaluation.
+# ~1,000 requests (~1,700 msa decisions) on tpu-v4i-like at 25% of peak live bytes; ~2,000
+# buffers for evaluation.
 GAME_PROGRAM_OPS = 700
 EVAL_PROGRAM_OPS = 1500
 
@@ -45,7 +48,7 @@ def _rate(fn: Callable[[], int], seconds: float) -> tuple[float, int]:
       return done / elapsed, done
 
 
-def _random_episode(game: MallocGame, rng: np.random.Generator) -> int:
+def _random_episode(game: dm_env.Environment, rng: np.random.Generator) -> int:
   ts = game.reset()
   steps = 0
   while not ts.last():
@@ -72,14 +75,18 @@ def _initial_agent(config: Any) -> tuple[Any, Any]:
 
 
 def bench_game(seconds: float, hardware: str = "tpu-v4i-like") -> dict[str, Any]:
+  """Random legal play of the game every config plays by default (msa's decision points,
+  env/msa_game.py), and of the requests game (env/game.py), on the same program."""
   workload, machine = _game_program(hardware)
-  game = MallocGame(workload, machine)
-  rng = np.random.default_rng(0)
-  _random_episode(game, rng)  # warm-up
-  steps_per_s, steps = _rate(lambda: _random_episode(game, rng), seconds)
-  return {"game_program": workload.name, "game_hardware": hardware,
-          "game_requests_per_episode": len(game.requests), "game_steps_measured": steps,
-          "game_steps_per_s": steps_per_s, "game_step_us": 1e6 / steps_per_s}
+  report: dict[str, Any] = {"game_program": workload.name, "game_hardware": hardware}
+  for prefix, game in (("game", MsaGame(workload, machine)),
+                       ("requests_game", MallocGame(workload, machine))):
+    rng = np.random.default_rng(0)
+    moves = _random_episode(game, rng)  # warm-up (and numba's first call)
+    steps_per_s, steps = _rate(lambda: _random_episode(game, rng), seconds)
+    report.update({f"{prefix}_steps_per_episode": moves, f"{prefix}_steps_measured": steps,
+                   f"{prefix}_steps_per_s": steps_per_s, f"{prefix}_step_us": 1e6 / steps_per_s})
+  return report
 
 
 def bench_cost_model(seconds: float) -> dict[str, Any]:
@@ -115,7 +122,7 @@ def bench_cost_model(seconds: float) -> dict[str, Any]:
           "cost_model_incremental_update_us": 1e6 / updates_per_s}
 
 
-def _game_observations(game: MallocGame, count: int, seed: int) -> list[dict[str, np.ndarray]]:
+def _game_observations(game: dm_env.Environment, count: int, seed: int) -> list[dict[str, np.ndarray]]:
   """`count` observations from a random-policy episode of `game`, spread over the episode."""
   rng = np.random.default_rng(seed)
   observations = []
@@ -140,7 +147,7 @@ def bench_search(preset: str, batch: int, simulations: int, calls: int) -> dict[
   config = get_config(preset)
   search_config = dataclasses.replace(config.search, num_simulations=simulations)
   networks, params = _initial_agent(config)
-  game = MallocGame(*_game_program(), config.game)
+  game = make_game(*_game_program(), config.game)
   observation = stack_observations(_game_observations(game, batch, seed=0))
   search = make_search_fn(networks, search_config)
   key = jax.random.PRNGKey(1)

@@ -6,7 +6,7 @@ The Python API a user needs, in one place (the command line, `malloczero ...`, i
 
   entry = mz.get_suite("tiny").entries[0]
   workload, hardware = entry.load()
-  game = mz.MallocGame(workload, hardware)          # a dm_env.Environment
+  game = mz.MsaGame(workload, hardware)             # a dm_env.Environment (msa's decisions)
   result = mz.solve(workload, hardware, "msa")       # a validated baseline mapping
   mz.validate_mapping(workload, hardware, result.mapping)
 
@@ -32,9 +32,9 @@ from typing import Any
 
 from malloczero.configs import Config, get_config
 from malloczero.env import (PRESETS, CostModel, GameConfig, Hardware, HardwareError,
-                            MallocGame, Mapping, MappingError, MalloczeroError, Workload,
-                            WorkloadError, load_hardware, load_mapping, load_workload,
-                            save_workload, validate_mapping)
+                            MallocGame, Mapping, MappingError, MalloczeroError, MsaGame,
+                            Workload, WorkloadError, load_hardware, load_mapping, load_workload,
+                            make_game, save_workload, validate_mapping)
 from malloczero.env.programs.suites import Suite, SuiteEntry, get_suite, suite_names
 from malloczero.env.solvers import SOLVERS, SolveResult, solve
 
@@ -53,8 +53,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Agent", "Config", "CostModel", "GameConfig", "Hardware", "HardwareError", "MallocGame",
-    "Mapping", "MappingError", "MalloczeroError", "PRESETS", "SOLVERS", "SolveResult", "Suite",
+    "Mapping", "MappingError", "MalloczeroError", "MsaGame", "PRESETS", "SOLVERS", "SolveResult", "Suite",
     "SuiteEntry", "Workload", "WorkloadError", "get_config", "get_suite", "load_agent",
-    "load_hardware", "load_mapping", "load_workload", "save_workload", "solve",
+    "load_hardware", "load_mapping", "load_workload", "make_game", "save_workload", "solve",
     "solve_with_agent", "suite_names", "validate_mapping",
 ]

@@ -28,7 +28,7 @@ def test_the_readme_python_api_example_runs(capsys):
   lines = capsys.readouterr().out.splitlines()
   entry = namespace["entry"]
   assert len(lines) == 3, lines
-  assert lines[1].startswith("first candidate: ") and lines[2].startswith("msa: ")
+  assert lines[1].startswith("msa but one: ") and lines[2].startswith("msa: ")
   assert lines[0] == (f"{entry.name}: {namespace['workload'].num_ops} ops, "
                       f"{namespace['workload'].num_buffers} buffers")
   # What the README says about it: the rewards sum to 1 - 1 / speed-up, the game is over, and the
@@ -38,6 +38,10 @@ def test_the_readme_python_api_example_runs(capsys):
   assert namespace["episode_return"] == pytest.approx(1 - 1 / played.speedup, rel=1e-6)
   assert namespace["checked"].speedup == pytest.approx(namespace["result"].mapping.speedup,
                                                        rel=1e-6)
+  # The game kept its first buffer out of fast memory, as the comment says.
+  first_id = namespace["workload"].buffers[namespace["first_buffer"]].id
+  held = [row["buffer"] for row in namespace["game"].mapping("again").allocations]
+  assert held and first_id not in held
 
 
 def test_importing_malloczero_loads_no_agent_library():
