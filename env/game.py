@@ -2,8 +2,7 @@
 
 `GameConfig.decisions` picks the game: "msa" (env/msa_game.py, the default, what the agent
 trains on: one step per decision point of XLA's msa loop) or "requests" (`MallocGame` below, the
-project's first game, which the `bestfit` and `random` baselines still play). `make_game` builds
-either.
+project's first game, which the `bestfit` baseline still plays). `make_game` builds either.
 
 In the requests game each step presents one request (see requests.py) and offers `A = 1 + K` actions: `0` leaves it in
 the slow default memory, `k >= 1` places it at the k-th candidate (level, offset). Candidates are

@@ -1,5 +1,7 @@
-"""Baseline solvers. Each places the game's requests through the same `Placement` rules and
-cost model, and every mapping is checked by the independent validator before it is returned."""
+"""Baseline solvers. msa builds its own segments (XLA's loop); random plays the msa game's
+decision points; the others place the requests game's requests through the same `Placement`
+rules. Every mapping is timed by the same cost model and checked by the independent validator
+before it is returned."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 from malloczero.env.cost_model import CostModel
 from malloczero.env.errors import MalloczeroError
-from malloczero.env.game import REQUESTS_GAME, GameConfig, MallocGame
+from malloczero.env.game import REQUESTS_GAME, GameConfig, make_game
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
 from malloczero.env.placement import Placement
@@ -39,7 +41,9 @@ def msa(model: CostModel, time_limit_s: float | None = None,
 
 PLACEMENT_SOLVERS = {"msa-simple": msa_simple, "greedy": greedy, "evo": evo, "cpsat": cpsat,
                      "pack": pack}
-GAME_SOLVERS = {"random": random_play, "bestfit": bestfit_play}  # Policies played in mallocGame.
+# Policies played in a game, and the game: `random` in msa's decision space (env/msa_game.py, the
+# game the agent plays), `bestfit` over the requests game's best-fit candidates (env/game.py).
+GAME_SOLVERS = {"random": (random_play, GameConfig()), "bestfit": (bestfit_play, REQUESTS_GAME)}
 MODEL_SOLVERS = {"msa": msa}  # Build their own segments from the cost model.
 SOLVERS = ("msa", "greedy", "bestfit", "random", "evo", "cpsat", "pack", "msa-simple")
 
@@ -73,11 +77,18 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   if options.get("time_limit_s") is not None:
     options["time_limit_s"] = max(0.0, float(options["time_limit_s"])
                                   - (time.perf_counter() - started))
+  game = None
+  if solver in GAME_SOLVERS:
+    policy, its_game = GAME_SOLVERS[solver]
+    try:
+      game = make_game(workload, hardware,
+                       dataclasses.replace(game_config, decisions=its_game.decisions))
+    except MalloczeroError:
+      game = None  # Nothing to play (no request; no decision for msa): the empty mapping below.
   if solver in MODEL_SOLVERS:
     mapping, info = MODEL_SOLVERS[solver](model, **options)
-  elif solver in GAME_SOLVERS and len(requests):
-    game = MallocGame(workload, hardware, game_config)
-    info = GAME_SOLVERS[solver](game, **options)
+  elif game is not None:
+    info = policy(game, **options)
     mapping = game.mapping(solver)
   else:
     placement = Placement(model, requests)

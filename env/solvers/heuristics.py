@@ -8,6 +8,7 @@ timed by the cost model's copy simulation like every other (`Placement.total_tim
 
 from __future__ import annotations
 
+import dm_env
 import numpy as np
 
 from malloczero.env.game import MallocGame
@@ -56,8 +57,9 @@ def greedy(placement: Placement) -> dict:
   return {}
 
 
-def random_play(game: MallocGame, seed: int = 0) -> dict:
-  """Uniformly random legal actions in mallocGame (action 0 included)."""
+def random_play(game: dm_env.Environment, seed: int = 0) -> dict:
+  """Uniformly random legal actions (action 0 included) in either game; the `random` solver
+  plays the msa game."""
   rng = np.random.default_rng(seed)
   ts = game.reset()
   while not ts.last():
