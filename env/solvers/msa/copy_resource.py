@@ -21,7 +21,8 @@ a real decision.
 
 XLA implements the resource with a per-time `delay_` array updated incrementally through the
 chain of copies a new one affects. This module computes the same FIFO queue afresh on each query
-with numpy (Lindley's recursion as cumulative sums): with copies in start order, the work
+(Lindley's recursion as cumulative sums; numpy when copies change, one jitted pass per check,
+`_jit_kernels.resource_fits`): with copies in start order, the work
 waiting at the end of op t is W(t) = max(0, W(t-1) + arriving(t) - budget(t)), and copy i has
 finished by op d when the work served by then covers every copy up to i. The two agree on XLA's
 tests (tests/test_msa_parts.py). Float tolerances: XLA computes in float32 and its
@@ -41,6 +42,8 @@ import dataclasses
 from typing import Sequence
 
 import numpy as np
+
+from malloczero.env.solvers.msa._jit import kernels
 
 _RELATIVE_TOLERANCE = 1e-9
 
@@ -64,6 +67,7 @@ class AsynchronousCopyResource:
     self.initial_resources = np.asarray(initial_resources, np.float64).copy()   # [T]
     if np.any(self.initial_resources < 0):
       raise ValueError("resources must be >= 0")
+    self._budget_sum = float(self.initial_resources.sum())  # For the tolerance.
     self._copies: list[AsyncCopy] = []  # In start order; ties in the order added.
     self._refresh()
 
@@ -82,6 +86,7 @@ class AsynchronousCopyResource:
     that adding or removing one copy does not rebuild the arrays from the Python list."""
     t = len(self.initial_resources)
     self._owed = np.cumsum(self._demands)
+    self._demand_sum = float(self._demands.sum())
     first = np.clip(self._starts + 1, 0, max(t - 1, 0))
     self._arriving = np.bincount(first, self._demands, minlength=t)[:t].astype(np.float64)
     balance = np.cumsum(self._arriving - self.initial_resources)
@@ -131,7 +136,7 @@ class AsynchronousCopyResource:
 
     Only the queue from the new copy's first op on changes, and only the copies queued behind
     it can be delayed (FIFO), so the check recomputes just that part: O(T - start + copies
-    behind) numpy work on the cached queue."""
+    behind) work on the cached queue, in one jitted pass."""
     if resource == 0:
       return True  # As XLA: a copy that needs nothing changes nothing.
     budget = self.initial_resources
@@ -142,19 +147,12 @@ class AsynchronousCopyResource:
       return False
     behind = int(np.searchsorted(self._starts, start, side="right"))
     waiting_before = float(self._waiting[first - 1]) if first > 0 else 0.0
-    balance = np.cumsum(self._arriving[first:] - budget[first:])
-    balance += resource
-    waiting = balance - np.minimum(-waiting_before, np.minimum.accumulate(balance))
-    served = self._arrived[first:] + resource - waiting                     # [T - first]
-    owed_before = float(self._owed[behind - 1]) if behind else 0.0
-    tolerance = _RELATIVE_TOLERANCE * (budget.sum() + self._demands.sum() + resource)
-    if served[deadline - first] < owed_before + resource - tolerance:
-      return False
-    later = slice(behind, None)
-    needs = self._demands[later] > 0
-    deadlines = np.minimum(self._ends[later] - 1, t - 1)[needs] - first
-    owed = self._owed[later][needs] + resource
-    return bool(np.all(served[deadlines] >= owed - tolerance))
+    tolerance = _RELATIVE_TOLERANCE * (self._budget_sum + self._demand_sum + resource)
+    # The queue from `first` on, with the new copy, as one jitted pass (cumulative sums in the
+    # same order as numpy's): served work per op, checked at each deadline it affects.
+    return bool(kernels().resource_fits(
+        budget, self._arriving, self._arrived, self._owed, self._demands, self._ends, first,
+        deadline, behind, waiting_before, float(resource), tolerance))
 
   def has_enough_resource_multi_check(self, specs: Sequence[tuple[int, int, float]]) -> bool:
     """`HasEnoughResourceMultiCheck`: the copies (start, end, resource) can all be added."""

@@ -45,6 +45,7 @@ from typing import Iterator
 
 import numpy as np
 
+from malloczero.env.solvers.msa._jit import kernels
 from malloczero.env.solvers.msa.cost_analysis import CostAnalysis
 
 # XLA's kNumExploredDecreasingIntervals: once the later starts are used up, the earlier side is
@@ -175,6 +176,14 @@ class CostAnalysisPrefetchIntervalPicker:
     """The window `Begin` computes: latest from min_ratio (the use's saving credited), earliest
     from max_ratio (never past latest), preferred from preferred_ratio (or `preferred_time` when
     given and not after latest)."""
+    if preferred_time is None and start >= -1:
+      # The three searches below as one jitted pass (numpy's per-call overhead was most of it).
+      o = self.options
+      earliest, latest, preferred = kernels().prefetch_window(
+          self.prefix, float(copy_elapsed), int(start), int(end), float(use_elapsed_reduction),
+          float(o.min_overlap_to_async_copy_ratio),
+          float(o.preferred_overlap_to_async_copy_ratio), self.max_async_copy_elapsed)
+      return PrefetchWindow(earliest, latest, preferred)
     latest = self.latest_prefetch_start_time(copy_elapsed, start, end, use_elapsed_reduction)
     earliest = start
     if earliest < latest:

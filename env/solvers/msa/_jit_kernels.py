@@ -1,0 +1,147 @@
+"""Jitted (numba) kernels of msa's per-start checks: the chunk heap's best-fit search, the copy
+resource's FIFO check and the prefetch picker's window.
+
+Why: msa's decision process (`algorithm.py`, all options) runs these checks several times per
+step, each over a few hundred ops or chunks; as numpy expressions their cost was mostly numpy's
+per-call overhead (tens of small array operations per query), which kept the process near 2,800
+decisions a second, under what the game needs. Each kernel computes exactly what the numpy code
+it replaces computes, with the same floating-point operations in the same order (sequential
+cumulative sums, as `np.cumsum`; no fastmath), so that no decision changes
+(tests/test_msa_parts.py checks them against XLA's cases; the decision sequences were compared
+step by step with the numpy code's).
+
+Loaded on first use (`_jit.kernels()`), so that importing the solvers does not load numba; compiled
+on the first use on a machine (a few seconds) and loaded from numba's cache beside this file
+after that (`cache=True`). The kernels take int64 / float64 arrays and Python scalars only.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+@numba.njit(cache=True)
+def _live_sorted(starts, ends, offsets, sizes, alive, count, start, end, alignment):
+  """The chunks live at some op of `[start, end)`, sorted by offset (stable): their offsets and
+  ends rounded up to the alignment (`ChunkHeap.free_chunks`' used ranges)."""
+  k = 0
+  hit = np.empty(count, np.int64)
+  for i in range(count):
+    if alive[i] and starts[i] < end and start < ends[i]:
+      hit[k] = i
+      k += 1
+  used_start = np.empty(k, np.int64)
+  for j in range(k):
+    used_start[j] = offsets[hit[j]]
+  order = np.argsort(used_start, kind="mergesort")
+  sorted_start = np.empty(k, np.int64)
+  used_end = np.empty(k, np.int64)
+  for j in range(k):
+    i = hit[order[j]]
+    sorted_start[j] = offsets[i]
+    used_end[j] = (offsets[i] + sizes[i] + alignment - 1) // alignment * alignment
+  return sorted_start, used_end
+
+
+@numba.njit(cache=True)
+def fits_at(starts, ends, offsets, sizes, alive, count, start, end, size, offset, alignment):
+  """`ChunkHeap.fits_at` for an aligned, non-negative offset: inside one free range of
+  `[start, end)` that holds `size` bytes."""
+  used_start, used_end = _live_sorted(starts, ends, offsets, sizes, alive, count, start, end,
+                                      alignment)
+  reach = 0
+  for j in range(len(used_start) + 1):
+    free_start = reach
+    free_end = used_start[j] if j < len(used_start) else _INT64_MAX
+    if free_end - free_start >= size and free_start <= offset and offset + size <= free_end:
+      return True
+    if j < len(used_start) and used_end[j] > reach:
+      reach = used_end[j]
+  return False
+
+
+@numba.njit(cache=True)
+def best_fit(starts, ends, offsets, sizes, alive, count, start, end, size, alignment):
+  """`ChunkHeap.find_chunk` without a preferred offset: the start of the smallest free range of
+  `[start, end)` that holds `size` bytes, the lowest on a tie (the top range is unbounded)."""
+  used_start, used_end = _live_sorted(starts, ends, offsets, sizes, alive, count, start, end,
+                                      alignment)
+  best_start, best_length = -1, _INT64_MAX
+  reach = 0
+  for j in range(len(used_start) + 1):
+    free_start = reach
+    free_end = used_start[j] if j < len(used_start) else _INT64_MAX
+    length = free_end - free_start
+    if length >= size and (best_start < 0 or length < best_length
+                           or (length == best_length and free_start < best_start)):
+      best_start, best_length = free_start, length
+    if j < len(used_start) and used_end[j] > reach:
+      reach = used_end[j]
+  return best_start
+
+
+@numba.njit(cache=True)
+def resource_fits(budget, arriving, arrived, owed, demands, copy_ends, first, deadline, behind,
+                  waiting_before, resource, tolerance):
+  """`AsynchronousCopyResource.has_enough_resource` past its early exits: the queue from op
+  `first` on with the new copy arriving there (Lindley's recursion, `waiting_before` queued
+  before `first`); the new copy must be served by `deadline`, and every copy behind it (queue
+  positions `behind` on) that needs resource by its own end."""
+  t = len(budget)
+  served = np.empty(t - first, np.float64)
+  balance = 0.0
+  lowest = -waiting_before
+  for i in range(first, t):
+    balance += arriving[i] - budget[i]
+    shifted = balance + resource
+    if shifted < lowest:
+      lowest = shifted
+    served[i - first] = arrived[i] + resource - (shifted - lowest)
+  owed_before = owed[behind - 1] if behind else 0.0
+  if served[deadline - first] < owed_before + resource - tolerance:
+    return False
+  for j in range(behind, len(demands)):
+    if demands[j] > 0:
+      d = min(copy_ends[j] - 1, t - 1) - first
+      if d < 0:
+        d += len(served)  # numpy's negative indexing, as the array expression reads.
+      if not served[d] >= owed[j] + resource - tolerance:
+        return False
+  return True
+
+
+@numba.njit(cache=True)
+def prefetch_window(prefix, copy_elapsed, start, end, use_elapsed_reduction, min_ratio,
+                    preferred_ratio, max_elapsed):
+  """`CostAnalysisPrefetchIntervalPicker.window` without a preferred time, for start >= -1:
+  (earliest, latest, preferred); elapsed(s, end) = prefix[end] - prefix[s + 1]."""
+  # LatestPrefetchStartTime: the latest s in [start, end) whose overlap (plus the use's saving)
+  # covers min_ratio x the copy.
+  min_interval = min_ratio * copy_elapsed
+  latest = min(start, end) - 1
+  for s in range(end - 1, max(start, -1) - 1, -1):
+    if not min_interval > (prefix[end] - prefix[s + 1]) + use_elapsed_reduction:
+      latest = s
+      break
+  earliest = start
+  if earliest < latest:
+    earliest = latest
+    for s in range(start, latest):
+      if not max_elapsed < prefix[end] - prefix[s + 1]:
+        earliest = s
+        break
+  if earliest > latest:
+    return earliest, latest, earliest
+  if latest <= earliest:
+    return earliest, latest, earliest
+  # PreferredPrefetchStartTime: closest to preferred_ratio x the copy, the earliest on a tie.
+  preferred_interval = preferred_ratio * copy_elapsed
+  preferred, best = earliest, np.inf
+  for s in range(earliest, latest + 1):
+    distance = abs(preferred_interval - (prefix[end] - prefix[s + 1]))
+    if distance < best:
+      preferred, best = s, distance
+  return earliest, latest, preferred
