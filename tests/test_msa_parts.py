@@ -19,6 +19,7 @@ from malloczero.env.solvers.msa import (
     InstructionCountPrefetchIntervalPicker, OutstandingCopyLimit, PrefetchIntervalOptions,
     buffer_order, find_best_chunk_candidate)
 from malloczero.env.solvers.msa.buffer_order import latest_use_times
+from malloczero.env.solvers.msa.interval_picker import PrefetchIntervalIterator
 from malloczero.env.workload import Workload
 from tests.strategies import hardware_for, workloads
 
@@ -340,6 +341,28 @@ def test_picker_yields_each_start_once_within_its_window(elapsed, copy, reductio
   rule = lambda s: picker.logical_interval_elapsed(s, end) + reduction >= min_ratio * copy
   assert rule(window.latest)
   assert not any(rule(s) for s in range(window.latest + 1, end))
+
+
+@given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=40), st.floats(0.01, 20.0),
+       st.floats(0.0, 5.0), st.floats(0.1, 2.0), st.floats(1.0, 4.0), st.floats(0.0, 50.0),
+       st.integers(1, 10), st.data())
+def test_picker_jitted_window_and_starts_match_the_reference(elapsed, copy, reduction,
+                                                             min_ratio, preferred_ratio,
+                                                             memory_copy, explored, data):
+  """The jitted window and start sequence (what msa's loop runs) equal the numpy searches and
+  the `Next` / `Done` iterator they replace, start for start."""
+  picker = CostAnalysisPrefetchIntervalPicker(
+      np.array(elapsed), memory_copy,
+      PrefetchIntervalOptions(min_ratio, preferred_ratio, 1.0, explored))
+  end = data.draw(st.integers(0, len(elapsed) - 1))
+  start = data.draw(st.integers(-1, end))
+  latest = picker.latest_prefetch_start_time(copy, start, end, reduction)
+  window = picker.window(copy, start, end, reduction)
+  assert window.latest == latest
+  # The numpy path: a preferred time past the latest is ignored, so it recomputes the window.
+  assert picker.window(copy, start, end, reduction, preferred_time=end + 1) == window
+  assert picker.start_times(copy, start, end, reduction) == list(
+      PrefetchIntervalIterator(picker, window, end))
 
 
 # ----------------------------------------------------------------------------- chunks

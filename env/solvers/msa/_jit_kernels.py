@@ -84,13 +84,50 @@ def best_fit(starts, ends, offsets, sizes, alive, count, start, end, size, align
 
 
 @numba.njit(cache=True)
-def resource_fits(budget, arriving, arrived, owed, demands, copy_ends, first, deadline, behind,
-                  waiting_before, resource, tolerance):
-  """`AsynchronousCopyResource.has_enough_resource` past its early exits: the queue from op
-  `first` on with the new copy arriving there (Lindley's recursion, `waiting_before` queued
-  before `first`); the new copy must be served by `deadline`, and every copy behind it (queue
-  positions `behind` on) that needs resource by its own end."""
+def resource_queue(budget, starts, demands):
+  """`AsynchronousCopyResource._derive`'s queue `[T]` of the ordered copies: (owed `[C]`
+  cumulative demand, arriving per op, work waiting after each op (Lindley's W), cumulative
+  arrivals), as numpy's cumsum / bincount / minimum.accumulate compute them."""
+  t, c = len(budget), len(starts)
+  owed = np.empty(c, np.float64)
+  total = 0.0
+  for i in range(c):
+    total += demands[i]
+    owed[i] = total
+  arriving = np.zeros(t, np.float64)
+  top = max(t - 1, 0)
+  for i in range(c):
+    op = min(max(starts[i] + 1, 0), top)
+    if op < t:
+      arriving[op] += demands[i]
+  waiting = np.empty(t, np.float64)
+  arrived = np.empty(t, np.float64)
+  balance, lowest, cumulative = 0.0, np.inf, 0.0
+  for i in range(t):
+    balance += arriving[i] - budget[i]
+    if balance < lowest:
+      lowest = balance
+    waiting[i] = balance - min(0.0, lowest)
+    cumulative += arriving[i]
+    arrived[i] = cumulative
+  return owed, arriving, waiting, arrived
+
+
+@numba.njit(cache=True)
+def resource_fits(budget, starts, ends, demands, arriving, arrived, waiting, owed, start, end,
+                  resource, relative_tolerance, total):
+  """`AsynchronousCopyResource.has_enough_resource` for a copy that needs resource: the queue
+  from its first op on with it arriving there (Lindley's recursion from the work waiting
+  before); it must be served by its end, and every copy queued behind it (a later start) that
+  needs resource by its own. `total`: the budgets' and demands' sum, for the tolerance."""
   t = len(budget)
+  first = max(start + 1, 0)
+  deadline = min(end - 1, t - 1)
+  if deadline < first:
+    return False
+  behind = np.searchsorted(starts, start, side="right")
+  waiting_before = waiting[first - 1] if first > 0 else 0.0
+  tolerance = relative_tolerance * (total + resource)
   served = np.empty(t - first, np.float64)
   balance = 0.0
   lowest = -waiting_before
@@ -105,7 +142,7 @@ def resource_fits(budget, arriving, arrived, owed, demands, copy_ends, first, de
     return False
   for j in range(behind, len(demands)):
     if demands[j] > 0:
-      d = min(copy_ends[j] - 1, t - 1) - first
+      d = min(ends[j] - 1, t - 1) - first
       if d < 0:
         d += len(served)  # numpy's negative indexing, as the array expression reads.
       if not served[d] >= owed[j] + resource - tolerance:
@@ -145,3 +182,38 @@ def prefetch_window(prefix, copy_elapsed, start, end, use_elapsed_reduction, min
     if distance < best:
       preferred, best = s, distance
   return earliest, latest, preferred
+
+
+@numba.njit(cache=True)
+def prefetch_starts(prefix, earliest, latest, preferred, end, num_explored):
+  """Every start `PrefetchIntervalIterator` yields for a non-empty window, in its order (XLA's
+  `Next` until `Done`): the preferred start, then alternately one later and one earlier; once
+  the later side is used up, the earlier side thinned to steps of at least 1/`num_explored` of
+  the window's elapsed time. elapsed(s, end) = prefix[end] - prefix[s + 1] (every s < end)."""
+  out = np.empty(latest - earliest + 1, np.int64)
+  k = 0
+  increasing = decreasing = preferred
+  use_increasing = True
+  first = True  # XLA's Begin calls Next once: that start is yielded again by the earlier side.
+  while first or not (increasing > latest and decreasing < earliest):
+    if use_increasing:
+      time = increasing
+      increasing += 1
+      if decreasing >= earliest:
+        use_increasing = False
+    else:
+      time = decreasing
+      decreasing -= 1
+      target = 0.0
+      if increasing > latest:
+        target = ((prefix[end] - prefix[time + 1])
+                  + (prefix[end] - prefix[earliest + 1]) / num_explored)
+      while decreasing >= earliest and prefix[end] - prefix[decreasing + 1] < target:
+        decreasing -= 1
+      if increasing <= latest:
+        use_increasing = True
+    if not first:
+      out[k] = time
+      k += 1
+    first = False
+  return out[:k]

@@ -612,7 +612,7 @@ class MsaAlgorithm:
     heap, capacity = self.heaps[level], self.capacity[level]
     out_of_memory_start: int | None = None
     found: list[MsaOption] = []
-    for start in picker.begin(copy_elapsed, earliest, use, reduction):
+    for start in picker.start_times(copy_elapsed, earliest, use, reduction):
       if out_of_memory_start is not None and start <= out_of_memory_start:
         break  # An earlier start holds the chunk longer: it cannot fit either.
       if self.options.enforce_prefetch_fifo_order and self.ordering.violates_ordering(start, use):

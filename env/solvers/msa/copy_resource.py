@@ -82,16 +82,11 @@ class AsynchronousCopyResource:
 
   def _derive(self) -> None:
     """From the ordered starts, ends and demands: owed `[C]` (cumulative demand), arriving,
-    waiting after each op (Lindley's W) and cumulative arrivals `[T]`. O(T + C) numpy work, so
+    waiting after each op (Lindley's W) and cumulative arrivals `[T]`. O(T + C) jitted work, so
     that adding or removing one copy does not rebuild the arrays from the Python list."""
-    t = len(self.initial_resources)
-    self._owed = np.cumsum(self._demands)
     self._demand_sum = float(self._demands.sum())
-    first = np.clip(self._starts + 1, 0, max(t - 1, 0))
-    self._arriving = np.bincount(first, self._demands, minlength=t)[:t].astype(np.float64)
-    balance = np.cumsum(self._arriving - self.initial_resources)
-    self._waiting = balance - np.minimum(0.0, np.minimum.accumulate(balance)) if t else balance
-    self._arrived = np.cumsum(self._arriving)
+    self._owed, self._arriving, self._waiting, self._arrived = kernels().resource_queue(
+        self.initial_resources, self._starts, self._demands)
 
   @property
   def copies(self) -> tuple[AsyncCopy, ...]:
@@ -139,20 +134,10 @@ class AsynchronousCopyResource:
     behind) work on the cached queue, in one jitted pass."""
     if resource == 0:
       return True  # As XLA: a copy that needs nothing changes nothing.
-    budget = self.initial_resources
-    t = len(budget)
-    first = max(start + 1, 0)
-    deadline = min(end - 1, t - 1)
-    if deadline < first:
-      return False
-    behind = int(np.searchsorted(self._starts, start, side="right"))
-    waiting_before = float(self._waiting[first - 1]) if first > 0 else 0.0
-    tolerance = _RELATIVE_TOLERANCE * (self._budget_sum + self._demand_sum + resource)
-    # The queue from `first` on, with the new copy, as one jitted pass (cumulative sums in the
-    # same order as numpy's): served work per op, checked at each deadline it affects.
     return bool(kernels().resource_fits(
-        budget, self._arriving, self._arrived, self._owed, self._demands, self._ends, first,
-        deadline, behind, waiting_before, float(resource), tolerance))
+        self.initial_resources, self._starts, self._ends, self._demands, self._arriving,
+        self._arrived, self._waiting, self._owed, int(start), int(end), float(resource),
+        _RELATIVE_TOLERANCE, self._budget_sum + self._demand_sum))
 
   def has_enough_resource_multi_check(self, specs: Sequence[tuple[int, int, float]]) -> bool:
     """`HasEnoughResourceMultiCheck`: the copies (start, end, resource) can all be added."""
@@ -167,9 +152,9 @@ class AsynchronousCopyResource:
       raise ValueError(f"not enough copy resource for {copy}")
     position = int(np.searchsorted(self._starts, copy.start, side="right"))
     self._copies.insert(position, copy)
-    self._starts = np.insert(self._starts, position, copy.start)
-    self._ends = np.insert(self._ends, position, copy.end)
-    self._demands = np.insert(self._demands, position, copy.resource)
+    self._starts = _insert(self._starts, position, copy.start)
+    self._ends = _insert(self._ends, position, copy.end)
+    self._demands = _insert(self._demands, position, copy.resource)
     self._derive()
 
   def remove_copy(self, copy: AsyncCopy) -> None:
@@ -188,6 +173,13 @@ class AsynchronousCopyResource:
     """`GetCurrentResources` `[T]`: each op's budget left after the copies."""
     waiting = np.concatenate([[0.0], self._waiting[:-1]]) + self._arriving
     return np.maximum(0.0, self.initial_resources - waiting)
+
+
+def _insert(array: np.ndarray, position: int, value: float) -> np.ndarray:
+  """`np.insert` of one value into a 1-d array, without its generic-axis overhead."""
+  out = np.empty(len(array) + 1, array.dtype)
+  out[:position], out[position], out[position + 1:] = array[:position], value, array[position:]
+  return out
 
 
 class OutstandingCopyLimit:

@@ -209,8 +209,14 @@ class CostAnalysisPrefetchIntervalPicker:
 
   def start_times(self, copy_elapsed: float, start: int, end: int,
                   use_elapsed_reduction: float = 0.0) -> list[int]:
-    """Every start `Next` yields, in order, until `Done`."""
-    return list(self.begin(copy_elapsed, start, end, use_elapsed_reduction))
+    """Every start `Next` yields, in order, until `Done` (`begin`'s iteration, generated in
+    one jitted pass: msa's decision process asks for them at every prefetch it plans)."""
+    window = self.window(copy_elapsed, start, end, use_elapsed_reduction)
+    if window.empty:
+      return []
+    return kernels().prefetch_starts(
+        self.prefix, window.earliest, window.latest, window.preferred, int(end),
+        self.options.num_explored_decreasing_intervals).tolist()
 
 
 class PrefetchIntervalIterator:
