@@ -217,3 +217,84 @@ def prefetch_starts(prefix, earliest, latest, preferred, end, num_explored):
       k += 1
     first = False
   return out[:k]
+
+
+@numba.njit(cache=True)
+def best_chunk_candidate(start, end_use, size, uses, max_size, h_start, h_end, h_offset, h_size,
+                         h_alive, h_count, alignment, count_picker, prefix, max_elapsed,
+                         max_count):
+  """`chunks.find_best_chunk_candidate` without a preferred offset: (found, offset, end use).
+  `h_start` .. `alignment`: `ChunkHeap.kernel_state()`; `count_picker` .. `max_count`: the
+  picker's `kernel_state()`, for `can_allocate_in_alternate_memory_no_copy` between
+  consecutive uses. (Flat arguments: numba's dispatch types a tuple argument slowly.)"""
+  n = len(uses)
+  first = np.searchsorted(uses, end_use, side="left")
+  if first == n:
+    raise ValueError("no use at or after the request's end")
+  last = first
+  while last + 1 < n:
+    u, v = uses[last], uses[last + 1]
+    if count_picker:
+      keep = v - u <= max_count
+    else:
+      keep = max_elapsed > (0.0 if u == v else prefix[v] - prefix[u + 1])
+    if not keep:
+      break
+    last += 1
+  found, best_offset, best_use = False, 0, 0
+  # std::lower_bound over uses[first : last + 1] with "the chunk fits" as the predicate.
+  lo, count = first, last + 1 - first
+  while count > 0:
+    step = count // 2
+    mid = lo + step
+    use = uses[mid]
+    offset = best_fit(h_start, h_end, h_offset, h_size, h_alive, h_count, start, use + 1, size,
+                      alignment)
+    if offset + size <= max_size:
+      if not found or use > best_use:
+        found, best_offset, best_use = True, offset, use
+      lo = mid + 1
+      count -= step + 1
+    else:
+      count = step
+  return found, best_offset, best_use
+
+
+@numba.njit(cache=True)
+def plan_prefetch_starts(starts, allowed, use, size, uses, max_size, max_starts, resource,
+                         check_resource, budget, q_starts, q_ends, demands, arriving, arrived,
+                         waiting, owed, rel_tol, total, h_start, h_end, h_offset, h_size,
+                         h_alive, h_count, alignment, count_picker, prefix, max_elapsed,
+                         max_count):
+  """`MsaAlgorithm._plan_prefetches`' loop (XLA's `PrefetchWithResourceConstraints` and
+  `CheckPrefetchFit`): over the picker's `starts` in order, skipping those not `allowed` (the
+  FIFO order and outstanding-limit checks, made by the caller), the copy resource (`budget` ..
+  `total`: `AsynchronousCopyResource.kernel_state()`, when `check_resource`), then the chunk
+  (`h_start` .. `max_count`: as `best_chunk_candidate`); the first
+  `max_starts` that pass, as rows (start, offset, end use). A chunk failure caches the start
+  and any start not after it ends the search (XLA's `exclusive_out_of_mem_start`)."""
+  out = np.empty((max_starts, 3), np.int64)
+  k = 0
+  out_of_memory, out_of_memory_start = False, 0
+  for i in range(len(starts)):
+    start = starts[i]
+    if out_of_memory and start <= out_of_memory_start:
+      break  # An earlier start holds the chunk longer: it cannot fit either.
+    if not allowed[i]:
+      continue
+    if check_resource and resource != 0 and not resource_fits(
+        budget, q_starts, q_ends, demands, arriving, arrived, waiting, owed, start, use,
+        resource, rel_tol, total):
+      continue
+    found, offset, end_use = best_chunk_candidate(
+        start + 1, use, size, uses, max_size, h_start, h_end, h_offset, h_size, h_alive, h_count,
+        alignment, count_picker, prefix, max_elapsed, max_count)
+    if not found:
+      out_of_memory_start = max(out_of_memory_start, start) if out_of_memory else start
+      out_of_memory = True
+      continue
+    out[k, 0], out[k, 1], out[k, 2] = start, offset, end_use
+    k += 1
+    if k == max_starts:
+      break
+  return out[:k]

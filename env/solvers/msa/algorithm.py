@@ -105,6 +105,7 @@ import numpy as np
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
+from malloczero.env.solvers.msa._jit import kernels
 from malloczero.env.solvers.msa.buffer_order import buffer_order
 from malloczero.env.solvers.msa.chunks import ChunkHeap, find_best_chunk_candidate
 from malloczero.env.solvers.msa.copy_resource import (
@@ -609,31 +610,24 @@ class MsaAlgorithm:
     copy_elapsed = self._copy_elapsed(b)
     resource = self._copy_resource(b)
     reduction = float(self.analyses[level].use_elapsed_reduction[incidence])
-    heap, capacity = self.heaps[level], self.capacity[level]
-    out_of_memory_start: int | None = None
-    found: list[MsaOption] = []
-    for start in picker.start_times(copy_elapsed, earliest, use, reduction):
-      if out_of_memory_start is not None and start <= out_of_memory_start:
-        break  # An earlier start holds the chunk longer: it cannot fit either.
-      if self.options.enforce_prefetch_fifo_order and self.ordering.violates_ordering(start, use):
-        continue
-      if self.prefetch_limit.violates(start + 1, use):
-        continue
-      if self.options.use_copy_resource and not self.prefetch_resource.has_enough_resource(
-          start, use, resource):
-        continue
-      candidate = find_best_chunk_candidate(heap, start + 1, use, size, uses, capacity,
-                                            picker.can_allocate_in_alternate_memory_no_copy)
-      if candidate is None:
-        out_of_memory_start = start if out_of_memory_start is None else max(
-            out_of_memory_start, start)
-        continue
-      found.append(MsaOption("prefetch", level, start + 1, candidate.end_use + 1,
-                             candidate.offset, size, reduction, evicts,
-                             plan=(start, candidate.end_use + 1)))
-      if len(found) == max_starts:
-        break
-    return found
+    starts = picker.start_time_array(copy_elapsed, earliest, use, reduction)
+    # FIFO order and the outstanding limit depend on the start only: checked here for every
+    # start, the loop skips those not allowed (both off by default, as in XLA).
+    allowed = np.ones(len(starts), bool)
+    fifo = self.options.enforce_prefetch_fifo_order
+    if fifo or self.prefetch_limit.max_outstanding >= 0:
+      for i, start in enumerate(starts.tolist()):
+        allowed[i] = not ((fifo and self.ordering.violates_ordering(start, use))
+                          or self.prefetch_limit.violates(start + 1, use))
+    # The loop over starts (resource, chunk, XLA's out-of-memory cache) runs jitted: with every
+    # option planned it was most of the decision process's time as Python calls.
+    rows = kernels().plan_prefetch_starts(
+        starts, allowed, use, size, uses, self.capacity[level], max_starts, float(resource),
+        bool(self.options.use_copy_resource), *self.prefetch_resource.kernel_state(),
+        *self.heaps[level].kernel_state(), *picker.kernel_state())
+    return [MsaOption("prefetch", level, start + 1, end_use + 1, offset, size, reduction, evicts,
+                      plan=(start, end_use + 1))
+            for start, offset, end_use in rows.tolist()]
 
   def _apply_prefetch(self, option: MsaOption, b: int, size: int, use: int,
                       pending: _Pending) -> _Segment:

@@ -112,6 +112,12 @@ class ChunkHeap:
     return (self._start[:self._count][live], self._end[:self._count][live],
             self._offset[:self._count][live], self._size[:self._count][live])
 
+  def kernel_state(self) -> tuple:
+    """The heap as the jitted kernels take it (`_jit_kernels.best_chunk_candidate`): start, end,
+    offset, size, alive arrays (the first `count` rows used), count, alignment."""
+    return (self._start, self._end, self._offset, self._size, self._alive, self._count,
+            self.alignment)
+
   def overlapping(self, start: int, end: int) -> np.ndarray:
     """`[k]` handles of the committed chunks live at some op of `[start, end)`."""
     n = self._count

@@ -139,6 +139,14 @@ class AsynchronousCopyResource:
         self._arrived, self._waiting, self._owed, int(start), int(end), float(resource),
         _RELATIVE_TOLERANCE, self._budget_sum + self._demand_sum))
 
+  def kernel_state(self) -> tuple:
+    """The queue as the jitted kernels take it (`_jit_kernels.resource_fits`' arguments but
+    the copy): budgets, ordered starts, ends, demands, arriving, arrived, waiting, owed, the
+    relative tolerance and the budgets' and demands' sum."""
+    return (self.initial_resources, self._starts, self._ends, self._demands, self._arriving,
+            self._arrived, self._waiting, self._owed, _RELATIVE_TOLERANCE,
+            self._budget_sum + self._demand_sum)
+
   def has_enough_resource_multi_check(self, specs: Sequence[tuple[int, int, float]]) -> bool:
     """`HasEnoughResourceMultiCheck`: the copies (start, end, resource) can all be added."""
     added = [AsyncCopy(s, e, r, -1 - i) for i, (s, e, r) in enumerate(specs)]

@@ -209,14 +209,25 @@ class CostAnalysisPrefetchIntervalPicker:
 
   def start_times(self, copy_elapsed: float, start: int, end: int,
                   use_elapsed_reduction: float = 0.0) -> list[int]:
-    """Every start `Next` yields, in order, until `Done` (`begin`'s iteration, generated in
-    one jitted pass: msa's decision process asks for them at every prefetch it plans)."""
+    """Every start `Next` yields, in order, until `Done`."""
+    return self.start_time_array(copy_elapsed, start, end, use_elapsed_reduction).tolist()
+
+  def start_time_array(self, copy_elapsed: float, start: int, end: int,
+                       use_elapsed_reduction: float = 0.0) -> np.ndarray:
+    """`start_times` as an int64 array, generated in one jitted pass (`begin`'s iteration:
+    msa's decision process asks for them at every prefetch it plans)."""
     window = self.window(copy_elapsed, start, end, use_elapsed_reduction)
     if window.empty:
-      return []
+      return np.zeros(0, np.int64)
     return kernels().prefetch_starts(
         self.prefix, window.earliest, window.latest, window.preferred, int(end),
-        self.options.num_explored_decreasing_intervals).tolist()
+        self.options.num_explored_decreasing_intervals)
+
+  def kernel_state(self) -> tuple:
+    """The picker as the jitted kernels take it (`_jit_kernels.best_chunk_candidate`, for
+    `can_allocate_in_alternate_memory_no_copy`): (instruction-count picker, prefix sums of the
+    elapsed times, the longest interval kept without a copy, its op count)."""
+    return (False, self.prefix, self.max_async_copy_elapsed, 0)
 
 
 class PrefetchIntervalIterator:
@@ -329,6 +340,18 @@ class InstructionCountPrefetchIntervalPicker:
   def start_times(self, copy_elapsed: float, start: int, end: int,
                   use_elapsed_reduction: float = 0.0) -> list[int]:
     return list(self.begin(copy_elapsed, start, end, use_elapsed_reduction))
+
+  def start_time_array(self, copy_elapsed: float, start: int, end: int,
+                       use_elapsed_reduction: float = 0.0) -> np.ndarray:
+    """`start_times` as an int64 array: from the first start, one op later each time while
+    more than `min_overlap_count` ops remain before the use."""
+    first = self.preferred_prefetch_start_time(copy_elapsed, start, end, end)
+    return np.arange(first, end - self.min_overlap_count, dtype=np.int64)
+
+  def kernel_state(self) -> tuple:
+    """As `CostAnalysisPrefetchIntervalPicker.kernel_state`: keeping without a copy is bounded
+    by the op count alone."""
+    return (True, np.zeros(1), 0.0, self.max_overlap_count)
 
 
 class InstructionCountIterator:
