@@ -186,10 +186,12 @@ def prefetch_window(prefix, copy_elapsed, start, end, use_elapsed_reduction, min
 
 @numba.njit(cache=True)
 def prefetch_starts(prefix, earliest, latest, preferred, end, num_explored):
-  """Every start `PrefetchIntervalIterator` yields for a non-empty window, in its order (XLA's
+  """Every start `PrefetchIntervalIterator` yields for a window (none when empty), in its order (XLA's
   `Next` until `Done`): the preferred start, then alternately one later and one earlier; once
   the later side is used up, the earlier side thinned to steps of at least 1/`num_explored` of
   the window's elapsed time. elapsed(s, end) = prefix[end] - prefix[s + 1] (every s < end)."""
+  if earliest > latest:
+    return np.zeros(0, np.int64)
   out = np.empty(latest - earliest + 1, np.int64)
   k = 0
   increasing = decreasing = preferred
@@ -298,3 +300,13 @@ def plan_prefetch_starts(starts, allowed, use, size, uses, max_size, max_starts,
     if k == max_starts:
       break
   return out[:k]
+
+
+@numba.njit(cache=True)
+def window_starts(prefix, copy_elapsed, start, end, use_elapsed_reduction, min_ratio,
+                  preferred_ratio, max_elapsed, num_explored):
+  """`prefetch_window` then `prefetch_starts`: `begin`'s whole iteration in one call."""
+  earliest, latest, preferred = prefetch_window(prefix, copy_elapsed, start, end,
+                                                use_elapsed_reduction, min_ratio,
+                                                preferred_ratio, max_elapsed)
+  return prefetch_starts(prefix, earliest, latest, preferred, end, num_explored)

@@ -312,6 +312,7 @@ class MsaAlgorithm:
     self.eviction_limit = OutstandingCopyLimit(options.max_outstanding_evictions)
     self.ordering = AsynchronousCopyOrdering()
     self._next_copy_id = 0
+    self._copy_elapsed_cache: dict[int, float] = {}
     self._counts = dict(kept=0, prefetches=0, evictions=0, default_uses=0, uncommitted_buffers=0)
     self.stats: MsaStats | None = None
 
@@ -661,8 +662,13 @@ class MsaAlgorithm:
   # ------------------------------------------------------------------ helpers
 
   def _copy_elapsed(self, b: int) -> float:
-    """`GetAsyncCopyElapsed` of the buffer (the picker's copy time)."""
-    return float(self.analyses[0].async_copy_elapsed(int(self.workload.arrays.sizes[b])))
+    """`GetAsyncCopyElapsed` of the buffer (the picker's copy time), computed once per buffer
+    (several plans a step ask for it)."""
+    elapsed = self._copy_elapsed_cache.get(b)
+    if elapsed is None:
+      elapsed = float(self.analyses[0].async_copy_elapsed(int(self.workload.arrays.sizes[b])))
+      self._copy_elapsed_cache[b] = elapsed
+    return elapsed
 
   def _copy_resource(self, b: int) -> float:
     """What a copy of the buffer charges the copy resource."""

@@ -216,6 +216,13 @@ class CostAnalysisPrefetchIntervalPicker:
                        use_elapsed_reduction: float = 0.0) -> np.ndarray:
     """`start_times` as an int64 array, generated in one jitted pass (`begin`'s iteration:
     msa's decision process asks for them at every prefetch it plans)."""
+    if start >= -1:
+      o = self.options
+      return kernels().window_starts(
+          self.prefix, float(copy_elapsed), int(start), int(end), float(use_elapsed_reduction),
+          float(o.min_overlap_to_async_copy_ratio),
+          float(o.preferred_overlap_to_async_copy_ratio), self.max_async_copy_elapsed,
+          o.num_explored_decreasing_intervals)
     window = self.window(copy_elapsed, start, end, use_elapsed_reduction)
     if window.empty:
       return np.zeros(0, np.int64)
