@@ -128,10 +128,17 @@ def resource_fits(budget, starts, ends, demands, arriving, arrived, waiting, owe
   behind = np.searchsorted(starts, start, side="right")
   waiting_before = waiting[first - 1] if first > 0 else 0.0
   tolerance = relative_tolerance * (total + resource)
+  # The queue is needed up to the last deadline checked (all of it if one lies before `first`,
+  # which numpy's negative indexing would read from the end).
+  last = deadline
+  for j in range(behind, len(demands)):
+    if demands[j] > 0:
+      d = min(ends[j] - 1, t - 1)
+      last = t - 1 if d < first else max(last, d)
   served = np.empty(t - first, np.float64)
   balance = 0.0
   lowest = -waiting_before
-  for i in range(first, t):
+  for i in range(first, last + 1):
     balance += arriving[i] - budget[i]
     shifted = balance + resource
     if shifted < lowest:
@@ -263,18 +270,18 @@ def best_chunk_candidate(start, end_use, size, uses, max_size, h_start, h_end, h
 
 
 @numba.njit(cache=True)
-def plan_prefetch_starts(starts, allowed, use, size, uses, max_size, max_starts, resource,
-                         check_resource, budget, q_starts, q_ends, demands, arriving, arrived,
-                         waiting, owed, rel_tol, total, h_start, h_end, h_offset, h_size,
-                         h_alive, h_count, alignment, count_picker, prefix, max_elapsed,
+def plan_prefetch_starts(starts, check_allowed, allowed, use, size, uses, max_size, max_starts,
+                         resource, check_resource, budget, q_starts, q_ends, demands, arriving,
+                         arrived, waiting, owed, rel_tol, total, h_start, h_end, h_offset,
+                         h_size, h_alive, h_count, alignment, count_picker, prefix, max_elapsed,
                          max_count):
   """`MsaAlgorithm._plan_prefetches`' loop (XLA's `PrefetchWithResourceConstraints` and
-  `CheckPrefetchFit`): over the picker's `starts` in order, skipping those not `allowed` (the
-  FIFO order and outstanding-limit checks, made by the caller), the copy resource (`budget` ..
-  `total`: `AsynchronousCopyResource.kernel_state()`, when `check_resource`), then the chunk
-  (`h_start` .. `max_count`: as `best_chunk_candidate`); the first
-  `max_starts` that pass, as rows (start, offset, end use). A chunk failure caches the start
-  and any start not after it ends the search (XLA's `exclusive_out_of_mem_start`)."""
+  `CheckPrefetchFit`): over the picker's `starts` in order, skipping those not `allowed` (when
+  `check_allowed`: the FIFO order and outstanding-limit checks, made by the caller), the copy
+  resource (`budget` .. `total`: `AsynchronousCopyResource.kernel_state()`, when
+  `check_resource`), then the chunk (`h_start` .. `max_count`: as `best_chunk_candidate`); the
+  first `max_starts` that pass, as rows (start, offset, end use). A chunk failure caches the
+  start and any start not after it ends the search (XLA's `exclusive_out_of_mem_start`)."""
   out = np.empty((max_starts, 3), np.int64)
   k = 0
   out_of_memory, out_of_memory_start = False, 0
@@ -282,7 +289,7 @@ def plan_prefetch_starts(starts, allowed, use, size, uses, max_size, max_starts,
     start = starts[i]
     if out_of_memory and start <= out_of_memory_start:
       break  # An earlier start holds the chunk longer: it cannot fit either.
-    if not allowed[i]:
+    if check_allowed and not allowed[i]:
       continue
     if check_resource and resource != 0 and not resource_fits(
         budget, q_starts, q_ends, demands, arriving, arrived, waiting, owed, start, use,

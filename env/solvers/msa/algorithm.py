@@ -614,17 +614,18 @@ class MsaAlgorithm:
     starts = picker.start_time_array(copy_elapsed, earliest, use, reduction)
     # FIFO order and the outstanding limit depend on the start only: checked here for every
     # start, the loop skips those not allowed (both off by default, as in XLA).
-    allowed = np.ones(len(starts), bool)
     fifo = self.options.enforce_prefetch_fifo_order
-    if fifo or self.prefetch_limit.max_outstanding >= 0:
+    check_allowed = fifo or self.prefetch_limit.max_outstanding >= 0
+    allowed = np.ones(len(starts) if check_allowed else 0, bool)
+    if check_allowed:
       for i, start in enumerate(starts.tolist()):
         allowed[i] = not ((fifo and self.ordering.violates_ordering(start, use))
                           or self.prefetch_limit.violates(start + 1, use))
     # The loop over starts (resource, chunk, XLA's out-of-memory cache) runs jitted: with every
     # option planned it was most of the decision process's time as Python calls.
     rows = kernels().plan_prefetch_starts(
-        starts, allowed, use, size, uses, self.capacity[level], max_starts, float(resource),
-        bool(self.options.use_copy_resource), *self.prefetch_resource.kernel_state(),
+        starts, check_allowed, allowed, use, size, uses, self.capacity[level], max_starts,
+        float(resource), bool(self.options.use_copy_resource), *self.prefetch_resource.kernel_state(),
         *self.heaps[level].kernel_state(), *picker.kernel_state())
     return [MsaOption("prefetch", level, start + 1, end_use + 1, offset, size, reduction, evicts,
                       plan=(start, end_use + 1))
