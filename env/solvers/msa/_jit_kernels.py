@@ -1,18 +1,22 @@
 """Jitted (numba) kernels of msa's per-start checks: the chunk heap's best-fit search, the copy
-resource's FIFO check and the prefetch picker's window.
+resource's FIFO queue and check, the prefetch picker's window and start sequence, and the
+prefetch loop over starts that combines them (`plan_prefetch_starts`).
 
 Why: msa's decision process (`algorithm.py`, all options) runs these checks several times per
 step, each over a few hundred ops or chunks; as numpy expressions their cost was mostly numpy's
 per-call overhead (tens of small array operations per query), which kept the process near 2,800
-decisions a second, under what the game needs. Each kernel computes exactly what the numpy code
-it replaces computes, with the same floating-point operations in the same order (sequential
-cumulative sums, as `np.cumsum`; no fastmath), so that no decision changes
-(tests/test_msa_parts.py checks them against XLA's cases; the decision sequences were compared
-step by step with the numpy code's).
+decisions a second, under what the game needs (it now runs 14,000-20,000; docs/msa.md). Each
+kernel computes exactly what the numpy code it replaces computes, with the same floating-point
+operations in the same order (sequential cumulative sums, as `np.cumsum`; no fastmath), so that
+no decision changes (tests/test_msa_parts.py checks them against XLA's cases and the picker's
+against its numpy searches and iterator; the decision sequences were compared step by step
+with the numpy code's).
 
-Loaded on first use (`_jit.kernels()`), so that importing the solvers does not load numba; compiled
-on the first use on a machine (a few seconds) and loaded from numba's cache beside this file
-after that (`cache=True`). The kernels take int64 / float64 arrays and Python scalars only.
+Loaded on first use (`_jit.kernels()`), so that importing the solvers does not load numba;
+compiled on the first use on a machine (about 5 s) and loaded from numba's cache beside this
+file after that (`cache=True`, about 0.35 s with numba's import). The kernels take int64 /
+float64 arrays and Python scalars only, as flat arguments: numba's dispatch types a tuple
+argument element by element in Python, slower than the kernel runs.
 """
 
 from __future__ import annotations
@@ -193,8 +197,8 @@ def prefetch_window(prefix, copy_elapsed, start, end, use_elapsed_reduction, min
 
 @numba.njit(cache=True)
 def prefetch_starts(prefix, earliest, latest, preferred, end, num_explored):
-  """Every start `PrefetchIntervalIterator` yields for a window (none when empty), in its order (XLA's
-  `Next` until `Done`): the preferred start, then alternately one later and one earlier; once
+  """Every start `PrefetchIntervalIterator` yields for a window (none when empty), in its order
+  (XLA's `Next` until `Done`): the preferred start, then alternately one later and one earlier; once
   the later side is used up, the earlier side thinned to steps of at least 1/`num_explored` of
   the window's elapsed time. elapsed(s, end) = prefix[end] - prefix[s + 1] (every s < end)."""
   if earliest > latest:
@@ -235,7 +239,7 @@ def best_chunk_candidate(start, end_use, size, uses, max_size, h_start, h_end, h
   """`chunks.find_best_chunk_candidate` without a preferred offset: (found, offset, end use).
   `h_start` .. `alignment`: `ChunkHeap.kernel_state()`; `count_picker` .. `max_count`: the
   picker's `kernel_state()`, for `can_allocate_in_alternate_memory_no_copy` between
-  consecutive uses. (Flat arguments: numba's dispatch types a tuple argument slowly.)"""
+  consecutive uses."""
   n = len(uses)
   first = np.searchsorted(uses, end_use, side="left")
   if first == n:

@@ -645,8 +645,9 @@ class MsaAlgorithm:
     # option planned it was most of the decision process's time as Python calls.
     rows = kernels().plan_prefetch_starts(
         starts, check_allowed, allowed, use, size, uses, self.capacity[level], max_starts,
-        float(resource), bool(self.options.use_copy_resource), *self.prefetch_resource.kernel_state(),
-        *self.heaps[level].kernel_state(), *picker.kernel_state())
+        float(resource), bool(self.options.use_copy_resource),
+        *self.prefetch_resource.kernel_state(), *self.heaps[level].kernel_state(),
+        *picker.kernel_state())
     return [MsaOption("prefetch", level, start + 1, end_use + 1, offset, size, reduction, evicts,
                       plan=(start, end_use + 1))
             for start, offset, end_use in rows.tolist()]
