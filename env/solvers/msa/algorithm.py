@@ -229,6 +229,9 @@ OPTION_KINDS = ("default", "evict", "uncommit", "keep", "prefetch")
 # pass every check (msa itself takes the first). A bound keeps the action space small and
 # fixed-size for the game; 4 covers the preferred start and its nearest neighbours.
 DEFAULT_PREFETCH_STARTS = 4
+# The per-start mask `plan_prefetch_starts` ignores when FIFO order and the outstanding limit
+# are off (never written; left writeable so that the kernel has one signature).
+_NO_MASK = np.zeros(0, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -636,8 +639,9 @@ class MsaAlgorithm:
     # start, the loop skips those not allowed (both off by default, as in XLA).
     fifo = self.options.enforce_prefetch_fifo_order
     check_allowed = fifo or self.prefetch_limit.max_outstanding >= 0
-    allowed = np.ones(len(starts) if check_allowed else 0, bool)
+    allowed = _NO_MASK
     if check_allowed:
+      allowed = np.ones(len(starts), bool)
       for i, start in enumerate(starts.tolist()):
         allowed[i] = not ((fifo and self.ordering.violates_ordering(start, use))
                           or self.prefetch_limit.violates(start + 1, use))
