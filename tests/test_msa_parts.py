@@ -453,6 +453,34 @@ def test_best_chunk_candidate_extends_the_end_to_later_uses_while_it_fits():
 
 
 @given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12), st.integers(1, 100),
+                          st.integers(0, 12)), max_size=30),
+       st.lists(st.integers(0, 40), min_size=1, max_size=8, unique=True),
+       st.integers(-1, 40), st.integers(1, 80), st.integers(40, 300), st.sampled_from([1, 8]),
+       st.lists(st.floats(0.0, 5.0), min_size=41, max_size=41), st.floats(0.0, 30.0),
+       st.booleans())
+def test_jitted_best_chunk_candidate_matches_find_best_chunk_candidate(
+    chunks, uses, start, size, max_size, alignment, elapsed, memory_copy, count_picker):
+  """The jitted `FindBestChunkCandidates` msa's loop runs (`_jit_kernels.best_chunk_candidate`)
+  finds the chunk `find_best_chunk_candidate` finds, with either picker's no-copy rule."""
+  from malloczero.env.solvers.msa._jit import kernels
+  heap = ChunkHeap(alignment)
+  for i, (chunk_start, length, chunk_size, slot) in enumerate(chunks):
+    handle = heap.add(chunk_start, chunk_start + length, slot * alignment * 4, chunk_size)
+    if i % 5 == 4:
+      heap.remove(handle)
+  uses = np.array(sorted(uses), np.int64)
+  end_use = int(uses[len(uses) // 2])
+  picker = (InstructionCountPrefetchIntervalPicker(2, 10) if count_picker else
+            CostAnalysisPrefetchIntervalPicker(np.array(elapsed), memory_copy))
+  expected = find_best_chunk_candidate(heap, start, end_use, size, uses.tolist(), max_size,
+                                       picker.can_allocate_in_alternate_memory_no_copy)
+  found, offset, end = kernels().best_chunk_candidate(
+      start, end_use, size, uses, max_size, *heap.kernel_state(), *picker.kernel_state())
+  assert (found, offset, end) == ((False, 0, 0) if expected is None else
+                                  (True, expected.offset, expected.end_use))
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12), st.integers(1, 100),
                           st.booleans(), st.integers(0, 120)), max_size=40),
        st.sampled_from([1, 8, 64]))
 def test_chunk_search_never_overlaps_and_is_best_fit(requests, alignment):

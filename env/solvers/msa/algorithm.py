@@ -107,7 +107,7 @@ from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
 from malloczero.env.solvers.msa._jit import kernels
 from malloczero.env.solvers.msa.buffer_order import buffer_order
-from malloczero.env.solvers.msa.chunks import ChunkHeap, find_best_chunk_candidate
+from malloczero.env.solvers.msa.chunks import ChunkHeap
 from malloczero.env.solvers.msa.copy_resource import (
     AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, OutstandingCopyLimit)
 from malloczero.env.solvers.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
@@ -525,16 +525,17 @@ class MsaAlgorithm:
       picker = self.pickers[level]
       if not picker.can_allocate_in_alternate_memory_no_copy(segment_start, use):
         continue
-      candidate = find_best_chunk_candidate(
-          self.heaps[level], segment_start, use, size, uses, self.capacity[level],
-          picker.can_allocate_in_alternate_memory_no_copy)
-      if candidate is None:
+      # `find_best_chunk_candidate`, jitted (as the prefetch loop's).
+      found, offset, end_use = kernels().best_chunk_candidate(
+          segment_start, use, size, uses, self.capacity[level],
+          *self.heaps[level].kernel_state(), *picker.kernel_state())
+      if not found:
         continue
-      reserved_end = candidate.end_use + 1
+      reserved_end = end_use + 1
       saving = self._saving(level, incidence, def_incidence if incidence != def_incidence
                             else None)
-      return MsaOption("keep", level, segment_start, reserved_end, candidate.offset, size,
-                       saving, plan=(reserved_end,))
+      return MsaOption("keep", level, segment_start, reserved_end, offset, size, saving,
+                       plan=(reserved_end,))
     return None
 
   def _apply_keep(self, prev: _Segment | None, option: MsaOption, use: int,
