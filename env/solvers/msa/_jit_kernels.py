@@ -5,7 +5,7 @@ prefetch loop over starts that combines them (`plan_prefetch_starts`).
 Why: msa's decision process (`algorithm.py`, all options) runs these checks several times per
 step, each over a few hundred ops or chunks; as numpy expressions their cost was mostly numpy's
 per-call overhead (tens of small array operations per query), which kept the process near 2,800
-decisions a second, under what the game needs (it now runs 14,000-20,000; docs/msa.md). Each
+decisions a second, under what the game needs (it now runs 15,000-22,000; docs/msa.md). Each
 kernel computes exactly what the numpy code it replaces computes, with the same floating-point
 operations in the same order (sequential cumulative sums, as `np.cumsum`; no fastmath), so that
 no decision changes (tests/test_msa_parts.py checks them against XLA's cases and the picker's
