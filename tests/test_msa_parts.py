@@ -19,6 +19,7 @@ from malloczero.env.solvers.msa import (
     InstructionCountPrefetchIntervalPicker, OutstandingCopyLimit, PrefetchIntervalOptions,
     buffer_order, find_best_chunk_candidate)
 from malloczero.env.solvers.msa.buffer_order import latest_use_times
+from malloczero.env.solvers.msa.interval_picker import PrefetchIntervalIterator
 from malloczero.env.workload import Workload
 from tests.strategies import hardware_for, workloads
 
@@ -342,6 +343,28 @@ def test_picker_yields_each_start_once_within_its_window(elapsed, copy, reductio
   assert not any(rule(s) for s in range(window.latest + 1, end))
 
 
+@given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=40), st.floats(0.01, 20.0),
+       st.floats(0.0, 5.0), st.floats(0.1, 2.0), st.floats(1.0, 4.0), st.floats(0.0, 50.0),
+       st.integers(1, 10), st.data())
+def test_picker_jitted_window_and_starts_match_the_reference(elapsed, copy, reduction,
+                                                             min_ratio, preferred_ratio,
+                                                             memory_copy, explored, data):
+  """The jitted window and start sequence (what msa's loop runs) equal the numpy searches and
+  the `Next` / `Done` iterator they replace, start for start."""
+  picker = CostAnalysisPrefetchIntervalPicker(
+      np.array(elapsed), memory_copy,
+      PrefetchIntervalOptions(min_ratio, preferred_ratio, 1.0, explored))
+  end = data.draw(st.integers(0, len(elapsed) - 1))
+  start = data.draw(st.integers(-1, end))
+  latest = picker.latest_prefetch_start_time(copy, start, end, reduction)
+  window = picker.window(copy, start, end, reduction)
+  assert window.latest == latest
+  # The numpy path: a preferred time past the latest is ignored, so it recomputes the window.
+  assert picker.window(copy, start, end, reduction, preferred_time=end + 1) == window
+  assert picker.start_times(copy, start, end, reduction) == list(
+      PrefetchIntervalIterator(picker, window, end))
+
+
 # ----------------------------------------------------------------------------- chunks
 
 
@@ -427,6 +450,34 @@ def test_best_chunk_candidate_extends_the_end_to_later_uses_while_it_fits():
   assert find_best_chunk_candidate(heap, 0, 5, 32, [2, 5, 9], 128, keep, 104) is None  # > 128
   with pytest.raises(ValueError):
     find_best_chunk_candidate(heap, 0, 21, 16, [2, 20], 128, keep)
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12), st.integers(1, 100),
+                          st.integers(0, 12)), max_size=30),
+       st.lists(st.integers(0, 40), min_size=1, max_size=8, unique=True),
+       st.integers(-1, 40), st.integers(1, 80), st.integers(40, 300), st.sampled_from([1, 8]),
+       st.lists(st.floats(0.0, 5.0), min_size=41, max_size=41), st.floats(0.0, 30.0),
+       st.booleans())
+def test_jitted_best_chunk_candidate_matches_find_best_chunk_candidate(
+    chunks, uses, start, size, max_size, alignment, elapsed, memory_copy, count_picker):
+  """The jitted `FindBestChunkCandidates` msa's loop runs (`_jit_kernels.best_chunk_candidate`)
+  finds the chunk `find_best_chunk_candidate` finds, with either picker's no-copy rule."""
+  from malloczero.env.solvers.msa._jit import kernels
+  heap = ChunkHeap(alignment)
+  for i, (chunk_start, length, chunk_size, slot) in enumerate(chunks):
+    handle = heap.add(chunk_start, chunk_start + length, slot * alignment * 4, chunk_size)
+    if i % 5 == 4:
+      heap.remove(handle)
+  uses = np.array(sorted(uses), np.int64)
+  end_use = int(uses[len(uses) // 2])
+  picker = (InstructionCountPrefetchIntervalPicker(2, 10) if count_picker else
+            CostAnalysisPrefetchIntervalPicker(np.array(elapsed), memory_copy))
+  expected = find_best_chunk_candidate(heap, start, end_use, size, uses.tolist(), max_size,
+                                       picker.can_allocate_in_alternate_memory_no_copy)
+  found, offset, end = kernels().best_chunk_candidate(
+      start, end_use, size, uses, max_size, *heap.kernel_state(), *picker.kernel_state())
+  assert (found, offset, end) == ((False, 0, 0) if expected is None else
+                                  (True, expected.offset, expected.end_use))
 
 
 @given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12), st.integers(1, 100),

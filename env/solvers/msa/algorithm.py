@@ -105,8 +105,9 @@ import numpy as np
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
+from malloczero.env.solvers.msa._jit import kernels
 from malloczero.env.solvers.msa.buffer_order import buffer_order
-from malloczero.env.solvers.msa.chunks import ChunkHeap, find_best_chunk_candidate
+from malloczero.env.solvers.msa.chunks import ChunkHeap
 from malloczero.env.solvers.msa.copy_resource import (
     AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, OutstandingCopyLimit)
 from malloczero.env.solvers.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
@@ -228,6 +229,9 @@ OPTION_KINDS = ("default", "evict", "uncommit", "keep", "prefetch")
 # pass every check (msa itself takes the first). A bound keeps the action space small and
 # fixed-size for the game; 4 covers the preferred start and its nearest neighbours.
 DEFAULT_PREFETCH_STARTS = 4
+# The per-start mask `plan_prefetch_starts` ignores when FIFO order and the outstanding limit
+# are off (never written; left writeable so that the kernel has one signature).
+_NO_MASK = np.zeros(0, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +315,8 @@ class MsaAlgorithm:
     self.eviction_limit = OutstandingCopyLimit(options.max_outstanding_evictions)
     self.ordering = AsynchronousCopyOrdering()
     self._next_copy_id = 0
+    self._copy_elapsed_cache: dict[int, float] = {}
+    self._use_table: tuple[list[int], np.ndarray, np.ndarray, list[int]] | None = None
     self._counts = dict(kept=0, prefetches=0, evictions=0, default_uses=0, uncommitted_buffers=0)
     self.stats: MsaStats | None = None
     # The buffers done and the one being allocated (its segment list, filled as it goes).
@@ -374,17 +380,36 @@ class MsaAlgorithm:
   def _uses(self, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
     """The buffer's use ops `[U]` (sorted, the definition excluded), their incidences, and the
     definition's incidence (None for a parameter)."""
+    if self._use_table is None:
+      self._use_table = self._all_uses()
+    bounds, ops, incidences, def_incidences = self._use_table
+    lo, hi = bounds[b], bounds[b + 1]
+    def_incidence = def_incidences[b]
+    return ops[lo:hi], incidences[lo:hi], None if def_incidence < 0 else def_incidence
+
+  def _all_uses(self) -> tuple[list[int], np.ndarray, np.ndarray, list[int]]:
+    """`_uses` of every buffer in one numpy pass (per buffer, it was a tenth of a step's time):
+    CSR bounds `[N + 1]`, use ops and their incidences (per buffer: sorted by op, stable, the
+    first incidence of each op), each buffer's first definition incidence (-1: none)."""
     a = self.workload.arrays
-    sl = self.analyses[0].buffer_incidences(b)
-    ops = a.incidence_op[sl]
-    incidences = np.arange(sl.start, sl.stop)
-    is_use = ops != a.def_op[b]
-    def_incidence = int(incidences[~is_use][0]) if (~is_use).any() else None
-    ops, incidences = ops[is_use], incidences[is_use]
-    order = np.argsort(ops, kind="stable")
-    ops, incidences = ops[order], incidences[order]
-    first = np.concatenate([[True], ops[1:] != ops[:-1]]) if len(ops) else np.zeros(0, bool)
-    return ops[first].astype(np.int64), incidences[first], def_incidence
+    start = a.buffer_incidence_start
+    num_buffers = len(start) - 1
+    buffer = np.repeat(np.arange(num_buffers), np.diff(start))               # [E]
+    ops = a.incidence_op[:start[-1]]
+    is_def = ops == a.def_op[buffer]
+    def_incidences = np.full(num_buffers, -1, np.int64)
+    defs = np.flatnonzero(is_def)
+    def_buffers, first_def = np.unique(buffer[defs], return_index=True)
+    def_incidences[def_buffers] = defs[first_def]
+    uses = np.flatnonzero(~is_def)
+    uses = uses[np.lexsort((ops[uses], buffer[uses]))]  # Stable: ties keep incidence order.
+    use_buffer, use_op = buffer[uses], ops[uses]
+    first = np.ones(len(uses), bool)
+    first[1:] = (use_buffer[1:] != use_buffer[:-1]) | (use_op[1:] != use_op[:-1])
+    uses, use_buffer = uses[first], use_buffer[first]
+    bounds = np.searchsorted(use_buffer, np.arange(num_buffers + 1))
+    return (bounds.tolist(), ops[uses].astype(np.int64), uses.astype(np.int64),
+            def_incidences.tolist())
 
   def _saving(self, level: int, *incidences: int | None) -> float:
     return float(sum(self.analyses[level].use_elapsed_reduction[i] for i in incidences
@@ -516,16 +541,17 @@ class MsaAlgorithm:
       picker = self.pickers[level]
       if not picker.can_allocate_in_alternate_memory_no_copy(segment_start, use):
         continue
-      candidate = find_best_chunk_candidate(
-          self.heaps[level], segment_start, use, size, uses, self.capacity[level],
-          picker.can_allocate_in_alternate_memory_no_copy)
-      if candidate is None:
+      # `find_best_chunk_candidate`, jitted (as the prefetch loop's).
+      found, offset, end_use = kernels().best_chunk_candidate(
+          segment_start, use, size, uses, self.capacity[level],
+          *self.heaps[level].kernel_state(), *picker.kernel_state())
+      if not found:
         continue
-      reserved_end = candidate.end_use + 1
+      reserved_end = end_use + 1
       saving = self._saving(level, incidence, def_incidence if incidence != def_incidence
                             else None)
-      return MsaOption("keep", level, segment_start, reserved_end, candidate.offset, size,
-                       saving, plan=(reserved_end,))
+      return MsaOption("keep", level, segment_start, reserved_end, offset, size, saving,
+                       plan=(reserved_end,))
     return None
 
   def _apply_keep(self, prev: _Segment | None, option: MsaOption, use: int,
@@ -625,31 +651,27 @@ class MsaAlgorithm:
     copy_elapsed = self._copy_elapsed(b)
     resource = self._copy_resource(b)
     reduction = float(self.analyses[level].use_elapsed_reduction[incidence])
-    heap, capacity = self.heaps[level], self.capacity[level]
-    out_of_memory_start: int | None = None
-    found: list[MsaOption] = []
-    for start in picker.begin(copy_elapsed, earliest, use, reduction):
-      if out_of_memory_start is not None and start <= out_of_memory_start:
-        break  # An earlier start holds the chunk longer: it cannot fit either.
-      if self.options.enforce_prefetch_fifo_order and self.ordering.violates_ordering(start, use):
-        continue
-      if self.prefetch_limit.violates(start + 1, use):
-        continue
-      if self.options.use_copy_resource and not self.prefetch_resource.has_enough_resource(
-          start, use, resource):
-        continue
-      candidate = find_best_chunk_candidate(heap, start + 1, use, size, uses, capacity,
-                                            picker.can_allocate_in_alternate_memory_no_copy)
-      if candidate is None:
-        out_of_memory_start = start if out_of_memory_start is None else max(
-            out_of_memory_start, start)
-        continue
-      found.append(MsaOption("prefetch", level, start + 1, candidate.end_use + 1,
-                             candidate.offset, size, reduction, evicts,
-                             plan=(start, candidate.end_use + 1)))
-      if len(found) == max_starts:
-        break
-    return found
+    starts = picker.start_time_array(copy_elapsed, earliest, use, reduction)
+    # FIFO order and the outstanding limit depend on the start only: checked here for every
+    # start, the loop skips those not allowed (both off by default, as in XLA).
+    fifo = self.options.enforce_prefetch_fifo_order
+    check_allowed = fifo or self.prefetch_limit.max_outstanding >= 0
+    allowed = _NO_MASK
+    if check_allowed:
+      allowed = np.ones(len(starts), bool)
+      for i, start in enumerate(starts.tolist()):
+        allowed[i] = not ((fifo and self.ordering.violates_ordering(start, use))
+                          or self.prefetch_limit.violates(start + 1, use))
+    # The loop over starts (resource, chunk, XLA's out-of-memory cache) runs jitted: with every
+    # option planned it was most of the decision process's time as Python calls.
+    rows = kernels().plan_prefetch_starts(
+        starts, check_allowed, allowed, use, size, uses, self.capacity[level], max_starts,
+        float(resource), bool(self.options.use_copy_resource),
+        *self.prefetch_resource.kernel_state(), *self.heaps[level].kernel_state(),
+        *picker.kernel_state())
+    return [MsaOption("prefetch", level, start + 1, end_use + 1, offset, size, reduction, evicts,
+                      plan=(start, end_use + 1))
+            for start, offset, end_use in rows.tolist()]
 
   def _apply_prefetch(self, option: MsaOption, b: int, size: int, use: int,
                       pending: _Pending) -> _Segment:
@@ -683,8 +705,13 @@ class MsaAlgorithm:
   # ------------------------------------------------------------------ helpers
 
   def _copy_elapsed(self, b: int) -> float:
-    """`GetAsyncCopyElapsed` of the buffer (the picker's copy time)."""
-    return float(self.analyses[0].async_copy_elapsed(int(self.workload.arrays.sizes[b])))
+    """`GetAsyncCopyElapsed` of the buffer (the picker's copy time), computed once per buffer
+    (several plans a step ask for it)."""
+    elapsed = self._copy_elapsed_cache.get(b)
+    if elapsed is None:
+      elapsed = float(self.analyses[0].async_copy_elapsed(int(self.workload.arrays.sizes[b])))
+      self._copy_elapsed_cache[b] = elapsed
+    return elapsed
 
   def _copy_resource(self, b: int) -> float:
     """What a copy of the buffer charges the copy resource."""

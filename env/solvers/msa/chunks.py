@@ -24,8 +24,9 @@ Why: the chunk decides which later buffers still fit; msa's answer depends on XL
 Times: this module uses the project's half-open op intervals `[start, end)` for rectangles (XLA's
 `BufferInterval` is inclusive `[start, end]`, i.e. `[start, end + 1)` here);
 `find_best_chunk_candidate` takes XLA-style use times (an allocation reserved "until use u"
-occupies `[start, u + 1)`). Efficient for a few thousand chunks: each query is one numpy pass
-over the chunks live in its interval.
+occupies `[start, u + 1)`). Efficient for a few thousand chunks: each query is one pass over
+the chunks live in its interval (`free_chunks` in numpy; `fits_at` and `find_chunk` jitted,
+`_jit_kernels`, as msa's decision process runs them several times a step).
 
 Not modelled, and why: sliced allocations (`max_slices` >= 2, off by default in XLA) and the
 slice-time permutations of `SlicedAllocationFinder`; colocations (`max_colocation_size`: a
@@ -38,6 +39,8 @@ import dataclasses
 from typing import Callable, Sequence
 
 import numpy as np
+
+from malloczero.env.solvers.msa._jit import kernels
 
 _INITIAL_CAPACITY = 64
 
@@ -109,6 +112,12 @@ class ChunkHeap:
     return (self._start[:self._count][live], self._end[:self._count][live],
             self._offset[:self._count][live], self._size[:self._count][live])
 
+  def kernel_state(self) -> tuple:
+    """The heap as the jitted kernels take it (`_jit_kernels.best_chunk_candidate`): start, end,
+    offset, size, alive arrays (the first `count` rows used), count, alignment."""
+    return (self._start, self._end, self._offset, self._size, self._alive, self._count,
+            self.alignment)
+
   def overlapping(self, start: int, end: int) -> np.ndarray:
     """`[k]` handles of the committed chunks live at some op of `[start, end)`."""
     n = self._count
@@ -135,8 +144,11 @@ class ChunkHeap:
     slice: inside one free range, at an aligned offset)."""
     if offset < 0 or offset % self.alignment:
       return False
-    free_start, free_end = self.free_chunks(start, end, size)
-    return bool(np.any((free_start <= offset) & (offset + size <= free_end)))
+    # `free_chunks` and the test above, as one jitted pass (the per-call numpy overhead was most
+    # of msa's decision time).
+    return bool(kernels().fits_at(self._start, self._end, self._offset, self._size, self._alive,
+                                  self._count, int(start), int(end), int(size), int(offset),
+                                  self.alignment))
 
   def find_chunk(self, start: int, end: int, size: int,
                  preferred_offset: int | None = None) -> int:
@@ -146,10 +158,9 @@ class ChunkHeap:
     if preferred_offset is not None and preferred_offset >= 0 and self.fits_at(
         start, end, size, preferred_offset):
       return int(preferred_offset)
-    free_start, free_end = self.free_chunks(start, end, size)
-    length = free_end - free_start
-    best = np.lexsort((free_start, length))[0]
-    return int(free_start[best])
+    # The smallest of `free_chunks`' ranges, ties to the lower offset, in one jitted pass.
+    return int(kernels().best_fit(self._start, self._end, self._offset, self._size, self._alive,
+                                  self._count, int(start), int(end), int(size), self.alignment))
 
   def find_chunk_within(self, start: int, end: int, size: int, max_size: int,
                         preferred_offset: int | None = None) -> int | None:

@@ -21,7 +21,8 @@ a real decision.
 
 XLA implements the resource with a per-time `delay_` array updated incrementally through the
 chain of copies a new one affects. This module computes the same FIFO queue afresh on each query
-with numpy (Lindley's recursion as cumulative sums): with copies in start order, the work
+(Lindley's recursion as cumulative sums; numpy when copies change, one jitted pass per check,
+`_jit_kernels.resource_fits`): with copies in start order, the work
 waiting at the end of op t is W(t) = max(0, W(t-1) + arriving(t) - budget(t)), and copy i has
 finished by op d when the work served by then covers every copy up to i. The two agree on XLA's
 tests (tests/test_msa_parts.py). Float tolerances: XLA computes in float32 and its
@@ -41,6 +42,8 @@ import dataclasses
 from typing import Sequence
 
 import numpy as np
+
+from malloczero.env.solvers.msa._jit import kernels
 
 _RELATIVE_TOLERANCE = 1e-9
 
@@ -64,6 +67,7 @@ class AsynchronousCopyResource:
     self.initial_resources = np.asarray(initial_resources, np.float64).copy()   # [T]
     if np.any(self.initial_resources < 0):
       raise ValueError("resources must be >= 0")
+    self._budget_sum = float(self.initial_resources.sum())  # For the tolerance.
     self._copies: list[AsyncCopy] = []  # In start order; ties in the order added.
     self._refresh()
 
@@ -78,15 +82,11 @@ class AsynchronousCopyResource:
 
   def _derive(self) -> None:
     """From the ordered starts, ends and demands: owed `[C]` (cumulative demand), arriving,
-    waiting after each op (Lindley's W) and cumulative arrivals `[T]`. O(T + C) numpy work, so
+    waiting after each op (Lindley's W) and cumulative arrivals `[T]`. O(T + C) jitted work, so
     that adding or removing one copy does not rebuild the arrays from the Python list."""
-    t = len(self.initial_resources)
-    self._owed = np.cumsum(self._demands)
-    first = np.clip(self._starts + 1, 0, max(t - 1, 0))
-    self._arriving = np.bincount(first, self._demands, minlength=t)[:t].astype(np.float64)
-    balance = np.cumsum(self._arriving - self.initial_resources)
-    self._waiting = balance - np.minimum(0.0, np.minimum.accumulate(balance)) if t else balance
-    self._arrived = np.cumsum(self._arriving)
+    self._demand_sum = float(self._demands.sum())
+    self._owed, self._arriving, self._waiting, self._arrived = kernels().resource_queue(
+        self.initial_resources, self._starts, self._demands)
 
   @property
   def copies(self) -> tuple[AsyncCopy, ...]:
@@ -131,30 +131,21 @@ class AsynchronousCopyResource:
 
     Only the queue from the new copy's first op on changes, and only the copies queued behind
     it can be delayed (FIFO), so the check recomputes just that part: O(T - start + copies
-    behind) numpy work on the cached queue."""
+    behind) work on the cached queue, in one jitted pass."""
     if resource == 0:
       return True  # As XLA: a copy that needs nothing changes nothing.
-    budget = self.initial_resources
-    t = len(budget)
-    first = max(start + 1, 0)
-    deadline = min(end - 1, t - 1)
-    if deadline < first:
-      return False
-    behind = int(np.searchsorted(self._starts, start, side="right"))
-    waiting_before = float(self._waiting[first - 1]) if first > 0 else 0.0
-    balance = np.cumsum(self._arriving[first:] - budget[first:])
-    balance += resource
-    waiting = balance - np.minimum(-waiting_before, np.minimum.accumulate(balance))
-    served = self._arrived[first:] + resource - waiting                     # [T - first]
-    owed_before = float(self._owed[behind - 1]) if behind else 0.0
-    tolerance = _RELATIVE_TOLERANCE * (budget.sum() + self._demands.sum() + resource)
-    if served[deadline - first] < owed_before + resource - tolerance:
-      return False
-    later = slice(behind, None)
-    needs = self._demands[later] > 0
-    deadlines = np.minimum(self._ends[later] - 1, t - 1)[needs] - first
-    owed = self._owed[later][needs] + resource
-    return bool(np.all(served[deadlines] >= owed - tolerance))
+    return bool(kernels().resource_fits(
+        self.initial_resources, self._starts, self._ends, self._demands, self._arriving,
+        self._arrived, self._waiting, self._owed, int(start), int(end), float(resource),
+        _RELATIVE_TOLERANCE, self._budget_sum + self._demand_sum))
+
+  def kernel_state(self) -> tuple:
+    """The queue as the jitted kernels take it (`_jit_kernels.resource_fits`' arguments but
+    the copy): budgets, ordered starts, ends, demands, arriving, arrived, waiting, owed, the
+    relative tolerance and the budgets' and demands' sum."""
+    return (self.initial_resources, self._starts, self._ends, self._demands, self._arriving,
+            self._arrived, self._waiting, self._owed, _RELATIVE_TOLERANCE,
+            self._budget_sum + self._demand_sum)
 
   def has_enough_resource_multi_check(self, specs: Sequence[tuple[int, int, float]]) -> bool:
     """`HasEnoughResourceMultiCheck`: the copies (start, end, resource) can all be added."""
@@ -169,9 +160,9 @@ class AsynchronousCopyResource:
       raise ValueError(f"not enough copy resource for {copy}")
     position = int(np.searchsorted(self._starts, copy.start, side="right"))
     self._copies.insert(position, copy)
-    self._starts = np.insert(self._starts, position, copy.start)
-    self._ends = np.insert(self._ends, position, copy.end)
-    self._demands = np.insert(self._demands, position, copy.resource)
+    self._starts = _insert(self._starts, position, copy.start)
+    self._ends = _insert(self._ends, position, copy.end)
+    self._demands = _insert(self._demands, position, copy.resource)
     self._derive()
 
   def remove_copy(self, copy: AsyncCopy) -> None:
@@ -190,6 +181,13 @@ class AsynchronousCopyResource:
     """`GetCurrentResources` `[T]`: each op's budget left after the copies."""
     waiting = np.concatenate([[0.0], self._waiting[:-1]]) + self._arriving
     return np.maximum(0.0, self.initial_resources - waiting)
+
+
+def _insert(array: np.ndarray, position: int, value: float) -> np.ndarray:
+  """`np.insert` of one value into a 1-d array, without its generic-axis overhead."""
+  out = np.empty(len(array) + 1, array.dtype)
+  out[:position], out[position], out[position + 1:] = array[:position], value, array[position:]
+  return out
 
 
 class OutstandingCopyLimit:

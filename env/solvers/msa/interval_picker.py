@@ -45,6 +45,7 @@ from typing import Iterator
 
 import numpy as np
 
+from malloczero.env.solvers.msa._jit import kernels
 from malloczero.env.solvers.msa.cost_analysis import CostAnalysis
 
 # XLA's kNumExploredDecreasingIntervals: once the later starts are used up, the earlier side is
@@ -175,6 +176,14 @@ class CostAnalysisPrefetchIntervalPicker:
     """The window `Begin` computes: latest from min_ratio (the use's saving credited), earliest
     from max_ratio (never past latest), preferred from preferred_ratio (or `preferred_time` when
     given and not after latest)."""
+    if preferred_time is None and start >= -1:
+      # The three searches below as one jitted pass (numpy's per-call overhead was most of it).
+      o = self.options
+      earliest, latest, preferred = kernels().prefetch_window(
+          self.prefix, float(copy_elapsed), int(start), int(end), float(use_elapsed_reduction),
+          float(o.min_overlap_to_async_copy_ratio),
+          float(o.preferred_overlap_to_async_copy_ratio), self.max_async_copy_elapsed)
+      return PrefetchWindow(earliest, latest, preferred)
     latest = self.latest_prefetch_start_time(copy_elapsed, start, end, use_elapsed_reduction)
     earliest = start
     if earliest < latest:
@@ -201,7 +210,31 @@ class CostAnalysisPrefetchIntervalPicker:
   def start_times(self, copy_elapsed: float, start: int, end: int,
                   use_elapsed_reduction: float = 0.0) -> list[int]:
     """Every start `Next` yields, in order, until `Done`."""
-    return list(self.begin(copy_elapsed, start, end, use_elapsed_reduction))
+    return self.start_time_array(copy_elapsed, start, end, use_elapsed_reduction).tolist()
+
+  def start_time_array(self, copy_elapsed: float, start: int, end: int,
+                       use_elapsed_reduction: float = 0.0) -> np.ndarray:
+    """`start_times` as an int64 array, generated in one jitted pass (`begin`'s iteration:
+    msa's decision process asks for them at every prefetch it plans)."""
+    if start >= -1:
+      o = self.options
+      return kernels().window_starts(
+          self.prefix, float(copy_elapsed), int(start), int(end), float(use_elapsed_reduction),
+          float(o.min_overlap_to_async_copy_ratio),
+          float(o.preferred_overlap_to_async_copy_ratio), self.max_async_copy_elapsed,
+          o.num_explored_decreasing_intervals)
+    window = self.window(copy_elapsed, start, end, use_elapsed_reduction)
+    if window.empty:
+      return np.zeros(0, np.int64)
+    return kernels().prefetch_starts(
+        self.prefix, window.earliest, window.latest, window.preferred, int(end),
+        self.options.num_explored_decreasing_intervals)
+
+  def kernel_state(self) -> tuple:
+    """The picker as the jitted kernels take it (`_jit_kernels.best_chunk_candidate`, for
+    `can_allocate_in_alternate_memory_no_copy`): (instruction-count picker, prefix sums of the
+    elapsed times, the longest interval kept without a copy, its op count)."""
+    return (False, self.prefix, self.max_async_copy_elapsed, 0)
 
 
 class PrefetchIntervalIterator:
@@ -314,6 +347,18 @@ class InstructionCountPrefetchIntervalPicker:
   def start_times(self, copy_elapsed: float, start: int, end: int,
                   use_elapsed_reduction: float = 0.0) -> list[int]:
     return list(self.begin(copy_elapsed, start, end, use_elapsed_reduction))
+
+  def start_time_array(self, copy_elapsed: float, start: int, end: int,
+                       use_elapsed_reduction: float = 0.0) -> np.ndarray:
+    """`start_times` as an int64 array: from the first start, one op later each time while
+    more than `min_overlap_count` ops remain before the use."""
+    first = self.preferred_prefetch_start_time(copy_elapsed, start, end, end)
+    return np.arange(first, end - self.min_overlap_count, dtype=np.int64)
+
+  def kernel_state(self) -> tuple:
+    """As `CostAnalysisPrefetchIntervalPicker.kernel_state`: keeping without a copy is bounded
+    by the op count alone."""
+    return (True, np.zeros(1), 0.0, self.max_overlap_count)
 
 
 class InstructionCountIterator:
