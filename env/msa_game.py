@@ -44,7 +44,7 @@ from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
 from malloczero.env.observation import observation_spec
-from malloczero.env.simulator import Copies, total_stall_loop
+from malloczero.env.simulator import kernels
 from malloczero.env.solvers.msa.algorithm import MsaDecisions, MsaOption, MsaOptions
 from malloczero.env.workload import PROGRAM_START, Workload
 
@@ -83,6 +83,11 @@ class _Columns:
                  "saving", "hide_ratio", "evicts", "msa_choice"):
       setattr(self, name, c.index(name))
     self.level = c.slice("level").start
+    # The order `_game_kernels.candidate_rows` reads them in.
+    self.candidate_order = np.array(
+        [self.valid, self.keep, self.prefetch, self.rank, self.start, self.lead, self.hold,
+         self.offset, self.saving, self.hide_ratio, self.evicts, self.msa_choice, self.level],
+        np.int64)
     static = look.slice("static").start
     self.look_valid = look.index("valid")
     self.look_position = static + layout.static.index("position")
@@ -144,9 +149,8 @@ class MsaGame(dm_env.Environment):
     self._saving_scale = max(float(self._use_reduction.max(initial=0.0)), 1e-30)
     self._num_buffers = int(np.sum(~a.is_output & (a.sizes > 0)))
     self._static_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    self._bin_edges = [np.linspace(0.0, c, config.occupancy_bins + 1) for c in self._capacity]
-    self._bin_scale = [config.occupancy_bins / c for c in self._capacity]
     self._columns = _Columns(config, self._num_fast)
+    self._kernels = kernels()
 
   # -------------------------------------------------------------------------- dm_env API
 
@@ -311,11 +315,12 @@ class MsaGame(dm_env.Environment):
     if self._decisions.done or self._decisions.decision.buffer != buffer:
       self._buffers_done += 1
     if self._num_copies and (self._copies_changed or self._stall_time > 0 or moved_to_slow):
-      alive = self._copy_alive[:self._next_copy]
+      k = self._next_copy
+      alive = self._copy_alive[:k]
       idle = np.maximum(self._op_time - self._default_time, 0.0)  # CostModel.idle_time
-      self._stall_time = total_stall_loop(idle, Copies(
-          self._copy_start[:self._next_copy][alive], self._copy_done[:self._next_copy][alive],
-          self._copy_work[:self._next_copy][alive]))
+      self._stall_time = float(self._kernels.stall_loop(
+          idle, self._copy_start[:k][alive], self._copy_done[:k][alive],
+          self._copy_work[:k][alive]))  # simulator.total_stall_loop
     elif not self._num_copies:
       self._stall_time = 0.0
     self._copies_changed = False
@@ -388,45 +393,25 @@ class MsaGame(dm_env.Environment):
     n = len(options) - 1
     if n:
       rest = options[1:]
-      rows = slots[1:] - 1
-      level = np.fromiter([o.level for o in rest], np.int64, n)
-      start = np.fromiter([o.start for o in rest], np.int64, n)
-      end = np.fromiter([o.end for o in rest], np.int64, n)
-      prefetch = np.fromiter([o.kind == "prefetch" for o in rest], bool, n)
-      start_position = self._positions[start + 1]
-      candidates[rows, col.valid] = 1.0
-      candidates[rows, col.level + level] = 1.0
-      candidates[rows, col.keep] = ~prefetch
-      candidates[rows, col.prefetch] = prefetch
-      candidates[rows, col.start] = start_position
-      candidates[rows, col.hold] = self._positions[np.minimum(end, self._last_op) + 1] \
-          - start_position
-      candidates[rows, col.offset] = np.fromiter([o.offset for o in rest], np.float64,
-                                                 n) / self._capacity[level]
-      candidates[rows, col.saving] = np.fromiter([o.saving for o in rest], np.float64, n) / scale
-      if decision.msa_choice:
-        candidates[rows[decision.msa_choice - 1], col.msa_choice] = 1.0
-      if prefetch.any():
-        fetch_rows, fetch_start = rows[prefetch], np.maximum(start[prefetch], 0)
-        num_starts = cfg.max_prefetch_starts
-        candidates[fetch_rows, col.rank] = ((fetch_rows - 1) % num_starts) / num_starts
-        hidden = self._slow_op_prefix[use] - self._slow_op_prefix[fetch_start]
-        candidates[fetch_rows, col.hide_ratio] = np.minimum(hidden / max(copy_time, 1e-30), 10.0)
-        candidates[fetch_rows, col.lead] = (use - start[prefetch]) / max(use - segment_start + 1, 1)
-        candidates[fetch_rows, col.evicts] = np.fromiter([o.evicts for o in rest], bool, n)[prefetch]
+      self._kernels.candidate_rows(
+          candidates, slots[1:] - 1, np.fromiter([o.level for o in rest], np.int64, n),
+          np.fromiter([o.start for o in rest], np.int64, n),
+          np.fromiter([o.end for o in rest], np.int64, n),
+          np.fromiter([o.offset for o in rest], np.float64, n),
+          np.fromiter([o.saving for o in rest], np.float64, n),
+          np.fromiter([o.kind == "prefetch" for o in rest], np.bool_, n),
+          np.fromiter([o.evicts for o in rest], np.bool_, n),
+          int(slots[decision.msa_choice]) - 1 if decision.msa_choice else -1,
+          self._positions, self._last_op, self._capacity, scale, self._slow_op_prefix, use,
+          segment_start, copy_time, cfg.max_prefetch_starts, col.candidate_order)
 
-    occupancy = np.zeros((cfg.max_fast_levels, cfg.occupancy_bins), np.float32)
+    occupancy = np.zeros((cfg.max_fast_levels, cfg.occupancy_bins), np.float64)
     heaps = self._decisions.algorithm.heaps
     first_op = max(segment_start, 0)
     for level in range(num_fast):
-      start, end, offset, chunk = heaps[level].chunks()
-      live = (start <= use) & (end > first_op)
-      if live.any():
-        edges = self._bin_edges[level]
-        low = offset[live]
-        covered = np.minimum(np.maximum(edges[:, None] - low[None, :], 0),
-                             chunk[live][None, :]).sum(axis=1)
-        occupancy[level] = np.minimum(np.diff(covered) * self._bin_scale[level], 1.0)
+      starts, ends, offsets, sizes, alive, count, _ = heaps[level].kernel_state()
+      self._kernels.occupancy(occupancy[level], starts, ends, offsets, sizes, alive, count,
+                              first_op, use, self._capacity[level])
 
     lookahead = np.zeros(self._lookahead_shape, np.float32)
     following = uses[k + 1:k + 1 + cfg.lookahead]
@@ -438,7 +423,8 @@ class MsaGame(dm_env.Environment):
       lookahead[:n, col.look_position] = positions
       lookahead[:n, col.look_distance] = positions - use_position
       lookahead[:n, col.look_saving] = (self._use_reduction[:, first] / scale).T
-    return {"request": request, "occupancy": occupancy, "candidates": candidates,
+    return {"request": request, "occupancy": occupancy.astype(np.float32),
+            "candidates": candidates,
             "lookahead": lookahead, "legal_actions": legal}
 
   def _terminal_observation(self) -> dict[str, np.ndarray]:

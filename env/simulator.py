@@ -49,8 +49,9 @@ due boundary is how far its `lo` lifts the `z` that arrives there.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from types import ModuleType
 
-import numba
 import numpy as np
 
 
@@ -166,33 +167,16 @@ def total_stall(idle_s: np.ndarray, copies: Copies) -> float:
   return CopyQueue(copies, len(idle_s)).total_stall(idle_s)
 
 
-@numba.njit(cache=True)
-def _stall_loop(idle_s, start, done, work_s):
-  """The clamps of the module docstring as one pass over the boundaries, after a stable sort
-  of the copies by (start, done): O(K log K + T), for one total."""
-  num_ops = len(idle_s)
-  span = num_ops + 2
-  order = np.argsort(start * span + done, kind="mergesort")
-  issued = np.zeros(num_ops + 1)   # work issued at each boundary
-  due = np.zeros(num_ops + 1)      # W_d: queue work up to the last copy due at d
-  cumulative = 0.0
-  for k in order:
-    cumulative += work_s[k]
-    issued[start[k]] += work_s[k]
-    if cumulative > due[done[k]]:
-      due[done[k]] = cumulative
-  x = 0.0
-  issued_so_far = 0.0
-  stall = 0.0
-  for t in range(num_ops + 1):
-    issued_so_far += issued[t]
-    if due[t] > x:
-      stall += due[t] - x
-      x = due[t]
-    if t == num_ops:
-      break
-    x = min(x + idle_s[t], issued_so_far)
-  return stall
+_KERNELS: ModuleType | None = None
+
+
+def kernels() -> ModuleType:
+  """The game's jitted kernels (env/_game_kernels.py), imported on first use so that importing
+  the cost model does not load numba (about 0.1 s)."""
+  global _KERNELS
+  if _KERNELS is None:
+    _KERNELS = importlib.import_module("malloczero.env._game_kernels")
+  return _KERNELS
 
 
 def total_stall_loop(idle_s: np.ndarray, copies: Copies) -> float:
@@ -202,7 +186,7 @@ def total_stall_loop(idle_s: np.ndarray, copies: Copies) -> float:
   numba's cache."""
   if len(copies) == 0:
     return 0.0
-  return float(_stall_loop(np.ascontiguousarray(idle_s, np.float64),
-                           np.ascontiguousarray(copies.start, np.int64),
-                           np.ascontiguousarray(copies.done, np.int64),
-                           np.ascontiguousarray(copies.work_s, np.float64)))
+  return float(kernels().stall_loop(np.ascontiguousarray(idle_s, np.float64),
+                                    np.ascontiguousarray(copies.start, np.int64),
+                                    np.ascontiguousarray(copies.done, np.int64),
+                                    np.ascontiguousarray(copies.work_s, np.float64)))

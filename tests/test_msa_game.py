@@ -168,6 +168,15 @@ def test_slots_legal_mask_and_observation_describe_msas_options():
             option.level + 1) * CONFIG.max_prefetch_starts
       else:
         assert slot == 1
+    # Occupancy: each bin's share taken by the chunks live during the segment's window.
+    for level in range(hardware.num_fast_levels):
+      start, end, offset, size = game._decisions.algorithm.heaps[level].chunks()
+      live = (start <= decision.use) & (end > max(decision.segment_start, 0))
+      edges = np.linspace(0, hardware.levels[level].capacity_bytes, CONFIG.occupancy_bins + 1)
+      covered = np.clip(edges[:, None] - offset[live][None, :], 0, size[live][None, :]).sum(1)
+      np.testing.assert_allclose(obs["occupancy"][level],
+                                 np.minimum(np.diff(covered) / (edges[1] - edges[0]), 1.0),
+                                 atol=1e-6)
     kind0 = decision.options[0].kind
     assert obs["request"][q.slice("option0")].argmax() == ("default", "evict",
                                                            "uncommit").index(kind0)
