@@ -45,26 +45,10 @@ from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
 from malloczero.env.observation import observation_spec
 from malloczero.env.simulator import kernels
-from malloczero.env.solvers.msa.algorithm import MsaDecisions, MsaOption, MsaOptions
+from malloczero.env.solvers.msa.algorithm import MsaDecisions, MsaOptions, option_slots
 from malloczero.env.workload import PROGRAM_START, Workload
 
 OPTION0_KINDS = ("default", "evict", "uncommit")
-
-
-def option_slots(options: tuple[MsaOption, ...], max_prefetch_starts: int) -> np.ndarray:
-  """`[n]` the action slot of each option of a decision (see the module docstring)."""
-  slots = np.zeros(len(options), np.int64)
-  rank = {}
-  for i, option in enumerate(options):
-    if i == 0:
-      continue
-    if option.kind == "keep":
-      slots[i] = 1
-      continue
-    k = rank.get(option.level, 0)
-    rank[option.level] = k + 1
-    slots[i] = 2 + option.level * max_prefetch_starts + k
-  return slots
 
 
 class _Columns:

@@ -176,6 +176,9 @@ def solver_options(args: argparse.Namespace, solver: str) -> dict:
     return {"time_limit_s": args.time_limit, "workers": args.workers}
   if solver == "evo":
     return {"evaluations": args.evaluations, "time_limit_s": args.time_limit, "seed": args.seed}
+  if solver == "evo-msa":
+    return {"evaluations": args.evaluations, "time_limit_s": args.time_limit, "seed": args.seed,
+            **msa_options(args.msa_option)}
   if solver == "pack":
     return {"time_limit_s": args.time_limit}
   if solver == "random":
@@ -584,15 +587,17 @@ def _train_vertex_ai(config, args: argparse.Namespace, workdir: str) -> int:
 
 
 def _add_solver_flags(p: argparse.ArgumentParser) -> None:
-  # evo and pack have no time limit flag of their own; on the command line they share CP-SAT's.
+  # evo, evo-msa and pack have no time limit flag of their own; they share CP-SAT's.
   p.add_argument("--time-limit", type=_positive_float, default=DEFAULT_TIME_LIMIT_S,
-                 help=f"seconds per program for cpsat, evo and pack, building their models "
+                 help=f"seconds per program for cpsat, evo, evo-msa and pack, building their models "
                       f"included (default {DEFAULT_TIME_LIMIT_S:g})")
   p.add_argument("--workers", type=_positive_int, default=DEFAULT_WORKERS,
                  help="CP-SAT worker threads")
   p.add_argument("--evaluations", type=_positive_int, default=DEFAULT_EVALUATIONS,
-                 help=f"evo budget: full mappings decoded (default {DEFAULT_EVALUATIONS})")
-  p.add_argument("--seed", type=_seed, default=0, help="seed for random and evo (0 to 2**31-1)")
+                 help=f"evo and evo-msa budget: full mappings decoded (default "
+                      f"{DEFAULT_EVALUATIONS})")
+  p.add_argument("--seed", type=_seed, default=0,
+                 help="seed for random, evo and evo-msa (0 to 2**31-1)")
   p.add_argument("--msa-option", type=_name_value, action="append", metavar="NAME=VALUE",
                  help="msa: one of its options (env/solvers/msa/algorithm.py MsaOptions, defaults "
                       "XLA's), e.g. min_overlap_to_async_copy_ratio=0.8, "

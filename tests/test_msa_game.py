@@ -15,10 +15,9 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from malloczero.env import (REQUESTS_GAME, GameConfig, IllegalActionError, MallocGame,
                             MalloczeroError, MsaGame, PRESETS, make_game, validate_mapping)
 from malloczero.env.cost_model import CostModel
-from malloczero.env.msa_game import option_slots
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.programs.synthetic import contended, random_workload
-from malloczero.env.solvers.msa.algorithm import msa_allocations
+from malloczero.env.solvers.msa.algorithm import msa_allocations, option_slots
 from tests.strategies import hardware_for, workloads
 from tests.test_msa_steps import same_allocations
 

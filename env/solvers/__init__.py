@@ -18,6 +18,7 @@ from malloczero.env.placement import Placement
 from malloczero.env.requests import build_requests
 from malloczero.env.solvers.cpsat import cpsat
 from malloczero.env.solvers.evo import evo
+from malloczero.env.solvers.evo_msa import evo_msa
 from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa_simple, random_play
 from malloczero.env.solvers.msa.algorithm import MsaOptions, msa_mapping
 from malloczero.env.validator import validate_mapping
@@ -44,8 +45,9 @@ PLACEMENT_SOLVERS = {"msa-simple": msa_simple, "greedy": greedy, "evo": evo, "cp
 # Policies played in a game, and the game: `random` in msa's decision space (env/msa_game.py, the
 # game the agent plays), `bestfit` over the requests game's best-fit candidates (env/game.py).
 GAME_SOLVERS = {"random": (random_play, GameConfig()), "bestfit": (bestfit_play, REQUESTS_GAME)}
-MODEL_SOLVERS = {"msa": msa}  # Build their own segments from the cost model.
-SOLVERS = ("msa", "greedy", "bestfit", "random", "evo", "cpsat", "pack", "msa-simple")
+# Build their own segments from the cost model (evo-msa: msa's decisions with deviations).
+MODEL_SOLVERS = {"msa": msa, "evo-msa": evo_msa}
+SOLVERS = ("msa", "greedy", "bestfit", "random", "evo", "evo-msa", "cpsat", "pack", "msa-simple")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,5 +103,5 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   return SolveResult(mapping, elapsed, dict(info, requests=len(requests)))
 
 
-__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "msa_simple", "greedy", "evo", "cpsat",
-           "pack", "random_play", "bestfit_play"]
+__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "msa_simple", "greedy", "evo", "evo_msa",
+           "cpsat", "pack", "random_play", "bestfit_play"]

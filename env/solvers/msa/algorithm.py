@@ -724,6 +724,24 @@ class MsaAlgorithm:
     return AsyncCopy(exclusive_start, end, resource, self._next_copy_id)
 
 
+def option_slots(options: tuple[MsaOption, ...], max_prefetch_starts: int) -> np.ndarray:
+  """`[n]` the fixed slot of each option of a decision, the msa game's action
+  (env/msa_game.py): option 0 -> 0, keep -> 1, the k-th prefetch start into fast level f ->
+  `2 + f * max_prefetch_starts + k`."""
+  slots = np.zeros(len(options), np.int64)
+  rank = {}
+  for i, option in enumerate(options):
+    if i == 0:
+      continue
+    if option.kind == "keep":
+      slots[i] = 1
+      continue
+    k = rank.get(option.level, 0)
+    rank[option.level] = k + 1
+    slots[i] = 2 + option.level * max_prefetch_starts + k
+  return slots
+
+
 class MsaDecisions:
   """msa's allocation loop as a decision process: `options()` at the current decision point
   (`decision`), `choose(i)` to apply one and advance, `done` when every buffer is allocated,

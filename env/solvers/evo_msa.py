@@ -1,0 +1,138 @@
+"""Evolution in the game's own decision space: msa's trajectory with a few decisions changed.
+
+A genome is a set of deviations from msa: {(buffer, use): action slot} (env/msa_game.py's
+slots: 0 leaves the use in default memory, or evicts, or uncommits; 1 keeps; 2 + f K + k the
+k-th prefetch start into fast level f). Decoding plays msa's decision process
+(`MsaDecisions`), taking msa's own option wherever the genome says nothing or names a slot that
+is not offered there, and times the mapping with the cost model (copies contending). The first
+genome is msa itself, and the elite is kept, so the result is never slower than msa. Children
+are tournament winners with one to four decisions of their trajectory changed to another
+offered slot (or a deviation dropped).
+
+Why in this space, beside `evo` over request priorities: the agent plays this game, so what
+`evo-msa` finds is a trajectory the agent can play (and learn from as a demonstration), and its
+gain over msa is a measure of what deviating from the heuristic, decision by decision, is
+worth. It cannot reorder buffers (msa's order is the game's), which `evo` can.
+
+The time limit bounds the whole call as in `evo` (evo.py): a decode starts only if it and the
+final decode of the best genome, each at the longest decode seen so far, end before the deadline
+(msa's own decode always runs, so there is a mapping).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from malloczero.env.cost_model import Allocations, CostModel
+from malloczero.env.mapping import Mapping
+from malloczero.env.solvers.msa.algorithm import (DEFAULT_PREFETCH_STARTS, MsaDecisions,
+                                                  MsaOptions, allocations_mapping, option_slots)
+
+DEFAULT_EVALUATIONS = 120  # Full mappings decoded, as evo.
+Genome = dict[tuple[int, int], int]
+# A decision point that offers more than one slot: (buffer, use, slots offered, msa's slot).
+Choice = tuple[int, int, np.ndarray, int]
+_clock = time.perf_counter  # Tests may replace it.
+
+
+def decode(model: CostModel, genome: Genome, options: MsaOptions = MsaOptions(),
+           max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS
+           ) -> tuple[float, Allocations, list[Choice], Genome]:
+  """Plays msa's decisions with the genome's deviations; (program time, segments, the decision
+  points that offered a choice, the deviations actually taken: a deviation whose decision no
+  longer comes up, or no longer offers its slot, is dropped)."""
+  decisions = MsaDecisions(model.workload, model.hardware, options, max_prefetch_starts)
+  choices: list[Choice] = []
+  taken: Genome = {}
+  while not decisions.done:
+    decision = decisions.decision
+    choice = decision.msa_choice
+    if len(decision.options) > 1:
+      slots = option_slots(decision.options, max_prefetch_starts)
+      key = (decision.buffer, decision.use)
+      wanted = genome.get(key)
+      if wanted is not None and wanted != slots[choice]:
+        found = np.flatnonzero(slots == wanted)
+        if len(found):
+          choice = int(found[0])
+          taken[key] = wanted
+      choices.append((decision.buffer, decision.use, slots, int(slots[decision.msa_choice])))
+    decisions.choose(choice)
+  allocations = decisions.allocations()
+  return model.evaluate(allocations).total_time_s, allocations, choices, taken
+
+
+def mutate(parent: Genome, choices: list[Choice], rng: np.random.Generator) -> Genome:
+  """One to four of the parent trajectory's decisions set to another offered slot (msa's slot
+  drops the deviation)."""
+  child = dict(parent)
+  for _ in range(int(rng.integers(1, 5))):
+    buffer, use, slots, msa_slot = choices[int(rng.integers(len(choices)))]
+    current = child.get((buffer, use), msa_slot)
+    others = slots[slots != current]
+    slot = int(others[rng.integers(len(others))])
+    if slot == msa_slot:
+      child.pop((buffer, use), None)
+    else:
+      child[(buffer, use)] = slot
+  return child
+
+
+def evo_msa(model: CostModel, evaluations: int = DEFAULT_EVALUATIONS, population: int = 8,
+            elite: int = 2, time_limit_s: float | None = None, seed: int = 0,
+            **msa_options: Any) -> tuple[Mapping, dict[str, Any]]:
+  """The best mapping found and an info dict (evaluations; the best genome's deviations from
+  msa as [buffer position, use op, slot] rows, which replayed in the msa game give the mapping;
+  the best time per generation; msa's own time)."""
+  options = MsaOptions(**msa_options)
+  rng = np.random.default_rng(seed)
+  deadline = None if time_limit_s is None else _clock() + float(time_limit_s)
+  longest = 0.0
+
+  def timed_decode(genome: Genome) -> tuple[float, Allocations, list[Choice], Genome]:
+    nonlocal longest
+    started = _clock()
+    result = decode(model, genome, options)
+    longest = max(longest, _clock() - started)
+    return result
+
+  def time_for_another() -> bool:
+    return deadline is None or _clock() + 2 * longest <= deadline
+
+  msa_time, best_allocations, msa_choices, _ = timed_decode({})
+  best_time, best_genome = msa_time, {}
+  genomes: list[Genome] = [{}]
+  fitness, trajectories = [msa_time], [msa_choices]
+  used, stopped, history = 1, False, [msa_time]
+  if not msa_choices:  # msa is offered no choice anywhere: nothing to search.
+    evaluations = 1
+  while used < evaluations and not stopped:
+    order = np.argsort(fitness, kind="stable")
+    next_genomes = [genomes[i] for i in order[:elite]]
+    next_fitness = [fitness[i] for i in order[:elite]]
+    next_trajectories = [trajectories[i] for i in order[:elite]]
+    while len(next_genomes) < population and used < evaluations:
+      if not time_for_another():
+        stopped = True
+        break
+      a, b = rng.integers(len(genomes), size=2)
+      parent = a if fitness[a] <= fitness[b] else b
+      child_time, allocations, child_choices, child = timed_decode(
+          mutate(genomes[parent], trajectories[parent], rng))
+      used += 1
+      if child_time < best_time:
+        best_time, best_genome, best_allocations = child_time, child, allocations
+      next_genomes.append(child)
+      next_fitness.append(child_time)
+      next_trajectories.append(child_choices)
+    genomes, fitness, trajectories = next_genomes, next_fitness, next_trajectories
+    history.append(min(fitness))
+  mapping = allocations_mapping(model, best_allocations, "evo-msa")
+  info = {"evaluations": used, "deviations_from_msa": len(best_genome),
+          "deviations": [[b, u, slot] for (b, u), slot in sorted(best_genome.items())],
+          "msa_time_s": msa_time, "best_time_per_generation_s": history,
+          **({"stopped_by_time_limit": True} if stopped else {})}
+  return mapping, info

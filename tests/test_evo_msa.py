@@ -1,0 +1,81 @@
+"""evo-msa (env/solvers/evo_msa.py): evolution over deviations from msa's decisions, in the game's
+own decision space. It starts from msa, so it is never slower; deviations are decisions of the
+game; its mapping is a trajectory the game can play."""
+
+import pytest
+
+from malloczero.env import MsaGame, validate_mapping
+from malloczero.env.cost_model import CostModel
+from malloczero.env.programs.suites import get_suite
+from malloczero.env.solvers import solve
+from malloczero.env.solvers.evo_msa import decode, evo_msa
+from malloczero.env.solvers.msa.algorithm import msa_allocations
+from tests.test_msa_steps import same_allocations
+
+
+def tiny(name: str):
+  (entry,) = [e for e in get_suite("tiny").entries if e.name == name]
+  return entry.load()
+
+
+def test_one_evaluation_is_msa_and_more_are_never_slower():
+  workload, hardware = tiny("tiny-gpt-b1-infer@tpu-v4i-like:25%")
+  model = CostModel(workload, hardware)
+  mapping, info = evo_msa(model, evaluations=1)
+  expected, _ = msa_allocations(workload, hardware)
+  assert same_allocations(mapping.to_arrays(workload), expected)
+  assert info["evaluations"] == 1 and info["deviations_from_msa"] == 0
+  searched, info = evo_msa(model, evaluations=30, seed=1)
+  assert info["evaluations"] == 30
+  assert searched.estimated_time_s <= info["msa_time_s"]
+  validate_mapping(workload, hardware, searched)
+
+
+def test_finds_a_faster_trajectory_than_msa_and_the_game_replays_it():
+  """On tiny-vgg msa prefetches what it should not: a few changed decisions are faster. The
+  deviations are moves of the game: replaying them in MsaGame gives the same time."""
+  workload, hardware = tiny("tiny-vgg-b1-infer@tpu-v4i-like:25%")
+  model = CostModel(workload, hardware)
+  mapping, info = evo_msa(model, evaluations=40, seed=0)
+  assert mapping.estimated_time_s < info["msa_time_s"] * 0.99
+  assert info["deviations_from_msa"] >= 1
+  report = validate_mapping(workload, hardware, mapping)
+  assert report.estimated_time_s == pytest.approx(mapping.estimated_time_s, rel=1e-9)
+  # Replay: the deviations are the game's actions at those decisions, msa's everywhere else.
+  deviations = {(b, u): slot for b, u, slot in info["deviations"]}
+  assert len(deviations) == info["deviations_from_msa"]
+  game = MsaGame(workload, hardware)
+  timestep, total, taken = game.reset(), 0.0, 0
+  while not timestep.last():
+    slot = deviations.get((game.decision.buffer, game.decision.use))
+    if slot is not None and timestep.observation["legal_actions"][slot]:
+      taken += 1
+    else:
+      slot = game.msa_action
+    timestep = game.step(slot)
+    total += timestep.reward
+  assert taken == len(deviations)
+  assert same_allocations(game.allocations(), mapping.to_arrays(workload))
+  assert game.total_time == pytest.approx(mapping.estimated_time_s, rel=1e-9)
+  assert total == pytest.approx(1 - mapping.estimated_time_s / game.normaliser, rel=1e-9)
+
+
+def test_a_deviation_to_slot_0_leaves_that_use_in_default_memory():
+  workload, hardware = tiny("tiny-mlp-b2-train@tpu-v4i-like:25%")
+  model = CostModel(workload, hardware)
+  _, msa_segments, choices, _ = decode(model, {})
+  # A decision where msa prefetches: send that use to default memory instead.
+  buffer, use, slots, msa_slot = next(c for c in choices if c[3] >= 2)
+  _, segments, _, taken = decode(model, {(buffer, use): 0, (-1, -1): 1})
+  assert taken == {(buffer, use): 0}  # A decision that never comes up is no deviation.
+  fetched = lambda a: {(int(b), int(d)) for b, d in zip(a.buffer, a.prefetch_done) if d >= 0}
+  assert (buffer, use) in fetched(msa_segments) and (buffer, use) not in fetched(segments)
+
+
+def test_a_zero_time_limit_still_returns_msas_mapping():
+  workload, hardware = tiny("tiny-mlp-b2-train@nnpi-like:25%")
+  result = solve(workload, hardware, "evo-msa", time_limit_s=0.0)
+  assert result.info["evaluations"] == 1 and result.info["stopped_by_time_limit"]
+  msa = solve(workload, hardware, "msa")
+  assert result.mapping.estimated_time_s == pytest.approx(msa.mapping.estimated_time_s,
+                                                          rel=1e-12)
