@@ -54,13 +54,25 @@ def with_simulations(search: SearchConfig, simulations: Optional[int]) -> Search
                              eval_num_simulations=simulations)
 
 
+def _batch_size(active: int, full: int) -> int:
+  """The search batch for `active` unfinished games of a group of `full`: the full batch, then
+  16, 4 or 1 as games finish. Why: the msa game's episodes differ in length by 1,000x (16 to
+  16,855 decisions on the default suite), and searching a full batch of finished games until
+  the longest ends would cost most of the evaluation; a few fixed sizes bound the compiles."""
+  for size in (1, 4, 16):
+    if active <= size < full:
+      return size
+  return full
+
+
 def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig,
                   game_config: GameConfig, specs: Sequence[GameSpec], attempts: int = 1,
                   seed: int = 0, solver_name: str = "muzero") -> list[EvaluationResult]:
   """Plays `attempts` trajectories of every spec, all in one batch; one result per spec.
 
-  Games that end early idle on action 0 until the longest has finished. Sampled attempts use
-  `search.num_simulations`, the greedy one `search.eval_num_simulations`.
+  As games end, the search runs on the unfinished ones only (padded to a few fixed batch
+  sizes, `_batch_size`). Sampled attempts use `search.num_simulations`, the greedy one
+  `search.eval_num_simulations`.
   """
   if attempts < 1:
     raise ValueError(f"attempts must be at least 1, got {attempts}")
@@ -74,20 +86,24 @@ def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig
   done = np.zeros(len(games), bool)
   rng = jax.random.PRNGKey(seed)
   params = jax.device_put(params)
+  groups = [(greedy, np.arange(num_programs))]
+  if sampled is not None:
+    groups.append((sampled, np.arange(num_programs, len(games))))
   while not done.all():
-    rng, greedy_key, sampled_key = jax.random.split(rng, 3)
-    actions = np.asarray(
-        greedy(params, greedy_key, stack_observations(observations[:num_programs])).action)
-    if sampled is not None:
-      actions = np.concatenate([actions, np.asarray(sampled(
-          params, sampled_key, stack_observations(observations[num_programs:])).action)])
-    for i, game in enumerate(games):
-      if done[i]:
+    rng, *keys = jax.random.split(rng, 1 + len(groups))
+    for (search_fn, members), key in zip(groups, keys):
+      active = members[~done[members]]
+      if not len(active):
         continue
-      timestep = game.step(int(actions[i]))
-      returns[i] += timestep.reward
-      observations[i] = timestep.observation
-      done[i] = timestep.last()
+      batch = _batch_size(len(active), len(members))
+      padded = [observations[i] for i in active] + [observations[active[0]]] * (
+          batch - len(active))
+      actions = np.asarray(search_fn(params, key, stack_observations(padded)).action)
+      for i, action in zip(active, actions):
+        timestep = games[i].step(int(action))
+        returns[i] += timestep.reward
+        observations[i] = timestep.observation
+        done[i] = timestep.last()
   results = []
   for p, spec in enumerate(specs):
     copies = games[p::num_programs]
@@ -106,17 +122,19 @@ def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig
 def compile_searches(networks: MuZeroNetworks, params: Params, search: SearchConfig,
                      game_config: GameConfig, spec: GameSpec, num_programs: int = 1,
                      attempts: int = 1) -> float:
-  """Compiles the searches `play_programs` will call for this batch shape, so that the play it
-  times afterwards is play alone; returns the seconds compiling took."""
+  """Compiles the searches `play_programs` will call for this batch shape (and the smaller
+  batches it moves to as games finish), so that the play it times afterwards is play alone;
+  returns the seconds compiling took."""
   start = time.perf_counter()
   observation = make_game(spec.workload, spec.hardware, game_config).reset().observation
   rng = jax.random.PRNGKey(0)
   batches = [(True, num_programs)] + ([(False, num_programs * (attempts - 1))] if attempts > 1
                                       else [])
-  for evaluation, size in batches:
-    output = _search_fn(networks, search, evaluation)(params, rng,
-                                                      stack_observations([observation] * size))
-    jax.block_until_ready(output.action)
+  for evaluation, full in batches:
+    for size in sorted({_batch_size(n, full) for n in (1, 4, 16, full)}):
+      output = _search_fn(networks, search, evaluation)(
+          params, rng, stack_observations([observation] * size))
+      jax.block_until_ready(output.action)
   return time.perf_counter() - start
 
 

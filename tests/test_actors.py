@@ -434,3 +434,17 @@ def test_play_programs_keeps_each_programs_fastest_attempt(params):
     assert checked.speedup == pytest.approx(result.speedup, rel=1e-6)
   with pytest.raises(ValueError, match="attempts"):
     play_programs(NETWORKS, params, search, CONFIG.game, specs, attempts=0)
+
+
+def test_greedy_play_does_not_depend_on_the_batch_it_shares_as_games_finish(params):
+  """The msa game's episodes differ in length, so the batch shrinks as games end
+  (`_batch_size`): each program's greedy trajectory is the one it gets when played alone."""
+  specs = ALL_SPECS[:4]
+  search = dataclasses.replace(CONFIG.search, num_simulations=4, eval_num_simulations=4)
+  noisy_params = noisy(params, 3, scale=0.5)
+  together = play_programs(NETWORKS, noisy_params, search, CONFIG.game, specs, seed=2)
+  assert len({r.requests for r in together}) > 1, "the games should end at different steps"
+  for spec, result in zip(specs, together):
+    (alone,) = play_programs(NETWORKS, noisy_params, search, CONFIG.game, [spec], seed=2)
+    assert alone.requests == result.requests
+    assert alone.speedup == pytest.approx(result.speedup, rel=1e-12)
