@@ -22,7 +22,7 @@ from malloczero.env.files import write_text
 from malloczero.env.game import MallocGame, make_game
 from malloczero.env.hardware import PRESETS, Hardware
 from malloczero.env.msa_game import MsaGame
-from malloczero.env.simulator import total_stall
+from malloczero.env.simulator import total_stall, total_stall_loop
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.workload import Workload
 
@@ -112,10 +112,13 @@ def bench_cost_model(seconds: float) -> dict[str, Any]:
   slow = model.slow_memory_time  # The idle times themselves do not change the simulation's cost.
   idle = model.idle_time(evaluation.op_time_s, slow)
   simulations_per_s, _ = _rate(lambda: (total_stall(idle, copies), 1)[1], seconds)
+  total_stall_loop(idle, copies)  # numba: compile or load from its cache first
+  loops_per_s, _ = _rate(lambda: (total_stall_loop(idle, copies), 1)[1], seconds)
   return {"eval_program_buffers": workload.num_buffers, "eval_program_ops": workload.num_ops,
           "eval_mapping_allocations": len(allocations), "eval_mapping_copies": len(copies),
           "copy_simulations_per_s": simulations_per_s,
           "copy_simulation_us": 1e6 / simulations_per_s,
+          "copy_stall_loop_us": 1e6 / loops_per_s,  # The msa game's per-step re-simulation.
           "cost_model_full_evaluations_per_s": evals_per_s,
           "cost_model_full_evaluation_ms": 1e3 / evals_per_s,
           "cost_model_incremental_updates_per_s": updates_per_s,
