@@ -115,7 +115,48 @@ def make_game(workload: Workload, hardware: Hardware, config: GameConfig = GameC
   return MallocGame(workload, hardware, config)
 
 
-class MallocGame(dm_env.Environment):
+class GameBase(dm_env.Environment):
+  """What both games share: the dm_env specs, reset, and the legality check of an action.
+  Subclasses set `config`, `workload`, `_obs_spec` and `_legal` [A], and define
+  `_reset_state` and `_observe`."""
+  config: GameConfig
+  workload: Workload
+  _obs_spec: dict[str, specs.Array]
+  _legal: np.ndarray
+
+  def observation_spec(self) -> dict[str, specs.Array]:
+    return self._obs_spec
+
+  def action_spec(self) -> specs.DiscreteArray:
+    return specs.DiscreteArray(self.config.num_actions, name="action")
+
+  def reward_spec(self) -> specs.Array:
+    return specs.Array((), np.float64, "reward")
+
+  def discount_spec(self) -> specs.BoundedArray:
+    return specs.BoundedArray((), np.float64, 0.0, 1.0, "discount")
+
+  def reset(self) -> dm_env.TimeStep:
+    self._reset_state()
+    return dm_env.restart(self._observe())
+
+  def _reset_state(self) -> None:
+    raise NotImplementedError
+
+  def _observe(self) -> dict[str, np.ndarray]:
+    raise NotImplementedError
+
+  def _checked(self, action: Any, where: str) -> int:
+    """`action` as an int, or a one-line error naming the step (`where`) and the legal ones."""
+    action = int(action)
+    if not (0 <= action < self.config.num_actions) or not self._legal[action]:
+      raise IllegalActionError(
+          f"action {action} is illegal {where} of '{self.workload.name}': "
+          f"legal actions are {np.flatnonzero(self._legal).tolist()}")
+    return action
+
+
+class MallocGame(GameBase):
   """mallocGame for one (workload, hardware) pair; deterministic, usable from Acme's loops."""
 
   def __init__(self, workload: Workload, hardware: Hardware,
@@ -144,30 +185,10 @@ class MallocGame(dm_env.Environment):
 
   # -------------------------------------------------------------------------- dm_env API
 
-  def observation_spec(self) -> dict[str, specs.Array]:
-    return self._obs_spec
-
-  def action_spec(self) -> specs.DiscreteArray:
-    return specs.DiscreteArray(self.config.num_actions, name="action")
-
-  def reward_spec(self) -> specs.Array:
-    return specs.Array((), np.float64, "reward")
-
-  def discount_spec(self) -> specs.BoundedArray:
-    return specs.BoundedArray((), np.float64, 0.0, 1.0, "discount")
-
-  def reset(self) -> dm_env.TimeStep:
-    self._reset_state()
-    return dm_env.restart(self._observe())
-
   def step(self, action: Any) -> dm_env.TimeStep:
     if self._done:
       return self.reset()
-    action = int(action)
-    if not (0 <= action < self.config.num_actions) or not self._legal[action]:
-      raise IllegalActionError(
-          f"action {action} is illegal for request {self._cursor} of '{self.workload.name}': "
-          f"legal actions are {np.flatnonzero(self._legal).tolist()}")
+    action = self._checked(action, f"for request {self._cursor}")
     saved = self._place(action) if action else 0.0
     reward = saved / self.normaliser
     self._cursor += 1

@@ -36,11 +36,10 @@ from typing import Any
 
 import dm_env
 import numpy as np
-from dm_env import specs
 
 from malloczero.env.cost_model import Allocations, CostModel
-from malloczero.env.errors import HardwareError, IllegalActionError, MalloczeroError
-from malloczero.env.game import GameConfig
+from malloczero.env.errors import HardwareError, MalloczeroError
+from malloczero.env.game import GameBase, GameConfig
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
 from malloczero.env.observation import observation_spec
@@ -80,7 +79,7 @@ class _Columns:
     self.look_saving = slice(static + saving.start, static + saving.stop)
 
 
-class MsaGame(dm_env.Environment):
+class MsaGame(GameBase):
   """mallocGame over msa's decision points for one (workload, hardware) pair; deterministic."""
 
   def __init__(self, workload: Workload, hardware: Hardware, config: GameConfig = GameConfig(),
@@ -138,30 +137,10 @@ class MsaGame(dm_env.Environment):
 
   # -------------------------------------------------------------------------- dm_env API
 
-  def observation_spec(self) -> dict[str, specs.Array]:
-    return self._obs_spec
-
-  def action_spec(self) -> specs.DiscreteArray:
-    return specs.DiscreteArray(self.config.num_actions, name="action")
-
-  def reward_spec(self) -> specs.Array:
-    return specs.Array((), np.float64, "reward")
-
-  def discount_spec(self) -> specs.BoundedArray:
-    return specs.BoundedArray((), np.float64, 0.0, 1.0, "discount")
-
-  def reset(self) -> dm_env.TimeStep:
-    self._reset_state()
-    return dm_env.restart(self._observe())
-
   def step(self, action: Any) -> dm_env.TimeStep:
     if self._done:
       return self.reset()
-    action = int(action)
-    if not (0 <= action < self.config.num_actions) or not self._legal[action]:
-      raise IllegalActionError(
-          f"action {action} is illegal at decision {self._decisions.num_steps} of "
-          f"'{self.workload.name}': legal actions are {np.flatnonzero(self._legal).tolist()}")
+    action = self._checked(action, f"at decision {self._decisions.num_steps}")
     before = self.total_time
     self._apply(self._option_index[action])
     reward = (before - self.total_time) / self.normaliser

@@ -1,5 +1,6 @@
 """Hypothesis strategies: arbitrary valid programs and hardware for property tests."""
 
+import numpy as np
 from hypothesis import strategies as st
 
 from malloczero.env.hardware import Hardware, MemoryLevel
@@ -45,3 +46,28 @@ def hardware_for(draw, workload: Workload) -> Hardware:
   levels.append(MemoryLevel("slow", 1 << 40, bandwidth / draw(st.floats(1.5, 20.0))))
   return Hardware(name="hyp", levels=tuple(levels), peak_flops_per_s=draw(st.floats(1e11, 1e15)),
                   copy_bandwidth_bytes_per_s=draw(st.floats(1e9, 1e12)), alignment_bytes=alignment)
+
+
+def counting_actor(policy):
+  """An Acme actor that plays `policy(observation) -> action` and counts the timesteps it
+  observes (Acme is imported here, when a test needs it)."""
+  from acme import core
+
+  class CountingActor(core.Actor):
+
+    def __init__(self):
+      self.observed = 0
+
+    def select_action(self, observation):
+      return np.int32(policy(observation))
+
+    def observe_first(self, timestep):
+      self.observed += 1
+
+    def observe(self, action, next_timestep):
+      self.observed += 1
+
+    def update(self, wait=False):
+      pass
+
+  return CountingActor()

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, strategies as st
 
-from malloczero.env import (GameConfig, REQUESTS_GAME, IllegalActionError, MallocGame, MalloczeroError, PRESETS,
-                 validate_mapping)
+from malloczero.env import (REQUESTS_GAME, IllegalActionError, MallocGame, MalloczeroError,
+                            PRESETS, validate_mapping)
 from malloczero.env.cost_model import CostModel
 from malloczero.env.programs.synthetic import contended, mlp_training_step, random_workload
-from tests.strategies import hardware_for, workloads
+from tests.strategies import counting_actor, hardware_for, workloads
 
 
 def play(game: MallocGame, policy: str, seed: int = 0):
@@ -159,31 +159,14 @@ def test_candidates_are_free_best_fit_first_and_requests_ordered_by_boundedness(
 
 
 def test_usable_from_acme_environment_loop():
-  from acme import core, environment_loop, specs
-
-  class RandomLegalActor(core.Actor):
-    def __init__(self):
-      self._rng = np.random.default_rng(0)
-      self.observed = 0
-
-    def select_action(self, observation):
-      legal = np.flatnonzero(observation["legal_actions"])
-      return np.int32(legal[self._rng.integers(len(legal))])
-
-    def observe_first(self, timestep):
-      self.observed += 1
-
-    def observe(self, action, next_timestep):
-      self.observed += 1
-
-    def update(self, wait=False):
-      pass
-
+  from acme import environment_loop, specs
+  rng = np.random.default_rng(0)
+  actor = counting_actor(lambda observation: rng.choice(np.flatnonzero(
+      observation["legal_actions"])))
   workload = random_workload(1, num_ops=25)
   game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25))
   env_spec = specs.make_environment_spec(game)
   assert env_spec.actions.num_values == REQUESTS_GAME.num_actions
-  actor = RandomLegalActor()
   loop = environment_loop.EnvironmentLoop(game, actor, should_update=False)
   loop.run(num_episodes=2)
   assert actor.observed == 2 * (len(game.requests) + 1)

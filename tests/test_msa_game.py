@@ -18,7 +18,7 @@ from malloczero.env.cost_model import CostModel
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.solvers.msa.algorithm import msa_allocations, option_slots
-from tests.strategies import hardware_for, workloads
+from tests.strategies import counting_actor, hardware_for, workloads
 from tests.test_msa_steps import same_allocations
 
 CONFIG = GameConfig()
@@ -222,33 +222,15 @@ def test_deterministic_and_a_step_after_the_end_starts_again():
 
 
 def test_usable_from_acme_environment_loop():
-  from acme import core, environment_loop, specs
-
-  class MsaActor(core.Actor):
-    """Plays the slot msa marks in the observation: no access to the game's internals."""
-
-    def __init__(self):
-      self.observed = 0
-
-    def select_action(self, observation):
-      marked = np.flatnonzero(observation["candidates"][:, CONFIG.layout.candidate.index(
-          "msa_choice")])
-      return np.int32(marked[0] + 1 if len(marked) else 0)
-
-    def observe_first(self, timestep):
-      self.observed += 1
-
-    def observe(self, action, next_timestep):
-      self.observed += 1
-
-    def update(self, wait=False):
-      pass
-
+  from acme import environment_loop, specs
+  column = CONFIG.layout.candidate.index("msa_choice")
+  # Plays the slot msa marks in the observation: no access to the game's internals.
+  actor = counting_actor(lambda observation: (
+      np.flatnonzero(observation["candidates"][:, column]).tolist() + [-1])[0] + 1)
   workload = random_workload(1, num_ops=40)
   hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
   game = MsaGame(workload, hardware)
   assert specs.make_environment_spec(game).actions.num_values == CONFIG.num_actions
-  actor = MsaActor()
   environment_loop.EnvironmentLoop(game, actor, should_update=False).run(num_episodes=1)
   expected, _ = msa_allocations(workload, hardware)
   assert same_allocations(game.allocations(), expected)
