@@ -18,7 +18,7 @@ from malloczero.env import MalloczeroError, PRESETS, make_game
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.learner import learner as learner_lib
 from malloczero.learner import (MuZeroLearner, importance_weights, load_params, make_networks,
-                     scalar_to_probs, value_targets)
+                     logits_to_scalar, scalar_to_probs, value_targets)
 from malloczero.learner.fakes import random_batch
 from malloczero.replay import PRIORITY_EPSILON
 from malloczero.replay.types import Batch, Step, zero_step
@@ -119,6 +119,32 @@ def test_value_targets_hand_computed():
 
   with pytest.raises(ValueError, match="too short"):
     value_targets(jnp.asarray(rewards), jnp.asarray(valid), jnp.asarray(bootstrap), 3, 3)
+
+
+def test_value_transform_keeps_small_values_in_float32():
+  """Rewards of 1e-7..1e-3 (most of this game's) survive encoding and decoding: h and its
+  inverse, and the two-hot target decoded back. rlax's forms lost them (1e-6 -> -6.1e-6)."""
+  import rlax
+  from malloczero.learner.networks import signed_hyperbolic, signed_parabolic
+  x = np.concatenate([-np.logspace(-8, 3, 45), [0.0], np.logspace(-8, 3, 45)]).astype(np.float32)
+  y = signed_hyperbolic(jnp.asarray(x))
+  np.testing.assert_allclose(np.asarray(signed_parabolic(y)), x, rtol=2e-6, atol=1e-12)
+  # The same function as rlax's where rlax is accurate (away from 0).
+  big = np.abs(x) >= 1e-1
+  np.testing.assert_allclose(np.asarray(y)[big], np.asarray(rlax.signed_hyperbolic(x[big])),
+                             rtol=1e-5)
+  config = CONFIG.network
+  limit = float(signed_parabolic(jnp.float32(config.support_limit))) / config.value_scale
+  raw = x[np.abs(x) < 0.99 * limit]
+  probs = scalar_to_probs(jnp.asarray(raw), config)
+  assert np.all(np.asarray(probs) >= 0) and np.allclose(np.asarray(probs).sum(-1), 1.0)
+  assert np.all((np.asarray(probs) > 0).sum(-1) <= 2)
+  decoded = logits_to_scalar(jnp.log(probs + 1e-30), config)
+  np.testing.assert_allclose(np.asarray(decoded), raw, rtol=1e-4, atol=1e-10)
+  # Values 1e-6 apart stay apart after a round trip.
+  pair = logits_to_scalar(jnp.log(scalar_to_probs(jnp.asarray([2e-5, 2.1e-5]), config) + 1e-30),
+                          config)
+  assert float(pair[1] - pair[0]) == pytest.approx(1e-6, rel=1e-2)
 
 
 def _constant_value_params(params, value: float):
