@@ -50,6 +50,10 @@ class GameConfig:
   num_candidates: K of the requests game (1 + K actions).
   max_prefetch_starts: prefetch starts offered per fast level in the msa game
     (2 + max_prefetch_starts x max_fast_levels actions).
+  skip_below: msa game only. 0 offers every decision. Above 0, msa's own choice is played, not
+    offered, at decisions with a single option or whose best option msa estimates to save less
+    than this fraction of the all-slow time (issue 15: most moves cannot matter); their rewards
+    go to the next move the agent makes.
   """
   num_candidates: int = 16
   occupancy_bins: int = 32
@@ -57,6 +61,7 @@ class GameConfig:
   max_fast_levels: int = 2      # Observation width: hardware may have up to this many fast levels.
   decisions: str = "msa"
   max_prefetch_starts: int = 4
+  skip_below: float = 0.0
 
   def __post_init__(self):
     if self.decisions not in DECISIONS:
@@ -67,6 +72,8 @@ class GameConfig:
         raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
     if self.lookahead < 0:
       raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
+    if not 0.0 <= self.skip_below < 1.0:
+      raise ValueError(f"skip_below must be a fraction in [0, 1), got {self.skip_below}")
 
   @property
   def num_actions(self) -> int:

@@ -44,7 +44,8 @@ from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
 from malloczero.env.observation import observation_spec
 from malloczero.env.simulator import kernels
-from malloczero.env.solvers.msa.algorithm import MsaDecisions, MsaOptions, option_slots
+from malloczero.env.solvers.msa.algorithm import (MsaDecisions, MsaOptions, option_slots,
+                                                  worth_deciding)
 from malloczero.env.workload import PROGRAM_START, Workload
 
 OPTION0_KINDS = ("default", "evict", "uncommit")
@@ -123,17 +124,20 @@ class MsaGame(GameBase):
         [[0.0], np.cumsum(np.maximum(model.compute_time, model.slow_memory_time))])
     self._obs_spec = observation_spec(config)
     self._layout = config.layout
+    self._skip_threshold = config.skip_below * self.normaliser
+    self._kernels = kernels()
     self._reset_state()
     if self._decisions.done:
-      raise MalloczeroError(f"{workload.name}: nothing to play on '{hardware.name}': msa has no "
-                            "decision to make (no buffer to allocate)")
+      why = ("msa has no decision to make (no buffer to allocate)" if not config.skip_below else
+             f"no decision of msa's is worth {config.skip_below:g} of the all-slow time "
+             "(skip_below)")
+      raise MalloczeroError(f"{workload.name}: nothing to play on '{hardware.name}': {why}")
     analyses = self._decisions.algorithm.analyses
     self._use_reduction = np.stack([ca.use_elapsed_reduction for ca in analyses])  # [F, E]
     self._saving_scale = max(float(self._use_reduction.max(initial=0.0)), 1e-30)
     self._num_buffers = int(np.sum(~a.is_output & (a.sizes > 0)))
     self._static_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     self._columns = _Columns(config, self._num_fast)
-    self._kernels = kernels()
 
   # -------------------------------------------------------------------------- dm_env API
 
@@ -141,9 +145,11 @@ class MsaGame(GameBase):
     if self._done:
       return self.reset()
     action = self._checked(action, f"at decision {self._decisions.num_steps}")
-    before = self.total_time
     self._apply(self._option_index[action])
-    reward = (before - self.total_time) / self.normaliser
+    self._moves += 1
+    self._play_undecisive()
+    reward = (self._rewarded_time - self.total_time) / self.normaliser
+    self._rewarded_time = self.total_time
     if self._decisions.done:
       self._done = True
       return dm_env.termination(reward, self._terminal_observation())
@@ -172,8 +178,9 @@ class MsaGame(GameBase):
 
   @property
   def num_steps(self) -> int:
-    """Decisions taken so far in this episode."""
-    return self._decisions.num_steps
+    """Moves made so far in this episode (decisions msa played itself, `skip_below`, not
+    counted)."""
+    return self._moves
 
   def allocations(self) -> Allocations:
     """The segments so far (the whole mapping once the episode is over), in msa's order."""
@@ -216,6 +223,20 @@ class MsaGame(GameBase):
     self._buffer_moves: list[int] = []  # Ops whose bytes of the buffer went to fast memory.
     self._buffer_copies: list[int] = []
     self._buffers_done = 0
+    self._moves = 0
+    # The time the rewards so far account for: what decisions played before the first move
+    # save is in the first move's reward, so an episode's rewards still sum to the time saved.
+    self._rewarded_time = self.total_time
+    self._play_undecisive()
+
+  def _play_undecisive(self) -> None:
+    """Plays msa's own choice at the decisions not offered (`GameConfig.skip_below`)."""
+    if self._skip_threshold <= 0:
+      return
+    while not self._decisions.done:
+      if worth_deciding(self._decisions.decision.options, self._skip_threshold):
+        return
+      self._apply(self._decisions.decision.msa_choice)
 
   def _move(self, buffer: int, op: int, level: int) -> None:
     """Moves the buffer's bytes at `op` (its incidences there, one key range) to `level` and

@@ -171,6 +171,16 @@ def _positive_float(text: str) -> float:
   return value
 
 
+def _fraction(text: str) -> float:
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got '{text}'") from None
+  if not 0.0 <= value < 1.0:
+    raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {value}")
+  return value
+
+
 def solver_options(args: argparse.Namespace, solver: str) -> dict:
   if solver == "cpsat":
     return {"time_limit_s": args.time_limit, "workers": args.workers}
@@ -178,7 +188,7 @@ def solver_options(args: argparse.Namespace, solver: str) -> dict:
     return {"evaluations": args.evaluations, "time_limit_s": args.time_limit, "seed": args.seed}
   if solver == "evo-msa":
     return {"evaluations": args.evaluations, "time_limit_s": args.time_limit, "seed": args.seed,
-            **msa_options(args.msa_option)}
+            "skip_below": args.skip_below, **msa_options(args.msa_option)}
   if solver == "pack":
     return {"time_limit_s": args.time_limit}
   if solver == "random":
@@ -452,6 +462,9 @@ def _train_config(args: argparse.Namespace):
     config = dataclasses.replace(config, seed=args.seed)
   if args.eval_every:
     config = dataclasses.replace(config, eval_every_steps=args.eval_every)
+  if args.skip_below is not None:
+    config = dataclasses.replace(config, game=dataclasses.replace(config.game,
+                                                                  skip_below=args.skip_below))
   from malloczero.env.programs.suites import get_suite
   get_suite(config.suite)  # A wrong suite name fails here, before anything starts.
   return config
@@ -598,6 +611,9 @@ def _add_solver_flags(p: argparse.ArgumentParser) -> None:
                       f"{DEFAULT_EVALUATIONS})")
   p.add_argument("--seed", type=_seed, default=0,
                  help="seed for random, evo and evo-msa (0 to 2**31-1)")
+  p.add_argument("--skip-below", type=_fraction, default=0.0, metavar="FRACTION",
+                 help="evo-msa: change only decisions whose best option saves at least this "
+                 "fraction of the all-slow time (default 0: any)")
   p.add_argument("--msa-option", type=_name_value, action="append", metavar="NAME=VALUE",
                  help="msa: one of its options (env/solvers/msa/algorithm.py MsaOptions, defaults "
                       "XLA's), e.g. min_overlap_to_async_copy_ratio=0.8, "
@@ -728,6 +744,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help="local_mp: node output to WORKDIR/nodes/*.log (default) or to this "
                  "terminal, each line prefixed with its node")
   p.add_argument("--seed", type=_seed, help="override the config's seed (0 to 2**31-1)")
+  p.add_argument("--skip-below", type=_fraction, metavar="FRACTION",
+                 help="the game plays msa's own choice at decisions whose best option saves "
+                 "less than this fraction of the all-slow time (default: the config's, 0)")
   p.add_argument("--quiet", action="store_true", help="no periodic log lines")
   p.set_defaults(func=cmd_train)
   return parser

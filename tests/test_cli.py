@@ -175,6 +175,29 @@ def test_every_seed_flag_is_checked_before_anything_runs(tmp_path, capsys, seed)
   assert not workdir.exists()
 
 
+@pytest.mark.parametrize("value", ["1", "-0.1", "x"])
+def test_skip_below_is_a_fraction_checked_before_anything_runs(tmp_path, capsys, value):
+  from malloczero.launch.cli import main
+  workdir = tmp_path / "run"
+  for args in (("train", "--launch", "single", "--config", "tiny", "--workdir", str(workdir)),
+               ("solve", "w.json", "--solver", "evo-msa")):
+    with pytest.raises(SystemExit) as exit_info:
+      main([*args, "--skip-below", value])
+    assert exit_info.value.code == 2, args
+    err = capsys.readouterr().err
+    assert err.startswith("malloczero: error: argument --skip-below: expected a fraction in "
+                          "[0, 1)") and err.count("\n") == 1, err
+  assert not workdir.exists()
+
+
+def test_train_skip_below_reaches_the_game_config():
+  from malloczero.launch.cli import _train_config, build_parser
+  args = build_parser().parse_args(["train", "--config", "tiny", "--skip-below", "0.001"])
+  assert _train_config(args).game.skip_below == 0.001
+  args = build_parser().parse_args(["train", "--config", "tiny"])
+  assert _train_config(args).game.skip_below == 0.0
+
+
 def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscribed(
     tmp_path, capsys, monkeypatch):
   """`--num-actors 1000` on 2 cores used to be accepted silently and spawn hundreds of processes."""

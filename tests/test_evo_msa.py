@@ -79,3 +79,15 @@ def test_a_zero_time_limit_still_returns_msas_mapping():
   msa = solve(workload, hardware, "msa")
   assert result.mapping.estimated_time_s == pytest.approx(msa.mapping.estimated_time_s,
                                                           rel=1e-12)
+
+
+def test_with_skip_below_it_changes_only_decisions_worth_deciding():
+  workload, hardware = tiny("tiny-vgg-b1-infer@tpu-v4i-like:25%")
+  model = CostModel(workload, hardware)
+  _, _, every, _ = decode(model, {})
+  _, _, worth, _ = decode(model, {}, skip_below=1e-3)
+  assert 0 < len(worth) < len(every)
+  assert {(b, u) for b, u, _, _ in worth} <= {(b, u) for b, u, _, _ in every}
+  mapping, info = evo_msa(model, evaluations=20, seed=0, skip_below=1e-3)
+  assert {(b, u) for b, u, _ in info["deviations"]} <= {(b, u) for b, u, _, _ in worth}
+  assert mapping.estimated_time_s <= info["msa_time_s"]

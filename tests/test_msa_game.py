@@ -235,3 +235,41 @@ def test_usable_from_acme_environment_loop():
   expected, _ = msa_allocations(workload, hardware)
   assert same_allocations(game.allocations(), expected)
   assert actor.observed == game.num_steps + 1
+
+
+@pytest.mark.parametrize("preset", ["tpu-v4i-like", "nnpi-like"])
+def test_skipping_small_decisions_keeps_rewards_exact_and_msa_reachable(preset):
+  """With `skip_below`, msa plays the decisions that cannot matter much; the agent sees fewer
+  moves, each offering a choice, msa's slot everywhere is still the msa solver, and the rewards
+  (those of the skipped decisions included) still sum to the time saved."""
+  workload = random_workload(4, num_ops=120)
+  hardware = contended(PRESETS[preset], workload, 0.25)
+  full = MsaGame(workload, hardware)
+  play(full, "msa")
+  config = dataclasses.replace(CONFIG, skip_below=1e-3)
+  game = MsaGame(workload, hardware, config)
+  threshold = 1e-3 * game.normaliser
+  rng = np.random.default_rng(0)
+  for policy in ("msa", "random"):
+    timestep, total = game.reset(), 0.0
+    while not timestep.last():
+      options = game.decision.options
+      assert len(options) > 1 and max(o.saving for o in options) >= threshold
+      legal = np.flatnonzero(timestep.observation["legal_actions"])
+      timestep = game.step(game.msa_action if policy == "msa" else rng.choice(legal))
+      total += timestep.reward
+    report = validate_mapping(workload, hardware, game.mapping(policy))
+    assert total == pytest.approx(1 - report.estimated_time_s / game.normaliser, rel=1e-7)
+    if policy == "msa":
+      expected, _ = msa_allocations(workload, hardware)
+      assert same_allocations(game.allocations(), expected)
+      assert 0 < game.num_steps < full.num_steps
+
+
+def test_skip_below_is_checked_and_a_game_with_nothing_worth_deciding_is_refused():
+  with pytest.raises(ValueError, match="skip_below must be a fraction"):
+    GameConfig(skip_below=1.0)
+  workload = random_workload(1, num_ops=30)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
+  with pytest.raises(MalloczeroError, match="no decision of msa's is worth 0.9"):
+    MsaGame(workload, hardware, dataclasses.replace(CONFIG, skip_below=0.9))

@@ -29,7 +29,8 @@ import numpy as np
 from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.mapping import Mapping
 from malloczero.env.solvers.msa.algorithm import (DEFAULT_PREFETCH_STARTS, MsaDecisions,
-                                                  MsaOptions, allocations_mapping, option_slots)
+                                                  MsaOptions, allocations_mapping, option_slots,
+                                                  worth_deciding)
 
 DEFAULT_EVALUATIONS = 120  # Full mappings decoded, as evo.
 Genome = dict[tuple[int, int], int]
@@ -39,18 +40,20 @@ _clock = time.perf_counter  # Tests may replace it.
 
 
 def decode(model: CostModel, genome: Genome, options: MsaOptions = MsaOptions(),
-           max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS
+           max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS, skip_below: float = 0.0
            ) -> tuple[float, Allocations, list[Choice], Genome]:
   """Plays msa's decisions with the genome's deviations; (program time, segments, the decision
   points that offered a choice, the deviations actually taken: a deviation whose decision no
-  longer comes up, or no longer offers its slot, is dropped)."""
+  longer comes up, or no longer offers its slot, is dropped). With `skip_below`, only the
+  decisions the msa game offers with that setting (`GameConfig.skip_below`) offer a choice."""
   decisions = MsaDecisions(model.workload, model.hardware, options, max_prefetch_starts)
+  threshold = skip_below * model.slow_only_time
   choices: list[Choice] = []
   taken: Genome = {}
   while not decisions.done:
     decision = decisions.decision
     choice = decision.msa_choice
-    if len(decision.options) > 1:
+    if worth_deciding(decision.options, threshold):
       slots = option_slots(decision.options, max_prefetch_starts)
       key = (decision.buffer, decision.use)
       wanted = genome.get(key)
@@ -83,7 +86,7 @@ def mutate(parent: Genome, choices: list[Choice], rng: np.random.Generator) -> G
 
 def evo_msa(model: CostModel, evaluations: int = DEFAULT_EVALUATIONS, population: int = 8,
             elite: int = 2, time_limit_s: float | None = None, seed: int = 0,
-            **msa_options: Any) -> tuple[Mapping, dict[str, Any]]:
+            skip_below: float = 0.0, **msa_options: Any) -> tuple[Mapping, dict[str, Any]]:
   """The best mapping found and an info dict (evaluations; the best genome's deviations from
   msa as [buffer position, use op, slot] rows, which replayed in the msa game give the mapping;
   the best time per generation; msa's own time)."""
@@ -95,7 +98,7 @@ def evo_msa(model: CostModel, evaluations: int = DEFAULT_EVALUATIONS, population
   def timed_decode(genome: Genome) -> tuple[float, Allocations, list[Choice], Genome]:
     nonlocal longest
     started = _clock()
-    result = decode(model, genome, options)
+    result = decode(model, genome, options, skip_below=skip_below)
     longest = max(longest, _clock() - started)
     return result
 

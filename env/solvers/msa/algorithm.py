@@ -742,6 +742,12 @@ def option_slots(options: tuple[MsaOption, ...], max_prefetch_starts: int) -> np
   return slots
 
 
+
+def worth_deciding(options: tuple[MsaOption, ...], threshold_s: float) -> bool:
+  """Whether a decision offers a choice whose best option msa estimates to save at least
+  `threshold_s` seconds (the msa game's `skip_below`; 0: any choice at all)."""
+  return len(options) > 1 and (threshold_s <= 0 or max(o.saving for o in options) >= threshold_s)
+
 class MsaDecisions:
   """msa's allocation loop as a decision process: `options()` at the current decision point
   (`decision`), `choose(i)` to apply one and advance, `done` when every buffer is allocated,
