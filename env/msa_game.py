@@ -98,7 +98,6 @@ class MsaGame(GameBase):
     self.normaliser = model.slow_only_time
     self._num_fast = hardware.num_fast_levels
     self._capacity = hardware.capacities[:-1].astype(np.float64)        # [F]
-    self._inverse_bandwidth = model.inverse_bandwidth                    # [L]
     a = workload.arrays
     self._stride = workload.num_ops + 1
     self._incidence_key = model._incidence_key                           # [E] sorted
@@ -118,7 +117,6 @@ class MsaGame(GameBase):
     self._positions = np.concatenate([[0.0], self._axis / self._length])
     self._position_list = self._positions.tolist()
     self._candidates_shape = (config.candidate_slots, config.candidate_features)
-    self._request_size = config.request_features
     self._lookahead_shape = (config.lookahead, config.lookahead_features)
     self._slow_op_prefix = np.concatenate(
         [[0.0], np.cumsum(np.maximum(model.compute_time, model.slow_memory_time))])
