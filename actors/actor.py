@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -15,6 +17,12 @@ from malloczero.actors.variable_client import VariableClient
 from malloczero.configs.config import Config
 from malloczero.learner.networks import MuZeroNetworks
 from malloczero.replay.types import Step
+
+_log = logging.getLogger("malloczero.actors")
+
+# `offer(program, actions, episode_return) -> best return known for the program`: the learner's
+# `offer_demonstration` (replay/demonstrations.py).
+OfferFn = Callable[[str, Sequence[int], float], float]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,13 +41,23 @@ def stack_observations(observations: list[dict[str, np.ndarray]]) -> dict[str, n
 class BatchedActor:
   """Plays `pool.num_slots` games at once with Gumbel MuZero search and writes them to replay.
 
-  `writer` (replay.SequenceWriter) may be None, e.g. for a pure acting benchmark.
+  `writer` (replay.SequenceWriter) may be None, e.g. for a pure acting benchmark. With `offer`,
+  a finished game that earned more than the best return known for its program is offered as a
+  demonstration, in a background thread so that acting does not wait for the learner's replay
+  of it; the answer (the best return now known) updates what counts as better.
   """
 
   def __init__(self, networks: MuZeroNetworks, config: Config, pool: GamePool,
                variable_client: VariableClient, writer: Any = None, seed: int = 0,
-               on_episode: Callable[[EpisodeResult], None] | None = None):
+               on_episode: Callable[[EpisodeResult], None] | None = None,
+               offer: OfferFn | None = None):
     self._pool = pool
+    self._offer = offer
+    self._best_known: dict[str, float] = {}
+    self._offers: list[tuple[str, concurrent.futures.Future]] = []
+    self._offer_executor = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="offers")
+                            if offer is not None else None)
+    self.num_offers = 0
     self._client = variable_client
     self._writer = writer
     self._search = make_search_fn(networks, config.search)
@@ -48,6 +66,7 @@ class BatchedActor:
     self._games = []
     self._programs = []
     self._observations = []
+    self._actions: list[list[int]] = []
     self._returns = np.zeros(pool.num_slots)
     self._lengths = np.zeros(pool.num_slots, np.int64)
     for slot in range(pool.num_slots):
@@ -68,10 +87,12 @@ class BatchedActor:
     observation = game.reset().observation
     if slot < len(self._games):
       self._games[slot], self._programs[slot], self._observations[slot] = game, index, observation
+      self._actions[slot] = []
     else:
       self._games.append(game)
       self._programs.append(index)
       self._observations.append(observation)
+      self._actions.append([])
     self._returns[slot] = 0.0
     self._lengths[slot] = 0
 
@@ -92,10 +113,12 @@ class BatchedActor:
             root_value=output.root_value[slot], valid=np.float32(1.0)))
       self._returns[slot] += timestep.reward
       self._lengths[slot] += 1
+      self._actions[slot].append(action)
       if timestep.last():
         if self._writer is not None:
           self._writer.end_episode(slot, timestep.observation)
         spec = self._pool.specs[self._programs[slot]]
+        self._maybe_offer(spec.name, self._actions[slot], float(self._returns[slot]))
         finished.append(EpisodeResult(spec.name, float(self._returns[slot]),
                                       game.cost_model.slow_only_time / game.total_time,
                                       int(self._lengths[slot])))
@@ -108,6 +131,32 @@ class BatchedActor:
       for result in finished:
         self._on_episode(result)
     return finished
+
+  def _maybe_offer(self, program: str, actions: list[int], episode_return: float) -> None:
+    if self._offer_executor is None:
+      return
+    still_waiting = []
+    for name, future in self._offers:  # Answers so far: the best returns the learner knows.
+      if not future.done():
+        still_waiting.append((name, future))
+        continue
+      try:
+        self._best_known[name] = max(self._best_known.get(name, -np.inf), future.result())
+      except Exception as e:  # pylint: disable=broad-except  # Learner busy or stopping.
+        _log.warning("demonstration offer for %s failed: %s", name, e)
+    self._offers = still_waiting
+    if episode_return <= self._best_known.get(program, -np.inf):
+      return
+    self._best_known[program] = episode_return  # No second offer of the same until answered.
+    self.num_offers += 1
+    self._offers.append((program, self._offer_executor.submit(
+        self._offer, program, list(actions), episode_return)))
+
+  def close(self, wait: bool = False) -> None:
+    """Stops the offer thread: with `wait`, after every offer was answered; otherwise offers not
+    sent yet are dropped (at a stop the learner may be gone)."""
+    if self._offer_executor is not None:
+      self._offer_executor.shutdown(wait=wait, cancel_futures=not wait)
 
   def run(self, should_stop: Callable[[], bool], num_steps: int | None = None) -> None:
     steps = 0

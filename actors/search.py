@@ -7,6 +7,7 @@ and inside the tree by the networks' legality head (see learner/networks.py).
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 import chex
@@ -37,6 +38,10 @@ def make_search_fn(networks: MuZeroNetworks, search: SearchConfig, evaluation: b
   net_config = networks.config
   num_simulations = search.eval_num_simulations if evaluation else search.num_simulations
   gumbel_scale = 0.0 if evaluation else search.gumbel_scale
+  # mctx rescales each node's completed Q-values to [0, 1] by their spread; a spread below the
+  # floor is not stretched, so differences the model cannot resolve stay small policy changes.
+  qtransform = functools.partial(mctx.qtransform_completed_by_mix_value,
+                                 epsilon=max(search.q_spread_floor, 1e-8))
 
   def recurrent_fn(params, rng, action, latent):
     del rng
@@ -59,7 +64,7 @@ def make_search_fn(networks: MuZeroNetworks, search: SearchConfig, evaluation: b
         params, rng, root, recurrent_fn, num_simulations=num_simulations,
         invalid_actions=~observation["legal_actions"],
         max_num_considered_actions=search.max_num_considered_actions,
-        gumbel_scale=gumbel_scale)
+        gumbel_scale=gumbel_scale, qtransform=qtransform)
     return SearchOutput(action=output.action.astype(jnp.int32),
                         action_weights=output.action_weights,
                         root_value=output.search_tree.summary().value)

@@ -28,6 +28,7 @@ from malloczero.env.game import observation_spec
 from malloczero.learner.checkpoint import CHECKPOINT_FILENAME, restore_state, save_state, to_numpy
 from malloczero.learner.losses import muzero_loss
 from malloczero.learner.networks import MuZeroNetworks, Observation, Params
+from malloczero.replay.demonstrations import Demonstrations
 from malloczero.replay.types import Batch, Step
 
 _log = logging.getLogger("malloczero.learner")
@@ -106,19 +107,20 @@ def importance_weights(probabilities: np.ndarray, exponent: float) -> np.ndarray
 # pair (a restarted learner, tests) then share one compiled executable instead of re-compiling.
 @functools.lru_cache(maxsize=8)
 def make_sgd_step(networks: MuZeroNetworks, config: Config
-                  ) -> Callable[[TrainingState, Step, chex.Array],
-                                tuple[TrainingState, dict[str, chex.Array], chex.Array]]:
-  """Jitted `(state, steps [B, L, ...], importance_weights [B])` -> `(state, metrics,
-  priorities [B])`; metrics and priorities are those of the parameters the step started from."""
+                  ) -> Callable[..., tuple[TrainingState, dict[str, chex.Array], chex.Array]]:
+  """Jitted `(state, steps [B, L, ...], importance_weights [B], exact_values [B] bool = None)`
+  -> `(state, metrics, priorities [B])`; metrics and priorities are those of the parameters the
+  step started from. `exact_values` marks demonstration items (learner/losses.py)."""
   learner_config = config.learner
   optimizer = make_optimizer(learner_config)
   schedule = learning_rate_schedule(learner_config)
   period = max(1, learner_config.target_update_period)
 
-  def sgd_step(state: TrainingState, steps: Step, weights: chex.Array):
+  def sgd_step(state: TrainingState, steps: Step, weights: chex.Array,
+               exact_values: Optional[chex.Array] = None):
     def loss_fn(params):
       loss, metrics, priorities = muzero_loss(networks, params, state.target_params, steps,
-                                              weights, learner_config)
+                                              weights, learner_config, exact_values)
       return loss, (metrics, priorities)
 
     (_, (metrics, priorities)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -154,13 +156,18 @@ class MuZeroLearner:
     checkpoint_dir: where `learner_state.pkl` is written (every `checkpoint_every_s` inside
       `step()`, and by `save()`); if it already holds one, the learner resumes from it.
     logger: anything with `write(dict)` (an Acme logger), given every step's metrics.
+    demonstrations: the best trajectory per training program (replay/demonstrations.py); each
+      batch then holds `learner.demonstration_batch` windows of them after the sampled items
+      (fitted to their exact returns), and they are saved and restored with the checkpoint.
   """
 
   def __init__(self, networks: MuZeroNetworks, config: Config, sample_fn: SampleFn,
                update_priorities_fn: Optional[UpdatePrioritiesFn] = None, seed: int = 0,
-               checkpoint_dir: Optional[str] = None, logger: Any = None):
+               checkpoint_dir: Optional[str] = None, logger: Any = None,
+               demonstrations: Optional[Demonstrations] = None):
     self._networks = networks
     self._config = config
+    self._demonstrations = demonstrations
     if hasattr(sample_fn, "__next__"):
       iterator = sample_fn
       self._sample = lambda: next(iterator)
@@ -204,8 +211,17 @@ class MuZeroLearner:
     batch = self._sample()
     weights = importance_weights(batch.probabilities,
                                  self._config.replay.importance_sampling_exponent)
-    state, metrics, priorities = self._sgd_step(self._state, batch.steps, weights)
+    steps, exact_values = batch.steps, None
+    num_sampled = len(weights)
+    num_demonstrations = self._config.learner.demonstration_batch
+    if self._demonstrations is not None and num_demonstrations:
+      demo_steps, demo_weights = self._demonstrations.sample(num_demonstrations)
+      steps = jax.tree_util.tree_map(lambda a, b: np.concatenate([a, b]), steps, demo_steps)
+      weights = np.concatenate([weights, demo_weights])
+      exact_values = np.arange(len(weights)) >= num_sampled
+    state, metrics, priorities = self._sgd_step(self._state, steps, weights, exact_values)
     metrics, priorities = jax.device_get((metrics, priorities))
+    priorities = priorities[:num_sampled]
     with self._lock:
       self._state = state
       self._num_steps += 1
@@ -217,6 +233,8 @@ class MuZeroLearner:
     self._last_step_end = now
     result = {k: float(v) for k, v in metrics.items()}
     result["learner_steps"] = float(self._num_steps)
+    if self._demonstrations is not None:
+      result["demonstrations_improved"] = float(self._demonstrations.num_improved())
     result["learner_steps_per_s"] = 1.0 / max(elapsed, 1e-9)
     if self._checkpoint_dir and now - self._last_save >= self._config.learner.checkpoint_every_s:
       self.save()
@@ -281,6 +299,8 @@ class MuZeroLearner:
     with self._lock:
       state, num_steps = self._state, self._num_steps
     file = save_state(path, state, num_steps, self._networks)
+    if self._demonstrations is not None:
+      self._demonstrations.save(os.path.dirname(file))
     self._last_save = time.monotonic()
     return file
 
@@ -293,3 +313,14 @@ class MuZeroLearner:
       self._state = state
       self._num_steps = num_steps
       self._numpy_params = None
+    if self._demonstrations is not None:
+      self._demonstrations.restore(path if os.path.isdir(path) else os.path.dirname(path))
+
+  def offer_demonstration(self, program: str, actions: Sequence[int],
+                          episode_return: float) -> float:
+    """An actor's finished game (replay/demonstrations.py `Demonstrations.offer`); returns the
+    best return now known for `program` (+inf when this learner keeps no demonstrations, so
+    the actor stops offering)."""
+    if self._demonstrations is None:
+      return float("inf")
+    return self._demonstrations.offer(program, actions, episode_return, "actor")

@@ -10,11 +10,13 @@ the K + 1 unrolled states k, fits:
   policy  the search's action weights at k                             (real states only)
   legal   the game's legal mask at k                                   (real and terminal states)
 
-`v_target` is the target network's value. The bootstrap is dropped when state k+n is the terminal
-state or padding (valid == 0): the terminal value is 0 by definition, so only real states
-bootstrap. The target and the priorities sent back to replay are replay/targets.py's, which the
-actors' replay writer also uses for its initial priorities, so both are on one scale. Value and reward losses are still applied past the end, with target 0, as in MuZero, so
-that the model learns that nothing more is to be had there.
+`v_target` is the target network's value, except for demonstration items (`exact_values`, see
+replay/demonstrations.py), whose stored `root_value` is the exact return still to come. The
+bootstrap is dropped when state k+n is the terminal state or padding (valid == 0): the
+terminal value is 0 by definition, so only real states bootstrap. The target and the priorities
+sent back to replay are replay/targets.py's, which the actors' replay writer also uses for its
+initial priorities, so both are on one scale. Value and reward losses are still applied past the
+end, with target 0, as in MuZero, so that the model learns that nothing more is to be had there.
 
 Everything is in raw return units (normalised time saved); `scalar_to_probs` scales and
 squashes for the categorical heads.
@@ -54,7 +56,8 @@ def _take(tree: Any, index: Any) -> Any:
 
 
 def muzero_loss(networks: MuZeroNetworks, params: Params, target_params: Params, steps: Step,
-                importance_weights: chex.Array, config: LearnerConfig
+                importance_weights: chex.Array, config: LearnerConfig,
+                exact_values: chex.Array | None = None
                 ) -> tuple[chex.Array, dict[str, chex.Array], chex.Array]:
   """The MuZero loss of one batch.
 
@@ -66,6 +69,8 @@ def muzero_loss(networks: MuZeroNetworks, params: Params, target_params: Params,
     importance_weights: `[B]` per-item loss weights (prioritised replay correction).
     config: uses `unroll_steps`, `td_steps`, `discount`, `value_loss_weight` and
       `legality_loss_weight`.
+    exact_values: `[B]` bool, items whose stored `root_value`s are exact returns to go
+      (demonstrations): their bootstrap values are those instead of the target network's.
 
   Returns:
     (loss, metrics, priorities): the importance-weighted mean loss (scalar), a dict of scalar
@@ -84,6 +89,9 @@ def muzero_loss(networks: MuZeroNetworks, params: Params, target_params: Params,
       steps.observation)
   boot_pred = networks.predict(target_params, networks.represent(target_params, boot_obs))
   boot = logits_to_scalar(boot_pred.value_logits, net_cfg).reshape(batch_size, k_steps + 1)
+  if exact_values is not None:
+    stored = steps.root_value[:, n:n + k_steps + 1].astype(jnp.float32)
+    boot = jnp.where(exact_values[:, None], stored, boot)
   bootstrap_values = jnp.zeros_like(rewards).at[:, n:n + k_steps + 1].set(boot)
   z = value_targets(rewards, valid, bootstrap_values, k_steps, n, config.discount)   # [B, K+1]
   z = jax.lax.stop_gradient(z)

@@ -32,13 +32,15 @@ from malloczero.replay.types import Batch, Step
 
 
 class Sampler:
-  """Samples `Batch`es of `config.learner.batch_size` sequences and updates their priorities."""
+  """Samples `Batch`es of `config.learner.replay_batch` sequences (the batch size less its
+  demonstrations) and updates their priorities."""
 
   def __init__(self, server_address: str, config: Config, table: str = TABLE_NAME,
                rate_limiter_timeout_ms: int = -1, max_in_flight_samples_per_worker: int = 0):
     """Args:
       server_address: "host:port" of the Reverb server.
-      config: uses `learner.batch_size`, `learner.sequence_length`, `game` and `replay.prefetch`.
+      config: uses `learner.replay_batch`, `learner.sequence_length`, `game` and
+        `replay.prefetch`.
       table: the table to sample from.
       rate_limiter_timeout_ms: -1 waits for the rate limiter forever; otherwise `sample` raises
         `TimeoutError` when a sample waited longer (e.g. to poll for shutdown).
@@ -47,7 +49,7 @@ class Sampler:
     """
     self._address = server_address
     self._table = table
-    self._batch_size = config.learner.batch_size
+    self._batch_size = config.learner.replay_batch
     self._prefetch = config.replay.prefetch
     self._timeout_ms = rate_limiter_timeout_ms
     self._in_flight = max_in_flight_samples_per_worker or 2 * self._batch_size

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 import reverb
 from acme.utils import loggers
 
-from malloczero.actors.actor import BatchedActor, EpisodeResult
+from malloczero.actors.actor import BatchedActor, EpisodeResult, OfferFn
 from malloczero.actors.games import GamePool, GameSpec, suite_games
 from malloczero.actors.variable_client import VariableClient, VariableSource
 from malloczero.configs.config import ActorConfig, Config
@@ -22,6 +22,7 @@ from malloczero.configs.workdir import WorkDir
 from malloczero.learner.learner import MuZeroLearner
 from malloczero.learner.networks import MuZeroNetworks
 from malloczero.replay import Sampler, SequenceWriter, make_table
+from malloczero.replay.demonstrations import Demonstrations
 from malloczero.system.training import LearningCurve
 
 # How long one learner sample may wait on the replay's rate limiter before the learner re-checks
@@ -48,14 +49,28 @@ def make_sampler(replay_address: str, config: Config) -> Sampler:
   return Sampler(replay_address, config, rate_limiter_timeout_ms=SAMPLE_TIMEOUT_MS)
 
 
+def make_demonstrations(config: Config, specs: Sequence[GameSpec]) -> Optional[Demonstrations]:
+  """The best-trajectory store of the training programs `specs`, or None when the config mixes
+  no demonstrations into batches."""
+  if not config.learner.demonstration_batch:
+    return None
+  return Demonstrations(specs, config.game, config.learner.sequence_length, seed=config.seed)
+
+
 def make_learner(networks: MuZeroNetworks, config: Config, sampler: Sampler,
-                 workdir: WorkDir) -> MuZeroLearner:
+                 workdir: WorkDir, train_specs: Sequence[GameSpec] = ()) -> MuZeroLearner:
   """The learner on the sampler's batches; it resumes from the work directory's checkpoint.
+  With demonstrations on, those of the training programs `train_specs` come back with the
+  checkpoint, and msa's own play is added for every program that has none yet.
 
   Raises MalloczeroError, before anything runs, when that checkpoint is unusable."""
-  return MuZeroLearner(networks, config, sample_fn=sampler.sample,
-                       update_priorities_fn=sampler.update_priorities, seed=config.seed,
-                       checkpoint_dir=workdir.checkpoints)
+  demonstrations = make_demonstrations(config, train_specs)
+  learner = MuZeroLearner(networks, config, sample_fn=sampler.sample,
+                          update_priorities_fn=sampler.update_priorities, seed=config.seed,
+                          checkpoint_dir=workdir.checkpoints, demonstrations=demonstrations)
+  if demonstrations is not None:
+    demonstrations.add_heuristic()
+  return learner
 
 
 def make_variable_client(source: VariableSource, config: ActorConfig) -> VariableClient:
@@ -64,13 +79,16 @@ def make_variable_client(source: VariableSource, config: ActorConfig) -> Variabl
 
 def make_actor(networks: MuZeroNetworks, config: Config, replay: reverb.Client,
                variables: VariableClient, seed: int, should_stop: Callable[[], bool],
-               on_episode: Callable[[EpisodeResult], None]) -> BatchedActor:
+               on_episode: Callable[[EpisodeResult], None],
+               offer: Optional[OfferFn] = None) -> BatchedActor:
   """The batched self-play actor on the suite's train programs, writing into replay; a replay
-  write blocked by the rate limiter gives up once `should_stop()`."""
+  write blocked by the rate limiter gives up once `should_stop()`. With `offer` (the learner's
+  `offer_demonstration`), games faster than the best known are offered as demonstrations."""
   pool = GamePool(suite_games(config.suite, "train"), config.game, config.actor.num_games,
                   seed=seed)
   writer = SequenceWriter(replay, config, config.actor.num_games, should_stop=should_stop)
-  return BatchedActor(networks, config, pool, variables, writer, seed=seed, on_episode=on_episode)
+  return BatchedActor(networks, config, pool, variables, writer, seed=seed, on_episode=on_episode,
+                      offer=offer if config.learner.demonstration_batch else None)
 
 
 def make_evaluator(networks: MuZeroNetworks, config: Config, workdir: WorkDir,

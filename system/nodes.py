@@ -327,6 +327,7 @@ class LearnerNode:
   def __init__(self, config: Config, context: NodeContext, replay: reverb.Client, counter: Any,
                max_steps: int):
     start_node(context, "learner")
+    from malloczero.actors.games import suite_games
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_learner, make_sampler
     self._config, self._context = config, context
@@ -335,7 +336,8 @@ class LearnerNode:
     wait_for_replay(replay, "learner")
     self._sampler = make_sampler(replay.server_address, config)
     self._learner = make_learner(make_networks(config.network, config.game), config,
-                                 self._sampler, context.files)
+                                 self._sampler, context.files,
+                                 suite_games(config.suite, "train"))
     if self._learner.num_steps:
       from malloczero.learner.checkpoint import params_digest
       say("learner", f"resumed at step {self._learner.num_steps}, parameters "
@@ -348,6 +350,9 @@ class LearnerNode:
 
   def get_num_steps(self) -> int:
     return self._learner.num_steps
+
+  def offer_demonstration(self, program: str, actions: list[int], episode_return: float) -> float:
+    return self._learner.offer_demonstration(program, actions, episode_return)
 
   def run(self) -> None:
     from malloczero.system.loops import run_learner
@@ -416,7 +421,8 @@ class ActorNode:
     episodes = EpisodeStatistics()
     variables = make_variable_client(self._learner, config.actor)
     actor = make_actor(make_networks(config.network, config.game), config, self._replay,
-                       variables, seed, should_stop=stop.is_set, on_episode=episodes.add)
+                       variables, seed, should_stop=stop.is_set, on_episode=episodes.add,
+                       offer=self._learner.offer_demonstration)
     logger = node_logger(self._context, self._name, steps_key="actor_moves")
     retry_until_answered(variables.update_and_wait, self._name, "the learner")
     say(self._name, f"playing {actor.num_games} games of {actor.num_programs} programs")
@@ -442,9 +448,11 @@ class ActorNode:
             episodes.clear()
           reported_moves, reported_episodes, last_report = moves, actor.num_episodes, now
     finally:
+      actor.close()
       variables.close()
       logger.close()
-      say(self._name, f"stopped after {actor.num_steps * actor.num_games} moves")
+      say(self._name, f"stopped after {actor.num_steps * actor.num_games} moves "
+          f"({actor.num_offers} games offered as demonstrations)")
 
 
 # --------------------------------------------------------------------------------------- evaluator

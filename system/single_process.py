@@ -73,7 +73,7 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
   address = f"localhost:{server.port}"
   sampler = builder.make_sampler(address, config)
   try:  # Restores a checkpoint: an unusable one raises MalloczeroError before anything runs.
-    learner = builder.make_learner(networks, config, sampler, files)
+    learner = builder.make_learner(networks, config, sampler, files, train_specs)
   except BaseException:
     server.stop()  # Otherwise it keeps its port and threads until garbage-collected.
     raise
@@ -85,7 +85,8 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
   stop = threading.Event()
   variables = builder.make_variable_client(learner, config.actor)
   actor = builder.make_actor(networks, config, reverb.Client(address), variables, config.seed,
-                             should_stop=stop.is_set, on_episode=episodes.add)
+                             should_stop=stop.is_set, on_episode=episodes.add,
+                             offer=learner.offer_demonstration)
   clock = Stopwatch()
   failure: list[BaseException] = []
 
@@ -126,6 +127,7 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
   finally:
     stop.set()
     thread.join()  # Within about SAMPLE_TIMEOUT_MS plus one learner step; it stops the server.
+    actor.close()
     variables.close()
     learner_logger.close()
     actor_logger.close()

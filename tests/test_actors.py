@@ -217,13 +217,19 @@ def played(params):
   source = FlakySource(params)
   variables = VariableClient(source, update_period=5)
   results = []
+  offers = []
+
+  def offer(program, actions, episode_return):  # A learner that keeps every offer.
+    offers.append((program, list(actions), episode_return))
+    return episode_return
+
   counter = CompileCounter()
   jax.monitoring.register_event_duration_secs_listener(counter)
   try:
     with pytest.MonkeyPatch.context() as patch:
       patch.setattr("malloczero.actors.actor.make_search_fn", counting_make_search_fn)
       actor = BatchedActor(NETWORKS, CONFIG, GamePool(TRAIN_SPECS, CONFIG.game, num_games, seed=1),
-                           variables, writer, seed=0, on_episode=results.append)
+                           variables, writer, seed=0, on_episode=results.append, offer=offer)
     # Warm-up: the first step compiles; play on to one episode end and one parameter swap.
     while not results or variables.num_updates < 2:
       actor.step()
@@ -246,6 +252,7 @@ def played(params):
     if unregister is not None:
       unregister(counter)
     counter.active = False
+    actor.close(wait=True)
     variables.close()
     writer.close()  # Closed streams let the server stop at once.
     server.stop()
@@ -254,7 +261,7 @@ def played(params):
               compile_events=counter.events, warmup_compile_events=counter.inactive_events,
               variables=variables,
               episodes_after_warmup=episodes_after_warmup,
-              updates_after_warmup=updates_after_warmup, source=source)
+              updates_after_warmup=updates_after_warmup, source=source, offers=offers)
 
 
 def test_actor_does_not_recompile_across_episodes_and_parameter_updates(played):
@@ -302,6 +309,20 @@ def test_actor_writes_one_item_per_step_and_reports_true_episode_results(played)
     mapping = game.mapping("test")
     assert result.speedup == pytest.approx(validate_mapping(spec.workload, spec.hardware,
                                                             mapping).speedup, rel=1e-6)
+
+
+def test_actor_offers_exactly_the_games_that_beat_the_best_known(played):
+  """Each program's first game, then each game faster than every earlier one of its program, is
+  offered with its own moves and return (the fake learner keeps everything it is offered)."""
+  actor, writer, results = played["actor"], played["writer"], played["results"]
+  best: dict[str, float] = {}
+  expected = []
+  for result, (_, steps) in zip(results, writer.finished):
+    if result.episode_return > best.get(result.program, -np.inf):
+      best[result.program] = result.episode_return
+      expected.append((result.program, [action for action, _ in steps], result.episode_return))
+  assert played["offers"] == expected
+  assert actor.num_offers == len(expected) >= len({r.program for r in results})
 
 
 # ------------------------------------------------------------------------------ variable client

@@ -18,13 +18,16 @@ from malloczero.replay import (PRIORITY_EPSILON, TABLE_NAME, Batch, Sampler, Seq
 GAME = GameConfig(num_candidates=3, occupancy_bins=4, lookahead=2, max_fast_levels=1)
 
 
-def small_config(min_size_to_sample=1, batch_size=8, unroll_steps=1, td_steps=2):
-  """L = unroll + td + 1 = 4 by default: short enough for episodes longer than L."""
+def small_config(min_size_to_sample=1, batch_size=8, unroll_steps=1, td_steps=2,
+                 demonstration_fraction=0.0):
+  """L = unroll + td + 1 = 4 by default: short enough for episodes longer than L. No
+  demonstrations by default: the sampler's batches are then whole learner batches."""
   config = get_config("tiny")
   return dataclasses.replace(
       config, game=GAME,
       learner=dataclasses.replace(config.learner, batch_size=batch_size,
-                                  unroll_steps=unroll_steps, td_steps=td_steps),
+                                  unroll_steps=unroll_steps, td_steps=td_steps,
+                                  demonstration_fraction=demonstration_fraction),
       replay=dataclasses.replace(config.replay, min_size_to_sample=min_size_to_sample,
                                  max_size=1000, prefetch=1))
 
