@@ -37,6 +37,7 @@ class EvaluationResult:
   attempt_speedups: tuple[float, ...]   # [attempts], the greedy trajectory first.
   best_attempt: int
   requests: int            # Moves of the greedy trajectory (the requests game: its requests).
+  actions: tuple[int, ...] = ()         # The kept trajectory's moves.
 
 
 # Cached: a fresh `make_search_fn` is a new jitted closure, so without this every evaluation (every
@@ -83,6 +84,7 @@ def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig
   games = [make_game(s.workload, s.hardware, game_config) for _ in range(attempts) for s in specs]
   observations = [g.reset().observation for g in games]
   returns = np.zeros(len(games))
+  moves: list[list[int]] = [[] for _ in games]
   done = np.zeros(len(games), bool)
   rng = jax.random.PRNGKey(seed)
   params = jax.device_put(params)
@@ -101,6 +103,7 @@ def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig
       actions = np.asarray(search_fn(params, key, stack_observations(padded)).action)
       for i, action in zip(active, actions):
         timestep = games[i].step(int(action))
+        moves[i].append(int(action))
         returns[i] += timestep.reward
         observations[i] = timestep.observation
         done[i] = timestep.last()
@@ -115,7 +118,8 @@ def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig
     results.append(EvaluationResult(
         spec.name, float(returns[p]), mapping.speedup, mapping.estimated_time_s, mapping,
         greedy_speedup=slow / times[0], attempt_speedups=tuple(slow / t for t in times),
-        best_attempt=best, requests=copies[0].num_steps))
+        best_attempt=best, requests=copies[0].num_steps,
+        actions=tuple(moves[best * num_programs + p])))
   return results
 
 

@@ -12,7 +12,7 @@ import dm_env
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.hardware import Hardware
 from malloczero.env.programs.suites import get_suite
-from malloczero.env.workload import Workload
+from malloczero.env.workload import Workload, load_workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +25,15 @@ class GameSpec:
 def suite_games(suite: str, split: str = "train") -> list[GameSpec]:
   """The entries of a built-in suite's split (`train`, `heldout` or `all`) as game specs."""
   return [GameSpec(e.name, *e.load()) for e in get_suite(suite).split(split).entries]
+
+
+def run_games(config, split: str = "train") -> list[GameSpec]:
+  """The programs of a training run (`configs.Config`) in `split`: its suite's (none when the
+  suite is ""), plus its workload files (`train --workload`), which count as training programs."""
+  specs = suite_games(config.suite, split) if config.suite else []
+  if split in ("train", "all"):
+    specs += [GameSpec(p.name, load_workload(p.workload), p.hardware) for p in config.programs]
+  return specs
 
 
 class GamePool:

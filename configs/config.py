@@ -9,6 +9,16 @@ from __future__ import annotations
 import dataclasses
 
 from malloczero.env.game import GameConfig
+from malloczero.env.hardware import Hardware
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramFile:
+  """A program to train on from a workload file (`train --workload`), beside or instead of the
+  suite's training programs."""
+  name: str
+  workload: str          # Absolute path of the workload file.
+  hardware: Hardware     # With the fast capacities the command line set.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +124,8 @@ class DistributedConfig:
 @dataclasses.dataclass(frozen=True)
 class Config:
   name: str = "small"
-  suite: str = "default"
+  suite: str = "default"          # "" with `programs`: train on those alone.
+  programs: tuple[ProgramFile, ...] = ()
   game: GameConfig = GameConfig()
   network: NetworkConfig = NetworkConfig()
   search: SearchConfig = SearchConfig()

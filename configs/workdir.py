@@ -18,6 +18,9 @@ only place its names are spelt. It lives beside the configs because every layer 
   nodes/<name>.log                 each local_mp node's output
   report.{md,json,csv}, report_*.png, mappings/
                                    the final evaluation report and the agent's mappings
+  best/<program>.json / .png       the fastest mapping found so far for each training program
+                                   (the learner's demonstration of it), validated, and its
+                                   memory map; rewritten whenever the run finds a faster one
 
 A report directory (`malloczero evaluate --out`) holds the same report part under its own stem.
 """
@@ -121,6 +124,13 @@ class WorkDir:
   @property
   def mappings(self) -> str:
     return self._path("mappings")
+
+  @property
+  def best(self) -> str:
+    return self._path("best")
+
+  def best_mapping(self, program: str, extension: str = "json") -> str:
+    return os.path.join(self.best, f"{program}.{extension}")
 
   @property
   def evaluation(self) -> str:

@@ -465,9 +465,28 @@ def _train_config(args: argparse.Namespace):
   if args.skip_below is not None:
     config = dataclasses.replace(config, game=dataclasses.replace(config.game,
                                                                   skip_below=args.skip_below))
-  from malloczero.env.programs.suites import get_suite
-  get_suite(config.suite)  # A wrong suite name fails here, before anything starts.
+  if args.workload:
+    config = dataclasses.replace(config, suite=args.suite or "",
+                                 programs=(_program_file(args),))
+  elif args.hardware or args.capacity:
+    raise MalloczeroError("--hardware and --capacity describe a --workload's fast memory; "
+                          "give the workload file too")
+  if config.suite:
+    from malloczero.env.programs.suites import get_suite
+    get_suite(config.suite)  # A wrong suite name fails here, before anything starts.
   return config
+
+
+def _program_file(args: argparse.Namespace):
+  """`train --workload FILE --hardware H --capacity B`: the program to optimise, loaded and
+  checked here so that a bad file or an impossible capacity fails before anything starts."""
+  from malloczero.configs.config import ProgramFile
+  from malloczero.env.hardware import check_fits
+  workload = load_workload(args.workload)
+  hw = resolve_hardware(workload, args.hardware, args.capacity)
+  _say_capacities(args.capacity, hw)
+  check_fits(hw, workload.peak_live_bytes, workload.name)
+  return ProgramFile(workload.name, os.path.abspath(args.workload), hw)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -507,6 +526,9 @@ def cmd_train(args: argparse.Namespace) -> int:
   files = WorkDir(workdir)
   for path in (files.learning_curve_png, files.learning_curve_csv, files.learner_state):
     out.print(f"wrote {path}")
+  if config.programs and result.learner_steps > 0:
+    from malloczero.system.report import write_program_report
+    write_program_report(config, workdir, out.print)
   return 0
 
 
@@ -578,9 +600,14 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
                      (files.tensorboard, "TensorBoard events")):
     if os.path.exists(path):
       out.print(f"  {what}: {path}")
+  if os.path.isdir(files.best):
+    out.print(f"  the fastest mapping found per training program: {files.best}")
   if result.report is not None:
     out.print(f"  compare with evo and CP-SAT too: malloczero evaluate --suite {config.suite} "
               f"--checkpoint {result.workdir} --out {files.evaluation}")
+  if config.programs and result.ok and result.learner_steps > 0:
+    from malloczero.system.report import write_program_report
+    write_program_report(config, result.workdir, out.print)
   if result.status.startswith("failed"):
     print(f"malloczero: error: {result.status}; the last checkpoint is in "
           f"{files.checkpoints}", file=sys.stderr)
@@ -732,7 +759,15 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--oversubscribe", action="store_true",
                  help="local launches: start --num-actors actors even beyond what this machine's "
                  "cores and memory can run")
-  p.add_argument("--suite", help="suite to train on (default: the config's)")
+  p.add_argument("--suite", help="suite to train on (default: the config's; with --workload, "
+                 "its training programs are trained on too)")
+  p.add_argument("--workload", help="optimise this program (workload file): train on it (and "
+                 "on --suite's training programs if given); its fastest mapping so far is kept "
+                 "in WORKDIR/best/, and the last line compares it with msa, bestfit and evo")
+  p.add_argument("--hardware", help=f"with --workload: preset ({', '.join(PRESETS)}) or "
+                 "hardware JSON file")
+  p.add_argument("--capacity", type=_capacity, action="append", metavar="[LEVEL=]BYTES",
+                 help="with --workload: " + CAPACITY_HELP)
   p.add_argument("--workdir", help="checkpoints, logs, the learning curve and the report "
                  "(default runs/train-CONFIG); an existing one is resumed")
   p.add_argument("--max-steps", "--max-learner-steps", dest="max_steps", type=_positive_int,

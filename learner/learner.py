@@ -318,9 +318,9 @@ class MuZeroLearner:
 
   def offer_demonstration(self, program: str, actions: Sequence[int],
                           episode_return: float) -> float:
-    """An actor's finished game (replay/demonstrations.py `Demonstrations.offer`); returns the
+    """A game the agent played (an actor's or an evaluation's) (replay/demonstrations.py `Demonstrations.offer`); returns the
     best return now known for `program` (+inf when this learner keeps no demonstrations, so
     the actor stops offering)."""
     if self._demonstrations is None:
       return float("inf")
-    return self._demonstrations.offer(program, actions, episode_return, "actor")
+    return self._demonstrations.offer(program, actions, episode_return, "agent")

@@ -3,8 +3,8 @@
 Self-imitation (Oh et al. 2018) and MuZero Unplugged (Schrittwieser et al. 2021, section 3) both
 train on good trajectories beside the agent's own: here one per training program, the fastest
 mapping any source has produced so far. It starts as msa's own play (the heuristic's action is
-known at every step of the msa game), and an actor that finishes a game faster than that offers
-its moves (`Demonstrations.offer`), which replace it. So the policy starts as msa's (behaviour
+known at every step of the msa game), and an actor or an evaluation that finishes a game faster
+than that offers its moves (`Demonstrations.offer`), which replace it. So the policy starts as msa's (behaviour
 cloning) and is pulled toward every improvement found since, and the run's best mapping per
 program can only get better.
 
@@ -26,7 +26,7 @@ import dataclasses
 import json
 import os
 import threading
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import tree
@@ -48,7 +48,7 @@ class Demonstration:
   program: str
   actions: tuple[int, ...]
   episode_return: float
-  source: str            # "msa", "actor", ...
+  source: str            # "msa" or "agent"
 
 
 def heuristic_actions(game) -> Optional[list[int]]:
@@ -102,17 +102,38 @@ def demonstration_steps(game, actions: Sequence[int], sequence_length: int,
   return stacked, float(returns_to_go[0]) if num_real else 0.0
 
 
+def write_best_mapping(directory: str, demonstration: Demonstration, game) -> Optional[str]:
+  """Writes the mapping of `game` (at the end of `demonstration`'s replay), validated, to
+  `directory`/<program>.json, and its memory map beside it (.png); returns the JSON's path.
+  msa's own play is a baseline, not a find: it is not written (None)."""
+  if demonstration.source == "msa":
+    return None
+  from malloczero.env.validator import validate_mapping
+  from malloczero.system.plots import plot_memory_map
+  mapping = game.mapping("agent")
+  validate_mapping(game.workload, game.hardware, mapping)
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, f"{demonstration.program}.json")
+  mapping.save(path)
+  plot_memory_map(game.workload, game.hardware, mapping, path[:-len(".json")] + ".png")
+  return path
+
+
 class Demonstrations:
   """The best known trajectory of each of `specs`' programs; thread-safe (actors offer through
   the learner's server thread while the learner samples)."""
 
-  def __init__(self, specs: Sequence, config: GameConfig, sequence_length: int, seed: int = 0):
+  def __init__(self, specs: Sequence, config: GameConfig, sequence_length: int, seed: int = 0,
+               on_improve: Optional[Callable[[Demonstration, object], None]] = None):
     """Args:
       specs: the training programs (`actors.games.GameSpec`: name, workload, hardware).
       config: the game they are played in.
       sequence_length: L, steps per sampled window.
       seed: seeds the sampling.
+      on_improve: called with each newly kept demonstration and the game at its end (e.g. to
+        write the mapping: `write_best_mapping`).
     """
+    self._on_improve = on_improve
     self._specs = {spec.name: spec for spec in specs}
     self._config = config
     self._length = sequence_length
@@ -188,6 +209,8 @@ class Demonstrations:
         self._best[program] = Demonstration(program, tuple(int(a) for a in actions), replayed,
                                             source)
         self._steps[program] = steps
+        if self._on_improve is not None:
+          self._on_improve(self._best[program], self._game(program))
       return self._best[program].episode_return
 
   def sample(self, batch_size: int) -> tuple[Step, np.ndarray]:

@@ -9,20 +9,21 @@ the parts are in system/loops.py.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import reverb
 from acme.utils import loggers
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult, OfferFn
-from malloczero.actors.games import GamePool, GameSpec, suite_games
+from malloczero.actors.games import GamePool, GameSpec, run_games
 from malloczero.actors.variable_client import VariableClient, VariableSource
 from malloczero.configs.config import ActorConfig, Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.learner.learner import MuZeroLearner
 from malloczero.learner.networks import MuZeroNetworks
 from malloczero.replay import Sampler, SequenceWriter, make_table
-from malloczero.replay.demonstrations import Demonstrations
+from malloczero.replay.demonstrations import Demonstrations, write_best_mapping
 from malloczero.system.training import LearningCurve
 
 # How long one learner sample may wait on the replay's rate limiter before the learner re-checks
@@ -49,12 +50,17 @@ def make_sampler(replay_address: str, config: Config) -> Sampler:
   return Sampler(replay_address, config, rate_limiter_timeout_ms=SAMPLE_TIMEOUT_MS)
 
 
-def make_demonstrations(config: Config, specs: Sequence[GameSpec]) -> Optional[Demonstrations]:
+def make_demonstrations(config: Config, specs: Sequence[GameSpec],
+                        workdir: Optional[WorkDir] = None) -> Optional[Demonstrations]:
   """The best-trajectory store of the training programs `specs`, or None when the config mixes
-  no demonstrations into batches."""
+  no demonstrations into batches. With a work directory, each program's best mapping so far is
+  kept in its `best/` folder."""
   if not config.learner.demonstration_batch:
     return None
-  return Demonstrations(specs, config.game, config.learner.sequence_length, seed=config.seed)
+  on_improve = (functools.partial(write_best_mapping, workdir.best) if workdir is not None
+                else None)
+  return Demonstrations(specs, config.game, config.learner.sequence_length, seed=config.seed,
+                        on_improve=on_improve)
 
 
 def make_learner(networks: MuZeroNetworks, config: Config, sampler: Sampler,
@@ -64,7 +70,7 @@ def make_learner(networks: MuZeroNetworks, config: Config, sampler: Sampler,
   checkpoint, and msa's own play is added for every program that has none yet.
 
   Raises MalloczeroError, before anything runs, when that checkpoint is unusable."""
-  demonstrations = make_demonstrations(config, train_specs)
+  demonstrations = make_demonstrations(config, train_specs, workdir)
   learner = MuZeroLearner(networks, config, sample_fn=sampler.sample,
                           update_priorities_fn=sampler.update_priorities, seed=config.seed,
                           checkpoint_dir=workdir.checkpoints, demonstrations=demonstrations)
@@ -84,7 +90,7 @@ def make_actor(networks: MuZeroNetworks, config: Config, replay: reverb.Client,
   """The batched self-play actor on the suite's train programs, writing into replay; a replay
   write blocked by the rate limiter gives up once `should_stop()`. With `offer` (the learner's
   `offer_demonstration`), games faster than the best known are offered as demonstrations."""
-  pool = GamePool(suite_games(config.suite, "train"), config.game, config.actor.num_games,
+  pool = GamePool(run_games(config, "train"), config.game, config.actor.num_games,
                   seed=seed)
   writer = SequenceWriter(replay, config, config.actor.num_games, should_stop=should_stop)
   return BatchedActor(networks, config, pool, variables, writer, seed=seed, on_episode=on_episode,
@@ -92,11 +98,15 @@ def make_actor(networks: MuZeroNetworks, config: Config, replay: reverb.Client,
 
 
 def make_evaluator(networks: MuZeroNetworks, config: Config, workdir: WorkDir,
-                   splits: dict[str, Sequence[GameSpec]]) -> LearningCurve:
+                   splits: dict[str, Sequence[GameSpec]],
+                   offer: Optional[OfferFn] = None) -> LearningCurve:
   """Greedy evaluation of the learner's parameters on each split's programs (the evaluation search:
   more simulations, no noise), appended to the work directory's learning curve beside the
-  baselines' speed-ups (computed once, cached in `workdir.baselines`)."""
-  return LearningCurve(networks, config, workdir.root, splits)
+  baselines' speed-ups (computed once, cached in `workdir.baselines`). With `offer` (the
+  learner's `offer_demonstration`), the games of the training programs are offered as
+  demonstrations."""
+  return LearningCurve(networks, config, workdir.root, splits,
+                       offer=offer if config.learner.demonstration_batch else None)
 
 
 def make_logger(workdir: WorkDir, label: str, print_fn: Optional[Callable[[str], None]] = None,

@@ -327,7 +327,7 @@ class LearnerNode:
   def __init__(self, config: Config, context: NodeContext, replay: reverb.Client, counter: Any,
                max_steps: int):
     start_node(context, "learner")
-    from malloczero.actors.games import suite_games
+    from malloczero.actors.games import run_games
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_learner, make_sampler
     self._config, self._context = config, context
@@ -337,7 +337,7 @@ class LearnerNode:
     self._sampler = make_sampler(replay.server_address, config)
     self._learner = make_learner(make_networks(config.network, config.game), config,
                                  self._sampler, context.files,
-                                 suite_games(config.suite, "train"))
+                                 run_games(config, "train"))
     if self._learner.num_steps:
       from malloczero.learner.checkpoint import params_digest
       say("learner", f"resumed at step {self._learner.num_steps}, parameters "
@@ -469,15 +469,18 @@ class EvaluatorNode:
     self._learner, self._counter = learner, counter
 
   def run(self) -> None:
-    from malloczero.actors.games import suite_games
+    from malloczero.actors.games import run_games
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_evaluator
     from malloczero.system.training import Stopwatch
     config = self._config
     split = "heldout" if config.distributed.heldout_only_evaluator else "train"
-    specs = suite_games(config.suite, split) or suite_games(config.suite, "train")
+    specs = run_games(config, split)
+    if not specs:  # `train --workload` alone: its programs are all training programs.
+      split, specs = "train", run_games(config, "train")
     networks = make_networks(config.network, config.game)
-    curve = make_evaluator(networks, config, self._context.files, {split: specs})
+    curve = make_evaluator(networks, config, self._context.files, {split: specs},
+                           offer=self._learner.offer_demonstration)
     msa = curve.baseline_geomean("msa", split)
     logger = node_logger(self._context, "evaluator", steps_key="learner_steps")
     clock = Stopwatch()

@@ -440,7 +440,7 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
                              num_actors, monitor.samples, workdir)
   print_fn(f"program stopped ({status}) at learner step {steps}; checkpoint in "
            f"{files.checkpoints}")
-  if final_report and result.ok and steps > 0:
+  if final_report and result.ok and steps > 0 and config.suite:
     from malloczero.system.report import write_final_report
     result.report = write_final_report(config, workdir, print_fn)
   return result
@@ -455,9 +455,9 @@ def _msa_geomeans(config: Config, workdir: str,
                   print_fn: Callable[[str], None]) -> dict[str, float]:
   """Computes (and caches in the work directory) the baseline speed-ups of every program before
   the nodes need them; returns msa's geomean per split for the summary line."""
-  from malloczero.actors.games import suite_games
+  from malloczero.actors.games import run_games
   from malloczero.system.evaluation import geomean
-  specs = {split: suite_games(config.suite, split) for split in ("train", "heldout")}
+  specs = {split: run_games(config, split) for split in ("train", "heldout")}
   if not os.path.exists(WorkDir(workdir).baselines):
     print_fn(f"computing baselines (msa, greedy, bestfit, random) on "
              f"{sum(map(len, specs.values()))} programs")

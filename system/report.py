@@ -305,3 +305,49 @@ def summary_rows(report: dict[str, Any], label: str = "agent",
                    _x(s[f"{label}_geomean_vs_msa"]),
                    f"{s[f'{label}_wins']}/{s[f'{label}_ties']}/{s[f'{label}_losses']}"])
   return body
+
+
+# Solvers a `train --workload` run's best mapping is compared with, and evo's time budget there
+# (the default suite's baselines were measured with --time-limit 10).
+PROGRAM_BASELINES = ("msa", "bestfit", "evo")
+PROGRAM_EVO_SECONDS = 10.0
+
+
+def write_program_report(config: Config, workdir: str,
+                         print_fn: Callable[[str], None] = print) -> dict[str, Any]:
+  """For each workload file of the run (`train --workload`): the best mapping it found (the
+  learner's demonstration, in workdir/best/) against msa, bestfit and evo on that program; one
+  line each, and workdir/program_report.json."""
+  from malloczero.actors.games import GameSpec
+  from malloczero.env.solvers import solve
+  from malloczero.env.workload import load_workload
+  from malloczero.replay.demonstrations import DEMONSTRATIONS_FILENAME
+  files = WorkDir(workdir)
+  try:
+    with open(os.path.join(files.checkpoints, DEMONSTRATIONS_FILENAME), encoding="utf-8") as f:
+      found = {d["program"]: d for d in json.load(f)}
+  except (OSError, ValueError):
+    found = {}
+  report: dict[str, Any] = {"programs": []}
+  for program in config.programs:
+    spec = GameSpec(program.name, load_workload(program.workload), program.hardware)
+    speedups = {}
+    for solver in PROGRAM_BASELINES:
+      options = {"time_limit_s": PROGRAM_EVO_SECONDS, "seed": config.seed} if solver == "evo" else {}
+      speedups[solver] = solve(spec.workload, spec.hardware, solver, **options).speedup
+    best = found.get(program.name)
+    improved = best is not None and best["source"] != "msa"
+    # A return is the time saved over all-slow, as a fraction of it: speed-up 1 / (1 - return).
+    agent = 1.0 / (1.0 - best["episode_return"]) if improved else speedups["msa"]
+    mapping = files.best_mapping(program.name) if improved else None
+    report["programs"].append({"program": program.name, "best_found": agent,
+                               "found_by": "agent" if improved else "msa (not improved on)",
+                               "mapping": mapping, **speedups})
+    print_fn(f"{program.name}: best mapping found {agent:.3f}x ("
+             + ", ".join(f"{s} {v:.3f}x" for s, v in speedups.items())
+             + f"): {agent / speedups['msa']:.3f}x msa, {agent / speedups['bestfit']:.3f}x "
+             f"bestfit, {agent / speedups['evo']:.3f}x evo"
+             + (f"; {mapping} (and .png)" if mapping else "; the agent found nothing faster "
+                "than msa"))
+  write_text(os.path.join(workdir, "program_report.json"), json.dumps(report, indent=1))
+  return report

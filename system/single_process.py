@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import reverb
 
-from malloczero.actors.games import suite_games
+from malloczero.actors.games import run_games
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.learner.networks import make_networks
@@ -66,8 +66,8 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
   save_config(config, workdir)
   files = WorkDir(workdir)
   networks = make_networks(config.network, config.game)
-  train_specs = suite_games(config.suite, "train")
-  heldout_specs = suite_games(config.suite, "heldout")
+  train_specs = run_games(config, "train")
+  heldout_specs = run_games(config, "heldout")
 
   server = builder.make_replay_server(config)
   address = f"localhost:{server.port}"
@@ -79,7 +79,8 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
     raise
   learner_logger = builder.make_logger(files, "learner", print_fn, log_every_s)
   curve = builder.make_evaluator(networks, config, files,
-                                 {"train": train_specs, "heldout": heldout_specs})
+                                 {"train": train_specs, "heldout": heldout_specs},
+                                 offer=learner.offer_demonstration)
   actor_logger = builder.make_logger(files, "actor", print_fn, log_every_s)
   episodes = EpisodeStatistics(window=RECENT_EPISODES)
   stop = threading.Event()
@@ -137,5 +138,6 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
     raise failure[0]
   if not curve.rows or int(curve.rows[-1]["learner_steps"]) != learner.num_steps:
     curve.evaluate(learner.get_variables(), learner.num_steps, clock.elapsed)
+    learner.save()  # With what that evaluation offered as demonstrations.
   return TrainingResult(learner.num_steps, actor.num_steps, actor.num_episodes, clock.elapsed,
                         curve.rows, curve.baseline_geomeans(), workdir)

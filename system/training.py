@@ -10,11 +10,13 @@ import dataclasses
 import io
 import json
 import os
+import logging
 import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from malloczero.actors.actor import OfferFn
 from malloczero.actors.evaluator import evaluate_params
 from malloczero.actors.games import GameSpec
 from malloczero.configs.config import Config
@@ -24,6 +26,8 @@ from malloczero.env.files import write_text
 from malloczero.system.evaluation import TIE_TOLERANCE, geomean
 from malloczero.env.solvers import solve
 from malloczero.learner.networks import MuZeroNetworks
+
+_log = logging.getLogger("malloczero.training")
 
 BASELINES = ("msa", "greedy", "bestfit", "random")
 # Bumped when a baseline's algorithm changes, so that the speed-ups a work directory cached for
@@ -43,7 +47,7 @@ def _comparable(config_dict: dict[str, Any]) -> dict[str, Any]:
   """The parts of a config that a checkpoint depends on (networks, game, replay items)."""
   learner = config_dict.get("learner", {})
   return {"network": config_dict.get("network"), "game": config_dict.get("game"),
-          "suite": config_dict.get("suite"),
+          "suite": config_dict.get("suite"), "programs": config_dict.get("programs", []),
           "sequence": (learner.get("unroll_steps"), learner.get("td_steps"))}
 
 
@@ -105,8 +109,11 @@ class LearningCurve:
   """Greedy evaluations of the agent over training, appended to learning_curve.csv and drawn."""
 
   def __init__(self, networks: MuZeroNetworks, config: Config, workdir: str,
-               splits: dict[str, Sequence[GameSpec]]):
+               splits: dict[str, Sequence[GameSpec]], offer: Optional[OfferFn] = None):
+    """`offer` (the learner's `offer_demonstration`) is given each training program's game: an
+    evaluation can find a faster mapping than the actors have."""
     self._networks, self._config, self._workdir = networks, config, WorkDir(workdir)
+    self._offer = offer
     self._splits = {k: list(v) for k, v in splits.items() if v}
     self.baselines = baseline_speedups([s for v in self._splits.values() for s in v], workdir,
                                        config.seed)
@@ -123,6 +130,8 @@ class LearningCurve:
       results = evaluate_params(self._networks, params, self._config, specs,
                                 seed=self._config.seed)
       self.latest[split] = results
+      if self._offer is not None and split == "train":
+        self._offer_results(results)
       msa = self.baselines["msa"]
       new_rows.append({
           "learner_steps": learner_steps, "elapsed_s": round(elapsed_s, 1), "split": split,
@@ -140,6 +149,14 @@ class LearningCurve:
     write_text(self.path, text.getvalue())
     self.plot()
     return new_rows
+
+  def _offer_results(self, results: Sequence[Any]) -> None:
+    for result in results:
+      # A return is the time saved as a fraction of all-slow: 1 - 1 / speed-up.
+      try:
+        self._offer(result.program, list(result.actions), 1.0 - 1.0 / result.speedup)
+      except Exception as e:  # pylint: disable=broad-except  # Learner busy or stopping.
+        _log.warning("offering %s's evaluation as a demonstration failed: %s", result.program, e)
 
   def baseline_geomean(self, solver: str, split: str) -> float:
     return geomean([self.baselines[solver][s.name] for s in self._splits[split]])

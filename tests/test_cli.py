@@ -52,6 +52,39 @@ def test_train_runs_a_tiny_single_process_training_and_reports_its_curve(tmp_pat
 
 
 @pytest.mark.slow
+def test_train_workload_keeps_the_fastest_mapping_and_compares_it(tmp_path):
+  """`train --workload`: trains on that one program, keeps its fastest mapping found (validated,
+  with its picture) and ends with one line against msa, bestfit and evo."""
+  from malloczero.env import load_hardware, load_workload, validate_mapping
+  from malloczero.env.mapping import load_mapping
+  workdir = tmp_path / "run"
+  workload = os.path.join(REPO, "env", "programs", "data", "workloads",
+                          "tiny-vgg-b1-infer.json.gz")
+  result = _cli("train", "--launch", "single", "--config", "tiny", "--workload", workload,
+                "--hardware", "tpu-v4i-like", "--capacity", "20000", "--max-learner-steps", "30",
+                "--eval-every", "15", "--workdir", str(workdir), "--quiet")
+  assert result.returncode == 0, result.stderr[-2000:]
+  last = result.stdout.strip().splitlines()[-1]
+  assert last.startswith("tiny-vgg-b1-infer: best mapping found ") and "x evo" in last, last
+  report = json.loads((workdir / "program_report.json").read_text())
+  entry, = report["programs"]
+  assert entry["program"] == "tiny-vgg-b1-infer" and entry["best_found"] >= entry["msa"]
+  demonstrations = json.loads((workdir / "checkpoints" / "demonstrations.json").read_text())
+  assert [d["program"] for d in demonstrations] == ["tiny-vgg-b1-infer"]
+  if entry["found_by"] == "agent":  # The agent beat msa: its mapping is kept and valid.
+    mapping = load_mapping(entry["mapping"])
+    hardware = load_hardware("tpu-v4i-like").with_fast_capacity(20000)
+    check = validate_mapping(load_workload(workload), hardware, mapping)
+    assert check.speedup == pytest.approx(entry["best_found"], rel=1e-6)
+    assert os.path.exists(entry["mapping"][:-len(".json")] + ".png")
+    assert entry["mapping"] in last
+  else:
+    assert entry["best_found"] == entry["msa"] and "found nothing faster than msa" in last
+  curve = (workdir / "learning_curve.csv").read_text()
+  assert ",train," in curve and ",heldout," not in curve  # One program, a training one.
+
+
+@pytest.mark.slow
 def test_interrupted_train_keeps_its_checkpoint(tmp_path):
   """Ctrl-C during training exits 130 and leaves a checkpoint a restart can resume from."""
   import signal
@@ -88,7 +121,9 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
 def test_train_rejects_bad_flags_in_one_line():
   cases = ((("train", "--config", "huge"), 2), (("train", "--max-learner-steps", "0"), 2),
            (("train", "--num-actors", "0"), 2),
-           (("train", "--launch", "remote"), 2), (("train", "--suite", "nope"), 1))
+           (("train", "--launch", "remote"), 2), (("train", "--suite", "nope"), 1),
+           (("train", "--hardware", "tpu-v4i-like"), 1),
+           (("train", "--workload", "no-such-file.json", "--hardware", "tpu-v4i-like"), 1))
   for args, code in cases:
     result = _cli(*args)
     assert result.returncode == code, (args, result.stderr)
