@@ -171,6 +171,16 @@ def _positive_float(text: str) -> float:
   return value
 
 
+def _non_negative_float(text: str) -> float:
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a number >= 0, got '{text}'") from None
+  if not 0.0 <= value < float("inf"):
+    raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
+  return value
+
+
 def _fraction(text: str) -> float:
   try:
     value = float(text)
@@ -465,6 +475,12 @@ def _train_config(args: argparse.Namespace):
   if args.skip_below is not None:
     config = dataclasses.replace(config, game=dataclasses.replace(config.game,
                                                                   skip_below=args.skip_below))
+  if args.demonstrations is not None:
+    config = dataclasses.replace(config, learner=dataclasses.replace(
+        config.learner, demonstration_fraction=args.demonstrations))
+  if args.q_spread_floor is not None:
+    config = dataclasses.replace(config, search=dataclasses.replace(
+        config.search, q_spread_floor=args.q_spread_floor))
   if args.workload:
     config = dataclasses.replace(config, suite=args.suite or "",
                                  programs=(_program_file(args),))
@@ -782,6 +798,12 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--skip-below", type=_fraction, metavar="FRACTION",
                  help="the game plays msa's own choice at decisions whose best option saves "
                  "less than this fraction of the all-slow time (default: the config's, 0)")
+  p.add_argument("--demonstrations", type=_fraction, metavar="FRACTION",
+                 help="share of each learner batch drawn from the best known game per training "
+                 "program, msa's own at first (default: the config's, 0.25; 0 turns them off)")
+  p.add_argument("--q-spread-floor", type=_non_negative_float, metavar="RETURN",
+                 help="the search rescales a node's Q-values by at least this spread, in "
+                 "return units (default: the config's, 0.02)")
   p.add_argument("--quiet", action="store_true", help="no periodic log lines")
   p.set_defaults(func=cmd_train)
   return parser
