@@ -141,7 +141,7 @@ class Demonstrations:
     self._games: dict[str, object] = {}
     self._best: dict[str, Demonstration] = {}
     self._steps: dict[str, Step] = {}
-    self._lock = threading.Lock()
+    self._lock = threading.RLock()
     self._zero = tree.map_structure(lambda x: np.zeros((sequence_length,) + x.shape, x.dtype),
                                     zero_step(config))
 
@@ -172,7 +172,8 @@ class Demonstrations:
     """Offers msa's own play of every program; returns how many programs it was offered for."""
     offered = 0
     for program in self._specs:
-      actions = heuristic_actions(self._game(program))
+      with self._lock:  # The games are shared with `offer`.
+        actions = heuristic_actions(self._game(program))
       if actions is not None:
         self.offer(program, actions, None, "msa")
         offered += 1

@@ -10,6 +10,7 @@ the parts are in system/loops.py.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable, Optional, Sequence
 
 import reverb
@@ -67,7 +68,8 @@ def make_learner(networks: MuZeroNetworks, config: Config, sampler: Sampler,
                  workdir: WorkDir, train_specs: Sequence[GameSpec] = ()) -> MuZeroLearner:
   """The learner on the sampler's batches; it resumes from the work directory's checkpoint.
   With demonstrations on, those of the training programs `train_specs` come back with the
-  checkpoint, and msa's own play is added for every program that has none yet.
+  checkpoint, and msa's own play is added (in a background thread) for every program that has
+  none yet.
 
   Raises MalloczeroError, before anything runs, when that checkpoint is unusable."""
   demonstrations = make_demonstrations(config, train_specs, workdir)
@@ -75,7 +77,10 @@ def make_learner(networks: MuZeroNetworks, config: Config, sampler: Sampler,
                           update_priorities_fn=sampler.update_priorities, seed=config.seed,
                           checkpoint_dir=workdir.checkpoints, demonstrations=demonstrations)
   if demonstrations is not None:
-    demonstrations.add_heuristic()
+    # In the background: replaying msa on every program takes tens of seconds, and the actors
+    # wait for the learner's parameters; batches have no demonstrations until the first is in.
+    threading.Thread(target=demonstrations.add_heuristic, name="demonstrations",
+                     daemon=True).start()
   return learner
 
 

@@ -68,11 +68,14 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
     if not isinstance(previous, dict) or not isinstance(previous.get("learner", {}), dict):
       raise MalloczeroError(f"{saved} is not a run's config (a JSON object with a 'learner' "
                             "object); use another --workdir")
-    if _comparable(previous) != _comparable(dataclasses.asdict(config)):
+    # Through JSON, as config.json went: tuples come back as lists.
+    current = json.loads(json.dumps(dataclasses.asdict(config)))
+    if _comparable(previous) != _comparable(current):
       raise MalloczeroError(
           f"{workdir} holds a run of config '{previous.get('name')}' on suite "
-          f"'{previous.get('suite')}' with other networks or game settings; resume it with the "
-          "same --config and --suite, or use another --workdir")
+          f"'{previous.get('suite')}' with other networks, game settings or --workload "
+          "programs; resume it with the same --config, --suite and --workload (--hardware, "
+          "--capacity), or use another --workdir")
   if os.path.isdir(files.checkpoints) and os.path.exists(files.learner_state):
     return checkpoint_steps(files.checkpoints)
   return None

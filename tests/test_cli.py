@@ -282,3 +282,25 @@ def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscrib
                    "--workdir", str(tmp_path / "cloud")])
   err = capsys.readouterr().err
   assert code == 1 and "/gcs/" in err and "more than this machine" not in err
+
+
+def test_a_workload_run_resumes_only_with_the_same_program(tmp_path):
+  """config.json of a `train --workload` run (its hardware included) is read back as equal, and
+  another capacity is refused before anything runs."""
+  from malloczero.env import MalloczeroError
+  from malloczero.launch.cli import _train_config, build_parser
+  from malloczero.system.training import check_workdir, save_config
+  workload = os.path.join(REPO, "env", "programs", "data", "workloads",
+                          "tiny-vgg-b1-infer.json.gz")
+
+  def config(capacity):
+    return _train_config(build_parser().parse_args(
+        ["train", "--config", "tiny", "--workload", workload, "--hardware", "tpu-v4i-like",
+         "--capacity", capacity]))
+  first = config("20000")
+  assert first.suite == "" and [p.name for p in first.programs] == ["tiny-vgg-b1-infer"]
+  save_config(first, str(tmp_path))
+  assert check_workdir(config("20000"), str(tmp_path)) is None
+  with pytest.raises(MalloczeroError, match="with other networks, game settings or --workload "
+                     "programs"):
+    check_workdir(config("40000"), str(tmp_path))

@@ -83,6 +83,27 @@ def test_final_evaluation_mappings_are_valid(trained):
     assert float(last["geomean_speedup"]) == pytest.approx(geomean([r.speedup for r in results]))
 
 
+def test_demonstrations_hold_each_training_programs_best_known_game(trained):
+  """The run kept a demonstration per training program (msa's play, or a faster game the agent
+  found, whose mapping is then in best/ and valid), none slower than msa."""
+  from malloczero.env.mapping import load_mapping
+  workdir = trained["workdir"]
+  with open(os.path.join(workdir, "checkpoints", "demonstrations.json"), encoding="utf-8") as f:
+    demonstrations = {d["program"]: d for d in json.load(f)}
+  specs = suite_games("tiny", "train")
+  assert set(demonstrations) == {s.name for s in specs}
+  msa = trained["baselines"]["msa"]
+  for spec in specs:
+    found = demonstrations[spec.name]
+    speedup = 1.0 / (1.0 - found["episode_return"])
+    assert speedup >= msa[spec.name] * (1 - 1e-9), spec.name
+    best = os.path.join(workdir, "best", f"{spec.name}.json")
+    assert os.path.exists(best) == (found["source"] == "agent"), spec.name
+    if found["source"] == "agent":
+      report = validate_mapping(spec.workload, spec.hardware, load_mapping(best))
+      assert report.speedup == pytest.approx(speedup, rel=1e-6)
+
+
 def test_resume_continues_from_checkpoint(trained, tmp_path):
   workdir = str(tmp_path / "run")  # A copy: the shared run stays as it was trained.
   shutil.copytree(trained["workdir"], workdir)
