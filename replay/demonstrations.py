@@ -102,23 +102,6 @@ def demonstration_steps(game, actions: Sequence[int], sequence_length: int,
   return stacked, float(returns_to_go[0]) if num_real else 0.0
 
 
-def write_best_mapping(directory: str, demonstration: Demonstration, game) -> Optional[str]:
-  """Writes the mapping of `game` (at the end of `demonstration`'s replay), validated, to
-  `directory`/<program>.json, and its memory map beside it (.png); returns the JSON's path.
-  msa's own play is a baseline, not a find: it is not written (None)."""
-  if demonstration.source == "msa":
-    return None
-  from malloczero.env.validator import validate_mapping
-  from malloczero.system.plots import plot_memory_map
-  mapping = game.mapping("agent")
-  validate_mapping(game.workload, game.hardware, mapping)
-  os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, f"{demonstration.program}.json")
-  mapping.save(path)
-  plot_memory_map(game.workload, game.hardware, mapping, path[:-len(".json")] + ".png")
-  return path
-
-
 class Demonstrations:
   """The best known trajectory of each of `specs`' programs; thread-safe (actors offer through
   the learner's server thread while the learner samples)."""
@@ -131,7 +114,7 @@ class Demonstrations:
       sequence_length: L, steps per sampled window.
       seed: seeds the sampling.
       on_improve: called with each newly kept demonstration and the game at its end (e.g. to
-        write the mapping: `write_best_mapping`).
+        write the mapping: system/builder.py `write_best_mapping`).
     """
     self._on_improve = on_improve
     self._specs = {spec.name: spec for spec in specs}
