@@ -2,6 +2,7 @@
 sampled into learner batches beside replay items and fitted to their exact returns."""
 
 import dataclasses
+import functools
 import json
 
 import jax
@@ -12,7 +13,8 @@ import tree
 
 from malloczero.actors.games import suite_games
 from malloczero.configs.config import get_config
-from malloczero.env import MalloczeroError, make_game
+from malloczero.env import MalloczeroError, make_game, validate_mapping
+from malloczero.env.mapping import load_mapping
 from malloczero.env.solvers import solve
 from malloczero.learner import learner as learner_lib
 from malloczero.learner import MuZeroLearner, make_networks
@@ -20,6 +22,7 @@ from malloczero.learner.fakes import random_batch
 from malloczero.replay import PRIORITY_EPSILON
 from malloczero.replay.demonstrations import (DEMONSTRATIONS_FILENAME, Demonstrations,
                                               demonstration_steps, heuristic_actions)
+from malloczero.system.builder import write_best_mapping
 
 CONFIG = get_config("tiny")
 L = CONFIG.learner.sequence_length
@@ -91,17 +94,22 @@ def test_offers_keep_only_improvements_and_check_the_return(demonstrations):
   worse, worse_return = _random_actions(game, 1)
   assert worse_return < msa_return
   # A worse game is refused without replaying it; a wrong claimed return is caught on replay.
-  assert demonstrations.offer(spec.name, [0], worse_return, "actor") == msa_return
+  assert demonstrations.offer(spec.name, [0], worse_return, "agent") == msa_return
   with pytest.raises(MalloczeroError, match="replays to return"):
-    demonstrations.offer(spec.name, worse, msa_return + 0.5, "actor")
+    demonstrations.offer(spec.name, worse, msa_return + 0.5, "agent")
   with pytest.raises(MalloczeroError, match="unknown program"):
-    demonstrations.offer("no-such-program", worse, 1.0, "actor")
+    demonstrations.offer("no-such-program", worse, 1.0, "agent")
   assert demonstrations.best()[spec.name].source == "msa"
 
 
 def test_a_better_game_replaces_msas_and_is_saved_and_restored(tmp_path):
-  demos = Demonstrations(SPECS, CONFIG.game, L, seed=0)
+  """... and its mapping is written (validated, with its picture) by the run's `on_improve`;
+  msa's own mappings are not."""
+  best_dir = tmp_path / "best"
+  demos = Demonstrations(SPECS, CONFIG.game, L, seed=0,
+                         on_improve=functools.partial(write_best_mapping, str(best_dir)))
   demos.add_heuristic()
+  assert not best_dir.exists()
   # A better game than msa's, found by random search (rarely found by chance: the tiny
   # programs' msa is strong, so the search goes on until one appears or gives up).
   improved = None
@@ -116,9 +124,15 @@ def test_a_better_game_replaces_msas_and_is_saved_and_restored(tmp_path):
       break
   assert improved is not None, "no random game beat msa on any tiny program"
   name, actions, total = improved
-  assert demos.offer(name, actions, total, "actor") == pytest.approx(total, rel=1e-9)
+  assert demos.offer(name, actions, total, "agent") == pytest.approx(total, rel=1e-9)
   assert demos.best()[name].actions == tuple(actions)
   assert demos.num_improved() == 1
+  spec = next(s for s in SPECS if s.name == name)
+  written = load_mapping(str(best_dir / f"{name}.json"))
+  report = validate_mapping(spec.workload, spec.hardware, written)
+  assert report.speedup == pytest.approx(1.0 / (1.0 - total), rel=1e-6)
+  assert (best_dir / f"{name}.png").stat().st_size > 0
+  assert sorted(p.name for p in best_dir.iterdir()) == [f"{name}.json", f"{name}.png"]
   path = demos.save(str(tmp_path))
   assert path.endswith(DEMONSTRATIONS_FILENAME)
   restored = Demonstrations(SPECS, CONFIG.game, L, seed=0)
