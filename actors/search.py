@@ -1,5 +1,13 @@
 """One jitted Gumbel MuZero search for a whole batch of games (mctx).
 
+In evaluation mode the root's prior can be pulled toward msa's own move
+(`SearchConfig.eval_msa_prior_logit`: added to the logit of the slot msa takes, which the msa
+game's observation marks), so that the greedy search leaves msa only where its Q-values favour
+another move by more than that. Training searches do not add it: their action weights are the
+policy targets, and a bias fed back through them would grow each generation until the policy is
+msa's (inside the tree the network's own prior is used either way: unrolled states have no
+observation to read msa's move from).
+
 The search call has fixed shapes (`[B, ...]` observations, `B` fixed per actor), so it is compiled
 once per actor and never again. Illegal actions are masked at the root by mctx (`invalid_actions`)
 and inside the tree by the networks' legality head (see learner/networks.py).
@@ -16,6 +24,7 @@ import jax.numpy as jnp
 import mctx
 
 from malloczero.configs.config import SearchConfig
+from malloczero.env.game import GameConfig
 from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar, masked_policy_logits
 
 
@@ -26,6 +35,15 @@ class SearchOutput(NamedTuple):
 
 
 SearchFn = Callable[[Params, chex.PRNGKey, dict], SearchOutput]
+
+
+def msa_action_mask(observation: dict, game: GameConfig) -> chex.Array:
+  """`[B, A]` one-hot of the slot msa itself takes, read from the msa game's observation
+  (`request[msa_takes_option0]` for slot 0, `candidates[:, msa_choice]` for the others)."""
+  layout = game.layout
+  option0 = observation["request"][:, layout.request.index("msa_takes_option0")]
+  others = observation["candidates"][:, :, layout.candidate.index("msa_choice")]
+  return jnp.concatenate([option0[:, None], others], axis=-1).astype(jnp.float32)
 
 
 def make_search_fn(networks: MuZeroNetworks, search: SearchConfig, evaluation: bool = False,
@@ -54,10 +72,16 @@ def make_search_fn(networks: MuZeroNetworks, search: SearchConfig, evaluation: b
         value=logits_to_scalar(prediction.value_logits, net_config))
     return output, next_latent
 
+  msa_bias = (search.eval_msa_prior_logit if evaluation and networks.game.decisions == "msa"
+              else 0.0)
+
   def search_fn(params, rng, observation):
     latent = networks.represent(params, observation)
     prediction = networks.predict(params, latent)
-    root = mctx.RootFnOutput(prior_logits=prediction.policy_logits,
+    prior_logits = prediction.policy_logits
+    if msa_bias:
+      prior_logits = prior_logits + msa_bias * msa_action_mask(observation, networks.game)
+    root = mctx.RootFnOutput(prior_logits=prior_logits,
                              value=logits_to_scalar(prediction.value_logits, net_config),
                              embedding=latent)
     output = mctx.gumbel_muzero_policy(

@@ -46,6 +46,9 @@ class SearchConfig:
   # `epsilon`; mctx's own is 1e-8). 0.02 is the learned value's mean error in `make train` runs
   # (learner `value_error`, 0.017-0.043 over 5,000 steps): smaller Q gaps are noise (issue 15).
   q_spread_floor: float = 0.02
+  # Evaluation searches (greedy play, the agent as a solver) add this to the root prior's logit
+  # of msa's own move in the msa game (actors/search.py); 0 leaves the prior to the network.
+  eval_msa_prior_logit: float = 0.0
 
 
 # Trajectories the trained agent plays per program at test time (the first greedy, the others

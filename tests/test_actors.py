@@ -142,6 +142,35 @@ def test_evaluation_search_is_deterministic_and_legal(params, observations):
       np.testing.assert_array_equal(output.root_value, outputs[0].root_value)
 
 
+def test_evaluation_msa_prior_plays_msa_when_large_and_training_search_ignores_it(params):
+  """A large `eval_msa_prior_logit` makes greedy play msa's own mapping on every tiny program;
+  the mask it adds is msa's move; training searches are unchanged by it."""
+  from malloczero.actors.search import msa_action_mask
+  from malloczero.env.solvers import solve
+  biased = dataclasses.replace(CONFIG.search, eval_msa_prior_logit=1e4)
+  noisy_params = noisy(params, 5)
+  msa = [solve(spec.workload, spec.hardware, "msa").speedup for spec in ALL_SPECS]
+  results = play_programs(NETWORKS, noisy_params, biased, CONFIG.game, ALL_SPECS)
+  for spec, result, expected in zip(ALL_SPECS, results, msa):
+    assert result.speedup == pytest.approx(expected, rel=1e-9), spec.name
+  # Without the bias the same network plays otherwise.
+  unbiased = play_programs(NETWORKS, noisy_params, CONFIG.search, CONFIG.game, ALL_SPECS)
+  assert any(r.speedup != pytest.approx(m, rel=1e-9) for r, m in zip(unbiased, msa))
+  game = _game(ALL_SPECS[0])
+  timestep, masks, moves = game.reset(), [], []
+  while not timestep.last():
+    masks.append(np.asarray(msa_action_mask(stack_observations([timestep.observation]),
+                                            CONFIG.game))[0])
+    moves.append(game.msa_action)
+    timestep = game.step(game.msa_action)
+  np.testing.assert_array_equal(np.stack(masks), np.eye(A)[moves])
+  plain = make_search_fn(NETWORKS, CONFIG.search)(noisy_params, jax.random.PRNGKey(0),
+                                                  stack_observations([game.reset().observation]))
+  with_bias = make_search_fn(NETWORKS, biased)(noisy_params, jax.random.PRNGKey(0),
+                                               stack_observations([game.reset().observation]))
+  np.testing.assert_array_equal(plain.action_weights, with_bias.action_weights)
+
+
 # ------------------------------------------------------------------------------ batched actor
 
 class FlakySource:
