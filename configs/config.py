@@ -43,12 +43,15 @@ class SearchConfig:
   gumbel_scale: float = 1.0
   # Q-values (raw units: fraction of the all-slow time) of a node's actions are rescaled by
   # max(their spread, this) before they shape the policy (mctx `qtransform_completed_by_mix_value`
-  # `epsilon`; mctx's own is 1e-8). 0.02 is the learned value's mean error in `make train` runs
-  # (learner `value_error`, 0.017-0.043 over 5,000 steps): smaller Q gaps are noise (issue 15).
-  q_spread_floor: float = 0.02
+  # `epsilon`; mctx's own is 1e-8). The learned value's mean error in `make train` runs is
+  # 0.017-0.043 (learner `value_error`); with a floor of 0.02 the searches still turned that
+  # noise into moves (held-out 0.95x msa), with 0.1 they do not (issue 15, docs/results).
+  q_spread_floor: float = 0.1
   # Evaluation searches (greedy play, the agent as a solver) add this to the root prior's logit
   # of msa's own move in the msa game (actors/search.py); 0 leaves the prior to the network.
-  eval_msa_prior_logit: float = 0.0
+  # 2 was chosen on the training programs (issue 15, docs/results): there the trained network's
+  # own departures from msa lost more than they won.
+  eval_msa_prior_logit: float = 2.0
 
 
 # Trajectories the trained agent plays per program at test time (the first greedy, the others

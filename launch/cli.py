@@ -481,6 +481,9 @@ def _train_config(args: argparse.Namespace):
   if args.q_spread_floor is not None:
     config = dataclasses.replace(config, search=dataclasses.replace(
         config.search, q_spread_floor=args.q_spread_floor))
+  if args.eval_msa_prior is not None:
+    config = dataclasses.replace(config, search=dataclasses.replace(
+        config.search, eval_msa_prior_logit=args.eval_msa_prior))
   if args.workload:
     config = dataclasses.replace(config, suite=args.suite or "",
                                  programs=(_program_file(args),))
@@ -803,7 +806,10 @@ def build_parser() -> argparse.ArgumentParser:
                  "program, msa's own at first (default: the config's, 0.25; 0 turns them off)")
   p.add_argument("--q-spread-floor", type=_non_negative_float, metavar="RETURN",
                  help="the search rescales a node's Q-values by at least this spread, in "
-                 "return units (default: the config's, 0.02)")
+                 "return units (default: the config's, 0.1)")
+  p.add_argument("--eval-msa-prior", type=_non_negative_float, metavar="LOGIT",
+                 help="evaluation searches add this to the root prior's logit of msa's own move "
+                 "(default: the config's, 2; 0 leaves the prior to the network)")
   p.add_argument("--quiet", action="store_true", help="no periodic log lines")
   p.set_defaults(func=cmd_train)
   return parser

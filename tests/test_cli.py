@@ -124,7 +124,7 @@ def test_train_rejects_bad_flags_in_one_line():
            (("train", "--launch", "remote"), 2), (("train", "--suite", "nope"), 1),
            (("train", "--hardware", "tpu-v4i-like"), 1),
            (("train", "--demonstrations", "1"), 2), (("train", "--q-spread-floor", "-1"), 2),
-           (("train", "--q-spread-floor", "inf"), 2),
+           (("train", "--q-spread-floor", "inf"), 2), (("train", "--eval-msa-prior", "-2"), 2),
            (("train", "--workload", "no-such-file.json", "--hardware", "tpu-v4i-like"), 1))
   for args, code in cases:
     result = _cli(*args)
@@ -238,12 +238,13 @@ def test_train_skip_below_reaches_the_game_config():
 def test_train_demonstration_and_search_flags_reach_the_config():
   from malloczero.launch.cli import _train_config, build_parser
   args = build_parser().parse_args(["train", "--config", "tiny", "--demonstrations", "0",
-                                    "--q-spread-floor", "0.1"])
+                                    "--q-spread-floor", "0.3", "--eval-msa-prior", "0"])
   config = _train_config(args)
   assert config.learner.demonstration_fraction == 0.0 and config.learner.demonstration_batch == 0
-  assert config.search.q_spread_floor == 0.1
+  assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
   default = _train_config(build_parser().parse_args(["train", "--config", "tiny"]))
-  assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.02
+  assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.1
+  assert default.search.eval_msa_prior_logit == 2.0
 
 
 def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscribed(
