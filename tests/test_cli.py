@@ -242,7 +242,7 @@ def test_train_demonstration_and_search_flags_reach_the_config():
   config = _train_config(args)
   assert config.learner.demonstration_fraction == 0.0 and config.learner.demonstration_batch == 0
   assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
-  default = _train_config(build_parser().parse_args(["train", "--config", "tiny"]))
+  default = _train_config(build_parser().parse_args(["train"]))  # The small preset.
   assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.1
   assert default.search.eval_msa_prior_logit == 2.0
 
