@@ -512,6 +512,9 @@ def cmd_train(args: argparse.Namespace) -> int:
   """Trains the MuZero agent; checkpoints, logs, the learning curve and a report go to the work
   directory, which a second run with the same command resumes."""
   config = _train_config(args)
+  if config.programs and args.launch == "vertex_ai":
+    raise MalloczeroError("train --workload runs locally (--launch local_mp, local_mt or single): "
+                          "a cloud run's nodes cannot read this machine's workload file")
   workdir = args.workdir or os.path.join("runs", f"train-{config.name}")
   if args.launch != "vertex_ai":  # Vertex's is a /gcs/ path, checked by launch_vertex_ai.
     check_output_dir(workdir, "--workdir")

@@ -125,7 +125,10 @@ def test_train_rejects_bad_flags_in_one_line():
            (("train", "--hardware", "tpu-v4i-like"), 1),
            (("train", "--demonstrations", "1"), 2), (("train", "--q-spread-floor", "-1"), 2),
            (("train", "--q-spread-floor", "inf"), 2), (("train", "--eval-msa-prior", "-2"), 2),
-           (("train", "--workload", "no-such-file.json", "--hardware", "tpu-v4i-like"), 1))
+           (("train", "--workload", "no-such-file.json", "--hardware", "tpu-v4i-like"), 1),
+           (("train", "--launch", "vertex_ai", "--hardware", "tpu-v4i-like", "--capacity",
+             "20000", "--workload", os.path.join(REPO, "env", "programs", "data", "workloads",
+                                                 "tiny-vgg-b1-infer.json.gz")), 1))
   for args, code in cases:
     result = _cli(*args)
     assert result.returncode == code, (args, result.stderr)
