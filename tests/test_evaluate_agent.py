@@ -65,9 +65,11 @@ def test_agent_rows_are_its_validated_mappings_and_agree_with_the_baselines(trai
 
 
 def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
-  # A second run directory holding the same checkpoint: two agents, told apart by run name.
+  # A second run directory holding the same checkpoint and config (so the same search
+  # settings): two agents, told apart by run name.
   other = tmp_path / "other-run"
   shutil.copytree(trained / "checkpoints", other / "checkpoints")
+  shutil.copy(trained / "config.json", other / "config.json")
   out = tmp_path / "eval"
   result = _cli("evaluate", "--suite", "tiny", "--checkpoint", str(trained), str(other),
                 "--solvers", "msa,greedy,evo,cpsat", "--time-limit", "1", "--evaluations", "20",
