@@ -1,9 +1,19 @@
 """Shared fixtures and hypothesis profiles (CI: derandomised so a red run reproduces)."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import hypothesis
 import pytest
+
+# One JAX compilation cache for this test session, its in-process tests and the `malloczero`
+# processes they start (they inherit it), and never the user's: the tiny networks' searches and
+# learner step are otherwise compiled again by every training test. Set before JAX is imported.
+_COMPILATION_CACHE = tempfile.mkdtemp(prefix="malloczero-tests-jax-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILATION_CACHE
+atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
 
 hypothesis.settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,
                                      print_blob=True)

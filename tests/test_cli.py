@@ -36,6 +36,28 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
   assert report["learner_small_batch"] == 256 and report["learner_small_unroll"] == 5
 
 
+def test_commands_keep_compiled_programs_in_the_users_cache_unless_told_otherwise(tmp_path):
+  """The cache goes under XDG_CACHE_HOME, also when JAX was imported first; a
+  JAX_COMPILATION_CACHE_DIR the user set wins, and an empty one leaves the cache off."""
+  script = ("import os, jax; from malloczero.launch.cli import use_compilation_cache; "
+            "use_compilation_cache(); print(repr(jax.config.jax_compilation_cache_dir)); "
+            "print(repr(os.environ['JAX_COMPILATION_CACHE_DIR']))")
+
+  def cache_dirs(**env) -> list[str]:
+    """[JAX's cache directory, the one the launched nodes inherit], as Python literals."""
+    clean = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=REPO, env={**clean, **env}, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.splitlines()
+
+  xdg, mine = str(tmp_path / "xdg"), str(tmp_path / "mine")
+  default = os.path.join(xdg, "malloczero", "jax")
+  assert cache_dirs(XDG_CACHE_HOME=xdg) == [repr(default)] * 2
+  assert cache_dirs(XDG_CACHE_HOME=xdg, JAX_COMPILATION_CACHE_DIR=mine) == [repr(mine)] * 2
+  assert cache_dirs(JAX_COMPILATION_CACHE_DIR="") == [repr("")] * 2  # Off, and left off.
+
+
 @pytest.mark.slow
 def test_train_runs_a_tiny_single_process_training_and_reports_its_curve(tmp_path):
   workdir = tmp_path / "run"
