@@ -48,7 +48,8 @@ class Agent:
     return (f"no config.json beside the checkpoint {self.checkpoint} (expected "
             f"{WorkDir.of_checkpoint(self.checkpoint).config}): using the default search settings "
             f"(evaluation search {s.eval_num_simulations} simulations, "
-            f"{s.max_num_considered_actions} considered actions, Gumbel scale {s.gumbel_scale:g})")
+            f"{s.max_num_considered_actions} considered actions, Gumbel scale {s.gumbel_scale:g}, "
+            f"Q spread floor {s.q_spread_floor:g}, msa prior logit {s.eval_msa_prior_logit:g})")
 
   @property
   def default_simulations(self) -> int:
