@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -161,34 +161,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
   return 0
 
 
-def _positive_float(text: str) -> float:
+def _float_flag(text: str, expected: str, accept: Callable[[float], bool]) -> float:
   try:
     value = float(text)
   except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'") from None
-  if not value > 0:
-    raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    raise argparse.ArgumentTypeError(f"expected {expected}, got '{text}'") from None
+  if not accept(value):
+    raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
   return value
+
+
+def _positive_float(text: str) -> float:
+  return _float_flag(text, "a positive number", lambda value: value > 0)
 
 
 def _non_negative_float(text: str) -> float:
-  try:
-    value = float(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a number >= 0, got '{text}'") from None
-  if not 0.0 <= value < float("inf"):
-    raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
-  return value
+  return _float_flag(text, "a finite number >= 0", lambda value: 0.0 <= value < float("inf"))
 
 
 def _fraction(text: str) -> float:
-  try:
-    value = float(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got '{text}'") from None
-  if not 0.0 <= value < 1.0:
-    raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {value}")
-  return value
+  return _float_flag(text, "a fraction in [0, 1)", lambda value: 0.0 <= value < 1.0)
 
 
 def solver_options(args: argparse.Namespace, solver: str) -> dict:
