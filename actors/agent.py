@@ -18,7 +18,7 @@ from malloczero.actors.evaluator import compile_searches, play_programs, with_si
 from malloczero.actors.games import GameSpec
 from malloczero.configs.config import DEFAULT_ATTEMPTS, SearchConfig
 from malloczero.configs.workdir import WorkDir
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware
 from malloczero.env.solvers import SolveResult

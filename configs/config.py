@@ -191,7 +191,7 @@ PRESETS = {"tiny": tiny, "small": small, "large": large}
 
 
 def get_config(name: str) -> Config:
-  from malloczero.env.errors import MalloczeroError
+  from malloczero.common.errors import MalloczeroError
   if name not in PRESETS:
     raise MalloczeroError(f"unknown config '{name}' (choose from {', '.join(PRESETS)})")
   return PRESETS[name]()

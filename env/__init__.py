@@ -1,17 +1,16 @@
 """mallocGame: workloads, the hardware cost model, the dm_env game, and the validator.
 
-`env` imports none of malloczero's other packages.
+`env` imports none of malloczero's other packages but `common`.
 """
 
 from malloczero.env.cost_model import Allocations, CostModel, Evaluation
-from malloczero.env.errors import (HardwareError, IllegalActionError, MalloczeroError, MappingError,
-                        WorkloadError)
-from malloczero.env.game import REQUESTS_GAME, GameConfig, MallocGame, make_game
+from malloczero.common.errors import (HardwareError, IllegalActionError, MalloczeroError,
+                                     MappingError, WorkloadError)
+from malloczero.env.game import (REQUESTS_GAME, FeatureLayout, GameConfig, MallocGame, MsaGame,
+                                 ObservationLayout, make_game, observation_layout,
+                                 observation_spec)
 from malloczero.env.hardware import PRESETS, Hardware, MemoryLevel, load_hardware
 from malloczero.env.mapping import Mapping, load_mapping
-from malloczero.env.msa_game import MsaGame
-from malloczero.env.observation import (FeatureLayout, ObservationLayout, observation_layout,
-                                       observation_spec)
 from malloczero.env.requests import Requests, build_requests
 from malloczero.env.validator import ValidationReport, validate_mapping
 from malloczero.env.workload import Buffer, Op, Workload, load_workload, save_workload

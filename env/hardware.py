@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from malloczero.env.errors import HardwareError
+from malloczero.common.errors import HardwareError
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 # Capacities and the alignment become int64 arrays and are added to offsets there; the bound keeps

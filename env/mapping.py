@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from malloczero.env.cost_model import NO_COPY, Allocations
-from malloczero.env.errors import MappingError
-from malloczero.env.files import write_text
+from malloczero.common.errors import MappingError
+from malloczero.common.files import write_text
 from malloczero.env.hardware import Hardware, HardwareError
 from malloczero.env.workload import Workload, int_out_of_range
 
@@ -176,7 +176,7 @@ class Mapping:
                float(data["estimated_time_s"]), float(data["slow_only_time_s"]))
 
   def save(self, path: str | os.PathLike) -> None:
-    """Writes MAP.json atomically (see env/files.py)."""
+    """Writes MAP.json atomically (see common/files.py)."""
     write_text(path, json.dumps(self.to_dict(), indent=1))
 
 

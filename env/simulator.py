@@ -49,10 +49,10 @@ due boundary is how far its `lo` lifts the `z` that arrives there.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from types import ModuleType
 
 import numpy as np
+
+from malloczero.common.lazy import lazy_module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,16 +167,9 @@ def total_stall(idle_s: np.ndarray, copies: Copies) -> float:
   return CopyQueue(copies, len(idle_s)).total_stall(idle_s)
 
 
-_KERNELS: ModuleType | None = None
-
-
-def kernels() -> ModuleType:
-  """The game's jitted kernels (env/_game_kernels.py), imported on first use so that importing
-  the cost model does not load numba (about 0.1 s)."""
-  global _KERNELS
-  if _KERNELS is None:
-    _KERNELS = importlib.import_module("malloczero.env._game_kernels")
-  return _KERNELS
+# The game's jitted kernels (env/_jit_kernels.py), imported on first use so that importing the
+# cost model does not load numba (about 0.1 s).
+kernels = lazy_module("malloczero.env._jit_kernels")
 
 
 def total_stall_loop(idle_s: np.ndarray, copies: Copies) -> float:

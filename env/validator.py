@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
-from malloczero.env.errors import MappingError
+from malloczero.common.errors import MappingError
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
 from malloczero.env.workload import Workload

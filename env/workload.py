@@ -60,8 +60,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from malloczero.env.errors import WorkloadError
-from malloczero.env.files import write_bytes
+from malloczero.common.errors import WorkloadError
+from malloczero.common.files import write_bytes
 
 PROGRAM_START = -1
 KINDS = ("activation", "parameter", "input", "output")

@@ -18,10 +18,10 @@ import dm_env
 import numpy as np
 from rich.table import Table
 
-from malloczero.env.files import write_text
+from malloczero.common.files import write_text
 from malloczero.env.game import MallocGame, make_game
 from malloczero.env.hardware import PRESETS, Hardware
-from malloczero.env.msa_game import MsaGame
+from malloczero.env.game.game import MsaGame
 from malloczero.env.simulator import total_stall, total_stall_loop
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.workload import Workload
@@ -76,7 +76,7 @@ def _initial_agent(config: Any) -> tuple[Any, Any]:
 
 def bench_game(seconds: float, hardware: str = "tpu-v4i-like") -> dict[str, Any]:
   """Random legal play of the game every config plays by default (msa's decision points,
-  env/msa_game.py), and of the requests game (env/game.py), on the same program."""
+  env/game/game.py), and of the requests game (env/game/requests_game.py), on the same program."""
   workload, machine = _game_program(hardware)
   report: dict[str, Any] = {"game_program": workload.name, "game_hardware": hardware}
   for prefix, game in (("game", MsaGame(workload, machine)),

@@ -17,8 +17,8 @@ from rich.table import Table
 
 from malloczero.configs.config import DEFAULT_ATTEMPTS
 from malloczero.configs.config import PRESETS as CONFIG_PRESETS
-from malloczero.env.errors import MalloczeroError
-from malloczero.env.files import check_output_dir, check_output_file
+from malloczero.common.errors import MalloczeroError
+from malloczero.common.files import check_output_dir, check_output_file
 from malloczero.env.hardware import PRESETS, Hardware, load_hardware
 from malloczero.env.mapping import load_mapping
 from malloczero.env.programs.suites import SPLITS
@@ -202,7 +202,7 @@ def solver_options(args: argparse.Namespace, solver: str) -> dict:
 
 def msa_options(pairs: Optional[Sequence[tuple[str, str]]]) -> dict:
   """`--msa-option NAME=VALUE` pairs as `MsaOptions` fields, each value read as its field's type."""
-  from malloczero.env.solvers.msa.algorithm import MsaOptions
+  from malloczero.env.msa.algorithm import MsaOptions
   defaults = MsaOptions()
   names = [f.name for f in dataclasses.fields(MsaOptions)]
   options: dict = {}
@@ -656,7 +656,7 @@ def _add_solver_flags(p: argparse.ArgumentParser) -> None:
                  help="evo-msa: change only decisions whose best option saves at least this "
                  "fraction of the all-slow time (default 0: any)")
   p.add_argument("--msa-option", type=_name_value, action="append", metavar="NAME=VALUE",
-                 help="msa: one of its options (env/solvers/msa/algorithm.py MsaOptions, defaults "
+                 help="msa: one of its options (env/msa/algorithm.py MsaOptions, defaults "
                       "XLA's), e.g. min_overlap_to_async_copy_ratio=0.8, "
                       "max_outstanding_prefetches=2, picker=instruction_count, copy_budget=idle; "
                       "repeatable")

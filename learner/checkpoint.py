@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from malloczero.configs.workdir import CHECKPOINT_FILENAME
-from malloczero.env.errors import MalloczeroError
-from malloczero.env.files import atomic_write
+from malloczero.common.errors import MalloczeroError
+from malloczero.common.files import atomic_write
 from malloczero.env.game import observation_spec
 from malloczero.learner.networks import MuZeroNetworks, Params
 

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 
 from malloczero.configs.config import Config, LearnerConfig
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 from malloczero.env.game import observation_spec
 from malloczero.learner.checkpoint import CHECKPOINT_FILENAME, restore_state, save_state, to_numpy
 from malloczero.learner.losses import muzero_loss

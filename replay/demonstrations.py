@@ -31,8 +31,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tree
 
-from malloczero.env.errors import MalloczeroError
-from malloczero.env.files import write_text
+from malloczero.common.errors import MalloczeroError
+from malloczero.common.files import write_text
 from malloczero.env.game import GameConfig, make_game
 from malloczero.replay.types import Step, zero_step
 

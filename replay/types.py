@@ -18,7 +18,7 @@ import numpy as np
 from dm_env import specs
 
 from malloczero.env.game import GameConfig
-from malloczero.env.observation import observation_spec
+from malloczero.env.game import observation_spec
 
 
 class Step(NamedTuple):

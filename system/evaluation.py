@@ -23,7 +23,7 @@ import numpy as np
 from malloczero.actors.agent import Agent, compile_agent, load_agent, play_with_agent
 from malloczero.actors.games import GameSpec
 from malloczero.configs.workdir import WorkDir
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 from malloczero.env.mapping import Mapping
 from malloczero.env.solvers import SolveResult, solve
 from malloczero.env.programs.suites import SPLITS, Suite, SuiteEntry

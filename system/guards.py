@@ -25,7 +25,7 @@ import time
 from typing import Callable, Optional
 
 from malloczero.configs.workdir import WorkDir
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 
 # How long a new launcher waits for the node processes of a killed run to save and exit (each
 # node gives itself Launchpad's default notice of 10 s after its stop before it kills itself).

@@ -28,7 +28,7 @@ from acme.utils import counting
 
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
-from malloczero.env.files import write_text
+from malloczero.common.files import write_text
 from malloczero.system import guards
 
 

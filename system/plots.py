@@ -16,7 +16,7 @@ from matplotlib.patches import Patch, Rectangle  # noqa: E402
 import numpy as np  # noqa: E402
 
 from malloczero.configs.workdir import WorkDir  # noqa: E402
-from malloczero.env.files import atomic_write, check_output_file  # noqa: E402
+from malloczero.common.files import atomic_write, check_output_file  # noqa: E402
 from malloczero.env.hardware import Hardware  # noqa: E402
 from malloczero.env.mapping import Mapping  # noqa: E402
 from malloczero.env.workload import Workload  # noqa: E402

@@ -40,7 +40,7 @@ import launchpad as lp
 
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 from malloczero.system.guards import ProcessId, WorkDirLock
 from malloczero.system.nodes import (NODE_GROUP_ENV, NODE_OUTPUT_ENV, NODE_WORKDIR_ENV, ActorNode,
                                      EvaluatorNode,

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import REPORT_STEM, WorkDir
-from malloczero.env.files import atomic_write, write_text
+from malloczero.common.files import atomic_write, write_text
 from malloczero.env.programs.suites import SPLITS, get_suite
 from malloczero.system.evaluation import (TIE_TOLERANCE, ProgramRow, SolverSummary,
                                           SuiteEvaluation, best_agent, evaluate_suite,

@@ -21,8 +21,8 @@ from malloczero.actors.evaluator import evaluate_params
 from malloczero.actors.games import GameSpec
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
-from malloczero.env.errors import MalloczeroError
-from malloczero.env.files import write_text
+from malloczero.common.errors import MalloczeroError
+from malloczero.common.files import write_text
 from malloczero.system.evaluation import TIE_TOLERANCE, geomean
 from malloczero.env.solvers import solve
 from malloczero.learner.networks import MuZeroNetworks
@@ -32,7 +32,7 @@ _log = logging.getLogger("malloczero.training")
 BASELINES = ("msa", "greedy", "bestfit", "random")
 # Bumped when a baseline's algorithm changes, so that the speed-ups a work directory cached for
 # the old one are computed again (a missing version is 1). msa 2: XLA's allocation loop
-# (env/solvers/msa/algorithm.py), which replaced the request-space msa (now msa-simple).
+# (env/msa/algorithm.py), which replaced the request-space msa (now msa-simple).
 BASELINE_VERSIONS = {"msa": 2}
 CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_return",
                 "beats_msa", "programs")

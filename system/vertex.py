@@ -30,7 +30,7 @@ import numpy as np
 import tree
 
 from malloczero.configs.config import Config
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 from malloczero.system.nodes import NodeContext
 from malloczero.system.program import build_program
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from malloczero.actors.agent import load_agent, solve_with_agent
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 from malloczero.env.solvers import solve
 from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
 from malloczero.env.validator import validate_mapping

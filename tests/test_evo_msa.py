@@ -9,7 +9,7 @@ from malloczero.env.cost_model import CostModel
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import solve
 from malloczero.env.solvers.evo_msa import decode, evo_msa
-from malloczero.env.solvers.msa.algorithm import msa_allocations
+from malloczero.env.msa.algorithm import msa_allocations
 from tests.test_msa_steps import same_allocations
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from malloczero.configs.workdir import WorkDir
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 from malloczero.system.guards import (LauncherWatch, ProcessId, WorkDirLock, hold_nodes_lock,
                                       lock_holders)
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malloczero.env.errors import WorkloadError
+from malloczero.common.errors import WorkloadError
 from malloczero.env.game import MallocGame
 from malloczero.env.hardware import PRESETS
 from malloczero.env.programs import hlo_import

@@ -4,12 +4,18 @@ only, with no cycles, and the game core needs neither JAX nor Haiku.
 
 The direction (docs/design.md, README "Layout"):
 
-  launch -> system -> actors -> learner -> replay -> configs -> env
+  launch -> system -> actors -> learner -> replay -> configs -> env -> common
 
 A package may import any package to its right, never one to its left; `configs` is readable by
-every package but `env` and imports only `env`; `env` imports nothing of the agent. The root
+every package but `env` and imports only `env` and `common`; `env` imports nothing of the agent,
+and `common` (errors, file output, lazy imports) nothing of the project. The root
 package `malloczero` (its `__init__` re-exports the Python API, `__main__` is the command) sits
 above them all, and no sub-package imports it.
+
+Inside `env` the areas import in one direction too (`ENV_ORDER`): the program and machine model
+(the modules at env/'s top level), then programs/, msa/ (the game's rules), game/ and solvers/ (the
+baselines). Imports inside functions and under `TYPE_CHECKING` count like the others, so a lazy
+import cannot hide a cycle.
 """
 
 from __future__ import annotations
@@ -21,13 +27,15 @@ import re
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Sub-package -> its folder at the repository root (pyproject.toml's package-dir).
-FOLDERS = {"env": "env", "configs": "configs", "replay": "replay", "learner": "learner",
+FOLDERS = {"common": "common", "env": "env", "configs": "configs", "replay": "replay", "learner": "learner",
            "actors": "actors", "system": "system", "launch": "launch"}
 # Right (imported) to left (importing): a package may import only those of lower rank.
-ORDER = ["env", "configs", "replay", "learner", "actors", "system", "launch"]
+ORDER = ["common", "env", "configs", "replay", "learner", "actors", "system", "launch"]
 RANK = {name: rank for rank, name in enumerate(ORDER)}
 # Top-level names that would be the project's folders imported without the package prefix.
-BARE = set(FOLDERS) | {"programs", "solvers"}
+BARE = set(FOLDERS) | {"programs", "solvers", "game", "msa"}
+# The areas of env/, bottom first: "model" is the modules at env/'s top level.
+ENV_ORDER = ["model", "programs", "msa", "game", "solvers"]
 # The game core (env/ but env/programs/, which compiles the zoo with XLA) runs without these.
 AGENT_LIBRARIES = {"jax", "jaxlib", "haiku", "mctx", "optax", "rlax", "reverb", "launchpad",
                    "acme"}
@@ -153,8 +161,65 @@ def test_env_imports_nothing_of_the_agent_and_its_core_needs_no_jax():
 def test_configs_imports_only_env():
   offending = [f"{where}: malloczero.configs imports malloczero.{target or '(root)'}"
                for (package, target), places in _package_edges().items()
-               if package == "configs" and target != "env" for where in places]
+               if package == "configs" and target not in ("env", "common") for where in places]
   assert not offending, "\n".join(offending)
+
+
+def test_common_imports_nothing_of_the_project():
+  offending = [f"{where}: malloczero.common imports malloczero.{target or '(root)'}"
+               for (package, target), places in _package_edges().items()
+               if package == "common" for where in places]
+  assert not offending, "\n".join(offending)
+
+
+def _env_area(module: str) -> str | None:
+  """'malloczero.env.game.config' -> 'game'; 'malloczero.env.workload' -> 'model'; None outside
+  env and for env's own __init__ (which re-exports every area)."""
+  parts = module.split(".")
+  if parts[:2] != ["malloczero", "env"] or len(parts) == 2:
+    return None
+  return parts[2] if parts[2] in ENV_ORDER else "model"
+
+
+def _env_module(path: str) -> str:
+  relative = os.path.relpath(path, REPO)[:-len(".py")].split(os.sep)
+  if relative[-1] == "__init__":
+    relative = relative[:-1]
+  return ".".join(["malloczero"] + relative)
+
+
+def test_env_areas_import_in_one_direction_and_its_modules_have_no_cycles():
+  """Every import counts, also inside functions and under `TYPE_CHECKING`: a cycle hidden behind
+  a lazy import is still a cycle."""
+  offending, graph = [], {}
+  for path in _python_files("env"):
+    importer = _env_module(path)
+    area = _env_area(importer)
+    for line, module, _ in _imports(path):
+      target = _env_area(module)
+      if target is None or area is None:
+        continue
+      graph.setdefault(importer, set()).add(module)
+      if ENV_ORDER.index(target) > ENV_ORDER.index(area):
+        offending.append(f"{_where(path, line)}: env's {area} imports {module} "
+                         f"(against {' -> '.join(reversed(ENV_ORDER))})")
+  seen, on_path = set(), []
+
+  def visit(module: str) -> None:
+    if module in on_path:
+      offending.append("cycle: " + " -> ".join(on_path[on_path.index(module):] + [module]))
+      return
+    if module in seen:
+      return
+    seen.add(module)
+    on_path.append(module)
+    for target in sorted(graph.get(module, ())):
+      visit(target)
+    on_path.pop()
+
+  for module in sorted(graph):
+    visit(module)
+  assert not offending, "imports against env's order:\n" + "\n".join(offending)
 
 
 def _pyproject_packages() -> tuple[list[str], dict[str, str]]:

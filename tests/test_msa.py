@@ -1,4 +1,4 @@
-"""The assembled msa (env/solvers/msa/algorithm.py) on XLA's own behaviours.
+"""The assembled msa (env/msa/algorithm.py) on XLA's own behaviours.
 
 Cases named after a test of openxla/xla `xla/service/memory_space_assignment/
 memory_space_assignment_test.cc` rebuild its program as a hand-made workload on XLA's test
@@ -19,7 +19,7 @@ from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.hardware import Hardware, MemoryLevel
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import SOLVERS, solve
-from malloczero.env.solvers.msa.algorithm import MsaOptions, msa_allocations, msa_mapping
+from malloczero.env.msa.algorithm import MsaOptions, msa_allocations, msa_mapping
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
 from tests.strategies import hardware_for, workloads

@@ -1,4 +1,4 @@
-"""mallocGame on msa's decision points (env/msa_game.py): the heuristic is a policy in the game.
+"""mallocGame on msa's decision points (env/game/game.py): the heuristic is a policy in the game.
 
 What must hold: playing msa's slot at every step gives the `msa` solver's mapping exactly; every
 reward is the exact decrease of the cost model's program time (copies contending) so the
@@ -17,7 +17,7 @@ from malloczero.env import (REQUESTS_GAME, GameConfig, IllegalActionError, Mallo
 from malloczero.env.cost_model import CostModel
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.programs.synthetic import contended, random_workload
-from malloczero.env.solvers.msa.algorithm import msa_allocations, option_slots
+from malloczero.env.msa.algorithm import msa_allocations, option_slots
 from tests.strategies import counting_actor, hardware_for, workloads
 from tests.test_msa_steps import same_allocations
 
@@ -114,7 +114,7 @@ def test_uncommit_takes_back_the_buffers_segments_and_copies():
   """XLA's evict-and-prefetch program with no eviction allowed: the activation kept in fast
   memory must be evicted before its late use, the eviction is refused, and option 0 sends the
   whole buffer back to default memory; the reward takes back what its first segment saved."""
-  from malloczero.env.solvers.msa.algorithm import MsaOptions
+  from malloczero.env.msa.algorithm import MsaOptions
   from tests.test_msa import evict_and_prefetch
   from tests.test_msa_parts import XLA_HW
   workload = evict_and_prefetch()

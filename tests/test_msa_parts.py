@@ -1,4 +1,4 @@
-"""The building blocks of XLA's memory-space assignment (env/solvers/msa/), on XLA's own tests.
+"""The building blocks of XLA's memory-space assignment (env/msa/), on XLA's own tests.
 
 Cases named after an XLA test reproduce it (openxla/xla, `xla/service/memory_space_assignment/`
 `prefetch_interval_picker_test.cc`, `memory_space_assignment_test.cc`); the others are worked by
@@ -13,13 +13,13 @@ from hypothesis import given, strategies as st
 
 from malloczero.env.cost_model import CostModel
 from malloczero.env.hardware import Hardware, MemoryLevel
-from malloczero.env.solvers.msa import (
+from malloczero.env.msa import (
     AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, ChunkHeap, CostAnalysis,
     CostAnalysisOptions, CostAnalysisPrefetchIntervalPicker,
     InstructionCountPrefetchIntervalPicker, OutstandingCopyLimit, PrefetchIntervalOptions,
     buffer_order, find_best_chunk_candidate)
-from malloczero.env.solvers.msa.buffer_order import latest_use_times
-from malloczero.env.solvers.msa.interval_picker import PrefetchIntervalIterator
+from malloczero.env.msa.buffer_order import latest_use_times
+from malloczero.env.msa.interval_picker import PrefetchIntervalIterator
 from malloczero.env.workload import Workload
 from tests.strategies import hardware_for, workloads
 
@@ -462,7 +462,7 @@ def test_jitted_best_chunk_candidate_matches_find_best_chunk_candidate(
     chunks, uses, start, size, max_size, alignment, elapsed, memory_copy, count_picker):
   """The jitted `FindBestChunkCandidates` msa's loop runs (`_jit_kernels.best_chunk_candidate`)
   finds the chunk `find_best_chunk_candidate` finds, with either picker's no-copy rule."""
-  from malloczero.env.solvers.msa._jit import kernels
+  from malloczero.env.msa._jit import kernels
   heap = ChunkHeap(alignment)
   for i, (chunk_start, length, chunk_size, slot) in enumerate(chunks):
     handle = heap.add(chunk_start, chunk_start + length, slot * alignment * 4, chunk_size)

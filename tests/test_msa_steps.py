@@ -1,4 +1,4 @@
-"""msa's allocation loop as a decision process (env/solvers/msa/algorithm.py: `MsaDecisions`,
+"""msa's allocation loop as a decision process (env/msa/algorithm.py: `MsaDecisions`,
 `MsaAlgorithm.steps`), the first step of issue 14 item 2: the game's steps will be msa's
 decision points and its actions the options msa weighs there.
 
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.programs.suites import get_suite
-from malloczero.env.solvers.msa.algorithm import (
+from malloczero.env.msa.algorithm import (
     DEFAULT_PREFETCH_STARTS, OPTION_KINDS, MsaAlgorithm, MsaDecision, MsaDecisions, MsaOptions,
     allocations_mapping, msa_allocations, msa_mapping, msa_policy, play)
 from malloczero.env.validator import validate_mapping

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from malloczero.env import PRESETS, GameConfig, MallocGame, observation_layout
-from malloczero.env.observation import msa_observation_layout
+from malloczero.env.game.observation import msa_observation_layout
 from malloczero.env.programs.synthetic import contended, mlp_training_step
 
 

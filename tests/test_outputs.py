@@ -1,12 +1,12 @@
 """Output paths: every command refuses an output it cannot write before it does any work (one line,
-exit 1, no file left behind), and every file is written atomically (env/files.py)."""
+exit 1, no file left behind), and every file is written atomically (common/files.py)."""
 
 import json
 import os
 
 import pytest
 
-from malloczero.env.files import (OutputError, atomic_write, check_output_dir, check_output_file,
+from malloczero.common.files import (OutputError, atomic_write, check_output_dir, check_output_file,
                                   write_text)
 from malloczero.launch import cli
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from malloczero.configs.config import get_config
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 from malloczero.env.programs.suites import get_suite
 from malloczero.learner.checkpoint import checkpoint_steps, load_params, params_digest
 from malloczero.system.nodes import NodeContext

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 def _modules_in_checkout() -> set[str]:
-  """Each .py file of each package folder, named as the wheel names it (malloczero/env/game.py)."""
+  """Each .py file of each package folder, named as the wheel names it (malloczero/env/game/requests_game.py)."""
   paths = set()
   for prefix, folder in [("malloczero", "malloczero")] + [
       (f"malloczero/{name}", folder) for name, folder in FOLDERS.items()]:

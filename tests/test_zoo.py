@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from malloczero.env.programs import zoo
-from malloczero.env.errors import WorkloadError
+from malloczero.common.errors import WorkloadError
 
 BATCH = 2
 

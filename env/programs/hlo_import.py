@@ -146,7 +146,7 @@ from typing import Any, Callable, Iterator, Union
 
 import numpy as np
 
-from malloczero.env.errors import WorkloadError
+from malloczero.common.errors import WorkloadError
 from malloczero.env.workload import Workload
 
 SMALL_CONSTANT_BYTES = 64  # ENTRY constants up to this size are ignored (immediates).

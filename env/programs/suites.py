@@ -19,7 +19,7 @@ import functools
 import json
 import os
 
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 from malloczero.env.hardware import Hardware, load_hardware
 from malloczero.env.workload import Workload, load_workload
 

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from malloczero.env.errors import WorkloadError
+from malloczero.common.errors import WorkloadError
 
 
 @dataclasses.dataclass(frozen=True)

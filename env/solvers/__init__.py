@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from malloczero.env.cost_model import CostModel
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 from malloczero.env.game import REQUESTS_GAME, GameConfig, make_game
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
@@ -20,7 +20,7 @@ from malloczero.env.solvers.cpsat import cpsat
 from malloczero.env.solvers.evo import evo
 from malloczero.env.solvers.evo_msa import evo_msa
 from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa_simple, random_play
-from malloczero.env.solvers.msa.algorithm import MsaOptions, msa_mapping
+from malloczero.env.msa.algorithm import MsaOptions, msa_mapping
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
 
@@ -34,7 +34,7 @@ def pack(placement: Placement, **options: Any) -> dict:
 
 def msa(model: CostModel, time_limit_s: float | None = None,
         **options: Any) -> tuple[Mapping, dict]:
-  """XLA's memory-space assignment (env/solvers/msa/algorithm.py): its own segments, prefetches
+  """XLA's memory-space assignment (env/msa/algorithm.py): its own segments, prefetches
   at the picker's starts and evictions, outside the game's request space. `options` are
   `MsaOptions` fields; a time limit is accepted and not needed (msa is one greedy pass)."""
   return msa_mapping(model, MsaOptions(**options))
@@ -42,8 +42,8 @@ def msa(model: CostModel, time_limit_s: float | None = None,
 
 PLACEMENT_SOLVERS = {"msa-simple": msa_simple, "greedy": greedy, "evo": evo, "cpsat": cpsat,
                      "pack": pack}
-# Policies played in a game, and the game: `random` in msa's decision space (env/msa_game.py, the
-# game the agent plays), `bestfit` over the requests game's best-fit candidates (env/game.py).
+# Policies played in a game, and the game: `random` in msa's decision space (env/game/game.py, the
+# game the agent plays), `bestfit` over the requests game's best-fit candidates (env/game/requests_game.py).
 GAME_SOLVERS = {"random": (random_play, GameConfig()), "bestfit": (bestfit_play, REQUESTS_GAME)}
 # Build their own segments from the cost model (evo-msa: msa's decisions with deviations).
 MODEL_SOLVERS = {"msa": msa, "evo-msa": evo_msa}

@@ -1,6 +1,6 @@
 """Evolution in the game's own decision space: msa's trajectory with a few decisions changed.
 
-A genome is a set of deviations from msa: {(buffer, use): action slot} (env/msa_game.py's
+A genome is a set of deviations from msa: {(buffer, use): action slot} (env/game/game.py's
 slots: 0 leaves the use in default memory, or evicts, or uncommits; 1 keeps; 2 + f K + k the
 k-th prefetch start into fast level f). Decoding plays msa's decision process
 (`MsaDecisions`), taking msa's own option wherever the genome says nothing or names a slot that
@@ -28,7 +28,7 @@ import numpy as np
 
 from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.mapping import Mapping
-from malloczero.env.solvers.msa.algorithm import (DEFAULT_PREFETCH_STARTS, MsaDecisions,
+from malloczero.env.msa.algorithm import (DEFAULT_PREFETCH_STARTS, MsaDecisions,
                                                   MsaOptions, allocations_mapping, option_slots,
                                                   worth_deciding)
 

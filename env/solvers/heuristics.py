@@ -1,5 +1,5 @@
 """Constructive baselines in the game's request space: msa-simple (the project's first, simplified
-XLA memory-space assignment; the faithful one is env/solvers/msa/algorithm.py), a greedy, and
+XLA memory-space assignment; the faithful one is env/msa/algorithm.py), a greedy, and
 random play.
 
 They choose with the requests' estimates (op time saved, a prefetch's copy time not hidden
@@ -19,7 +19,7 @@ def msa_simple(placement: Placement) -> dict:
   """The project's first, simplified msa, over the game's requests (solver "msa-simple").
 
   Kept because CP-SAT (cpsat.py) needs a hint in its own decision space, the game's requests,
-  which the faithful msa (env/solvers/msa/algorithm.py, solver "msa") does not play in: its
+  which the faithful msa (env/msa/algorithm.py, solver "msa") does not play in: its
   segments, prefetch starts and evictions have no request. It is also the "old msa" that the
   faithful one is measured against.
 

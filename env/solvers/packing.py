@@ -63,7 +63,7 @@ from typing import Callable
 import numba
 import numpy as np
 
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 from malloczero.env.placement import Placement
 from malloczero.env.requests import Requests
 

@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from malloczero.env.solvers.msa._jit import kernels
+from malloczero.env.msa._jit import kernels
 
 _INITIAL_CAPACITY = 64
 

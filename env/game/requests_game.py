@@ -1,8 +1,5 @@
-"""The game's config, and the requests game: mallocGame over whole requests.
-
-`GameConfig.decisions` picks the game: "msa" (env/msa_game.py, the default, what the agent
-trains on: one step per decision point of XLA's msa loop) or "requests" (`MallocGame` below, the
-project's first game, which the `bestfit` baseline still plays). `make_game` builds either.
+"""The requests game: mallocGame over whole requests, the project's first game, which the
+`bestfit` baseline still plays (env/game/game.py is the game the agent trains on).
 
 In the requests game each step presents one request (see requests.py) and offers `A = 1 + K` actions: `0` leaves it in
 the slow default memory, `k >= 1` places it at the k-th candidate (level, offset). Candidates are
@@ -12,7 +9,7 @@ interleaved fastest first. The reward is the exact decrease of the cost model's 
 caused by the step, divided by the all-slow program time, so an episode's return is the
 fractional time saved over "everything in slow memory".
 
-Observations are fixed-size float32 arrays, laid out feature by feature in env/observation.py, so
+Observations are fixed-size float32 arrays, laid out feature by feature in env/game/observation.py, so
 one network serves every workload and every hardware with up to `max_fast_levels` fast levels.
 After the last request the terminal observation is all zeros with only action 0 legal.
 """
@@ -26,141 +23,15 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
+from malloczero.common.errors import HardwareError, MalloczeroError
 from malloczero.env.cost_model import Allocations, CostModel
-from malloczero.env.errors import HardwareError, IllegalActionError, MalloczeroError
+from malloczero.env.game.base import GameBase
+from malloczero.env.game.config import REQUESTS_GAME, GameConfig, observation_spec
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
-from malloczero.env.observation import (ObservationLayout, msa_observation_layout,
-                                         observation_layout, observation_spec)
 from malloczero.env.placement import Placement
 from malloczero.env.requests import Requests, build_requests
 from malloczero.env.workload import Workload
-
-
-DECISIONS = ("msa", "requests")
-
-
-@dataclasses.dataclass(frozen=True)
-class GameConfig:
-  """What the game plays and how wide its observations are.
-
-  decisions: "msa" (env/msa_game.py, the default: one step per decision point of XLA's msa
-    loop, the actions the options msa weighs there) or "requests" (this module: one step per
-    request, the actions its best-fit candidates).
-  num_candidates: K of the requests game (1 + K actions).
-  max_prefetch_starts: prefetch starts offered per fast level in the msa game
-    (2 + max_prefetch_starts x max_fast_levels actions).
-  skip_below: msa game only. 0 offers every decision. Above 0, msa's own choice is played, not
-    offered, at decisions with a single option or whose best option msa estimates to save less
-    than this fraction of the all-slow time (issue 15: most moves cannot matter); their rewards
-    go to the next move the agent makes.
-  """
-  num_candidates: int = 16
-  occupancy_bins: int = 32
-  lookahead: int = 8            # M
-  max_fast_levels: int = 2      # Observation width: hardware may have up to this many fast levels.
-  decisions: str = "msa"
-  max_prefetch_starts: int = 4
-  skip_below: float = 0.0
-
-  def __post_init__(self):
-    if self.decisions not in DECISIONS:
-      raise ValueError(f"unknown game decisions '{self.decisions}' (choose from "
-                       f"{', '.join(DECISIONS)})")
-    for name in ("num_candidates", "occupancy_bins", "max_fast_levels", "max_prefetch_starts"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-    if self.lookahead < 0:
-      raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
-    if not 0.0 <= self.skip_below < 1.0:
-      raise ValueError(f"skip_below must be a fraction in [0, 1), got {self.skip_below}")
-
-  @property
-  def num_actions(self) -> int:
-    if self.decisions == "msa":
-      return 2 + self.max_prefetch_starts * self.max_fast_levels
-    return 1 + self.num_candidates
-
-  @property
-  def candidate_slots(self) -> int:
-    """Rows of the candidates observation: one per action after action 0."""
-    return self.num_actions - 1
-
-  @property
-  def layout(self) -> ObservationLayout:
-    """The named features of each observation part."""
-    if self.decisions == "msa":
-      return msa_observation_layout(self.max_fast_levels)
-    return observation_layout(self.max_fast_levels)
-
-  @property
-  def static_features(self) -> int:
-    return self.layout.static.size
-
-  @property
-  def request_features(self) -> int:
-    return self.layout.request.size
-
-  @property
-  def candidate_features(self) -> int:
-    return self.layout.candidate.size
-
-  @property
-  def lookahead_features(self) -> int:
-    return self.layout.lookahead.size
-
-
-REQUESTS_GAME = GameConfig(decisions="requests")
-
-
-def make_game(workload: Workload, hardware: Hardware, config: GameConfig = GameConfig()
-              ) -> dm_env.Environment:
-  """The game `config.decisions` names: `MsaGame` ("msa") or `MallocGame` ("requests")."""
-  if config.decisions == "msa":
-    from malloczero.env.msa_game import MsaGame  # It builds on this module's GameConfig.
-    return MsaGame(workload, hardware, config)
-  return MallocGame(workload, hardware, config)
-
-
-class GameBase(dm_env.Environment):
-  """What both games share: the dm_env specs, reset, and the legality check of an action.
-  Subclasses set `config`, `workload`, `_obs_spec` and `_legal` [A], and define
-  `_reset_state` and `_observe`."""
-  config: GameConfig
-  workload: Workload
-  _obs_spec: dict[str, specs.Array]
-  _legal: np.ndarray
-
-  def observation_spec(self) -> dict[str, specs.Array]:
-    return self._obs_spec
-
-  def action_spec(self) -> specs.DiscreteArray:
-    return specs.DiscreteArray(self.config.num_actions, name="action")
-
-  def reward_spec(self) -> specs.Array:
-    return specs.Array((), np.float64, "reward")
-
-  def discount_spec(self) -> specs.BoundedArray:
-    return specs.BoundedArray((), np.float64, 0.0, 1.0, "discount")
-
-  def reset(self) -> dm_env.TimeStep:
-    self._reset_state()
-    return dm_env.restart(self._observe())
-
-  def _reset_state(self) -> None:
-    raise NotImplementedError
-
-  def _observe(self) -> dict[str, np.ndarray]:
-    raise NotImplementedError
-
-  def _checked(self, action: Any, where: str) -> int:
-    """`action` as an int, or a one-line error naming the step (`where`) and the legal ones."""
-    action = int(action)
-    if not (0 <= action < self.config.num_actions) or not self._legal[action]:
-      raise IllegalActionError(
-          f"action {action} is illegal {where} of '{self.workload.name}': "
-          f"legal actions are {np.flatnonzero(self._legal).tolist()}")
-    return action
 
 
 class MallocGame(GameBase):
@@ -170,7 +41,7 @@ class MallocGame(GameBase):
                config: GameConfig = REQUESTS_GAME):
     if config.decisions != "requests":
       raise ValueError(f"MallocGame plays requests; the config asks for '{config.decisions}' "
-                       "(env/msa_game.py's MsaGame, or `make_game`)")
+                       "(env/game/game.py's MsaGame, or `make_game`)")
     if hardware.num_fast_levels > config.max_fast_levels:
       raise HardwareError(f"hardware '{hardware.name}' has {hardware.num_fast_levels} fast levels; "
                           f"this game config observes at most {config.max_fast_levels}")
@@ -192,17 +63,16 @@ class MallocGame(GameBase):
 
   # -------------------------------------------------------------------------- dm_env API
 
-  def step(self, action: Any) -> dm_env.TimeStep:
-    if self._done:
-      return self.reset()
-    action = self._checked(action, f"for request {self._cursor}")
+  def _step_label(self) -> str:
+    return f"for request {self._cursor}"
+
+  def _play(self, action: int) -> float:
     saved = self._place(action) if action else 0.0
-    reward = saved / self.normaliser
     self._cursor += 1
-    if self._cursor == len(self.requests):
-      self._done = True
-      return dm_env.termination(reward, self._terminal_observation())
-    return dm_env.transition(reward, self._observe())
+    return saved
+
+  def _finished(self) -> bool:
+    return self._cursor == len(self.requests)
 
   # -------------------------------------------------------------------------- queries
 
@@ -220,15 +90,6 @@ class MallocGame(GameBase):
   def cursor(self) -> int:
     """Index of the current request in `self.requests`."""
     return self._cursor
-
-  @property
-  def done(self) -> bool:
-    return self._done
-
-  @property
-  def legal_actions(self) -> np.ndarray:
-    """[A] bool mask of the current step."""
-    return self._legal.copy()
 
   @property
   def candidates(self) -> tuple[np.ndarray, np.ndarray]:
@@ -316,12 +177,6 @@ class MallocGame(GameBase):
     lookahead[:len(following), layout.lookahead.slice("static")] = following
     return {"request": request, "occupancy": occupancy, "candidates": cand,
             "lookahead": lookahead, "legal_actions": legal}
-
-  def _terminal_observation(self) -> dict[str, np.ndarray]:
-    obs = {k: np.zeros(spec.shape, spec.dtype) for k, spec in self._obs_spec.items()}
-    obs["legal_actions"][0] = True
-    self._legal = obs["legal_actions"]
-    return obs
 
   def _static_features(self) -> np.ndarray:
     """[R, static_features] per-request features that do not change during an episode."""

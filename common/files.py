@@ -18,7 +18,7 @@ import secrets
 import threading
 from typing import IO, Iterator, Optional, Sequence
 
-from malloczero.env.errors import MalloczeroError
+from malloczero.common.errors import MalloczeroError
 
 
 class OutputError(MalloczeroError, OSError):

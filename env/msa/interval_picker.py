@@ -45,8 +45,8 @@ from typing import Iterator
 
 import numpy as np
 
-from malloczero.env.solvers.msa._jit import kernels
-from malloczero.env.solvers.msa.cost_analysis import CostAnalysis
+from malloczero.env.msa._jit import kernels
+from malloczero.env.msa.cost_analysis import CostAnalysis
 
 # XLA's kNumExploredDecreasingIntervals: once the later starts are used up, the earlier side is
 # thinned to about this many candidates.

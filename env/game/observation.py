@@ -11,7 +11,7 @@ serves every workload and every hardware with up to `max_fast_levels` fast level
 
 Feature axes are `FeatureLayout`s: named, ordered slices whose widths depend only on
 `max_fast_levels` (per-level features are that wide, zero past the hardware's levels). The game
-writes each feature by name (env/game.py) and the sizes in `GameConfig` and the specs below come
+writes each feature by name (env/game/requests_game.py) and the sizes in `GameConfig` and the specs below come
 from the same layouts, so adding or moving a feature is one edit here.
 """
 
@@ -19,13 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
 
 import numpy as np
 from dm_env import specs
-
-if TYPE_CHECKING:
-  from malloczero.env.game import GameConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,22 +123,9 @@ def observation_layout(max_fast_levels: int) -> ObservationLayout:
   return ObservationLayout(static, request, candidate, lookahead)
 
 
-def observation_spec(config: GameConfig) -> dict[str, specs.Array]:
-  """Specs of one observation (no leading dimensions)."""
-  f32 = np.float32
-  return {
-      "request": specs.Array((config.request_features,), f32, "request"),
-      "occupancy": specs.Array((config.max_fast_levels, config.occupancy_bins), f32, "occupancy"),
-      "candidates": specs.Array((config.candidate_slots, config.candidate_features), f32,
-                                "candidates"),
-      "lookahead": specs.Array((config.lookahead, config.lookahead_features), f32, "lookahead"),
-      "legal_actions": specs.Array((config.num_actions,), bool, "legal_actions"),
-  }
-
-
 @functools.lru_cache(maxsize=None)
 def msa_observation_layout(max_fast_levels: int) -> ObservationLayout:
-  """The layouts of the msa game's observation parts (env/msa_game.py); `F` is
+  """The layouts of the msa game's observation parts (env/game/game.py); `F` is
   `max_fast_levels`. Positions are on the program's time axis / its length.
 
   request: the decision point (one `AllocateSegment` call of msa's loop): the buffer, the

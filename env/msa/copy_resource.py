@@ -43,7 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
-from malloczero.env.solvers.msa._jit import kernels
+from malloczero.env.msa._jit import kernels
 
 _RELATIVE_TOLERANCE = 1e-9
 

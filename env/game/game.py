@@ -1,6 +1,6 @@
 """mallocGame on XLA's own decisions: one step per decision point of msa's allocation loop.
 
-A step is one `AllocateSegment` call of the faithful msa (env/solvers/msa/algorithm.py,
+A step is one `AllocateSegment` call of the faithful msa (env/msa/algorithm.py,
 `MsaDecisions`), in msa's order: buffers by memory-boundedness, each buffer's uses in time
 order, each use one segment from the previous use (or the definition). The actions are the
 options msa weighs there, in fixed slots (`A = 2 + K x F`, `K = max_prefetch_starts`, `F =
@@ -16,7 +16,7 @@ max_fast_levels`):
 Slots with no option are illegal (the legal mask). The observation says which slot msa itself
 takes (`msa_choice`), so playing that slot at every step is the `msa` solver, exactly
 (tests/test_msa_game.py): the heuristic's answer is always reachable and every deviation from it
-is the agent's. Why these decision points rather than the requests game's (env/game.py): XLA's
+is the agent's. Why these decision points rather than the requests game's (env/game/requests_game.py): XLA's
 msa evicts, chooses prefetch start times and keeps a value across uses, which a game over whole
 requests cannot express (issue 14).
 
@@ -37,14 +37,14 @@ from typing import Any
 import dm_env
 import numpy as np
 
+from malloczero.common.errors import HardwareError, MalloczeroError
 from malloczero.env.cost_model import Allocations, CostModel
-from malloczero.env.errors import HardwareError, MalloczeroError
-from malloczero.env.game import GameBase, GameConfig
+from malloczero.env.game.base import GameBase
+from malloczero.env.game.config import GameConfig, observation_spec
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
-from malloczero.env.observation import observation_spec
 from malloczero.env.simulator import kernels
-from malloczero.env.solvers.msa.algorithm import (MsaDecisions, MsaOptions, option_slots,
+from malloczero.env.msa.algorithm import (MsaDecisions, MsaOptions, option_slots,
                                                   worth_deciding)
 from malloczero.env.workload import PROGRAM_START, Workload
 
@@ -52,7 +52,7 @@ OPTION0_KINDS = ("default", "evict", "uncommit")
 
 
 class _Columns:
-  """Where each written feature sits (env/observation.py's msa layout), looked up once: the
+  """Where each written feature sits (env/game/observation.py's msa layout), looked up once: the
   observation is built every step."""
 
   def __init__(self, config: GameConfig, num_fast: int):
@@ -67,7 +67,7 @@ class _Columns:
                  "saving", "hide_ratio", "evicts", "msa_choice"):
       setattr(self, name, c.index(name))
     self.level = c.slice("level").start
-    # The order `_game_kernels.candidate_rows` reads them in.
+    # The order `_jit_kernels.candidate_rows` reads them in.
     self.candidate_order = np.array(
         [self.valid, self.keep, self.prefetch, self.rank, self.start, self.lead, self.hold,
          self.offset, self.saving, self.hide_ratio, self.evicts, self.msa_choice, self.level],
@@ -87,7 +87,7 @@ class MsaGame(GameBase):
                msa_options: MsaOptions = MsaOptions()):
     if config.decisions != "msa":
       raise ValueError(f"MsaGame plays msa's decisions; the config asks for "
-                       f"'{config.decisions}' (env/game.py's MallocGame)")
+                       f"'{config.decisions}' (env/game/requests_game.py's MallocGame)")
     if hardware.num_fast_levels > config.max_fast_levels:
       raise HardwareError(f"hardware '{hardware.name}' has {hardware.num_fast_levels} fast levels; "
                           f"this game config observes at most {config.max_fast_levels}")
@@ -139,35 +139,26 @@ class MsaGame(GameBase):
 
   # -------------------------------------------------------------------------- dm_env API
 
-  def step(self, action: Any) -> dm_env.TimeStep:
-    if self._done:
-      return self.reset()
-    action = self._checked(action, f"at decision {self._decisions.num_steps}")
+  def _step_label(self) -> str:
+    return f"at decision {self._decisions.num_steps}"
+
+  def _play(self, action: int) -> float:
     self._apply(self._option_index[action])
     self._moves += 1
-    self._play_undecisive()
-    reward = (self._rewarded_time - self.total_time) / self.normaliser
+    self._play_undecided()
+    saved = self._rewarded_time - self.total_time
     self._rewarded_time = self.total_time
-    if self._decisions.done:
-      self._done = True
-      return dm_env.termination(reward, self._terminal_observation())
-    return dm_env.transition(reward, self._observe())
+    return saved
+
+  def _finished(self) -> bool:
+    return self._decisions.done
 
   # -------------------------------------------------------------------------- queries
-
-  @property
-  def done(self) -> bool:
-    return self._done
 
   @property
   def decision(self):
     """The current `MsaDecision` (None once the episode is over)."""
     return self._decisions.decision
-
-  @property
-  def legal_actions(self) -> np.ndarray:
-    """[A] bool mask of the current step."""
-    return self._legal.copy()
 
   @property
   def msa_action(self) -> int:
@@ -225,9 +216,9 @@ class MsaGame(GameBase):
     # The time the rewards so far account for: what decisions played before the first move
     # save is in the first move's reward, so an episode's rewards still sum to the time saved.
     self._rewarded_time = self.total_time
-    self._play_undecisive()
+    self._play_undecided()
 
-  def _play_undecisive(self) -> None:
+  def _play_undecided(self) -> None:
     """Plays msa's own choice at the decisions not offered (`GameConfig.skip_below`)."""
     if self._skip_threshold <= 0:
       return
@@ -410,9 +401,7 @@ class MsaGame(GameBase):
             "lookahead": lookahead, "legal_actions": legal}
 
   def _terminal_observation(self) -> dict[str, np.ndarray]:
-    obs = {k: np.zeros(spec.shape, spec.dtype) for k, spec in self._obs_spec.items()}
-    obs["legal_actions"][0] = True
-    self._legal = obs["legal_actions"]
+    obs = super()._terminal_observation()
     self._option_index = np.zeros(self.config.num_actions, np.int64)
     self._msa_action = 0
     return obs

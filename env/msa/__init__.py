@@ -16,12 +16,12 @@ the heap simulator's chunk search), with XLA's own tests reproduced in tests/tes
 as a decision process (`MsaDecisions`: each segment's options and msa's choice); docs/msa.md.
 """
 
-from malloczero.env.solvers.msa.buffer_order import buffer_order
-from malloczero.env.solvers.msa.chunks import ChunkCandidate, ChunkHeap, find_best_chunk_candidate
-from malloczero.env.solvers.msa.copy_resource import (
+from malloczero.env.msa.buffer_order import buffer_order
+from malloczero.env.msa.chunks import ChunkCandidate, ChunkHeap, find_best_chunk_candidate
+from malloczero.env.msa.copy_resource import (
     AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, OutstandingCopyLimit)
-from malloczero.env.solvers.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
-from malloczero.env.solvers.msa.interval_picker import (
+from malloczero.env.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
+from malloczero.env.msa.interval_picker import (
     CostAnalysisPrefetchIntervalPicker, InstructionCountPrefetchIntervalPicker,
     PrefetchIntervalOptions, PrefetchWindow)
 

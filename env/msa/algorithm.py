@@ -105,13 +105,13 @@ import numpy as np
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
-from malloczero.env.solvers.msa._jit import kernels
-from malloczero.env.solvers.msa.buffer_order import buffer_order
-from malloczero.env.solvers.msa.chunks import ChunkHeap
-from malloczero.env.solvers.msa.copy_resource import (
+from malloczero.env.msa._jit import kernels
+from malloczero.env.msa.buffer_order import buffer_order
+from malloczero.env.msa.chunks import ChunkHeap
+from malloczero.env.msa.copy_resource import (
     AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, OutstandingCopyLimit)
-from malloczero.env.solvers.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
-from malloczero.env.solvers.msa.interval_picker import (
+from malloczero.env.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
+from malloczero.env.msa.interval_picker import (
     CostAnalysisPrefetchIntervalPicker, InstructionCountPrefetchIntervalPicker,
     PrefetchIntervalOptions)
 from malloczero.env.workload import PROGRAM_START, Workload
@@ -726,7 +726,7 @@ class MsaAlgorithm:
 
 def option_slots(options: tuple[MsaOption, ...], max_prefetch_starts: int) -> np.ndarray:
   """`[n]` the fixed slot of each option of a decision, the msa game's action
-  (env/msa_game.py): option 0 -> 0, keep -> 1, the k-th prefetch start into fast level f ->
+  (env/game/game.py): option 0 -> 0, keep -> 1, the k-th prefetch start into fast level f ->
   `2 + f * max_prefetch_starts + k`."""
   slots = np.zeros(len(options), np.int64)
   rank = {}

@@ -1,0 +1,25 @@
+"""mallocGame: the game the agent plays (game.py, over msa's decision points), the older requests
+game (requests_game.py), their config and their observations."""
+
+from __future__ import annotations
+
+import dm_env
+
+from malloczero.env.game.config import REQUESTS_GAME, GameConfig, observation_spec
+from malloczero.env.game.game import MsaGame
+from malloczero.env.game.observation import FeatureLayout, ObservationLayout, observation_layout
+from malloczero.env.game.requests_game import MallocGame
+from malloczero.env.hardware import Hardware
+from malloczero.env.workload import Workload
+
+
+def make_game(workload: Workload, hardware: Hardware, config: GameConfig = GameConfig()
+              ) -> dm_env.Environment:
+  """The game `config.decisions` names: `MsaGame` ("msa") or `MallocGame` ("requests")."""
+  if config.decisions == "msa":
+    return MsaGame(workload, hardware, config)
+  return MallocGame(workload, hardware, config)
+
+
+__all__ = ["REQUESTS_GAME", "FeatureLayout", "GameConfig", "MallocGame", "MsaGame",
+           "ObservationLayout", "make_game", "observation_layout", "observation_spec"]

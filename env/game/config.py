@@ -1,0 +1,105 @@
+"""The game's config: which decisions it offers and how wide its observations are.
+
+`GameConfig.decisions` picks the game: "msa" (env/game/game.py, the default, what the agent trains
+on: one step per decision point of XLA's msa loop) or "requests" (env/game/requests_game.py, the
+project's first game, which the `bestfit` baseline still plays). `make_game` builds either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from dm_env import specs
+
+from malloczero.env.game.observation import (ObservationLayout, msa_observation_layout,
+                                              observation_layout)
+
+DECISIONS = ("msa", "requests")
+
+
+@dataclasses.dataclass(frozen=True)
+class GameConfig:
+  """What the game plays and how wide its observations are.
+
+  decisions: "msa" (env/game/game.py, the default: one step per decision point of XLA's msa
+    loop, the actions the options msa weighs there) or "requests" (env/game/requests_game.py: one step per
+    request, the actions its best-fit candidates).
+  num_candidates: K of the requests game (1 + K actions).
+  max_prefetch_starts: prefetch starts offered per fast level in the msa game
+    (2 + max_prefetch_starts x max_fast_levels actions).
+  skip_below: msa game only. 0 offers every decision. Above 0, msa's own choice is played, not
+    offered, at decisions with a single option or whose best option msa estimates to save less
+    than this fraction of the all-slow time (issue 15: most moves cannot matter); their rewards
+    go to the next move the agent makes.
+  """
+  num_candidates: int = 16
+  occupancy_bins: int = 32
+  lookahead: int = 8            # M
+  max_fast_levels: int = 2      # Observation width: hardware may have up to this many fast levels.
+  decisions: str = "msa"
+  max_prefetch_starts: int = 4
+  skip_below: float = 0.0
+
+  def __post_init__(self):
+    if self.decisions not in DECISIONS:
+      raise ValueError(f"unknown game decisions '{self.decisions}' (choose from "
+                       f"{', '.join(DECISIONS)})")
+    for name in ("num_candidates", "occupancy_bins", "max_fast_levels", "max_prefetch_starts"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+    if self.lookahead < 0:
+      raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
+    if not 0.0 <= self.skip_below < 1.0:
+      raise ValueError(f"skip_below must be a fraction in [0, 1), got {self.skip_below}")
+
+  @property
+  def num_actions(self) -> int:
+    if self.decisions == "msa":
+      return 2 + self.max_prefetch_starts * self.max_fast_levels
+    return 1 + self.num_candidates
+
+  @property
+  def candidate_slots(self) -> int:
+    """Rows of the candidates observation: one per action after action 0."""
+    return self.num_actions - 1
+
+  @property
+  def layout(self) -> ObservationLayout:
+    """The named features of each observation part."""
+    if self.decisions == "msa":
+      return msa_observation_layout(self.max_fast_levels)
+    return observation_layout(self.max_fast_levels)
+
+  @property
+  def static_features(self) -> int:
+    return self.layout.static.size
+
+  @property
+  def request_features(self) -> int:
+    return self.layout.request.size
+
+  @property
+  def candidate_features(self) -> int:
+    return self.layout.candidate.size
+
+  @property
+  def lookahead_features(self) -> int:
+    return self.layout.lookahead.size
+
+
+REQUESTS_GAME = GameConfig(decisions="requests")
+
+
+
+def observation_spec(config: GameConfig) -> dict[str, specs.Array]:
+  """Specs of one observation (no leading dimensions)."""
+  f32 = np.float32
+  return {
+      "request": specs.Array((config.request_features,), f32, "request"),
+      "occupancy": specs.Array((config.max_fast_levels, config.occupancy_bins), f32, "occupancy"),
+      "candidates": specs.Array((config.candidate_slots, config.candidate_features), f32,
+                                "candidates"),
+      "lookahead": specs.Array((config.lookahead, config.lookahead_features), f32, "lookahead"),
+      "legal_actions": specs.Array((config.num_actions,), bool, "legal_actions"),
+  }
