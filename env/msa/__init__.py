@@ -1,4 +1,4 @@
-"""Building blocks of a faithful reimplementation of XLA's memory-space assignment (issue 14).
+"""Building blocks of a faithful reimplementation of XLA's memory-space assignment (docs/msa.md).
 
 Each module reimplements one part of openxla/xla's `xla/service/memory_space_assignment/` (and
 the heap simulator's chunk search), with XLA's own tests reproduced in tests/test_msa_parts.py:
@@ -12,8 +12,11 @@ the heap simulator's chunk search), with XLA's own tests reproduced in tests/tes
   `FindBestChunkCandidates`).
 * `copy_resource`: `AsynchronousCopyResource`, the outstanding-copy limit, copy ordering.
 
-`algorithm` assembles them into msa's allocation loop (`AllocateSegment`), the `msa` solver, run
-as a decision process (`MsaDecisions`: each segment's options and msa's choice); docs/msa.md.
+`algorithm` assembles them into msa's allocation loop (`AllocateAllocationValues`), the `msa`
+solver, run as a decision process (`MsaDecisions`: each segment's options and msa's choice);
+docs/msa.md. Beside it: `allocate_segment` (`AllocateSegment`'s steps and the state they commit
+to), `decision` (a decision point, its options and their slots in the msa game) and `settings`
+(`MsaOptions`).
 """
 
 from malloczero.env.msa.buffer_order import buffer_order

@@ -279,13 +279,14 @@ def plan_prefetch_starts(starts, check_allowed, allowed, use, size, uses, max_si
                          arrived, waiting, owed, rel_tol, total, h_start, h_end, h_offset,
                          h_size, h_alive, h_count, alignment, count_picker, prefix, max_elapsed,
                          max_count):
-  """`MsaAlgorithm._plan_prefetches`' loop (XLA's `PrefetchWithResourceConstraints` and
-  `CheckPrefetchFit`): over the picker's `starts` in order, skipping those not `allowed` (when
-  `check_allowed`: the FIFO order and outstanding-limit checks, made by the caller), the copy
-  resource (`budget` .. `total`: `AsynchronousCopyResource.kernel_state()`, when
-  `check_resource`), then the chunk (`h_start` .. `max_count`: as `best_chunk_candidate`); the
-  first `max_starts` that pass, as rows (start, offset, end use). A chunk failure caches the
-  start and any start not after it ends the search (XLA's `exclusive_out_of_mem_start`)."""
+  """`SegmentAllocator._plan_level_prefetches`' loop (allocate_segment.py; XLA's
+  `PrefetchWithResourceConstraints` and `CheckPrefetchFit`): over the picker's `starts` in
+  order, skipping those not `allowed` (when `check_allowed`: the FIFO order and
+  outstanding-limit checks, made by the caller), the copy resource (`budget` .. `total`:
+  `AsynchronousCopyResource.kernel_state()`, when `check_resource`), then the chunk (`h_start`
+  .. `max_count`: as `best_chunk_candidate`); the first `max_starts` that pass, as rows (start,
+  offset, end use). A chunk failure caches the start and any start not after it ends the search
+  (XLA's `exclusive_out_of_mem_start`)."""
   out = np.empty((max_starts, 3), np.int64)
   k = 0
   out_of_memory, out_of_memory_start = False, 0

@@ -28,7 +28,7 @@ Reimplements, from reading openxla/xla `xla/service/memory_space_assignment/algo
      start (`exclusive_out_of_mem_start`) and any earlier start ends the search.
   4. Otherwise the use reads default memory; the other segments keep what they got.
 
-The loop is a decision process (issue 14 item 2): `MsaAlgorithm.steps()` yields one
+The loop is a decision process (docs/msa.md): `MsaAlgorithm.steps()` yields one
 `MsaDecision` per `AllocateSegment` call with the options msa weighs there (option 0: default
 memory, or the eviction, or the uncommit it forces; keep; prefetch at the picker's first K
 fitting starts per fast level) and msa's own choice, and applies the option it is sent;
@@ -96,95 +96,22 @@ Not modelled, and why:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
 
-from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
+from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
-from malloczero.env.msa._jit import kernels
+from malloczero.env.msa.allocate_segment import Pending, Segment, SegmentAllocator
 from malloczero.env.msa.buffer_order import buffer_order
-from malloczero.env.msa.chunks import ChunkHeap
-from malloczero.env.msa.copy_resource import (
-    AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, OutstandingCopyLimit)
-from malloczero.env.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
-from malloczero.env.msa.interval_picker import (
-    CostAnalysisPrefetchIntervalPicker, InstructionCountPrefetchIntervalPicker,
-    PrefetchIntervalOptions)
+# The decision encoding and the settings live in their own modules; importers of this module
+# keep reaching them here.
+from malloczero.env.msa.decision import (  # noqa: F401 (re-exported)
+    DEFAULT_PREFETCH_STARTS, OPTION_KINDS, MsaDecision, MsaOption, option_slots, worth_deciding)
+from malloczero.env.msa.settings import COPY_BUDGETS, PICKERS, MsaOptions  # noqa: F401
 from malloczero.env.workload import PROGRAM_START, Workload
-
-PICKERS = ("cost", "instruction_count")
-COPY_BUDGETS = ("elapsed", "idle")
-# Without a cost analysis (the instruction-count picker), XLA budgets each op 1 and charges each
-# copy 0.1 (`Evict`: `options_.cost_analysis ? GetAsyncCopyElapsed(...) : 0.1`).
-_COUNT_PICKER_OP_BUDGET = 1.0
-_COUNT_PICKER_COPY_RESOURCE = 0.1
-
-
-@dataclasses.dataclass(frozen=True)
-class MsaOptions:
-  """msa's options; defaults are XLA's test values (`memory_space_assignment_test_base.h`) where
-  XLA's tests set them, else XLA's `Options` defaults.
-
-  min_overlap_to_async_copy_ratio: 0.8. A prefetch start is accepted while the ops between it
-    and the use, plus the use's own saving, cover this x the copy time.
-  preferred_overlap_to_async_copy_ratio: 1.5. The first start tried covers this x the copy time.
-  max_overlap_to_mem_size_async_copy_ratio: 10. The earliest start, and the longest segment
-    kept without a copy, cover at most this x the time to copy the whole fast memory.
-  max_outstanding_prefetches / max_outstanding_evictions: XLA's `Options` default -1 (no limit).
-  use_copy_resource: check each prefetch against `AsynchronousCopyResource` (XLA always does;
-    False lets copies overlap freely, for comparison).
-  enforce_prefetch_fifo_order: XLA's option (default false): no prefetch nested in another.
-  picker: "cost" (`CostAnalysisPrefetchIntervalPicker`, what XLA runs with a cost analysis) or
-    "instruction_count" (`InstructionCountPrefetchIntervalPicker`, most of XLA's unit tests).
-  instruction_count_min / instruction_count_max: that picker's bounds (XLA's tests: 2 and 10).
-  copy_budget: what each op lends the copy resources. "elapsed" (XLA: `MsaAlgorithm`'s
-    constructor budgets each op its default-memory elapsed time) or "idle" (not XLA: the op's
-    default-memory idle time with everything in default memory, max(0, compute - memory), the
-    time in which the cost model's copy engine, like XLA's `RuntimeSimulator`, advances). With
-    "elapsed", msa believes a copy hides behind a memory-bound op that the simulator gives no
-    room to, and the copy stalls the program (docs/msa.md's open question). Only with the cost
-    picker (the instruction-count picker budgets 1 per op, as XLA without a cost analysis).
-  """
-  min_overlap_to_async_copy_ratio: float = 0.8
-  preferred_overlap_to_async_copy_ratio: float = 1.5
-  max_overlap_to_mem_size_async_copy_ratio: float = 10.0
-  max_outstanding_prefetches: int = -1
-  max_outstanding_evictions: int = -1
-  use_copy_resource: bool = True
-  enforce_prefetch_fifo_order: bool = False
-  picker: str = "cost"
-  instruction_count_min: int = 2
-  instruction_count_max: int = 10
-  copy_budget: str = "elapsed"
-
-  def __post_init__(self):
-    for name in ("min_overlap_to_async_copy_ratio", "preferred_overlap_to_async_copy_ratio",
-                 "max_overlap_to_mem_size_async_copy_ratio"):
-      value = getattr(self, name)
-      if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number, got {value}")
-    for name in ("max_outstanding_prefetches", "max_outstanding_evictions"):
-      if getattr(self, name) < -1:
-        raise ValueError(f"{name} must be -1 (no limit) or a count >= 0, got {getattr(self, name)}")
-    if not 0 <= self.instruction_count_min <= self.instruction_count_max:
-      raise ValueError(f"the instruction-count picker needs 0 <= instruction_count_min <= "
-                       f"instruction_count_max, got {self.instruction_count_min} and "
-                       f"{self.instruction_count_max}")
-    if self.picker not in PICKERS:
-      raise ValueError(f"unknown picker '{self.picker}' (choose from {', '.join(PICKERS)})")
-    if self.copy_budget not in COPY_BUDGETS:
-      raise ValueError(f"unknown copy budget '{self.copy_budget}' (choose from "
-                       f"{', '.join(COPY_BUDGETS)})")
-
-  @property
-  def interval_options(self) -> PrefetchIntervalOptions:
-    return PrefetchIntervalOptions(self.min_overlap_to_async_copy_ratio,
-                                   self.preferred_overlap_to_async_copy_ratio,
-                                   self.max_overlap_to_mem_size_async_copy_ratio)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,86 +128,54 @@ class MsaStats:
     return dataclasses.asdict(self)
 
 
-class _Segment:
-  """One fast allocation under construction (mutable while its buffer is being allocated):
-  op range `[start, end)` reported, chunk held over `[start, reserved_end)`."""
-  __slots__ = ("level", "offset", "start", "end", "reserved_end", "prefetch_done",
-               "evict_start", "evict_done")
-
-  def __init__(self, level: int, offset: int, start: int, end: int, reserved_end: int,
-               prefetch_done: int = NO_COPY):
-    self.level, self.offset, self.start, self.end = level, offset, start, end
-    self.reserved_end, self.prefetch_done = reserved_end, prefetch_done
-    self.evict_start = self.evict_done = NO_COPY
-
-
-class _Pending:
-  """Everything one buffer has committed so far, to take back on `kFailRequiresUncommit`."""
-
-  def __init__(self):
-    self.chunks: list[tuple[int, int]] = []               # (level, heap handle)
-    self.prefetches: list[tuple[AsyncCopy, int, int]] = []  # (copy, inclusive start, end)
-    self.evictions: list[tuple[AsyncCopy, int, int]] = []
-    self.kept = self.default_uses = 0
-
-
-OPTION_KINDS = ("default", "evict", "uncommit", "keep", "prefetch")
-# Prefetch options offered per fast level at one decision point: the picker's first starts that
-# pass every check (msa itself takes the first). A bound keeps the action space small and
-# fixed-size for the game; 4 covers the preferred start and its nearest neighbours.
-DEFAULT_PREFETCH_STARTS = 4
-# The per-start mask `plan_prefetch_starts` ignores when FIFO order and the outstanding limit
-# are off (never written; left writeable so that the kernel has one signature).
-_NO_MASK = np.zeros(0, bool)
+def _use_table(workload: Workload) -> tuple[list[int], np.ndarray, np.ndarray, list[int]]:
+  """`MsaAlgorithm._uses` of every buffer in one numpy pass (per buffer, it was a tenth of a
+  step's time): CSR bounds `[N + 1]`, use ops and their incidences (per buffer: sorted by op,
+  stable, the first incidence of each op), each buffer's first definition incidence (-1:
+  none)."""
+  a = workload.arrays
+  start = a.buffer_incidence_start
+  num_buffers = len(start) - 1
+  buffer = np.repeat(np.arange(num_buffers), np.diff(start))               # [E]
+  ops = a.incidence_op[:start[-1]]
+  is_def = ops == a.def_op[buffer]
+  def_incidences = np.full(num_buffers, -1, np.int64)
+  defs = np.flatnonzero(is_def)
+  def_buffers, first_def = np.unique(buffer[defs], return_index=True)
+  def_incidences[def_buffers] = defs[first_def]
+  uses = np.flatnonzero(~is_def)
+  uses = uses[np.lexsort((ops[uses], buffer[uses]))]  # Stable: ties keep incidence order.
+  use_buffer, use_op = buffer[uses], ops[uses]
+  first = np.ones(len(uses), bool)
+  first[1:] = (use_buffer[1:] != use_buffer[:-1]) | (use_op[1:] != use_op[:-1])
+  uses, use_buffer = uses[first], use_buffer[first]
+  bounds = np.searchsorted(use_buffer, np.arange(num_buffers + 1))
+  return (bounds.tolist(), ops[uses].astype(np.int64), uses.astype(np.int64),
+          def_incidences.tolist())
 
 
-@dataclasses.dataclass(frozen=True)
-class MsaOption:
-  """One outcome msa's `AllocateSegment` can give a segment, with what an observation needs.
+class _Buffer:
+  """One buffer between its segments (`AllocateAllocationValues`' state for it)."""
+  __slots__ = ("b", "size", "def_op", "is_activation", "uses", "def_incidence",
+               "default_available", "pending", "segments", "prev", "prev_in_default")
 
-  kind: "default" (the use reads default memory, no new copy), "evict" (the value, held only in
-    fast memory, is copied out; the use reads default memory), "uncommit" (an eviction is needed
-    and refused: the whole buffer goes back to default memory, XLA's `kFailRequiresUncommit`,
-    and its remaining uses are no longer steps), "keep" (fast memory without a copy: the
-    previous allocation extended to the use, or an activation produced in place), "prefetch"
-    (a copy from default memory into `level`, after an eviction when `evicts`).
-  level: the fast level the value is held in (-1: none; "evict": the level copied out of).
-  start, end: the op range `[start, end)` this option newly holds in fast memory (a prefetch's
-    copy runs from the boundary before `start` to the use; "keep" may reserve past the use,
-    as `FindBestChunkCandidates` extends it); "evict": the copy's ops `[start, end)`, the
-    chunk held until it is done; both -1 when nothing is allocated.
-  offset, size: the chunk in bytes (-1, 0 when nothing is allocated).
-  saving: msa's own estimate of the seconds saved (`use_elapsed_reduction` of the cost
-    analysis at `level`) at the use, plus the definition when the value is produced in place.
-  evicts: an eviction copy is started first (the fast copy is the value's only one).
-  """
-  kind: str
-  level: int = -1
-  start: int = -1
-  end: int = -1
-  offset: int = -1
-  size: int = 0
-  saving: float = 0.0
-  evicts: bool = False
-  # What `choose` applies; not part of the description.
-  plan: tuple = dataclasses.field(default=(), repr=False, compare=False)
+  def __init__(self, b: int, size: int, def_op: int, uses: np.ndarray,
+               def_incidence: int | None, segments: list[Segment]):
+    self.b, self.size, self.def_op, self.uses = b, size, def_op, uses
+    self.def_incidence = def_incidence
+    self.is_activation = def_op != PROGRAM_START
+    # When default memory holds the value (XLA: the default allocation's earliest available
+    # time); None while it does not (an activation produced in fast memory, not yet evicted).
+    self.default_available: int | None = None if self.is_activation else PROGRAM_START
+    self.pending = Pending()
+    self.segments = segments
+    self.prev: Segment | None = None  # The previous allocation when it is in fast memory.
+    self.prev_in_default = False       # The previous allocation is the default one.
 
-
-@dataclasses.dataclass(frozen=True)
-class MsaDecision:
-  """One decision point of msa's loop: one `AllocateSegment` call (a use's segment, from the
-  previous use or the definition), or the definition alone of a value nothing reads.
-
-  buffer: the buffer being allocated; use: the op the segment serves (the definition op for a
-  value nothing reads); segment_start: the previous use, or the definition (-1 for a
-  parameter); options: what msa weighs there, option 0 always the one that allocates nothing
-  new ("default", "evict" or "uncommit"); msa_choice: the index msa itself takes.
-  """
-  buffer: int
-  use: int
-  segment_start: int
-  options: tuple[MsaOption, ...]
-  msa_choice: int
+  @property
+  def needs_eviction(self) -> bool:
+    """The fast copy is the value's only one: a segment that leaves it must evict first."""
+    return self.prev is not None and self.default_available is None
 
 
 class MsaAlgorithm:
@@ -289,39 +184,20 @@ class MsaAlgorithm:
   `steps()` is the loop as a coroutine: it yields an `MsaDecision` at each decision point and
   is sent the index of the option to apply; `run()` sends msa's own choice every time, which is
   the `msa` solver (one implementation: the solver is the decision process played by msa).
+  `AllocateSegment`'s steps and the state they commit to are `allocator`'s
+  (allocate_segment.py); `analyses` and `heaps` are its per-level cost analyses and chunk heaps.
   Attributes after the loop ends: `stats`."""
 
   def __init__(self, workload: Workload, hardware: Hardware, options: MsaOptions = MsaOptions()):
     self.workload, self.hardware, self.options = workload, hardware, options
-    self.num_fast = hardware.num_fast_levels
-    self.analyses = [CostAnalysis(workload, hardware, CostAnalysisOptions(alternate_level=level))
-                     for level in range(self.num_fast)]
-    self.capacity = [int(hardware.levels[level].capacity_bytes) for level in range(self.num_fast)]
-    if options.picker == "cost":
-      self.pickers = [CostAnalysisPrefetchIntervalPicker.from_cost_analysis(
-          ca, self.capacity[level], options.interval_options)
-          for level, ca in enumerate(self.analyses)]
-      ca = self.analyses[0]
-      budgets = ca.elapsed if options.copy_budget == "elapsed" else np.maximum(
-          ca.elapsed - ca.memory_elapsed, 0.0)
-    else:
-      self.pickers = [InstructionCountPrefetchIntervalPicker(
-          options.instruction_count_min, options.instruction_count_max)] * self.num_fast
-      budgets = np.full(workload.num_ops, _COUNT_PICKER_OP_BUDGET)
-    self.heaps = [ChunkHeap(hardware.alignment_bytes) for _ in range(self.num_fast)]
-    self.prefetch_resource = AsynchronousCopyResource(budgets)
-    self.eviction_resource = AsynchronousCopyResource(budgets)
-    self.prefetch_limit = OutstandingCopyLimit(options.max_outstanding_prefetches)
-    self.eviction_limit = OutstandingCopyLimit(options.max_outstanding_evictions)
-    self.ordering = AsynchronousCopyOrdering()
-    self._next_copy_id = 0
-    self._copy_elapsed_cache: dict[int, float] = {}
+    self.allocator = SegmentAllocator(workload, hardware, options)
+    self.analyses, self.heaps = self.allocator.analyses, self.allocator.heaps
     self._use_table: tuple[list[int], np.ndarray, np.ndarray, list[int]] | None = None
     self._counts = dict(kept=0, prefetches=0, evictions=0, default_uses=0, uncommitted_buffers=0)
     self.stats: MsaStats | None = None
     # The buffers done and the one being allocated (its segment list, filled as it goes).
-    self._rows: list[tuple[int, _Segment]] = []
-    self._open: tuple[int, list[_Segment]] = (-1, [])
+    self._rows: list[tuple[int, Segment]] = []
+    self._open: tuple[int, list[Segment]] = (-1, [])
 
   # ------------------------------------------------------------------ the loop
 
@@ -368,7 +244,7 @@ class MsaAlgorithm:
     return self._to_allocations(self._rows + [(b, s) for s in open_segments])
 
   @staticmethod
-  def _to_allocations(rows: list[tuple[int, _Segment]]) -> Allocations:
+  def _to_allocations(rows: list[tuple[int, Segment]]) -> Allocations:
     col = lambda f: np.array([f(b, s) for b, s in rows], np.int64)
     return Allocations(buffer=col(lambda b, s: b), level=col(lambda b, s: s.level),
                        offset=col(lambda b, s: s.offset), start=col(lambda b, s: s.start),
@@ -381,39 +257,11 @@ class MsaAlgorithm:
     """The buffer's use ops `[U]` (sorted, the definition excluded), their incidences, and the
     definition's incidence (None for a parameter)."""
     if self._use_table is None:
-      self._use_table = self._all_uses()
+      self._use_table = _use_table(self.workload)
     bounds, ops, incidences, def_incidences = self._use_table
     lo, hi = bounds[b], bounds[b + 1]
     def_incidence = def_incidences[b]
     return ops[lo:hi], incidences[lo:hi], None if def_incidence < 0 else def_incidence
-
-  def _all_uses(self) -> tuple[list[int], np.ndarray, np.ndarray, list[int]]:
-    """`_uses` of every buffer in one numpy pass (per buffer, it was a tenth of a step's time):
-    CSR bounds `[N + 1]`, use ops and their incidences (per buffer: sorted by op, stable, the
-    first incidence of each op), each buffer's first definition incidence (-1: none)."""
-    a = self.workload.arrays
-    start = a.buffer_incidence_start
-    num_buffers = len(start) - 1
-    buffer = np.repeat(np.arange(num_buffers), np.diff(start))               # [E]
-    ops = a.incidence_op[:start[-1]]
-    is_def = ops == a.def_op[buffer]
-    def_incidences = np.full(num_buffers, -1, np.int64)
-    defs = np.flatnonzero(is_def)
-    def_buffers, first_def = np.unique(buffer[defs], return_index=True)
-    def_incidences[def_buffers] = defs[first_def]
-    uses = np.flatnonzero(~is_def)
-    uses = uses[np.lexsort((ops[uses], buffer[uses]))]  # Stable: ties keep incidence order.
-    use_buffer, use_op = buffer[uses], ops[uses]
-    first = np.ones(len(uses), bool)
-    first[1:] = (use_buffer[1:] != use_buffer[:-1]) | (use_op[1:] != use_op[:-1])
-    uses, use_buffer = uses[first], use_buffer[first]
-    bounds = np.searchsorted(use_buffer, np.arange(num_buffers + 1))
-    return (bounds.tolist(), ops[uses].astype(np.int64), uses.astype(np.int64),
-            def_incidences.tolist())
-
-  def _saving(self, level: int, *incidences: int | None) -> float:
-    return float(sum(self.analyses[level].use_elapsed_reduction[i] for i in incidences
-                     if i is not None))
 
   def _decide(self, b: int, use: int, segment_start: int, options: list[MsaOption],
               msa_choice: int) -> Generator[MsaDecision, int, MsaOption]:
@@ -424,336 +272,125 @@ class MsaAlgorithm:
     return options[int(choice)]
 
   def _buffer_steps(self, b: int, max_starts: int,
-                    msa_only: bool) -> Generator[MsaDecision, int, list[_Segment]]:
+                    msa_only: bool) -> Generator[MsaDecision, int, list[Segment]]:
     """`AllocateAllocationValues` for one buffer: one decision per `AllocateSegment`; the
     segments committed (none when the buffer was uncommitted)."""
     a = self.workload.arrays
     uses, incidences, def_incidence = self._uses(b)
     size = int(self.hardware.align(int(a.sizes[b])))
     def_op = int(a.def_op[b])
-    is_activation = def_op != PROGRAM_START
     if len(uses) == 0:
-      if not is_activation:
+      if def_op == PROGRAM_START:
         return []
-      # A value nothing reads: its definition alone, one segment ending where it starts.
-      pending = _Pending()
-      options = [MsaOption("default")]
-      keep = self._plan_keep(None, size, def_op, def_op, np.array([def_op]), def_incidence)
-      if keep is not None:
-        options.append(keep)
-      option = yield from self._decide(b, def_op, def_op, options, len(options) - 1)
-      if option.kind == "keep":
-        self._counts["kept"] += 1
-        return [self._apply_keep(None, option, def_op, pending)]
-      self._counts["default_uses"] += 1
-      return []
-    # When default memory holds the value (XLA: the default allocation's earliest available
-    # time); None while it does not (an activation produced in fast memory, not yet evicted).
-    default_available: int | None = None if is_activation else PROGRAM_START
-    pending = _Pending()
-    segments = self._open[1]
-    prev: _Segment | None = None  # The previous allocation when it is in fast memory.
-    prev_in_default = False        # The previous allocation is the default one.
+      return (yield from self._unread_value_step(b, size, def_op, def_incidence))
+    buffer = _Buffer(b, size, def_op, uses, def_incidence, self._open[1])
     for k, (use, incidence) in enumerate(zip(uses.tolist(), incidences.tolist())):
       segment_start = def_op if k == 0 else int(uses[k - 1])
-      # 1. Keep in fast memory without a copy.
-      keep = None
-      if prev is not None or (not prev_in_default and is_activation):
-        keep = self._plan_keep(prev, size, segment_start, use, uses, incidence,
-                               def_incidence if prev is None else None)
-      # 2. Evict when the fast copy is the only one; XLA uncommits the buffer if it cannot.
-      needs_eviction = prev is not None and default_available is None
-      eviction_end = self._plan_eviction(prev, b, size, use) if needs_eviction else None
-      options = [MsaOption("default")]
-      prefetches: list[MsaOption] = []
-      if needs_eviction and eviction_end is None:
-        options = [MsaOption("uncommit")]
-      else:
-        if needs_eviction:
-          options = [MsaOption("evict", prev.level, prev.start + 1, eviction_end, prev.offset,
-                               size, evicts=True)]
-          available = eviction_end
-        else:
-          available = def_op if default_available is None else default_available
-        if not (msa_only and keep is not None):
-          prefetches = self._plan_all_prefetches(
-              prev, segments, b, size, available, eviction_end, use, incidence, uses,
-              max_starts, msa_only)
-      if keep is not None:
-        options.append(keep)
-      options += prefetches
-      # msa: keep if it can, else (the eviction, then) the first prefetch that fits, else 0.
-      msa_choice = 1 if keep is not None or prefetches else 0
+      options, msa_choice, eviction_end = self._segment_options(
+          buffer, segment_start, use, incidence, max_starts, msa_only)
       option = yield from self._decide(b, use, segment_start, options, msa_choice)
-      if option.kind == "keep":
-        kept = self._apply_keep(prev, option, use, pending)
-        if prev is None:
-          segments.append(kept)
-        prev = kept
-        pending.kept += 1
-        continue
-      if option.kind == "uncommit":
-        self._uncommit(pending)
-        segments.clear()
-        self._counts["uncommitted_buffers"] += 1
-        self._counts["default_uses"] += len(uses)
+      if not self._commit(buffer, option, use, eviction_end):
         return []
-      if needs_eviction:
-        default_available = self._apply_eviction(prev, b, size, eviction_end, pending)
-      elif default_available is None:
-        default_available = def_op  # Produced in default memory.
-      if option.kind == "prefetch":
-        fetched = self._apply_prefetch(option, b, size, use, pending)
-        segments.append(fetched)
-        prev, prev_in_default = fetched, False
-      else:
-        # 4. The use reads default memory.
-        prev, prev_in_default = None, True
-        pending.default_uses += 1
+    pending = buffer.pending
     self._counts["kept"] += pending.kept
     self._counts["default_uses"] += pending.default_uses
     self._counts["prefetches"] += len(pending.prefetches)
     self._counts["evictions"] += len(pending.evictions)
-    return segments
+    return buffer.segments
 
-  # ------------------------------------------------------------------ AllocateSegment's steps
-  # Each `_plan_*` checks without committing anything; its `_apply_*` commits the plan.
-
-  def _plan_keep(self, prev: _Segment | None, size: int, segment_start: int, use: int,
-                 uses: np.ndarray, incidence: int | None,
-                 def_incidence: int | None = None) -> MsaOption | None:
-    """`AllocateInAlternateMemoryNoCopy`. With a previous fast allocation: its level and offset
-    only, extended to the use. Without (an activation's first segment): produced in place at
-    the best chunk of the fastest level that has one. None when it fails."""
-    if prev is not None:
-      level = prev.level
-      if not self.pickers[level].can_allocate_in_alternate_memory_no_copy(segment_start, use):
-        return None  # Live range too long.
-      reserved_end = prev.reserved_end
-      if use + 1 > prev.reserved_end:
-        if (prev.offset + size > self.capacity[level]
-            or not self.heaps[level].fits_at(prev.reserved_end, use + 1, size, prev.offset)):
-          return None
-        reserved_end = use + 1
-      return MsaOption("keep", level, segment_start, reserved_end, prev.offset, size,
-                       self._saving(level, incidence), plan=(reserved_end,))
-    for level in range(self.num_fast):
-      picker = self.pickers[level]
-      if not picker.can_allocate_in_alternate_memory_no_copy(segment_start, use):
-        continue
-      # `find_best_chunk_candidate`, jitted (as the prefetch loop's).
-      found, offset, end_use = kernels().best_chunk_candidate(
-          segment_start, use, size, uses, self.capacity[level],
-          *self.heaps[level].kernel_state(), *picker.kernel_state())
-      if not found:
-        continue
-      reserved_end = end_use + 1
-      saving = self._saving(level, incidence, def_incidence if incidence != def_incidence
-                            else None)
-      return MsaOption("keep", level, segment_start, reserved_end, offset, size, saving,
-                       plan=(reserved_end,))
-    return None
-
-  def _apply_keep(self, prev: _Segment | None, option: MsaOption, use: int,
-                  pending: _Pending) -> _Segment:
-    """Commits a keep: the previous allocation extended to the use, or a new one produced in
-    place; the segment."""
-    (reserved_end,) = option.plan
-    level = option.level
-    if prev is not None:
-      if reserved_end > prev.reserved_end:
-        pending.chunks.append((level, self.heaps[level].add(prev.reserved_end, reserved_end,
-                                                            prev.offset, option.size)))
-        prev.reserved_end = reserved_end
-      prev.end = max(prev.end, use + 1)
-      return prev
-    pending.chunks.append((level, self.heaps[level].add(option.start, reserved_end,
-                                                        option.offset, option.size)))
-    return _Segment(level, option.offset, option.start, use + 1, reserved_end)
-
-  def _plan_eviction(self, prev: _Segment, b: int, size: int, use: int) -> int | None:
-    """`Evict`'s checks: the op from which default memory will hold the value (the eviction
-    copy's end), or None (refused: the buffer must be uncommitted)."""
-    level = prev.level
-    picker = self.pickers[level]
-    copy_elapsed = self._copy_elapsed(b)
-    exclusive_start = prev.start            # The producing op.
-    last_kept = prev.end - 1                # XLA's inclusive end of the previous allocation.
-    preferred_end = max(picker.preferred_eviction_end_time(copy_elapsed, exclusive_start, use),
-                        last_kept)
-    preferred_end = min(preferred_end, use)  # Done by the use (XLA's latest_prefetch_time).
-    # Keep the chunk until the eviction is done, shortening while the offset is taken.
-    end = preferred_end
-    heap = self.heaps[level]
-    while end > last_kept:
-      if end <= prev.reserved_end or heap.fits_at(prev.reserved_end, end, size, prev.offset):
-        break
-      end -= 1
-    if end <= exclusive_start:
-      return None  # The eviction interval is too short.
-    if self.eviction_limit.violates(exclusive_start + 1, end):
-      return None
-    return end
-
-  def _apply_eviction(self, prev: _Segment, b: int, size: int, end: int,
-                      pending: _Pending) -> int:
-    """Commits the eviction `_plan_eviction` accepted; returns its end."""
-    level, exclusive_start = prev.level, prev.start
-    if end > prev.reserved_end:
-      pending.chunks.append((level, self.heaps[level].add(prev.reserved_end, end, prev.offset,
-                                                          size)))
-      prev.reserved_end = end
-    prev.end = max(prev.end, end)
-    prev.evict_start, prev.evict_done = exclusive_start + 1, end
-    resource = self._copy_resource(b)
-    if not self.eviction_resource.has_enough_resource(exclusive_start, end, resource):
-      resource = 0.0  # XLA's last retry (the only one with max_retries 1) charges nothing.
-    copy = self._new_copy(exclusive_start, end, resource)
-    self.eviction_resource.add_copy(copy)
-    self.eviction_limit.add(exclusive_start + 1, end)
-    pending.evictions.append((copy, exclusive_start + 1, end))
-    return end
-
-  def _plan_all_prefetches(self, prev: _Segment | None, segments: list[_Segment], b: int,
-                           size: int, available: int, eviction_end: int | None, use: int,
-                           incidence: int, uses: np.ndarray, max_starts: int,
-                           msa_only: bool) -> list[MsaOption]:
-    """The prefetch options of one segment, fastest level first: from default memory, as
-    soon as it holds the value (`available`; XLA: the default allocation's earliest available
-    time, not the previous use), but not while an earlier fast segment of the buffer is still
-    held (a buffer's segments may not overlap here). After an eviction (`eviction_end`), as if
-    it were committed: it holds its chunk until the copy is done. With `msa_only`, no slower
-    level once a faster one has a start."""
-    earliest = available
-    if segments:
-      last_end = segments[-1].end if eviction_end is None else max(segments[-1].end,
-                                                                   eviction_end)
-      earliest = max(earliest, last_end - 1)
-    held = None
-    if eviction_end is not None and eviction_end > prev.reserved_end:
-      held = self.heaps[prev.level].add(prev.reserved_end, eviction_end, prev.offset, size)
-    prefetches: list[MsaOption] = []
-    for level in range(self.num_fast):
-      if msa_only and prefetches:
-        break
-      prefetches += self._plan_prefetches(level, b, size, earliest, use, incidence, uses,
-                                          max_starts, eviction_end is not None)
-    if held is not None:
-      self.heaps[prev.level].remove(held)
-    return prefetches
-
-  def _plan_prefetches(self, level: int, b: int, size: int, earliest: int, use: int,
-                       incidence: int, uses: np.ndarray, max_starts: int,
-                       evicts: bool) -> list[MsaOption]:
-    """`PrefetchWithResourceConstraints` into `level`: the first `max_starts` starts the picker
-    offers that pass `CheckPrefetchFit`, in the picker's order (msa takes the first)."""
-    picker = self.pickers[level]
-    copy_elapsed = self._copy_elapsed(b)
-    resource = self._copy_resource(b)
-    reduction = float(self.analyses[level].use_elapsed_reduction[incidence])
-    starts = picker.start_time_array(copy_elapsed, earliest, use, reduction)
-    # FIFO order and the outstanding limit depend on the start only: checked here for every
-    # start, the loop skips those not allowed (both off by default, as in XLA).
-    fifo = self.options.enforce_prefetch_fifo_order
-    check_allowed = fifo or self.prefetch_limit.max_outstanding >= 0
-    allowed = _NO_MASK
-    if check_allowed:
-      allowed = np.ones(len(starts), bool)
-      for i, start in enumerate(starts.tolist()):
-        allowed[i] = not ((fifo and self.ordering.violates_ordering(start, use))
-                          or self.prefetch_limit.violates(start + 1, use))
-    # The loop over starts (resource, chunk, XLA's out-of-memory cache) runs jitted: with every
-    # option planned it was most of the decision process's time as Python calls.
-    rows = kernels().plan_prefetch_starts(
-        starts, check_allowed, allowed, use, size, uses, self.capacity[level], max_starts,
-        float(resource), bool(self.options.use_copy_resource),
-        *self.prefetch_resource.kernel_state(), *self.heaps[level].kernel_state(),
-        *picker.kernel_state())
-    return [MsaOption("prefetch", level, start + 1, end_use + 1, offset, size, reduction, evicts,
-                      plan=(start, end_use + 1))
-            for start, offset, end_use in rows.tolist()]
-
-  def _apply_prefetch(self, option: MsaOption, b: int, size: int, use: int,
-                      pending: _Pending) -> _Segment:
-    level, (start, reserved_end) = option.level, option.plan
-    resource = self._copy_resource(b)
-    pending.chunks.append((level, self.heaps[level].add(start + 1, reserved_end, option.offset,
-                                                        size)))
-    copy = self._new_copy(start, use, resource)
-    if self.options.use_copy_resource:
-      self.prefetch_resource.add_copy(copy)
-    self.prefetch_limit.add(start + 1, use)
-    if self.options.enforce_prefetch_fifo_order:
-      self.ordering.add_copy(start, use)
-    pending.prefetches.append((copy, start + 1, use))
-    return _Segment(level, option.offset, start + 1, use + 1, reserved_end, prefetch_done=use)
-
-  def _uncommit(self, pending: _Pending) -> None:
-    """`UncommitPendingChunks`: takes back one buffer's chunks and copies."""
-    for level, handle in pending.chunks:
-      self.heaps[level].remove(handle)
-    for copy, inclusive_start, end in pending.prefetches:
-      if self.options.use_copy_resource:
-        self.prefetch_resource.remove_copy(copy)
-      self.prefetch_limit.remove(inclusive_start, end)
-      if self.options.enforce_prefetch_fifo_order:
-        self.ordering.remove_copy(copy.start, copy.end)
-    for copy, inclusive_start, end in pending.evictions:
-      self.eviction_resource.remove_copy(copy)
-      self.eviction_limit.remove(inclusive_start, end)
-
-  # ------------------------------------------------------------------ helpers
-
-  def _copy_elapsed(self, b: int) -> float:
-    """`GetAsyncCopyElapsed` of the buffer (the picker's copy time), computed once per buffer
-    (several plans a step ask for it)."""
-    elapsed = self._copy_elapsed_cache.get(b)
-    if elapsed is None:
-      elapsed = float(self.analyses[0].async_copy_elapsed(int(self.workload.arrays.sizes[b])))
-      self._copy_elapsed_cache[b] = elapsed
-    return elapsed
-
-  def _copy_resource(self, b: int) -> float:
-    """What a copy of the buffer charges the copy resource."""
-    if self.options.picker == "cost":
-      return self._copy_elapsed(b)
-    return _COUNT_PICKER_COPY_RESOURCE
-
-  def _new_copy(self, exclusive_start: int, end: int, resource: float) -> AsyncCopy:
-    self._next_copy_id += 1
-    return AsyncCopy(exclusive_start, end, resource, self._next_copy_id)
-
-
-def option_slots(options: tuple[MsaOption, ...], max_prefetch_starts: int) -> np.ndarray:
-  """`[n]` the fixed slot of each option of a decision, the msa game's action
-  (env/game/game.py): option 0 -> 0, keep -> 1, the k-th prefetch start into fast level f ->
-  `2 + f * max_prefetch_starts + k`."""
-  slots = np.zeros(len(options), np.int64)
-  rank = {}
-  for i, option in enumerate(options):
-    if i == 0:
-      continue
+  def _unread_value_step(self, b: int, size: int, def_op: int, def_incidence: int | None
+                         ) -> Generator[MsaDecision, int, list[Segment]]:
+    """A value nothing reads: its definition alone, one segment ending where it starts."""
+    options = [MsaOption("default")]
+    keep = self.allocator.plan_keep(None, size, def_op, def_op, np.array([def_op]),
+                                    def_incidence)
+    if keep is not None:
+      options.append(keep)
+    option = yield from self._decide(b, def_op, def_op, options, len(options) - 1)
     if option.kind == "keep":
-      slots[i] = 1
-      continue
-    k = rank.get(option.level, 0)
-    rank[option.level] = k + 1
-    slots[i] = 2 + option.level * max_prefetch_starts + k
-  return slots
+      self._counts["kept"] += 1
+      return [self.allocator.apply_keep(None, option, def_op, Pending())]
+    self._counts["default_uses"] += 1
+    return []
 
+  def _segment_options(self, buffer: _Buffer, segment_start: int, use: int, incidence: int,
+                       max_starts: int, msa_only: bool
+                       ) -> tuple[list[MsaOption], int, int | None]:
+    """`AllocateSegment`'s options for the segment to `use`, in XLA's order, the index of msa's
+    own, and where the eviction the options start with ends (None: no eviction)."""
+    allocator, prev, size = self.allocator, buffer.prev, buffer.size
+    # 1. Keep in fast memory without a copy.
+    keep = None
+    if prev is not None or (not buffer.prev_in_default and buffer.is_activation):
+      keep = allocator.plan_keep(prev, size, segment_start, use, buffer.uses, incidence,
+                                 buffer.def_incidence if prev is None else None)
+    # 2. Evict when the fast copy is the only one; XLA uncommits the buffer if it cannot.
+    needs_eviction = buffer.needs_eviction
+    eviction_end = allocator.plan_eviction(prev, buffer.b, size, use) if needs_eviction else None
+    options = [MsaOption("default")]
+    prefetches: list[MsaOption] = []
+    if needs_eviction and eviction_end is None:
+      options = [MsaOption("uncommit")]
+    else:
+      if needs_eviction:
+        options = [MsaOption("evict", prev.level, prev.start + 1, eviction_end, prev.offset,
+                             size, evicts=True)]
+        available = eviction_end
+      else:
+        available = buffer.def_op if buffer.default_available is None \
+            else buffer.default_available
+      # 3. Prefetch (none when msa stops at its keep).
+      if not (msa_only and keep is not None):
+        prefetches = allocator.plan_all_prefetches(
+            prev, buffer.segments, buffer.b, size, available, eviction_end, use, incidence,
+            buffer.uses, max_starts, msa_only)
+    if keep is not None:
+      options.append(keep)
+    options += prefetches
+    # msa: keep if it can, else (the eviction, then) the first prefetch that fits, else 0.
+    msa_choice = 1 if keep is not None or prefetches else 0
+    return options, msa_choice, eviction_end
 
+  def _commit(self, buffer: _Buffer, option: MsaOption, use: int,
+              eviction_end: int | None) -> bool:
+    """Applies the option sent for the segment to `use`; False when it sent the whole buffer
+    back to default memory (`kFailRequiresUncommit`)."""
+    allocator, pending = self.allocator, buffer.pending
+    if option.kind == "keep":
+      kept = allocator.apply_keep(buffer.prev, option, use, pending)
+      if buffer.prev is None:
+        buffer.segments.append(kept)
+      buffer.prev = kept
+      pending.kept += 1
+      return True
+    if option.kind == "uncommit":
+      allocator.uncommit(pending)
+      buffer.segments.clear()
+      self._counts["uncommitted_buffers"] += 1
+      self._counts["default_uses"] += len(buffer.uses)
+      return False
+    if buffer.needs_eviction:
+      buffer.default_available = allocator.apply_eviction(buffer.prev, buffer.b, buffer.size,
+                                                          eviction_end, pending)
+    elif buffer.default_available is None:
+      buffer.default_available = buffer.def_op  # Produced in default memory.
+    if option.kind == "prefetch":
+      fetched = allocator.apply_prefetch(option, buffer.b, buffer.size, use, pending)
+      buffer.segments.append(fetched)
+      buffer.prev, buffer.prev_in_default = fetched, False
+    else:
+      # 4. The use reads default memory.
+      buffer.prev, buffer.prev_in_default = None, True
+      pending.default_uses += 1
+    return True
 
-def worth_deciding(options: tuple[MsaOption, ...], threshold_s: float) -> bool:
-  """Whether a decision offers a choice whose best option msa estimates to save at least
-  `threshold_s` seconds (the msa game's `skip_below`; 0: any choice at all)."""
-  return len(options) > 1 and (threshold_s <= 0 or max(o.saving for o in options) >= threshold_s)
 
 class MsaDecisions:
   """msa's allocation loop as a decision process: `options()` at the current decision point
   (`decision`), `choose(i)` to apply one and advance, `done` when every buffer is allocated,
   then `allocations()` and `stats`.
 
-  Why a state object over the coroutine `MsaAlgorithm.steps()`: the game (issue 14 item 2)
+  Why a state object over the coroutine `MsaAlgorithm.steps()`: the game (env/game/game.py)
   needs to look at the options, pick one, and ask again; a generator's send protocol (prime,
   StopIteration carrying the result) is kept inside.
 

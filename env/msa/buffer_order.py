@@ -9,7 +9,7 @@ tuple
 ascending, so the most memory-bound buffer comes first, then the larger, then the longer-lived,
 then the one whose last use is earlier, then the one that starts earlier, then the lower id. Why:
 msa is greedy, so this order decides who gets fast memory when it is contended; every later piece
-(the allocation loop, the game's step order in issue 14) follows it.
+(the allocation loop, the msa game's step order: env/game/game.py) follows it.
 
 Mapping to this project: a buffer's interval is its live range (`WorkloadArrays.live_start`,
 `live_end`; XLA's inclusive end is `live_end - 1`, and the duration `end - start` is the same in
