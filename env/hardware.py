@@ -15,11 +15,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from malloczero.common.errors import HardwareError
+from malloczero.common.errors import HardwareError, MalloczeroError
+from malloczero.common.units import human_bytes
+from malloczero.env.workload import Workload
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 # Capacities and the alignment become int64 arrays and are added to offsets there; the bound keeps
@@ -241,3 +243,58 @@ def check_fits(hw: Hardware, peak_live_bytes: int, where: str) -> None:
   if peak_live_bytes > slow.capacity_bytes:
     raise HardwareError(f"{where}: peak live bytes {peak_live_bytes} exceed the slow memory "
                         f"'{slow.name}' ({slow.capacity_bytes} bytes) of hardware '{hw.name}'")
+
+
+# `--capacity` on the command line: (None, BYTES) for the fast levels together, or (LEVEL, BYTES).
+Capacity = tuple[Optional[str], int]
+
+
+def resolve_hardware(workload: Workload, hardware: str | None,
+                     capacities: Sequence[Capacity] | None,
+                     fallback: Hardware | None = None) -> Hardware:
+  """The machine a program is mapped for: `hardware` (a preset or file), else `fallback` (a
+  mapping's recorded hardware); `capacities` override fast sizes (see `apply_capacities`). A
+  workload file records no hardware, so it needs one of those; a MiniMalloc CSV (bytes and
+  lifetimes only) defaults to the 'minimalloc' machine, which needs a capacity."""
+  capacities = list(capacities or ())
+  if hardware is not None:
+    hw = load_hardware(hardware)
+  elif fallback is not None:
+    hw = fallback
+  elif workload.source == "minimalloc-csv":
+    if not capacities:
+      raise MalloczeroError("a MiniMalloc CSV needs --capacity BYTES (the fast memory size)")
+    hw = PRESETS["minimalloc"]
+  else:
+    presets = f"--hardware ({', '.join(PRESETS)} or a hardware JSON file)"
+    raise MalloczeroError(
+        f"a workload file records no hardware: --capacity alone is for MiniMalloc CSVs; add "
+        f"{presets}" if capacities else
+        f"a workload file records no hardware: pass {presets}; --capacity BYTES then sets its "
+        "fast memory size")
+  return apply_capacities(hw, capacities)
+
+
+def apply_capacities(hw: Hardware, capacities: Sequence[Capacity]) -> Hardware:
+  """`--capacity BYTES`: the fast levels together hold BYTES, in the hardware's ratio (on
+  nnpi-like, 1/7 SRAM and 6/7 LLC); `--capacity LEVEL=BYTES` (repeatable): that level alone."""
+  together = [size for level, size in capacities if level is None]
+  per_level: dict[str, int] = {}
+  for level, size in capacities:
+    if level is not None:
+      if level in per_level:
+        raise MalloczeroError(f"--capacity {level}=... given twice")
+      per_level[level] = size
+  if len(together) > 1:
+    raise MalloczeroError("--capacity BYTES given twice")
+  if together and per_level:
+    raise MalloczeroError("give either --capacity BYTES (the fast levels together) or "
+                          "--capacity LEVEL=BYTES per level, not both")
+  if together:
+    return hw.with_fast_capacity(together[0])
+  return hw.with_level_capacities(per_level) if per_level else hw
+
+
+def describe_fast_levels(hw: Hardware) -> str:
+  """'SRAM 1.00 MiB + LLC 6.00 MiB' (what --capacity set)."""
+  return " + ".join(f"{lv.name} {human_bytes(lv.capacity_bytes)}" for lv in hw.levels[:-1])

@@ -25,7 +25,8 @@ from malloczero.actors.games import GameSpec
 from malloczero.configs.workdir import WorkDir
 from malloczero.common.errors import MalloczeroError
 from malloczero.env.mapping import Mapping
-from malloczero.env.solvers import SolveResult, solve
+from malloczero.env.solvers import SolveResult
+from malloczero.system.baseline_cache import BaselineCache
 from malloczero.env.programs.suites import SPLITS, Suite, SuiteEntry
 
 # Ratios within this of 1 count as ties with msa.
@@ -202,8 +203,9 @@ class SuiteEvaluation:
 def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentUnderTest] = (),
                    options: Callable[[str], dict] = lambda solver: {},
                    progress: Optional[Progress] = None, batch_agents: bool = False,
-                   seed: int = 0) -> SuiteEvaluation:
+                   seed: int = 0, cache: Optional[BaselineCache] = None) -> SuiteEvaluation:
   """Solves every entry with every solver and agent; msa is always run, as the reference.
+  Baselines are solved through `cache` (system/baseline_cache.py; by default nothing is kept).
 
   With `batch_agents` each agent plays all programs in one batch (far faster; its solve time per
   program is then the batch's time shared evenly), otherwise one program at a time.
@@ -211,6 +213,7 @@ def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
   started = time.monotonic()
   solvers = ["msa"] + [s for s in solvers if s != "msa"]
   progress = progress or (lambda description, advance: None)
+  cache = cache or BaselineCache()
   solved: list[dict[str, SolveResult]] = []   # Per program: label -> result.
   bounds: list[Optional[CpsatBound]] = []
   mappings: dict[tuple[str, str], Mapping] = {}
@@ -221,7 +224,7 @@ def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
     results, bound = {}, None
     for solver in solvers:
       progress(f"{entry.name}: {solver}", 0)
-      results[solver] = result = solve(workload, hardware, solver, **options(solver))
+      results[solver] = result = cache.solve(workload, hardware, solver, **options(solver))
       if solver == "msa":
         mappings[(entry.name, "msa")] = result.mapping
       if solver == "cpsat":

@@ -37,10 +37,12 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 import launchpad as lp
+import psutil
 
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.common.errors import MalloczeroError
+from malloczero.common.units import human_bytes
 from malloczero.system.guards import ProcessId, WorkDirLock
 from malloczero.system.nodes import (NODE_GROUP_ENV, NODE_OUTPUT_ENV, NODE_WORKDIR_ENV, ActorNode,
                                      EvaluatorNode,
@@ -105,7 +107,7 @@ class RunSample:
 
 @dataclasses.dataclass
 class DistributedResult:
-  status: str                 # "finished", "time limit", "interrupted" or "failed: ..."
+  status: str                 # "finished", "time limit", "interrupted" or "failed"
   learner_steps: int
   start_step: int
   actor_moves: int
@@ -115,10 +117,30 @@ class DistributedResult:
   samples: list[RunSample]
   workdir: str
   report: Optional[dict[str, Any]] = None
+  failure: Optional[str] = None   # Why, when the status is "failed".
 
   @property
   def ok(self) -> bool:
     return self.status in ("finished", "time limit")
+
+  def describe(self) -> str:
+    """'finished', 'failed: the learner node exited', ..."""
+    return f"{self.status}: {self.failure}" if self.failure else self.status
+
+  @property
+  def exit_status(self) -> int:
+    """The command's exit status: 0 when it stopped as asked, 130 interrupted, 1 failed."""
+    return {"failed": 1, "interrupted": 130}.get(self.status, 0)
+
+  def outputs(self) -> list[tuple[str, str]]:
+    """(path, what) for each file and directory the run has left in its work directory."""
+    files = WorkDir(self.workdir)
+    found = [(files.report("md"), "the evaluation report (with report.json, report.csv and "
+              "pictures)"), (files.learning_curve_png, "the learning curve"),
+             (files.checkpoints, "checkpoints"), (files.logs, "CSV logs"),
+             (files.tensorboard, "TensorBoard events"),
+             (files.best, "the fastest mapping found per training program")]
+    return [(path, what) for path, what in found if os.path.exists(path)]
 
 
 class _Monitor:
@@ -146,7 +168,6 @@ class _Monitor:
 
   def find_processes(self) -> None:
     """Node name (e.g. 'actor_1') -> process, from the launcher's children (local_mp)."""
-    import psutil
     for child in psutil.Process().children(recursive=True):
       try:
         cmdline = child.cmdline()
@@ -157,7 +178,6 @@ class _Monitor:
         self._processes[node_name(cmdline[3])] = child
 
   def newly_gone(self) -> list[str]:
-    import psutil
     names = []
     for name, process in self._processes.items():
       if name in self.gone:
@@ -350,6 +370,34 @@ def _stop_program() -> None:
   os.kill(os.getpid(), signal.SIGTERM)
 
 
+# Local actors beyond this many per CPU core only slow each other (each one searches flat out)
+# and starve the learner; the machine would thrash before the first summary line.
+ACTORS_PER_CORE = 2
+# Resident memory of local_mp node processes, measured over a tiny-config run on 2 cores: each
+# actor peaked at 577 MiB; replay, counter, learner, evaluator and limiter together at 2.6 GiB.
+ACTOR_RESIDENT_BYTES = 640 << 20
+OTHER_NODES_RESIDENT_BYTES = 3 << 30
+
+
+def local_actor_limit(launch: str) -> tuple[int, str]:
+  """The most actors this machine can run locally under `launch`, and why (cores, memory)."""
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:  # Not Linux.
+    cores = os.cpu_count() or 1
+  limit = ACTORS_PER_CORE * cores
+  why = f"{cores} CPU core(s) run at most {limit} actors ({ACTORS_PER_CORE} per core)"
+  if launch == "local_mp":  # One process per node; under local_mt they share this one.
+    available = psutil.virtual_memory().available
+    by_memory = max(0, (available - OTHER_NODES_RESIDENT_BYTES) // ACTOR_RESIDENT_BYTES)
+    if by_memory < limit:
+      limit = int(by_memory)
+      why = (f"{human_bytes(available)} of available memory runs at most {limit} actors (about "
+             f"{human_bytes(ACTOR_RESIDENT_BYTES)} each beside "
+             f"{human_bytes(OTHER_NODES_RESIDENT_BYTES)} for the other nodes)")
+  return limit, why
+
+
 def launch_training(config: Config, workdir: str, launch: str = "local_mp",
                     num_actors: Optional[int] = None, max_steps: Optional[int] = None,
                     max_seconds: Optional[float] = None, node_output: str = "files",
@@ -422,8 +470,8 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
   print_fn(f"launched {launch}: replay, counter, learner, {num_actors} actor(s), evaluator, "
            f"limiter; learner steps {start_step or 0} -> {max_steps}")
   monitor = _Monitor(program, launch, workdir, num_actors, start_step=start_step or 0)
-  status = _watch(manager, monitor, config, launch, num_actors, max_steps, max_seconds, msa,
-                  print_fn)
+  status, failure = _watch(manager, monitor, config, launch, num_actors, max_steps, max_seconds,
+                           msa, print_fn)
   manager.wait(raise_error=False)
   from malloczero.learner.checkpoint import checkpoint_steps
   try:
@@ -437,8 +485,8 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
     status = "finished" if steps >= max_steps else "interrupted"
   result = DistributedResult(status, steps, start_step or 0, int(final.get("actor_moves", 0)),
                              int(final.get("actor_episodes", 0)), monitor.elapsed,
-                             num_actors, monitor.samples, workdir)
-  print_fn(f"program stopped ({status}) at learner step {steps}; checkpoint in "
+                             num_actors, monitor.samples, workdir, failure=failure)
+  print_fn(f"program stopped ({result.describe()}) at learner step {steps}; checkpoint in "
            f"{files.checkpoints}")
   if final_report and result.ok and steps > 0 and config.suite:
     from malloczero.system.report import write_final_report
@@ -467,11 +515,11 @@ def _msa_geomeans(config: Config, workdir: str,
 
 def _watch(manager: Any, monitor: _Monitor, config: Config, launch: str, num_actors: int,
            max_steps: int, max_seconds: Optional[float], msa: dict[str, float],
-           print_fn: Callable[[str], None]) -> str:
+           print_fn: Callable[[str], None]) -> tuple[str, Optional[str]]:
   """Prints a summary every few seconds until the program stops; returns why it stopped
-  ('running' when it stopped by itself or by a signal)."""
+  ('running' when it stopped by itself or by a signal) and, when it failed, the failure."""
   start = time.monotonic()
-  status = "running"
+  status, failure = "running", None
   previous: Optional[RunSample] = None
   last_summary = start
   found_at = start + 3.0  # The node processes exist a moment after launch.
@@ -487,16 +535,16 @@ def _watch(manager: Any, monitor: _Monitor, config: Config, launch: str, num_act
       try:
         manager.check_for_thread_worker_exception()
       except Exception as e:  # pylint: disable=broad-except
-        status = f"failed: a node raised {type(e).__name__}: {e}"
-        print_fn(f"{status}; stopping the program (checkpoints are kept)")
+        status, failure = "failed", f"a node raised {type(e).__name__}: {e}"
+        print_fn(f"failed: {failure}; stopping the program (checkpoints are kept)")
         _stop_program()
         stopping = True
     for name in monitor.newly_gone():
       if stopping:
         continue
       if name.rsplit("_", 1)[0] in ESSENTIAL_NODES:
-        status = f"failed: the {name.rsplit('_', 1)[0]} node exited"
-        print_fn(f"{status}; stopping the program (the last checkpoint is kept)")
+        status, failure = "failed", f"the {name.rsplit('_', 1)[0]} node exited"
+        print_fn(f"failed: {failure}; stopping the program (the last checkpoint is kept)")
         _stop_program()
         stopping = True
       elif name.startswith("actor"):
@@ -525,4 +573,4 @@ def _watch(manager: Any, monitor: _Monitor, config: Config, launch: str, num_act
       _stop_program()
       stopping = True
   monitor.elapsed = time.monotonic() - start
-  return status
+  return status, failure

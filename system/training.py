@@ -24,16 +24,16 @@ from malloczero.configs.workdir import WorkDir
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import write_text
 from malloczero.system.evaluation import TIE_TOLERANCE, geomean
-from malloczero.env.solvers import solve
+from malloczero.env.solvers.registry import BASELINES as BASELINES_REGISTRY
+from malloczero.system.baseline_cache import BaselineCache, open_cache
 from malloczero.learner.networks import MuZeroNetworks
 
 _log = logging.getLogger("malloczero.training")
 
 BASELINES = ("msa", "greedy", "bestfit", "random")
-# Bumped when a baseline's algorithm changes, so that the speed-ups a work directory cached for
-# the old one are computed again (a missing version is 1). msa 2: XLA's allocation loop
-# (env/msa/algorithm.py), which replaced the request-space msa (now msa-simple).
-BASELINE_VERSIONS = {"msa": 2}
+# The registry's versions (env/solvers/registry.py): a work directory's speed-ups cached for
+# another version of a baseline are computed again (a missing version is 1).
+BASELINE_VERSIONS = {b: BASELINES_REGISTRY[b].version for b in BASELINES}
 CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_return",
                 "beats_msa", "programs")
 
@@ -82,10 +82,12 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
 
 
 def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
-                      seed: int = 0) -> dict[str, dict[str, float]]:
-  """{solver: {program: speed-up}} for the cheap baselines; cached in workdir/baselines.json
-  with each baseline's version (`BASELINE_VERSIONS`): a baseline cached at another version is
-  computed again."""
+                      seed: int = 0,
+                      cache: Optional[BaselineCache] = None) -> dict[str, dict[str, float]]:
+  """{solver: {program: speed-up}} for the cheap baselines; kept in workdir/baselines.json
+  with each baseline's version (`BASELINE_VERSIONS`): a baseline kept at another version is
+  computed again. What is computed goes through `cache` (default: the user's baseline cache,
+  system/baseline_cache.py), which evaluations share."""
   path = WorkDir(workdir).baselines if workdir else None
   cached: dict[str, dict[str, float]] = {}
   if path and os.path.exists(path):
@@ -98,11 +100,13 @@ def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
   if all(all(n in cached.get(b, {}) for n in names) for b in BASELINES):
     return cached
   result = {b: dict(cached.get(b, {})) for b in BASELINES}
+  cache = cache or open_cache()
   for spec in specs:
     for solver in BASELINES:
       if spec.name not in result[solver]:
         options = {"seed": seed} if solver == "random" else {}
-        result[solver][spec.name] = solve(spec.workload, spec.hardware, solver, **options).speedup
+        result[solver][spec.name] = cache.solve(spec.workload, spec.hardware, solver,
+                                                **options).speedup
   if path:
     write_text(path, json.dumps(dict(result, versions=BASELINE_VERSIONS), indent=1))
   return result

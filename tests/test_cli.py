@@ -39,7 +39,7 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
 def test_commands_keep_compiled_programs_in_the_users_cache_unless_told_otherwise(tmp_path):
   """The cache goes under XDG_CACHE_HOME, also when JAX was imported first; a
   JAX_COMPILATION_CACHE_DIR the user set wins, and an empty one leaves the cache off."""
-  script = ("import os, jax; from malloczero.launch.cli import use_compilation_cache; "
+  script = ("import os, jax; from malloczero.launch.compilation_cache import use_compilation_cache; "
             "use_compilation_cache(); print(repr(jax.config.jax_compilation_cache_dir)); "
             "print(repr(os.environ['JAX_COMPILATION_CACHE_DIR']))")
 
@@ -253,21 +253,23 @@ def test_skip_below_is_a_fraction_checked_before_anything_runs(tmp_path, capsys,
 
 
 def test_train_skip_below_reaches_the_game_config():
-  from malloczero.launch.cli import _train_config, build_parser
+  from malloczero.launch.cli import build_parser
+  from malloczero.launch.commands.train import train_config
   args = build_parser().parse_args(["train", "--config", "tiny", "--skip-below", "0.001"])
-  assert _train_config(args).game.skip_below == 0.001
+  assert train_config(args).game.skip_below == 0.001
   args = build_parser().parse_args(["train", "--config", "tiny"])
-  assert _train_config(args).game.skip_below == 0.0
+  assert train_config(args).game.skip_below == 0.0
 
 
 def test_train_demonstration_and_search_flags_reach_the_config():
-  from malloczero.launch.cli import _train_config, build_parser
+  from malloczero.launch.cli import build_parser
+  from malloczero.launch.commands.train import train_config
   args = build_parser().parse_args(["train", "--config", "tiny", "--demonstrations", "0",
                                     "--q-spread-floor", "0.3", "--eval-msa-prior", "0"])
-  config = _train_config(args)
+  config = train_config(args)
   assert config.learner.demonstration_fraction == 0.0 and config.learner.demonstration_batch == 0
   assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
-  default = _train_config(build_parser().parse_args(["train"]))  # The small preset.
+  default = train_config(build_parser().parse_args(["train"]))  # The small preset.
   assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.1
   assert default.search.eval_msa_prior_logit == 2.0
 
@@ -280,8 +282,9 @@ def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscrib
   import psutil
 
   from malloczero.launch import cli
+  from malloczero.system import program
   workdir = tmp_path / "run"
-  too_many = str(cli.ACTORS_PER_CORE * len(os.sched_getaffinity(0)) + 1)
+  too_many = str(program.ACTORS_PER_CORE * len(os.sched_getaffinity(0)) + 1)
   for launch in ("local_mp", "local_mt"):
     code = cli.main(["train", "--launch", launch, "--config", "tiny", "--num-actors", too_many,
                      "--workdir", str(workdir)])
@@ -293,10 +296,11 @@ def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscrib
   # Memory bounds local_mp (one process per node) as well as cores.
   monkeypatch.setattr(psutil, "virtual_memory",
                       lambda: types.SimpleNamespace(
-                          available=cli.OTHER_NODES_RESIDENT_BYTES + cli.ACTOR_RESIDENT_BYTES))
-  assert cli.local_actor_limit("local_mp")[0] == 1
-  assert "available memory runs at most 1 actors" in cli.local_actor_limit("local_mp")[1]
-  assert cli.local_actor_limit("local_mt")[0] == cli.ACTORS_PER_CORE * len(os.sched_getaffinity(0))
+                          available=program.OTHER_NODES_RESIDENT_BYTES + program.ACTOR_RESIDENT_BYTES))
+  assert program.local_actor_limit("local_mp")[0] == 1
+  assert "available memory runs at most 1 actors" in program.local_actor_limit("local_mp")[1]
+  assert program.local_actor_limit("local_mt")[0] == (program.ACTORS_PER_CORE
+                                                       * len(os.sched_getaffinity(0)))
   # --oversubscribe lets the launch go on (to the next check: an impossible --max-steps here).
   workdir.mkdir()
   monkeypatch.setattr("malloczero.system.program.check_workdir", lambda config, workdir: 10)
@@ -314,13 +318,14 @@ def test_a_workload_run_resumes_only_with_the_same_program(tmp_path):
   """config.json of a `train --workload` run (its hardware included) is read back as equal, and
   another capacity is refused before anything runs."""
   from malloczero.env import MalloczeroError
-  from malloczero.launch.cli import _train_config, build_parser
+  from malloczero.launch.cli import build_parser
+  from malloczero.launch.commands.train import train_config
   from malloczero.system.training import check_workdir, save_config
   workload = os.path.join(REPO, "env", "programs", "data", "workloads",
                           "tiny-vgg-b1-infer.json.gz")
 
   def config(capacity):
-    return _train_config(build_parser().parse_args(
+    return train_config(build_parser().parse_args(
         ["train", "--config", "tiny", "--workload", workload, "--hardware", "tpu-v4i-like",
          "--capacity", capacity]))
   first = config("20000")

@@ -1,7 +1,7 @@
 """Baseline solvers. msa builds its own segments (XLA's loop); random plays the msa game's
 decision points; the others place the requests game's requests through the same `Placement`
 rules. Every mapping is timed by the same cost model and checked by the independent validator
-before it is returned."""
+before it is returned. Each solver is one record of `registry.BASELINES`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import dataclasses
 import time
 from typing import Any
 
-from malloczero.env.cost_model import CostModel
 from malloczero.common.errors import MalloczeroError
+from malloczero.env.cost_model import CostModel
 from malloczero.env.game import REQUESTS_GAME, GameConfig, make_game
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
@@ -20,7 +20,7 @@ from malloczero.env.solvers.cpsat import cpsat
 from malloczero.env.solvers.evo import evo
 from malloczero.env.solvers.evo_msa import evo_msa
 from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa_simple, random_play
-from malloczero.env.msa.algorithm import MsaOptions, msa_mapping
+from malloczero.env.solvers.registry import BASELINES, SOLVERS, Solver
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
 
@@ -28,26 +28,14 @@ from malloczero.env.workload import Workload
 def pack(placement: Placement, **options: Any) -> dict:
   """The MiniMalloc-style packer (`packing.py`), imported on first use so that importing the
   solvers does not load numba, which its jitted search needs."""
-  from malloczero.env.solvers.packing import pack as search
-  return search(placement, **options)
+  return BASELINES["pack"].run(placement, **options)
 
 
-def msa(model: CostModel, time_limit_s: float | None = None,
-        **options: Any) -> tuple[Mapping, dict]:
-  """XLA's memory-space assignment (env/msa/algorithm.py): its own segments, prefetches
-  at the picker's starts and evictions, outside the game's request space. `options` are
-  `MsaOptions` fields; a time limit is accepted and not needed (msa is one greedy pass)."""
-  return msa_mapping(model, MsaOptions(**options))
-
-
-PLACEMENT_SOLVERS = {"msa-simple": msa_simple, "greedy": greedy, "evo": evo, "cpsat": cpsat,
-                     "pack": pack}
-# Policies played in a game, and the game: `random` in msa's decision space (env/game/game.py, the
-# game the agent plays), `bestfit` over the requests game's best-fit candidates (env/game/requests_game.py).
-GAME_SOLVERS = {"random": (random_play, GameConfig()), "bestfit": (bestfit_play, REQUESTS_GAME)}
-# Build their own segments from the cost model (evo-msa: msa's decisions with deviations).
-MODEL_SOLVERS = {"msa": msa, "evo-msa": evo_msa}
-SOLVERS = ("msa", "greedy", "bestfit", "random", "evo", "evo-msa", "cpsat", "pack", "msa-simple")
+def msa(model: CostModel, **options: Any) -> tuple[Mapping, dict]:
+  """XLA's memory-space assignment (env/msa/algorithm.py): its own segments, prefetches at the
+  picker's starts and evictions, outside the game's request space. `options` are `MsaOptions`
+  fields; a time limit is accepted and not needed (msa is one greedy pass)."""
+  return BASELINES["msa"].run(model, **options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +50,12 @@ class SolveResult:
     return self.mapping.speedup
 
 
+def get_solver(name: str) -> Solver:
+  if name not in BASELINES:
+    raise MalloczeroError(f"unknown solver '{name}' (choose from {', '.join(SOLVERS)})")
+  return BASELINES[name]
+
+
 def solve(workload: Workload, hardware: Hardware, solver: str,
           game_config: GameConfig = REQUESTS_GAME, **options: Any) -> SolveResult:
   """Runs a baseline; the returned mapping has passed `validate_mapping`.
@@ -70,8 +64,7 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   requests (and the game, for the game's players) and the solver's own model, then solving;
   only the validation after it is left out. A `time_limit_s` option bounds that same span: what
   building took is taken from the solver's share."""
-  if solver not in SOLVERS:
-    raise MalloczeroError(f"unknown solver '{solver}' (choose from {', '.join(SOLVERS)})")
+  spec = get_solver(solver)
   check_fits(hardware, workload.peak_live_bytes, workload.name)
   started = time.perf_counter()
   model = CostModel(workload, hardware)
@@ -79,23 +72,23 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   if options.get("time_limit_s") is not None:
     options["time_limit_s"] = max(0.0, float(options["time_limit_s"])
                                   - (time.perf_counter() - started))
-  game = None
-  if solver in GAME_SOLVERS:
-    policy, its_game = GAME_SOLVERS[solver]
+  if spec.kind == "model":
+    mapping, info = spec.run(model, **options)
+  elif spec.kind == "game":
     try:
-      game = make_game(workload, hardware,
-                       dataclasses.replace(game_config, decisions=its_game.decisions))
+      game = make_game(workload, hardware, dataclasses.replace(
+          game_config, decisions=spec.game_config.decisions))
     except MalloczeroError:
       game = None  # Nothing to play (no request; no decision for msa): the empty mapping below.
-  if solver in MODEL_SOLVERS:
-    mapping, info = MODEL_SOLVERS[solver](model, **options)
-  elif game is not None:
-    info = policy(game, **options)
-    mapping = game.mapping(solver)
+    if game is not None:
+      info = spec.run(game, **options)
+      mapping = game.mapping(solver)
+    else:
+      info = {"note": "no request fits in fast memory and saves time there"}
+      mapping = Placement(model, requests).mapping(solver)
   else:
     placement = Placement(model, requests)
-    info = PLACEMENT_SOLVERS[solver](placement, **options) \
-        if len(requests) and solver in PLACEMENT_SOLVERS \
+    info = spec.run(placement, **options) if len(requests) \
         else {"note": "no request fits in fast memory and saves time there"}
     mapping = placement.mapping(solver)
   elapsed = time.perf_counter() - started
@@ -103,5 +96,6 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   return SolveResult(mapping, elapsed, dict(info, requests=len(requests)))
 
 
-__all__ = ["SOLVERS", "SolveResult", "solve", "msa", "msa_simple", "greedy", "evo", "evo_msa",
-           "cpsat", "pack", "random_play", "bestfit_play"]
+__all__ = ["BASELINES", "SOLVERS", "Solver", "SolveResult", "get_solver", "solve", "msa",
+           "msa_simple", "greedy", "evo", "evo_msa", "cpsat", "pack", "random_play",
+           "bestfit_play"]

@@ -1,0 +1,169 @@
+"""The baseline solvers, one record each: what a solver needs, its options and their flags.
+
+`solve` dispatches on a record's `kind`; the command line derives its `--solver` choices, its
+solver flags, their defaults and help from the records' options dataclasses; an evaluation's
+cache keys a result by the record's `version` and options. Adding a solver is one record here
+(the agent and the portfolio are registered the same way at the top layer, launch/solvers.py,
+which may import the agent).
+
+An options field carries its flag in its metadata (`option`): the flag's name, what values it
+takes (`check`, one of `CHECKS`) and its help. A flag shared by several solvers (`--time-limit`,
+`--seed`) has one default: tests/test_solvers.py checks that every record agrees on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+from malloczero.env.game import REQUESTS_GAME, GameConfig
+from malloczero.env.msa.algorithm import MsaOptions, msa_mapping
+from malloczero.env.solvers.cpsat import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, cpsat
+from malloczero.env.solvers.evo import DEFAULT_EVALUATIONS, evo
+from malloczero.env.solvers.evo_msa import evo_msa
+from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa_simple, random_play
+
+# What a flag accepts: checked by the command line's flag types (launch/flags.py).
+CHECKS = ("positive", "positive_int", "fraction", "seed", "path")
+# What a solver is handed: the cost model (it builds its own segments), a game to play its policy
+# in, or a `Placement` of the requests game's requests; "agent" is the top layer's.
+KINDS = ("model", "game", "placement", "agent")
+
+
+def option(default: Any, flag: str, help: str, check: str, metavar: Optional[str] = None,
+           default_help: Optional[str] = None) -> Any:
+  """A field of a solver's options dataclass, with the command-line flag that sets it;
+  `default_help` says what a default of None means."""
+  if check not in CHECKS:
+    raise ValueError(f"unknown check '{check}' (choose from {', '.join(CHECKS)})")
+  return dataclasses.field(default=default, metadata={
+      "flag": flag, "help": help, "check": check, "metavar": metavar,
+      "default_help": default_help if default is None else f"{default:g}"})
+
+
+def _time_limit() -> Any:
+  return option(DEFAULT_TIME_LIMIT_S, "--time-limit",
+                "seconds per program, building the solver's model included", "positive")
+
+
+def seed_option() -> Any:
+  return option(0, "--seed", "seed (0 to 2**31-1)", "seed")
+
+
+def _evaluations() -> Any:
+  return option(DEFAULT_EVALUATIONS, "--evaluations", "budget: full mappings decoded",
+                "positive_int")
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+  """A solver without options."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CpsatOptions:
+  time_limit_s: float = _time_limit()
+  workers: int = option(DEFAULT_WORKERS, "--workers", "CP-SAT worker threads", "positive_int")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvoOptions:
+  evaluations: int = _evaluations()
+  time_limit_s: float = _time_limit()
+  seed: int = seed_option()
+
+
+@dataclasses.dataclass(frozen=True)
+class EvoMsaOptions:
+  evaluations: int = _evaluations()
+  time_limit_s: float = _time_limit()
+  seed: int = seed_option()
+  skip_below: float = option(0.0, "--skip-below", "change only decisions whose best option saves "
+                             "at least this fraction of the all-slow time (0: any)", "fraction",
+                             metavar="FRACTION")
+
+
+@dataclasses.dataclass(frozen=True)
+class PackOptions:
+  time_limit_s: float = _time_limit()
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomOptions:
+  seed: int = seed_option()
+
+
+def _msa(model: Any, time_limit_s: Optional[float] = None, **options: Any) -> tuple[Any, dict]:
+  # A time limit is accepted and not needed: msa is one greedy pass.
+  return msa_mapping(model, MsaOptions(**options))
+
+
+def _pack(placement: Any, **options: Any) -> dict:
+  # Imported on first use: its jitted search loads numba, which importing the solvers must not.
+  from malloczero.env.solvers.packing import pack
+  return pack(placement, **options)
+
+
+@dataclasses.dataclass(frozen=True)
+class Solver:
+  """One solver.
+
+  kind: what `run` is handed (`KINDS`): "model" -> `run(cost_model, **options)` returns
+    `(mapping, info)`; "game" -> `run(game, **options)` plays `game_config`'s game and returns
+    `info`; "placement" -> `run(placement, **options)` places requests and returns `info`.
+  options: a frozen dataclass whose fields are `run`'s keyword options (made with `option`).
+  takes_msa_options: `--msa-option NAME=VALUE` pairs (`MsaOptions` fields) are passed on too.
+  version: raised whenever the solver's results change, so cached results are not reused.
+  segments: the mapping is msa's segments (a buffer may have several), not placed requests.
+  """
+  name: str
+  kind: str
+  run: Callable[..., Any]
+  summary: str
+  options: type = NoOptions
+  takes_msa_options: bool = False
+  version: int = 1
+  game_config: Optional[GameConfig] = None
+  segments: bool = False
+
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise ValueError(f"solver {self.name}: unknown kind '{self.kind}'")
+
+  def make_options(self, values: dict[str, Any], msa_options: Optional[dict] = None) -> dict:
+    """`run`'s keyword options: this solver's fields taken from `values` (others ignored), and
+    `msa_options` where the solver takes them."""
+    names = {f.name for f in dataclasses.fields(self.options)}
+    chosen = self.options(**{k: v for k, v in values.items() if k in names})
+    options = dataclasses.asdict(chosen)
+    if self.takes_msa_options:
+      options.update(msa_options or {})
+    return options
+
+
+BASELINES: dict[str, Solver] = {s.name: s for s in (
+    Solver("msa", "model", _msa, "XLA's memory-space assignment (its allocation loop)",
+           takes_msa_options=True, version=2, segments=True),
+    Solver("greedy", "placement", greedy, "requests by saving per byte, each where it saves most"),
+    Solver("bestfit", "game", bestfit_play, "the requests game's first candidate every step",
+           game_config=REQUESTS_GAME),
+    Solver("random", "game", random_play, "uniformly random legal moves in the msa game",
+           RandomOptions, game_config=GameConfig(), segments=True),
+    Solver("evo", "placement", evo, "evolution over request priorities", EvoOptions),
+    Solver("evo-msa", "model", evo_msa, "evolution over deviations from msa's decisions",
+           EvoMsaOptions, takes_msa_options=True, segments=True),
+    Solver("cpsat", "placement", cpsat, "OR-Tools CP-SAT over the requests", CpsatOptions),
+    Solver("pack", "placement", _pack, "MiniMalloc-style exact packing search", PackOptions),
+    Solver("msa-simple", "placement", msa_simple, "the ten-line msa in request space"),
+)}
+
+SOLVERS = tuple(BASELINES)
+
+
+def option_fields(solvers: Any) -> dict[str, list[tuple[Solver, dataclasses.Field]]]:
+  """{field name: [(solver, field), ...]} over the options of `solvers`, in first-seen order."""
+  found: dict[str, list[tuple[Solver, dataclasses.Field]]] = {}
+  for solver in solvers:
+    for field in dataclasses.fields(solver.options):
+      found.setdefault(field.name, []).append((solver, field))
+  return found

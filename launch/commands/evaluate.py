@@ -1,0 +1,152 @@
+"""`malloczero evaluate`: baselines and checkpoints on a suite, with progress and console tables.
+
+The evaluation itself is system/evaluation.py and its files system/report.py, which the final
+report of a training run shares. Baseline results are reused from the user's cache
+(system/baseline_cache.py) unless `--no-cache`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from malloczero.common.errors import MalloczeroError
+from malloczero.common.files import check_output_dir
+from malloczero.configs.config import DEFAULT_ATTEMPTS
+from malloczero.env.programs.suites import SPLITS
+from malloczero.env.solvers.registry import BASELINES, SOLVERS
+from malloczero.launch.flags import add_solver_flags, console, positive_int, solver_options
+
+if TYPE_CHECKING:  # The evaluation loads the whole agent stack: imported when the command runs.
+  from malloczero.env.programs.suites import Suite
+  from malloczero.system.baseline_cache import BaselineCache
+  from malloczero.system.evaluation import AgentUnderTest, SuiteEvaluation
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+  p = sub.add_parser("evaluate", help="run solvers and trained checkpoints on every entry of a "
+                     "suite; tables, CSV, JSON, Markdown and pictures")
+  p.add_argument("--suite", required=True, help="suite name (see 'malloczero suite list')")
+  p.add_argument("--checkpoint", nargs="+", metavar="DIR",
+                 help="training work directories (or their checkpoints) to evaluate as agents; "
+                 "several give a checkpoint-by-quality table")
+  p.add_argument("--solvers", default="msa,greedy,evo,cpsat",
+                 help="comma-separated baselines (default msa,greedy,evo,cpsat; msa always runs)")
+  p.add_argument("--simulations", type=positive_int,
+                 help="agents: search simulations per move (default: twice the run's evaluation "
+                 "search)")
+  p.add_argument("--attempts", type=positive_int, default=DEFAULT_ATTEMPTS,
+                 help=f"agents: trajectories per program, the first greedy (default "
+                 f"{DEFAULT_ATTEMPTS})")
+  p.add_argument("--batch-agents", action="store_true",
+                 help="agents: play all programs in one batch (faster; per-program solve times "
+                 "are then shares of the batch)")
+  p.add_argument("--split", default="all", choices=("all",) + SPLITS)
+  p.add_argument("--limit", type=positive_int, help="only the first N entries")
+  p.add_argument("--out", default="evaluation", help="output directory (default ./evaluation)")
+  p.add_argument("--no-cache", dest="cache", action="store_false",
+                 help="solve every baseline again rather than reuse the results kept in the "
+                 "user's cache (~/.cache/malloczero/baselines) for the same program, hardware, "
+                 "solver version and options")
+  add_solver_flags(p, BASELINES.values())
+  p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+  check_output_dir(args.out)  # First: before the imports, which load the whole agent stack.
+  solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
+  unknown = [s for s in solvers if s not in SOLVERS]
+  if unknown or (not solvers and not args.checkpoint):
+    raise MalloczeroError(f"unknown solver(s) {', '.join(unknown) or '(none given)'} in --solvers "
+                          f"(choose from {', '.join(SOLVERS)})")
+  for flag in ("simulations", "batch_agents"):
+    if getattr(args, flag) and not args.checkpoint:
+      raise MalloczeroError(f"--{flag.replace('_', '-')} needs --checkpoint DIR")
+  from malloczero.env.programs.suites import get_suite
+  from malloczero.launch.solvers import search_notice
+  from malloczero.system.baseline_cache import open_cache
+  from malloczero.system.evaluation import load_agents
+  from malloczero.system.report import write_report
+  suite = get_suite(args.suite).split(args.split)
+  if args.limit:
+    suite = dataclasses.replace(suite, entries=suite.entries[:args.limit])
+  # Checkpoints are loaded (and a bad one refused) before any solver runs.
+  agents = load_agents(args.checkpoint or [], args.simulations, args.attempts)
+  for a in agents:
+    search_notice(a.agent)
+  out = console()
+  for a in agents:
+    out.print(f"{a.label}: {a.agent.checkpoint} (learner step {a.agent.learner_steps}), "
+              f"{a.simulations} simulations, best of {a.attempts} trajectories per program")
+  title = f"malloczero evaluate: suite '{suite.name}' ({args.split}, {len(suite.entries)} entries)"
+  cache = open_cache(args.cache)
+  evaluation = run_evaluation(suite, solvers, agents,
+                              lambda s: solver_options(args, BASELINES[s]), out,
+                              batch_agents=args.batch_agents, seed=args.seed, cache=cache)
+  print_tables(evaluation, out, title)
+  if cache.directory is not None:
+    out.print(f"baselines: {cache.reused} result(s) reused from {cache.directory} (their solve "
+              f"times are those measured when solved), {cache.solved} solved; --no-cache "
+              "solves them all again")
+  for path in write_report(evaluation, args.out, title):
+    out.print(f"wrote {path}")
+  return 0
+
+
+def run_evaluation(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentUnderTest],
+                   options: Callable[[str], dict], console: Console, batch_agents: bool = False,
+                   seed: int = 0, cache: BaselineCache | None = None) -> SuiteEvaluation:
+  """`evaluate_suite` with a progress bar: one unit per (program, solver or agent). Where the
+  output is not a terminal (a log file), each finished unit is a line instead."""
+  from malloczero.system.evaluation import evaluate_suite
+  solver_count = len(set(solvers) | {"msa"})
+  total = len(suite.entries) * (solver_count + len(agents))
+  if not console.is_terminal:
+    done, started = [0], time.monotonic()
+
+    def log(description: str, advance: int) -> None:
+      if advance:
+        done[0] += advance
+        console.print(f"[{done[0]}/{total}, {time.monotonic() - started:.0f} s] {description}",
+                      highlight=False, soft_wrap=True)
+
+    return evaluate_suite(suite, solvers, agents, options, log, batch_agents, seed, cache)
+  with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), console=console, transient=False) as progress:
+    task = progress.add_task("evaluating", total=total)
+
+    def report(description: str, advance: int) -> None:
+      progress.update(task, description=description, advance=advance)
+
+    return evaluate_suite(suite, solvers, agents, options, report, batch_agents, seed, cache)
+
+
+def _rich_table(title: str, header: list[str], body: list[list[str]], first_wide: int = 0) -> Table:
+  table = Table(title=title)
+  for i, column in enumerate(header):
+    if i == 0:  # Never truncated: other columns wrap instead.
+      table.add_column(column, no_wrap=True, min_width=first_wide)
+    else:
+      table.add_column(column, justify="left" if column in ("split", "solver", "CP-SAT")
+                       else "right")
+  for line in body:
+    table.add_row(*line)
+  return table
+
+
+def print_tables(evaluation: SuiteEvaluation, console: Console, title: str) -> None:
+  from malloczero.system.report import cells, console_columns, quality_table, split_table
+  cols = console_columns(evaluation)
+  longest = max((len(r.entry) for r in evaluation.rows), default=5)
+  console.print(_rich_table(title, [h for h, _, _ in cols],
+                            [cells(cols, r) for r in evaluation.rows], longest))
+  console.print(_rich_table("summary per split (geomean speed-up over all-slow; wins / ties / "
+                            "losses against msa)", *split_table(evaluation)))
+  if len(evaluation.agents) > 1:
+    console.print(_rich_table("checkpoints by quality", *quality_table(evaluation)))

@@ -1,0 +1,172 @@
+"""What the commands share: the parser that errs in one line, flag types, the console, and the
+flags derived from the solver registry (env/solvers/registry.py).
+
+A flag type raises `argparse.ArgumentTypeError`, which the parser turns into one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from rich.console import Console
+
+from malloczero.common.errors import MalloczeroError
+from malloczero.env.hardware import PRESETS, Capacity, Hardware, describe_fast_levels
+from malloczero.env.solvers.registry import Solver, option_fields
+
+
+def console(stderr: bool = False) -> Console:
+  """Wide tables when output goes to a file or a pipe (rich would assume 80 columns)."""
+  stream = sys.stderr if stderr else sys.stdout
+  return Console(stderr=stderr, width=None if stream.isatty() else 240)
+
+
+class Parser(argparse.ArgumentParser):
+  def error(self, message: str) -> None:  # One line, exit 2, as argparse does, minus the usage dump.
+    sys.stderr.write(f"malloczero: error: {message} (see 'malloczero {self.prog.split()[-1]} --help')\n"
+                     if " " in self.prog else f"malloczero: error: {message}\n")
+    sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+  if value <= 0:
+    raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+  return value
+
+
+def name_value(text: str) -> tuple[str, str]:
+  name, sep, value = text.partition("=")
+  if not sep or not name or not value:
+    raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got '{text}'")
+  return name, value
+
+
+def capacity(text: str) -> Capacity:
+  """`BYTES` (the fast levels together) or `LEVEL=BYTES` (one fast level)."""
+  level, sep, value = text.rpartition("=")
+  if sep and not level:
+    raise argparse.ArgumentTypeError(f"expected BYTES or LEVEL=BYTES, got '{text}'")
+  return (level if sep else None), positive_int(value)
+
+
+# The seeds' consumers: numpy's default_rng takes no negative seed, CP-SAT's random_seed is an int32
+# and jax.random.PRNGKey an int64; derived seeds (seed + 7919 x actor) stay within the last two.
+MAX_SEED = 2**31 - 1
+
+
+def seed(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected an integer seed, got '{text}'") from None
+  if not 0 <= value <= MAX_SEED:
+    raise argparse.ArgumentTypeError(f"the seed must be between 0 and 2**31-1 ({MAX_SEED}), "
+                                     f"got {value}")
+  return value
+
+
+def _float_flag(text: str, expected: str, accept: Callable[[float], bool]) -> float:
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected {expected}, got '{text}'") from None
+  if not accept(value):
+    raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+  return value
+
+
+def positive_float(text: str) -> float:
+  return _float_flag(text, "a positive number", lambda value: value > 0)
+
+
+def non_negative_float(text: str) -> float:
+  return _float_flag(text, "a finite number >= 0", lambda value: 0.0 <= value < float("inf"))
+
+
+def fraction(text: str) -> float:
+  return _float_flag(text, "a fraction in [0, 1)", lambda value: 0.0 <= value < 1.0)
+
+
+# The registry's `check` names (env/solvers/registry.py CHECKS) as flag types.
+FLAG_TYPES: dict[str, Callable[[str], Any]] = {"positive": positive_float,
+                                               "positive_int": positive_int,
+                                               "fraction": fraction, "seed": seed, "path": str}
+
+CAPACITY_HELP = ("fast memory in bytes, overriding the hardware's: BYTES for the fast levels "
+                 "together, shared in the hardware's ratio (nnpi-like: 1/7 SRAM, 6/7 LLC), or "
+                 "LEVEL=BYTES for one level (repeatable)")
+HARDWARE_CHOICES = f"preset ({', '.join(PRESETS)}) or hardware JSON file"
+
+
+def add_capacity_flag(p: argparse.ArgumentParser, help_prefix: str = "",
+                      help_suffix: str = "") -> None:
+  p.add_argument("--capacity", type=capacity, action="append", metavar="[LEVEL=]BYTES",
+                 help=help_prefix + CAPACITY_HELP + help_suffix)
+
+
+def say_capacities(capacities: Optional[Sequence[Capacity]], hw: Hardware) -> None:
+  if capacities and hw.num_fast_levels > 1:
+    print(f"fast memory (--capacity): {describe_fast_levels(hw)}")
+
+
+def add_solver_flags(p: argparse.ArgumentParser, solvers: Iterable[Solver]) -> None:
+  """One flag per options field of `solvers` (a field several solvers share is one flag, with
+  one default), and `--msa-option` for those that take msa's options."""
+  solvers = list(solvers)
+  for name, users in option_fields(solvers).items():
+    field = users[0][1]
+    meta = field.metadata
+    who = ", ".join(solver.name for solver, _ in users)
+    p.add_argument(meta["flag"], dest=name, type=FLAG_TYPES[meta["check"]],
+                   default=field.default,
+                   metavar=meta["metavar"] or meta["flag"].lstrip("-").replace("-", "_").upper(),
+                   help=f"{who}: {meta['help']}" + (f" (default {meta['default_help']})"
+                                                    if meta["default_help"] else ""))
+  takers = [s.name for s in solvers if s.takes_msa_options]
+  if takers:
+    p.add_argument("--msa-option", type=name_value, action="append", metavar="NAME=VALUE",
+                   help=f"{', '.join(takers)}: one of msa's options (env/msa/algorithm.py "
+                   "MsaOptions, defaults XLA's), e.g. min_overlap_to_async_copy_ratio=0.8, "
+                   "max_outstanding_prefetches=2, picker=instruction_count, copy_budget=idle; "
+                   "repeatable")
+
+
+def solver_options(args: argparse.Namespace, solver: Solver) -> dict:
+  """The keyword options `solve` passes to `solver`, from the flags `add_solver_flags` made."""
+  return solver.make_options(vars(args), msa_options(getattr(args, "msa_option", None))
+                             if solver.takes_msa_options else None)
+
+
+def msa_options(pairs: Optional[Sequence[tuple[str, str]]]) -> dict:
+  """`--msa-option NAME=VALUE` pairs as `MsaOptions` fields, each value read as its field's type."""
+  from malloczero.env.msa.algorithm import MsaOptions
+  defaults = MsaOptions()
+  names = [f.name for f in dataclasses.fields(MsaOptions)]
+  options: dict = {}
+  for name, text in pairs or ():
+    if name not in names:
+      raise MalloczeroError(f"unknown --msa-option '{name}' (choose from {', '.join(names)})")
+    kind = type(getattr(defaults, name))
+    try:
+      if kind is bool:
+        if text.lower() not in ("true", "false"):
+          raise ValueError
+        value = text.lower() == "true"
+      else:
+        value = kind(text)
+    except ValueError:
+      wanted = {bool: "true or false", int: "an integer", float: "a number"}.get(kind, "a string")
+      raise MalloczeroError(f"--msa-option {name} needs {wanted}, got '{text}'") from None
+    options[name] = value
+  try:
+    MsaOptions(**options)
+  except ValueError as e:
+    raise MalloczeroError(f"--msa-option: {e}") from None
+  return options

@@ -1,0 +1,71 @@
+"""The trained agent and the portfolio as solvers, registered beside the baselines.
+
+They live at the top layer because they load a checkpoint (JAX, the networks); the baselines'
+registry (env/solvers/registry.py) imports nothing of the agent. `ALL_SOLVERS` is what `solve
+--solver` offers; both records share the baselines' `Solver` record and flag metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any, Optional
+
+from malloczero.common.errors import MalloczeroError
+from malloczero.configs.config import DEFAULT_ATTEMPTS
+from malloczero.env.hardware import Hardware
+from malloczero.env.solvers.registry import BASELINES, Solver, option, seed_option
+from malloczero.env.workload import Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentOptions:
+  checkpoint: Optional[str] = option(None, "--checkpoint", "a training work directory or its "
+                                     "checkpoint", "path", default_help="")
+  simulations: Optional[int] = option(None, "--simulations", "search simulations per move",
+                                      "positive_int",
+                                      default_help="twice the run's evaluation search")
+  attempts: int = option(DEFAULT_ATTEMPTS, "--attempts", "trajectories played, the first greedy; "
+                         "the best is kept", "positive_int")
+  seed: int = seed_option()
+
+
+def search_notice(agent: Any) -> None:
+  """A checkpoint without its run's config.json is played with the default search settings:
+  `solve` and `evaluate` both say so, in one line on stderr, rather than silently."""
+  notice = agent.search_notice()
+  if notice:
+    print(f"malloczero: notice: {notice}", file=sys.stderr)
+
+
+def _agent(workload: Workload, hardware: Hardware, checkpoint: Optional[str] = None,
+           simulations: Optional[int] = None, attempts: int = DEFAULT_ATTEMPTS,
+           seed: int = 0) -> Any:
+  """The checkpoint's networks with test-time search (actors/agent.py `solve_with_agent`)."""
+  if not checkpoint:  # Before JAX loads: a forgotten flag is refused at once.
+    raise MalloczeroError("this solver needs --checkpoint DIR (a training work directory or its "
+                          "checkpoint)")
+  from malloczero.actors.agent import load_agent, solve_with_agent
+  agent = load_agent(checkpoint)
+  search_notice(agent)
+  return solve_with_agent(agent, workload, hardware, simulations=simulations, attempts=attempts,
+                          seed=seed)
+
+
+def _portfolio(workload: Workload, hardware: Hardware, **options: Any) -> Any:
+  """The better of the agent's mapping and msa's: never slower than msa. The result's info keeps
+  both (`agent`, `msa`) and which won."""
+  from malloczero.env.solvers import solve
+  agent = _agent(workload, hardware, **options)
+  baseline = solve(workload, hardware, "msa")
+  agent_wins = agent.mapping.estimated_time_s <= baseline.mapping.estimated_time_s
+  winner = agent if agent_wins else baseline
+  return dataclasses.replace(winner, info=dict(winner.info, agent=agent, msa=baseline,
+                                               winner="agent" if agent_wins else "msa"))
+
+
+AGENT = Solver("agent", "agent", _agent, "the trained agent with test-time search", AgentOptions,
+               segments=True)
+PORTFOLIO = Solver("portfolio", "agent", _portfolio, "the better of the agent and msa",
+                   AgentOptions, segments=True)
+ALL_SOLVERS: dict[str, Solver] = {**BASELINES, AGENT.name: AGENT, PORTFOLIO.name: PORTFOLIO}
