@@ -27,7 +27,7 @@ def suite_games(suite: str, split: str = "train") -> list[GameSpec]:
   return [GameSpec(e.name, *e.load()) for e in get_suite(suite).split(split).entries]
 
 
-def run_games(config, split: str = "train") -> list[GameSpec]:
+def program_specs(config, split: str = "train") -> list[GameSpec]:
   """The programs of a training run (`configs.Config`) in `split`: its suite's (none when the
   suite is ""), plus its workload files (`train --workload`), which count as training programs."""
   specs = suite_games(config.suite, split) if config.suite else []

@@ -45,11 +45,11 @@ class SearchConfig:
   # max(their spread, this) before they shape the policy (mctx `qtransform_completed_by_mix_value`
   # `epsilon`; mctx's own is 1e-8). The learned value's mean error in `make train` runs is
   # 0.017-0.043 (learner `value_error`); with a floor of 0.02 the searches still turned that
-  # noise into moves (held-out 0.95x msa), with 0.1 they do not (issue 15, docs/results).
+  # noise into moves (held-out 0.95x msa), with 0.1 they do not (docs/results, ablations).
   q_spread_floor: float = 0.1
   # Evaluation searches (greedy play, the agent as a solver) add this to the root prior's logit
   # of msa's own move in the msa game (actors/search.py); 0 leaves the prior to the network.
-  # 2 was chosen on the training programs (issue 15, docs/results): there the trained network's
+  # 2 was chosen on the training programs (docs/results, ablations): there the trained network's
   # own departures from msa lost more than they won.
   eval_msa_prior_logit: float = 2.0
 

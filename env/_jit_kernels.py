@@ -1,8 +1,8 @@
 """Jitted (numba) kernels of the game's per-step work: the copy queue's total stall, a fast
 level's occupancy over a window, and the candidate rows of the msa game's observation.
 
-Why: the game steps thousands of times a second (issue 14 asks >= 5,000 with observation and
-contention); as numpy expressions these cost mostly numpy's per-call overhead on arrays of a
+Why: the game steps thousands of times a second (at least 5,000 with observation and
+contention, `malloczero bench`); as numpy expressions these cost mostly numpy's per-call overhead on arrays of a
 few to a few hundred entries. Loaded on first use (`kernels()` in env/simulator.py), so that
 `import malloczero` does not load numba; compiled on a machine's first use and read from
 numba's cache beside this file after that (`cache=True`). Flat arguments only: numba's dispatch

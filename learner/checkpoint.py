@@ -118,7 +118,7 @@ def checkpoint_configs(path: str) -> tuple[Any, Any]:
   from malloczero.env.game import GameConfig
   payload = _read(path)
   try:
-    # Checkpoints from before the msa game (issue 14) played requests and do not say so.
+    # Checkpoints written before the msa game existed played requests and do not say so.
     game = dict(payload["game_config"])
     game.setdefault("decisions", "requests")
     return NetworkConfig(**payload["network_config"]), GameConfig(**game)

@@ -12,22 +12,28 @@ notation), in the game's raw units (normalised time saved); networks scale it th
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Union
 
 import numpy as np
 from dm_env import specs
 
-from malloczero.env.game import GameConfig
-from malloczero.env.game import observation_spec
+from malloczero.env.game import GameConfig, observation_spec
+
+if TYPE_CHECKING:  # The learner's batches are JAX arrays; replay itself needs no JAX.
+  import jax
+
+# numpy where actors write and Reverb stores, JAX in the learner; leaves may carry leading
+# dimensions ([B], [B, L]) on top of the shapes below. A spec tree (`step_spec`) has the same type.
+Array = Union[np.ndarray, "jax.Array", specs.Array]
 
 
 class Step(NamedTuple):
-  observation: dict[str, Any]   # The game's observation at t (see env.game), leaves [..., *shape].
-  action: Any                   # int32 []: action taken at t.
-  reward: Any                   # float32 []: reward received for it.
-  policy: Any                   # float32 [A]: the search's action weights at t (policy target).
-  root_value: Any               # float32 []: the search's root value at t, raw return units.
-  valid: Any                    # float32 []: 1 for a state where an action was taken, else 0.
+  observation: dict[str, Array]  # The game's observation at t (see env.game), leaves [..., *shape].
+  action: Array                  # int32 []: action taken at t.
+  reward: Array                  # float32 []: reward received for it.
+  policy: Array                  # float32 [A]: the search's action weights at t (policy target).
+  root_value: Array              # float32 []: the search's root value at t, raw return units.
+  valid: Array                   # float32 []: 1 for a state where an action was taken, else 0.
 
 
 class Batch(NamedTuple):

@@ -18,7 +18,7 @@ import reverb
 from acme.utils import loggers
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult, OfferFn
-from malloczero.actors.games import GamePool, GameSpec, run_games
+from malloczero.actors.games import GamePool, GameSpec, program_specs
 from malloczero.actors.variable_client import VariableClient, VariableSource
 from malloczero.configs.config import ActorConfig, Config
 from malloczero.configs.workdir import WorkDir
@@ -113,7 +113,7 @@ def make_actor(networks: MuZeroNetworks, config: Config, replay: reverb.Client,
   """The batched self-play actor on the suite's train programs, writing into replay; a replay
   write blocked by the rate limiter gives up once `should_stop()`. With `offer` (the learner's
   `offer_demonstration`), games faster than the best known are offered as demonstrations."""
-  pool = GamePool(run_games(config, "train"), config.game, config.actor.num_games,
+  pool = GamePool(program_specs(config, "train"), config.game, config.actor.num_games,
                   seed=seed)
   writer = SequenceWriter(replay, config, config.actor.num_games, should_stop=should_stop)
   return BatchedActor(networks, config, pool, variables, writer, seed=seed, on_episode=on_episode,

@@ -327,7 +327,7 @@ class LearnerNode:
   def __init__(self, config: Config, context: NodeContext, replay: reverb.Client, counter: Any,
                max_steps: int):
     start_node(context, "learner")
-    from malloczero.actors.games import run_games
+    from malloczero.actors.games import program_specs
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_learner, make_sampler
     self._config, self._context = config, context
@@ -337,7 +337,7 @@ class LearnerNode:
     self._sampler = make_sampler(replay.server_address, config)
     self._learner = make_learner(make_networks(config.network, config.game), config,
                                  self._sampler, context.files,
-                                 run_games(config, "train"))
+                                 program_specs(config, "train"))
     if self._learner.num_steps:
       from malloczero.learner.checkpoint import params_digest
       say("learner", f"resumed at step {self._learner.num_steps}, parameters "
@@ -469,15 +469,15 @@ class EvaluatorNode:
     self._learner, self._counter = learner, counter
 
   def run(self) -> None:
-    from malloczero.actors.games import run_games
+    from malloczero.actors.games import program_specs
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_evaluator
     from malloczero.system.training import Stopwatch
     config = self._config
     split = "heldout" if config.distributed.heldout_only_evaluator else "train"
-    specs = run_games(config, split)
+    specs = program_specs(config, split)
     if not specs:  # `train --workload` alone: its programs are all training programs.
-      split, specs = "train", run_games(config, "train")
+      split, specs = "train", program_specs(config, "train")
     networks = make_networks(config.network, config.game)
     curve = make_evaluator(networks, config, self._context.files, {split: specs},
                            offer=self._learner.offer_demonstration)

@@ -503,9 +503,9 @@ def _msa_geomeans(config: Config, workdir: str,
                   print_fn: Callable[[str], None]) -> dict[str, float]:
   """Computes (and caches in the work directory) the baseline speed-ups of every program before
   the nodes need them; returns msa's geomean per split for the summary line."""
-  from malloczero.actors.games import run_games
+  from malloczero.actors.games import program_specs
   from malloczero.system.evaluation import geomean
-  specs = {split: run_games(config, split) for split in ("train", "heldout")}
+  specs = {split: program_specs(config, split) for split in ("train", "heldout")}
   if not os.path.exists(WorkDir(workdir).baselines):
     print_fn(f"computing baselines (msa, greedy, bestfit, random) on "
              f"{sum(map(len, specs.values()))} programs")

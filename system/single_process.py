@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import reverb
 
-from malloczero.actors.games import run_games
+from malloczero.actors.games import program_specs
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.learner.networks import make_networks
@@ -66,8 +66,8 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
   save_config(config, workdir)
   files = WorkDir(workdir)
   networks = make_networks(config.network, config.game)
-  train_specs = run_games(config, "train")
-  heldout_specs = run_games(config, "heldout")
+  train_specs = program_specs(config, "train")
+  heldout_specs = program_specs(config, "heldout")
 
   server = builder.make_replay_server(config)
   address = f"localhost:{server.port}"
