@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 from malloczero.common.errors import WorkloadError
 from malloczero.env.game import MallocGame
 from malloczero.env.hardware import PRESETS
-from malloczero.env.programs import hlo_import
 from malloczero.env.programs.hlo_import import (SMALL_CONSTANT_BYTES, import_hlo_text,
                                                 workload_from_hlo_text, workload_from_jax)
+from malloczero.env.programs.hlo_import.convert import convert_module
+from malloczero.env.programs.hlo_import.from_text import parse_module
+from malloczero.env.programs.hlo_import.notes import Notes
 from malloczero.env.programs.synthetic import contended
 from malloczero.env.workload import Workload, load_workload, save_workload
 
@@ -386,12 +388,12 @@ def test_imported_workloads_play_in_the_game(request, case):
 
 def _both_parsers(text, name="m"):
   """The workload from XLA's parser (with its notes) and from the hand-written fallback."""
-  notes = hlo_import._Notes()
-  primary = hlo_import._parse(text, name, notes)
-  fallback = hlo_import._parse(text, name, hlo_import._Notes(), use_xla=False)
+  notes = Notes()
+  primary = parse_module(text, name, notes)
+  fallback = parse_module(text, name, Notes(), use_xla=False)
   assert primary.parser == "xla" and fallback.parser == "text"
-  return (hlo_import._convert(primary, name, "xla-hlo", notes),
-          hlo_import._convert(fallback, name, "xla-hlo", notes), notes.all())
+  return (convert_module(primary, name, "xla-hlo", notes),
+          convert_module(fallback, name, "xla-hlo", notes), notes.all())
 
 
 @pytest.mark.parametrize("case", ["mlp_step", "cnn_forward"])
@@ -451,9 +453,9 @@ def test_hlo_pb2_is_read_without_importing_tensorflow():
   (about 0.03 s) does not run `tensorflow/__init__.py` (about 1.8 s)."""
   import subprocess
   import sys
-  code = ("import sys, time; from malloczero.env.programs import hlo_import as h; "
+  code = ("import sys, time; from malloczero.env.programs.hlo_import import xla_proto as h; "
           "heavy = lambda: sorted(m for m in ('tensorflow', 'jax', 'jaxlib') if m in sys.modules); "
-          "print(heavy()); t = time.perf_counter(); h._hlo_module_proto(); "
+          "print(heavy()); t = time.perf_counter(); h.hlo_module_proto(); "
           "print(time.perf_counter() - t); print(heavy())")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   before, seconds, after = out.stdout.splitlines()
