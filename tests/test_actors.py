@@ -112,6 +112,7 @@ def check_search_output(output, legal: np.ndarray) -> None:
 
 # ------------------------------------------------------------------------------ search
 
+@pytest.mark.slow  # Compiles the search or the learner step.
 def test_search_shapes_legality_and_policy_targets(params, observations):
   legal = observations["legal_actions"]
   search = make_search_fn(NETWORKS, CONFIG.search)
@@ -128,6 +129,7 @@ def test_search_shapes_legality_and_policy_targets(params, observations):
   assert any(len(moves) > 1 for moves in per_row.values())
 
 
+@pytest.mark.slow  # Compiles the search or the learner step.
 def test_evaluation_search_is_deterministic_and_legal(params, observations):
   legal = observations["legal_actions"]
   search = make_search_fn(NETWORKS, CONFIG.search, evaluation=True)
@@ -142,6 +144,7 @@ def test_evaluation_search_is_deterministic_and_legal(params, observations):
       np.testing.assert_array_equal(output.root_value, outputs[0].root_value)
 
 
+@pytest.mark.slow  # Compiles the search or the learner step.
 def test_evaluation_msa_prior_plays_msa_when_large_and_training_search_ignores_it(params):
   """A large `eval_msa_prior_logit` makes greedy play msa's own mapping on every tiny program;
   the mask it adds is msa's move; training searches are unchanged by it."""
@@ -293,6 +296,7 @@ def played(params):
               updates_after_warmup=updates_after_warmup, source=source, offers=offers)
 
 
+@pytest.mark.slow  # Compiles the search or the learner step.
 def test_actor_does_not_recompile_across_episodes_and_parameter_updates(played):
   assert played["traces_after_warmup"] == 1
   assert len(played["traces"]) == 1, "the search was traced again"
@@ -306,6 +310,7 @@ def test_actor_does_not_recompile_across_episodes_and_parameter_updates(played):
   assert isinstance(variables.last_error, ConnectionError)
 
 
+@pytest.mark.slow  # Compiles the search or the learner step.
 def test_actor_writes_one_item_per_step_and_reports_true_episode_results(played):
   actor, writer, results = played["actor"], played["writer"], played["results"]
   assert all(isinstance(r, EpisodeResult) for r in results)
@@ -340,6 +345,7 @@ def test_actor_writes_one_item_per_step_and_reports_true_episode_results(played)
                                                             mapping).speedup, rel=1e-6)
 
 
+@pytest.mark.slow  # Compiles the search or the learner step.
 def test_actor_offers_exactly_the_games_that_beat_the_best_known(played):
   """Each program's first game, then each game faster than every earlier one of its program, is
   offered with its own moves and return (the fake learner keeps everything it is offered)."""
@@ -486,6 +492,7 @@ def test_play_programs_keeps_each_programs_fastest_attempt(params):
     play_programs(NETWORKS, params, search, CONFIG.game, specs, attempts=0)
 
 
+@pytest.mark.slow  # Compiles the search or the learner step.
 def test_greedy_play_does_not_depend_on_the_batch_it_shares_as_games_finish(params):
   """The msa game's episodes differ in length, so the batch shrinks as games end
   (`_batch_size`): each program's greedy trajectory is the one it gets when played alone."""

@@ -169,6 +169,7 @@ def test_samples_are_windows_of_the_demonstrations(demonstrations):
   assert empty.valid.shape == (4, L) and not empty.valid.any() and not weights.any()
 
 
+@pytest.mark.slow  # Compiles the search or the learner step.
 def test_demonstration_items_bootstrap_from_their_exact_returns():
   """With the target network predicting 0, a replay item's z_0 is its n-step reward sum and a
   demonstration item's adds the stored return to go at step n."""
@@ -186,6 +187,7 @@ def test_demonstration_items_bootstrap_from_their_exact_returns():
   np.testing.assert_allclose(priorities, expected + PRIORITY_EPSILON, atol=1e-4)
 
 
+@pytest.mark.slow  # Compiles the search or the learner step.
 def test_learner_mixes_demonstrations_into_batches_and_checkpoints_them(tmp_path, demonstrations):
   config = dataclasses.replace(CONFIG, learner=dataclasses.replace(
       CONFIG.learner, batch_size=16, demonstration_fraction=0.25))
