@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import csv
 import dataclasses
 import functools
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any, Callable, Iterator, Optional
 
 import launchpad as lp
@@ -44,6 +41,7 @@ from malloczero.configs.workdir import WorkDir
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.units import human_bytes
 from malloczero.system.guards import ProcessId, WorkDirLock
+from malloczero.system.monitor import Monitor, RunSample, final_counts, watch
 from malloczero.system.nodes import (NODE_GROUP_ENV, NODE_OUTPUT_ENV, NODE_WORKDIR_ENV, ActorNode,
                                      EvaluatorNode,
                                      LearnerNode, NodeContext, PersistentCounter, ReplayNode,
@@ -52,8 +50,6 @@ from malloczero.system.nodes import (NODE_GROUP_ENV, NODE_OUTPUT_ENV, NODE_WORKD
 from malloczero.system.training import baseline_speedups, check_workdir, save_config
 
 LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
-# Nodes without which training cannot go on: the program is stopped when one of them dies.
-ESSENTIAL_NODES = ("replay", "counter", "learner")
 COUNTER_CALL_TIMEOUT_S = 5
 LEARNER_CALL_TIMEOUT_S = 20
 
@@ -93,19 +89,6 @@ def build_program(config: Config, context: NodeContext, num_actors: int,
 
 
 @dataclasses.dataclass
-class RunSample:
-  """One look at the running program, taken by the launcher every summary period."""
-  elapsed_s: float
-  learner_steps: int
-  actor_moves: int
-  episodes: int
-  replay_items: int
-  inserts: int        # Items inserted into replay since the server started.
-  samples: int        # Items sampled from replay since the server started.
-  live_actors: int
-
-
-@dataclasses.dataclass
 class DistributedResult:
   status: str                 # "finished", "time limit", "interrupted" or "failed"
   learner_steps: int
@@ -141,136 +124,6 @@ class DistributedResult:
              (files.tensorboard, "TensorBoard events"),
              (files.best, "the fastest mapping found per training program")]
     return [(path, what) for path, what in found if os.path.exists(path)]
-
-
-class _Monitor:
-  """The launcher's view of a running program: counters, replay statistics, live nodes."""
-
-  def __init__(self, program: lp.Program, launch: str, workdir: str, num_actors: int,
-               start_step: int = 0):
-    import courier
-    import reverb
-    self._counter = courier.Client(
-        program.groups["counter"][0].courier_address.resolve(), call_timeout=5)
-    self._replay = reverb.Client(program.groups["replay"][0].reverb_address.resolve())
-    self._launch = launch
-    self._workdir = workdir
-    self._num_actors = num_actors
-    self._processes: dict[str, Any] = {}
-    self.gone: set[str] = set()
-    self.samples: list[RunSample] = []
-    self.elapsed = 0.0
-    # While the counter or replay is starting (or stopping) they do not answer: the last answers
-    # stand in, so the summary shows neither zeros (negative rates) nor a resumed run at step 0.
-    self.start_step = start_step
-    self._last_counts: dict[str, float] = {}
-    self._last_replay = (0, 0, 0)
-
-  def find_processes(self) -> None:
-    """Node name (e.g. 'actor_1') -> process, from the launcher's children (local_mp)."""
-    for child in psutil.Process().children(recursive=True):
-      try:
-        cmdline = child.cmdline()
-      except psutil.Error:
-        continue
-      # Launchpad runs each node as: decorate_output COLOUR LABEL/INDEX python process_entry.py
-      if len(cmdline) > 3 and cmdline[1].endswith("decorate_output"):
-        self._processes[node_name(cmdline[3])] = child
-
-  def newly_gone(self) -> list[str]:
-    names = []
-    for name, process in self._processes.items():
-      if name in self.gone:
-        continue
-      try:
-        alive = process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-      except psutil.Error:
-        alive = False
-      if not alive:
-        self.gone.add(name)
-        names.append(name)
-    return names
-
-  def counts(self) -> dict[str, float]:
-    try:
-      return dict(self._counter.get_counts())
-    except Exception:  # pylint: disable=broad-except  # Starting or stopping.
-      return {}
-
-  def replay_stats(self) -> tuple[int, int, int]:
-    from malloczero.replay.tables import TABLE_NAME
-    try:
-      info = self._replay.server_info(timeout=2)[TABLE_NAME]
-    except Exception:  # pylint: disable=broad-except
-      return 0, 0, 0
-    limiter = info.rate_limiter_info
-    return (int(info.current_size), int(limiter.insert_stats.completed),
-            int(limiter.sample_stats.completed))
-
-  @property
-  def num_found(self) -> int:
-    return len(self._processes)
-
-  def live_actors(self) -> int:
-    if self._launch == "local_mp" and self._processes:
-      return sum(1 for i in range(self._num_actors) if f"actor_{i}" not in self.gone)
-    return self._num_actors
-
-  def sample(self, elapsed_s: float) -> RunSample:
-    counts = self.counts() or self._last_counts
-    self._last_counts = counts
-    replay = self.replay_stats()
-    self._last_replay = replay = replay if any(replay) else self._last_replay
-    items, inserts, samples = replay
-    # Until the learner has told the counter its restored step, the checkpoint's step stands.
-    learner_steps = max(int(counts.get("learner_steps", 0)), self.start_step)
-    return RunSample(elapsed_s, learner_steps,
-                     int(counts.get("actor_moves", 0)), int(counts.get("actor_episodes", 0)),
-                     items, inserts, samples, self.live_actors())
-
-  def last_evaluation(self) -> Optional[dict[str, str]]:
-    path = WorkDir(self._workdir).learning_curve_csv
-    if not os.path.exists(path):
-      return None
-    with open(path, encoding="utf-8") as f:
-      rows = list(csv.DictReader(f))
-    return rows[-1] if rows else None
-
-
-def node_name(title: str) -> str:
-  """Launchpad's 'actor/1' -> 'actor_1' (the name in logs and messages)."""
-  return title.replace("/", "_")
-
-
-def _summary_line(sample: RunSample, previous: Optional[RunSample], max_steps: int,
-                  num_actors: int, evaluation: Optional[dict[str, str]],
-                  msa: dict[str, float], min_replay_items: int = 0, start_step: int = 0) -> str:
-  """One line per summary period; rates over the period, never negative, and no samples/insert
-  before there is a period with inserts to divide by."""
-  def rate(field: str) -> float:
-    if previous is None or sample.elapsed_s <= previous.elapsed_s:
-      return 0.0
-    change = getattr(sample, field) - getattr(previous, field)
-    return max(0.0, change / (sample.elapsed_s - previous.elapsed_s))
-  learner = f"learner {sample.learner_steps}/{max_steps}"
-  if sample.learner_steps <= start_step and sample.replay_items < min_replay_items:
-    learner += f" (waiting for replay: {sample.replay_items:,}/{min_replay_items:,} items)"
-  elif sample.learner_steps <= start_step and rate("learner_steps") == 0.0:
-    learner += " (starting: replay is ready, the learner compiles its update)"
-  else:
-    learner += f" ({rate('learner_steps'):.1f}/s)"
-  line = (f"[{sample.elapsed_s:5.0f} s] {learner} | actors {sample.live_actors}/{num_actors}: "
-          f"{sample.actor_moves:,} moves ({rate('actor_moves'):,.0f}/s), "
-          f"{sample.episodes} games | replay {sample.replay_items:,} items")
-  if previous is not None and sample.inserts > previous.inserts and \
-      sample.samples >= previous.samples:
-    line += (f", samples/insert "
-             f"{(sample.samples - previous.samples) / (sample.inserts - previous.inserts):.2f}")
-  if evaluation is not None:
-    split = evaluation["split"]
-    line += (f" | eval @{evaluation['learner_steps']} {split} "
-             f"{float(evaluation['geomean_speedup']):.3f}x (msa {msa.get(split, float('nan')):.3f}x)")
-  return line
 
 
 def _say_the_stop_countdown_once(print_fn: Callable[[str], None]) -> None:
@@ -363,11 +216,6 @@ def _local_resources(program: lp.Program, context: NodeContext) -> dict[str, Any
   if context.output_to_files:
     env[NODE_OUTPUT_ENV] = "files"
   return {label: PythonProcess(env={**env, NODE_GROUP_ENV: label}) for label in program.groups}
-
-
-def _stop_program() -> None:
-  """What lp.stop() does from a node: SIGTERM to the launcher, whose worker manager handles it."""
-  os.kill(os.getpid(), signal.SIGTERM)
 
 
 # Local actors beyond this many per CPU core only slow each other (each one searches flat out)
@@ -469,8 +317,8 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
     manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_THREADING)
   print_fn(f"launched {launch}: replay, counter, learner, {num_actors} actor(s), evaluator, "
            f"limiter; learner steps {start_step or 0} -> {max_steps}")
-  monitor = _Monitor(program, launch, workdir, num_actors, start_step=start_step or 0)
-  status, failure = _watch(manager, monitor, config, launch, num_actors, max_steps, max_seconds,
+  monitor = Monitor(program, launch, workdir, num_actors, start_step=start_step or 0)
+  status, failure = watch(manager, monitor, config, launch, num_actors, max_steps, max_seconds,
                            msa, print_fn)
   manager.wait(raise_error=False)
   from malloczero.learner.checkpoint import checkpoint_steps
@@ -480,7 +328,7 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
     steps = 0
   if steps:
     align_counter_file(files, steps)
-  final = monitor_final_counts(workdir)
+  final = final_counts(workdir)
   if status == "running":
     status = "finished" if steps >= max_steps else "interrupted"
   result = DistributedResult(status, steps, start_step or 0, int(final.get("actor_moves", 0)),
@@ -492,11 +340,6 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
     from malloczero.system.report import write_final_report
     result.report = write_final_report(config, workdir, print_fn)
   return result
-
-
-def monitor_final_counts(workdir: str) -> dict[str, float]:
-  counts, _ = read_counts(WorkDir(workdir).counter)
-  return counts or {}
 
 
 def _msa_geomeans(config: Config, workdir: str,
@@ -513,64 +356,3 @@ def _msa_geomeans(config: Config, workdir: str,
   return {split: geomean([baselines["msa"][s.name] for s in v]) for split, v in specs.items() if v}
 
 
-def _watch(manager: Any, monitor: _Monitor, config: Config, launch: str, num_actors: int,
-           max_steps: int, max_seconds: Optional[float], msa: dict[str, float],
-           print_fn: Callable[[str], None]) -> tuple[str, Optional[str]]:
-  """Prints a summary every few seconds until the program stops; returns why it stopped
-  ('running' when it stopped by itself or by a signal) and, when it failed, the failure."""
-  start = time.monotonic()
-  status, failure = "running", None
-  previous: Optional[RunSample] = None
-  last_summary = start
-  found_at = start + 3.0  # The node processes exist a moment after launch.
-  stopping = False
-  reached_at: Optional[float] = None
-  while not manager.wait_for_stop(1.0):
-    now = time.monotonic()
-    monitor.elapsed = now - start
-    if launch == "local_mp" and now >= found_at and found_at > 0:
-      monitor.find_processes()
-      found_at = 0.0 if monitor.num_found >= num_actors + 5 else now + 2.0
-    if launch == "local_mt":
-      try:
-        manager.check_for_thread_worker_exception()
-      except Exception as e:  # pylint: disable=broad-except
-        status, failure = "failed", f"a node raised {type(e).__name__}: {e}"
-        print_fn(f"failed: {failure}; stopping the program (checkpoints are kept)")
-        _stop_program()
-        stopping = True
-    for name in monitor.newly_gone():
-      if stopping:
-        continue
-      if name.rsplit("_", 1)[0] in ESSENTIAL_NODES:
-        status, failure = "failed", f"the {name.rsplit('_', 1)[0]} node exited"
-        print_fn(f"failed: {failure}; stopping the program (the last checkpoint is kept)")
-        _stop_program()
-        stopping = True
-      elif name.startswith("actor"):
-        live = monitor.live_actors()
-        print_fn(f"{name} exited; training continues with {live} of {num_actors} actors"
-                 if live else f"{name} exited; no actors left, the learner waits for data")
-      else:
-        print_fn(f"{name} exited; training continues without it")
-    if max_seconds is not None and monitor.elapsed > max_seconds and not stopping:
-      status = "time limit"
-      print_fn(f"time limit of {max_seconds:.0f} s reached: stopping the program")
-      _stop_program()
-      stopping = True
-    if now - last_summary >= config.distributed.summary_every_s and not stopping:
-      # Not while stopping: the counter and replay go away and would read as zeros.
-      sample = monitor.sample(monitor.elapsed)
-      monitor.samples.append(sample)
-      print_fn(_summary_line(sample, previous, max_steps, num_actors,
-                             monitor.last_evaluation(), msa, config.replay.min_size_to_sample,
-                             monitor.start_step))
-      previous, last_summary = sample, now
-      if sample.learner_steps >= max_steps and reached_at is None:
-        reached_at = now
-    if reached_at is not None and now - reached_at > 15.0 and not stopping:
-      # The limiter node stops the program at max_steps; this covers a limiter that died.
-      _stop_program()
-      stopping = True
-  monitor.elapsed = time.monotonic() - start
-  return status, failure

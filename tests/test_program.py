@@ -21,7 +21,8 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.env.programs.suites import get_suite
 from malloczero.learner.checkpoint import checkpoint_steps, load_params, params_digest
 from malloczero.system.nodes import NodeContext
-from malloczero.system.program import build_program, check_workdir, node_name
+from malloczero.system.monitor import node_name
+from malloczero.system.program import build_program, check_workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_TIMEOUT_S = 420
@@ -311,26 +312,26 @@ def test_check_workdir_refuses_a_corrupt_config_in_one_line(tmp_path, text):
 
 
 def test_summary_line_names_the_replay_wait_and_has_no_nan_or_negative_rates():
-  from malloczero.system.program import RunSample, _summary_line
+  from malloczero.system.monitor import RunSample, summary_line
   first = RunSample(3.0, 0, 0, 0, 0, 0, 0, 2)
-  line = _summary_line(first, None, 400, 2, None, {}, min_replay_items=1000)
+  line = summary_line(first, None, 400, 2, None, {}, min_replay_items=1000)
   assert "learner 0/400 (waiting for replay: 0/1,000 items)" in line
   assert "nan" not in line and "samples/insert" not in line
   filling = RunSample(6.0, 0, 640, 4, 640, 640, 0, 2)
-  assert "(waiting for replay: 640/1,000 items)" in _summary_line(filling, first, 400, 2, None, {},
+  assert "(waiting for replay: 640/1,000 items)" in summary_line(filling, first, 400, 2, None, {},
                                                                   min_replay_items=1000)
   ready = RunSample(9.0, 0, 1200, 8, 1200, 1200, 0, 2)
-  assert "(starting: replay is ready" in _summary_line(ready, filling, 400, 2, None, {}, 1000)
+  assert "(starting: replay is ready" in summary_line(ready, filling, 400, 2, None, {}, 1000)
   stepping = RunSample(12.0, 30, 1500, 9, 1500, 1500, 960, 2)
-  line = _summary_line(stepping, ready, 400, 2, None, {}, 1000)
+  line = summary_line(stepping, ready, 400, 2, None, {}, 1000)
   assert "learner 30/400 (10.0/s)" in line and "samples/insert 3.20" in line
   # Counts that went backwards (a counter read while stopping) never show as negative rates.
   stopping = RunSample(15.0, 0, 0, 0, 0, 0, 0, 2)
-  line = _summary_line(stopping, stepping, 400, 2, None, {}, 1000)
+  line = summary_line(stopping, stepping, 400, 2, None, {}, 1000)
   assert not re.search(r"-\d", line) and "nan" not in line
   # A resumed run at step 600 is not 'waiting' on a restored table and shows its step.
   resumed = RunSample(3.0, 600, 0, 0, 5000, 0, 0, 2)
-  assert "learner 600/2000 (starting" in _summary_line(resumed, None, 2000, 2, None, {}, 1000, 600)
+  assert "learner 600/2000 (starting" in summary_line(resumed, None, 2000, 2, None, {}, 1000, 600)
 
 
 def test_counter_file_is_aligned_with_the_checkpoint_step(tmp_path):

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_dir
@@ -22,6 +21,7 @@ from malloczero.configs.config import DEFAULT_ATTEMPTS
 from malloczero.env.programs.suites import SPLITS
 from malloczero.env.solvers.registry import BASELINES, SOLVERS
 from malloczero.launch.flags import add_solver_flags, console, positive_int, solver_options
+from malloczero.launch.tables import print_evaluation_tables
 
 if TYPE_CHECKING:  # The evaluation loads the whole agent stack: imported when the command runs.
   from malloczero.env.programs.suites import Suite
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
   evaluation = run_evaluation(suite, solvers, agents,
                               lambda s: solver_options(args, BASELINES[s]), out,
                               batch_agents=args.batch_agents, seed=args.seed, cache=cache)
-  print_tables(evaluation, out, title)
+  print_evaluation_tables(evaluation, out, title)
   if cache.directory is not None:
     out.print(f"baselines: {cache.reused} result(s) reused from {cache.directory} (their solve "
               f"times are those measured when solved), {cache.solved} solved; --no-cache "
@@ -126,27 +126,3 @@ def run_evaluation(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
 
     return evaluate_suite(suite, solvers, agents, options, report, batch_agents, seed, cache)
 
-
-def _rich_table(title: str, header: list[str], body: list[list[str]], first_wide: int = 0) -> Table:
-  table = Table(title=title)
-  for i, column in enumerate(header):
-    if i == 0:  # Never truncated: other columns wrap instead.
-      table.add_column(column, no_wrap=True, min_width=first_wide)
-    else:
-      table.add_column(column, justify="left" if column in ("split", "solver", "CP-SAT")
-                       else "right")
-  for line in body:
-    table.add_row(*line)
-  return table
-
-
-def print_tables(evaluation: SuiteEvaluation, console: Console, title: str) -> None:
-  from malloczero.system.report import cells, console_columns, quality_table, split_table
-  cols = console_columns(evaluation)
-  longest = max((len(r.entry) for r in evaluation.rows), default=5)
-  console.print(_rich_table(title, [h for h, _, _ in cols],
-                            [cells(cols, r) for r in evaluation.rows], longest))
-  console.print(_rich_table("summary per split (geomean speed-up over all-slow; wins / ties / "
-                            "losses against msa)", *split_table(evaluation)))
-  if len(evaluation.agents) > 1:
-    console.print(_rich_table("checkpoints by quality", *quality_table(evaluation)))

@@ -9,7 +9,6 @@ import os
 import sys
 
 from rich.console import Console
-from rich.table import Table
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_dir
@@ -19,6 +18,7 @@ from malloczero.env.workload import load_workload
 from malloczero.launch.flags import (HARDWARE_CHOICES, add_capacity_flag, console, fraction,
                                      non_negative_float, positive_float, positive_int,
                                      say_capacities, seed)
+from malloczero.launch.tables import final_evaluation_table, learning_curve_table
 
 LAUNCHES = ("local_mp", "local_mt", "vertex_ai", "single")
 DEFAULT_CONFIG = "small"
@@ -155,18 +155,7 @@ def _train_single(config, args: argparse.Namespace, workdir: str) -> int:
   result = train_single_process(config, workdir, max_learner_steps=args.max_steps,
                                 max_seconds=args.max_seconds, eval_every_steps=args.eval_every,
                                 print_fn=None if args.quiet else flushing_print(out))
-  table = Table(title=f"learning curve (greedy search, {config.search.eval_num_simulations} "
-                "simulations): geomean speed-up over all-slow")
-  baselines = list(next(iter(result.baselines.values())))
-  for column in ("learner steps", "elapsed", "split", "muzero", *baselines, "beats msa"):
-    table.add_column(column, justify="left" if column == "split" else "right")
-  for row in result.curve:
-    split = row["split"]
-    table.add_row(str(row["learner_steps"]), f"{float(row['elapsed_s']):.0f} s", split,
-                  f"{float(row['geomean_speedup']):.3f}x",
-                  *(f"{result.baselines[split][b]:.3f}x" for b in baselines),
-                  f"{row['beats_msa']}/{row['programs']}")
-  out.print(table)
+  out.print(learning_curve_table(result, config))
   out.print(f"{result.learner_steps} learner steps, {result.actor_steps} actor steps, "
             f"{result.episodes} episodes in {result.elapsed_s:.0f} s")
   files = WorkDir(workdir)
@@ -201,7 +190,7 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
             f"{result.actor_moves:,} actor moves, {result.episodes:,} games in "
             f"{result.elapsed_s:.0f} s")
   if result.report is not None:
-    out.print(_final_table(result))
+    out.print(final_evaluation_table(result))
   for path, what in result.outputs():
     out.print(f"  {what}: {path}")
   files = WorkDir(result.workdir)
@@ -219,14 +208,3 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
           "to resume", file=sys.stderr)
   return result.exit_status
 
-
-def _final_table(result) -> Table:
-  from malloczero.system.report import summary_rows
-  from malloczero.system.training import BASELINES
-  table = Table(title=f"final evaluation at learner step {result.learner_steps}: geomean "
-                "speed-up over all-slow")
-  for column in ("split", "programs", "agent", *BASELINES, "agent vs msa", "wins/ties/losses"):
-    table.add_column(column, justify="left" if column == "split" else "right")
-  for line in summary_rows(result.report, baselines=BASELINES):
-    table.add_row(*line)
-  return table
