@@ -23,8 +23,9 @@ from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware
 from malloczero.env.solvers import SolveResult
 from malloczero.env.workload import Workload
-from malloczero.learner.checkpoint import (CHECKPOINT_FILENAME, check_params_fit, checkpoint_configs,
-                             checkpoint_steps, load_params)
+from malloczero.learner.checkpoint import (CHECKPOINT_FILENAME, check_params_fit,
+                                           checkpoint_configs, checkpoint_steps, load_params,
+                                           refuse_legacy)
 from malloczero.learner.networks import MuZeroNetworks, Params, make_networks
 
 
@@ -63,8 +64,10 @@ def find_checkpoint(path: str) -> str:
                     os.path.join(path, CHECKPOINT_FILENAME), path):
     if os.path.isfile(candidate):
       return candidate
+  for place in (WorkDir(path).checkpoints, path):  # An older, pickled checkpoint: never read.
+    refuse_legacy(place)
   raise MalloczeroError(f"no learner checkpoint at '{path}' (give a training work directory, "
-                        "its checkpoints/ folder or a learner_state.pkl file)")
+                        f"its checkpoints/ folder or a {CHECKPOINT_FILENAME} file)")
 
 
 def load_agent(path: str) -> Agent:

@@ -7,7 +7,8 @@ only place its names are spelt. It lives beside the configs because every layer 
   config.json                      the Config the run was started with
   train.lock                       held (flock) by the training launcher; holds its pid
   nodes.lock                       held shared by each local_mp node process while it runs
-  checkpoints/learner_state.pkl    parameters, optimiser state, step (restored on restart)
+  checkpoints/learner_state.npz    parameters, optimiser state, step (restored on restart):
+                                   arrays and JSON metadata, never a pickle
   checkpoints/replay/              Reverb's checkpoints of the replay table (distributed runs)
   checkpoints/counter.json         the counter node's counts (distributed runs)
   baselines.json                   msa / greedy / bestfit / random speed-ups of the programs, with
@@ -30,7 +31,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-CHECKPOINT_FILENAME = "learner_state.pkl"
+CHECKPOINT_FILENAME = "learner_state.npz"
+# The older checkpoint format (a pickle): refused when read, converted on request.
+LEGACY_CHECKPOINT_FILENAME = "learner_state.pkl"
 REPORT_STEM = "report"
 
 
@@ -41,7 +44,7 @@ class WorkDir:
 
   @classmethod
   def of_checkpoint(cls, checkpoint_file: str) -> WorkDir:
-    """The work directory of `.../RUN/checkpoints/learner_state.pkl`."""
+    """The work directory of `.../RUN/checkpoints/learner_state.npz`."""
     return cls(os.path.dirname(os.path.dirname(os.path.abspath(checkpoint_file))))
 
   def _path(self, *parts: str) -> str:

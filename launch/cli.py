@@ -11,13 +11,14 @@ import sys
 from typing import Sequence
 
 from malloczero.common.errors import MalloczeroError
-from malloczero.launch.commands import bench, evaluate, imports, solve, suite, train, validate
+from malloczero.launch.commands import (bench, convert_checkpoint, evaluate, imports, solve, suite,
+                                        train, validate)
 from malloczero.launch.compilation_cache import use_compilation_cache
 from malloczero.launch.flags import Parser
 
 EXIT_INPUT_ERROR = 1
 # In the order `malloczero --help` lists them.
-COMMANDS = (validate, solve, imports, suite, evaluate, bench, train)
+COMMANDS = (validate, solve, imports, suite, evaluate, bench, train, convert_checkpoint)
 
 
 def build_parser() -> argparse.ArgumentParser:

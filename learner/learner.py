@@ -153,7 +153,7 @@ class MuZeroLearner:
     update_priorities_fn: called as `fn(keys [B] uint64, priorities [B] float64)` after each
       step, or None (e.g. uniform replay).
     seed: seeds the parameter initialisation.
-    checkpoint_dir: where `learner_state.pkl` is written (every `checkpoint_every_s` inside
+    checkpoint_dir: where `learner_state.npz` is written (every `checkpoint_every_s` inside
       `step()`, and by `save()`); if it already holds one, the learner resumes from it.
     logger: anything with `write(dict)` (an Acme logger), given every step's metrics.
     demonstrations: the best trajectory per training program (replay/demonstrations.py); each
@@ -290,7 +290,7 @@ class MuZeroLearner:
 
   def save(self, path: Optional[str] = None) -> str:
     """Writes the training state atomically to `path` (a file, or a directory to hold
-    `learner_state.pkl`), by default into the checkpoint directory; returns the file."""
+    `learner_state.npz`), by default into the checkpoint directory; returns the file."""
     if path is None:
       if not self._checkpoint_dir:
         raise MalloczeroError("no checkpoint path: pass one to save() or build the learner with "

@@ -71,7 +71,7 @@ def load_agents(checkpoints: Sequence[str], simulations: Optional[int] = None,
 
 
 def run_directory(checkpoint_file: str) -> str:
-  """The training work directory of `.../RUN/checkpoints/learner_state.pkl`."""
+  """The training work directory of `.../RUN/checkpoints/learner_state.npz`."""
   return WorkDir.of_checkpoint(checkpoint_file).root
 
 

@@ -56,7 +56,7 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
 
   Raises MalloczeroError when the directory holds a run of another configuration or an unreadable
   checkpoint, before anything is started."""
-  from malloczero.learner.checkpoint import checkpoint_steps
+  from malloczero.learner.checkpoint import checkpoint_steps, refuse_legacy
   files = WorkDir(workdir)
   saved = files.config
   if os.path.exists(saved):
@@ -78,6 +78,8 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
           "--capacity), or use another --workdir")
   if os.path.isdir(files.checkpoints) and os.path.exists(files.learner_state):
     return checkpoint_steps(files.checkpoints)
+  if os.path.isdir(files.checkpoints):
+    refuse_legacy(files.checkpoints)  # Never a fresh start over an unconverted older run.
   return None
 
 

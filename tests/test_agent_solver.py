@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import pickle
 import subprocess
 import sys
 
@@ -15,7 +14,8 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.env.solvers import solve
 from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
 from malloczero.env.validator import validate_mapping
-from tests.trained import STEPS
+from malloczero.configs.workdir import CHECKPOINT_FILENAME
+from tests.trained import STEPS, read_checkpoint, write_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,13 +77,9 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
 def test_missing_or_incompatible_checkpoint_is_a_one_line_error(workdir, tmp_path):
   with pytest.raises(MalloczeroError, match="no learner checkpoint"):
     load_agent(str(tmp_path / "nowhere"))
-  with open(workdir / "checkpoints" / "learner_state.pkl", "rb") as f:
-    payload = pickle.load(f)
-  payload["network_config"]["d_model"] = 48  # Networks these parameters do not fit.
-  other = tmp_path / "other" / "checkpoints"
-  other.mkdir(parents=True)
-  with open(other / "learner_state.pkl", "wb") as f:
-    pickle.dump(payload, f)
+  metadata, arrays = read_checkpoint(workdir / "checkpoints" / CHECKPOINT_FILENAME)
+  metadata["network_config"]["d_model"] = 48  # Networks these parameters do not fit.
+  write_checkpoint(str(tmp_path / "other" / "checkpoints" / CHECKPOINT_FILENAME), metadata, arrays)
   with pytest.raises(MalloczeroError, match="does not match"):
     load_agent(str(tmp_path / "other"))
   entry, _, _ = _program()
@@ -101,7 +97,7 @@ def _copy_without_config(workdir, tmp_path, config_text=None):
   import shutil
   copy = tmp_path / "copy"
   (copy / "checkpoints").mkdir(parents=True)
-  shutil.copy(workdir / "checkpoints" / "learner_state.pkl", copy / "checkpoints")
+  shutil.copy(workdir / "checkpoints" / CHECKPOINT_FILENAME, copy / "checkpoints")
   if config_text is not None:
     (copy / "config.json").write_text(config_text)
   return copy

@@ -67,7 +67,7 @@ def test_train_runs_a_tiny_single_process_training_and_reports_its_curve(tmp_pat
   assert result.returncode == 0, result.stderr[-2000:]
   assert "learning curve" in result.stdout and "4 learner steps" in result.stdout
   for name in ("learning_curve.png", "learning_curve.csv", "baselines.json", "config.json",
-               os.path.join("checkpoints", "learner_state.pkl")):
+               os.path.join("checkpoints", "learner_state.npz")):
     assert (workdir / name).exists(), name
   with open(workdir / "config.json") as f:
     assert json.load(f)["name"] == "tiny"
@@ -135,7 +135,7 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
     raise
   assert process.returncode == 130, stderr[-2000:]
   assert "malloczero: interrupted" in stderr
-  checkpoint = workdir / "checkpoints" / "learner_state.pkl"
+  checkpoint = workdir / "checkpoints" / "learner_state.npz"
   assert checkpoint.exists()
   assert load_params(str(checkpoint))  # A real, loadable parameter tree.
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import pickle
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,8 @@ from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
 from malloczero.env.validator import validate_mapping
 from malloczero.system.evaluation import evaluate_suite, load_agents
 from malloczero.system.report import mapping_file
-from tests.trained import STEPS
+from malloczero.configs.workdir import CHECKPOINT_FILENAME
+from tests.trained import STEPS, read_checkpoint, write_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,12 +105,9 @@ def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
 
 
 def test_missing_or_incompatible_checkpoint_is_a_one_line_error(trained, tmp_path):
-  with open(trained / "checkpoints" / "learner_state.pkl", "rb") as f:
-    payload = pickle.load(f)
-  payload["network_config"]["latent_dim"] = 96  # Networks these parameters do not fit.
-  (tmp_path / "bad" / "checkpoints").mkdir(parents=True)
-  with open(tmp_path / "bad" / "checkpoints" / "learner_state.pkl", "wb") as f:
-    pickle.dump(payload, f)
+  metadata, arrays = read_checkpoint(trained / "checkpoints" / CHECKPOINT_FILENAME)
+  metadata["network_config"]["latent_dim"] = 96  # Networks these parameters do not fit.
+  write_checkpoint(str(tmp_path / "bad" / "checkpoints" / CHECKPOINT_FILENAME), metadata, arrays)
   cases = {"no learner checkpoint": ("--checkpoint", str(tmp_path / "nowhere")),
            "does not match": ("--checkpoint", str(trained), str(tmp_path / "bad")),
            "--simulations needs --checkpoint": ("--simulations", "8")}

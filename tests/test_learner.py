@@ -271,7 +271,7 @@ def test_save_restore_round_trip(tmp_path, batch):
   for _ in range(3):
     first.step()
   file = first.save()
-  assert os.path.basename(file) == "learner_state.pkl"
+  assert os.path.basename(file) == "learner_state.npz"
   assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
   # A learner on the same directory resumes: same params, optimizer state and step count.
   second = MuZeroLearner(NETWORKS, CONFIG, lambda: batch, seed=2, checkpoint_dir=str(tmp_path))

@@ -146,7 +146,7 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   assert code == 0, output[-3000:]
   assert "actor_1 exited; training continues with 1 of 2 actors" in output, output[-6000:]
   assert killed_at < 600
-  checkpoint = workdir / "checkpoints" / "learner_state.pkl"
+  checkpoint = workdir / "checkpoints" / "learner_state.npz"
   assert checkpoint_steps(str(checkpoint)) == 600  # The learner kept stepping without actor_1.
   squeezed = lambda text: re.sub(r"\s+", "", text)  # Rich may wrap long lines anywhere.
   assert squeezed(f"the evaluation report (with report.json, report.csv and pictures): "
@@ -285,7 +285,7 @@ def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
   run = _Launch(workdir, "--max-steps", "100000", "--eval-every", "100000",
                 "--node-output", "terminal")
   # The tiny config checkpoints every 30 s: wait for one, so that there is something to keep.
-  checkpoint = workdir / "checkpoints" / "learner_state.pkl"
+  checkpoint = workdir / "checkpoints" / "learner_state.npz"
   run.wait_until(lambda: checkpoint.exists() and "learner_0" in run.node_processes(),
                  "a periodic learner checkpoint")
   saved_step = checkpoint_steps(str(checkpoint))
@@ -392,7 +392,7 @@ def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_kill
   assert f"the launcher (pid {run.process.pid}) is gone: stopping" in learner_log
   saved = re.findall(r"learner: saved \S+ at step (\d+)", learner_log)
   assert saved and int(saved[-1]) > 0, learner_log[-2000:]
-  checkpoint = workdir / "checkpoints" / "learner_state.pkl"
+  checkpoint = workdir / "checkpoints" / "learner_state.npz"
   assert checkpoint_steps(str(checkpoint)) == int(saved[-1])
   assert load_params(str(checkpoint))
   replay_log = (workdir / "nodes" / "replay.log").read_text()

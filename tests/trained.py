@@ -17,7 +17,6 @@ import functools
 import hashlib
 import json
 import os
-import pickle
 
 import pytest
 
@@ -45,8 +44,22 @@ def read_csv(path):
 
 
 def checkpoint_steps(workdir):
-  with open(os.path.join(workdir, "checkpoints", CHECKPOINT_FILENAME), "rb") as f:
-    return pickle.load(f)["steps"]
+  return read_checkpoint(os.path.join(workdir, "checkpoints", CHECKPOINT_FILENAME))[0]["steps"]
+
+
+def read_checkpoint(file):
+  """(metadata, {name: array}) of a checkpoint file, read as plain data."""
+  import numpy as np
+  with np.load(file, allow_pickle=False) as archive:
+    arrays = {name: archive[name] for name in archive.files}
+  return json.loads(arrays.pop("metadata").tobytes()), arrays
+
+
+def write_checkpoint(file, metadata, arrays):
+  """A checkpoint file from `read_checkpoint`'s parts (edited by a test)."""
+  import numpy as np
+  os.makedirs(os.path.dirname(file), exist_ok=True)
+  np.savez(file, metadata=np.frombuffer(json.dumps(metadata).encode(), np.uint8), **arrays)
 
 
 def train(workdir, max_learner_steps):

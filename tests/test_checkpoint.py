@@ -1,0 +1,179 @@
+"""Learner checkpoints are data: arrays and JSON metadata that loading cannot run; every expected
+array is checked, older pickled checkpoints are refused (and converted only with --trust)."""
+
+import os
+import pickle
+import subprocess
+import sys
+import zipfile
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from malloczero.common.errors import MalloczeroError
+from malloczero.configs.config import get_config
+from malloczero.configs.workdir import CHECKPOINT_FILENAME, LEGACY_CHECKPOINT_FILENAME, WorkDir
+from malloczero.env.game import observation_spec
+from malloczero.learner.checkpoint import (checkpoint_configs, checkpoint_steps,
+                                           convert_legacy_checkpoint, load_params, restore_state,
+                                           save_state)
+from malloczero.learner.learner import TrainingState
+from malloczero.learner.networks import make_networks
+from malloczero.launch import cli
+from tests.trained import read_checkpoint, write_checkpoint
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = get_config("tiny")
+NETWORKS = make_networks(CONFIG.network, CONFIG.game)
+
+
+@pytest.fixture(scope="module")
+def state():
+  example = {k: np.zeros((1, *s.shape), s.dtype) for k, s in observation_spec(CONFIG.game).items()}
+  params = NETWORKS.init(jax.random.PRNGKey(0), example)
+  opt_state = optax.adam(1e-3).init(params)
+  return TrainingState(params, params, opt_state, np.int32(7), jax.random.PRNGKey(1))
+
+
+@pytest.fixture
+def saved(tmp_path, state):
+  (tmp_path / "checkpoints").mkdir()
+  return save_state(str(tmp_path / "checkpoints"), state, 7, NETWORKS)
+
+
+def _leaves_equal(a, b):
+  return all(np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(a),
+                                                   jax.tree_util.tree_leaves(b)))
+
+
+def test_a_checkpoint_is_arrays_and_json_and_round_trips(saved, state):
+  assert os.path.basename(saved) == CHECKPOINT_FILENAME
+  with zipfile.ZipFile(saved) as archive:
+    assert all(name.endswith(".npy") for name in archive.namelist())
+  with np.load(saved, allow_pickle=False) as archive:  # Nothing in it needs unpickling.
+    assert all(archive[name].dtype != object for name in archive.files)
+  assert checkpoint_steps(saved) == 7
+  assert _leaves_equal(load_params(saved), state.params)
+  network, game = checkpoint_configs(os.path.dirname(saved))
+  assert network == CONFIG.network and game == CONFIG.game
+  restored, steps = restore_state(saved, state)
+  assert steps == 7 and _leaves_equal(restored.opt_state, state.opt_state)
+  assert _leaves_equal(restored.target_params, state.target_params)
+
+
+def _damaged(saved, tmp_path, edit):
+  metadata, arrays = read_checkpoint(saved)
+  edit(metadata, arrays)
+  file = str(tmp_path / "damaged" / CHECKPOINT_FILENAME)
+  write_checkpoint(file, metadata, arrays)
+  return file
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m, a: a.pop("params/0"), "array 'params/0' is missing"),
+    (lambda m, a: a.pop("opt_state/1"), "array 'opt_state/1' is missing"),
+    (lambda m, a: a.pop("rng"), "array 'rng' is missing"),
+    (lambda m, a: a.update({"params/0": np.zeros((3, 3))}), "array 'params/0' has shape"),
+    (lambda m, a: a.update({"params/1": np.array(["x"])}), "has dtype <U1, not a number"),
+    (lambda m, a: m.pop("trees"), "its metadata lacks or garbles"),
+    (lambda m, a: m["trees"].pop("params"), "its metadata lacks or garbles"),
+    (lambda m, a: m.pop("steps"), "its metadata lacks or garbles"),
+    (lambda m, a: m.update(format_version=3), "format version 3"),
+    (lambda m, a: m.update(format="something else"), "is not a malloczero learner checkpoint"),
+])
+def test_every_missing_or_damaged_part_is_one_line(saved, tmp_path, state, edit, message):
+  file = _damaged(saved, tmp_path, edit)
+  for read in (load_params, checkpoint_steps, lambda f: restore_state(f, state)):
+    with pytest.raises(MalloczeroError, match=message) as error:
+      read(file)
+    assert "\n" not in str(error.value)
+
+
+def test_not_a_checkpoint_is_one_line(tmp_path):
+  for content in (b"", b"garbage", b"PK\x03\x04 a broken zip"):
+    path = tmp_path / CHECKPOINT_FILENAME
+    path.write_bytes(content)
+    with pytest.raises(MalloczeroError) as error:
+      load_params(str(path))
+    assert "\n" not in str(error.value)
+  with pytest.raises(MalloczeroError, match="no learner checkpoint"):
+    load_params(str(tmp_path / "nowhere"))
+
+
+class _Payload:
+  """Unpickling this creates the file named: proof that a load ran the author's code."""
+
+  def __init__(self, marker):
+    self.marker = marker
+
+  def __reduce__(self):
+    return (open, (self.marker, "w"))
+
+
+def _crafted_pickle(directory, marker):
+  directory.mkdir(parents=True, exist_ok=True)
+  with open(directory / LEGACY_CHECKPOINT_FILENAME, "wb") as f:
+    pickle.dump({"format": "malloczero-learner-state-v1", "payload": _Payload(str(marker))}, f)
+  return directory / LEGACY_CHECKPOINT_FILENAME
+
+
+def test_a_pickled_checkpoint_is_refused_unread(tmp_path):
+  marker = tmp_path / "ran"
+  crafted = _crafted_pickle(tmp_path / "run" / "checkpoints", marker)
+  from malloczero.actors.agent import find_checkpoint
+  from malloczero.system.training import check_workdir
+  for read in (lambda: load_params(str(crafted)), lambda: load_params(str(crafted.parent)),
+               lambda: checkpoint_steps(str(crafted.parent)),
+               lambda: find_checkpoint(str(tmp_path / "run")),
+               lambda: check_workdir(CONFIG, str(tmp_path / "run"))):
+    with pytest.raises(MalloczeroError, match="old pickle format.*convert-checkpoint") as error:
+      read()
+    assert "\n" not in str(error.value)
+  assert not marker.exists()
+
+
+def test_convert_checkpoint_needs_trust_and_converts(tmp_path, saved, state, capsys):
+  metadata, arrays = read_checkpoint(saved)
+  legacy = {"format": "malloczero-learner-state-v1", "steps": 7,
+            "params": jax.device_get(state.params),
+            "target_params": jax.device_get(state.target_params),
+            "opt_state_leaves": [np.asarray(x) for x in jax.tree_util.tree_leaves(state.opt_state)],
+            "rng": np.asarray(state.rng), "network_config": metadata["network_config"],
+            "game_config": metadata["game_config"]}
+  run = tmp_path / "old"
+  (run / "checkpoints").mkdir(parents=True)
+  with open(WorkDir(str(run)).checkpoints + "/" + LEGACY_CHECKPOINT_FILENAME, "wb") as f:
+    pickle.dump(legacy, f)
+  assert cli.main(["convert-checkpoint", str(run)]) == 1
+  err = capsys.readouterr().err
+  assert "--trust" in err and "runs any code" in err and err.count("\n") == 1
+  assert not os.path.exists(WorkDir(str(run)).learner_state)
+  assert cli.main(["convert-checkpoint", str(run), "--trust"]) == 0
+  assert "wrote" in capsys.readouterr().out
+  assert checkpoint_steps(str(run / "checkpoints")) == 7
+  assert _leaves_equal(load_params(str(run / "checkpoints")), state.params)
+  assert cli.main(["convert-checkpoint", str(saved), "--trust"]) == 1  # Not a pickle.
+  assert "nothing to convert" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_crafted_pickle_runs_nothing_through_solve_evaluate_or_train(tmp_path):
+  marker = tmp_path / "ran"
+  _crafted_pickle(tmp_path / "run" / "checkpoints", marker)
+  workload = os.path.join(REPO, "env", "programs", "data", "workloads", "tiny-vgg-b1-infer.json.gz")
+  commands = [
+      ["solve", workload, "--hardware", "nnpi-like", "--solver", "agent", "--checkpoint",
+       str(tmp_path / "run")],
+      ["evaluate", "--suite", "tiny", "--solvers", "msa", "--checkpoint", str(tmp_path / "run"),
+       "--out", str(tmp_path / "evaluation")],
+      ["train", "--launch", "single", "--config", "tiny", "--workdir", str(tmp_path / "run"),
+       "--max-steps", "2"],
+  ]
+  for command in commands:
+    result = subprocess.run([sys.executable, "-m", "malloczero", *command], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, (command, result.stderr[-2000:])
+    assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
+    assert not marker.exists(), command
