@@ -1,6 +1,6 @@
-"""What both games share (env/game/game.py, env/game/requests_game.py): the dm_env specs, reset,
-the step (check the action, play it, reward the time it saved), the legal mask and the terminal
-observation."""
+"""What both games share (env/game/game.py, env/game/requests_game.py): the checks and the cost
+model they start from, the dm_env specs, reset, the step (check the action, play it, reward the
+time it saved), the legal mask, the terminal observation and the mapping played."""
 
 from __future__ import annotations
 
@@ -10,22 +10,41 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from malloczero.common.errors import IllegalActionError
-from malloczero.env.game.config import GameConfig
+from malloczero.common.errors import HardwareError, IllegalActionError
+from malloczero.env.cost_model import Allocations, CostModel
+from malloczero.env.game.config import GameConfig, observation_spec
+from malloczero.env.hardware import Hardware, check_fits
+from malloczero.env.mapping import Mapping
 from malloczero.env.workload import Workload
 
 
 class GameBase(dm_env.Environment):
-  """What both games share. Subclasses set `config`, `workload`, `normaliser` (the all-slow
-  time), `_obs_spec`, `_legal` [A] and `_done`, and define `_reset_state`, `_observe`,
-  `_step_label` (where a step is, for errors), `_play` (a legal action's time saved) and
-  `_finished`."""
+  """What both games share. Subclasses call `_set_up` first, set `_legal` [A], `_done` and
+  `total_time` (the program time of the mapping so far), and define `_reset_state`,
+  `_observe`, `_step_label` (where a step is, for errors), `_play` (a legal action's time
+  saved), `_finished`, `allocations` and `_request_rows`."""
   config: GameConfig
   workload: Workload
+  hardware: Hardware
+  cost_model: CostModel
   normaliser: float
+  total_time: float
   _obs_spec: dict[str, specs.Array]
   _legal: np.ndarray
   _done: bool
+
+  def _set_up(self, workload: Workload, hardware: Hardware, config: GameConfig) -> None:
+    """Checks that the config observes the hardware's levels and that the program fits, then
+    holds the pair, the config, the cost model and the all-slow time rewards are divided by."""
+    if hardware.num_fast_levels > config.max_fast_levels:
+      raise HardwareError(f"hardware '{hardware.name}' has {hardware.num_fast_levels} fast levels; "
+                          f"this game config observes at most {config.max_fast_levels}")
+    check_fits(hardware, workload.peak_live_bytes, workload.name)
+    self.workload, self.hardware, self.config = workload, hardware, config
+    self.cost_model = CostModel(workload, hardware)
+    self.normaliser = self.cost_model.slow_only_time
+    self._num_fast = hardware.num_fast_levels
+    self._obs_spec = observation_spec(config)
 
   def observation_spec(self) -> dict[str, specs.Array]:
     return self._obs_spec
@@ -61,6 +80,22 @@ class GameBase(dm_env.Environment):
   def legal_actions(self) -> np.ndarray:
     """[A] bool mask of the current step."""
     return self._legal.copy()
+
+  def allocations(self) -> Allocations:
+    """The fast allocations so far (all of them once the episode is over), in play order."""
+    raise NotImplementedError
+
+  def mapping(self, solver: str) -> Mapping:
+    """The mapping built so far (normally called when the episode is over), reporting the
+    game's exact program time."""
+    allocations = self.allocations()
+    return Mapping.from_arrays(self.workload, self.hardware, solver,
+                               self._request_rows(len(allocations)), allocations,
+                               self.total_time, self.normaliser)
+
+  def _request_rows(self, num_allocations: int) -> np.ndarray:
+    """[num_allocations] the request each allocation places (-1: none, a segment of msa's)."""
+    raise NotImplementedError
 
   def _reset_state(self) -> None:
     raise NotImplementedError

@@ -16,9 +16,9 @@ max_fast_levels`):
 Slots with no option are illegal (the legal mask). The observation says which slot msa itself
 takes (`msa_choice`), so playing that slot at every step is the `msa` solver, exactly
 (tests/test_msa_game.py): the heuristic's answer is always reachable and every deviation from it
-is the agent's. Why these decision points rather than the requests game's (env/game/requests_game.py): XLA's
-msa evicts, chooses prefetch start times and keeps a value across uses, which a game over whole
-requests cannot express (issue 14).
+is the agent's. Why these decision points rather than the requests game's
+(env/game/requests_game.py): XLA's msa evicts, chooses prefetch start times and keeps a value
+across uses, which a game over whole requests cannot express (docs/msa.md).
 
 Rewards are exact: each step's reward is the decrease of the cost model's program time (copies
 contending, env/simulator.py) that the step's segment causes, over the all-slow time, the
@@ -32,20 +32,18 @@ memory can never add one).
 from __future__ import annotations
 
 import bisect
-from typing import Any
 
-import dm_env
 import numpy as np
 
-from malloczero.common.errors import HardwareError, MalloczeroError
-from malloczero.env.cost_model import Allocations, CostModel
+from malloczero.common.errors import MalloczeroError
+from malloczero.env.cost_model import Allocations
 from malloczero.env.game.base import GameBase
-from malloczero.env.game.config import GameConfig, observation_spec
-from malloczero.env.hardware import Hardware, check_fits
-from malloczero.env.mapping import Mapping
+from malloczero.env.game.config import GameConfig
+from malloczero.env.hardware import Hardware
+from malloczero.env.msa.algorithm import MsaDecisions
+from malloczero.env.msa.decision import option_slots, worth_deciding
+from malloczero.env.msa.settings import MsaOptions
 from malloczero.env.simulator import kernels
-from malloczero.env.msa.algorithm import (MsaDecisions, MsaOptions, option_slots,
-                                                  worth_deciding)
 from malloczero.env.workload import PROGRAM_START, Workload
 
 OPTION0_KINDS = ("default", "evict", "uncommit")
@@ -88,15 +86,9 @@ class MsaGame(GameBase):
     if config.decisions != "msa":
       raise ValueError(f"MsaGame plays msa's decisions; the config asks for "
                        f"'{config.decisions}' (env/game/requests_game.py's MallocGame)")
-    if hardware.num_fast_levels > config.max_fast_levels:
-      raise HardwareError(f"hardware '{hardware.name}' has {hardware.num_fast_levels} fast levels; "
-                          f"this game config observes at most {config.max_fast_levels}")
-    check_fits(hardware, workload.peak_live_bytes, workload.name)
-    self.workload, self.hardware, self.config = workload, hardware, config
+    self._set_up(workload, hardware, config)
     self.msa_options = msa_options
-    self.cost_model = model = CostModel(workload, hardware)
-    self.normaliser = model.slow_only_time
-    self._num_fast = hardware.num_fast_levels
+    model = self.cost_model
     self._capacity = hardware.capacities[:-1].astype(np.float64)        # [F]
     a = workload.arrays
     self._stride = workload.num_ops + 1
@@ -120,7 +112,6 @@ class MsaGame(GameBase):
     self._lookahead_shape = (config.lookahead, config.lookahead_features)
     self._slow_op_prefix = np.concatenate(
         [[0.0], np.cumsum(np.maximum(model.compute_time, model.slow_memory_time))])
-    self._obs_spec = observation_spec(config)
     self._layout = config.layout
     self._skip_threshold = config.skip_below * self.normaliser
     self._kernels = kernels()
@@ -145,7 +136,7 @@ class MsaGame(GameBase):
   def _play(self, action: int) -> float:
     self._apply(self._option_index[action])
     self._moves += 1
-    self._play_undecided()
+    self._play_skipped_decisions()
     saved = self._rewarded_time - self.total_time
     self._rewarded_time = self.total_time
     return saved
@@ -175,12 +166,8 @@ class MsaGame(GameBase):
     """The segments so far (the whole mapping once the episode is over), in msa's order."""
     return self._decisions.allocations_so_far()
 
-  def mapping(self, solver: str) -> Mapping:
-    """The mapping of the finished episode, reporting the game's exact program time."""
-    allocations = self.allocations()
-    return Mapping.from_arrays(self.workload, self.hardware, solver,
-                               np.full(len(allocations), -1, np.int64), allocations,
-                               self.total_time, self.normaliser)
+  def _request_rows(self, num_allocations: int) -> np.ndarray:
+    return np.full(num_allocations, -1, np.int64)
 
   # -------------------------------------------------------------------------- state
 
@@ -216,9 +203,9 @@ class MsaGame(GameBase):
     # The time the rewards so far account for: what decisions played before the first move
     # save is in the first move's reward, so an episode's rewards still sum to the time saved.
     self._rewarded_time = self.total_time
-    self._play_undecided()
+    self._play_skipped_decisions()
 
-  def _play_undecided(self) -> None:
+  def _play_skipped_decisions(self) -> None:
     """Plays msa's own choice at the decisions not offered (`GameConfig.skip_below`)."""
     if self._skip_threshold <= 0:
       return

@@ -16,19 +16,13 @@ After the last request the terminal observation is all zeros with only action 0 
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
-import dm_env
 import numpy as np
-from dm_env import specs
 
-from malloczero.common.errors import HardwareError, MalloczeroError
-from malloczero.env.cost_model import Allocations, CostModel
+from malloczero.common.errors import MalloczeroError
+from malloczero.env.cost_model import Allocations
 from malloczero.env.game.base import GameBase
-from malloczero.env.game.config import REQUESTS_GAME, GameConfig, observation_spec
-from malloczero.env.hardware import Hardware, check_fits
-from malloczero.env.mapping import Mapping
+from malloczero.env.game.config import REQUESTS_GAME, GameConfig
+from malloczero.env.hardware import Hardware
 from malloczero.env.placement import Placement
 from malloczero.env.requests import Requests, build_requests
 from malloczero.env.workload import Workload
@@ -42,23 +36,15 @@ class MallocGame(GameBase):
     if config.decisions != "requests":
       raise ValueError(f"MallocGame plays requests; the config asks for '{config.decisions}' "
                        "(env/game/game.py's MsaGame, or `make_game`)")
-    if hardware.num_fast_levels > config.max_fast_levels:
-      raise HardwareError(f"hardware '{hardware.name}' has {hardware.num_fast_levels} fast levels; "
-                          f"this game config observes at most {config.max_fast_levels}")
-    check_fits(hardware, workload.peak_live_bytes, workload.name)
-    self.workload, self.hardware, self.config = workload, hardware, config
-    self.cost_model = CostModel(workload, hardware)
+    self._set_up(workload, hardware, config)
     self.requests: Requests = build_requests(self.cost_model)
     if len(self.requests) == 0:
       raise MalloczeroError(f"{workload.name}: nothing to play on '{hardware.name}': no buffer fits "
                             "in fast memory and saves time there")
-    self.normaliser = self.cost_model.slow_only_time
     self._placement = Placement(self.cost_model, self.requests)
-    self._num_fast = hardware.num_fast_levels
     self._capacity = self._placement.capacity  # [F]
     self._static = self._static_features()
     self._bin_edges = [np.linspace(0, c, config.occupancy_bins + 1) for c in self._capacity]
-    self._obs_spec = observation_spec(config)
     self._reset_state()
 
   # -------------------------------------------------------------------------- dm_env API
@@ -100,9 +86,8 @@ class MallocGame(GameBase):
     """Placements made so far, in the order they were made."""
     return self._placement.allocations()
 
-  def mapping(self, solver: str) -> Mapping:
-    """The mapping built so far (normally called when the episode is over)."""
-    return self._placement.mapping(solver)
+  def _request_rows(self, num_allocations: int) -> np.ndarray:
+    return self._placement.request_indices()
 
   # -------------------------------------------------------------------------- internals
 
