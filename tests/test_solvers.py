@@ -41,6 +41,23 @@ def test_every_solver_mapping_validates(preset, seed):
     assert result.speedup >= 1.0 or solver == "random"
 
 
+@pytest.mark.parametrize("preset", ["tpu-v4i-like", "nnpi-like"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bestfit_without_the_game_places_what_the_bestfit_solver_places(preset, seed):
+  """`heuristics.bestfit` (pack's fallback, no game) and the `bestfit` solver (the requests
+  game's first candidate at every step) are one rule: the same placements, the same time."""
+  from malloczero.env.solvers.heuristics import bestfit
+  workload = random_workload(seed, num_ops=30)
+  hardware = contended(PRESETS[preset], workload, 0.2)
+  model = CostModel(workload, hardware)
+  placement = Placement(model, build_requests(model))
+  bestfit(placement)
+  played = solve(workload, hardware, "bestfit").mapping
+  rows = [(a["request"], a["level"], a["offset"]) for a in played.allocations]
+  assert placement.placed and rows == [tuple(row) for row in placement.placed]
+  assert placement.total_time == pytest.approx(played.estimated_time_s, rel=1e-12)
+
+
 def test_msa_places_the_more_memory_bound_buffer_when_only_one_fits():
   # Two 600-byte activations live together; only one fits in 1000 bytes. B is read by two
   # memory-bound ops, A by one: B saves twice as much and must win.
@@ -154,7 +171,7 @@ def test_evo_never_starts_a_decode_that_would_overrun_its_time_limit(monkeypatch
   a limit under one decode costs exactly that one), and it uses all the time it safely can."""
   evo_module = importlib.import_module("malloczero.env.solvers.evo")
   clock = StepClock(1.0)
-  monkeypatch.setattr(evo_module, "_clock", clock)
+  monkeypatch.setattr(importlib.import_module("malloczero.env.solvers.time_limit"), "clock", clock)
   monkeypatch.setattr(evo_module, "decode", clock.decode)
   workload = random_workload(8, num_ops=40)
   hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)

@@ -8,21 +8,19 @@ elite and refills with mutated tournament winners (Gaussian noise on priorities 
 swaps). The budget is a fixed number of decodes (full-mapping evaluations), optionally capped in
 seconds.
 
-The time limit bounds the whole call, the final decode of the best genome included: a decode
-starts only if it and that final decode, each at the longest decode seen so far, still end
-before the deadline (the first decode, msa's order, always runs, so there is a mapping).
+The time limit bounds the whole call, the final decode of the best genome included
+(time_limit.py's `DecodeBudget`; the first decode, msa's order, always runs, so there is a
+mapping).
 """
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from malloczero.env.placement import Placement
+from malloczero.env.solvers.time_limit import DecodeBudget
 
 DEFAULT_EVALUATIONS = 120  # The budget: full mappings decoded.
-_clock = time.perf_counter  # Tests replace it with a clock of their own.
 
 
 def decode(placement: Placement, priority: np.ndarray) -> float:
@@ -33,25 +31,15 @@ def decode(placement: Placement, priority: np.ndarray) -> float:
   return placement.total_time
 
 
-def evo(placement: Placement, evaluations: int = DEFAULT_EVALUATIONS, population: int = 12, elite: int = 3,
-        sigma: float = 0.3, time_limit_s: float | None = None, seed: int = 0) -> dict:
+def evo(placement: Placement, evaluations: int = DEFAULT_EVALUATIONS, population: int = 12,
+        elite: int = 3, sigma: float = 0.3, time_limit_s: float | None = None,
+        seed: int = 0) -> dict:
+  """Leaves the best mapping found in `placement`; an info dict (evaluations, the best time per
+  generation, whether the time limit stopped it)."""
   req = placement.requests
   num_requests = len(req)
   rng = np.random.default_rng(seed)
-  deadline = None if time_limit_s is None else _clock() + float(time_limit_s)
-  longest = 0.0  # The longest decode so far, in seconds.
-
-  def timed_decode(genome: np.ndarray) -> float:
-    nonlocal longest
-    started = _clock()
-    result = decode(placement, genome)
-    longest = max(longest, _clock() - started)
-    return result
-
-  def time_for_another() -> bool:
-    # This decode and, if it is not the best, the final decode of the best one.
-    return deadline is None or _clock() + 2 * longest <= deadline
-
+  budget = DecodeBudget(time_limit_s)
   rank = lambda order: (num_requests - np.argsort(order, kind="stable")) / num_requests
   density = req.standalone_saving.max(axis=1) / req.size
   seeds = [rank(np.arange(num_requests)),                          # msa's order
@@ -60,10 +48,10 @@ def evo(placement: Placement, evaluations: int = DEFAULT_EVALUATIONS, population
   genomes = genomes[:population]
   evaluated, fitness = [], []
   for g in genomes:
-    if evaluated and (len(evaluated) >= evaluations or not time_for_another()):
+    if evaluated and (len(evaluated) >= evaluations or not budget.time_for_another()):
       break
     evaluated.append(g)
-    fitness.append(timed_decode(g))
+    fitness.append(budget.decode(decode, placement, g))
   genomes = evaluated
   used = len(genomes)
   last = used - 1  # The genome whose mapping `placement` holds.
@@ -75,7 +63,7 @@ def evo(placement: Placement, evaluations: int = DEFAULT_EVALUATIONS, population
     next_fitness = [fitness[i] for i in order[:elite]]
     last = -1
     while len(next_genomes) < population and used < evaluations:
-      if not time_for_another():
+      if not budget.time_for_another():
         stopped = True
         break
       a, b = rng.integers(len(genomes), size=2)
@@ -85,7 +73,7 @@ def evo(placement: Placement, evaluations: int = DEFAULT_EVALUATIONS, population
         i, j = rng.integers(num_requests, size=2)
         child[i], child[j] = child[j], child[i]
       next_genomes.append(child)
-      next_fitness.append(timed_decode(child))
+      next_fitness.append(budget.decode(decode, placement, child))
       last = len(next_genomes) - 1
       used += 1
     genomes, fitness = next_genomes, next_fitness

@@ -14,29 +14,27 @@ Why in this space, beside `evo` over request priorities: the agent plays this ga
 gain over msa is a measure of what deviating from the heuristic, decision by decision, is
 worth. It cannot reorder buffers (msa's order is the game's), which `evo` can.
 
-The time limit bounds the whole call as in `evo` (evo.py): a decode starts only if it and the
-final decode of the best genome, each at the longest decode seen so far, end before the deadline
-(msa's own decode always runs, so there is a mapping).
+The time limit bounds the whole call as in `evo` (time_limit.py's `DecodeBudget`; msa's own
+decode always runs, so there is a mapping).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
 from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.mapping import Mapping
-from malloczero.env.msa.algorithm import (DEFAULT_PREFETCH_STARTS, MsaDecisions,
-                                                  MsaOptions, allocations_mapping, option_slots,
-                                                  worth_deciding)
+from malloczero.env.msa.algorithm import MsaDecisions, allocations_mapping
+from malloczero.env.msa.decision import DEFAULT_PREFETCH_STARTS, option_slots, worth_deciding
+from malloczero.env.msa.settings import MsaOptions
+from malloczero.env.solvers.time_limit import DecodeBudget
 
 DEFAULT_EVALUATIONS = 120  # Full mappings decoded, as evo.
 Genome = dict[tuple[int, int], int]
 # A decision point that offers more than one slot: (buffer, use, slots offered, msa's slot).
 Choice = tuple[int, int, np.ndarray, int]
-_clock = time.perf_counter  # Tests may replace it.
 
 
 def decode(model: CostModel, genome: Genome, options: MsaOptions = MsaOptions(),
@@ -92,20 +90,9 @@ def evo_msa(model: CostModel, evaluations: int = DEFAULT_EVALUATIONS, population
   the best time per generation; msa's own time)."""
   options = MsaOptions(**msa_options)
   rng = np.random.default_rng(seed)
-  deadline = None if time_limit_s is None else _clock() + float(time_limit_s)
-  longest = 0.0
-
-  def timed_decode(genome: Genome) -> tuple[float, Allocations, list[Choice], Genome]:
-    nonlocal longest
-    started = _clock()
-    result = decode(model, genome, options, skip_below=skip_below)
-    longest = max(longest, _clock() - started)
-    return result
-
-  def time_for_another() -> bool:
-    return deadline is None or _clock() + 2 * longest <= deadline
-
-  msa_time, best_allocations, msa_choices, _ = timed_decode({})
+  budget = DecodeBudget(time_limit_s)
+  msa_time, best_allocations, msa_choices, _ = budget.decode(decode, model, {}, options,
+                                                             skip_below=skip_below)
   best_time, best_genome = msa_time, {}
   genomes: list[Genome] = [{}]
   fitness, trajectories = [msa_time], [msa_choices]
@@ -118,13 +105,14 @@ def evo_msa(model: CostModel, evaluations: int = DEFAULT_EVALUATIONS, population
     next_fitness = [fitness[i] for i in order[:elite]]
     next_trajectories = [trajectories[i] for i in order[:elite]]
     while len(next_genomes) < population and used < evaluations:
-      if not time_for_another():
+      if not budget.time_for_another():
         stopped = True
         break
       a, b = rng.integers(len(genomes), size=2)
       parent = a if fitness[a] <= fitness[b] else b
-      child_time, allocations, child_choices, child = timed_decode(
-          mutate(genomes[parent], trajectories[parent], rng))
+      child_time, allocations, child_choices, child = budget.decode(
+          decode, model, mutate(genomes[parent], trajectories[parent], rng), options,
+          skip_below=skip_below)
       used += 1
       if child_time < best_time:
         best_time, best_genome, best_allocations = child_time, child, allocations

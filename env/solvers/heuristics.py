@@ -36,13 +36,28 @@ def msa_simple(placement: Placement) -> dict:
   """
   req = placement.requests
   for r in range(len(req)):
-    if req.is_prefetch[r] and req.exposed_copy_time[r] > 0:
-      continue
-    for level in range(placement.num_fast):
-      offset = placement.best_fit(r, level)
-      if offset is not None:
-        placement.place(r, level, offset)
-        break
+    if not (req.is_prefetch[r] and req.exposed_copy_time[r] > 0):
+      place_best_fit(placement, r)
+  return {}
+
+
+def place_best_fit(placement: Placement, r: int) -> bool:
+  """Places request `r` at the best fit of the fastest level that has room for it, the
+  requests game's first candidate; whether one had room."""
+  for level in range(placement.num_fast):
+    offset = placement.best_fit(r, level)
+    if offset is not None:
+      placement.place(r, level, offset)
+      return True
+  return False
+
+
+def bestfit(placement: Placement) -> dict:
+  """`bestfit_play`'s mapping without the game (no observations to build): every request in
+  the game's order at its first candidate, from an empty placement."""
+  placement.reset()
+  for r in range(len(placement.requests)):
+    place_best_fit(placement, r)
   return {}
 
 
