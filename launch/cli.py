@@ -7,6 +7,8 @@ Every user error (bad files, impossible hardware, wrong flags) ends in one line 
 from __future__ import annotations
 
 import argparse
+import shlex
+import signal
 import sys
 from typing import Sequence
 
@@ -14,9 +16,12 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.launch.commands import (bench, convert_checkpoint, evaluate, imports, solve, suite,
                                         train, validate)
 from malloczero.launch.compilation_cache import use_compilation_cache
-from malloczero.launch.flags import Parser
+from malloczero.launch.flags import FlagError, Parser
 
 EXIT_INPUT_ERROR = 1
+EXIT_FLAG_ERROR = 2
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process it killed.
 # In the order `malloczero --help` lists them.
 COMMANDS = (validate, solve, imports, suite, evaluate, bench, train, convert_checkpoint)
 
@@ -31,12 +36,30 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+class Terminated(BaseException):
+  """SIGTERM, raised in the main thread so that a command stops as Ctrl-C stops it: outputs are
+  written whole or not at all (common/files.py), and the exit is one line."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+  raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-  args = build_parser().parse_args(argv)
+  argv = list(sys.argv[1:] if argv is None else argv)
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  args.command_line = shlex.join(["malloczero", *argv])  # What resumes an interrupted `train`.
   if getattr(args, "compilation_cache", True):
     use_compilation_cache()
+  # `train` stops its nodes on SIGTERM itself (Launchpad's worker manager, system/guards.py).
+  if args.command != "train":
+    signal.signal(signal.SIGTERM, _terminate)
   try:
     return args.func(args)
+  except FlagError as e:
+    print(f"malloczero: error: {e} (see 'malloczero {args.command} --help')", file=sys.stderr)
+    return EXIT_FLAG_ERROR
   except MalloczeroError as e:
     print(f"malloczero: error: {e}", file=sys.stderr)
     return EXIT_INPUT_ERROR
@@ -45,8 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"malloczero: error: {where}{e.strerror or e}", file=sys.stderr)
     return EXIT_INPUT_ERROR
   except KeyboardInterrupt:
-    print("malloczero: interrupted", file=sys.stderr)
-    return 130
+    resume = f"; resume with: {args.command_line}" if args.command == "train" else ""
+    print(f"malloczero: interrupted{resume}", file=sys.stderr)
+    return EXIT_INTERRUPTED
+  except Terminated:
+    print("malloczero: terminated", file=sys.stderr)
+    return EXIT_TERMINATED
 
 
 if __name__ == "__main__":

@@ -24,6 +24,11 @@ def console(stderr: bool = False) -> Console:
   return Console(stderr=stderr, width=None if stream.isatty() else 240)
 
 
+class FlagError(MalloczeroError):
+  """A flag's value that only the command can judge (a wrong --msa-option, a flag the chosen
+  solver ignores): exit 2, as argparse's own flag errors."""
+
+
 class Parser(argparse.ArgumentParser):
   def error(self, message: str) -> None:  # One line, exit 2, as argparse does, minus the usage dump.
     sys.stderr.write(f"malloczero: error: {message} (see 'malloczero {self.prog.split()[-1]} --help')\n"
@@ -83,7 +88,7 @@ def _float_flag(text: str, expected: str, accept: Callable[[float], bool]) -> fl
 
 
 def positive_float(text: str) -> float:
-  return _float_flag(text, "a positive number", lambda value: value > 0)
+  return _float_flag(text, "a finite positive number", lambda value: 0 < value < float("inf"))
 
 
 def non_negative_float(text: str) -> float:
@@ -140,8 +145,32 @@ def add_solver_flags(p: argparse.ArgumentParser, solvers: Iterable[Solver]) -> N
 
 def solver_options(args: argparse.Namespace, solver: Solver) -> dict:
   """The keyword options `solve` passes to `solver`, from the flags `add_solver_flags` made."""
+  check_msa_options_used(args, [solver])
   return solver.make_options(vars(args), msa_options(getattr(args, "msa_option", None))
                              if solver.takes_msa_options else None)
+
+
+def check_msa_options_used(args: argparse.Namespace, solvers: Sequence[Solver]) -> None:
+  """`--msa-option` is refused unless one of `solvers` reads it."""
+  if getattr(args, "msa_option", None) and not any(s.takes_msa_options for s in solvers):
+    raise FlagError(f"--msa-option is for {', '.join(takers_of_msa_options())}, not "
+                    f"{', '.join(s.name for s in solvers)}")
+
+
+def takers_of_msa_options() -> list[str]:
+  from malloczero.env.solvers.registry import BASELINES
+  return [name for name, s in BASELINES.items() if s.takes_msa_options]
+
+
+class OnceBooleanOptionalAction(argparse.BooleanOptionalAction):
+  """`--flag` / `--no-flag`, refused when both (or either twice) are given."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    if getattr(namespace, f"_{self.dest}_given", False):
+      raise argparse.ArgumentError(self, "given twice (choose one of "
+                                         f"{' or '.join(self.option_strings)})")
+    setattr(namespace, f"_{self.dest}_given", True)
+    super().__call__(parser, namespace, values, option_string)
 
 
 def msa_options(pairs: Optional[Sequence[tuple[str, str]]]) -> dict:
@@ -152,7 +181,7 @@ def msa_options(pairs: Optional[Sequence[tuple[str, str]]]) -> dict:
   options: dict = {}
   for name, text in pairs or ():
     if name not in names:
-      raise MalloczeroError(f"unknown --msa-option '{name}' (choose from {', '.join(names)})")
+      raise FlagError(f"unknown --msa-option '{name}' (choose from {', '.join(names)})")
     kind = type(getattr(defaults, name))
     try:
       if kind is bool:
@@ -163,10 +192,10 @@ def msa_options(pairs: Optional[Sequence[tuple[str, str]]]) -> dict:
         value = kind(text)
     except ValueError:
       wanted = {bool: "true or false", int: "an integer", float: "a number"}.get(kind, "a string")
-      raise MalloczeroError(f"--msa-option {name} needs {wanted}, got '{text}'") from None
+      raise FlagError(f"--msa-option {name} needs {wanted}, got '{text}'") from None
     options[name] = value
   try:
     MsaOptions(**options)
   except ValueError as e:
-    raise MalloczeroError(f"--msa-option: {e}") from None
+    raise FlagError(f"--msa-option: {e}") from None
   return options

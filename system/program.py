@@ -47,7 +47,8 @@ from malloczero.system.nodes import (NODE_GROUP_ENV, NODE_OUTPUT_ENV, NODE_WORKD
                                      LearnerNode, NodeContext, PersistentCounter, ReplayNode,
                                      StepsLimiter, TERMINATION_NOTICE_S, align_counter_file,
                                      read_counts)
-from malloczero.system.training import baseline_speedups, check_workdir, save_config
+from malloczero.system.training import (baseline_speedups, check_workdir, refuse_finished,
+                                        save_config)
 
 LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
 COUNTER_CALL_TIMEOUT_S = 5
@@ -276,11 +277,8 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
   workdir = os.path.abspath(workdir)
   files = WorkDir(workdir)
   start_step = check_workdir(config, workdir)
+  refuse_finished(workdir, start_step, max_steps)
   if start_step is not None:
-    if start_step >= max_steps:
-      raise MalloczeroError(f"{workdir} is already at learner step {start_step} >= --max-steps "
-                            f"{max_steps}; raise --max-steps to train further, or give a new --workdir "
-                            "for a fresh run")
     replay_dir = files.replay_checkpoints
     has_replay = os.path.isdir(replay_dir) and bool(os.listdir(replay_dir))
     print_fn(f"resuming {workdir} from learner step {start_step} "

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+
+import portpicker
 import time
 from typing import Any, Callable
 
@@ -22,7 +24,7 @@ from malloczero.learner.networks import make_networks
 from malloczero.system import builder
 from malloczero.system.guards import WorkDirLock
 from malloczero.system.loops import EpisodeStatistics, interrupt_sets, run_learner, step_actor
-from malloczero.system.training import Stopwatch, check_workdir, save_config
+from malloczero.system.training import Stopwatch, check_workdir, refuse_finished, save_config
 
 # The actor's log row averages its last games (the distributed actors' rows average the games
 # since their previous row instead: they report far more often).
@@ -62,21 +64,21 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
            log_every_s: float) -> TrainingResult:
   max_learner_steps = max_learner_steps or config.max_learner_steps
   eval_every_steps = eval_every_steps or config.eval_every_steps
-  check_workdir(config, workdir)  # Another config's run is refused before its config.json is lost.
+  # Another config's run, or one already at max_learner_steps, is refused before anything is lost.
+  refuse_finished(workdir, check_workdir(config, workdir), max_learner_steps)
   save_config(config, workdir)
   files = WorkDir(workdir)
   networks = make_networks(config.network, config.game)
   train_specs = program_specs(config, "train")
   heldout_specs = program_specs(config, "heldout")
 
-  server = builder.make_replay_server(config)
-  address = f"localhost:{server.port}"
+  # The learner restores its checkpoint and demonstrations before the replay server starts, so
+  # an unusable one is refused in one line, before Reverb's server logs a word.
+  port = portpicker.pick_unused_port()
+  address = f"localhost:{port}"
   sampler = builder.make_sampler(address, config)
-  try:  # Restores a checkpoint: an unusable one raises MalloczeroError before anything runs.
-    learner = builder.make_learner(networks, config, sampler, files, train_specs)
-  except BaseException:
-    server.stop()  # Otherwise it keeps its port and threads until garbage-collected.
-    raise
+  learner = builder.make_learner(networks, config, sampler, files, train_specs)
+  server = builder.make_replay_server(config, port=port)
   learner_logger = builder.make_logger(files, "learner", print_fn, log_every_s)
   curve = builder.make_evaluator(networks, config, files,
                                  {"train": train_specs, "heldout": heldout_specs},

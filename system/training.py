@@ -83,6 +83,15 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
   return None
 
 
+def refuse_finished(workdir: str, start_step: Optional[int], max_steps: int) -> None:
+  """A run already at `max_steps` is refused rather than trained again and saved over, in every
+  launch mode."""
+  if start_step is not None and start_step >= max_steps:
+    raise MalloczeroError(f"{workdir} is already at learner step {start_step} >= --max-steps "
+                          f"{max_steps}; raise --max-steps to train further, or give a new "
+                          "--workdir for a fresh run")
+
+
 def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
                       seed: int = 0,
                       cache: Optional[BaselineCache] = None) -> dict[str, dict[str, float]]:

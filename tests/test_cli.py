@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -134,7 +135,7 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
     process.communicate()
     raise
   assert process.returncode == 130, stderr[-2000:]
-  assert "malloczero: interrupted" in stderr
+  assert "malloczero: interrupted" in stderr and "resume with: malloczero train" in stderr
   checkpoint = workdir / "checkpoints" / "learner_state.npz"
   assert checkpoint.exists()
   assert load_params(str(checkpoint))  # A real, loadable parameter tree.
@@ -335,3 +336,69 @@ def test_a_workload_run_resumes_only_with_the_same_program(tmp_path):
   with pytest.raises(MalloczeroError, match="with other networks, game settings or --workload "
                      "programs"):
     check_workdir(config("40000"), str(tmp_path))
+
+
+def test_flag_values_only_a_command_can_judge_are_flag_errors(tmp_path, capsys):
+  """Infinite limits, both --compile and --no-compile, and --msa-option for baselines that ignore
+  it exit 2 in one line, as argparse's own flag errors do."""
+  from malloczero.launch import cli
+  workload = os.path.join(REPO, "env", "programs", "data", "workloads", "tiny-vgg-b1-infer.json.gz")
+  cases = [
+      (["solve", workload, "--hardware", "nnpi-like", "--solver", "cpsat", "--time-limit", "inf"],
+       "expected a finite positive number, got inf"),
+      (["train", "--max-seconds", "inf"], "expected a finite positive number, got inf"),
+      (["import-hlo", "x.hlo", "--out", str(tmp_path / "w.json"), "--compile", "--no-compile"],
+       "given twice"),
+      (["evaluate", "--suite", "tiny", "--solvers", "greedy,evo", "--msa-option", "picker=cost",
+        "--out", str(tmp_path / "never")], "--msa-option is for msa, evo-msa, not"),
+  ]
+  for argv, message in cases:
+    try:
+      code = cli.main(argv)
+    except SystemExit as e:  # argparse's own flag errors exit from parse_args.
+      code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err, (argv, err)
+  assert not (tmp_path / "never").exists()
+
+
+def test_a_flag_error_comes_before_jax_loads():
+  """`solve --solver agent` without --checkpoint is refused before the agent stack is imported."""
+  script = ("import sys; from malloczero.launch.cli import main; "
+            "code = main(['solve', 'missing.json', '--solver', 'agent']); "
+            "print(code, 'jax' in sys.modules)")
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+  assert result.stdout.split() == ["1", "False"], result.stderr[-2000:]
+  assert "--solver agent needs --checkpoint" in result.stderr
+
+
+def test_a_single_process_run_at_its_max_steps_is_refused(tmp_path, capsys, monkeypatch):
+  from malloczero.launch import cli
+  monkeypatch.setattr("malloczero.system.single_process.check_workdir",
+                      lambda config, workdir: 10)
+  code = cli.main(["train", "--launch", "single", "--config", "tiny", "--max-steps", "5",
+                   "--workdir", str(tmp_path / "run")])
+  err = capsys.readouterr().err
+  assert code == 1 and "already at learner step 10 >= --max-steps 5" in err, err
+
+
+@pytest.mark.slow
+def test_sigterm_stops_solve_like_ctrl_c_with_one_line_and_no_output_file(tmp_path):
+  workload = os.path.join(REPO, "env", "programs", "data", "workloads", "tiny-vgg-b1-infer.json.gz")
+  out = tmp_path / "map.json"
+  process = subprocess.Popen(
+      [sys.executable, "-m", "malloczero", "solve", workload, "--hardware", "nnpi-like",
+       "--solver", "evo", "--evaluations", "1000000", "--time-limit", "60", "--out", str(out)],
+      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  time.sleep(6)
+  process.terminate()
+  try:
+    _, stderr = process.communicate(timeout=60)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    process.communicate()
+    raise
+  assert process.returncode == 143, stderr[-2000:]
+  assert stderr == "malloczero: terminated\n"
+  assert not out.exists() and not list(tmp_path.iterdir())

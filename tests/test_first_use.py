@@ -168,6 +168,12 @@ def test_msa_options_reach_the_solver_from_the_command_line(capsys, workload_fil
       ("use_copy_resource=maybe", "--msa-option use_copy_resource needs true or false"),
       ("max_outstanding_prefetches=1.5", "max_outstanding_prefetches needs an integer"),
       ("picker=zzz", "unknown picker 'zzz'"),
-      ("min_overlap_to_async_copy_ratio=-1", "must be a positive number, got -1.0")):
+      ("min_overlap_to_async_copy_ratio=-1", "must be a positive number, got -1.0"),
+      ("max_outstanding_prefetches=-2", "must be -1 (no limit) or a count >= 0, got -2")):
     code, out, err = _run(capsys, *base, "--msa-option", option)
-    assert code == 1 and out == "" and err.count("\n") == 1 and message in err, err
+    # A flag error: exit 2, as argparse's, naming the command's help.
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err, err
+    assert "(see 'malloczero solve --help')" in err
+  # Solvers that do not read msa's options refuse them rather than ignore them.
+  code, out, err = _run(capsys, *base, "--solver", "greedy", "--msa-option", "picker=cost")
+  assert code == 2 and out == "" and "--msa-option is for msa, evo-msa, not greedy" in err, err

@@ -20,7 +20,8 @@ from malloczero.common.files import check_output_dir
 from malloczero.configs.config import DEFAULT_ATTEMPTS
 from malloczero.env.programs.suites import SPLITS
 from malloczero.env.solvers.registry import BASELINES, SOLVERS
-from malloczero.launch.flags import add_solver_flags, console, positive_int, solver_options
+from malloczero.launch.flags import (add_solver_flags, check_msa_options_used, console,
+                                     positive_int, solver_options)
 from malloczero.launch.tables import print_evaluation_tables
 
 if TYPE_CHECKING:  # The evaluation loads the whole agent stack: imported when the command runs.
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
   if unknown or (not solvers and not args.checkpoint):
     raise MalloczeroError(f"unknown solver(s) {', '.join(unknown) or '(none given)'} in --solvers "
                           f"(choose from {', '.join(SOLVERS)})")
+  check_msa_options_used(args, [BASELINES[s] for s in solvers + ["msa"]])
   for flag in ("simulations", "batch_agents"):
     if getattr(args, flag) and not args.checkpoint:
       raise MalloczeroError(f"--{flag.replace('_', '-')} needs --checkpoint DIR")

@@ -11,7 +11,7 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_file
 from malloczero.common.units import human_bytes
 from malloczero.env.workload import Workload
-from malloczero.launch.flags import console, positive_int
+from malloczero.launch.flags import OnceBooleanOptionalAction, console, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
   p.add_argument("hlo", help="HLO text, as printed by compiled.as_text() or XLA's dump "
                  "(--xla_dump_to=DIR --xla_dump_hlo_as_text: the *after_optimizations.txt file)")
   p.add_argument("--name", help="workload name (default: the file's name)")
-  p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+  p.add_argument("--compile", action=OnceBooleanOptionalAction, default=None,
                  help="compile the module with XLA on the CPU before importing it (default: "
                  "only when it is not scheduled); --no-compile keeps the print order of an "
                  "unscheduled module as its schedule")

@@ -204,7 +204,7 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
     print(f"malloczero: error: {result.describe()}; the last checkpoint is in "
           f"{files.checkpoints}", file=sys.stderr)
   elif result.status == "interrupted":
-    print(f"malloczero: interrupted at learner step {result.learner_steps}; run the same command "
-          "to resume", file=sys.stderr)
+    print(f"malloczero: interrupted at learner step {result.learner_steps}; resume with: "
+          f"{args.command_line}", file=sys.stderr)
   return result.exit_status
 
