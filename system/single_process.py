@@ -7,13 +7,15 @@ Reverb table's SampleToInsertRatio rate limiter keeps the two in step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 import threading
 
 import portpicker
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import reverb
 
@@ -42,6 +44,29 @@ class TrainingResult:
   workdir: str
 
 
+@contextlib.contextmanager
+def _native_stderr_to(path: str) -> Iterator[None]:
+  """Native libraries' log lines (Reverb's C++ server and clients, XLA) go to `path`; Python's
+  own stderr stays on the terminal. Reverb writes straight to file descriptor 2, and its lines
+  would otherwise stand before a run's one-line error or interrupt notice."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  sys.stderr.flush()
+  terminal_fd = os.dup(2)
+  terminal = os.fdopen(os.dup(terminal_fd), "w", buffering=1)
+  python_stderr = sys.stderr
+  with open(path, "ab") as log:
+    os.dup2(log.fileno(), 2)
+  sys.stderr = terminal
+  try:
+    yield
+  finally:
+    terminal.flush()
+    sys.stderr = python_stderr
+    os.dup2(terminal_fd, 2)
+    os.close(terminal_fd)
+    terminal.close()
+
+
 def train_single_process(config: Config, workdir: str, max_learner_steps: int | None = None,
                          max_seconds: float | None = None, eval_every_steps: int | None = None,
                          print_fn: Callable[[str], None] | None = print,
@@ -55,7 +80,12 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
   anything in it is written.
   """
   with WorkDirLock(os.path.abspath(workdir), print_fn):
-    return _train(config, workdir, max_learner_steps, max_seconds, eval_every_steps, print_fn,
+    max_learner_steps = max_learner_steps or config.max_learner_steps
+    # Another config's run, or one already at max_learner_steps, is refused before anything is
+    # lost or written.
+    refuse_finished(workdir, check_workdir(config, workdir), max_learner_steps)
+    with _native_stderr_to(WorkDir(workdir).node_log("native")):
+      return _train(config, workdir, max_learner_steps, max_seconds, eval_every_steps, print_fn,
                   log_every_s)
 
 
@@ -64,8 +94,6 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
            log_every_s: float) -> TrainingResult:
   max_learner_steps = max_learner_steps or config.max_learner_steps
   eval_every_steps = eval_every_steps or config.eval_every_steps
-  # Another config's run, or one already at max_learner_steps, is refused before anything is lost.
-  refuse_finished(workdir, check_workdir(config, workdir), max_learner_steps)
   save_config(config, workdir)
   files = WorkDir(workdir)
   networks = make_networks(config.network, config.game)

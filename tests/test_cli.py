@@ -402,3 +402,17 @@ def test_sigterm_stops_solve_like_ctrl_c_with_one_line_and_no_output_file(tmp_pa
   assert process.returncode == 143, stderr[-2000:]
   assert stderr == "malloczero: terminated\n"
   assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_bad_demonstrations_file_is_one_line_with_no_native_log_before_it(trained_run, tmp_path):
+  """The single-process trainer restores before Reverb starts, and Reverb's C++ lines go to
+  WORKDIR/nodes/native.log, not before the error."""
+  import shutil
+  workdir = tmp_path / "run"
+  shutil.copytree(trained_run["workdir"], workdir)
+  (workdir / "checkpoints" / "demonstrations.json").write_text("garbage")
+  result = _cli("train", "--launch", "single", "--config", "tiny", "--workdir", str(workdir),
+                "--max-steps", "100000", "--quiet")
+  assert result.returncode == 1, result.stderr[-2000:]
+  assert result.stderr.count("\n") == 1 and "demonstrations file" in result.stderr, result.stderr
