@@ -32,7 +32,10 @@ NETWORKS = make_networks(CONFIG.network, CONFIG.game)
 @pytest.fixture(scope="module")
 def state():
   example = {k: np.zeros((1, *s.shape), s.dtype) for k, s in observation_spec(CONFIG.game).items()}
-  params = NETWORKS.init(jax.random.PRNGKey(0), example)
+  # The networks' parameter shapes, traced without compiling, filled with distinct values.
+  shapes = jax.eval_shape(NETWORKS.init, jax.random.PRNGKey(0), example)
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map(lambda s: rng.standard_normal(s.shape).astype(s.dtype), shapes)
   opt_state = optax.adam(1e-3).init(params)
   return TrainingState(params, params, opt_state, np.int32(7), jax.random.PRNGKey(1))
 
