@@ -5,9 +5,9 @@ JSON format (docs/design.md)::
   {"name": str, "source": str,
    "ops": [{"name": str, "flops": number,                  # in schedule order
             "weight": int}, ...],                           # optional, default 1
-   "buffers": [{"id": int, "name": str, "size": int,         # bytes
+   "buffers": [{"id": int, "name": str, "size": int,         # id >= 0, unique; size in bytes
                 "def": int | null,                           # defining op; null = program start
-                "uses": [int, ...],                          # op indices that read it
+                "uses": [int, ...],                          # ops that read it: sorted, unique
                 "kind": "activation" | "parameter" | "input" | "output",
                 "use_bytes": [int, ...],                     # optional, parallel to uses
                 "def_bytes": int}, ...]}                     # optional
@@ -16,8 +16,8 @@ JSON format (docs/design.md)::
 the number its defining op writes; both default to `size`. They exist because XLA's cost
 analysis charges some ops less than whole buffers: a gather or a slice reads only the rows it
 fetches from a large table, an in-place dynamic-update-slice writes only its update. They are
-checked on load: `use_bytes` needs the same length as `uses`, `uses` then strictly increasing
-(so that the pairing is unambiguous), and every value an integer `0 <= bytes <= size`; 0 is a
+checked on load: `use_bytes` needs the same length as `uses` (strictly increasing, as always,
+so the pairing is unambiguous), and every value an integer `0 <= bytes <= size`; 0 is a
 use that keeps the buffer live without moving data (the done of an asynchronous operation, the
 aliased operand of an in-place update). `def_bytes` needs a defining op and the same bounds.
 Both keys are omitted on save when every value equals `size`, so files without partial
@@ -56,12 +56,15 @@ import gzip
 import io
 import json
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from malloczero.common import strict_json
 from malloczero.common.errors import WorkloadError
 from malloczero.common.files import write_bytes
+from malloczero.common.strict_json import show_value, unknown_key
 
 PROGRAM_START = -1
 KINDS = ("activation", "parameter", "input", "output")
@@ -70,6 +73,11 @@ PREFETCHED_KINDS = ("parameter", "input")  # Exist before the program: copied in
 # offsets computed in those arrays, cannot overflow: 2**60 bytes is 1 EiB.
 MAX_FILE_INT = 1 << 60
 MAX_TOTAL_BYTES = 1 << 62
+# The keys of a workload file at each level; any other is refused (a misspelt optional key such
+# as 'use_byte' would otherwise be ignored without a word).
+WORKLOAD_KEYS = ("name", "source", "ops", "buffers")
+OP_KEYS = ("name", "flops", "weight")
+BUFFER_KEYS = ("id", "name", "size", "def", "uses", "kind", "use_bytes", "def_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,9 +232,28 @@ def _is_number(x: Any) -> bool:
   return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
+def finite_number(x: Any) -> float | None:
+  """`x` as a float when it is a finite number, else None: an integer too large for a float
+  (a JSON integer of 400 digits) is not one, rather than an OverflowError."""
+  if not _is_number(x):
+    return None
+  try:
+    value = float(x)
+  except OverflowError:
+    return None
+  return value if np.isfinite(value) else None
+
+
+def _one_line(text: str) -> bool:
+  """Whether `text` can stand in a one-line message (no line break or other control character)."""
+  return text.isprintable()
+
+
 def _parse_workload(data: Any, where: str) -> Workload:
   if not isinstance(data, Mapping):
     _fail(where, f"expected a JSON object at the top level, got {type(data).__name__}")
+  if (problem := unknown_key(data, WORKLOAD_KEYS)):
+    _fail(where, problem)
   for key in ("ops", "buffers"):
     if key not in data:
       _fail(where, f"missing required key '{key}'")
@@ -234,6 +261,8 @@ def _parse_workload(data: Any, where: str) -> Workload:
   source = data.get("source", "unknown")
   if not isinstance(name, str) or not isinstance(source, str):
     _fail(where, "'name' and 'source' must be strings")
+  if not _one_line(name) or not _one_line(source):
+    _fail(where, "'name' and 'source' must be printable text without line breaks")
   raw_ops, raw_buffers = data["ops"], data["buffers"]
   if not isinstance(raw_ops, list):
     _fail(where, f"'ops' must be a list, got {type(raw_ops).__name__}")
@@ -243,69 +272,81 @@ def _parse_workload(data: Any, where: str) -> Workload:
   for t, op in enumerate(raw_ops):
     if not isinstance(op, Mapping):
       _fail(where, f"op {t}: expected an object, got {type(op).__name__}")
+    if (problem := unknown_key(op, OP_KEYS)):
+      _fail(where, f"op {t}: {problem}")
     op_name = op.get("name", f"op{t}")
     flops = op.get("flops", 0.0)
-    if not isinstance(op_name, str):
-      _fail(where, f"op {t}: 'name' must be a string")
-    if not _is_number(flops) or not np.isfinite(flops) or flops < 0:
-      _fail(where, f"op {t} ('{op_name}'): 'flops' must be a finite number >= 0, got {flops!r}")
+    if not isinstance(op_name, str) or not _one_line(op_name):
+      _fail(where, f"op {t}: 'name' must be a string of printable text, got {show_value(op_name)}")
+    if finite_number(flops) is None or flops < 0:
+      _fail(where, f"op {t} ('{op_name}'): 'flops' must be a finite number >= 0, got "
+            f"{show_value(flops)}")
     weight = op.get("weight", 1)
     if not _is_int(weight) or not 1 <= weight <= MAX_FILE_INT:
       _fail(where, f"op {t} ('{op_name}'): 'weight' must be an integer from 1 to 2**60, got "
-            f"{show_int(weight) if _is_int(weight) else repr(weight)}")
+            f"{show_int(weight) if _is_int(weight) else show_value(weight)}")
     ops.append(Op(op_name, float(flops), int(weight)))
   buffers = []
   for i, b in enumerate(raw_buffers):
     if not isinstance(b, Mapping):
       _fail(where, f"buffer #{i}: expected an object, got {type(b).__name__}")
+    if (problem := unknown_key(b, BUFFER_KEYS)):
+      _fail(where, f"buffer #{i}: {problem}")
     for key in ("id", "size", "uses", "kind"):
       if key not in b:
         _fail(where, f"buffer #{i}: missing required key '{key}'")
     bid = b["id"]
     if not _is_int(bid):
-      _fail(where, f"buffer #{i}: 'id' must be an integer, got {bid!r}")
+      _fail(where, f"buffer #{i}: 'id' must be an integer, got {show_value(bid)}")
     if (problem := int_out_of_range(bid, "id")):
       _fail(where, f"buffer #{i}: {problem}")
+    if bid < 0:
+      _fail(where, f"buffer #{i}: 'id' must be >= 0, got {bid}")
     label = f"buffer {bid}"
     size, def_op, uses, kind = b["size"], b.get("def"), b["uses"], b["kind"]
     bname = b.get("name", f"b{bid}")
-    if not isinstance(bname, str):
-      _fail(where, f"{label}: 'name' must be a string")
+    if not isinstance(bname, str) or not _one_line(bname):
+      _fail(where, f"{label}: 'name' must be a string of printable text, got {show_value(bname)}")
     if not _is_int(size):
-      _fail(where, f"{label} ('{bname}'): 'size' must be an integer number of bytes, got {size!r}")
+      _fail(where, f"{label} ('{bname}'): 'size' must be an integer number of bytes, got "
+            f"{show_value(size)}")
     if def_op is None:
       def_op = PROGRAM_START
     elif not _is_int(def_op):
-      _fail(where, f"{label} ('{bname}'): 'def' must be an op index or null, got {def_op!r}")
+      _fail(where, f"{label} ('{bname}'): 'def' must be an op index or null, got "
+            f"{show_value(def_op)}")
     if not isinstance(uses, list) or not all(_is_int(u) for u in uses):
-      _fail(where, f"{label} ('{bname}'): 'uses' must be a list of op indices, got {uses!r}")
+      _fail(where, f"{label} ('{bname}'): 'uses' must be a list of op indices, got "
+            f"{show_value(uses)}")
     if not isinstance(kind, str):
-      _fail(where, f"{label} ('{bname}'): 'kind' must be a string")
+      _fail(where, f"{label} ('{bname}'): 'kind' must be a string, got {show_value(kind)}")
     for key, value in (("size", size), ("def", def_op), *(("uses", u) for u in uses)):
       if (problem := int_out_of_range(value, key)):
         _fail(where, f"{label} ('{bname}'): {problem}")
+    if (k := next((k for k in range(1, len(uses)) if uses[k - 1] >= uses[k]), None)) is not None:
+      _fail(where, f"{label} ('{bname}'): 'uses' must be sorted with each op once, got "
+            f"{uses[k]} after {uses[k - 1]}")
     use_bytes, def_bytes = b.get("use_bytes"), b.get("def_bytes")
     if use_bytes is not None:
       if not isinstance(use_bytes, list) or not all(_is_int(x) for x in use_bytes):
         _fail(where, f"{label} ('{bname}'): 'use_bytes' must be a list of integers, got "
-              f"{use_bytes!r}"[:300])
+              f"{show_value(use_bytes)}")
       if len(use_bytes) != len(uses):
         _fail(where, f"{label} ('{bname}'): 'use_bytes' has {len(use_bytes)} entries for "
               f"{len(uses)} uses")
-      if any(u >= v for u, v in zip(uses, uses[1:])):
-        _fail(where, f"{label} ('{bname}'): with 'use_bytes', 'uses' must be strictly increasing")
       for x in use_bytes:
         if (problem := int_out_of_range(x, "use_bytes")):
           _fail(where, f"{label} ('{bname}'): {problem}")
       use_bytes = tuple(int(x) for x in use_bytes)
     if def_bytes is not None:
       if not _is_int(def_bytes):
-        _fail(where, f"{label} ('{bname}'): 'def_bytes' must be an integer, got {def_bytes!r}")
+        _fail(where, f"{label} ('{bname}'): 'def_bytes' must be an integer, got "
+              f"{show_value(def_bytes)}")
       if (problem := int_out_of_range(def_bytes, "def_bytes")):
         _fail(where, f"{label} ('{bname}'): {problem}")
       def_bytes = int(def_bytes)
-    buffers.append(Buffer(int(bid), bname, int(size), int(def_op),
-                          tuple(sorted({int(u) for u in uses})), kind,
+    buffers.append(Buffer(int(bid), bname, int(size), int(def_op), tuple(int(u) for u in uses),
+                          kind,
                           *_normal_access_bytes(use_bytes, def_bytes, int(size))))
   try:
     return Workload(name, source, tuple(ops), tuple(buffers))
@@ -345,9 +386,13 @@ def _check_workload(w: Workload) -> None:
   seen: set[int] = set()
   for b in w.buffers:
     label = f"buffer {b.id} ('{b.name}')"
+    if b.id < 0:
+      _fail(where, f"{label}: buffer ids must be >= 0, got {b.id}")
     if b.id in seen:
       _fail(where, f"duplicate buffer id {b.id}")
     seen.add(b.id)
+    if any(u >= v for u, v in zip(b.uses, b.uses[1:])):
+      _fail(where, f"{label}: 'uses' must be sorted with each op once")
     if b.kind not in KINDS:
       _fail(where, f"{label}: unknown kind '{b.kind}' (expected one of {', '.join(KINDS)})")
     if b.size <= 0:
@@ -418,14 +463,26 @@ def _build_arrays(w: Workload) -> WorkloadArrays:
 # MiniMalloc's own files name the columns buffer,start,end,size; both spellings are read.
 CSV_COLUMNS = {"id": ("id", "buffer"), "lower": ("lower", "start"), "upper": ("upper", "end"),
                "size": ("size",)}
+_CSV_INT = re.compile(r"[-+]?[0-9]+")
+# Longer integers are refused by their length before Python converts them (its own limit, 4300
+# digits, fails in a message about Python's settings); shorter ones by `int_out_of_range`.
+MAX_DIGITS = 100
+
+
+def _csv_text(cells: Sequence[str]) -> str:
+  """CSV cells as a message shows them: escaped (a quoted cell may hold a line break) and short."""
+  return show_value(",".join(cells)).strip("'\"")
 
 
 def workload_from_minimalloc_csv(text: str, name: str = "minimalloc") -> Workload:
   """Parses MiniMalloc's `id,lower,upper,size` CSV (half-open `[lower, upper)`) into a workload
   whose time axis is compressed to the distinct endpoints (see the module docstring), so that
   its size follows the number of buffers, not the length of time."""
-  reader = csv.reader(io.StringIO(text))
-  rows = [r for r in reader if r and any(c.strip() for c in r)]
+  text = text[len(strict_json.BOM):] if text.startswith(strict_json.BOM) else text
+  try:
+    rows = [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
+  except csv.Error as e:
+    _fail(name, f"not a readable CSV: {e}")
   if not rows:
     _fail(name, "empty CSV: expected a header 'id,lower,upper,size' and one row per buffer")
   header = [c.strip().lower() for c in rows[0]]
@@ -434,15 +491,19 @@ def workload_from_minimalloc_csv(text: str, name: str = "minimalloc") -> Workloa
     found = [header.index(k) for k in spellings if k in header]
     if not found:
       _fail(name, "CSV header must contain id,lower,upper,size (or MiniMalloc's "
-            f"buffer,start,end,size); got {','.join(header)[:200]}")
+            f"buffer,start,end,size); got {_csv_text(header)}")
     col[key] = found[0]
   records = []
   for line, row in enumerate(rows[1:], start=2):
-    try:
-      rec = {k: int(row[col[k]].strip()) for k in CSV_COLUMNS}
-    except (ValueError, IndexError):
+    cells = [row[col[k]].strip() if col[k] < len(row) else "" for k in CSV_COLUMNS]
+    if not all(_CSV_INT.fullmatch(c) for c in cells):
       _fail(name, f"CSV line {line}: expected integers for id,lower,upper,size, got "
-            f"{','.join(row)[:200]}")
+            f"{_csv_text(row)}")
+    for key, cell in zip(CSV_COLUMNS, cells):
+      if len(cell) > MAX_DIGITS:
+        _fail(name, f"CSV line {line}: '{key}' is an integer of {len(cell.lstrip('+-'))} digits, "
+              "too long: no value needs more than 19 digits")
+    rec = {k: int(c) for k, c in zip(CSV_COLUMNS, cells)}
     for key in CSV_COLUMNS:
       if (problem := int_out_of_range(rec[key], key)):
         _fail(name, f"CSV line {line}: {problem}")
@@ -480,25 +541,13 @@ def load_workload(path: str | os.PathLike) -> Workload:
   stem = base.split(".")[0]
   if not os.path.exists(path):
     raise WorkloadError(f"{path}: no such workload file")
-  try:
-    if path.endswith(".gz"):
-      with gzip.open(path, "rt", encoding="utf-8") as f:
-        text = f.read()
-    else:
-      with open(path, encoding="utf-8") as f:
-        text = f.read()
-  except (OSError, UnicodeDecodeError, EOFError) as e:
-    raise WorkloadError(f"{path}: cannot read: {e}") from None
+  text = strict_json.read_text(path, WorkloadError)
   if path.endswith(".csv"):
-    return workload_from_minimalloc_csv(text, name=stem)
-  try:
-    data = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise WorkloadError(f"{path}: not valid JSON (truncated or corrupt?): {e.msg} at line "
-                        f"{e.lineno} column {e.colno}") from None
-  except ValueError as e:  # An integer of more digits than Python converts.
-    raise WorkloadError(f"{path}: not a readable workload: {e}") from None
-  return Workload.from_dict(data, where=path)
+    try:
+      return workload_from_minimalloc_csv(text, name=stem)
+    except WorkloadError as e:  # Named after the file, not the workload it would have been.
+      raise WorkloadError(f"{path}: {getattr(e, 'detail', e)}") from None
+  return Workload.from_dict(strict_json.loads(text, path, WorkloadError), where=path)
 
 
 def save_workload(w: Workload, path: str | os.PathLike) -> None:

@@ -20,12 +20,12 @@ def workloads(draw, max_ops: int = 24, max_buffers: int = 40) -> Workload:
     size = draw(st.integers(1, 1 << 22))
     if kind in ("parameter", "input"):
       def_op = None
-      uses = draw(st.lists(st.integers(0, num_ops - 1), max_size=5, unique=True))
+      uses = sorted(draw(st.lists(st.integers(0, num_ops - 1), max_size=5, unique=True)))
     else:
       def_op = draw(st.integers(0, num_ops - 1))
       uses = draw(st.lists(st.integers(def_op + 1, num_ops), max_size=4, unique=True)) \
           if def_op + 1 < num_ops else []
-      uses = [u for u in uses if u < num_ops]
+      uses = sorted(u for u in uses if u < num_ops)
     buffers.append({"id": 1000 + 7 * i, "name": f"b{i}", "size": size, "def": def_op,
                     "uses": uses, "kind": kind})
   return workload_from_ops(f"hyp-{num_ops}-{num_buffers}", "hypothesis", flops, buffers)

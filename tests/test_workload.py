@@ -72,6 +72,8 @@ MALFORMED = [
     ("float id", lambda d: d["buffers"][0].update(id=1.5), r"'id' must be an integer"),
     ("bool flops", lambda d: d["ops"][0].update(flops=True), r"'flops' must be a finite number"),
     ("negative flops", lambda d: d["ops"][0].update(flops=-1), r"'flops' must be a finite number"),
+    ("flops beyond a float", lambda d: d["ops"][0].update(flops=10**400),
+     r"'flops' must be a finite number >= 0, got 1000"),
     ("uses not list", lambda d: d["buffers"][0].update(uses=3), r"'uses' must be a list"),
     ("unknown kind", lambda d: d["buffers"][0].update(kind="weights"), r"unknown kind 'weights'"),
     ("parameter with def", lambda d: d["buffers"][0].update(**{"def": 0}), r"'def' must be null"),
@@ -93,8 +95,21 @@ MALFORMED = [
      r"'use_bytes' entry -1 is outside"),
     ("use_bytes not ints", lambda d: d["buffers"][0].update(use_bytes=[8, "8"]),
      r"'use_bytes' must be a list of integers"),
-    ("use_bytes with unsorted uses", lambda d: d["buffers"][0].update(uses=[2, 0], use_bytes=[8, 8]),
-     r"with 'use_bytes', 'uses' must be strictly increasing"),
+    ("unsorted uses", lambda d: d["buffers"][0].update(uses=[2, 0]),
+     r"buffer 7 \('w'\): 'uses' must be sorted with each op once, got 0 after 2"),
+    ("repeated use", lambda d: d["buffers"][0].update(uses=[0, 0, 2]),
+     r"buffer 7 \('w'\): 'uses' must be sorted with each op once, got 0 after 0"),
+    ("negative id", lambda d: d["buffers"][0].update(id=-1), r"buffer #0: 'id' must be >= 0, got -1"),
+    ("bool id", lambda d: d["buffers"][0].update(id=True), r"buffer #0: 'id' must be an integer"),
+    ("float weight", lambda d: d["ops"][0].update(weight=2.0), r"op 0 \('a'\): 'weight' must be an "
+     "integer"),
+    ("unknown top-level key", lambda d: d.update(buffer=[]), r"unknown key 'buffer' \(known keys: "
+     r"name, source, ops, buffers\): remove it or fix its spelling"),
+    ("unknown op key", lambda d: d["ops"][1].update(flop=3), r"op 1: unknown key 'flop'"),
+    ("unknown buffer key", lambda d: d["buffers"][0].update(use_byte=[8, 8]),
+     r"buffer #0: unknown key 'use_byte'"),
+    ("line break in a name", lambda d: d["buffers"][0].update(name="a\nb"),
+     r"buffer 7: 'name' must be a string of printable text, got 'a\\nb'"),
     ("def_bytes on a parameter", lambda d: d["buffers"][0].update(def_bytes=8),
      r"'def_bytes' is given but the buffer has no defining op"),
     ("def_bytes above size", lambda d: d["buffers"][1].update(def_bytes=33),
@@ -200,6 +215,7 @@ def test_malformed_csv(text, message):
 def test_integers_with_more_digits_than_python_reads_are_one_line_errors(tmp_path):
   path = tmp_path / "huge.json"
   path.write_text(json.dumps(GOOD).replace('"size": 64', '"size": 1' + "0" * 5000))
-  with pytest.raises(WorkloadError, match="huge.json: not a readable workload") as info:
+  with pytest.raises(WorkloadError, match="huge.json: an integer of 5001 digits is too long: no "
+                     "value in this file needs more than 19 digits") as info:
     load_workload(path)
-  assert "\n" not in str(info.value)
+  assert "\n" not in str(info.value) and "set_int_max_str_digits" not in str(info.value)
