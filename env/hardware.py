@@ -13,21 +13,25 @@ JSON format::
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from malloczero.common import strict_json
 from malloczero.common.errors import HardwareError, MalloczeroError
+from malloczero.common.strict_json import show_value, unknown_key
 from malloczero.common.units import human_bytes
-from malloczero.env.workload import Workload
+from malloczero.env.workload import Workload, show_int
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 # Capacities and the alignment become int64 arrays and are added to offsets there; the bound keeps
 # those sums from overflowing (the 'minimalloc' preset's slow memory is 2**62 bytes).
 MAX_CAPACITY_BYTES = 1 << 62
 MAX_ALIGNMENT_BYTES = 1 << 30
+HARDWARE_KEYS = ("name", "peak_flops_per_s", "copy_bandwidth_bytes_per_s", "alignment_bytes",
+                 "levels")
+LEVEL_KEYS = ("name", "capacity_bytes", "bandwidth_bytes_per_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +83,9 @@ class Hardware:
     if len(capacities) != self.num_fast_levels:
       raise HardwareError(f"{self.name}: expected {self.num_fast_levels} fast capacities, "
                           f"got {len(capacities)}")
+    for lv, capacity in zip(self.levels, capacities):
+      if (problem := self._capacity_problem(int(capacity))):
+        raise HardwareError(f"{self.name}: capacity of '{lv.name}' {problem}")
     levels = tuple(dataclasses.replace(lv, capacity_bytes=int(c))
                    for lv, c in zip(self.levels, capacities)) + (self.levels[-1],)
     return dataclasses.replace(self, levels=levels)
@@ -95,8 +102,8 @@ class Hardware:
     Together, not the fastest level alone, so that a capacity below a program's peak contends
     every fast level: scaling the other levels with the fastest one gave nnpi-like an LLC of 6x
     the SRAM, which at "25% of peak" held 150% of the program and contended nothing."""
-    if capacity_bytes <= 0:
-      raise HardwareError(f"{self.name}: fast capacity must be positive, got {capacity_bytes}")
+    if (problem := self._capacity_problem(capacity_bytes)):
+      raise HardwareError(f"{self.name}: fast capacity {problem}")
     shares = np.array([lv.capacity_bytes for lv in self.levels[:-1]], np.float64)
     shares /= shares.sum()
     a = self.alignment_bytes
@@ -114,10 +121,25 @@ class Hardware:
                 if name == self.levels[-1].name else "")
         raise HardwareError(f"{self.name}: no fast level '{name}' (fast levels: "
                             f"{', '.join(fast)}){slow}")
-      if capacity <= 0:
-        raise HardwareError(f"{self.name}: capacity of '{name}' must be positive, got {capacity}")
     return self.with_fast_capacities([capacities.get(lv.name, lv.capacity_bytes)
                                       for lv in self.levels[:-1]])
+
+  def _capacity_problem(self, capacity: int) -> str | None:
+    """What is wrong with `capacity` bytes of fast memory here, else None: a fast level holds
+    part of what the slow default memory holds, and at least one aligned unit, or no buffer fits."""
+    slow, a = self.levels[-1], self.alignment_bytes
+    if capacity <= 0:
+      return f"must be positive, got {show_int(capacity)}"
+    if capacity > MAX_CAPACITY_BYTES:
+      return f"is beyond the limit of 2**62 bytes, got {show_int(capacity)}"
+    if capacity > slow.capacity_bytes:
+      return (f"{human_bytes(capacity)} ({capacity} bytes) exceeds the slow default memory "
+              f"'{slow.name}' ({human_bytes(slow.capacity_bytes)}): give at most "
+              f"{slow.capacity_bytes} bytes")
+    if capacity < a:
+      return (f"{capacity} bytes is below the alignment of {a} bytes, so no buffer fits: give at "
+              f"least {a} bytes")
+    return None
 
   def to_dict(self) -> dict[str, Any]:
     return {"name": self.name, "peak_flops_per_s": self.peak_flops_per_s,
@@ -127,13 +149,19 @@ class Hardware:
 
   @classmethod
   def from_dict(cls, data: Any, where: str = "hardware") -> "Hardware":
+    """The machine `data` describes, checked key by key (no key the format lacks, integers where
+    it means integers); `where` starts every message."""
     if not isinstance(data, Mapping):
       raise HardwareError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if (problem := unknown_key(data, HARDWARE_KEYS)):
+      raise HardwareError(f"{where}: {problem}")
+    raw_levels = data.get("levels", [])
+    if not isinstance(raw_levels, list) or not all(isinstance(lv, Mapping) for lv in raw_levels):
+      raise HardwareError(f"{where}: 'levels' must be a list of objects, got "
+                          f"{show_value(raw_levels)}")
     try:
-      levels = tuple(MemoryLevel(str(lv["name"]), _as_int(lv["capacity_bytes"], "capacity_bytes"),
-                                 _as_float(lv["bandwidth_bytes_per_s"], "bandwidth_bytes_per_s"))
-                     for lv in data["levels"])
-      return cls(name=str(data.get("name", "custom")), levels=levels,
+      levels = tuple(_level(lv, j) for j, lv in enumerate(data["levels"]))
+      return cls(name=_as_name(data.get("name", "custom")), levels=levels,
                  peak_flops_per_s=_as_float(data["peak_flops_per_s"], "peak_flops_per_s"),
                  copy_bandwidth_bytes_per_s=_as_float(data["copy_bandwidth_bytes_per_s"],
                                                       "copy_bandwidth_bytes_per_s"),
@@ -146,10 +174,28 @@ class Hardware:
       raise HardwareError(f"{where}: malformed hardware description: {e}") from None
 
 
+def _level(data: Mapping, j: int) -> MemoryLevel:
+  """Level `j` of a hardware file; a problem is a HardwareError naming the level."""
+  problem = unknown_key(data, LEVEL_KEYS)
+  missing = next((k for k in LEVEL_KEYS if k not in data), None)
+  if problem or missing:
+    raise HardwareError(f"level {j}: {problem or f'missing required key {missing!r}'}")
+  try:
+    return MemoryLevel(_as_name(data["name"]), _as_int(data["capacity_bytes"], "capacity_bytes"),
+                       _as_float(data["bandwidth_bytes_per_s"], "bandwidth_bytes_per_s"))
+  except HardwareError as e:
+    raise HardwareError(f"level {j}: {e}") from None
+
+
+def _as_name(x: Any) -> str:
+  if not isinstance(x, str) or not x.isprintable():
+    raise HardwareError(f"a 'name' must be a string of printable text, got {show_value(x)}")
+  return x
+
+
 def _as_int(x: Any, key: str) -> int:
-  if (isinstance(x, bool) or not isinstance(x, (int, float))
-      or (isinstance(x, float) and not np.isfinite(x)) or int(x) != x):
-    raise HardwareError(f"'{key}' must be an integer, got {x!r}")
+  if isinstance(x, bool) or not isinstance(x, int):
+    raise HardwareError(f"'{key}' must be an integer, got {show_value(x)}")
   limit = MAX_ALIGNMENT_BYTES if key == "alignment_bytes" else MAX_CAPACITY_BYTES
   if abs(int(x)) > limit:
     digits = len(str(abs(int(x))))
@@ -160,7 +206,7 @@ def _as_int(x: Any, key: str) -> int:
 
 def _as_float(x: Any, key: str) -> float:
   if isinstance(x, bool) or not isinstance(x, (int, float)):
-    raise HardwareError(f"'{key}' must be a number, got {x!r}")
+    raise HardwareError(f"'{key}' must be a number, got {show_value(x)}")
   try:
     return float(x)
   except OverflowError:
@@ -225,16 +271,7 @@ def load_hardware(spec: str | os.PathLike) -> Hardware:
   if not os.path.exists(spec):
     raise HardwareError(f"unknown hardware '{spec}': not a preset ({', '.join(PRESETS)}) "
                         "and no such file")
-  try:
-    with open(spec, encoding="utf-8") as f:
-      data = json.load(f)
-  except json.JSONDecodeError as e:
-    raise HardwareError(f"{spec}: not valid JSON: {e.msg} at line {e.lineno}") from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise HardwareError(f"{spec}: cannot read: {e}") from None
-  except ValueError as e:  # An integer of more digits than Python converts.
-    raise HardwareError(f"{spec}: not a readable hardware description: {e}") from None
-  return Hardware.from_dict(data, where=spec)
+  return Hardware.from_dict(strict_json.load(spec, HardwareError), where=spec)
 
 
 def check_fits(hw: Hardware, peak_live_bytes: int, where: str) -> None:

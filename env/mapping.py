@@ -1,4 +1,5 @@
-"""Mappings: the result of a solver or an agent, as written to MAP.json (format version 2).
+"""Mappings: the result of a solver or an agent, as written to MAP.json or MAP.json.gz (format
+version 2).
 
   {"format_version": 2, "workload": str, "hardware": {...hardware JSON...}, "solver": str,
    "allocations": [{"request": int, "buffer": int, "level": int, "offset": int,
@@ -29,21 +30,26 @@ refused with a one-line error: their times were computed without copy contention
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
 from malloczero.env.cost_model import NO_COPY, Allocations
+from malloczero.common import strict_json
 from malloczero.common.errors import MappingError
-from malloczero.common.files import write_text
+from malloczero.common.files import write_bytes, write_text
+from malloczero.common.strict_json import show_value, unknown_key
 from malloczero.env.hardware import Hardware, HardwareError
-from malloczero.env.workload import Workload, int_out_of_range
+from malloczero.env.workload import Workload, finite_number, int_out_of_range, show_int
 
 ALLOCATION_KEYS = ("request", "buffer", "level", "offset", "start", "end")
 COPY_KINDS = ("prefetch", "eviction")
 COPY_KEYS = ("start", "done")
+MAPPING_KEYS = ("format_version", "workload", "hardware", "solver", "allocations",
+                "estimated_time_s", "slow_only_time_s")
 FORMAT_VERSION = 2
 
 
@@ -114,58 +120,42 @@ class Mapping:
   def to_dict(self) -> dict[str, Any]:
     return {"format_version": FORMAT_VERSION, "workload": self.workload,
             "hardware": self.hardware.to_dict() if self.hardware else None,
-            "solver": self.solver, "allocations": [dict(a) for a in self.allocations],
+            "solver": self.solver,
+            "allocations": [{k: dict(v) if isinstance(v, dict) else v for k, v in a.items()}
+                            for a in self.allocations],
             "estimated_time_s": self.estimated_time_s, "slow_only_time_s": self.slow_only_time_s}
 
   @classmethod
   def from_dict(cls, data: Any, where: str = "mapping") -> "Mapping":
+    """The mapping `data` describes, checked key by key: no key the format lacks, integers where
+    it means integers (not 2.0, not true), copy windows in order; `where` starts every message."""
+    def fail(message: str) -> NoReturn:
+      raise MappingError(f"{where}: {message}")
+
     if not isinstance(data, dict):
-      raise MappingError(f"{where}: expected a JSON object, got {type(data).__name__}")
+      fail(f"expected a JSON object, got {type(data).__name__}")
     version = data.get("format_version", 1)
+    if not _is_int(version):
+      fail(f"'format_version' must be the integer {FORMAT_VERSION}, got {show_value(version)}")
     if version != FORMAT_VERSION:
-      raise MappingError(
-          f"{where}: mapping format version {version!r}"
-          + (" (no 'format_version')" if "format_version" not in data else "")
-          + f"; this malloczero reads version {FORMAT_VERSION} (segments with their prefetch and "
-          "eviction copies, times with copy contention): solve again to write one")
+      fail(f"mapping format version {show_int(version)}"
+           + (" (no 'format_version')" if "format_version" not in data else "")
+           + f"; this malloczero reads version {FORMAT_VERSION} (segments with their prefetch and "
+           "eviction copies, times with copy contention): solve again to write one")
+    if (problem := unknown_key(data, MAPPING_KEYS)):
+      fail(problem)
     for key in ("workload", "allocations", "estimated_time_s", "slow_only_time_s"):
       if key not in data:
-        raise MappingError(f"{where}: missing required key '{key}'")
+        fail(f"missing required key '{key}'")
+    for key in ("workload", "solver"):
+      if key in data and (not isinstance(data[key], str) or not data[key].isprintable()):
+        fail(f"'{key}' must be a string of printable text, got {show_value(data[key])}")
     if not isinstance(data["allocations"], list):
-      raise MappingError(f"{where}: 'allocations' must be a list")
-    rows = []
-    for i, a in enumerate(data["allocations"]):
-      if not isinstance(a, dict):
-        raise MappingError(f"{where}: allocation {i} is not an object")
-      for key in ALLOCATION_KEYS:
-        v = a.get(key)
-        if isinstance(v, bool) or not isinstance(v, int):
-          raise MappingError(f"{where}: allocation {i}: '{key}' must be an integer, got {v!r}")
-        if (problem := int_out_of_range(v, key)):
-          raise MappingError(f"{where}: allocation {i}: {problem}")
-      row = {k: int(a[k]) for k in ALLOCATION_KEYS}
-      for kind in COPY_KINDS:
-        if a.get(kind) is None:
-          continue
-        copy = a[kind]
-        if not isinstance(copy, dict):
-          raise MappingError(f"{where}: allocation {i}: '{kind}' must be an object with "
-                             f"'start' and 'done', got {copy!r}")
-        for key in COPY_KEYS:
-          v = copy.get(key)
-          if isinstance(v, bool) or not isinstance(v, int):
-            raise MappingError(f"{where}: allocation {i}: '{kind}.{key}' must be an integer, "
-                               f"got {v!r}")
-          if (problem := int_out_of_range(v, f"{kind}.{key}")):
-            raise MappingError(f"{where}: allocation {i}: {problem}")
-          if v < 0:
-            raise MappingError(f"{where}: allocation {i}: '{kind}.{key}' must be >= 0, got {v}")
-        row[kind] = {key: int(copy[key]) for key in COPY_KEYS}
-      rows.append(row)
+      fail("'allocations' must be a list")
+    rows = [_allocation(a, f"allocation {i}", fail) for i, a in enumerate(data["allocations"])]
     for key in ("estimated_time_s", "slow_only_time_s"):
-      v = data[key]
-      if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise MappingError(f"{where}: '{key}' must be a number, got {v!r}")
+      if (seconds := finite_number(data[key])) is None or seconds < 0:
+        fail(f"'{key}' must be a finite number of seconds >= 0, got {show_value(data[key])}")
     hardware = None
     if data.get("hardware") is not None:
       try:
@@ -176,8 +166,54 @@ class Mapping:
                float(data["estimated_time_s"]), float(data["slow_only_time_s"]))
 
   def save(self, path: str | os.PathLike) -> None:
-    """Writes MAP.json atomically (see common/files.py)."""
-    write_text(path, json.dumps(self.to_dict(), indent=1))
+    """Writes MAP.json, or MAP.json.gz compressed (as workloads are), atomically (see
+    common/files.py)."""
+    text = json.dumps(self.to_dict(), indent=1)
+    if os.fspath(path).endswith(".gz"):
+      write_bytes(path, gzip.compress(text.encode("utf-8")))
+    else:
+      write_text(path, text)
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _allocation(a: Any, what: str, fail: Callable[[str], NoReturn]) -> dict[str, Any]:
+  """One allocation of a mapping file as a row of plain integers; `fail` reports a problem with
+  `what` (the allocation) in one line."""
+  if not isinstance(a, dict):
+    fail(f"{what} is not an object")
+  if (problem := unknown_key(a, ALLOCATION_KEYS + COPY_KINDS)):
+    fail(f"{what}: {problem}")
+  for key in ALLOCATION_KEYS:
+    v = a.get(key)
+    if not _is_int(v):
+      fail(f"{what}: '{key}' must be an integer, got {show_value(v)}")
+    if (problem := int_out_of_range(v, key)):
+      fail(f"{what}: {problem}")
+  row = {k: int(a[k]) for k in ALLOCATION_KEYS}
+  for kind in COPY_KINDS:
+    if a.get(kind) is None:
+      continue
+    copy = a[kind]
+    if not isinstance(copy, dict):
+      fail(f"{what}: '{kind}' must be an object with 'start' and 'done', got {show_value(copy)}")
+    if (problem := unknown_key(copy, COPY_KEYS)):
+      fail(f"{what}: '{kind}': {problem}")
+    for key in COPY_KEYS:
+      v = copy.get(key)
+      if not _is_int(v):
+        fail(f"{what}: '{kind}.{key}' must be an integer, got {show_value(v)}")
+      if (problem := int_out_of_range(v, f"{kind}.{key}")):
+        fail(f"{what}: {problem}")
+      if v < 0:
+        fail(f"{what}: '{kind}.{key}' must be >= 0, got {v}")
+    if copy["done"] < copy["start"]:
+      fail(f"{what}: its {kind} window [start {copy['start']}, done {copy['done']}] is due before "
+           "it is issued: 'done' must be >= 'start'")
+    row[kind] = {key: int(copy[key]) for key in COPY_KEYS}
+  return row
 
 
 def _op_index(workload: Workload, times: np.ndarray, key: str) -> np.ndarray:
@@ -204,17 +240,8 @@ def _sample(axis: np.ndarray) -> str:
 
 
 def load_mapping(path: str | os.PathLike) -> Mapping:
+  """Reads MAP.json or MAP.json.gz; every failure is a one-line MappingError."""
   path = os.fspath(path)
   if not os.path.exists(path):
     raise MappingError(f"{path}: no such mapping file")
-  try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
-  except json.JSONDecodeError as e:
-    raise MappingError(f"{path}: not valid JSON (truncated or corrupt?): {e.msg} at line "
-                       f"{e.lineno}") from None
-  except (OSError, UnicodeDecodeError) as e:
-    raise MappingError(f"{path}: cannot read: {e}") from None
-  except ValueError as e:  # An integer of more digits than Python converts.
-    raise MappingError(f"{path}: not a readable mapping: {e}") from None
-  return Mapping.from_dict(data, where=path)
+  return Mapping.from_dict(strict_json.load(path, MappingError), where=path)
