@@ -12,7 +12,7 @@ from malloczero.env.solvers import solve
 from malloczero.env.solvers import registry
 from malloczero.env.solvers.registry import BASELINES, SOLVERS, option_fields
 from malloczero.launch import cli
-from malloczero.launch.flags import solver_options
+from malloczero.launch.flags import FlagError, solver_options
 from malloczero.launch.solvers import ALL_SOLVERS
 from malloczero.system.baseline_cache import BaselineCache
 
@@ -34,7 +34,13 @@ def test_every_option_of_every_solver_is_a_flag_of_solve_and_reaches_the_solver(
                             "--evaluations", "7", "--workers", "1", "--skip-below", "0.25",
                             "--msa-option", "max_outstanding_prefetches=2"])
   for solver in ALL_SOLVERS.values():
-    options = solver_options(args, solver)
+    if not solver.takes_msa_options:  # --msa-option is refused, not ignored, by the others.
+      with pytest.raises(FlagError, match="--msa-option is for msa, evo-msa"):
+        solver_options(args, solver)
+      args.msa_option, options = None, solver_options(args, solver)
+      args.msa_option = [("max_outstanding_prefetches", "2")]
+    else:
+      options = solver_options(args, solver)
     fields = {f.name for f in dataclasses.fields(solver.options)}
     assert fields <= set(options), solver.name
     expected = {"time_limit_s": 3.0, "seed": 5, "evaluations": 7, "workers": 1,
