@@ -37,7 +37,8 @@ def test_every_option_of_every_solver_is_a_flag_of_solve_and_reaches_the_solver(
     if not solver.takes_msa_options:  # --msa-option is refused, not ignored, by the others.
       with pytest.raises(FlagError, match="--msa-option is for msa, evo-msa"):
         solver_options(args, solver)
-      args.msa_option, options = None, solver_options(args, solver)
+      args.msa_option = None
+      options = solver_options(args, solver)
       args.msa_option = [("max_outstanding_prefetches", "2")]
     else:
       options = solver_options(args, solver)
