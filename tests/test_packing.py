@@ -150,20 +150,20 @@ def test_pack_on_an_overfull_csv_searches_what_fits_everywhere_and_beats_bestfit
 
 def test_the_search_grows_its_trail_when_it_fills_up():
   """A trail too short for one path is doubled and the run repeated: same packing."""
-  from malloczero.env.solvers import packing
+  from malloczero.env.solvers import pack_search
   w = workload_from_minimalloc_csv(csv(ROWS), name="hand")
   hw = PRESETS["minimalloc"].with_fast_capacity(CAPACITY)
   full = solve(w, hw, "pack", time_limit_s=SEARCH_LIMIT_S)
-  original = packing._Kernel.__init__
+  original = pack_search.Kernel.__init__
 
   def short_trail(self, *args, **kwargs):
     original(self, *args, **kwargs)
-    self.tidx, self.told = self.tidx[:2].copy(), self.told[:2].copy()
+    self.trail_index, self.trail_old = self.trail_index[:2].copy(), self.trail_old[:2].copy()
   try:
-    packing._Kernel.__init__ = short_trail
+    pack_search.Kernel.__init__ = short_trail
     grown = solve(w, hw, "pack", time_limit_s=SEARCH_LIMIT_S)
   finally:
-    packing._Kernel.__init__ = original
+    pack_search.Kernel.__init__ = original
   assert grown.info["status"] == "packed"
   assert offsets_of(grown.mapping) == offsets_of(full.mapping)
 
