@@ -1,5 +1,5 @@
 """msa's allocation loop as a decision process (env/msa/algorithm.py: `MsaDecisions`,
-`MsaAlgorithm.steps`), the first step of issue 14 item 2: the game's steps will be msa's
+`MsaAlgorithm.steps`), what the msa game is built on (docs/msa.md): the game's steps are msa's
 decision points and its actions the options msa weighs there.
 
 What must hold: msa's own choice at every step is the `msa` solver, exactly as it was before the
@@ -126,6 +126,15 @@ def check_decision(decision: MsaDecision, hardware, max_starts: int) -> None:
   assert decision.msa_choice == (1 if len(options) > 1 else 0)
 
 
+def msa_options(fifo: bool = False) -> st.SearchStrategy[MsaOptions]:
+  """Options that change msa's decisions: the picker, the outstanding-copy limits and, with
+  `fifo`, the prefetch FIFO order."""
+  return st.builds(MsaOptions, picker=st.sampled_from(["cost", "instruction_count"]),
+                   max_outstanding_prefetches=st.sampled_from([-1, 0, 1, 2]),
+                   max_outstanding_evictions=st.sampled_from([-1, 0, 1]),
+                   enforce_prefetch_fifo_order=st.booleans() if fifo else st.just(False))
+
+
 def random_policy(seed: int):
   rng = random.Random(seed)
   return lambda decision: rng.randrange(len(decision.options))
@@ -191,9 +200,7 @@ def test_msas_choice_equals_the_solver_on_random_workloads_for_any_number_of_sta
   """The number of prefetch options offered never changes msa's own choice."""
   workload = data.draw(workloads())
   hardware = data.draw(hardware_for(workload))
-  options = MsaOptions(picker=data.draw(st.sampled_from(["cost", "instruction_count"])),
-                       max_outstanding_prefetches=data.draw(st.sampled_from([-1, 0, 1, 2])),
-                       max_outstanding_evictions=data.draw(st.sampled_from([-1, 0, 1])))
+  options = data.draw(msa_options())
   expected, _ = msa_allocations(workload, hardware, options)
   got = play_checked(workload, hardware, msa_policy, options,
                      data.draw(st.sampled_from([1, 3])))
@@ -224,10 +231,7 @@ def test_default_memory_at_every_step_is_all_slow(name):
 def test_any_legal_option_at_every_step_gives_a_mapping_the_validator_accepts(data):
   workload = data.draw(workloads())
   hardware = data.draw(hardware_for(workload))
-  options = MsaOptions(picker=data.draw(st.sampled_from(["cost", "instruction_count"])),
-                       max_outstanding_prefetches=data.draw(st.sampled_from([-1, 0, 1, 2])),
-                       max_outstanding_evictions=data.draw(st.sampled_from([-1, 0, 1])),
-                       enforce_prefetch_fifo_order=data.draw(st.booleans()))
+  options = data.draw(msa_options(fifo=True))
   policy = random_policy(data.draw(st.integers(0, 2**32 - 1)))
   allocations = play_checked(workload, hardware, policy, options,
                              data.draw(st.sampled_from([1, 4])))

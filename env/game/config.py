@@ -30,8 +30,8 @@ class GameConfig:
     (2 + max_prefetch_starts x max_fast_levels actions).
   skip_below: msa game only. 0 offers every decision. Above 0, msa's own choice is played, not
     offered, at decisions with a single option or whose best option msa estimates to save less
-    than this fraction of the all-slow time (issue 15: most moves cannot matter); their rewards
-    go to the next move the agent makes.
+    than this fraction of the all-slow time (most moves cannot matter: docs/design.md,
+    "Actions, rewards, episode"); their rewards go to the next move the agent makes.
   """
   num_candidates: int = 16
   occupancy_bins: int = 32
