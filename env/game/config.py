@@ -23,8 +23,8 @@ class GameConfig:
   """What the game plays and how wide its observations are.
 
   decisions: "msa" (env/game/game.py, the default: one step per decision point of XLA's msa
-    loop, the actions the options msa weighs there) or "requests" (env/game/requests_game.py: one step per
-    request, the actions its best-fit candidates).
+    loop, the actions the options msa weighs there) or "requests" (env/game/requests_game.py:
+    one step per request, the actions its best-fit candidates).
   num_candidates: K of the requests game (1 + K actions).
   max_prefetch_starts: prefetch starts offered per fast level in the msa game
     (2 + max_prefetch_starts x max_fast_levels actions).

@@ -41,7 +41,7 @@ from malloczero.env.game.base import GameBase
 from malloczero.env.game.config import GameConfig
 from malloczero.env.hardware import Hardware
 from malloczero.env.msa.algorithm import MsaDecisions
-from malloczero.env.msa.decision import option_slots, worth_deciding
+from malloczero.env.msa.decision import MsaDecision, option_slots, worth_deciding
 from malloczero.env.msa.settings import MsaOptions
 from malloczero.env.simulator import kernels
 from malloczero.env.workload import PROGRAM_START, Workload
@@ -147,8 +147,8 @@ class MsaGame(GameBase):
   # -------------------------------------------------------------------------- queries
 
   @property
-  def decision(self):
-    """The current `MsaDecision` (None once the episode is over)."""
+  def decision(self) -> MsaDecision | None:
+    """The current decision point (None once the episode is over)."""
     return self._decisions.decision
 
   @property

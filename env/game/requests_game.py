@@ -1,17 +1,18 @@
 """The requests game: mallocGame over whole requests, the project's first game, which the
 `bestfit` baseline still plays (env/game/game.py is the game the agent trains on).
 
-In the requests game each step presents one request (see requests.py) and offers `A = 1 + K` actions: `0` leaves it in
-the slow default memory, `k >= 1` places it at the k-th candidate (level, offset). Candidates are
-the starts of the free address gaps of each fast level over the request's window that are large
-enough, ordered best fit first (least wasted bytes, ties to the lowest offset), the fast levels
-interleaved fastest first. The reward is the exact decrease of the cost model's program time
-caused by the step, divided by the all-slow program time, so an episode's return is the
-fractional time saved over "everything in slow memory".
+In the requests game each step presents one request (see requests.py) and offers `A = 1 + K`
+actions: `0` leaves it in the slow default memory, `k >= 1` places it at the k-th candidate
+(level, offset). Candidates are the starts of the free address gaps of each fast level over the
+request's window that are large enough, ordered best fit first (least wasted bytes, ties to the
+lowest offset), the fast levels interleaved fastest first. The reward is the exact decrease of
+the cost model's program time caused by the step, divided by the all-slow program time, so an
+episode's return is the fractional time saved over "everything in slow memory".
 
-Observations are fixed-size float32 arrays, laid out feature by feature in env/game/observation.py, so
-one network serves every workload and every hardware with up to `max_fast_levels` fast levels.
-After the last request the terminal observation is all zeros with only action 0 legal.
+Observations are fixed-size float32 arrays, laid out feature by feature in
+env/game/observation.py, so one network serves every workload and every hardware with up to
+`max_fast_levels` fast levels. After the last request the terminal observation is all zeros with
+only action 0 legal.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class MallocGame(GameBase):
     self._set_up(workload, hardware, config)
     self.requests: Requests = build_requests(self.cost_model)
     if len(self.requests) == 0:
-      raise MalloczeroError(f"{workload.name}: nothing to play on '{hardware.name}': no buffer fits "
-                            "in fast memory and saves time there")
+      raise MalloczeroError(f"{workload.name}: nothing to play on '{hardware.name}': no buffer "
+                            "fits in fast memory and saves time there")
     self._placement = Placement(self.cost_model, self.requests)
     self._capacity = self._placement.capacity  # [F]
     self._static = self._static_features()

@@ -64,9 +64,9 @@ import numpy as np
 from malloczero.common.errors import MalloczeroError
 from malloczero.env.placement import Placement
 from malloczero.env.requests import Requests
-from malloczero.env.solvers import time_limit
 from malloczero.env.solvers.heuristics import bestfit
 from malloczero.env.solvers.pack_search import FIELD, NOT_FOUND, OK, Kernel, warm_up
+from malloczero.env.solvers.time_limit import now
 
 DEFAULT_TIME_LIMIT_S = 10.0
 HEURISTICS = ("WAT", "TAW", "TWA")
@@ -140,9 +140,9 @@ def _search_packing(req: Requests, subset: np.ndarray, axis: np.ndarray, capacit
   # The jitted search is compiled on its first use on a machine (seconds; numba caches it
   # beside pack_search.py) and loaded from that cache later (a fraction of a second). A tiny run
   # first keeps that out of the node rate the time limit is turned into.
-  t0 = time_limit.clock()
+  t0 = now()
   warm_up()
-  info["jit_s"] = time_limit.clock() - t0
+  info["jit_s"] = now() - t0
   kernel = Kernel(size, width, lo, hi, req.start[subset], req.end[subset], num_sections,
                   capacity)
   parts = _partitions(lo, hi, num_sections)
@@ -157,15 +157,15 @@ def _search_packing(req: Requests, subset: np.ndarray, axis: np.ndarray, capacit
       for h in heuristics:
         # The kernel cannot read a clock: it gets the nodes that fit in the time left, at the
         # rate measured so far (a first short run measures it), with a fifth to spare.
-        left = deadline - time_limit.clock()
+        left = deadline - now()
         nodes = limit if rate is None else min(limit, int(0.8 * rate * left))
         if left <= 0 or nodes <= 0:
           cut_short = True
           break
-        t0 = time_limit.clock()
+        t0 = now()
         result, used, area, offsets = kernel.run(np.array(buffers, np.int64), a, z, h, nodes)
         if used >= 64:
-          rate = used / max(time_limit.clock() - t0, 1e-6)
+          rate = used / max(now() - t0, 1e-6)
         if area > best_partial.get(p, (-1, None))[0]:
           best_partial[p] = (area, offsets)
         if result == OK:
@@ -202,15 +202,15 @@ def pack(placement: Placement, time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
     if not h or set(h) - set(FIELD):
       raise MalloczeroError(f"pack: preordering heuristic '{h}' must be letters of W (window "
                             "length), A (bytes x time), T (bytes live where it is)")
-  started = time_limit.clock()
+  started = now()
   deadline = started + float(DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
   req = placement.requests
   num_requests = len(req)
 
-  t0 = time_limit.clock()
+  t0 = now()
   bestfit(placement)
   bestfit_rows, bestfit_time = list(placement.placed), placement.total_time
-  reserve = 3 * (time_limit.clock() - t0) + 0.1
+  reserve = 3 * (now() - t0) + 0.1
   search_deadline = deadline - reserve
 
   capacity = int(placement.capacity[0])
@@ -241,7 +241,7 @@ def pack(placement: Placement, time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
     info["reason"] = (f"the search proved that {info['proven_partitions']} of "
                       f"{info['partitions']} independent partitions cannot be packed")
   info["status"] = status
-  info["search_s"] = time_limit.clock() - started
+  info["search_s"] = now() - started
 
   if status == "packed":
     placement.reset()
