@@ -137,7 +137,7 @@ def add_solver_flags(p: argparse.ArgumentParser, solvers: Iterable[Solver]) -> N
   takers = [s.name for s in solvers if s.takes_msa_options]
   if takers:
     p.add_argument("--msa-option", type=name_value, action="append", metavar="NAME=VALUE",
-                   help=f"{', '.join(takers)}: one of msa's options (env/msa/algorithm.py "
+                   help=f"{', '.join(takers)}: one of msa's options (env/msa/settings.py "
                    "MsaOptions, defaults XLA's), e.g. min_overlap_to_async_copy_ratio=0.8, "
                    "max_outstanding_prefetches=2, picker=instruction_count, copy_budget=idle; "
                    "repeatable")
