@@ -54,6 +54,7 @@ import dataclasses
 import functools
 import gzip
 import io
+import itertools
 import json
 import os
 import re
@@ -65,6 +66,7 @@ from malloczero.common import strict_json
 from malloczero.common.errors import WorkloadError
 from malloczero.common.files import write_bytes
 from malloczero.common.strict_json import show_value, unknown_key
+from malloczero.env.memory_guard import check_fits_in_memory
 
 PROGRAM_START = -1
 KINDS = ("activation", "parameter", "input", "output")
@@ -433,11 +435,14 @@ def _build_arrays(w: Workload) -> WorkloadArrays:
   live_end = np.maximum(last_use, def_op) + 1
   live_end = np.where(is_prefetched & (last_use < 0), 0, live_end)
   live_end = np.where(is_output, num_ops, live_end)
-  per_buffer = [([b.def_op] if b.def_op >= 0 else []) + list(b.uses) for b in bufs]
-  counts = np.array([len(p) for p in per_buffer], np.int64)
+  counts = np.fromiter((len(b.uses) + (b.def_op >= 0) for b in bufs), np.int64, count=len(bufs))
   starts = np.concatenate([[0], np.cumsum(counts)])
+  check_fits_in_memory(w.name or "workload", num_ops, len(bufs), int(starts[-1]))
   inc_buf = np.repeat(np.arange(len(bufs), dtype=np.int64), counts)
-  inc_op = np.fromiter((t for p in per_buffer for t in p), np.int64, count=int(starts[-1]))
+  # Streamed, not copied per buffer: the uses are already the workload's largest part.
+  inc_op = np.fromiter(itertools.chain.from_iterable(
+      itertools.chain((b.def_op,), b.uses) if b.def_op >= 0 else b.uses for b in bufs),
+      np.int64, count=int(starts[-1]))
   inc_bytes = sizes[inc_buf].astype(np.float64)
   for i, b in enumerate(bufs):  # Partial accesses (rare): overwrite the whole-buffer default.
     if b.def_bytes is None and b.use_bytes is None:
@@ -514,14 +519,19 @@ def workload_from_minimalloc_csv(text: str, name: str = "minimalloc") -> Workloa
   if not records:
     _fail(name, "CSV has a header but no buffers")
   # Elementary intervals between consecutive distinct endpoints (0 included): one op each.
-  points = np.unique(np.array([0] + [r[k] for r in records for k in ("lower", "upper")],
-                              np.int64))
-  op_of = {int(p): t for t, p in enumerate(points.tolist())}
+  lower = np.fromiter((r["lower"] for r in records), np.int64, count=len(records))
+  upper = np.fromiter((r["upper"] for r in records), np.int64, count=len(records))
+  points = np.unique(np.concatenate([[0], lower, upper]))
+  first_op = np.searchsorted(points, lower).tolist()
+  end_op = np.searchsorted(points, upper).tolist()
+  # Each buffer touches every op of its range: refuse before building that many uses.
+  check_fits_in_memory(name, len(points) - 1, len(records),
+                       sum(end_op) - sum(first_op))
   ops = tuple(Op(f"t{lo}", 0.0, hi - lo) for lo, hi in zip(points[:-1].tolist(),
                                                            points[1:].tolist()))
-  buffers = tuple(Buffer(r["id"], f"b{r['id']}", r["size"], op_of[r["lower"]],
-                         tuple(range(op_of[r["lower"]] + 1, op_of[r["upper"]])), "activation")
-                  for r in records)
+  buffers = tuple(Buffer(r["id"], f"b{r['id']}", r["size"], lo, tuple(range(lo + 1, hi)),
+                         "activation")
+                  for r, lo, hi in zip(records, first_op, end_op))
   return Workload(name, "minimalloc-csv", ops, buffers)
 
 

@@ -1,0 +1,98 @@
+"""Inputs at the scale of real traces: the memory guard, the validator's overlap sweep, the
+generators and the bench entries that measure them."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from malloczero.env import memory_guard
+from malloczero.env.memory_guard import InputTooLargeError, estimated_bytes
+from malloczero.env.programs.synthetic import minimalloc_csv_text, xla_like_workload
+from malloczero.env.validator import _any_rectangle_overlap
+from malloczero.env.workload import load_workload, workload_from_minimalloc_csv
+from malloczero.launch import cli
+
+
+def _long_ranges_csv(rows: int) -> str:
+  """Every buffer spans about half the ops: rows x ops incidences from a small file."""
+  lines = ["id,lower,upper,size"] + [f"{i},{i},{rows + i},64" for i in range(rows)]
+  return "\n".join(lines) + "\n"
+
+
+def test_a_csv_too_big_for_the_memory_is_refused_in_one_line_by_the_cli(tmp_path, monkeypatch,
+                                                                         capsys):
+  path = tmp_path / "wide.csv"
+  path.write_text(_long_ranges_csv(3000))
+  monkeypatch.setattr(memory_guard, "available_bytes", lambda: 400 << 20)
+  code = cli.main(["solve", str(path), "--capacity", "4096", "--solver", "msa",
+                   "--out", str(tmp_path / "m.json")])
+  err = capsys.readouterr().err.strip()
+  assert code != 0 and not (tmp_path / "m.json").exists()
+  assert len(err.splitlines()) == 1, err
+  # 3,000 buffers over 5,999 ops, each touching 3,000 of them: the numbers are named.
+  assert "wide: needs about" in err and "3,000 buffers" in err and "5,999 ops" in err
+  assert "9,000,000 incidences" in err and "0.4 GB this machine has available" in err
+
+
+def test_the_guard_refuses_before_building_the_uses(monkeypatch):
+  monkeypatch.setattr(memory_guard, "available_bytes", lambda: 1 << 30)
+  # 20,000 buffers x ~20,000 ops each: 400 M incidences, far beyond 1 GiB, refused at once
+  # (building them as the workload's uses would take tens of GB).
+  with pytest.raises(InputTooLargeError, match="needs about"):
+    workload_from_minimalloc_csv(_long_ranges_csv(20_000), name="huge")
+
+
+def test_what_fits_is_not_refused_and_an_unknown_memory_refuses_nothing(monkeypatch):
+  text = _long_ranges_csv(50)
+  need = estimated_bytes(99, 50, 50 * 50)
+  monkeypatch.setattr(memory_guard, "available_bytes", lambda: need)
+  assert workload_from_minimalloc_csv(text, name="fits").num_buffers == 50
+  monkeypatch.setattr(memory_guard, "available_bytes", lambda: None)
+  assert len(workload_from_minimalloc_csv(text, name="fits").arrays.incidence_op) == 50 * 50
+
+
+def test_the_estimate_counts_one_incidence_per_op_a_csv_buffer_touches(monkeypatch):
+  seen = []
+  monkeypatch.setattr(memory_guard, "check_fits_in_memory", lambda *a: seen.append(a))
+  monkeypatch.setattr("malloczero.env.workload.check_fits_in_memory",
+                      lambda *a: seen.append(a))
+  w = workload_from_minimalloc_csv(_long_ranges_csv(40), name="count")
+  incidences = len(w.arrays.incidence_op)
+  assert seen[0] == ("count", w.num_ops, 40, incidences)  # Before the uses are built ...
+  assert seen[1] == ("count", w.num_ops, 40, incidences)  # ... and before the arrays.
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 6), st.integers(0, 40),
+                          st.integers(0, 12)), max_size=12))
+def test_the_overlap_sweep_agrees_with_the_pairwise_test(rects):
+  rects = np.array(rects, np.int64).reshape(-1, 4)
+  start, end = rects[:, 0], rects[:, 0] + rects[:, 1]
+  lo, hi = rects[:, 2], rects[:, 2] + rects[:, 3]
+  pairwise = any(start[i] < end[j] and start[j] < end[i] and lo[i] < hi[j] and lo[j] < hi[i]
+                 for i in range(len(rects)) for j in range(i + 1, len(rects)))
+  swept = _any_rectangle_overlap(start, end, lo, hi)
+  assert swept or not pairwise  # Never misses a clash the validator's pairwise test sees.
+  if (start < end).all() and (lo < hi).all():
+    assert swept == pairwise
+
+
+def test_generated_inputs_are_deterministic_and_load(tmp_path):
+  text = minimalloc_csv_text(500, seed=3)
+  assert text == minimalloc_csv_text(500, seed=3) != minimalloc_csv_text(500, seed=4)
+  path = tmp_path / "g.csv"
+  path.write_text(text)
+  assert load_workload(path).num_buffers == 500
+  w = xla_like_workload(1000, seed=1)
+  assert abs(w.num_buffers - 1000) <= 2 and w == xla_like_workload(1000, seed=1)
+
+
+def test_bench_scale_measures_each_input_in_its_own_process():
+  from malloczero.launch.bench import bench_scale
+  report = bench_scale(csv_rows=200, xla_buffers=200)
+  json.dumps(report)
+  for prefix in ("scale_csv_200_rows_msa", "scale_xla_200_buffers_msa"):
+    assert report[f"{prefix}_solve_s"] > 0 and report[f"{prefix}_validate_s"] >= 0
+    assert report[f"{prefix}_peak_mb"] > 10 and report[f"{prefix}_speedup_x"] >= 1
