@@ -8,9 +8,12 @@ report is well formed).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from typing import Any, Callable
 
@@ -282,6 +285,79 @@ def run_distributed_bench(seconds: float = 150.0) -> dict[str, Any]:
   return report
 
 
+# Inputs at the scale of real traces: a MiniMalloc CSV of this many rows and an XLA-like program
+# of this many buffers (env/programs/synthetic.py), each solved with msa in a process of its own.
+SCALE_CSV_ROWS = 200_000
+SCALE_XLA_BUFFERS = 100_000
+
+
+def _scale_child(kind: str, path: str) -> dict[str, Any]:
+  """In the measuring subprocess: loads `path`, solves it with msa (which validates), validates
+  the mapping again as `malloczero validate` does, and reports seconds and peak resident MB. An
+  input the memory guard refuses reports the refusal's one line and how long it took."""
+  import resource
+
+  from malloczero.common.errors import MalloczeroError
+  from malloczero.env.solvers import solve
+  from malloczero.env.validator import validate_mapping
+  from malloczero.env.workload import load_workload
+  started = time.perf_counter()
+  report: dict[str, Any] = {}
+  try:
+    workload = load_workload(path)
+    if kind == "csv":
+      machine = PRESETS["minimalloc"]
+    else:
+      machine = dataclasses.replace(PRESETS["tpu-v4i-like"], levels=(
+          PRESETS["tpu-v4i-like"].levels[0],
+          dataclasses.replace(PRESETS["tpu-v4i-like"].levels[1], capacity_bytes=1 << 40)))
+    machine = contended(machine, workload, 0.25)
+    result = solve(workload, machine, "msa")
+    report["solve_s"] = time.perf_counter() - started
+    checked = time.perf_counter()
+    validate_mapping(workload, machine, result.mapping)
+    report["validate_s"] = time.perf_counter() - checked
+    report["speedup_x"] = result.mapping.speedup
+  except MalloczeroError as e:
+    report["refused_s"] = time.perf_counter() - started
+    report["refusal"] = str(e)
+  report["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  return report
+
+
+def _measure_in_subprocess(kind: str, path: str) -> dict[str, Any]:
+  """`_scale_child` in a fresh interpreter, so that the peak resident memory is its own."""
+  code = ("import json, sys; from malloczero.launch.bench import _scale_child; "
+          "print(json.dumps(_scale_child(sys.argv[1], sys.argv[2])))")
+  done = subprocess.run([sys.executable, "-c", code, kind, path], capture_output=True, text=True,
+                        check=False)
+  if done.returncode != 0:
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"failed": f"exit {done.returncode}: {tail}"}
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def bench_scale(csv_rows: int = SCALE_CSV_ROWS,
+                xla_buffers: int = SCALE_XLA_BUFFERS) -> dict[str, Any]:
+  """msa (and validation) on a generated MiniMalloc CSV and XLA-like program at trace scale,
+  each generated deterministically here and measured in its own process (seconds, peak MB)."""
+  import tempfile
+
+  from malloczero.env.programs.synthetic import minimalloc_csv_text, xla_like_workload
+  from malloczero.env.workload import save_workload
+  report: dict[str, Any] = {}
+  with tempfile.TemporaryDirectory(prefix="malloczero-bench-scale-") as tmp:
+    csv_path = os.path.join(tmp, f"csv{csv_rows}.csv")
+    write_text(csv_path, minimalloc_csv_text(csv_rows, seed=0))
+    xla_path = os.path.join(tmp, f"xla{xla_buffers}.json")
+    save_workload(xla_like_workload(xla_buffers, seed=0), xla_path)
+    for prefix, kind, path in ((f"scale_csv_{csv_rows}_rows_msa", "csv", csv_path),
+                               (f"scale_xla_{xla_buffers}_buffers_msa", "xla", xla_path)):
+      for key, value in _measure_in_subprocess(kind, path).items():
+        report[f"{prefix}_{key}"] = value
+  return report
+
+
 def run_bench(quick: bool, agent: bool = True) -> dict[str, Any]:
   seconds = 1.5 if quick else 6.0
   report: dict[str, Any] = {
@@ -293,6 +369,8 @@ def run_bench(quick: bool, agent: bool = True) -> dict[str, Any]:
     three_level = bench_game(seconds, "nnpi-like")
     report.update({f"nnpi_{k}": v for k, v in three_level.items()})
   report.update(bench_cost_model(seconds))
+  if not quick:
+    report.update(bench_scale())
   if agent:
     report.update(run_agent_bench(quick))
     if not quick:

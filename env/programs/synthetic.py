@@ -100,3 +100,29 @@ def contended(hardware: Hardware, workload: Workload, fraction: float) -> Hardwa
   """The hardware with its fast capacity set to `fraction` of the workload's peak live bytes."""
   align = hardware.alignment_bytes
   return hardware.with_fast_capacity(max(align, int(fraction * workload.peak_live_bytes) // align * align))
+
+
+def minimalloc_csv_text(num_rows: int, seed: int = 0, horizon: int = 1 << 20) -> str:
+  """A MiniMalloc CSV (`id,lower,upper,size`) of `num_rows` buffers, shaped like the challenge
+  instances (times on `[0, horizon)`, sizes 1 KiB to 640 KiB) but with lifetimes of 0.01% to 3%
+  of the horizon, so that the live set stays a few hundred buffers however many rows there are:
+  the input that shows whether reading and solving a CSV cost memory linear in its rows."""
+  rng = np.random.default_rng(seed)
+  length = np.maximum(1, (horizon * np.exp(rng.uniform(np.log(1e-4), np.log(3e-2), num_rows))
+                          ).astype(np.int64))
+  lower = rng.integers(0, horizon, num_rows)
+  upper = np.minimum(lower + length, horizon)
+  lower = np.minimum(lower, upper - 1)
+  size = (np.exp(rng.uniform(np.log(1 << 10), np.log(640 << 10), num_rows)).astype(np.int64)
+          // 1024 * 1024)
+  lines = ["id,lower,upper,size"]
+  lines += [f"{i},{lo},{hi},{s}" for i, (lo, hi, s) in
+            enumerate(zip(lower.tolist(), upper.tolist(), size.tolist()))]
+  return "\n".join(lines) + "\n"
+
+
+def xla_like_workload(num_buffers: int, seed: int = 0) -> Workload:
+  """`random_workload` with about `num_buffers` buffers (one activation per op, a parameter per
+  three ops, two inputs), for measuring solvers at the size of real traces."""
+  num_ops = max(2, (num_buffers - 2) * 3 // 4)
+  return random_workload(seed, num_ops, name=f"xla-like-{num_buffers}")
