@@ -2,8 +2,13 @@
 
 `solve_with_agent` plays `attempts` copies of one program in a single batch (the evaluation loop
 of actors/evaluator.py): the first with the greedy search (no noise), the others sampling root
-actions with Gumbel noise, all with `simulations` simulations per move, and keeps the best
-complete trajectory. Every mapping it returns has passed the independent validator.
+actions with Gumbel noise, all with `simulations` simulations per move. msa's own mapping is one
+more attempt, so the agent as a solver is never slower than the heuristic it starts from; the
+fastest is kept (ties go to the network's play) and msa's solve time is part of the agent's. The
+result's info says which attempt won (`best_attempt`: a trajectory's index or "msa") and keeps
+the network's own greedy play apart (`greedy_speedup`, one attempt without msa's mapping among
+the candidates), so that reports can show what was learned separately from what search and the
+heuristic add. Every mapping it returns has passed the independent validator.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 from malloczero.actors.evaluator import compile_searches, play_programs, with_simulations
 from malloczero.actors.games import GameSpec
@@ -21,7 +26,7 @@ from malloczero.configs.workdir import WorkDir
 from malloczero.common.errors import MalloczeroError
 from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware
-from malloczero.env.solvers import SolveResult
+from malloczero.env.solvers import SolveResult, solve
 from malloczero.env.workload import Workload
 from malloczero.learner.checkpoint import (CHECKPOINT_FILENAME, check_params_fit,
                                            checkpoint_configs, checkpoint_steps, load_params,
@@ -114,7 +119,8 @@ def read_search_config(config_file: str) -> SearchConfig:
 def solve_with_agent(agent: Agent, workload: Workload, hardware: Hardware,
                      simulations: Optional[int] = None, attempts: int = DEFAULT_ATTEMPTS,
                      seed: int = 0) -> SolveResult:
-  """Plays `attempts` trajectories (1 greedy, the rest sampled) and keeps the fastest."""
+  """Plays `attempts` trajectories (1 greedy, the rest sampled), adds msa's mapping as one more
+  attempt and keeps the fastest: never slower than msa."""
   return play_with_agent(agent, [GameSpec(workload.name, workload, hardware)], simulations,
                          attempts, seed)[0]
 
@@ -132,22 +138,36 @@ def _test_time_search(agent: Agent, simulations: Optional[int]) -> SearchConfig:
 
 
 def play_with_agent(agent: Agent, specs: Sequence[GameSpec], simulations: Optional[int] = None,
-                    attempts: int = DEFAULT_ATTEMPTS, seed: int = 0) -> list[SolveResult]:
+                    attempts: int = DEFAULT_ATTEMPTS, seed: int = 0,
+                    msa: Optional[Sequence[SolveResult]] = None) -> list[SolveResult]:
   """`solve_with_agent` for several programs in one batch; each result's solve time is the
-  batch's wall time divided evenly among its programs."""
+  batch's wall time divided evenly among its programs plus that program's msa solve.
+
+  `msa`: msa's results for `specs`, when the caller has solved them already (`evaluate` does, as
+  its reference); otherwise msa is solved here."""
   search = _test_time_search(agent, simulations)
   start = time.perf_counter()
   results = play_programs(agent.networks, agent.params, search, agent.game, specs,
                           attempts=attempts, seed=seed, solver_name="agent")
   share = (time.perf_counter() - start) / max(1, len(specs))
+  if msa is None:
+    msa = [solve(spec.workload, spec.hardware, "msa") for spec in specs]
   solved = []
-  for spec, result in zip(specs, results):
+  for spec, result, baseline in zip(specs, results, msa):
+    best_attempt: Union[int, str] = result.best_attempt
+    mapping = result.mapping
+    # Strictly faster only: on a tie the network's own mapping is kept.
+    if baseline.mapping.estimated_time_s < mapping.estimated_time_s:
+      best_attempt, mapping = "msa", dataclasses.replace(baseline.mapping, solver="agent")
     info: dict[str, Any] = {
         "requests": result.requests,
-        "attempts": attempts, "best_attempt": result.best_attempt,
+        "attempts": attempts, "best_attempt": best_attempt,
         "greedy_speedup": result.greedy_speedup,
+        "search_speedup": result.speedup,
         "attempt_speedups": list(result.attempt_speedups),
+        "msa_speedup": baseline.mapping.speedup, "msa_solve_s": baseline.solve_time_s,
+        "msa": baseline,
         "simulations": search.eval_num_simulations,
         "learner_steps": agent.learner_steps, "checkpoint": agent.checkpoint}
-    solved.append(SolveResult(result.mapping, share, info))
+    solved.append(SolveResult(mapping, share + baseline.solve_time_s, info))
   return solved

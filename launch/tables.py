@@ -61,7 +61,8 @@ def final_evaluation_table(result: DistributedResult) -> Table:
   from malloczero.system.training import BASELINES
   table = Table(title=f"final evaluation at learner step {result.learner_steps}: geomean "
                 "speed-up over all-slow")
-  for column in ("split", "programs", "agent", *BASELINES, "agent vs msa", "wins/ties/losses"):
+  for column in ("split", "programs", "agent", "agent greedy", *BASELINES, "agent vs msa",
+                 "wins/ties/losses"):
     table.add_column(column, justify="left" if column == "split" else "right")
   for line in summary_rows(result.report, baselines=BASELINES):
     table.add_row(*line)

@@ -87,7 +87,9 @@ class SolverOutcome:
   solve_s: float                 # An agent's excludes its one-off search compilation.
   vs_msa: float                  # msa time / time: above 1 is faster than msa.
   gap: Optional[float] = None    # To CP-SAT's proven lower bound; only where CP-SAT ran.
-  greedy_speedup: Optional[float] = None   # Agents only: their greedy trajectory's speed-up.
+  # Agents only: the network's own greedy trajectory (one attempt, msa's mapping not among the
+  # candidates), so that learning is not hidden behind search and msa.
+  greedy_speedup: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +152,10 @@ class SolverSummary:
   best_vs_msa: Optional[float] = None
   worst_vs_msa: Optional[float] = None
   mean_gap: Optional[float] = None   # Only where CP-SAT ran.
+  # Agents only: their greedy play alone (SolverOutcome.greedy_speedup), geomean speed-up and
+  # geomean ratio to msa.
+  geomean_greedy_speedup: Optional[float] = None
+  greedy_vs_msa: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +214,9 @@ def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
   Baselines are solved through `cache` (system/baseline_cache.py; by default nothing is kept).
 
   With `batch_agents` each agent plays all programs in one batch (far faster; its solve time per
-  program is then the batch's time shared evenly), otherwise one program at a time.
+  program is then the batch's time shared evenly), otherwise one program at a time. An agent's
+  candidates include msa's mapping (actors/agent.py), the reference solved here, whose solve time
+  counts in the agent's; its greedy play alone is reported apart (`greedy_speedup`).
   """
   started = time.monotonic()
   solvers = ["msa"] + [s for s in solvers if s != "msa"]
@@ -242,13 +250,15 @@ def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
                                             tested.attempts, len(specs) if batch_agents else 1)
     if batch_agents:
       progress(f"{tested.label}: all {len(specs)} programs in one batch", 0)
-      played = play_with_agent(tested.agent, specs, tested.simulations, tested.attempts, seed)
+      played = play_with_agent(tested.agent, specs, tested.simulations, tested.attempts, seed,
+                               msa=[results["msa"] for results in solved])
       progress(f"{tested.label}: all {len(specs)} programs in one batch", len(specs))
     else:
       played = []
-      for spec in specs:
+      for spec, results in zip(specs, solved):
         progress(f"{spec.name}: {tested.label}", 0)
-        played += play_with_agent(tested.agent, [spec], tested.simulations, tested.attempts, seed)
+        played += play_with_agent(tested.agent, [spec], tested.simulations, tested.attempts, seed,
+                                  msa=[results["msa"]])
         progress(f"{spec.name}: {tested.label}", 1)
     for spec, results, result in zip(specs, solved, played):
       results[tested.label] = result
@@ -298,6 +308,10 @@ def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
       solvers[name] = SolverSummary(speedup, solve_s)
       continue
     ratios = [o.vs_msa for o in outcomes]
+    greedy = None
+    if outcomes[0].greedy_speedup is not None:
+      greedy = [o.greedy_speedup for o in outcomes]
+      greedy_vs_msa = geomean([g / r.outcomes["msa"].speedup for g, r in zip(greedy, rows)])
     solvers[name] = SolverSummary(
         speedup, solve_s, geomean_vs_msa=geomean(ratios),
         wins=sum(v > 1 + TIE_TOLERANCE for v in ratios),
@@ -305,7 +319,9 @@ def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
         losses=sum(v < 1 - TIE_TOLERANCE for v in ratios),
         best_vs_msa=max(ratios), worst_vs_msa=min(ratios),
         mean_gap=(sum(o.gap for o in outcomes) / len(rows)
-                  if outcomes[0].gap is not None else None))
+                  if outcomes[0].gap is not None else None),
+        geomean_greedy_speedup=None if greedy is None else geomean(greedy),
+        greedy_vs_msa=None if greedy is None else greedy_vs_msa)
   cpsat_optimal = (sum(r.cpsat.status == "optimal" for r in rows)
                    if rows[0].cpsat is not None else None)
   return SplitSummary(len(rows), solvers, cpsat_optimal)

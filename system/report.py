@@ -64,6 +64,8 @@ def columns(evaluation: SuiteEvaluation) -> list[Column]:
     cols.append((f"{name} time", _outcome(name, "time_ms"), _ms))
     if name != "msa":
       cols.append((f"{name} vs msa", _outcome(name, "vs_msa"), _x))
+    if name in agents:  # The network's own greedy play, apart from search and msa's mapping.
+      cols.append((f"{name} greedy", _outcome(name, "greedy_speedup"), _x))
     if has_bound and name in agents:
       cols.append((f"{name} gap", _outcome(name, "gap"), _percent))
   if has_bound:
@@ -83,6 +85,7 @@ def console_columns(evaluation: SuiteEvaluation) -> list[Column]:
                         ("requests", lambda r: r.requests, str)]
   cols += [(name, _outcome(name, "speedup"), _x) for name in evaluation.names]
   cols += [(f"{name} vs msa", _outcome(name, "vs_msa"), _x) for name in agents]
+  cols += [(f"{name} greedy", _outcome(name, "greedy_speedup"), _x) for name in agents]
   if has_bound:
     cols += [("CP-SAT", lambda r: None if r.cpsat is None else r.cpsat.status,
               lambda v: v.split(" ")[0])]
@@ -92,9 +95,10 @@ def console_columns(evaluation: SuiteEvaluation) -> list[Column]:
 
 
 def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]]:
-  """Per split and solver: geomean speed-up, vs msa, wins / ties / losses, total solve time."""
+  """Per split and solver: geomean speed-up, vs msa, wins / ties / losses, an agent's greedy play
+  alone (speed-up and vs msa), total solve time."""
   header = ["split", "solver", "programs", "geomean speed-up", "vs msa", "wins/ties/losses",
-            "best vs msa", "worst vs msa", "solve s"]
+            "best vs msa", "worst vs msa", "greedy speed-up", "greedy vs msa", "solve s"]
   body = []
   for split, s in evaluation.summary.items():
     for name in evaluation.names:
@@ -104,7 +108,9 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
       else:
         versus = [_x(figures.geomean_vs_msa), _wins_ties_losses(figures),
                   _x(figures.best_vs_msa), _x(figures.worst_vs_msa)]
-      body.append([split, name, str(s.entries), _x(figures.geomean_speedup), *versus,
+      greedy = (["-", "-"] if figures.geomean_greedy_speedup is None else
+                [_x(figures.geomean_greedy_speedup), _x(figures.greedy_vs_msa)])
+      body.append([split, name, str(s.entries), _x(figures.geomean_speedup), *versus, *greedy,
                    f"{figures.total_solve_s:.1f}"])
   return header, body
 
@@ -118,7 +124,7 @@ def quality_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str
   splits = [s for s in SPLITS if s in evaluation.summary]
   header = ["checkpoint", "learner steps", "simulations", "attempts"]
   for split in splits:
-    header += [f"{split} speed-up", f"{split} vs msa", f"{split} W/T/L"]
+    header += [f"{split} speed-up", f"{split} vs msa", f"{split} W/T/L", f"{split} greedy"]
   header += ["mean solve s"]
   body = []
   overall = evaluation.summary["all"]
@@ -127,7 +133,7 @@ def quality_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str
     for split in splits:
       figures = evaluation.summary[split].solvers[a.label]
       line += [_x(figures.geomean_speedup), _x(figures.geomean_vs_msa),
-               _wins_ties_losses(figures)]
+               _wins_ties_losses(figures), _x(figures.geomean_greedy_speedup)]
     line.append(f"{overall.solvers[a.label].total_solve_s / overall.entries:.2f}")
     body.append(line)
   return header, body
@@ -158,7 +164,10 @@ def markdown(evaluation: SuiteEvaluation, title: str,
   if evaluation.agents:
     lines += ["Agents: each checkpoint's networks with MCTS at test time; per program the fastest "
               "of `attempts` trajectories (the first greedy, the rest sampled with Gumbel noise) "
-              "is kept. Every mapping has passed the independent validator.", "",
+              "and msa's own mapping is kept, so an agent never loses to msa; msa's solve time "
+              "is in the agent's. `greedy` is the network's own greedy trajectory alone (one "
+              "attempt, msa's mapping not a candidate): what it learned, apart from search and "
+              "msa. Every mapping has passed the independent validator.", "",
               *_markdown_table(["label", "checkpoint", "learner steps", "simulations",
                                 "attempts", "compile s"],
                                [[a.label, f"`{a.agent.checkpoint}`", str(a.agent.learner_steps),
@@ -264,7 +273,8 @@ def write_final_report(config: Config, workdir: str,
   agent = load_agents([workdir], simulations=config.search.eval_num_simulations, attempts=1)[0]
   suite = get_suite(config.suite)
   print_fn(f"final evaluation of step {agent.agent.learner_steps} on {len(suite.entries)} "
-           f"programs ({agent.simulations} simulations, greedy, no noise) beside "
+           f"programs ({agent.simulations} simulations, greedy, no noise, msa's mapping one more "
+           f"attempt) beside "
            f"{', '.join(BASELINES)}")
   evaluation = evaluate_suite(suite, BASELINES, [agent], _random_seed(config.seed),
                               batch_agents=True, seed=config.seed)
@@ -276,7 +286,8 @@ def write_final_report(config: Config, workdir: str,
     s = evaluation.summary.get(split)
     if s:
       figures = s.solvers["agent"]
-      print_fn(f"  {split}: agent {figures.geomean_speedup:.3f}x, "
+      print_fn(f"  {split}: agent {figures.geomean_speedup:.3f}x (greedy alone "
+               f"{figures.geomean_greedy_speedup:.3f}x, {figures.greedy_vs_msa:.3f}x msa), "
                + ", ".join(f"{b} {s.solvers[b].geomean_speedup:.3f}x" for b in BASELINES)
                + f"; vs msa {figures.geomean_vs_msa:.3f}x (wins {figures.wins}, ties "
                f"{figures.ties}, losses {figures.losses} of {s.entries})")
@@ -291,7 +302,8 @@ def _random_seed(seed: int) -> Callable[[str], dict]:
 
 def summary_rows(report: dict[str, Any], label: str = "agent",
                  baselines: Optional[tuple[str, ...]] = None) -> list[list[str]]:
-  """Console table of a final report: per split, the agent and baselines' geomeans and W/T/L.
+  """Console table of a final report: per split, the agent's geomean and its greedy play's alone,
+  the baselines' geomeans, the agent's ratio to msa and W/T/L.
 
   `report` is the report's JSON (`write_final_report`'s result), so it reads the files' flat keys.
   """
@@ -301,6 +313,7 @@ def summary_rows(report: dict[str, Any], label: str = "agent",
     s = report["summary"].get(split)
     if s:
       body.append([split, str(s["entries"]), _x(s[f"{label}_geomean_speedup"]),
+                   _x(s[f"{label}_geomean_greedy_speedup"]),
                    *(_x(s[f"{b}_geomean_speedup"]) for b in baselines),
                    _x(s[f"{label}_geomean_vs_msa"]),
                    f"{s[f'{label}_wins']}/{s[f'{label}_ties']}/{s[f'{label}_losses']}"])

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from malloczero.actors.agent import load_agent, solve_with_agent
+from malloczero.actors.agent import load_agent, play_with_agent, solve_with_agent
+from malloczero.actors.games import GameSpec
 from malloczero.common.errors import MalloczeroError
 from malloczero.env.solvers import solve
 from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
@@ -42,8 +43,34 @@ def test_agent_keeps_the_best_of_its_trajectories_and_its_mapping_validates(work
   result = solve_with_agent(agent, workload, hardware, simulations=4, attempts=3)
   validate_mapping(workload, hardware, result.mapping)
   speedups = result.info["attempt_speedups"]
-  assert len(speedups) == 3 and result.mapping.speedup == pytest.approx(max(speedups))
+  assert len(speedups) == 3 and result.info["search_speedup"] == pytest.approx(max(speedups))
+  assert result.mapping.speedup == pytest.approx(max(max(speedups), result.info["msa_speedup"]))
   assert result.mapping.speedup >= result.info["greedy_speedup"]
+
+
+def test_the_agent_counts_msa_among_its_attempts_so_it_is_never_slower_than_msa(workdir):
+  """On every tiny program: msa's mapping is one more attempt, the info says which attempt won,
+  the network's greedy play is kept apart, and msa's solve time is in the agent's."""
+  agent = load_agent(str(workdir))
+  entries = get_suite("tiny").entries
+  specs = [GameSpec(e.name, *e.load()) for e in entries]
+  results = play_with_agent(agent, specs, simulations=4, attempts=2)
+  for spec, result in zip(specs, results):
+    msa = solve(spec.workload, spec.hardware, "msa")
+    validate_mapping(spec.workload, spec.hardware, result.mapping)
+    assert result.mapping.estimated_time_s <= msa.mapping.estimated_time_s, spec.name
+    info = result.info
+    assert info["msa_speedup"] == pytest.approx(msa.mapping.speedup, rel=1e-12)
+    assert info["greedy_speedup"] == info["attempt_speedups"][0]
+    assert info["search_speedup"] == pytest.approx(max(info["attempt_speedups"]))
+    if info["best_attempt"] == "msa":
+      assert info["search_speedup"] < info["msa_speedup"]
+      assert result.mapping.speedup == pytest.approx(info["msa_speedup"], rel=1e-12)
+    else:
+      assert info["search_speedup"] >= info["msa_speedup"]
+      assert result.mapping.speedup == pytest.approx(
+          info["attempt_speedups"][info["best_attempt"]], rel=1e-12)
+    assert result.solve_time_s >= info["msa_solve_s"] > 0
 
 
 def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
@@ -66,12 +93,14 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   result = subprocess.run(common + ["--solver", "portfolio"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
+  assert "greedy alone" in result.stdout and "search alone" in result.stdout
   lines = result.stdout.splitlines()
   assert lines[0].startswith("agent: ") and lines[1].startswith("msa: ")
   assert lines[2].startswith("portfolio: ")
   msa = solve(workload, hardware, "msa").mapping.speedup
   won = float(lines[2].split("(")[1].split("x")[0])
   assert won >= msa - 5e-4  # Printed with 3 decimals.
+  assert lines[2].split()[1] in ("agent", "msa")
 
 
 def test_missing_or_incompatible_checkpoint_is_a_one_line_error(workdir, tmp_path):

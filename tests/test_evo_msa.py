@@ -91,3 +91,15 @@ def test_with_skip_below_it_changes_only_decisions_worth_deciding():
   mapping, info = evo_msa(model, evaluations=20, seed=0, skip_below=1e-3)
   assert {(b, u) for b, u, _ in info["deviations"]} <= {(b, u) for b, u, _, _ in worth}
   assert mapping.estimated_time_s <= info["msa_time_s"]
+
+
+def test_without_an_evaluation_budget_it_searches_until_its_time_limit():
+  """evo-msa's budget is its time limit: it used to stop at evo's 120 decodes with most of its
+  time left."""
+  workload, hardware = tiny("tiny-vgg-b1-infer@tpu-v4i-like:25%")
+  result = solve(workload, hardware, "evo-msa", time_limit_s=1.5, seed=0)
+  assert result.info["stopped_by_time_limit"]
+  assert result.info["evaluations"] > 1
+  assert 0.5 < result.solve_time_s <= 1.5 + 0.5
+  msa = solve(workload, hardware, "msa")
+  assert result.mapping.estimated_time_s <= msa.mapping.estimated_time_s

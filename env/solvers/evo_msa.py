@@ -15,7 +15,10 @@ gain over msa is a measure of what deviating from the heuristic, decision by dec
 worth. It cannot reorder buffers (msa's order is the game's), which `evo` can.
 
 The time limit bounds the whole call as in `evo` (time_limit.py's `DecodeBudget`; msa's own
-decode always runs, so there is a mapping).
+decode always runs, so there is a mapping). Unlike `evo`, the search has no budget of decodes by
+default: it runs until the time limit, because a fixed count (evo's 120) ended it on small
+programs long before its time was spent, leaving gains over msa unfound (`evaluations` caps it
+where a test or a caller wants a fixed amount of work).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from malloczero.env.msa.decision import DEFAULT_PREFETCH_STARTS, option_slots, w
 from malloczero.env.msa.settings import MsaOptions
 from malloczero.env.solvers.time_limit import DecodeBudget
 
-DEFAULT_EVALUATIONS = 120  # Full mappings decoded, as evo.
+# Full mappings decoded when neither `evaluations` nor a time limit bounds the search (as evo).
+DEFAULT_EVALUATIONS = 120
 Genome = dict[tuple[int, int], int]
 # A decision point that offers more than one slot: (buffer, use, slots offered, msa's slot).
 Choice = tuple[int, int, np.ndarray, int]
@@ -82,12 +86,17 @@ def mutate(parent: Genome, choices: list[Choice], rng: np.random.Generator) -> G
   return child
 
 
-def evo_msa(model: CostModel, evaluations: int = DEFAULT_EVALUATIONS, population: int = 8,
+def evo_msa(model: CostModel, evaluations: int | None = None, population: int = 8,
             elite: int = 2, time_limit_s: float | None = None, seed: int = 0,
             skip_below: float = 0.0, **msa_options: Any) -> tuple[Mapping, dict[str, Any]]:
   """The best mapping found and an info dict (evaluations; the best genome's deviations from
   msa as [buffer position, use op, slot] rows, which replayed in the msa game give the mapping;
-  the best time per generation; msa's own time)."""
+  the best time per generation; msa's own time).
+
+  `evaluations` None: decode until `time_limit_s` (`DEFAULT_EVALUATIONS` when that is None too,
+  so that the call always ends)."""
+  if evaluations is None:
+    evaluations = DEFAULT_EVALUATIONS if time_limit_s is None else float("inf")
   options = MsaOptions(**msa_options)
   rng = np.random.default_rng(seed)
   budget = DecodeBudget(time_limit_s)

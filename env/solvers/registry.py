@@ -51,8 +51,8 @@ def seed_option() -> Any:
 
 
 def _evaluations() -> Any:
-  return option(DEFAULT_EVALUATIONS, "--evaluations", "budget: full mappings decoded",
-                "positive_int")
+  return option(DEFAULT_EVALUATIONS, "--evaluations", "evo's budget: full mappings decoded "
+                "(evo-msa runs until --time-limit)", "positive_int")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +75,7 @@ class EvoOptions:
 
 @dataclasses.dataclass(frozen=True)
 class EvoMsaOptions:
-  evaluations: int = _evaluations()
+  """No `--evaluations`: evo-msa decodes until `--time-limit` (env/solvers/evo_msa.py)."""
   time_limit_s: float = _time_limit()
   seed: int = seed_option()
   skip_below: float = option(0.0, "--skip-below", "change only decisions whose best option saves "
@@ -151,7 +151,7 @@ BASELINES: dict[str, Solver] = {s.name: s for s in (
            RandomOptions, game_config=GameConfig(), segments=True),
     Solver("evo", "placement", evo, "evolution over request priorities", EvoOptions),
     Solver("evo-msa", "model", evo_msa, "evolution over deviations from msa's decisions",
-           EvoMsaOptions, takes_msa_options=True, segments=True),
+           EvoMsaOptions, takes_msa_options=True, version=2, segments=True),
     Solver("cpsat", "placement", cpsat, "OR-Tools CP-SAT over the requests", CpsatOptions),
     Solver("pack", "placement", _pack, "MiniMalloc-style exact packing search", PackOptions),
     Solver("msa-simple", "placement", msa_simple, "the ten-line msa in request space"),

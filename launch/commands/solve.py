@@ -45,18 +45,21 @@ def solve_line(solver: Solver, result) -> str:
 
 
 def _agent_lines(solver: Solver, result) -> None:
-  """The agent's own result is always printed on its own line, the portfolio's choice after it."""
-  agent = result.info.get("agent", result)
-  info = agent.info
-  print(solve_line(ALL_SOLVERS["agent"], agent) + f" (checkpoint step {info['learner_steps']}, "
-        f"{info['simulations']} simulations, best of {info['attempts']} trajectories: "
-        f"#{info['best_attempt']}; greedy alone {info['greedy_speedup']:.3f}x)")
+  """The agent's line says which attempt won and, apart, the best of the network's own
+  trajectories and its greedy play alone (no msa mapping among them), so that what the network
+  learned is never hidden behind msa; the portfolio adds msa's line and which won."""
+  info = result.info
+  won = "msa" if info["best_attempt"] == "msa" else f"#{info['best_attempt']}"
+  print(solve_line(ALL_SOLVERS["agent"], result) + f" (checkpoint step {info['learner_steps']}, "
+        f"{info['simulations']} simulations, best of {info['attempts']} trajectories and msa: "
+        f"{won}; search alone {info['search_speedup']:.3f}x, greedy alone "
+        f"{info['greedy_speedup']:.3f}x)")
   if solver.name == "portfolio":
-    baseline = result.info["msa"]
+    baseline = info["msa"]
     print(solve_line(ALL_SOLVERS["msa"], baseline))
-    loser = baseline if result.info["winner"] == "agent" else agent
-    print(f"portfolio: {result.info['winner']} wins ({result.mapping.speedup:.3f}x vs "
-          f"{loser.mapping.speedup:.3f}x); its mapping is the portfolio's")
+    loser = info["search_speedup"] if info["winner"] == "msa" else baseline.mapping.speedup
+    print(f"portfolio: {info['winner']} wins ({result.mapping.speedup:.3f}x vs {loser:.3f}x); "
+          "its mapping is the portfolio's")
 
 
 def _baseline_details(solver: Solver, info: dict) -> str:
