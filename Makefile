@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine: `make train` and `make test`.
-# `make test` is the whole suite (CI runs it); `make test-fast` leaves out the tests marked `slow`
+# `make test` is the whole suite (CI runs it after `make lint`, ruff's checks); `make test-fast` leaves out the tests marked `slow`
 # (trainings, Launchpad launches, XLA compiles of the zoo, the wheel) and takes under a minute.
 # Both create .venv (CPython 3.10) from the pinned requirements first; `make setup` alone
 # is idempotent and returns in seconds when requirements, constraints and pyproject are unchanged.
@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # default suite, stopping itself after 9 minutes of training plus the final evaluation (~10 min).
 TRAIN_ARGS ?= --launch local_mp --config small --num-actors 2 --max-seconds 540
 
-.PHONY: setup test test-fast train bench clean-venv
+.PHONY: setup lint test test-fast train bench clean-venv
 setup: $(STAMP)
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml scripts/find_python310.sh
@@ -30,6 +30,10 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml scripts/find_python310
 	@$(PY) -c "import launchpad, reverb, jax, haiku, mctx, acme, malloczero.launch.cli" || { echo "setup: the installed stack does not import; see above" >&2; exit 1; }
 	@touch $(STAMP)
 	@echo "setup: done ($(VENV) ready)"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: setup
 	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \

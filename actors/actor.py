@@ -1,4 +1,5 @@
-"""The batched self-play actor: B games stepped together, one search call per step for all of them."""
+"""The batched self-play actor: B games stepped together, one search call per step for all of
+them."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ OfferFn = Callable[[str, Sequence[int], float], float]
 @dataclasses.dataclass(frozen=True)
 class EpisodeResult:
   program: str
-  episode_return: float   # Sum of rewards = (slow-only time - final time) / slow-only time.
-  speedup: float          # Slow-only time / final time.
+  episode_return: float  # Sum of rewards = (slow-only time - final time) / slow-only time.
+  speedup: float  # Slow-only time / final time.
   length: int
 
 
@@ -47,16 +48,26 @@ class BatchedActor:
   of it; the answer (the best return now known) updates what counts as better.
   """
 
-  def __init__(self, networks: MuZeroNetworks, config: Config, pool: GamePool,
-               variable_client: VariableClient, writer: Any = None, seed: int = 0,
-               on_episode: Callable[[EpisodeResult], None] | None = None,
-               offer: OfferFn | None = None):
+  def __init__(
+    self,
+    networks: MuZeroNetworks,
+    config: Config,
+    pool: GamePool,
+    variable_client: VariableClient,
+    writer: Any = None,
+    seed: int = 0,
+    on_episode: Callable[[EpisodeResult], None] | None = None,
+    offer: OfferFn | None = None,
+  ):
     self._pool = pool
     self._offer = offer
     self._best_known: dict[str, float] = {}
     self._offers: list[tuple[str, concurrent.futures.Future]] = []
-    self._offer_executor = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="offers")
-                            if offer is not None else None)
+    self._offer_executor = (
+      concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="offers")
+      if offer is not None
+      else None
+    )
     self.num_offers = 0
     self._client = variable_client
     self._writer = writer
@@ -107,10 +118,17 @@ class BatchedActor:
       action = int(output.action[slot])
       timestep = game.step(action)
       if self._writer is not None:
-        self._writer.append(slot, Step(
-            observation=self._observations[slot], action=np.int32(action),
-            reward=np.float32(timestep.reward), policy=output.action_weights[slot],
-            root_value=output.root_value[slot], valid=np.float32(1.0)))
+        self._writer.append(
+          slot,
+          Step(
+            observation=self._observations[slot],
+            action=np.int32(action),
+            reward=np.float32(timestep.reward),
+            policy=output.action_weights[slot],
+            root_value=output.root_value[slot],
+            valid=np.float32(1.0),
+          ),
+        )
       self._returns[slot] += timestep.reward
       self._lengths[slot] += 1
       self._actions[slot].append(action)
@@ -119,9 +137,14 @@ class BatchedActor:
           self._writer.end_episode(slot, timestep.observation)
         spec = self._pool.specs[self._programs[slot]]
         self._maybe_offer(spec.name, self._actions[slot], float(self._returns[slot]))
-        finished.append(EpisodeResult(spec.name, float(self._returns[slot]),
-                                      game.cost_model.slow_only_time / game.total_time,
-                                      int(self._lengths[slot])))
+        finished.append(
+          EpisodeResult(
+            spec.name,
+            float(self._returns[slot]),
+            game.cost_model.slow_only_time / game.total_time,
+            int(self._lengths[slot]),
+          )
+        )
         self._start_episode(slot)
       else:
         self._observations[slot] = timestep.observation
@@ -149,8 +172,9 @@ class BatchedActor:
       return
     self._best_known[program] = episode_return  # No second offer of the same until answered.
     self.num_offers += 1
-    self._offers.append((program, self._offer_executor.submit(
-        self._offer, program, list(actions), episode_return)))
+    self._offers.append(
+      (program, self._offer_executor.submit(self._offer, program, list(actions), episode_return))
+    )
 
   def close(self, wait: bool = False) -> None:
     """Stops the offer thread: with `wait`, after every offer was answered; otherwise offers not

@@ -21,16 +21,21 @@ from typing import Any, Optional, Sequence, Union
 
 from malloczero.actors.evaluator import compile_searches, play_programs, with_simulations
 from malloczero.actors.games import GameSpec
+from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import DEFAULT_ATTEMPTS, SearchConfig
 from malloczero.configs.workdir import WorkDir
-from malloczero.common.errors import MalloczeroError
 from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware
 from malloczero.env.solvers import SolveResult, solve
 from malloczero.env.workload import Workload
-from malloczero.learner.checkpoint import (CHECKPOINT_FILENAME, check_params_fit,
-                                           checkpoint_configs, checkpoint_steps, load_params,
-                                           refuse_legacy)
+from malloczero.learner.checkpoint import (
+  CHECKPOINT_FILENAME,
+  check_params_fit,
+  checkpoint_configs,
+  checkpoint_steps,
+  load_params,
+  refuse_legacy,
+)
 from malloczero.learner.networks import MuZeroNetworks, Params, make_networks
 
 
@@ -51,11 +56,13 @@ class Agent:
     if self.config_file is not None:
       return None
     s = self.search
-    return (f"no config.json beside the checkpoint {self.checkpoint} (expected "
-            f"{WorkDir.of_checkpoint(self.checkpoint).config}): using the default search settings "
-            f"(evaluation search {s.eval_num_simulations} simulations, "
-            f"{s.max_num_considered_actions} considered actions, Gumbel scale {s.gumbel_scale:g}, "
-            f"Q spread floor {s.q_spread_floor:g}, msa prior logit {s.eval_msa_prior_logit:g})")
+    return (
+      f"no config.json beside the checkpoint {self.checkpoint} (expected "
+      f"{WorkDir.of_checkpoint(self.checkpoint).config}): using the default search settings "
+      f"(evaluation search {s.eval_num_simulations} simulations, "
+      f"{s.max_num_considered_actions} considered actions, Gumbel scale {s.gumbel_scale:g}, "
+      f"Q spread floor {s.q_spread_floor:g}, msa prior logit {s.eval_msa_prior_logit:g})"
+    )
 
   @property
   def default_simulations(self) -> int:
@@ -65,14 +72,15 @@ class Agent:
 
 def find_checkpoint(path: str) -> str:
   """A training work directory, its checkpoints/ folder, or the checkpoint file -> the file."""
-  for candidate in (WorkDir(path).learner_state,
-                    os.path.join(path, CHECKPOINT_FILENAME), path):
+  for candidate in (WorkDir(path).learner_state, os.path.join(path, CHECKPOINT_FILENAME), path):
     if os.path.isfile(candidate):
       return candidate
   for place in (WorkDir(path).checkpoints, path):  # An older, pickled checkpoint: never read.
     refuse_legacy(place)
-  raise MalloczeroError(f"no learner checkpoint at '{path}' (give a training work directory, "
-                        f"its checkpoints/ folder or a {CHECKPOINT_FILENAME} file)")
+  raise MalloczeroError(
+    f"no learner checkpoint at '{path}' (give a training work directory, "
+    f"its checkpoints/ folder or a {CHECKPOINT_FILENAME} file)"
+  )
 
 
 def load_agent(path: str) -> Agent:
@@ -92,8 +100,10 @@ def load_agent(path: str) -> Agent:
 
 def read_search_config(config_file: str) -> SearchConfig:
   """The search settings of a run's config.json; a corrupt file is a one-line MalloczeroError."""
+
   def fail(why: str) -> MalloczeroError:
     return MalloczeroError(f"run config '{config_file}' is unusable ({why})".replace("\n", " "))
+
   try:
     with open(config_file, encoding="utf-8") as f:
       data = json.load(f)
@@ -110,36 +120,62 @@ def read_search_config(config_file: str) -> SearchConfig:
     if fields[name].type == "int":
       if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
         raise fail(f"search '{name}' must be an integer between 1 and 2**20, got {value!r}")
-    elif (isinstance(value, bool) or not isinstance(value, (int, float))
-          or not 0 <= value < float("inf")):
+    elif (
+      isinstance(value, bool)
+      or not isinstance(value, (int, float))
+      or not 0 <= value < float("inf")
+    ):
       raise fail(f"search '{name}' must be a finite number >= 0, got {value!r}")
   return SearchConfig(**search)
 
 
-def solve_with_agent(agent: Agent, workload: Workload, hardware: Hardware,
-                     simulations: Optional[int] = None, attempts: int = DEFAULT_ATTEMPTS,
-                     seed: int = 0) -> SolveResult:
+def solve_with_agent(
+  agent: Agent,
+  workload: Workload,
+  hardware: Hardware,
+  simulations: Optional[int] = None,
+  attempts: int = DEFAULT_ATTEMPTS,
+  seed: int = 0,
+) -> SolveResult:
   """Plays `attempts` trajectories (1 greedy, the rest sampled), adds msa's mapping as one more
   attempt and keeps the fastest: never slower than msa."""
-  return play_with_agent(agent, [GameSpec(workload.name, workload, hardware)], simulations,
-                         attempts, seed)[0]
+  return play_with_agent(
+    agent, [GameSpec(workload.name, workload, hardware)], simulations, attempts, seed
+  )[0]
 
 
-def compile_agent(agent: Agent, spec: GameSpec, simulations: Optional[int] = None,
-                  attempts: int = DEFAULT_ATTEMPTS, num_programs: int = 1) -> float:
+def compile_agent(
+  agent: Agent,
+  spec: GameSpec,
+  simulations: Optional[int] = None,
+  attempts: int = DEFAULT_ATTEMPTS,
+  num_programs: int = 1,
+) -> float:
   """Compiles the agent's searches for `play_with_agent` on `num_programs` programs; returns the
   seconds it took (paid once per batch shape, so kept out of per-program solve times)."""
-  return compile_searches(agent.networks, agent.params, _test_time_search(agent, simulations),
-                          agent.game, spec, num_programs, attempts)
+  return compile_searches(
+    agent.networks,
+    agent.params,
+    _test_time_search(agent, simulations),
+    agent.game,
+    spec,
+    num_programs,
+    attempts,
+  )
 
 
 def _test_time_search(agent: Agent, simulations: Optional[int]) -> SearchConfig:
   return with_simulations(agent.search, simulations or agent.default_simulations)
 
 
-def play_with_agent(agent: Agent, specs: Sequence[GameSpec], simulations: Optional[int] = None,
-                    attempts: int = DEFAULT_ATTEMPTS, seed: int = 0,
-                    msa: Optional[Sequence[SolveResult]] = None) -> list[SolveResult]:
+def play_with_agent(
+  agent: Agent,
+  specs: Sequence[GameSpec],
+  simulations: Optional[int] = None,
+  attempts: int = DEFAULT_ATTEMPTS,
+  seed: int = 0,
+  msa: Optional[Sequence[SolveResult]] = None,
+) -> list[SolveResult]:
   """`solve_with_agent` for several programs in one batch; each result's solve time is the
   batch's wall time divided evenly among its programs plus that program's msa solve.
 
@@ -147,27 +183,39 @@ def play_with_agent(agent: Agent, specs: Sequence[GameSpec], simulations: Option
   its reference); otherwise msa is solved here."""
   search = _test_time_search(agent, simulations)
   start = time.perf_counter()
-  results = play_programs(agent.networks, agent.params, search, agent.game, specs,
-                          attempts=attempts, seed=seed, solver_name="agent")
+  results = play_programs(
+    agent.networks,
+    agent.params,
+    search,
+    agent.game,
+    specs,
+    attempts=attempts,
+    seed=seed,
+    solver_name="agent",
+  )
   share = (time.perf_counter() - start) / max(1, len(specs))
   if msa is None:
     msa = [solve(spec.workload, spec.hardware, "msa") for spec in specs]
   solved = []
-  for spec, result, baseline in zip(specs, results, msa):
+  for result, baseline in zip(results, msa):
     best_attempt: Union[int, str] = result.best_attempt
     mapping = result.mapping
     # Strictly faster only: on a tie the network's own mapping is kept.
     if baseline.mapping.estimated_time_s < mapping.estimated_time_s:
       best_attempt, mapping = "msa", dataclasses.replace(baseline.mapping, solver="agent")
     info: dict[str, Any] = {
-        "requests": result.requests,
-        "attempts": attempts, "best_attempt": best_attempt,
-        "greedy_speedup": result.greedy_speedup,
-        "search_speedup": result.speedup,
-        "attempt_speedups": list(result.attempt_speedups),
-        "msa_speedup": baseline.mapping.speedup, "msa_solve_s": baseline.solve_time_s,
-        "msa": baseline,
-        "simulations": search.eval_num_simulations,
-        "learner_steps": agent.learner_steps, "checkpoint": agent.checkpoint}
+      "requests": result.requests,
+      "attempts": attempts,
+      "best_attempt": best_attempt,
+      "greedy_speedup": result.greedy_speedup,
+      "search_speedup": result.speedup,
+      "attempt_speedups": list(result.attempt_speedups),
+      "msa_speedup": baseline.mapping.speedup,
+      "msa_solve_s": baseline.solve_time_s,
+      "msa": baseline,
+      "simulations": search.eval_num_simulations,
+      "learner_steps": agent.learner_steps,
+      "checkpoint": agent.checkpoint,
+    }
     solved.append(SolveResult(mapping, share + baseline.solve_time_s, info))
   return solved

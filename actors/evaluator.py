@@ -29,15 +29,15 @@ from malloczero.learner.networks import MuZeroNetworks, Params
 @dataclasses.dataclass(frozen=True)
 class EvaluationResult:
   program: str
-  episode_return: float    # The greedy trajectory's return.
-  speedup: float           # The kept (fastest) mapping's speed-up over all-slow.
-  time_s: float            # The kept mapping's estimated program time.
-  mapping: Mapping         # The kept mapping; it has passed the validator.
-  greedy_speedup: float    # The greedy trajectory's speed-up (equal to `speedup` if attempts=1).
-  attempt_speedups: tuple[float, ...]   # [attempts], the greedy trajectory first.
+  episode_return: float  # The greedy trajectory's return.
+  speedup: float  # The kept (fastest) mapping's speed-up over all-slow.
+  time_s: float  # The kept mapping's estimated program time.
+  mapping: Mapping  # The kept mapping; it has passed the validator.
+  greedy_speedup: float  # The greedy trajectory's speed-up (equal to `speedup` if attempts=1).
+  attempt_speedups: tuple[float, ...]  # [attempts], the greedy trajectory first.
   best_attempt: int
-  requests: int            # Moves of the greedy trajectory (the requests game: its requests).
-  actions: tuple[int, ...] = ()         # The kept trajectory's moves.
+  requests: int  # Moves of the greedy trajectory (the requests game: its requests).
+  actions: tuple[int, ...] = ()  # The kept trajectory's moves.
 
 
 # Cached: a fresh `make_search_fn` is a new jitted closure, so without this every evaluation (every
@@ -51,8 +51,7 @@ def with_simulations(search: SearchConfig, simulations: Optional[int]) -> Search
   """The search config with `simulations` for both modes (None keeps the config's own)."""
   if simulations is None:
     return search
-  return dataclasses.replace(search, num_simulations=simulations,
-                             eval_num_simulations=simulations)
+  return dataclasses.replace(search, num_simulations=simulations, eval_num_simulations=simulations)
 
 
 def _batch_size(active: int, full: int) -> int:
@@ -66,9 +65,16 @@ def _batch_size(active: int, full: int) -> int:
   return full
 
 
-def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig,
-                  game_config: GameConfig, specs: Sequence[GameSpec], attempts: int = 1,
-                  seed: int = 0, solver_name: str = "muzero") -> list[EvaluationResult]:
+def play_programs(
+  networks: MuZeroNetworks,
+  params: Params,
+  search: SearchConfig,
+  game_config: GameConfig,
+  specs: Sequence[GameSpec],
+  attempts: int = 1,
+  seed: int = 0,
+  solver_name: str = "muzero",
+) -> list[EvaluationResult]:
   """Plays `attempts` trajectories of every spec, all in one batch; one result per spec.
 
   As games end, the search runs on the unfinished ones only (padded to a few fixed batch
@@ -98,8 +104,7 @@ def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig
       if not len(active):
         continue
       batch = _batch_size(len(active), len(members))
-      padded = [observations[i] for i in active] + [observations[active[0]]] * (
-          batch - len(active))
+      padded = [observations[i] for i in active] + [observations[active[0]]] * (batch - len(active))
       actions = np.asarray(search_fn(params, key, stack_observations(padded)).action)
       for i, action in zip(active, actions):
         timestep = games[i].step(int(action))
@@ -115,36 +120,66 @@ def play_programs(networks: MuZeroNetworks, params: Params, search: SearchConfig
     mapping = copies[best].mapping(solver_name)
     validate_mapping(spec.workload, spec.hardware, mapping)
     slow = copies[0].cost_model.slow_only_time
-    results.append(EvaluationResult(
-        spec.name, float(returns[p]), mapping.speedup, mapping.estimated_time_s, mapping,
-        greedy_speedup=slow / times[0], attempt_speedups=tuple(slow / t for t in times),
-        best_attempt=best, requests=copies[0].num_steps,
-        actions=tuple(moves[best * num_programs + p])))
+    results.append(
+      EvaluationResult(
+        spec.name,
+        float(returns[p]),
+        mapping.speedup,
+        mapping.estimated_time_s,
+        mapping,
+        greedy_speedup=slow / times[0],
+        attempt_speedups=tuple(slow / t for t in times),
+        best_attempt=best,
+        requests=copies[0].num_steps,
+        actions=tuple(moves[best * num_programs + p]),
+      )
+    )
   return results
 
 
-def compile_searches(networks: MuZeroNetworks, params: Params, search: SearchConfig,
-                     game_config: GameConfig, spec: GameSpec, num_programs: int = 1,
-                     attempts: int = 1) -> float:
+def compile_searches(
+  networks: MuZeroNetworks,
+  params: Params,
+  search: SearchConfig,
+  game_config: GameConfig,
+  spec: GameSpec,
+  num_programs: int = 1,
+  attempts: int = 1,
+) -> float:
   """Compiles the searches `play_programs` will call for this batch shape (and the smaller
   batches it moves to as games finish), so that the play it times afterwards is play alone;
   returns the seconds compiling took."""
   start = time.perf_counter()
   observation = make_game(spec.workload, spec.hardware, game_config).reset().observation
   rng = jax.random.PRNGKey(0)
-  batches = [(True, num_programs)] + ([(False, num_programs * (attempts - 1))] if attempts > 1
-                                      else [])
+  batches = [(True, num_programs)] + (
+    [(False, num_programs * (attempts - 1))] if attempts > 1 else []
+  )
   for evaluation, full in batches:
     for size in sorted({_batch_size(n, full) for n in (1, 4, 16, full)}):
       output = _search_fn(networks, search, evaluation)(
-          params, rng, stack_observations([observation] * size))
+        params, rng, stack_observations([observation] * size)
+      )
       jax.block_until_ready(output.action)
   return time.perf_counter() - start
 
 
-def evaluate_params(networks: MuZeroNetworks, params: Any, config: Config,
-                    specs: Sequence[GameSpec], seed: int = 0,
-                    solver_name: str = "muzero") -> list[EvaluationResult]:
+def evaluate_params(
+  networks: MuZeroNetworks,
+  params: Any,
+  config: Config,
+  specs: Sequence[GameSpec],
+  seed: int = 0,
+  solver_name: str = "muzero",
+) -> list[EvaluationResult]:
   """Greedy play of every spec once with the config's evaluation search: the learning curve."""
-  return play_programs(networks, params, config.search, config.game, specs, attempts=1,
-                       seed=seed, solver_name=solver_name)
+  return play_programs(
+    networks,
+    params,
+    config.search,
+    config.game,
+    specs,
+    attempts=1,
+    seed=seed,
+    solver_name=solver_name,
+  )

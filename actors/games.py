@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-import numpy as np
-
 import dm_env
+import numpy as np
 
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.hardware import Hardware
@@ -43,8 +42,9 @@ class GamePool:
   requests and the cost model, which is far more work than a reset.
   """
 
-  def __init__(self, specs: Sequence[GameSpec], game_config: GameConfig, num_slots: int,
-               seed: int = 0):
+  def __init__(
+    self, specs: Sequence[GameSpec], game_config: GameConfig, num_slots: int, seed: int = 0
+  ):
     if not specs:
       raise ValueError("no programs to play")
     self.specs = list(specs)

@@ -25,13 +25,18 @@ import mctx
 
 from malloczero.configs.config import SearchConfig
 from malloczero.env.game import GameConfig
-from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar, masked_policy_logits
+from malloczero.learner.networks import (
+  MuZeroNetworks,
+  Params,
+  logits_to_scalar,
+  masked_policy_logits,
+)
 
 
 class SearchOutput(NamedTuple):
-  action: chex.Array          # [B] int32: the move to play.
+  action: chex.Array  # [B] int32: the move to play.
   action_weights: chex.Array  # [B, A]: the improved policy, the learner's policy target.
-  root_value: chex.Array      # [B]: the search's value of the root, raw return units.
+  root_value: chex.Array  # [B]: the search's value of the root, raw return units.
 
 
 SearchFn = Callable[[Params, chex.PRNGKey, dict], SearchOutput]
@@ -46,8 +51,9 @@ def msa_action_mask(observation: dict, game: GameConfig) -> chex.Array:
   return jnp.concatenate([option0[:, None], others], axis=-1).astype(jnp.float32)
 
 
-def make_search_fn(networks: MuZeroNetworks, search: SearchConfig, evaluation: bool = False,
-                   jit: bool = True) -> SearchFn:
+def make_search_fn(
+  networks: MuZeroNetworks, search: SearchConfig, evaluation: bool = False, jit: bool = True
+) -> SearchFn:
   """`search(params, rng, observation [B, ...]) -> SearchOutput`.
 
   Training mode samples root actions with Gumbel noise (exploration); evaluation mode uses
@@ -58,22 +64,23 @@ def make_search_fn(networks: MuZeroNetworks, search: SearchConfig, evaluation: b
   gumbel_scale = 0.0 if evaluation else search.gumbel_scale
   # mctx rescales each node's completed Q-values to [0, 1] by their spread; a spread below the
   # floor is not stretched, so differences the model cannot resolve stay small policy changes.
-  qtransform = functools.partial(mctx.qtransform_completed_by_mix_value,
-                                 epsilon=max(search.q_spread_floor, 1e-8))
+  qtransform = functools.partial(
+    mctx.qtransform_completed_by_mix_value, epsilon=max(search.q_spread_floor, 1e-8)
+  )
 
   def recurrent_fn(params, rng, action, latent):
     del rng
     next_latent, reward_logits = networks.dynamics(params, latent, action)
     prediction = networks.predict(params, next_latent)
     output = mctx.RecurrentFnOutput(
-        reward=logits_to_scalar(reward_logits, net_config),
-        discount=jnp.ones(action.shape, jnp.float32),  # Episodic, undiscounted.
-        prior_logits=masked_policy_logits(prediction),
-        value=logits_to_scalar(prediction.value_logits, net_config))
+      reward=logits_to_scalar(reward_logits, net_config),
+      discount=jnp.ones(action.shape, jnp.float32),  # Episodic, undiscounted.
+      prior_logits=masked_policy_logits(prediction),
+      value=logits_to_scalar(prediction.value_logits, net_config),
+    )
     return output, next_latent
 
-  msa_bias = (search.eval_msa_prior_logit if evaluation and networks.game.decisions == "msa"
-              else 0.0)
+  msa_bias = search.eval_msa_prior_logit if evaluation and networks.game.decisions == "msa" else 0.0
 
   def search_fn(params, rng, observation):
     latent = networks.represent(params, observation)
@@ -81,16 +88,26 @@ def make_search_fn(networks: MuZeroNetworks, search: SearchConfig, evaluation: b
     prior_logits = prediction.policy_logits
     if msa_bias:
       prior_logits = prior_logits + msa_bias * msa_action_mask(observation, networks.game)
-    root = mctx.RootFnOutput(prior_logits=prior_logits,
-                             value=logits_to_scalar(prediction.value_logits, net_config),
-                             embedding=latent)
+    root = mctx.RootFnOutput(
+      prior_logits=prior_logits,
+      value=logits_to_scalar(prediction.value_logits, net_config),
+      embedding=latent,
+    )
     output = mctx.gumbel_muzero_policy(
-        params, rng, root, recurrent_fn, num_simulations=num_simulations,
-        invalid_actions=~observation["legal_actions"],
-        max_num_considered_actions=search.max_num_considered_actions,
-        gumbel_scale=gumbel_scale, qtransform=qtransform)
-    return SearchOutput(action=output.action.astype(jnp.int32),
-                        action_weights=output.action_weights,
-                        root_value=output.search_tree.summary().value)
+      params,
+      rng,
+      root,
+      recurrent_fn,
+      num_simulations=num_simulations,
+      invalid_actions=~observation["legal_actions"],
+      max_num_considered_actions=search.max_num_considered_actions,
+      gumbel_scale=gumbel_scale,
+      qtransform=qtransform,
+    )
+    return SearchOutput(
+      action=output.action.astype(jnp.int32),
+      action_weights=output.action_weights,
+      root_value=output.search_tree.summary().value,
+    )
 
   return jax.jit(search_fn) if jit else search_fn

@@ -17,9 +17,7 @@ _log = logging.getLogger("malloczero.actors")
 
 
 class VariableSource(Protocol):
-
-  def get_variables(self) -> Any:
-    ...
+  def get_variables(self) -> Any: ...
 
 
 class VariableClient:
@@ -59,8 +57,9 @@ class VariableClient:
       except (Exception, concurrent.futures.CancelledError) as e:  # pylint: disable=broad-except
         self.num_failures += 1
         self.last_error = e
-        _log.warning("parameter fetch failed, keeping the current parameters: %s: %s",
-                     type(e).__name__, e)
+        _log.warning(
+          "parameter fetch failed, keeping the current parameters: %s: %s", type(e).__name__, e
+        )
       else:
         self._swap(params)
     if self._future is None and self._calls >= self._update_period:

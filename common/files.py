@@ -42,8 +42,9 @@ def _probe_writable(directory: str) -> Optional[str]:
   return None
 
 
-def check_output_file(path: str | os.PathLike, what: str = "--out",
-                      extensions: Optional[Sequence[str]] = None) -> str:
+def check_output_file(
+  path: str | os.PathLike, what: str = "--out", extensions: Optional[Sequence[str]] = None
+) -> str:
   """Raises OutputError unless `path` can be written as a file: it is not a directory, its
   directory exists and accepts new files, and (when `extensions` is given) it ends in one of them.
   Returns the path as a string."""
@@ -54,15 +55,18 @@ def check_output_file(path: str | os.PathLike, what: str = "--out",
     extension = os.path.splitext(path)[1].lstrip(".").lower()
     if extension not in extensions:
       found = f"'.{extension}'" if extension else "no extension"
-      raise OutputError(f"{what} {path}: {found}; a picture needs one of "
-                        f"{', '.join('.' + e for e in extensions)}")
+      raise OutputError(
+        f"{what} {path}: {found}; a picture needs one of {', '.join('.' + e for e in extensions)}"
+      )
   if os.path.isdir(path):
     raise OutputError(f"{what} {path}: is a directory; give a file name")
   directory = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(directory):
-    raise OutputError(f"{what} {path}: directory {directory} does not exist"
-                      if not os.path.exists(directory) else
-                      f"{what} {path}: {directory} is not a directory")
+    raise OutputError(
+      f"{what} {path}: directory {directory} does not exist"
+      if not os.path.exists(directory)
+      else f"{what} {path}: {directory} is not a directory"
+    )
   if os.path.exists(path) and not os.path.isfile(path):
     # A device or a pipe (/dev/null, /dev/stdout): written in place, so it must be writable.
     if not os.access(path, os.W_OK):
@@ -89,15 +93,18 @@ def check_output_dir(path: str | os.PathLike, what: str = "--out") -> str:
     raise OutputError(f"{what} {path}: cannot create it: {ancestor} is a file")
   why = _probe_writable(ancestor)
   if why:
-    raise OutputError(f"{what} {path}: cannot "
-                      f"{'write in it' if ancestor == os.path.abspath(path) else 'create it'}: "
-                      f"{why}")
+    raise OutputError(
+      f"{what} {path}: cannot "
+      f"{'write in it' if ancestor == os.path.abspath(path) else 'create it'}: "
+      f"{why}"
+    )
   return path
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", fsync: bool = False,
-                 **open_kwargs) -> Iterator[IO]:
+def atomic_write(
+  path: str | os.PathLike, mode: str = "w", fsync: bool = False, **open_kwargs
+) -> Iterator[IO]:
   """`open(path, mode)` that writes a temporary file beside `path` and renames it over `path` when
   the block ends without an exception; on one, the temporary file is removed and `path` is
   untouched. `mode` is "w" or "wb"; `open_kwargs` go to `open` (text mode defaults to UTF-8).
@@ -117,8 +124,9 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", fsync: bool = False,
     return
   directory, name = os.path.split(os.path.abspath(path))
   # Unique per process and thread; created with the usual permissions (0666 less the umask).
-  tmp = os.path.join(directory, f".{name}.{os.getpid()}.{threading.get_ident()}."
-                                f"{secrets.token_hex(3)}.tmp")
+  tmp = os.path.join(
+    directory, f".{name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(3)}.tmp"
+  )
   try:
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
     with open(fd, mode, **open_kwargs) as f:

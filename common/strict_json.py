@@ -51,12 +51,14 @@ def unknown_key(data: Mapping, known: Collection[str]) -> str | None:
   extra = next((k for k in data if k not in known), None)
   if extra is None:
     return None
-  return (f"unknown key {show_key(extra)} (known keys: {', '.join(known)}): remove it or fix "
-          "its spelling")
+  return (
+    f"unknown key {show_key(extra)} (known keys: {', '.join(known)}): remove it or fix its spelling"
+  )
 
 
 class _Duplicated(dict):
   """A JSON object in which a key appeared more than once (`key` is the first repeated one)."""
+
   key: str = ""
 
 
@@ -91,7 +93,7 @@ def _find_duplicate(data: Any) -> tuple[str, str]:
 
 def loads(text: str, where: str, error: Type[MalloczeroError]) -> Any:
   """The JSON document `text` (read from `where`), or `error` with a one-line message."""
-  text = text[len(BOM):] if text.startswith(BOM) else text
+  text = text[len(BOM) :] if text.startswith(BOM) else text
   repeated = []
 
   def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
@@ -107,24 +109,32 @@ def loads(text: str, where: str, error: Type[MalloczeroError]) -> Any:
   try:
     data = json.loads(text, object_pairs_hook=unique_keys, parse_constant=_constant)
   except json.JSONDecodeError as e:
-    raise error(f"{where}: not valid JSON (truncated or corrupt?): {e.msg} at line {e.lineno} "
-                f"column {e.colno}") from None
+    raise error(
+      f"{where}: not valid JSON (truncated or corrupt?): {e.msg} at line {e.lineno} "
+      f"column {e.colno}"
+    ) from None
   except _NotJsonNumber as e:
     raise error(f"{where}: '{e}' is not a JSON number: write a finite number") from None
   except RecursionError:
-    raise error(f"{where}: JSON nested too deeply to read (these files are a few levels "
-                "deep): is it the right file?") from None
+    raise error(
+      f"{where}: JSON nested too deeply to read (these files are a few levels "
+      "deep): is it the right file?"
+    ) from None
   except ValueError as e:
     digits = _TOO_MANY_DIGITS.search(str(e))
     if digits is None:
       raise error(f"{where}: not valid JSON: {str(e).splitlines()[0][:200]}") from None
-    raise error(f"{where}: an integer of {digits.group(1)} digits is too long: no value in "
-                "this file needs more than 19 digits") from None
+    raise error(
+      f"{where}: an integer of {digits.group(1)} digits is too long: no value in "
+      "this file needs more than 19 digits"
+    ) from None
   if repeated:  # Only then is the document walked, to say where.
     path, key = _find_duplicate(data)
-    raise error(f"{where}: key {show_key(key)} appears twice in "
-                f"{f'the object at {path}' if path else 'the top-level object'}: give each key "
-                "once") from None
+    raise error(
+      f"{where}: key {show_key(key)} appears twice in "
+      f"{f'the object at {path}' if path else 'the top-level object'}: give each key "
+      "once"
+    ) from None
   return data
 
 
@@ -139,11 +149,14 @@ def read_text(path: str, error: Type[MalloczeroError]) -> str:
         raw = f.read()
     return raw.decode("utf-8")
   except UnicodeDecodeError as e:
-    raise error(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
-                "is it the right file?") from None
+    raise error(
+      f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
+      "is it the right file?"
+    ) from None
   except (OSError, EOFError, zlib.error) as e:
-    raise error(f"{path}: cannot read: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                ) from None
+    raise error(
+      f"{path}: cannot read: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    ) from None
 
 
 def load(path: str | os.PathLike, error: Type[MalloczeroError]) -> Any:

@@ -1,9 +1,32 @@
 """Configuration presets: `tiny` (tests, CI), `small` (a 2-core machine), `large` (cloud); and the
 layout of a training run's work directory."""
 
-from malloczero.configs.config import (ActorConfig, Config, LearnerConfig, NetworkConfig, PRESETS,
-                            ReplayConfig, SearchConfig, get_config, large, small, tiny)
+from malloczero.configs.config import (
+  PRESETS,
+  ActorConfig,
+  Config,
+  LearnerConfig,
+  NetworkConfig,
+  ReplayConfig,
+  SearchConfig,
+  get_config,
+  large,
+  small,
+  tiny,
+)
 from malloczero.configs.workdir import WorkDir
 
-__all__ = ["ActorConfig", "Config", "LearnerConfig", "NetworkConfig", "PRESETS", "ReplayConfig",
-           "SearchConfig", "WorkDir", "get_config", "large", "small", "tiny"]
+__all__ = [
+  "ActorConfig",
+  "Config",
+  "LearnerConfig",
+  "NetworkConfig",
+  "PRESETS",
+  "ReplayConfig",
+  "SearchConfig",
+  "WorkDir",
+  "get_config",
+  "large",
+  "small",
+  "tiny",
+]

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware
@@ -16,27 +17,30 @@ from malloczero.env.hardware import Hardware
 class ProgramFile:
   """A program to train on from a workload file (`train --workload`), beside or instead of the
   suite's training programs."""
+
   name: str
-  workload: str          # Absolute path of the workload file.
-  hardware: Hardware     # With the fast capacities the command line set.
+  workload: str  # Absolute path of the workload file.
+  hardware: Hardware  # With the fast capacities the command line set.
 
 
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
   """Haiku MuZero networks (learner/networks.py)."""
-  d_model: int = 64              # Token width of the attention encoder.
-  num_layers: int = 2            # Encoder layers.
+
+  d_model: int = 64  # Token width of the attention encoder.
+  num_layers: int = 2  # Encoder layers.
   num_heads: int = 4
-  latent_dim: int = 128          # MuZero hidden state size.
-  hidden_dim: int = 256          # Width of the dynamics / prediction MLPs.
-  support_size: int = 31         # Bins of the categorical value and reward heads.
-  support_limit: float = 3.0     # Support covers [-limit, limit] in signed-hyperbolic space.
-  value_scale: float = 10.0      # Returns and rewards are multiplied by this before encoding.
+  latent_dim: int = 128  # MuZero hidden state size.
+  hidden_dim: int = 256  # Width of the dynamics / prediction MLPs.
+  support_size: int = 31  # Bins of the categorical value and reward heads.
+  support_limit: float = 3.0  # Support covers [-limit, limit] in signed-hyperbolic space.
+  value_scale: float = 10.0  # Returns and rewards are multiplied by this before encoding.
 
 
 @dataclasses.dataclass(frozen=True)
 class SearchConfig:
   """Gumbel MuZero search (mctx) in the actors."""
+
   num_simulations: int = 16
   eval_num_simulations: int = 32
   max_num_considered_actions: int = 8
@@ -62,12 +66,12 @@ DEFAULT_ATTEMPTS = 8
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
   batch_size: int = 64
-  unroll_steps: int = 5          # K
-  td_steps: int = 10             # n in the n-step value target
-  discount: float = 1.0          # Per-step discount of value targets (mallocGame: undiscounted).
+  unroll_steps: int = 5  # K
+  td_steps: int = 10  # n in the n-step value target
+  discount: float = 1.0  # Per-step discount of value targets (mallocGame: undiscounted).
   learning_rate: float = 1e-3
   warmup_steps: int = 100
-  decay_steps: int = 10_000      # Cosine decay to 10% after warm-up.
+  decay_steps: int = 10_000  # Cosine decay to 10% after warm-up.
   weight_decay: float = 1e-4
   max_grad_norm: float = 5.0
   target_update_period: int = 100
@@ -80,8 +84,9 @@ class LearnerConfig:
 
   def __post_init__(self):
     if not 0.0 <= self.demonstration_fraction < 1.0:
-      raise ValueError("demonstration_fraction must be in [0, 1), got "
-                       f"{self.demonstration_fraction}")
+      raise ValueError(
+        f"demonstration_fraction must be in [0, 1), got {self.demonstration_fraction}"
+      )
 
   @property
   def demonstration_batch(self) -> int:
@@ -112,25 +117,26 @@ class ReplayConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ActorConfig:
-  num_games: int = 16            # B games stepped together per actor.
-  variable_update_period: int = 50   # Acting steps between parameter pulls.
+  num_games: int = 16  # B games stepped together per actor.
+  variable_update_period: int = 50  # Acting steps between parameter pulls.
 
 
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
   """The Launchpad program (system/program.py): node counts and how often state is saved."""
+
   num_actors: int = 2
-  replay_checkpoint_every_s: float = 180.0   # Reverb table checkpoints (and one at stop).
-  counter_save_every_s: float = 30.0         # Step counters (and at stop).
-  actor_report_every_s: float = 2.0          # Actor -> counter increments (batched RPCs).
-  summary_every_s: float = 5.0               # Console summary line in the launcher.
-  heldout_only_evaluator: bool = True        # The evaluator node plays only held-out programs.
+  replay_checkpoint_every_s: float = 180.0  # Reverb table checkpoints (and one at stop).
+  counter_save_every_s: float = 30.0  # Step counters (and at stop).
+  actor_report_every_s: float = 2.0  # Actor -> counter increments (batched RPCs).
+  summary_every_s: float = 5.0  # Console summary line in the launcher.
+  heldout_only_evaluator: bool = True  # The evaluator node plays only held-out programs.
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
   name: str = "small"
-  suite: str = "default"          # "" with `programs`: train on those alone.
+  suite: str = "default"  # "" with `programs`: train on those alone.
   programs: tuple[ProgramFile, ...] = ()
   game: GameConfig = GameConfig()
   network: NetworkConfig = NetworkConfig()
@@ -146,52 +152,90 @@ class Config:
 
 def tiny() -> Config:
   return Config(
-      name="tiny", suite="tiny",
-      network=NetworkConfig(d_model=32, num_layers=1, num_heads=2, latent_dim=64, hidden_dim=64,
-                            support_size=21),
-      # Floor 0.02: the tiny programs' 20-60 decisions each carry far larger Q gaps than the
-      # default suite's; at 0.1 the 100-step test run (tests/trained.py) learnt too little in
-      # one of three runs (train geomean 1.075, 1.272, 1.320 from 1.041), at 0.02 1.363-1.538.
-      search=SearchConfig(num_simulations=8, eval_num_simulations=16,
-                          max_num_considered_actions=4, q_spread_floor=0.02),
-      learner=LearnerConfig(batch_size=32, unroll_steps=3, td_steps=5, learning_rate=2e-3,
-                            warmup_steps=20, decay_steps=2_000, target_update_period=50,
-                            checkpoint_every_s=30.0),
-      replay=ReplayConfig(max_size=20_000, min_size_to_sample=200, samples_per_insert=2.0),
-      actor=ActorConfig(num_games=8, variable_update_period=20),
-      distributed=DistributedConfig(replay_checkpoint_every_s=20.0, counter_save_every_s=5.0,
-                                    actor_report_every_s=1.0, summary_every_s=3.0),
-      max_learner_steps=400, eval_every_steps=100)
+    name="tiny",
+    suite="tiny",
+    network=NetworkConfig(
+      d_model=32, num_layers=1, num_heads=2, latent_dim=64, hidden_dim=64, support_size=21
+    ),
+    # Floor 0.02: the tiny programs' 20-60 decisions each carry far larger Q gaps than the
+    # default suite's; at 0.1 the 100-step test run (tests/trained.py) learnt too little in
+    # one of three runs (train geomean 1.075, 1.272, 1.320 from 1.041), at 0.02 1.363-1.538.
+    search=SearchConfig(
+      num_simulations=8, eval_num_simulations=16, max_num_considered_actions=4, q_spread_floor=0.02
+    ),
+    learner=LearnerConfig(
+      batch_size=32,
+      unroll_steps=3,
+      td_steps=5,
+      learning_rate=2e-3,
+      warmup_steps=20,
+      decay_steps=2_000,
+      target_update_period=50,
+      checkpoint_every_s=30.0,
+    ),
+    replay=ReplayConfig(max_size=20_000, min_size_to_sample=200, samples_per_insert=2.0),
+    actor=ActorConfig(num_games=8, variable_update_period=20),
+    distributed=DistributedConfig(
+      replay_checkpoint_every_s=20.0,
+      counter_save_every_s=5.0,
+      actor_report_every_s=1.0,
+      summary_every_s=3.0,
+    ),
+    max_learner_steps=400,
+    eval_every_steps=100,
+  )
 
 
 def small() -> Config:
   # Sized for a 2-core CPU: one search simulation costs about as much as mctx's own bookkeeping.
-  return Config(network=NetworkConfig(d_model=32, num_layers=1, num_heads=2, latent_dim=64,
-                                      hidden_dim=128))
+  return Config(
+    network=NetworkConfig(d_model=32, num_layers=1, num_heads=2, latent_dim=64, hidden_dim=128)
+  )
 
 
 def large() -> Config:
   return Config(
-      name="large",
-      network=NetworkConfig(d_model=128, num_layers=4, num_heads=8, latent_dim=256,
-                            hidden_dim=512, support_size=61),
-      search=SearchConfig(num_simulations=32, eval_num_simulations=128,
-                          max_num_considered_actions=16),
-      learner=LearnerConfig(batch_size=256, learning_rate=5e-4, warmup_steps=1_000,
-                            decay_steps=200_000, target_update_period=500,
-                            checkpoint_every_s=600.0),
-      replay=ReplayConfig(max_size=2_000_000, min_size_to_sample=20_000, samples_per_insert=8.0),
-      actor=ActorConfig(num_games=64, variable_update_period=100),
-      distributed=DistributedConfig(num_actors=64, replay_checkpoint_every_s=900.0,
-                                    counter_save_every_s=60.0, summary_every_s=30.0),
-      max_learner_steps=500_000, eval_every_steps=20_000)
+    name="large",
+    network=NetworkConfig(
+      d_model=128, num_layers=4, num_heads=8, latent_dim=256, hidden_dim=512, support_size=61
+    ),
+    search=SearchConfig(
+      num_simulations=32, eval_num_simulations=128, max_num_considered_actions=16
+    ),
+    learner=LearnerConfig(
+      batch_size=256,
+      learning_rate=5e-4,
+      warmup_steps=1_000,
+      decay_steps=200_000,
+      target_update_period=500,
+      checkpoint_every_s=600.0,
+    ),
+    replay=ReplayConfig(max_size=2_000_000, min_size_to_sample=20_000, samples_per_insert=8.0),
+    actor=ActorConfig(num_games=64, variable_update_period=100),
+    distributed=DistributedConfig(
+      num_actors=64,
+      replay_checkpoint_every_s=900.0,
+      counter_save_every_s=60.0,
+      summary_every_s=30.0,
+    ),
+    max_learner_steps=500_000,
+    eval_every_steps=20_000,
+  )
 
 
 PRESETS = {"tiny": tiny, "small": small, "large": large}
 
 
+def with_section(config: Config, section: str, **values: Any) -> Config:
+  """`config` with some fields of one section (`game`, `learner`, `search`, ...) replaced."""
+  return dataclasses.replace(
+    config, **{section: dataclasses.replace(getattr(config, section), **values)}
+  )
+
+
 def get_config(name: str) -> Config:
   from malloczero.common.errors import MalloczeroError
+
   if name not in PRESETS:
     raise MalloczeroError(f"unknown config '{name}' (choose from {', '.join(PRESETS)})")
   return PRESETS[name]()

@@ -40,6 +40,7 @@ REPORT_STEM = "report"
 @dataclasses.dataclass(frozen=True)
 class WorkDir:
   """The paths of one work directory (nothing is created or read here)."""
+
   root: str
 
   @classmethod

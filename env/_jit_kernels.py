@@ -2,7 +2,8 @@
 level's occupancy over a window, and the candidate rows of the msa game's observation.
 
 Why: the game steps thousands of times a second (at least 5,000 with observation and
-contention, `malloczero bench`); as numpy expressions these cost mostly numpy's per-call overhead on arrays of a
+contention, `malloczero bench`); as numpy expressions these cost mostly numpy's per-call overhead
+on arrays of a
 few to a few hundred entries. Loaded on first use (`kernels()` in env/simulator.py), so that
 `import malloczero` does not load numba; compiled on a machine's first use and read from
 numba's cache beside this file after that (`cache=True`). Flat arguments only: numba's dispatch
@@ -22,8 +23,8 @@ def stall_loop(idle_s, start, done, work_s):
   num_ops = len(idle_s)
   span = num_ops + 2
   order = np.argsort(start * span + done, kind="mergesort")
-  issued = np.zeros(num_ops + 1)   # work issued at each boundary
-  due = np.zeros(num_ops + 1)      # W_d: queue work up to the last copy due at d
+  issued = np.zeros(num_ops + 1)  # work issued at each boundary
+  due = np.zeros(num_ops + 1)  # W_d: queue work up to the last copy due at d
   cumulative = 0.0
   for k in order:
     cumulative += work_s[k]
@@ -68,16 +69,59 @@ def occupancy(out, starts, ends, offsets, sizes, alive, count, first_op, last_op
 
 
 @numba.njit(cache=True)
-def candidate_rows(out, rows, level, start, end, offset, saving, prefetch, evicts, msa_row,
-                   positions, last_op, capacity, saving_scale, slow_op_prefix, use,
-                   segment_start, copy_time, num_starts, columns):
+def candidate_rows(
+  out,
+  rows,
+  level,
+  start,
+  end,
+  offset,
+  saving,
+  prefetch,
+  evicts,
+  msa_row,
+  positions,
+  last_op,
+  capacity,
+  saving_scale,
+  slow_op_prefix,
+  use,
+  segment_start,
+  copy_time,
+  num_starts,
+  columns,
+):
   """Fills the candidates observation `out` [C, F] (rows `rows` [n], one per option after
   option 0); `columns` holds the feature columns in `MsaGame`'s `_Columns.candidate_order`."""
-  (valid, keep, fetch, rank, start_col, lead, hold, offset_col, saving_col, hide_ratio,
-   evicts_col, msa_col, level_col) = (columns[0], columns[1], columns[2], columns[3],
-                                      columns[4], columns[5], columns[6], columns[7],
-                                      columns[8], columns[9], columns[10], columns[11],
-                                      columns[12])
+  (
+    valid,
+    keep,
+    fetch,
+    rank,
+    start_col,
+    lead,
+    hold,
+    offset_col,
+    saving_col,
+    hide_ratio,
+    evicts_col,
+    msa_col,
+    level_col,
+  ) = (
+    columns[0],
+    columns[1],
+    columns[2],
+    columns[3],
+    columns[4],
+    columns[5],
+    columns[6],
+    columns[7],
+    columns[8],
+    columns[9],
+    columns[10],
+    columns[11],
+    columns[12],
+  )
   window = max(use - segment_start + 1, 1)
   for i in range(len(rows)):
     r = rows[i]

@@ -50,6 +50,7 @@ class Allocations:
   produced in place; left `None` it is `NO_COPY` for activations and, for parameters and inputs
   (which only a prefetch can fill), the first use in the allocation (`CostModel.resolve`).
   `evict_start` / `evict_done` are the eviction copy's window, `NO_COPY` when not evicted."""
+
   buffer: np.ndarray
   level: np.ndarray
   offset: np.ndarray
@@ -85,10 +86,10 @@ class Allocations:
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
   total_time_s: float
-  op_time_s: np.ndarray        # [T]
-  stall_s: np.ndarray          # [T + 1] waiting for copies at each boundary (before op t; T: end)
-  copy_finish_s: np.ndarray    # [K] each copy's finish on the copy engine's clock (prefetches,
-                               # then evictions, in allocation order)
+  op_time_s: np.ndarray  # [T]
+  stall_s: np.ndarray  # [T + 1] waiting for copies at each boundary (before op t; T: end)
+  copy_finish_s: np.ndarray  # [K] each copy's finish on the copy engine's clock (prefetches,
+  # then evictions, in allocation order)
 
   @property
   def compute_and_memory_s(self) -> float:
@@ -107,15 +108,17 @@ class CostModel:
     self.hardware = hardware
     a = workload.arrays
     self.num_ops = workload.num_ops
-    self.inverse_bandwidth = hardware.inverse_bandwidths        # [L]
-    self.compute_time = a.flops / hardware.peak_flops_per_s     # [T]
+    self.inverse_bandwidth = hardware.inverse_bandwidths  # [L]
+    self.compute_time = a.flops / hardware.peak_flops_per_s  # [T]
     self.copy_time = a.sizes / hardware.copy_bandwidth_bytes_per_s  # [N]
-    fastest_memory = np.bincount(a.incidence_op, a.incidence_bytes * self.inverse_bandwidth[0],
-                                 minlength=self.num_ops)
+    fastest_memory = np.bincount(
+      a.incidence_op, a.incidence_bytes * self.inverse_bandwidth[0], minlength=self.num_ops
+    )
     self.reference_time = np.maximum(self.compute_time, fastest_memory)  # [T]
     self.reference_prefix = np.concatenate([[0.0], np.cumsum(self.reference_time)])  # [T + 1]
     self.slow_memory_time = np.bincount(
-        a.incidence_op, a.incidence_bytes * self.inverse_bandwidth[-1], minlength=self.num_ops)
+      a.incidence_op, a.incidence_bytes * self.inverse_bandwidth[-1], minlength=self.num_ops
+    )
     # Incidence keys sorted by (buffer, op): the order `WorkloadArrays` already has.
     self._incidence_key = a.incidence_buffer * (self.num_ops + 1) + a.incidence_op
 
@@ -128,25 +131,40 @@ class CostModel:
     """Reference time of the ops in `[start, first_use)`, behind which a copy can hide."""
     return self.reference_prefix[first_use] - self.reference_prefix[start]
 
-  def exposed_copy_time(self, buffer: np.ndarray, start: np.ndarray,
-                        first_use: np.ndarray) -> np.ndarray:
+  def exposed_copy_time(
+    self, buffer: np.ndarray, start: np.ndarray, first_use: np.ndarray
+  ) -> np.ndarray:
     """Copy time left over after hiding; zero for buffers that are not prefetched."""
     exposed = np.maximum(0.0, self.copy_time[buffer] - self.hidden_time(start, first_use))
     return np.where(self.workload.arrays.is_prefetched[buffer], exposed, 0.0)
 
-  def placement_delta(self, memory_time: np.ndarray, op_time: np.ndarray, ops: np.ndarray,
-                      nbytes: np.ndarray, level: int,
-                      exposed_copy_s: float) -> tuple[np.ndarray, np.ndarray, float]:
+  def placement_delta(
+    self,
+    memory_time: np.ndarray,
+    op_time: np.ndarray,
+    ops: np.ndarray,
+    nbytes: np.ndarray,
+    level: int,
+    exposed_copy_s: float,
+  ) -> tuple[np.ndarray, np.ndarray, float]:
     """Incremental update for moving `nbytes` [k] touched by distinct `ops` [k] from slow memory
     to `level`, given the current per-op memory and op times [T].
 
     Returns (new memory time [k], new op time [k], seconds saved including the exposed copy)."""
-    memory = memory_time[ops] - nbytes * (self.inverse_bandwidth[-1] - self.inverse_bandwidth[level])
+    memory = memory_time[ops] - nbytes * (
+      self.inverse_bandwidth[-1] - self.inverse_bandwidth[level]
+    )
     new_time = np.maximum(self.compute_time[ops], memory)
     return memory, new_time, float((op_time[ops] - new_time).sum()) - exposed_copy_s
 
-  def saving_per_fast_level(self, memory_time: np.ndarray, op_time: np.ndarray, ops: np.ndarray,
-                            nbytes: np.ndarray, exposed_copy_s: float) -> np.ndarray:
+  def saving_per_fast_level(
+    self,
+    memory_time: np.ndarray,
+    op_time: np.ndarray,
+    ops: np.ndarray,
+    nbytes: np.ndarray,
+    exposed_copy_s: float,
+  ) -> np.ndarray:
     """[F] seconds `placement_delta` would save for each fast level, computed in one pass."""
     saved_per_byte = self.inverse_bandwidth[-1] - self.inverse_bandwidth[:-1]
     memory = memory_time[ops][None, :] - nbytes[None, :] * saved_per_byte[:, None]
@@ -161,8 +179,11 @@ class CostModel:
     stride = self.num_ops + 1
     pos = np.searchsorted(self._incidence_key, buffer * stride + start, side="left")
     safe = np.minimum(pos, len(a.incidence_op) - 1)
-    serves = ((pos < len(a.incidence_op)) & (a.incidence_buffer[safe] == buffer)
-              & (a.incidence_op[safe] < end))
+    serves = (
+      (pos < len(a.incidence_op))
+      & (a.incidence_buffer[safe] == buffer)
+      & (a.incidence_op[safe] < end)
+    )
     return np.where(serves, a.incidence_op[safe], end).astype(np.int64)
 
   def resolve(self, allocations: Allocations) -> Allocations:
@@ -180,10 +201,13 @@ class CostModel:
   def copies(self, allocations: Allocations) -> Copies:
     """The prefetches, then the evictions, of resolved `allocations`."""
     pre, ev = allocations.is_prefetch, allocations.is_evicted
-    return Copies(np.concatenate([allocations.start[pre], allocations.evict_start[ev]]),
-                  np.concatenate([allocations.prefetch_done[pre], allocations.evict_done[ev]]),
-                  np.concatenate([self.copy_work(allocations.buffer[pre]),
-                                  self.copy_work(allocations.buffer[ev])]))
+    return Copies(
+      np.concatenate([allocations.start[pre], allocations.evict_start[ev]]),
+      np.concatenate([allocations.prefetch_done[pre], allocations.evict_done[ev]]),
+      np.concatenate(
+        [self.copy_work(allocations.buffer[pre]), self.copy_work(allocations.buffer[ev])]
+      ),
+    )
 
   def serving(self, allocations: Allocations) -> np.ndarray:
     """[E] for each incidence (workload order), the resolved allocation whose fast copy it
@@ -200,9 +224,12 @@ class CostModel:
     # The allocation of the same buffer with the latest start at or before each incidence.
     idx = np.searchsorted(alloc_key, self._incidence_key, side="right") - 1
     safe = np.maximum(idx, 0)
-    covered = ((idx >= 0) & (alloc_buffer[safe] == a.incidence_buffer)
-               & (a.incidence_op < allocations.end[order][safe])
-               & (a.incidence_op >= allocations.prefetch_done[order][safe]))
+    covered = (
+      (idx >= 0)
+      & (alloc_buffer[safe] == a.incidence_buffer)
+      & (a.incidence_op < allocations.end[order][safe])
+      & (a.incidence_op >= allocations.prefetch_done[order][safe])
+    )
     serving[covered] = order[safe[covered]]
     return serving
 
@@ -212,19 +239,27 @@ class CostModel:
     allocations = self.resolve(allocations)
     a = self.workload.arrays
     serving = self.serving(allocations)
-    incidence_level = np.where(serving >= 0, allocations.level[np.maximum(serving, 0)]
-                               if len(allocations) else 0, self.hardware.slow_level)
-    memory = np.bincount(a.incidence_op,
-                         a.incidence_bytes * self.inverse_bandwidth[incidence_level],
-                         minlength=self.num_ops)
+    incidence_level = np.where(
+      serving >= 0,
+      allocations.level[np.maximum(serving, 0)] if len(allocations) else 0,
+      self.hardware.slow_level,
+    )
+    memory = np.bincount(
+      a.incidence_op,
+      a.incidence_bytes * self.inverse_bandwidth[incidence_level],
+      minlength=self.num_ops,
+    )
     slow = incidence_level == self.hardware.slow_level
-    default = np.bincount(a.incidence_op[slow],
-                          a.incidence_bytes[slow] * self.inverse_bandwidth[-1],
-                          minlength=self.num_ops)
+    default = np.bincount(
+      a.incidence_op[slow],
+      a.incidence_bytes[slow] * self.inverse_bandwidth[-1],
+      minlength=self.num_ops,
+    )
     op_time = np.maximum(self.compute_time, memory)
     schedule = simulate_copies(self.idle_time(op_time, default), self.copies(allocations))
-    return Evaluation(float(op_time.sum() + schedule.total_stall_s), op_time, schedule.stall_s,
-                      schedule.finish_s)
+    return Evaluation(
+      float(op_time.sum() + schedule.total_stall_s), op_time, schedule.stall_s, schedule.finish_s
+    )
 
   @staticmethod
   def idle_time(op_time: np.ndarray, default_memory_time: np.ndarray) -> np.ndarray:

@@ -29,8 +29,13 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 # those sums from overflowing (the 'minimalloc' preset's slow memory is 2**62 bytes).
 MAX_CAPACITY_BYTES = 1 << 62
 MAX_ALIGNMENT_BYTES = 1 << 30
-HARDWARE_KEYS = ("name", "peak_flops_per_s", "copy_bandwidth_bytes_per_s", "alignment_bytes",
-                 "levels")
+HARDWARE_KEYS = (
+  "name",
+  "peak_flops_per_s",
+  "copy_bandwidth_bytes_per_s",
+  "alignment_bytes",
+  "levels",
+)
 LEVEL_KEYS = ("name", "capacity_bytes", "bandwidth_bytes_per_s")
 
 
@@ -81,13 +86,15 @@ class Hardware:
   def with_fast_capacities(self, capacities: list[int] | tuple[int, ...]) -> "Hardware":
     """The same machine with each fast level's capacity replaced (in level order)."""
     if len(capacities) != self.num_fast_levels:
-      raise HardwareError(f"{self.name}: expected {self.num_fast_levels} fast capacities, "
-                          f"got {len(capacities)}")
+      raise HardwareError(
+        f"{self.name}: expected {self.num_fast_levels} fast capacities, got {len(capacities)}"
+      )
     for lv, capacity in zip(self.levels, capacities):
-      if (problem := self._capacity_problem(int(capacity))):
+      if problem := self._capacity_problem(int(capacity)):
         raise HardwareError(f"{self.name}: capacity of '{lv.name}' {problem}")
-    levels = tuple(dataclasses.replace(lv, capacity_bytes=int(c))
-                   for lv, c in zip(self.levels, capacities)) + (self.levels[-1],)
+    levels = tuple(
+      dataclasses.replace(lv, capacity_bytes=int(c)) for lv, c in zip(self.levels, capacities)
+    ) + (self.levels[-1],)
     return dataclasses.replace(self, levels=levels)
 
   @property
@@ -102,7 +109,7 @@ class Hardware:
     Together, not the fastest level alone, so that a capacity below a program's peak contends
     every fast level: scaling the other levels with the fastest one gave nnpi-like an LLC of 6x
     the SRAM, which at "25% of peak" held 150% of the program and contended nothing."""
-    if (problem := self._capacity_problem(capacity_bytes)):
+    if problem := self._capacity_problem(capacity_bytes):
       raise HardwareError(f"{self.name}: fast capacity {problem}")
     shares = np.array([lv.capacity_bytes for lv in self.levels[:-1]], np.float64)
     shares /= shares.sum()
@@ -115,14 +122,19 @@ class Hardware:
   def with_level_capacities(self, capacities: Mapping[str, int]) -> "Hardware":
     """The named fast levels get the given capacities; the others keep theirs."""
     fast = {lv.name: lv for lv in self.levels[:-1]}
-    for name, capacity in capacities.items():
+    for name in capacities:
       if name not in fast:
-        slow = (f"; '{name}' is the slow default memory, which always holds the whole program"
-                if name == self.levels[-1].name else "")
-        raise HardwareError(f"{self.name}: no fast level '{name}' (fast levels: "
-                            f"{', '.join(fast)}){slow}")
-    return self.with_fast_capacities([capacities.get(lv.name, lv.capacity_bytes)
-                                      for lv in self.levels[:-1]])
+        slow = (
+          f"; '{name}' is the slow default memory, which always holds the whole program"
+          if name == self.levels[-1].name
+          else ""
+        )
+        raise HardwareError(
+          f"{self.name}: no fast level '{name}' (fast levels: {', '.join(fast)}){slow}"
+        )
+    return self.with_fast_capacities(
+      [capacities.get(lv.name, lv.capacity_bytes) for lv in self.levels[:-1]]
+    )
 
   def _capacity_problem(self, capacity: int) -> str | None:
     """What is wrong with `capacity` bytes of fast memory here, else None: a fast level holds
@@ -133,19 +145,26 @@ class Hardware:
     if capacity > MAX_CAPACITY_BYTES:
       return f"is beyond the limit of 2**62 bytes, got {show_int(capacity)}"
     if capacity > slow.capacity_bytes:
-      return (f"{human_bytes(capacity)} ({capacity} bytes) exceeds the slow default memory "
-              f"'{slow.name}' ({human_bytes(slow.capacity_bytes)}): give at most "
-              f"{slow.capacity_bytes} bytes")
+      return (
+        f"{human_bytes(capacity)} ({capacity} bytes) exceeds the slow default memory "
+        f"'{slow.name}' ({human_bytes(slow.capacity_bytes)}): give at most "
+        f"{slow.capacity_bytes} bytes"
+      )
     if capacity < a:
-      return (f"{capacity} bytes is below the alignment of {a} bytes, so no buffer fits: give at "
-              f"least {a} bytes")
+      return (
+        f"{capacity} bytes is below the alignment of {a} bytes, so no buffer fits: give at "
+        f"least {a} bytes"
+      )
     return None
 
   def to_dict(self) -> dict[str, Any]:
-    return {"name": self.name, "peak_flops_per_s": self.peak_flops_per_s,
-            "copy_bandwidth_bytes_per_s": self.copy_bandwidth_bytes_per_s,
-            "alignment_bytes": self.alignment_bytes,
-            "levels": [dataclasses.asdict(lv) for lv in self.levels]}
+    return {
+      "name": self.name,
+      "peak_flops_per_s": self.peak_flops_per_s,
+      "copy_bandwidth_bytes_per_s": self.copy_bandwidth_bytes_per_s,
+      "alignment_bytes": self.alignment_bytes,
+      "levels": [dataclasses.asdict(lv) for lv in self.levels],
+    }
 
   @classmethod
   def from_dict(cls, data: Any, where: str = "hardware") -> "Hardware":
@@ -153,19 +172,24 @@ class Hardware:
     it means integers); `where` starts every message."""
     if not isinstance(data, Mapping):
       raise HardwareError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    if (problem := unknown_key(data, HARDWARE_KEYS)):
+    if problem := unknown_key(data, HARDWARE_KEYS):
       raise HardwareError(f"{where}: {problem}")
     raw_levels = data.get("levels", [])
     if not isinstance(raw_levels, list) or not all(isinstance(lv, Mapping) for lv in raw_levels):
-      raise HardwareError(f"{where}: 'levels' must be a list of objects, got "
-                          f"{show_value(raw_levels)}")
+      raise HardwareError(
+        f"{where}: 'levels' must be a list of objects, got {show_value(raw_levels)}"
+      )
     try:
       levels = tuple(_level(lv, j) for j, lv in enumerate(data["levels"]))
-      return cls(name=_as_name(data.get("name", "custom")), levels=levels,
-                 peak_flops_per_s=_as_float(data["peak_flops_per_s"], "peak_flops_per_s"),
-                 copy_bandwidth_bytes_per_s=_as_float(data["copy_bandwidth_bytes_per_s"],
-                                                      "copy_bandwidth_bytes_per_s"),
-                 alignment_bytes=_as_int(data.get("alignment_bytes", 1), "alignment_bytes"))
+      return cls(
+        name=_as_name(data.get("name", "custom")),
+        levels=levels,
+        peak_flops_per_s=_as_float(data["peak_flops_per_s"], "peak_flops_per_s"),
+        copy_bandwidth_bytes_per_s=_as_float(
+          data["copy_bandwidth_bytes_per_s"], "copy_bandwidth_bytes_per_s"
+        ),
+        alignment_bytes=_as_int(data.get("alignment_bytes", 1), "alignment_bytes"),
+      )
     except KeyError as e:
       raise HardwareError(f"{where}: missing required key {e}") from None
     except (TypeError, ValueError) as e:
@@ -181,8 +205,11 @@ def _level(data: Mapping, j: int) -> MemoryLevel:
   if problem or missing:
     raise HardwareError(f"level {j}: {problem or f'missing required key {missing!r}'}")
   try:
-    return MemoryLevel(_as_name(data["name"]), _as_int(data["capacity_bytes"], "capacity_bytes"),
-                       _as_float(data["bandwidth_bytes_per_s"], "bandwidth_bytes_per_s"))
+    return MemoryLevel(
+      _as_name(data["name"]),
+      _as_int(data["capacity_bytes"], "capacity_bytes"),
+      _as_float(data["bandwidth_bytes_per_s"], "bandwidth_bytes_per_s"),
+    )
   except HardwareError as e:
     raise HardwareError(f"level {j}: {e}") from None
 
@@ -216,6 +243,7 @@ def _as_float(x: Any, key: str) -> float:
 def _check_hardware(hw: Hardware) -> None:
   def fail(msg: str) -> None:
     raise HardwareError(f"hardware '{hw.name}': {msg}")
+
   if len(hw.levels) < 2:
     fail("needs at least two memory levels (one fast level and the slow default memory)")
   for lv in hw.levels:
@@ -227,9 +255,11 @@ def _check_hardware(hw: Hardware) -> None:
       fail(f"level '{lv.name}' has bandwidth {lv.bandwidth_bytes_per_s}; must be positive")
   for faster, slower in zip(hw.levels, hw.levels[1:]):
     if faster.bandwidth_bytes_per_s <= slower.bandwidth_bytes_per_s:
-      fail(f"levels must be ordered fastest first: '{faster.name}' "
-           f"({faster.bandwidth_bytes_per_s:g} B/s) is not faster than '{slower.name}' "
-           f"({slower.bandwidth_bytes_per_s:g} B/s)")
+      fail(
+        f"levels must be ordered fastest first: '{faster.name}' "
+        f"({faster.bandwidth_bytes_per_s:g} B/s) is not faster than '{slower.name}' "
+        f"({slower.bandwidth_bytes_per_s:g} B/s)"
+      )
   if len({lv.name for lv in hw.levels}) != len(hw.levels):
     fail("level names must be unique")
   if not np.isfinite(hw.peak_flops_per_s) or hw.peak_flops_per_s <= 0:
@@ -243,22 +273,34 @@ def _check_hardware(hw: Hardware) -> None:
 
 # TPU v4i: 138 TFLOP/s bf16, 8 GiB HBM at 614 GB/s, 128 MiB on-chip CMEM (modelled at 4x HBM).
 _TPU_V4I_LIKE = Hardware(
-    name="tpu-v4i-like",
-    levels=(MemoryLevel("CMEM", 128 * MiB, 4 * 614e9), MemoryLevel("HBM", 8 * GiB, 614e9)),
-    peak_flops_per_s=138e12, copy_bandwidth_bytes_per_s=614e9, alignment_bytes=512)
+  name="tpu-v4i-like",
+  levels=(MemoryLevel("CMEM", 128 * MiB, 4 * 614e9), MemoryLevel("HBM", 8 * GiB, 614e9)),
+  peak_flops_per_s=138e12,
+  copy_bandwidth_bytes_per_s=614e9,
+  alignment_bytes=512,
+)
 
 # Intel NNP-I (EGRL seed): SRAM 4 MiB, LLC 24 MiB at 1/10 the SRAM bandwidth, DRAM 32 GiB at 1/100.
 _NNPI_LIKE = Hardware(
-    name="nnpi-like",
-    levels=(MemoryLevel("SRAM", 4 * MiB, 4e12), MemoryLevel("LLC", 24 * MiB, 4e11),
-            MemoryLevel("DRAM", 32 * GiB, 4e10)),
-    peak_flops_per_s=50e12, copy_bandwidth_bytes_per_s=4e10, alignment_bytes=64)
+  name="nnpi-like",
+  levels=(
+    MemoryLevel("SRAM", 4 * MiB, 4e12),
+    MemoryLevel("LLC", 24 * MiB, 4e11),
+    MemoryLevel("DRAM", 32 * GiB, 4e10),
+  ),
+  peak_flops_per_s=50e12,
+  copy_bandwidth_bytes_per_s=4e10,
+  alignment_bytes=64,
+)
 
 # For MiniMalloc CSV problems: zero-flop ops, so time saved is proportional to bytes x time.
 _MINIMALLOC = Hardware(
-    name="minimalloc",
-    levels=(MemoryLevel("fast", 1 * MiB, 1e12), MemoryLevel("slow", 1 << 62, 1e9)),
-    peak_flops_per_s=1e15, copy_bandwidth_bytes_per_s=1e9, alignment_bytes=1)
+  name="minimalloc",
+  levels=(MemoryLevel("fast", 1 * MiB, 1e12), MemoryLevel("slow", 1 << 62, 1e9)),
+  peak_flops_per_s=1e15,
+  copy_bandwidth_bytes_per_s=1e9,
+  alignment_bytes=1,
+)
 
 PRESETS: dict[str, Hardware] = {h.name: h for h in (_TPU_V4I_LIKE, _NNPI_LIKE, _MINIMALLOC)}
 
@@ -269,8 +311,9 @@ def load_hardware(spec: str | os.PathLike) -> Hardware:
   if spec in PRESETS:
     return PRESETS[spec]
   if not os.path.exists(spec):
-    raise HardwareError(f"unknown hardware '{spec}': not a preset ({', '.join(PRESETS)}) "
-                        "and no such file")
+    raise HardwareError(
+      f"unknown hardware '{spec}': not a preset ({', '.join(PRESETS)}) and no such file"
+    )
   return Hardware.from_dict(strict_json.load(spec, HardwareError), where=spec)
 
 
@@ -278,17 +321,22 @@ def check_fits(hw: Hardware, peak_live_bytes: int, where: str) -> None:
   """The slow default memory must hold the whole program (everything starts there)."""
   slow = hw.levels[-1]
   if peak_live_bytes > slow.capacity_bytes:
-    raise HardwareError(f"{where}: peak live bytes {peak_live_bytes} exceed the slow memory "
-                        f"'{slow.name}' ({slow.capacity_bytes} bytes) of hardware '{hw.name}'")
+    raise HardwareError(
+      f"{where}: peak live bytes {peak_live_bytes} exceed the slow memory "
+      f"'{slow.name}' ({slow.capacity_bytes} bytes) of hardware '{hw.name}'"
+    )
 
 
 # `--capacity` on the command line: (None, BYTES) for the fast levels together, or (LEVEL, BYTES).
 Capacity = tuple[Optional[str], int]
 
 
-def resolve_hardware(workload: Workload, hardware: str | None,
-                     capacities: Sequence[Capacity] | None,
-                     fallback: Hardware | None = None) -> Hardware:
+def resolve_hardware(
+  workload: Workload,
+  hardware: str | None,
+  capacities: Sequence[Capacity] | None,
+  fallback: Hardware | None = None,
+) -> Hardware:
   """The machine a program is mapped for: `hardware` (a preset or file), else `fallback` (a
   mapping's recorded hardware); `capacities` override fast sizes (see `apply_capacities`). A
   workload file records no hardware, so it needs one of those; a MiniMalloc CSV (bytes and
@@ -305,10 +353,11 @@ def resolve_hardware(workload: Workload, hardware: str | None,
   else:
     presets = f"--hardware ({', '.join(PRESETS)} or a hardware JSON file)"
     raise MalloczeroError(
-        f"a workload file records no hardware: --capacity alone is for MiniMalloc CSVs; add "
-        f"{presets}" if capacities else
-        f"a workload file records no hardware: pass {presets}; --capacity BYTES then sets its "
-        "fast memory size")
+      f"a workload file records no hardware: --capacity alone is for MiniMalloc CSVs; add {presets}"
+      if capacities
+      else f"a workload file records no hardware: pass {presets}; --capacity BYTES then sets its "
+      "fast memory size"
+    )
   return apply_capacities(hw, capacities)
 
 
@@ -325,8 +374,10 @@ def apply_capacities(hw: Hardware, capacities: Sequence[Capacity]) -> Hardware:
   if len(together) > 1:
     raise MalloczeroError("--capacity BYTES given twice")
   if together and per_level:
-    raise MalloczeroError("give either --capacity BYTES (the fast levels together) or "
-                          "--capacity LEVEL=BYTES per level, not both")
+    raise MalloczeroError(
+      "give either --capacity BYTES (the fast levels together) or "
+      "--capacity LEVEL=BYTES per level, not both"
+    )
   if together:
     return hw.with_fast_capacity(together[0])
   return hw.with_level_capacities(per_level) if per_level else hw

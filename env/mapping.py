@@ -37,19 +37,26 @@ from typing import Any, Callable, NoReturn
 
 import numpy as np
 
-from malloczero.env.cost_model import NO_COPY, Allocations
 from malloczero.common import strict_json
 from malloczero.common.errors import MappingError
 from malloczero.common.files import write_bytes, write_text
 from malloczero.common.strict_json import show_value, unknown_key
+from malloczero.env.cost_model import NO_COPY, Allocations
 from malloczero.env.hardware import Hardware, HardwareError
 from malloczero.env.workload import Workload, finite_number, int_out_of_range, show_int
 
 ALLOCATION_KEYS = ("request", "buffer", "level", "offset", "start", "end")
 COPY_KINDS = ("prefetch", "eviction")
 COPY_KEYS = ("start", "done")
-MAPPING_KEYS = ("format_version", "workload", "hardware", "solver", "allocations",
-                "estimated_time_s", "slow_only_time_s")
+MAPPING_KEYS = (
+  "format_version",
+  "workload",
+  "hardware",
+  "solver",
+  "allocations",
+  "estimated_time_s",
+  "slow_only_time_s",
+)
 FORMAT_VERSION = 2
 
 
@@ -67,9 +74,16 @@ class Mapping:
     return self.slow_only_time_s / self.estimated_time_s
 
   @classmethod
-  def from_arrays(cls, workload: Workload, hardware: Hardware, solver: str, request: np.ndarray,
-                  allocations: Allocations, estimated_time_s: float,
-                  slow_only_time_s: float) -> "Mapping":
+  def from_arrays(
+    cls,
+    workload: Workload,
+    hardware: Hardware,
+    solver: str,
+    request: np.ndarray,
+    allocations: Allocations,
+    estimated_time_s: float,
+    slow_only_time_s: float,
+  ) -> "Mapping":
     """`allocations` must say how each is filled (`prefetch_done` set, see `CostModel.resolve`)."""
     if allocations.prefetch_done is None:
       raise MappingError("internal: allocations without their prefetches cannot be written")
@@ -78,18 +92,27 @@ class Mapping:
     rows = []
     for i in range(len(allocations)):
       row: dict[str, Any] = {
-          "request": int(request[i]), "buffer": int(ids[allocations.buffer[i]]),
-          "level": int(allocations.level[i]), "offset": int(allocations.offset[i]),
-          "start": int(axis[allocations.start[i]]), "end": int(axis[allocations.end[i]])}
+        "request": int(request[i]),
+        "buffer": int(ids[allocations.buffer[i]]),
+        "level": int(allocations.level[i]),
+        "offset": int(allocations.offset[i]),
+        "start": int(axis[allocations.start[i]]),
+        "end": int(axis[allocations.end[i]]),
+      }
       if allocations.prefetch_done[i] != NO_COPY:
-        row["prefetch"] = {"start": int(axis[allocations.start[i]]),
-                           "done": int(axis[allocations.prefetch_done[i]])}
+        row["prefetch"] = {
+          "start": int(axis[allocations.start[i]]),
+          "done": int(axis[allocations.prefetch_done[i]]),
+        }
       if allocations.evict_start[i] != NO_COPY:
-        row["eviction"] = {"start": int(axis[allocations.evict_start[i]]),
-                           "done": int(axis[allocations.evict_done[i]])}
+        row["eviction"] = {
+          "start": int(axis[allocations.evict_start[i]]),
+          "done": int(axis[allocations.evict_done[i]]),
+        }
       rows.append(row)
-    return cls(workload.name, hardware, solver, tuple(rows), float(estimated_time_s),
-               float(slow_only_time_s))
+    return cls(
+      workload.name, hardware, solver, tuple(rows), float(estimated_time_s), float(slow_only_time_s)
+    )
 
   def to_arrays(self, workload: Workload) -> Allocations:
     """Allocation arrays with buffer ids resolved to positions; unknown ids raise MappingError.
@@ -99,36 +122,55 @@ class Mapping:
     try:
       buffer = np.array([index[a["buffer"]] for a in self.allocations], np.int64)
     except KeyError as e:
-      raise MappingError(f"allocation refers to unknown buffer id {e.args[0]} of workload "
-                         f"'{workload.name}'") from None
+      raise MappingError(
+        f"allocation refers to unknown buffer id {e.args[0]} of workload '{workload.name}'"
+      ) from None
     col = lambda k: np.array([a[k] for a in self.allocations], np.int64)
     copy = lambda kind, key: _op_index(
-        workload, np.array([a[kind][key] if kind in a else NO_COPY for a in self.allocations],
-                           np.int64), f"{kind}.{key}")
-    return Allocations(buffer=buffer, level=col("level"), offset=col("offset"),
-                       start=_op_index(workload, col("start"), "start"),
-                       end=_op_index(workload, col("end"), "end"),
-                       prefetch_done=copy("prefetch", "done"),
-                       evict_start=copy("eviction", "start"), evict_done=copy("eviction", "done"))
+      workload,
+      np.array([a[kind][key] if kind in a else NO_COPY for a in self.allocations], np.int64),
+      f"{kind}.{key}",
+    )
+    return Allocations(
+      buffer=buffer,
+      level=col("level"),
+      offset=col("offset"),
+      start=_op_index(workload, col("start"), "start"),
+      end=_op_index(workload, col("end"), "end"),
+      prefetch_done=copy("prefetch", "done"),
+      evict_start=copy("eviction", "start"),
+      evict_done=copy("eviction", "done"),
+    )
 
   def prefetch_starts(self, workload: Workload) -> np.ndarray:
     """[n] each allocation's prefetch start as written, in op indices (`NO_COPY` where it has
     none)."""
-    return _op_index(workload, np.array([a["prefetch"]["start"] if "prefetch" in a else NO_COPY
-                                         for a in self.allocations], np.int64), "prefetch.start")
+    return _op_index(
+      workload,
+      np.array(
+        [a["prefetch"]["start"] if "prefetch" in a else NO_COPY for a in self.allocations], np.int64
+      ),
+      "prefetch.start",
+    )
 
   def to_dict(self) -> dict[str, Any]:
-    return {"format_version": FORMAT_VERSION, "workload": self.workload,
-            "hardware": self.hardware.to_dict() if self.hardware else None,
-            "solver": self.solver,
-            "allocations": [{k: dict(v) if isinstance(v, dict) else v for k, v in a.items()}
-                            for a in self.allocations],
-            "estimated_time_s": self.estimated_time_s, "slow_only_time_s": self.slow_only_time_s}
+    return {
+      "format_version": FORMAT_VERSION,
+      "workload": self.workload,
+      "hardware": self.hardware.to_dict() if self.hardware else None,
+      "solver": self.solver,
+      "allocations": [
+        {k: dict(v) if isinstance(v, dict) else v for k, v in a.items()} for a in self.allocations
+      ],
+      "estimated_time_s": self.estimated_time_s,
+      "slow_only_time_s": self.slow_only_time_s,
+    }
 
   @classmethod
   def from_dict(cls, data: Any, where: str = "mapping") -> "Mapping":
     """The mapping `data` describes, checked key by key: no key the format lacks, integers where
     it means integers (not 2.0, not true), copy windows in order; `where` starts every message."""
+
     def fail(message: str) -> NoReturn:
       raise MappingError(f"{where}: {message}")
 
@@ -138,11 +180,13 @@ class Mapping:
     if not _is_int(version):
       fail(f"'format_version' must be the integer {FORMAT_VERSION}, got {show_value(version)}")
     if version != FORMAT_VERSION:
-      fail(f"mapping format version {show_int(version)}"
-           + (" (no 'format_version')" if "format_version" not in data else "")
-           + f"; this malloczero reads version {FORMAT_VERSION} (segments with their prefetch and "
-           "eviction copies, times with copy contention): solve again to write one")
-    if (problem := unknown_key(data, MAPPING_KEYS)):
+      fail(
+        f"mapping format version {show_int(version)}"
+        + (" (no 'format_version')" if "format_version" not in data else "")
+        + f"; this malloczero reads version {FORMAT_VERSION} (segments with their prefetch and "
+        "eviction copies, times with copy contention): solve again to write one"
+      )
+    if problem := unknown_key(data, MAPPING_KEYS):
       fail(problem)
     for key in ("workload", "allocations", "estimated_time_s", "slow_only_time_s"):
       if key not in data:
@@ -162,8 +206,14 @@ class Mapping:
         hardware = Hardware.from_dict(data["hardware"], where=f"{where}: hardware")
       except HardwareError as e:
         raise MappingError(str(e)) from None
-    return cls(str(data["workload"]), hardware, str(data.get("solver", "unknown")), tuple(rows),
-               float(data["estimated_time_s"]), float(data["slow_only_time_s"]))
+    return cls(
+      str(data["workload"]),
+      hardware,
+      str(data.get("solver", "unknown")),
+      tuple(rows),
+      float(data["estimated_time_s"]),
+      float(data["slow_only_time_s"]),
+    )
 
   def save(self, path: str | os.PathLike) -> None:
     """Writes MAP.json, or MAP.json.gz compressed (as workloads are), atomically (see
@@ -184,13 +234,13 @@ def _allocation(a: Any, what: str, fail: Callable[[str], NoReturn]) -> dict[str,
   `what` (the allocation) in one line."""
   if not isinstance(a, dict):
     fail(f"{what} is not an object")
-  if (problem := unknown_key(a, ALLOCATION_KEYS + COPY_KINDS)):
+  if problem := unknown_key(a, ALLOCATION_KEYS + COPY_KINDS):
     fail(f"{what}: {problem}")
   for key in ALLOCATION_KEYS:
     v = a.get(key)
     if not _is_int(v):
       fail(f"{what}: '{key}' must be an integer, got {show_value(v)}")
-    if (problem := int_out_of_range(v, key)):
+    if problem := int_out_of_range(v, key):
       fail(f"{what}: {problem}")
   row = {k: int(a[k]) for k in ALLOCATION_KEYS}
   for kind in COPY_KINDS:
@@ -199,19 +249,21 @@ def _allocation(a: Any, what: str, fail: Callable[[str], NoReturn]) -> dict[str,
     copy = a[kind]
     if not isinstance(copy, dict):
       fail(f"{what}: '{kind}' must be an object with 'start' and 'done', got {show_value(copy)}")
-    if (problem := unknown_key(copy, COPY_KEYS)):
+    if problem := unknown_key(copy, COPY_KEYS):
       fail(f"{what}: '{kind}': {problem}")
     for key in COPY_KEYS:
       v = copy.get(key)
       if not _is_int(v):
         fail(f"{what}: '{kind}.{key}' must be an integer, got {show_value(v)}")
-      if (problem := int_out_of_range(v, f"{kind}.{key}")):
+      if problem := int_out_of_range(v, f"{kind}.{key}"):
         fail(f"{what}: {problem}")
       if v < 0:
         fail(f"{what}: '{kind}.{key}' must be >= 0, got {v}")
     if copy["done"] < copy["start"]:
-      fail(f"{what}: its {kind} window [start {copy['start']}, done {copy['done']}] is due before "
-           "it is issued: 'done' must be >= 'start'")
+      fail(
+        f"{what}: its {kind} window [start {copy['start']}, done {copy['done']}] is due before "
+        "it is issued: 'done' must be >= 'start'"
+      )
     row[kind] = {key: int(copy[key]) for key in COPY_KEYS}
   return row
 
@@ -229,8 +281,10 @@ def _op_index(workload: Workload, times: np.ndarray, key: str) -> np.ndarray:
   bad = np.flatnonzero((axis[np.maximum(index, 0)] != times) & ~absent)
   if bad.size:
     i = int(bad[0])
-    raise MappingError(f"allocation {i}: '{key}' = {int(times[i])} is not an op boundary of "
-                       f"'{workload.name}' (its ops start at times {_sample(axis)})")
+    raise MappingError(
+      f"allocation {i}: '{key}' = {int(times[i])} is not an op boundary of "
+      f"'{workload.name}' (its ops start at times {_sample(axis)})"
+    )
   return index
 
 

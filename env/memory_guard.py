@@ -24,8 +24,12 @@ class InputTooLargeError(MalloczeroError, MemoryError):
 
 def estimated_bytes(num_ops: int, num_buffers: int, num_incidences: int) -> int:
   """Peak memory a solve and validation of a program this size is expected to need."""
-  return (BASE_BYTES + BYTES_PER_INCIDENCE * int(num_incidences)
-          + BYTES_PER_BUFFER * int(num_buffers) + BYTES_PER_OP * int(num_ops))
+  return (
+    BASE_BYTES
+    + BYTES_PER_INCIDENCE * int(num_incidences)
+    + BYTES_PER_BUFFER * int(num_buffers)
+    + BYTES_PER_OP * int(num_ops)
+  )
 
 
 def available_bytes() -> int | None:
@@ -33,6 +37,7 @@ def available_bytes() -> int | None:
   MemAvailable); None when neither can be read, and then nothing is refused."""
   try:
     import psutil
+
     return int(psutil.virtual_memory().available)
   except ImportError:
     pass
@@ -58,6 +63,7 @@ def check_fits_in_memory(what: str, num_ops: int, num_buffers: int, num_incidenc
   if available is None or need <= available:
     return
   raise InputTooLargeError(
-      f"{what}: needs about {_gb(need)} of memory ({num_buffers:,} buffers, {num_ops:,} ops, "
-      f"{num_incidences:,} incidences, about {BYTES_PER_INCIDENCE} B each), more than the "
-      f"{_gb(available)} this machine has available")
+    f"{what}: needs about {_gb(need)} of memory ({num_buffers:,} buffers, {num_ops:,} ops, "
+    f"{num_incidences:,} incidences, about {BYTES_PER_INCIDENCE} B each), more than the "
+    f"{_gb(available)} this machine has available"
+  )

@@ -34,9 +34,9 @@ class Placement:
 
   def reset(self) -> None:
     num_requests, num_fast = len(self.requests), self.num_fast
-    self.memory_time = self.model.slow_memory_time.copy()                       # [T]
+    self.memory_time = self.model.slow_memory_time.copy()  # [T]
     self.default_time = self.model.slow_memory_time.copy()  # [T] of it in default memory
-    self.op_time = np.maximum(self.model.compute_time, self.memory_time)        # [T]
+    self.op_time = np.maximum(self.model.compute_time, self.memory_time)  # [T]
     self.op_time_sum = float(self.op_time.sum())
     self.stall_time = 0.0
     self.total_time = self.op_time_sum
@@ -58,7 +58,7 @@ class Placement:
   def free_gaps(self, level: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
     """Free address intervals `[low, high)` of `level` throughout ops `[start, end)`, by address."""
     n = self.count[level]
-    whole = (np.zeros(1, np.int64), self.capacity[level:level + 1])
+    whole = (np.zeros(1, np.int64), self.capacity[level : level + 1])
     if n == 0:
       return whole
     live = (self._rect_start[level, :n] < end) & (self._rect_end[level, :n] > start)
@@ -69,25 +69,35 @@ class Placement:
     low = low[order]
     covered = np.maximum.accumulate(self._rect_high[level, :n][live][order])
     gap_low = np.concatenate(([0], covered))
-    gap_high = np.concatenate((low, self.capacity[level:level + 1]))
+    gap_high = np.concatenate((low, self.capacity[level : level + 1]))
     keep = gap_high > gap_low
     return gap_low[keep], gap_high[keep]
 
   def saving(self, r: int) -> np.ndarray:
     """[F] seconds placing request `r` in each fast level would save now (copy cost included)."""
     ops, nbytes = self.requests.ops(r)
-    return self.model.saving_per_fast_level(self.memory_time, self.op_time, ops, nbytes,
-                                            float(self.requests.exposed_copy_time[r]))
+    return self.model.saving_per_fast_level(
+      self.memory_time, self.op_time, ops, nbytes, float(self.requests.exposed_copy_time[r])
+    )
 
   def place(self, r: int, level: int, offset: int) -> float:
     """Places request `r`; returns the exact seconds saved (copy contention included). The caller
     guarantees the spot is free."""
     req, model = self.requests, self.model
     ops, nbytes = req.ops(r)
-    self._undo = (ops, self.memory_time[ops], self.op_time[ops], self.default_time[ops],
-                  self.op_time_sum, self.stall_time, self.total_time, self.num_copies)
+    self._undo = (
+      ops,
+      self.memory_time[ops],
+      self.op_time[ops],
+      self.default_time[ops],
+      self.op_time_sum,
+      self.stall_time,
+      self.total_time,
+      self.num_copies,
+    )
     memory, new_time, op_saved = model.placement_delta(
-        self.memory_time, self.op_time, ops, nbytes, level, 0.0)
+      self.memory_time, self.op_time, ops, nbytes, level, 0.0
+    )
     self.memory_time[ops] = memory
     self.op_time[ops] = new_time
     self.default_time[ops] -= nbytes * model.inverse_bandwidth[-1]
@@ -105,8 +115,12 @@ class Placement:
     if self.num_copies and (req.is_prefetch[r] or self.stall_time > 0):
       k = self.num_copies
       if self._queue is None:
-        self._queue = CopyQueue(Copies(self._copy_start[:k].copy(), self._copy_done[:k].copy(),
-                                       self._copy_work[:k].copy()), model.num_ops)
+        self._queue = CopyQueue(
+          Copies(
+            self._copy_start[:k].copy(), self._copy_done[:k].copy(), self._copy_work[:k].copy()
+          ),
+          model.num_ops,
+        )
       self.stall_time = self._queue.total_stall(model.idle_time(self.op_time, self.default_time))
     self.total_time = self.op_time_sum + self.stall_time
     saved = before - self.total_time
@@ -170,12 +184,22 @@ class Placement:
     rows = np.array(self.placed, np.int64).reshape(len(self.placed), 3)
     req = self.requests
     r = rows[:, 0]
-    return Allocations(buffer=req.buffer[r], level=rows[:, 1], offset=rows[:, 2],
-                       start=req.start[r], end=req.end[r],
-                       prefetch_done=np.where(req.is_prefetch[r], req.first_use[r], NO_COPY))
+    return Allocations(
+      buffer=req.buffer[r],
+      level=rows[:, 1],
+      offset=rows[:, 2],
+      start=req.start[r],
+      end=req.end[r],
+      prefetch_done=np.where(req.is_prefetch[r], req.first_use[r], NO_COPY),
+    )
 
   def mapping(self, solver: str) -> Mapping:
-    return Mapping.from_arrays(self.model.workload, self.hardware, solver,
-                               request=self.request_indices(), allocations=self.allocations(),
-                               estimated_time_s=self.total_time,
-                               slow_only_time_s=self.model.slow_only_time)
+    return Mapping.from_arrays(
+      self.model.workload,
+      self.hardware,
+      solver,
+      request=self.request_indices(),
+      allocations=self.allocations(),
+      estimated_time_s=self.total_time,
+      slow_only_time_s=self.model.slow_only_time,
+    )

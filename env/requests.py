@@ -32,16 +32,19 @@ from malloczero.env.cost_model import CostModel
 @dataclasses.dataclass(frozen=True)
 class Requests:
   """R requests in game order; per-request arrays are `[R]`, savings `[R, F]` for F fast levels."""
-  buffer: np.ndarray            # [R] buffer position in workload.buffers
-  start: np.ndarray             # [R] window start (op index)
-  end: np.ndarray               # [R] window end (exclusive)
-  size: np.ndarray              # [R] aligned bytes
-  is_prefetch: np.ndarray       # [R] bool
-  first_use: np.ndarray         # [R] op the copy must finish before (== start for activations)
+
+  buffer: np.ndarray  # [R] buffer position in workload.buffers
+  start: np.ndarray  # [R] window start (op index)
+  end: np.ndarray  # [R] window end (exclusive)
+  size: np.ndarray  # [R] aligned bytes
+  is_prefetch: np.ndarray  # [R] bool
+  first_use: np.ndarray  # [R] op the copy must finish before (== start for activations)
   exposed_copy_time: np.ndarray  # [R] seconds charged if placed (0 for activations)
-  incidence_start: np.ndarray   # [R + 1] CSR offsets
-  incidence_op: np.ndarray      # [E_r] ops whose operand/result this request serves (unique per request)
-  incidence_bytes: np.ndarray   # [E_r]
+  incidence_start: np.ndarray  # [R + 1] CSR offsets
+  incidence_op: (
+    np.ndarray
+  )  # [E_r] ops whose operand/result this request serves (unique per request)
+  incidence_bytes: np.ndarray  # [E_r]
   standalone_saving: np.ndarray  # [R, F] seconds saved if placed alone in level f, all else slow
 
   def __len__(self) -> int:
@@ -100,19 +103,29 @@ def build_requests(model: CostModel) -> Requests:
   order = np.lexsort((buffer, -(axis[end] - axis[start]), -size, -boundedness))
   order = order[keep[order]]
   counts_kept = counts[order]
-  gather = np.concatenate([np.arange(inc_start[r], inc_start[r + 1]) for r in order]) \
-      if len(order) else np.zeros(0, np.int64)
+  gather = (
+    np.concatenate([np.arange(inc_start[r], inc_start[r + 1]) for r in order])
+    if len(order)
+    else np.zeros(0, np.int64)
+  )
   return Requests(
-      buffer=buffer[order], start=start[order], end=end[order], size=size[order],
-      is_prefetch=a.is_prefetched[buffer[order]], first_use=first_use[order],
-      exposed_copy_time=exposed[order],
-      incidence_start=np.concatenate([[0], np.cumsum(counts_kept)]).astype(np.int64),
-      incidence_op=inc_op[gather], incidence_bytes=inc_bytes[gather],
-      standalone_saving=saving[order])
+    buffer=buffer[order],
+    start=start[order],
+    end=end[order],
+    size=size[order],
+    is_prefetch=a.is_prefetched[buffer[order]],
+    first_use=first_use[order],
+    exposed_copy_time=exposed[order],
+    incidence_start=np.concatenate([[0], np.cumsum(counts_kept)]).astype(np.int64),
+    incidence_op=inc_op[gather],
+    incidence_bytes=inc_bytes[gather],
+    standalone_saving=saving[order],
+  )
 
 
-def _standalone_saving(model: CostModel, inc_op: np.ndarray, inc_bytes: np.ndarray,
-                       inc_start: np.ndarray) -> np.ndarray:
+def _standalone_saving(
+  model: CostModel, inc_op: np.ndarray, inc_bytes: np.ndarray, inc_start: np.ndarray
+) -> np.ndarray:
   """[R, F] op-time decrease of each request alone in each fast level (copy cost excluded)."""
   inv_bw = model.inverse_bandwidth
   slow_time = np.maximum(model.compute_time, model.slow_memory_time)
@@ -127,5 +140,16 @@ def _standalone_saving(model: CostModel, inc_op: np.ndarray, inc_bytes: np.ndarr
 
 def _empty_requests(num_fast: int) -> Requests:
   z = np.zeros(0, np.int64)
-  return Requests(z, z, z, z, np.zeros(0, bool), z, np.zeros(0), np.zeros(1, np.int64), z,
-                  np.zeros(0), np.zeros((0, num_fast)))
+  return Requests(
+    z,
+    z,
+    z,
+    z,
+    np.zeros(0, bool),
+    z,
+    np.zeros(0),
+    np.zeros(1, np.int64),
+    z,
+    np.zeros(0),
+    np.zeros((0, num_fast)),
+  )

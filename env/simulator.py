@@ -58,8 +58,9 @@ from malloczero.common.lazy import lazy_module
 @dataclasses.dataclass(frozen=True)
 class Copies:
   """Asynchronous copies (prefetches and evictions alike), `[K]` each."""
-  start: np.ndarray   # [K] int64 boundary at which the copy is issued
-  done: np.ndarray    # [K] int64 boundary by which it must be complete (start <= done <= T)
+
+  start: np.ndarray  # [K] int64 boundary at which the copy is issued
+  done: np.ndarray  # [K] int64 boundary by which it must be complete (start <= done <= T)
   work_s: np.ndarray  # [K] float64 seconds at the copy bandwidth
 
   @classmethod
@@ -76,6 +77,7 @@ class CopySchedule:
   """What the queue did: per-boundary stalls `[T + 1]` and each copy's finish `[K]`.
 
   `finish_s` is on the copy engine's clock (cumulative idle time plus stalls), in input order."""
+
   stall_s: np.ndarray
   finish_s: np.ndarray
 
@@ -105,7 +107,7 @@ class CopyQueue:
     due_order = np.argsort(done, kind="stable")
     due_sorted = done[due_order]
     first = np.flatnonzero(np.concatenate(([True], due_sorted[1:] != due_sorted[:-1])))
-    self.boundaries = due_sorted[first]                                     # [D]
+    self.boundaries = due_sorted[first]  # [D]
     self.due_work = self.cumulative[np.maximum.reduceat(due_order, first)]  # [D]
     # Op t caps the engine at the work issued by its boundary (minus P[t + 1], per call); the
     # ops between two due boundaries fold into their smallest cap (none before boundary 0).
@@ -121,12 +123,12 @@ class CopyQueue:
       return CopySchedule(stall, np.zeros(0))
     idle_before = np.concatenate(([0.0], np.cumsum(idle_s)))  # P [T + 1]
     boundaries = self.boundaries
-    low = self.due_work - idle_before[boundaries]            # [D]
+    low = self.due_work - idle_before[boundaries]  # [D]
     last = len(self.issued_by_op)
     if last == 0:
       high = np.full(1, np.inf)
     else:
-      high = np.minimum.reduceat(self.issued_by_op - idle_before[1:last + 1], self.previous)
+      high = np.minimum.reduceat(self.issued_by_op - idle_before[1 : last + 1], self.previous)
       if boundaries[0] == 0:
         high[0] = np.inf
     # Prefix compositions of z -> max(min(z, high), low), by doubling.
@@ -138,7 +140,7 @@ class CopyQueue:
       hi[shift:] = np.minimum(hi_prev, hi[shift:])
       lo[shift:] = lo_new
       shift *= 2
-    after = np.maximum(np.minimum(0.0, hi), lo)          # z just after each due boundary
+    after = np.maximum(np.minimum(0.0, hi), lo)  # z just after each due boundary
     arriving = np.minimum(np.concatenate(([0.0], after[:-1])), high)
     stall[boundaries] = np.maximum(low - arriving, 0.0)
     if not finish:
@@ -148,7 +150,8 @@ class CopyQueue:
     arrival = idle_before[self.start] + stalls_before
     finish_s = np.empty(k)
     finish_s[self.order] = self.cumulative + np.maximum.accumulate(
-        arrival - (self.cumulative - self.work))
+      arrival - (self.cumulative - self.work)
+    )
     return CopySchedule(stall, finish_s)
 
   def total_stall(self, idle_s: np.ndarray) -> float:
@@ -179,7 +182,11 @@ def total_stall_loop(idle_s: np.ndarray, copies: Copies) -> float:
   numba's cache."""
   if len(copies) == 0:
     return 0.0
-  return float(kernels().stall_loop(np.ascontiguousarray(idle_s, np.float64),
-                                    np.ascontiguousarray(copies.start, np.int64),
-                                    np.ascontiguousarray(copies.done, np.int64),
-                                    np.ascontiguousarray(copies.work_s, np.float64)))
+  return float(
+    kernels().stall_loop(
+      np.ascontiguousarray(idle_s, np.float64),
+      np.ascontiguousarray(copies.start, np.int64),
+      np.ascontiguousarray(copies.done, np.int64),
+      np.ascontiguousarray(copies.work_s, np.float64),
+    )
+  )

@@ -32,8 +32,8 @@ from typing import Callable
 
 import numpy as np
 
-from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.common.errors import MappingError
+from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
 from malloczero.env.workload import Workload
@@ -57,8 +57,10 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
   if mapping.workload != workload.name:
     raise MappingError(f"mapping is for workload '{mapping.workload}', not '{workload.name}'")
   if mapping.hardware is not None and mapping.hardware != hardware:
-    raise MappingError(f"mapping was made for hardware '{mapping.hardware.name}' "
-                       f"({_describe(mapping.hardware)}), not '{hardware.name}' ({_describe(hardware)})")
+    raise MappingError(
+      f"mapping was made for hardware '{mapping.hardware.name}' "
+      f"({_describe(mapping.hardware)}), not '{hardware.name}' ({_describe(hardware)})"
+    )
   alloc = mapping.to_arrays(workload)
   prefetch_start = mapping.prefetch_starts(workload)
   wa = workload.arrays
@@ -70,70 +72,105 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
     if buf.kind == "output":
       raise MappingError(f"{what}: program outputs must stay in default memory")
     if not 0 <= level < hardware.num_fast_levels:
-      raise MappingError(f"{what}: level {level} is not a fast level of '{hardware.name}' "
-                         f"(fast levels are 0..{hardware.num_fast_levels - 1})")
+      raise MappingError(
+        f"{what}: level {level} is not a fast level of '{hardware.name}' "
+        f"(fast levels are 0..{hardware.num_fast_levels - 1})"
+      )
     lv = hardware.levels[level]
     if alloc.offset[i] < 0 or alloc.offset[i] % hardware.alignment_bytes:
-      raise MappingError(f"{what}: offset {alloc.offset[i]} is not a non-negative multiple of the "
-                         f"alignment {hardware.alignment_bytes}")
+      raise MappingError(
+        f"{what}: offset {alloc.offset[i]} is not a non-negative multiple of the "
+        f"alignment {hardware.alignment_bytes}"
+      )
     if alloc.offset[i] + size[i] > lv.capacity_bytes:
-      raise MappingError(f"{what}: bytes [{alloc.offset[i]}, {alloc.offset[i] + size[i]}) exceed "
-                         f"the capacity {lv.capacity_bytes} of level '{lv.name}'")
+      raise MappingError(
+        f"{what}: bytes [{alloc.offset[i]}, {alloc.offset[i] + size[i]}) exceed "
+        f"the capacity {lv.capacity_bytes} of level '{lv.name}'"
+      )
     s, e, lo, hi = alloc.start[i], alloc.end[i], wa.live_start[b], wa.live_end[b]
     if not lo <= s < e <= hi:
-      raise MappingError(f"{what}: ops [{_time(workload, s)}, {_time(workload, e)}) are not a "
-                         f"non-empty part of its live range [{_time(workload, lo)}, "
-                         f"{_time(workload, hi)})")
-    _check_copies(what, buf.kind, int(wa.def_op[b]), alloc, prefetch_start, i,
-                  lambda op: _time(workload, op))
+      raise MappingError(
+        f"{what}: ops [{_time(workload, s)}, {_time(workload, e)}) are not a "
+        f"non-empty part of its live range [{_time(workload, lo)}, "
+        f"{_time(workload, hi)})"
+      )
+    _check_copies(
+      what, buf.kind, int(wa.def_op[b]), alloc, prefetch_start, i, lambda op: _time(workload, op)
+    )
   _check_disjoint_per_buffer(workload, alloc)
   model = CostModel(workload, hardware)
   _check_default_copy(workload, model, alloc)
   for level in range(hardware.num_fast_levels):
     _check_no_overlap(workload, hardware, alloc, size, level)
   fresh = model.evaluate(alloc).total_time_s
-  for key, reported, expected in (("slow_only_time_s", mapping.slow_only_time_s,
-                                   model.slow_only_time),
-                                  ("estimated_time_s", mapping.estimated_time_s, fresh)):
+  for key, reported, expected in (
+    ("slow_only_time_s", mapping.slow_only_time_s, model.slow_only_time),
+    ("estimated_time_s", mapping.estimated_time_s, fresh),
+  ):
     if not np.isclose(reported, expected, rtol=RELATIVE_TIME_TOLERANCE, atol=0.0):
-      raise MappingError(f"reported {key} = {reported!r} but a fresh cost-model evaluation gives "
-                         f"{expected!r}")
+      raise MappingError(
+        f"reported {key} = {reported!r} but a fresh cost-model evaluation gives {expected!r}"
+      )
   return ValidationReport(len(alloc), fresh, model.slow_only_time)
 
 
-def _check_copies(what: str, kind: str, def_op: int, alloc: Allocations,
-                  prefetch_start: np.ndarray, i: int, at: Callable[[int], int]) -> None:
+def _check_copies(
+  what: str,
+  kind: str,
+  def_op: int,
+  alloc: Allocations,
+  prefetch_start: np.ndarray,
+  i: int,
+  at: Callable[[int], int],
+) -> None:
   """How allocation `i` is filled and emptied (see the module docstring); `at` writes an op
   boundary on the workload's time axis, as the mapping file does."""
   s, e = int(alloc.start[i]), int(alloc.end[i])
-  done, ev_start, ev_done = (int(alloc.prefetch_done[i]), int(alloc.evict_start[i]),
-                             int(alloc.evict_done[i]))
+  done, ev_start, ev_done = (
+    int(alloc.prefetch_done[i]),
+    int(alloc.evict_start[i]),
+    int(alloc.evict_done[i]),
+  )
   if done == NO_COPY:
     if kind != "activation":
-      raise MappingError(f"{what}: a {kind} starts in default memory, so a fast allocation of it "
-                         "must be filled by a prefetch")
+      raise MappingError(
+        f"{what}: a {kind} starts in default memory, so a fast allocation of it "
+        "must be filled by a prefetch"
+      )
     if s != def_op:
-      raise MappingError(f"{what}: without a prefetch it is produced in place, so it must start "
-                         f"at its defining op {at(def_op)}, not {at(s)}")
+      raise MappingError(
+        f"{what}: without a prefetch it is produced in place, so it must start "
+        f"at its defining op {at(def_op)}, not {at(s)}"
+      )
   else:
     if prefetch_start[i] != s:
-      raise MappingError(f"{what}: its prefetch starts at op {at(prefetch_start[i])}, not at the "
-                         f"allocation's start {at(s)} (the chunk is reserved from the copy's "
-                         "issue)")
+      raise MappingError(
+        f"{what}: its prefetch starts at op {at(prefetch_start[i])}, not at the "
+        f"allocation's start {at(s)} (the chunk is reserved from the copy's "
+        "issue)"
+      )
     if not s <= done < e:
-      raise MappingError(f"{what}: its prefetch is due at op {at(done)}, outside the allocation's "
-                         f"ops [{at(s)}, {at(e)})")
+      raise MappingError(
+        f"{what}: its prefetch is due at op {at(done)}, outside the allocation's "
+        f"ops [{at(s)}, {at(e)})"
+      )
     if kind == "activation" and s <= def_op:
-      raise MappingError(f"{what}: a prefetch at op {at(s)} of an activation defined at op "
-                         f"{at(def_op)} copies a value not yet produced")
+      raise MappingError(
+        f"{what}: a prefetch at op {at(s)} of an activation defined at op "
+        f"{at(def_op)} copies a value not yet produced"
+      )
   if ev_start != NO_COPY or ev_done != NO_COPY:
     if done != NO_COPY:
-      raise MappingError(f"{what}: a prefetched value is still in default memory; only a value "
-                         "produced in fast memory can be evicted")
+      raise MappingError(
+        f"{what}: a prefetched value is still in default memory; only a value "
+        "produced in fast memory can be evicted"
+      )
     if not def_op < ev_start <= ev_done <= e:
-      raise MappingError(f"{what}: its eviction [{at(ev_start)}, {at(ev_done)}] must start after "
-                         f"the producing op {at(def_op)} and be done by the allocation's end "
-                         f"{at(e)}")
+      raise MappingError(
+        f"{what}: its eviction [{at(ev_start)}, {at(ev_done)}] must start after "
+        f"the producing op {at(def_op)} and be done by the allocation's end "
+        f"{at(e)}"
+      )
 
 
 def _check_default_copy(workload: Workload, model: CostModel, alloc: Allocations) -> None:
@@ -145,27 +182,38 @@ def _check_default_copy(workload: Workload, model: CostModel, alloc: Allocations
   # From this op on default memory holds the buffer: its eviction's done op, or never.
   never = np.iinfo(np.int64).max
   ready = np.full(workload.num_buffers, -1, np.int64)
-  ready[alloc.buffer[produced]] = np.where(alloc.evict_done[produced] == NO_COPY, never,
-                                           alloc.evict_done[produced])
+  ready[alloc.buffer[produced]] = np.where(
+    alloc.evict_done[produced] == NO_COPY, never, alloc.evict_done[produced]
+  )
   for i in np.flatnonzero(alloc.prefetch_done != NO_COPY):
     b = alloc.buffer[i]
     if alloc.start[i] < ready[b]:
       buf = workload.buffers[b]
-      when = ("it is never evicted" if ready[b] == never
-              else f"its eviction is done only at op {_time(workload, ready[b])}")
-      raise MappingError(f"allocation {i} (buffer {buf.id} '{buf.name}') prefetches at op "
-                         f"{_time(workload, alloc.start[i])} a value produced in fast memory, "
-                         f"but {when}")
+      when = (
+        "it is never evicted"
+        if ready[b] == never
+        else f"its eviction is done only at op {_time(workload, ready[b])}"
+      )
+      raise MappingError(
+        f"allocation {i} (buffer {buf.id} '{buf.name}') prefetches at op "
+        f"{_time(workload, alloc.start[i])} a value produced in fast memory, "
+        f"but {when}"
+      )
   a = workload.arrays
   default_read = (model.serving(alloc) < 0) & (a.incidence_op < ready[a.incidence_buffer])
   if default_read.any():
     e = np.flatnonzero(default_read)[0]
     b, t = a.incidence_buffer[e], a.incidence_op[e]
     buf = workload.buffers[b]
-    when = ("it is never evicted" if ready[b] == never
-            else f"its eviction is done only at op {_time(workload, ready[b])}")
-    raise MappingError(f"buffer {buf.id} '{buf.name}' is read from default memory at op "
-                       f"{_time(workload, t)} after it was produced in fast memory, but {when}")
+    when = (
+      "it is never evicted"
+      if ready[b] == never
+      else f"its eviction is done only at op {_time(workload, ready[b])}"
+    )
+    raise MappingError(
+      f"buffer {buf.id} '{buf.name}' is read from default memory at op "
+      f"{_time(workload, t)} after it was produced in fast memory, but {when}"
+    )
 
 
 def _time(workload: Workload, op: int) -> int:
@@ -185,13 +233,16 @@ def _check_disjoint_per_buffer(workload: Workload, alloc) -> None:
   if clash.size:
     i = clash[0]
     buf = workload.buffers[b[i]]
-    raise MappingError(f"buffer {buf.id} '{buf.name}' has two allocations overlapping in time: "
-                       f"ops [{_time(workload, s[i])}, {_time(workload, e[i])}) and "
-                       f"[{_time(workload, s[i + 1])}, {_time(workload, e[i + 1])})")
+    raise MappingError(
+      f"buffer {buf.id} '{buf.name}' has two allocations overlapping in time: "
+      f"ops [{_time(workload, s[i])}, {_time(workload, e[i])}) and "
+      f"[{_time(workload, s[i + 1])}, {_time(workload, e[i + 1])})"
+    )
 
 
-def _any_rectangle_overlap(start: np.ndarray, end: np.ndarray, lo: np.ndarray,
-                           hi: np.ndarray) -> bool:
+def _any_rectangle_overlap(
+  start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> bool:
   """Whether two of the rectangles `[start, end) x [lo, hi)` may overlap, by a sweep over time
   that keeps the address ranges live at the current op sorted: O(n log n) where the pairwise
   test is O(n^2), the validator's cost on 10^5 allocations. A degenerate rectangle (empty in
@@ -220,30 +271,38 @@ def _any_rectangle_overlap(start: np.ndarray, end: np.ndarray, lo: np.ndarray,
   return False
 
 
-def _check_no_overlap(workload: Workload, hardware: Hardware, alloc, size: np.ndarray,
-                      level: int, block: int = 512) -> None:
+def _check_no_overlap(
+  workload: Workload, hardware: Hardware, alloc, size: np.ndarray, level: int, block: int = 512
+) -> None:
   """Time x address overlap test: a sweep says whether any pair overlaps; only then the
   pairwise test, in blocks so memory stays bounded, names the first pair (as it always has)."""
   idx = np.flatnonzero(alloc.level == level)
-  if not _any_rectangle_overlap(alloc.start[idx], alloc.end[idx], alloc.offset[idx],
-                                alloc.offset[idx] + size[idx]):
+  if not _any_rectangle_overlap(
+    alloc.start[idx], alloc.end[idx], alloc.offset[idx], alloc.offset[idx] + size[idx]
+  ):
     return
   s, e = alloc.start[idx], alloc.end[idx]
   lo = alloc.offset[idx]
   hi = lo + size[idx]
   for first in range(0, len(idx), block):
     rows = slice(first, first + block)
-    clash = ((s[rows, None] < e[None, :]) & (s[None, :] < e[rows, None])
-             & (lo[rows, None] < hi[None, :]) & (lo[None, :] < hi[rows, None]))
+    clash = (
+      (s[rows, None] < e[None, :])
+      & (s[None, :] < e[rows, None])
+      & (lo[rows, None] < hi[None, :])
+      & (lo[None, :] < hi[rows, None])
+    )
     clash[np.arange(clash.shape[0]), np.arange(first, first + clash.shape[0])] = False
     if clash.any():
       i, j = np.argwhere(clash)[0]
       i, j = idx[first + i], idx[j]
       bi, bj = workload.buffers[alloc.buffer[i]], workload.buffers[alloc.buffer[j]]
       raise MappingError(
-          f"allocations {i} (buffer {bi.id} '{bi.name}') and {j} (buffer {bj.id} '{bj.name}') "
-          f"overlap in level '{hardware.levels[level].name}': ops [{_time(workload, alloc.start[i])}, "
-          f"{_time(workload, alloc.end[i])}) x bytes [{alloc.offset[i]}, {alloc.offset[i] + size[i]}) "
-          f"and ops [{_time(workload, alloc.start[j])}, {_time(workload, alloc.end[j])}) x bytes "
-          f"[{alloc.offset[j]}, "
-          f"{alloc.offset[j] + size[j]})")
+        f"allocations {i} (buffer {bi.id} '{bi.name}') and {j} (buffer {bj.id} '{bj.name}') "
+        f"overlap in level '{hardware.levels[level].name}': "
+        f"ops [{_time(workload, alloc.start[i])}, {_time(workload, alloc.end[i])}) "
+        f"x bytes [{alloc.offset[i]}, {alloc.offset[i] + size[i]}) "
+        f"and ops [{_time(workload, alloc.start[j])}, {_time(workload, alloc.end[j])}) x bytes "
+        f"[{alloc.offset[j]}, "
+        f"{alloc.offset[j] + size[j]})"
+      )

@@ -86,6 +86,7 @@ BUFFER_KEYS = ("id", "name", "size", "def", "uses", "kind", "use_bytes", "def_by
 class Op:
   """One step of the schedule, or `weight` identical consecutive steps merged into one op (a
   compressed MiniMalloc time interval): `flops` and the bytes it moves are per step."""
+
   name: str
   flops: float
   weight: int = 1
@@ -98,6 +99,7 @@ class Buffer:
   `use_bytes` (parallel to `uses`) and `def_bytes` are the bytes each use reads and the
   definition writes when that is less than `size`; None means `size` everywhere (the common
   case, kept as None so that equality and saved files do not depend on how it was built)."""
+
   id: int
   name: str
   size: int
@@ -115,17 +117,18 @@ class WorkloadArrays:
   Incidences are the (op, buffer) pairs an op touches (its results and operands), sorted by
   buffer then op; each pair appears once.
   """
-  flops: np.ndarray             # [T] float64, all steps of the op (its flops x weight)
-  sizes: np.ndarray             # [N] int64
-  def_op: np.ndarray            # [N] int64, PROGRAM_START for parameters / inputs
-  live_start: np.ndarray        # [N] int64
-  live_end: np.ndarray          # [N] int64 (exclusive)
-  is_prefetched: np.ndarray     # [N] bool: parameter or input
-  is_output: np.ndarray         # [N] bool
+
+  flops: np.ndarray  # [T] float64, all steps of the op (its flops x weight)
+  sizes: np.ndarray  # [N] int64
+  def_op: np.ndarray  # [N] int64, PROGRAM_START for parameters / inputs
+  live_start: np.ndarray  # [N] int64
+  live_end: np.ndarray  # [N] int64 (exclusive)
+  is_prefetched: np.ndarray  # [N] bool: parameter or input
+  is_output: np.ndarray  # [N] bool
   incidence_buffer: np.ndarray  # [E] int64
-  incidence_op: np.ndarray      # [E] int64
-  incidence_bytes: np.ndarray   # [E] float64: bytes the op moves (`def_bytes` / `use_bytes`),
-                                #   all steps of it (x the op's weight)
+  incidence_op: np.ndarray  # [E] int64
+  incidence_bytes: np.ndarray  # [E] float64: bytes the op moves (`def_bytes` / `use_bytes`),
+  #   all steps of it (x the op's weight)
   buffer_incidence_start: np.ndarray  # [N + 1] CSR offsets into the incidence arrays
 
 
@@ -173,26 +176,41 @@ class Workload:
 
   def summary(self) -> dict[str, Any]:
     kinds = {k: sum(b.kind == k for b in self.buffers) for k in KINDS}
-    return {"name": self.name, "ops": self.num_ops, "buffers": self.num_buffers,
-            "total_flops": float(self.arrays.flops.sum()),
-            "total_bytes": int(self.arrays.sizes.sum()),
-            "peak_live_bytes": self.peak_live_bytes, **{f"{k}s": v for k, v in kinds.items()}}
+    return {
+      "name": self.name,
+      "ops": self.num_ops,
+      "buffers": self.num_buffers,
+      "total_flops": float(self.arrays.flops.sum()),
+      "total_bytes": int(self.arrays.sizes.sum()),
+      "peak_live_bytes": self.peak_live_bytes,
+      **{f"{k}s": v for k, v in kinds.items()},
+    }
 
   def to_dict(self) -> dict[str, Any]:
     buffers = []
     for b in self.buffers:
-      entry = {"id": b.id, "name": b.name, "size": b.size,
-               "def": None if b.def_op == PROGRAM_START else b.def_op,
-               "uses": list(b.uses), "kind": b.kind}
+      entry = {
+        "id": b.id,
+        "name": b.name,
+        "size": b.size,
+        "def": None if b.def_op == PROGRAM_START else b.def_op,
+        "uses": list(b.uses),
+        "kind": b.kind,
+      }
       if b.use_bytes is not None:
         entry["use_bytes"] = list(b.use_bytes)
       if b.def_bytes is not None:
         entry["def_bytes"] = b.def_bytes
       buffers.append(entry)
-    return {"name": self.name, "source": self.source,
-            "ops": [{"name": o.name, "flops": o.flops,
-                     **({"weight": o.weight} if o.weight != 1 else {})} for o in self.ops],
-            "buffers": buffers}
+    return {
+      "name": self.name,
+      "source": self.source,
+      "ops": [
+        {"name": o.name, "flops": o.flops, **({"weight": o.weight} if o.weight != 1 else {})}
+        for o in self.ops
+      ],
+      "buffers": buffers,
+    }
 
   @classmethod
   def from_dict(cls, data: Any, where: str = "workload") -> "Workload":
@@ -254,7 +272,7 @@ def _one_line(text: str) -> bool:
 def _parse_workload(data: Any, where: str) -> Workload:
   if not isinstance(data, Mapping):
     _fail(where, f"expected a JSON object at the top level, got {type(data).__name__}")
-  if (problem := unknown_key(data, WORKLOAD_KEYS)):
+  if problem := unknown_key(data, WORKLOAD_KEYS):
     _fail(where, problem)
   for key in ("ops", "buffers"):
     if key not in data:
@@ -274,25 +292,30 @@ def _parse_workload(data: Any, where: str) -> Workload:
   for t, op in enumerate(raw_ops):
     if not isinstance(op, Mapping):
       _fail(where, f"op {t}: expected an object, got {type(op).__name__}")
-    if (problem := unknown_key(op, OP_KEYS)):
+    if problem := unknown_key(op, OP_KEYS):
       _fail(where, f"op {t}: {problem}")
     op_name = op.get("name", f"op{t}")
     flops = op.get("flops", 0.0)
     if not isinstance(op_name, str) or not _one_line(op_name):
       _fail(where, f"op {t}: 'name' must be a string of printable text, got {show_value(op_name)}")
     if finite_number(flops) is None or flops < 0:
-      _fail(where, f"op {t} ('{op_name}'): 'flops' must be a finite number >= 0, got "
-            f"{show_value(flops)}")
+      _fail(
+        where,
+        f"op {t} ('{op_name}'): 'flops' must be a finite number >= 0, got {show_value(flops)}",
+      )
     weight = op.get("weight", 1)
     if not _is_int(weight) or not 1 <= weight <= MAX_FILE_INT:
-      _fail(where, f"op {t} ('{op_name}'): 'weight' must be an integer from 1 to 2**60, got "
-            f"{show_int(weight) if _is_int(weight) else show_value(weight)}")
+      _fail(
+        where,
+        f"op {t} ('{op_name}'): 'weight' must be an integer from 1 to 2**60, got "
+        f"{show_int(weight) if _is_int(weight) else show_value(weight)}",
+      )
     ops.append(Op(op_name, float(flops), int(weight)))
   buffers = []
   for i, b in enumerate(raw_buffers):
     if not isinstance(b, Mapping):
       _fail(where, f"buffer #{i}: expected an object, got {type(b).__name__}")
-    if (problem := unknown_key(b, BUFFER_KEYS)):
+    if problem := unknown_key(b, BUFFER_KEYS):
       _fail(where, f"buffer #{i}: {problem}")
     for key in ("id", "size", "uses", "kind"):
       if key not in b:
@@ -300,7 +323,7 @@ def _parse_workload(data: Any, where: str) -> Workload:
     bid = b["id"]
     if not _is_int(bid):
       _fail(where, f"buffer #{i}: 'id' must be an integer, got {show_value(bid)}")
-    if (problem := int_out_of_range(bid, "id")):
+    if problem := int_out_of_range(bid, "id"):
       _fail(where, f"buffer #{i}: {problem}")
     if bid < 0:
       _fail(where, f"buffer #{i}: 'id' must be >= 0, got {bid}")
@@ -310,54 +333,76 @@ def _parse_workload(data: Any, where: str) -> Workload:
     if not isinstance(bname, str) or not _one_line(bname):
       _fail(where, f"{label}: 'name' must be a string of printable text, got {show_value(bname)}")
     if not _is_int(size):
-      _fail(where, f"{label} ('{bname}'): 'size' must be an integer number of bytes, got "
-            f"{show_value(size)}")
+      _fail(
+        where,
+        f"{label} ('{bname}'): 'size' must be an integer number of bytes, got {show_value(size)}",
+      )
     if def_op is None:
       def_op = PROGRAM_START
     elif not _is_int(def_op):
-      _fail(where, f"{label} ('{bname}'): 'def' must be an op index or null, got "
-            f"{show_value(def_op)}")
+      _fail(
+        where, f"{label} ('{bname}'): 'def' must be an op index or null, got {show_value(def_op)}"
+      )
     if not isinstance(uses, list) or not all(_is_int(u) for u in uses):
-      _fail(where, f"{label} ('{bname}'): 'uses' must be a list of op indices, got "
-            f"{show_value(uses)}")
+      _fail(
+        where, f"{label} ('{bname}'): 'uses' must be a list of op indices, got {show_value(uses)}"
+      )
     if not isinstance(kind, str):
       _fail(where, f"{label} ('{bname}'): 'kind' must be a string, got {show_value(kind)}")
     for key, value in (("size", size), ("def", def_op), *(("uses", u) for u in uses)):
-      if (problem := int_out_of_range(value, key)):
+      if problem := int_out_of_range(value, key):
         _fail(where, f"{label} ('{bname}'): {problem}")
     if (k := next((k for k in range(1, len(uses)) if uses[k - 1] >= uses[k]), None)) is not None:
-      _fail(where, f"{label} ('{bname}'): 'uses' must be sorted with each op once, got "
-            f"{uses[k]} after {uses[k - 1]}")
+      _fail(
+        where,
+        f"{label} ('{bname}'): 'uses' must be sorted with each op once, got "
+        f"{uses[k]} after {uses[k - 1]}",
+      )
     use_bytes, def_bytes = b.get("use_bytes"), b.get("def_bytes")
     if use_bytes is not None:
       if not isinstance(use_bytes, list) or not all(_is_int(x) for x in use_bytes):
-        _fail(where, f"{label} ('{bname}'): 'use_bytes' must be a list of integers, got "
-              f"{show_value(use_bytes)}")
+        _fail(
+          where,
+          f"{label} ('{bname}'): 'use_bytes' must be a list of integers, got "
+          f"{show_value(use_bytes)}",
+        )
       if len(use_bytes) != len(uses):
-        _fail(where, f"{label} ('{bname}'): 'use_bytes' has {len(use_bytes)} entries for "
-              f"{len(uses)} uses")
+        _fail(
+          where,
+          f"{label} ('{bname}'): 'use_bytes' has {len(use_bytes)} entries for {len(uses)} uses",
+        )
       for x in use_bytes:
-        if (problem := int_out_of_range(x, "use_bytes")):
+        if problem := int_out_of_range(x, "use_bytes"):
           _fail(where, f"{label} ('{bname}'): {problem}")
       use_bytes = tuple(int(x) for x in use_bytes)
     if def_bytes is not None:
       if not _is_int(def_bytes):
-        _fail(where, f"{label} ('{bname}'): 'def_bytes' must be an integer, got "
-              f"{show_value(def_bytes)}")
-      if (problem := int_out_of_range(def_bytes, "def_bytes")):
+        _fail(
+          where, f"{label} ('{bname}'): 'def_bytes' must be an integer, got {show_value(def_bytes)}"
+        )
+      if problem := int_out_of_range(def_bytes, "def_bytes"):
         _fail(where, f"{label} ('{bname}'): {problem}")
       def_bytes = int(def_bytes)
-    buffers.append(Buffer(int(bid), bname, int(size), int(def_op), tuple(int(u) for u in uses),
-                          kind,
-                          *_normal_access_bytes(use_bytes, def_bytes, int(size))))
+    buffers.append(
+      Buffer(
+        int(bid),
+        bname,
+        int(size),
+        int(def_op),
+        tuple(int(u) for u in uses),
+        kind,
+        *_normal_access_bytes(use_bytes, def_bytes, int(size)),
+      )
+    )
   try:
     return Workload(name, source, tuple(ops), tuple(buffers))
   except WorkloadError as e:
     raise WorkloadError(f"{where}: {getattr(e, 'detail', e)}") from None
 
 
-def _normal_access_bytes(use_bytes: tuple[int, ...] | None, def_bytes: int | None,
-                         size: int) -> tuple[tuple[int, ...] | None, int | None]:
+def _normal_access_bytes(
+  use_bytes: tuple[int, ...] | None, def_bytes: int | None, size: int
+) -> tuple[tuple[int, ...] | None, int | None]:
   """None where every access is the whole buffer, so that a file that spells out full sizes
   loads equal to (and saves as) one that omits them."""
   if use_bytes is not None and all(x == size for x in use_bytes):
@@ -377,14 +422,17 @@ def _check_workload(w: Workload) -> None:
   num_ops = len(w.ops)
   for t, op in enumerate(w.ops):
     if not _is_int(op.weight) or not 1 <= op.weight <= MAX_FILE_INT:
-      _fail(where, f"op {t} ('{op.name}'): 'weight' must be an integer from 1 to 2**60, got "
-            f"{op.weight!r}")
+      _fail(
+        where,
+        f"op {t} ('{op.name}'): 'weight' must be an integer from 1 to 2**60, got {op.weight!r}",
+      )
   if sum(op.weight for op in w.ops) > MAX_FILE_INT:
     _fail(where, "the ops' weights add up to more than 2**60 steps")
   total_bytes = sum(b.size for b in w.buffers)
   if total_bytes > MAX_TOTAL_BYTES:
-    _fail(where, f"the buffers' sizes add up to {show_int(total_bytes)} bytes, above the limit "
-          "of 2**62")
+    _fail(
+      where, f"the buffers' sizes add up to {show_int(total_bytes)} bytes, above the limit of 2**62"
+    )
   seen: set[int] = set()
   for b in w.buffers:
     label = f"buffer {b.id} ('{b.name}')"
@@ -403,7 +451,9 @@ def _check_workload(w: Workload) -> None:
       if b.def_op != PROGRAM_START:
         _fail(where, f"{label}: a {b.kind} exists at program start, so 'def' must be null")
     elif not 0 <= b.def_op < num_ops:
-      _fail(where, f"{label}: 'def' refers to unknown op {b.def_op} (the schedule has {num_ops} ops)")
+      _fail(
+        where, f"{label}: 'def' refers to unknown op {b.def_op} (the schedule has {num_ops} ops)"
+      )
     for u in b.uses:
       if not 0 <= u < num_ops:
         _fail(where, f"{label}: use at unknown op {u} (the schedule has {num_ops} ops)")
@@ -414,14 +464,12 @@ def _check_workload(w: Workload) -> None:
         _fail(where, f"{label}: 'use_bytes' has {len(b.use_bytes)} entries for {len(b.uses)} uses")
       bad = next((x for x in b.use_bytes if not 0 <= x <= b.size), None)
       if bad is not None:
-        _fail(where, f"{label}: 'use_bytes' entry {show_int(bad)} is outside 0..size "
-              f"({b.size})")
+        _fail(where, f"{label}: 'use_bytes' entry {show_int(bad)} is outside 0..size ({b.size})")
     if b.def_bytes is not None:
       if b.def_op == PROGRAM_START:
         _fail(where, f"{label}: 'def_bytes' is given but the buffer has no defining op")
       if not 0 <= b.def_bytes <= b.size:
-        _fail(where, f"{label}: 'def_bytes' {show_int(b.def_bytes)} is outside 0..size "
-              f"({b.size})")
+        _fail(where, f"{label}: 'def_bytes' {show_int(b.def_bytes)} is outside 0..size ({b.size})")
 
 
 def _build_arrays(w: Workload) -> WorkloadArrays:
@@ -440,9 +488,13 @@ def _build_arrays(w: Workload) -> WorkloadArrays:
   check_fits_in_memory(w.name or "workload", num_ops, len(bufs), int(starts[-1]))
   inc_buf = np.repeat(np.arange(len(bufs), dtype=np.int64), counts)
   # Streamed, not copied per buffer: the uses are already the workload's largest part.
-  inc_op = np.fromiter(itertools.chain.from_iterable(
-      itertools.chain((b.def_op,), b.uses) if b.def_op >= 0 else b.uses for b in bufs),
-      np.int64, count=int(starts[-1]))
+  inc_op = np.fromiter(
+    itertools.chain.from_iterable(
+      itertools.chain((b.def_op,), b.uses) if b.def_op >= 0 else b.uses for b in bufs
+    ),
+    np.int64,
+    count=int(starts[-1]),
+  )
   inc_bytes = sizes[inc_buf].astype(np.float64)
   for i, b in enumerate(bufs):  # Partial accesses (rare): overwrite the whole-buffer default.
     if b.def_bytes is None and b.use_bytes is None:
@@ -453,21 +505,33 @@ def _build_arrays(w: Workload) -> WorkloadArrays:
         inc_bytes[lo] = b.def_bytes
       lo += 1
     if b.use_bytes is not None:
-      inc_bytes[lo:lo + len(b.uses)] = b.use_bytes
+      inc_bytes[lo : lo + len(b.uses)] = b.use_bytes
   weight = np.array([o.weight for o in w.ops], np.float64)
   return WorkloadArrays(
-      flops=np.array([o.flops for o in w.ops], np.float64) * weight, sizes=sizes, def_op=def_op,
-      live_start=live_start, live_end=live_end, is_prefetched=is_prefetched, is_output=is_output,
-      incidence_buffer=inc_buf, incidence_op=inc_op,
-      incidence_bytes=inc_bytes * weight[inc_op], buffer_incidence_start=starts)
+    flops=np.array([o.flops for o in w.ops], np.float64) * weight,
+    sizes=sizes,
+    def_op=def_op,
+    live_start=live_start,
+    live_end=live_end,
+    is_prefetched=is_prefetched,
+    is_output=is_output,
+    incidence_buffer=inc_buf,
+    incidence_op=inc_op,
+    incidence_bytes=inc_bytes * weight[inc_op],
+    buffer_incidence_start=starts,
+  )
 
 
 # ----------------------------------------------------------------------------- files
 
 
 # MiniMalloc's own files name the columns buffer,start,end,size; both spellings are read.
-CSV_COLUMNS = {"id": ("id", "buffer"), "lower": ("lower", "start"), "upper": ("upper", "end"),
-               "size": ("size",)}
+CSV_COLUMNS = {
+  "id": ("id", "buffer"),
+  "lower": ("lower", "start"),
+  "upper": ("upper", "end"),
+  "size": ("size",),
+}
 _CSV_INT = re.compile(r"[-+]?[0-9]+")
 # Longer integers are refused by their length before Python converts them (its own limit, 4300
 # digits, fails in a message about Python's settings); shorter ones by `int_out_of_range`.
@@ -483,7 +547,7 @@ def workload_from_minimalloc_csv(text: str, name: str = "minimalloc") -> Workloa
   """Parses MiniMalloc's `id,lower,upper,size` CSV (half-open `[lower, upper)`) into a workload
   whose time axis is compressed to the distinct endpoints (see the module docstring), so that
   its size follows the number of buffers, not the length of time."""
-  text = text[len(strict_json.BOM):] if text.startswith(strict_json.BOM) else text
+  text = text[len(strict_json.BOM) :] if text.startswith(strict_json.BOM) else text
   try:
     rows = [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
   except csv.Error as e:
@@ -495,26 +559,36 @@ def workload_from_minimalloc_csv(text: str, name: str = "minimalloc") -> Workloa
   for key, spellings in CSV_COLUMNS.items():
     found = [header.index(k) for k in spellings if k in header]
     if not found:
-      _fail(name, "CSV header must contain id,lower,upper,size (or MiniMalloc's "
-            f"buffer,start,end,size); got {_csv_text(header)}")
+      _fail(
+        name,
+        "CSV header must contain id,lower,upper,size (or MiniMalloc's "
+        f"buffer,start,end,size); got {_csv_text(header)}",
+      )
     col[key] = found[0]
   records = []
   for line, row in enumerate(rows[1:], start=2):
     cells = [row[col[k]].strip() if col[k] < len(row) else "" for k in CSV_COLUMNS]
     if not all(_CSV_INT.fullmatch(c) for c in cells):
-      _fail(name, f"CSV line {line}: expected integers for id,lower,upper,size, got "
-            f"{_csv_text(row)}")
+      _fail(
+        name, f"CSV line {line}: expected integers for id,lower,upper,size, got {_csv_text(row)}"
+      )
     for key, cell in zip(CSV_COLUMNS, cells):
       if len(cell) > MAX_DIGITS:
-        _fail(name, f"CSV line {line}: '{key}' is an integer of {len(cell.lstrip('+-'))} digits, "
-              "too long: no value needs more than 19 digits")
+        _fail(
+          name,
+          f"CSV line {line}: '{key}' is an integer of {len(cell.lstrip('+-'))} digits, "
+          "too long: no value needs more than 19 digits",
+        )
     rec = {k: int(c) for k, c in zip(CSV_COLUMNS, cells)}
     for key in CSV_COLUMNS:
-      if (problem := int_out_of_range(rec[key], key)):
+      if problem := int_out_of_range(rec[key], key):
         _fail(name, f"CSV line {line}: {problem}")
     if rec["lower"] < 0 or rec["upper"] <= rec["lower"]:
-      _fail(name, f"CSV line {line}: buffer {rec['id']} needs 0 <= lower < upper, "
-            f"got [{rec['lower']}, {rec['upper']})")
+      _fail(
+        name,
+        f"CSV line {line}: buffer {rec['id']} needs 0 <= lower < upper, "
+        f"got [{rec['lower']}, {rec['upper']})",
+      )
     records.append(rec)
   if not records:
     _fail(name, "CSV has a header but no buffers")
@@ -525,13 +599,14 @@ def workload_from_minimalloc_csv(text: str, name: str = "minimalloc") -> Workloa
   first_op = np.searchsorted(points, lower).tolist()
   end_op = np.searchsorted(points, upper).tolist()
   # Each buffer touches every op of its range: refuse before building that many uses.
-  check_fits_in_memory(name, len(points) - 1, len(records),
-                       sum(end_op) - sum(first_op))
-  ops = tuple(Op(f"t{lo}", 0.0, hi - lo) for lo, hi in zip(points[:-1].tolist(),
-                                                           points[1:].tolist()))
-  buffers = tuple(Buffer(r["id"], f"b{r['id']}", r["size"], lo, tuple(range(lo + 1, hi)),
-                         "activation")
-                  for r, lo, hi in zip(records, first_op, end_op))
+  check_fits_in_memory(name, len(points) - 1, len(records), sum(end_op) - sum(first_op))
+  ops = tuple(
+    Op(f"t{lo}", 0.0, hi - lo) for lo, hi in zip(points[:-1].tolist(), points[1:].tolist())
+  )
+  buffers = tuple(
+    Buffer(r["id"], f"b{r['id']}", r["size"], lo, tuple(range(lo + 1, hi)), "activation")
+    for r, lo, hi in zip(records, first_op, end_op)
+  )
   return Workload(name, "minimalloc-csv", ops, buffers)
 
 
@@ -570,9 +645,16 @@ def save_workload(w: Workload, path: str | os.PathLike) -> None:
   write_bytes(path, gzip.compress(data) if path.endswith(".gz") else data)
 
 
-def workload_from_ops(name: str, source: str, op_flops: Sequence[float],
-                      buffers: Sequence[dict[str, Any]]) -> Workload:
+def workload_from_ops(
+  name: str, source: str, op_flops: Sequence[float], buffers: Sequence[dict[str, Any]]
+) -> Workload:
   """Convenience constructor from plain Python values (importers and generators use it)."""
-  return Workload.from_dict({"name": name, "source": source,
-                             "ops": [{"name": f"op{t}", "flops": f} for t, f in enumerate(op_flops)],
-                             "buffers": list(buffers)}, where=name)
+  return Workload.from_dict(
+    {
+      "name": name,
+      "source": source,
+      "ops": [{"name": f"op{t}", "flops": f} for t, f in enumerate(op_flops)],
+      "buffers": list(buffers),
+    },
+    where=name,
+  )

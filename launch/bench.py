@@ -23,15 +23,17 @@ from rich.table import Table
 
 from malloczero.common.files import write_text
 from malloczero.env.game import MallocGame, make_game
-from malloczero.env.hardware import PRESETS, Hardware
 from malloczero.env.game.game import MsaGame
-from malloczero.env.simulator import total_stall, total_stall_loop
+from malloczero.env.hardware import PRESETS, Hardware
 from malloczero.env.programs.synthetic import contended, random_workload
+from malloczero.env.simulator import total_stall, total_stall_loop
 from malloczero.env.workload import Workload
 
-NOTE = ("single process; game steps include building the observation and re-simulating the "
-        "copy queue; agent figures use all "
-        "cores through XLA and exclude compilation")
+NOTE = (
+  "single process; game steps include building the observation and re-simulating the "
+  "copy queue; agent figures use all "
+  "cores through XLA and exclude compilation"
+)
 # Text longer than this is printed under the table, wrapped, so the table stays ~100 columns.
 LONGEST_CELL = 30
 
@@ -73,6 +75,7 @@ def _initial_agent(config: Any) -> tuple[Any, Any]:
 
   from malloczero.learner.learner import make_initial_state
   from malloczero.learner.networks import make_networks
+
   networks = make_networks(config.network, config.game)
   return networks, make_initial_state(networks, config, jax.random.PRNGKey(0)).params
 
@@ -82,13 +85,21 @@ def bench_game(seconds: float, hardware: str = "tpu-v4i-like") -> dict[str, Any]
   env/game/game.py), and of the requests game (env/game/requests_game.py), on the same program."""
   workload, machine = _game_program(hardware)
   report: dict[str, Any] = {"game_program": workload.name, "game_hardware": hardware}
-  for prefix, game in (("game", MsaGame(workload, machine)),
-                       ("requests_game", MallocGame(workload, machine))):
+  for prefix, game in (
+    ("game", MsaGame(workload, machine)),
+    ("requests_game", MallocGame(workload, machine)),
+  ):
     rng = np.random.default_rng(0)
     moves = _random_episode(game, rng)  # warm-up (and numba's first call)
     steps_per_s, steps = _rate(lambda: _random_episode(game, rng), seconds)
-    report.update({f"{prefix}_steps_per_episode": moves, f"{prefix}_steps_measured": steps,
-                   f"{prefix}_steps_per_s": steps_per_s, f"{prefix}_step_us": 1e6 / steps_per_s})
+    report.update(
+      {
+        f"{prefix}_steps_per_episode": moves,
+        f"{prefix}_steps_measured": steps,
+        f"{prefix}_steps_per_s": steps_per_s,
+        f"{prefix}_step_us": 1e6 / steps_per_s,
+      }
+    )
   return report
 
 
@@ -102,11 +113,13 @@ def bench_cost_model(seconds: float) -> dict[str, Any]:
   memory = model.slow_memory_time.copy()
   op_time = np.maximum(model.compute_time, memory)
   req = game.requests
+
   def updates() -> int:
     for r in range(len(req)):
       ops, nbytes = req.ops(r)
       model.placement_delta(memory, op_time, ops, nbytes, 0, float(req.exposed_copy_time[r]))
     return len(req)
+
   updates_per_s, _ = _rate(updates, seconds)
   # The copy queue of the whole mapping re-simulated, as the game does after a placement.
   resolved = model.resolve(allocations)
@@ -117,18 +130,24 @@ def bench_cost_model(seconds: float) -> dict[str, Any]:
   simulations_per_s, _ = _rate(lambda: (total_stall(idle, copies), 1)[1], seconds)
   total_stall_loop(idle, copies)  # numba: compile or load from its cache first
   loops_per_s, _ = _rate(lambda: (total_stall_loop(idle, copies), 1)[1], seconds)
-  return {"eval_program_buffers": workload.num_buffers, "eval_program_ops": workload.num_ops,
-          "eval_mapping_allocations": len(allocations), "eval_mapping_copies": len(copies),
-          "copy_simulations_per_s": simulations_per_s,
-          "copy_simulation_us": 1e6 / simulations_per_s,
-          "copy_stall_loop_us": 1e6 / loops_per_s,  # The msa game's per-step re-simulation.
-          "cost_model_full_evaluations_per_s": evals_per_s,
-          "cost_model_full_evaluation_ms": 1e3 / evals_per_s,
-          "cost_model_incremental_updates_per_s": updates_per_s,
-          "cost_model_incremental_update_us": 1e6 / updates_per_s}
+  return {
+    "eval_program_buffers": workload.num_buffers,
+    "eval_program_ops": workload.num_ops,
+    "eval_mapping_allocations": len(allocations),
+    "eval_mapping_copies": len(copies),
+    "copy_simulations_per_s": simulations_per_s,
+    "copy_simulation_us": 1e6 / simulations_per_s,
+    "copy_stall_loop_us": 1e6 / loops_per_s,  # The msa game's per-step re-simulation.
+    "cost_model_full_evaluations_per_s": evals_per_s,
+    "cost_model_full_evaluation_ms": 1e3 / evals_per_s,
+    "cost_model_incremental_updates_per_s": updates_per_s,
+    "cost_model_incremental_update_us": 1e6 / updates_per_s,
+  }
 
 
-def _game_observations(game: dm_env.Environment, count: int, seed: int) -> list[dict[str, np.ndarray]]:
+def _game_observations(
+  game: dm_env.Environment, count: int, seed: int
+) -> list[dict[str, np.ndarray]]:
   """`count` observations from a random-policy episode of `game`, spread over the episode."""
   rng = np.random.default_rng(seed)
   observations = []
@@ -150,6 +169,7 @@ def bench_search(preset: str, batch: int, simulations: int, calls: int) -> dict[
   from malloczero.actors.actor import stack_observations
   from malloczero.actors.search import make_search_fn
   from malloczero.configs.config import get_config
+
   config = get_config(preset)
   search_config = dataclasses.replace(config.search, num_simulations=simulations)
   networks, params = _initial_agent(config)
@@ -166,11 +186,14 @@ def bench_search(preset: str, batch: int, simulations: int, calls: int) -> dict[
     output = search(params, sub, observation)
   jax.block_until_ready(output)
   per_call = (time.perf_counter() - start) / calls
-  return {f"search_{preset}_batch": batch, f"search_{preset}_simulations": simulations,
-          f"search_{preset}_compile_s": compile_s,
-          f"search_{preset}_ms_per_call": 1e3 * per_call,
-          f"search_{preset}_moves_per_s": batch / per_call,
-          f"search_{preset}_simulations_per_s": batch * simulations / per_call}
+  return {
+    f"search_{preset}_batch": batch,
+    f"search_{preset}_simulations": simulations,
+    f"search_{preset}_compile_s": compile_s,
+    f"search_{preset}_ms_per_call": 1e3 * per_call,
+    f"search_{preset}_moves_per_s": batch / per_call,
+    f"search_{preset}_simulations_per_s": batch * simulations / per_call,
+  }
 
 
 def bench_acting(preset: str, batch: int, steps: int) -> dict[str, Any]:
@@ -181,6 +204,7 @@ def bench_acting(preset: str, batch: int, steps: int) -> dict[str, Any]:
   from malloczero.actors.games import GamePool, GameSpec
   from malloczero.actors.variable_client import VariableClient
   from malloczero.configs.config import get_config
+
   config = get_config(preset)
   config = dataclasses.replace(config, actor=dataclasses.replace(config.actor, num_games=batch))
   networks, params = _initial_agent(config)
@@ -191,11 +215,17 @@ def bench_acting(preset: str, batch: int, steps: int) -> dict[str, Any]:
 
   workload, machine = _game_program()
   spec = GameSpec(workload.name, workload, machine)
-  actor = BatchedActor(networks, config, GamePool([spec], config.game, batch),
-                       VariableClient(_Fixed(), update_period=10**9))
-  return {f"acting_{preset}_batch": batch,
-          f"acting_{preset}_simulations": config.search.num_simulations,
-          f"acting_{preset}_moves_per_s": acting_moves_per_s(actor, steps)}
+  actor = BatchedActor(
+    networks,
+    config,
+    GamePool([spec], config.game, batch),
+    VariableClient(_Fixed(), update_period=10**9),
+  )
+  return {
+    f"acting_{preset}_batch": batch,
+    f"acting_{preset}_simulations": config.search.num_simulations,
+    f"acting_{preset}_moves_per_s": acting_moves_per_s(actor, steps),
+  }
 
 
 def learner_updates_per_s(config: Any, num_updates: int = 20, num_batches: int = 4) -> float:
@@ -206,12 +236,14 @@ def learner_updates_per_s(config: Any, num_updates: int = 20, num_batches: int =
   from malloczero.learner.fakes import random_batch
   from malloczero.learner.learner import MuZeroLearner
   from malloczero.learner.networks import make_networks
+
   batch_size = config.learner.batch_size
   batches = [random_batch(config, batch_size, seed) for seed in range(num_batches)]
   counter = iter(range(1 << 62))
   networks = make_networks(config.network, config.game)
-  learner = MuZeroLearner(networks, config, lambda: batches[next(counter) % num_batches],
-                          seed=config.seed)
+  learner = MuZeroLearner(
+    networks, config, lambda: batches[next(counter) % num_batches], seed=config.seed
+  )
   learner.step()  # Compiles.
   learner.step()
   start = time.perf_counter()
@@ -224,14 +256,19 @@ def bench_learner(preset: str, batch: int, unroll: int, updates: int) -> dict[st
   import dataclasses
 
   from malloczero.configs.config import get_config
+
   config = get_config(preset)
-  config = dataclasses.replace(config, learner=dataclasses.replace(
-      config.learner, batch_size=batch, unroll_steps=unroll))
+  config = dataclasses.replace(
+    config, learner=dataclasses.replace(config.learner, batch_size=batch, unroll_steps=unroll)
+  )
   rate = learner_updates_per_s(config, num_updates=updates)
-  return {f"learner_{preset}_batch": batch, f"learner_{preset}_unroll": unroll,
-          f"learner_{preset}_td_steps": config.learner.td_steps,
-          f"learner_{preset}_updates_per_s": rate,
-          f"learner_{preset}_samples_per_s": rate * batch}
+  return {
+    f"learner_{preset}_batch": batch,
+    f"learner_{preset}_unroll": unroll,
+    f"learner_{preset}_td_steps": config.learner.td_steps,
+    f"learner_{preset}_updates_per_s": rate,
+    f"learner_{preset}_samples_per_s": rate * batch,
+  }
 
 
 def run_agent_bench(quick: bool) -> dict[str, Any]:
@@ -246,8 +283,11 @@ def run_agent_bench(quick: bool) -> dict[str, Any]:
   return report
 
 
-def bench_distributed(num_actors: int, seconds: float, config_name: str = "small",
-                      ) -> dict[str, float]:
+def bench_distributed(
+  num_actors: int,
+  seconds: float,
+  config_name: str = "small",
+) -> dict[str, float]:
   """A short local_mp training run (its own work directory, deleted after); rates over the part
   of the run in which the learner was stepping, from the launcher's periodic samples."""
   import shutil
@@ -255,12 +295,20 @@ def bench_distributed(num_actors: int, seconds: float, config_name: str = "small
 
   from malloczero.configs.config import get_config
   from malloczero.system.program import launch_training
+
   config = get_config(config_name)
   workdir = tempfile.mkdtemp(prefix=f"malloczero-bench-{num_actors}-")
   try:
-    result = launch_training(config, workdir, launch="local_mp", num_actors=num_actors,
-                             max_steps=10**9, max_seconds=seconds, final_report=False,
-                             print_fn=lambda _: None)
+    result = launch_training(
+      config,
+      workdir,
+      launch="local_mp",
+      num_actors=num_actors,
+      max_steps=10**9,
+      max_seconds=seconds,
+      final_report=False,
+      print_fn=lambda _: None,
+    )
   finally:
     shutil.rmtree(workdir, ignore_errors=True)
   steady = [s for s in result.samples if s.learner_steps > 0]
@@ -268,10 +316,12 @@ def bench_distributed(num_actors: int, seconds: float, config_name: str = "small
     return {"learner_updates_per_s": 0.0, "actor_moves_per_s": 0.0, "samples_per_insert": 0.0}
   first, last = steady[0], steady[-1]
   elapsed = last.elapsed_s - first.elapsed_s
-  return {"learner_updates_per_s": (last.learner_steps - first.learner_steps) / elapsed,
-          "actor_moves_per_s": (last.actor_moves - first.actor_moves) / elapsed,
-          "samples_per_insert": (last.samples - first.samples) / max(1, last.inserts - first.inserts),
-          "startup_s": first.elapsed_s}
+  return {
+    "learner_updates_per_s": (last.learner_steps - first.learner_steps) / elapsed,
+    "actor_moves_per_s": (last.actor_moves - first.actor_moves) / elapsed,
+    "samples_per_insert": (last.samples - first.samples) / max(1, last.inserts - first.inserts),
+    "startup_s": first.elapsed_s,
+  }
 
 
 def run_distributed_bench(seconds: float = 150.0) -> dict[str, Any]:
@@ -301,6 +351,7 @@ def _scale_child(kind: str, path: str) -> dict[str, Any]:
   from malloczero.env.solvers import solve
   from malloczero.env.validator import validate_mapping
   from malloczero.env.workload import load_workload
+
   started = time.perf_counter()
   report: dict[str, Any] = {}
   try:
@@ -308,9 +359,13 @@ def _scale_child(kind: str, path: str) -> dict[str, Any]:
     if kind == "csv":
       machine = PRESETS["minimalloc"]
     else:
-      machine = dataclasses.replace(PRESETS["tpu-v4i-like"], levels=(
+      machine = dataclasses.replace(
+        PRESETS["tpu-v4i-like"],
+        levels=(
           PRESETS["tpu-v4i-like"].levels[0],
-          dataclasses.replace(PRESETS["tpu-v4i-like"].levels[1], capacity_bytes=1 << 40)))
+          dataclasses.replace(PRESETS["tpu-v4i-like"].levels[1], capacity_bytes=1 << 40),
+        ),
+      )
     machine = contended(machine, workload, 0.25)
     result = solve(workload, machine, "msa")
     report["solve_s"] = time.perf_counter() - started
@@ -327,32 +382,39 @@ def _scale_child(kind: str, path: str) -> dict[str, Any]:
 
 def _measure_in_subprocess(kind: str, path: str) -> dict[str, Any]:
   """`_scale_child` in a fresh interpreter, so that the peak resident memory is its own."""
-  code = ("import json, sys; from malloczero.launch.bench import _scale_child; "
-          "print(json.dumps(_scale_child(sys.argv[1], sys.argv[2])))")
-  done = subprocess.run([sys.executable, "-c", code, kind, path], capture_output=True, text=True,
-                        check=False)
+  code = (
+    "import json, sys; from malloczero.launch.bench import _scale_child; "
+    "print(json.dumps(_scale_child(sys.argv[1], sys.argv[2])))"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", code, kind, path], capture_output=True, text=True, check=False
+  )
   if done.returncode != 0:
     tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
     return {"failed": f"exit {done.returncode}: {tail}"}
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bench_scale(csv_rows: int = SCALE_CSV_ROWS,
-                xla_buffers: int = SCALE_XLA_BUFFERS) -> dict[str, Any]:
+def bench_scale(
+  csv_rows: int = SCALE_CSV_ROWS, xla_buffers: int = SCALE_XLA_BUFFERS
+) -> dict[str, Any]:
   """msa (and validation) on a generated MiniMalloc CSV and XLA-like program at trace scale,
   each generated deterministically here and measured in its own process (seconds, peak MB)."""
   import tempfile
 
   from malloczero.env.programs.synthetic import minimalloc_csv_text, xla_like_workload
   from malloczero.env.workload import save_workload
+
   report: dict[str, Any] = {}
   with tempfile.TemporaryDirectory(prefix="malloczero-bench-scale-") as tmp:
     csv_path = os.path.join(tmp, f"csv{csv_rows}.csv")
     write_text(csv_path, minimalloc_csv_text(csv_rows, seed=0))
     xla_path = os.path.join(tmp, f"xla{xla_buffers}.json")
     save_workload(xla_like_workload(xla_buffers, seed=0), xla_path)
-    for prefix, kind, path in ((f"scale_csv_{csv_rows}_rows_msa", "csv", csv_path),
-                               (f"scale_xla_{xla_buffers}_buffers_msa", "xla", xla_path)):
+    for prefix, kind, path in (
+      (f"scale_csv_{csv_rows}_rows_msa", "csv", csv_path),
+      (f"scale_xla_{xla_buffers}_buffers_msa", "xla", xla_path),
+    ):
       for key, value in _measure_in_subprocess(kind, path).items():
         report[f"{prefix}_{key}"] = value
   return report
@@ -361,9 +423,13 @@ def bench_scale(csv_rows: int = SCALE_CSV_ROWS,
 def run_bench(quick: bool, agent: bool = True) -> dict[str, Any]:
   seconds = 1.5 if quick else 6.0
   report: dict[str, Any] = {
-      "quick": quick, "python": platform.python_version(), "numpy": np.__version__,
-      "cpu_count": os.cpu_count(), "machine": platform.machine(),
-      "note": NOTE}
+    "quick": quick,
+    "python": platform.python_version(),
+    "numpy": np.__version__,
+    "cpu_count": os.cpu_count(),
+    "machine": platform.machine(),
+    "note": NOTE,
+  }
   report.update(bench_game(seconds))
   if not quick:
     three_level = bench_game(seconds, "nnpi-like")

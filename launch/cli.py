@@ -13,8 +13,16 @@ import sys
 from typing import Sequence
 
 from malloczero.common.errors import MalloczeroError
-from malloczero.launch.commands import (bench, convert_checkpoint, evaluate, imports, solve, suite,
-                                        train, validate)
+from malloczero.launch.commands import (
+  bench,
+  convert_checkpoint,
+  evaluate,
+  imports,
+  solve,
+  suite,
+  train,
+  validate,
+)
 from malloczero.launch.compilation_cache import use_compilation_cache
 from malloczero.launch.flags import FlagError, Parser
 
@@ -27,9 +35,12 @@ COMMANDS = (validate, solve, imports, suite, evaluate, bench, train, convert_che
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = Parser(prog="malloczero", description="Learned memory mapping for compiled ML "
-                  "programs: mallocGame, its cost model, baselines and a distributed MuZero "
-                  "agent.")
+  parser = Parser(
+    prog="malloczero",
+    description="Learned memory mapping for compiled ML "
+    "programs: mallocGame, its cost model, baselines and a distributed MuZero "
+    "agent.",
+  )
   sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
   for command in COMMANDS:
     command.add_parser(sub)

@@ -27,5 +27,6 @@ def use_compilation_cache() -> None:
   path = os.environ.setdefault(COMPILATION_CACHE_ENV, default_compilation_cache_dir())
   if "jax" in sys.modules:  # JAX read its environment when imported: tell it directly.
     import jax
+
     if jax.config.jax_compilation_cache_dir is None and path:
       jax.config.update("jax_compilation_cache_dir", path)

@@ -24,15 +24,30 @@ def console(stderr: bool = False) -> Console:
   return Console(stderr=stderr, width=None if stream.isatty() else 240)
 
 
+def flushing_print(out: Console) -> Callable[[str], None]:
+  """Log lines reach a redirected log file as they happen, not when the buffer fills."""
+
+  def print_fn(text: str) -> None:
+    out.print(text)
+    out.file.flush()
+
+  return print_fn
+
+
 class FlagError(MalloczeroError):
   """A flag's value that only the command can judge (a wrong --msa-option, a flag the chosen
   solver ignores): exit 2, as argparse's own flag errors."""
 
 
 class Parser(argparse.ArgumentParser):
-  def error(self, message: str) -> None:  # One line, exit 2, as argparse does, minus the usage dump.
-    sys.stderr.write(f"malloczero: error: {message} (see 'malloczero {self.prog.split()[-1]} --help')\n"
-                     if " " in self.prog else f"malloczero: error: {message}\n")
+  def error(
+    self, message: str
+  ) -> None:  # One line, exit 2, as argparse does, minus the usage dump.
+    sys.stderr.write(
+      f"malloczero: error: {message} (see 'malloczero {self.prog.split()[-1]} --help')\n"
+      if " " in self.prog
+      else f"malloczero: error: {message}\n"
+    )
     sys.exit(2)
 
 
@@ -72,8 +87,9 @@ def seed(text: str) -> int:
   except ValueError:
     raise argparse.ArgumentTypeError(f"expected an integer seed, got '{text}'") from None
   if not 0 <= value <= MAX_SEED:
-    raise argparse.ArgumentTypeError(f"the seed must be between 0 and 2**31-1 ({MAX_SEED}), "
-                                     f"got {value}")
+    raise argparse.ArgumentTypeError(
+      f"the seed must be between 0 and 2**31-1 ({MAX_SEED}), got {value}"
+    )
   return value
 
 
@@ -100,20 +116,32 @@ def fraction(text: str) -> float:
 
 
 # The registry's `check` names (env/solvers/registry.py CHECKS) as flag types.
-FLAG_TYPES: dict[str, Callable[[str], Any]] = {"positive": positive_float,
-                                               "positive_int": positive_int,
-                                               "fraction": fraction, "seed": seed, "path": str}
+FLAG_TYPES: dict[str, Callable[[str], Any]] = {
+  "positive": positive_float,
+  "positive_int": positive_int,
+  "fraction": fraction,
+  "seed": seed,
+  "path": str,
+}
 
-CAPACITY_HELP = ("fast memory in bytes, overriding the hardware's: BYTES for the fast levels "
-                 "together, shared in the hardware's ratio (nnpi-like: 1/7 SRAM, 6/7 LLC), or "
-                 "LEVEL=BYTES for one level (repeatable)")
+CAPACITY_HELP = (
+  "fast memory in bytes, overriding the hardware's: BYTES for the fast levels "
+  "together, shared in the hardware's ratio (nnpi-like: 1/7 SRAM, 6/7 LLC), or "
+  "LEVEL=BYTES for one level (repeatable)"
+)
 HARDWARE_CHOICES = f"preset ({', '.join(PRESETS)}) or hardware JSON file"
 
 
-def add_capacity_flag(p: argparse.ArgumentParser, help_prefix: str = "",
-                      help_suffix: str = "") -> None:
-  p.add_argument("--capacity", type=capacity, action="append", metavar="[LEVEL=]BYTES",
-                 help=help_prefix + CAPACITY_HELP + help_suffix)
+def add_capacity_flag(
+  p: argparse.ArgumentParser, help_prefix: str = "", help_suffix: str = ""
+) -> None:
+  p.add_argument(
+    "--capacity",
+    type=capacity,
+    action="append",
+    metavar="[LEVEL=]BYTES",
+    help=help_prefix + CAPACITY_HELP + help_suffix,
+  )
 
 
 def say_capacities(capacities: Optional[Sequence[Capacity]], hw: Hardware) -> None:
@@ -129,36 +157,49 @@ def add_solver_flags(p: argparse.ArgumentParser, solvers: Iterable[Solver]) -> N
     field = users[0][1]
     meta = field.metadata
     who = ", ".join(solver.name for solver, _ in users)
-    p.add_argument(meta["flag"], dest=name, type=FLAG_TYPES[meta["check"]],
-                   default=field.default,
-                   metavar=meta["metavar"] or meta["flag"].lstrip("-").replace("-", "_").upper(),
-                   help=f"{who}: {meta['help']}" + (f" (default {meta['default_help']})"
-                                                    if meta["default_help"] else ""))
+    p.add_argument(
+      meta["flag"],
+      dest=name,
+      type=FLAG_TYPES[meta["check"]],
+      default=field.default,
+      metavar=meta["metavar"] or meta["flag"].lstrip("-").replace("-", "_").upper(),
+      help=f"{who}: {meta['help']}"
+      + (f" (default {meta['default_help']})" if meta["default_help"] else ""),
+    )
   takers = [s.name for s in solvers if s.takes_msa_options]
   if takers:
-    p.add_argument("--msa-option", type=name_value, action="append", metavar="NAME=VALUE",
-                   help=f"{', '.join(takers)}: one of msa's options (env/msa/settings.py "
-                   "MsaOptions, defaults XLA's), e.g. min_overlap_to_async_copy_ratio=0.8, "
-                   "max_outstanding_prefetches=2, picker=instruction_count, copy_budget=idle; "
-                   "repeatable")
+    p.add_argument(
+      "--msa-option",
+      type=name_value,
+      action="append",
+      metavar="NAME=VALUE",
+      help=f"{', '.join(takers)}: one of msa's options (env/msa/settings.py "
+      "MsaOptions, defaults XLA's), e.g. min_overlap_to_async_copy_ratio=0.8, "
+      "max_outstanding_prefetches=2, picker=instruction_count, copy_budget=idle; "
+      "repeatable",
+    )
 
 
 def solver_options(args: argparse.Namespace, solver: Solver) -> dict:
   """The keyword options `solve` passes to `solver`, from the flags `add_solver_flags` made."""
   check_msa_options_used(args, [solver])
-  return solver.make_options(vars(args), msa_options(getattr(args, "msa_option", None))
-                             if solver.takes_msa_options else None)
+  return solver.make_options(
+    vars(args), msa_options(getattr(args, "msa_option", None)) if solver.takes_msa_options else None
+  )
 
 
 def check_msa_options_used(args: argparse.Namespace, solvers: Sequence[Solver]) -> None:
   """`--msa-option` is refused unless one of `solvers` reads it."""
   if getattr(args, "msa_option", None) and not any(s.takes_msa_options for s in solvers):
-    raise FlagError(f"--msa-option is for {', '.join(takers_of_msa_options())}, not "
-                    f"{', '.join(s.name for s in solvers)}")
+    raise FlagError(
+      f"--msa-option is for {', '.join(takers_of_msa_options())}, not "
+      f"{', '.join(s.name for s in solvers)}"
+    )
 
 
 def takers_of_msa_options() -> list[str]:
   from malloczero.env.solvers.registry import BASELINES
+
   return [name for name, s in BASELINES.items() if s.takes_msa_options]
 
 
@@ -167,8 +208,9 @@ class OnceBooleanOptionalAction(argparse.BooleanOptionalAction):
 
   def __call__(self, parser, namespace, values, option_string=None):
     if getattr(namespace, f"_{self.dest}_given", False):
-      raise argparse.ArgumentError(self, "given twice (choose one of "
-                                         f"{' or '.join(self.option_strings)})")
+      raise argparse.ArgumentError(
+        self, f"given twice (choose one of {' or '.join(self.option_strings)})"
+      )
     setattr(namespace, f"_{self.dest}_given", True)
     super().__call__(parser, namespace, values, option_string)
 
@@ -176,6 +218,7 @@ class OnceBooleanOptionalAction(argparse.BooleanOptionalAction):
 def msa_options(pairs: Optional[Sequence[tuple[str, str]]]) -> dict:
   """`--msa-option NAME=VALUE` pairs as `MsaOptions` fields, each value read as its field's type."""
   from malloczero.env.msa.algorithm import MsaOptions
+
   defaults = MsaOptions()
   names = [f.name for f in dataclasses.fields(MsaOptions)]
   options: dict = {}

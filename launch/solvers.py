@@ -20,13 +20,22 @@ from malloczero.env.workload import Workload
 
 @dataclasses.dataclass(frozen=True)
 class AgentOptions:
-  checkpoint: Optional[str] = option(None, "--checkpoint", "a training work directory or its "
-                                     "checkpoint", "path", default_help="")
-  simulations: Optional[int] = option(None, "--simulations", "search simulations per move",
-                                      "positive_int",
-                                      default_help="twice the run's evaluation search")
-  attempts: int = option(DEFAULT_ATTEMPTS, "--attempts", "trajectories played, the first greedy; "
-                         "the best is kept", "positive_int")
+  checkpoint: Optional[str] = option(
+    None, "--checkpoint", "a training work directory or its checkpoint", "path", default_help=""
+  )
+  simulations: Optional[int] = option(
+    None,
+    "--simulations",
+    "search simulations per move",
+    "positive_int",
+    default_help="twice the run's evaluation search",
+  )
+  attempts: int = option(
+    DEFAULT_ATTEMPTS,
+    "--attempts",
+    "trajectories played, the first greedy; the best is kept",
+    "positive_int",
+  )
   seed: int = seed_option()
 
 
@@ -38,18 +47,26 @@ def search_notice(agent: Any) -> None:
     print(f"malloczero: notice: {notice}", file=sys.stderr)
 
 
-def _agent(workload: Workload, hardware: Hardware, checkpoint: Optional[str] = None,
-           simulations: Optional[int] = None, attempts: int = DEFAULT_ATTEMPTS,
-           seed: int = 0) -> Any:
+def _agent(
+  workload: Workload,
+  hardware: Hardware,
+  checkpoint: Optional[str] = None,
+  simulations: Optional[int] = None,
+  attempts: int = DEFAULT_ATTEMPTS,
+  seed: int = 0,
+) -> Any:
   """The checkpoint's networks with test-time search (actors/agent.py `solve_with_agent`)."""
   if not checkpoint:  # Before JAX loads: a forgotten flag is refused at once.
-    raise MalloczeroError("this solver needs --checkpoint DIR (a training work directory or its "
-                          "checkpoint)")
+    raise MalloczeroError(
+      "this solver needs --checkpoint DIR (a training work directory or its checkpoint)"
+    )
   from malloczero.actors.agent import load_agent, solve_with_agent
+
   agent = load_agent(checkpoint)
   search_notice(agent)
-  return solve_with_agent(agent, workload, hardware, simulations=simulations, attempts=attempts,
-                          seed=seed)
+  return solve_with_agent(
+    agent, workload, hardware, simulations=simulations, attempts=attempts, seed=seed
+  )
 
 
 def _portfolio(workload: Workload, hardware: Hardware, **options: Any) -> Any:
@@ -61,10 +78,21 @@ def _portfolio(workload: Workload, hardware: Hardware, **options: Any) -> Any:
   return dataclasses.replace(result, info=dict(result.info, winner=winner))
 
 
-AGENT = Solver("agent", "agent", _agent, "the trained agent with test-time search; msa's mapping "
-               "is one more attempt, so never slower than msa", AgentOptions,
-               segments=True)
-PORTFOLIO = Solver("portfolio", "agent", _portfolio, "the agent (msa among its attempts), with "
-                   "msa's line and which won",
-                   AgentOptions, segments=True)
+AGENT = Solver(
+  "agent",
+  "agent",
+  _agent,
+  "the trained agent with test-time search; msa's mapping "
+  "is one more attempt, so never slower than msa",
+  AgentOptions,
+  segments=True,
+)
+PORTFOLIO = Solver(
+  "portfolio",
+  "agent",
+  _portfolio,
+  "the agent (msa among its attempts), with msa's line and which won",
+  AgentOptions,
+  segments=True,
+)
 ALL_SOLVERS: dict[str, Solver] = {**BASELINES, AGENT.name: AGENT, PORTFOLIO.name: PORTFOLIO}

@@ -20,8 +20,9 @@ def _rich_table(title: str, header: list[str], body: list[list[str]], first_wide
     if i == 0:  # Never truncated: other columns wrap instead.
       table.add_column(column, no_wrap=True, min_width=first_wide)
     else:
-      table.add_column(column, justify="left" if column in ("split", "solver", "CP-SAT")
-                       else "right")
+      table.add_column(
+        column, justify="left" if column in ("split", "solver", "CP-SAT") else "right"
+      )
   for line in body:
     table.add_row(*line)
   return table
@@ -29,29 +30,41 @@ def _rich_table(title: str, header: list[str], body: list[list[str]], first_wide
 
 def print_evaluation_tables(evaluation: SuiteEvaluation, console: Console, title: str) -> None:
   from malloczero.system.report import cells, console_columns, quality_table, split_table
+
   cols = console_columns(evaluation)
   longest = max((len(r.entry) for r in evaluation.rows), default=5)
-  console.print(_rich_table(title, [h for h, _, _ in cols],
-                            [cells(cols, r) for r in evaluation.rows], longest))
-  console.print(_rich_table("summary per split (geomean speed-up over all-slow; wins / ties / "
-                            "losses against msa)", *split_table(evaluation)))
+  console.print(
+    _rich_table(title, [h for h, _, _ in cols], [cells(cols, r) for r in evaluation.rows], longest)
+  )
+  console.print(
+    _rich_table(
+      "summary per split (geomean speed-up over all-slow; wins / ties / losses against msa)",
+      *split_table(evaluation),
+    )
+  )
   if len(evaluation.agents) > 1:
     console.print(_rich_table("checkpoints by quality", *quality_table(evaluation)))
 
 
 def learning_curve_table(result: TrainingResult, config: Config) -> Table:
   """A single-process run's greedy evaluations against the baselines (system/single_process.py)."""
-  table = Table(title=f"learning curve (greedy search, {config.search.eval_num_simulations} "
-                "simulations): geomean speed-up over all-slow")
+  table = Table(
+    title=f"learning curve (greedy search, {config.search.eval_num_simulations} "
+    "simulations): geomean speed-up over all-slow"
+  )
   baselines = list(next(iter(result.baselines.values())))
   for column in ("learner steps", "elapsed", "split", "muzero", *baselines, "beats msa"):
     table.add_column(column, justify="left" if column == "split" else "right")
   for row in result.curve:
     split = row["split"]
-    table.add_row(str(row["learner_steps"]), f"{float(row['elapsed_s']):.0f} s", split,
-                  f"{float(row['geomean_speedup']):.3f}x",
-                  *(f"{result.baselines[split][b]:.3f}x" for b in baselines),
-                  f"{row['beats_msa']}/{row['programs']}")
+    table.add_row(
+      str(row["learner_steps"]),
+      f"{float(row['elapsed_s']):.0f} s",
+      split,
+      f"{float(row['geomean_speedup']):.3f}x",
+      *(f"{result.baselines[split][b]:.3f}x" for b in baselines),
+      f"{row['beats_msa']}/{row['programs']}",
+    )
   return table
 
 
@@ -59,10 +72,19 @@ def final_evaluation_table(result: DistributedResult) -> Table:
   """A distributed run's final evaluation per split (system/program.py `DistributedResult`)."""
   from malloczero.system.report import summary_rows
   from malloczero.system.training import BASELINES
-  table = Table(title=f"final evaluation at learner step {result.learner_steps}: geomean "
-                "speed-up over all-slow")
-  for column in ("split", "programs", "agent", "agent greedy", *BASELINES, "agent vs msa",
-                 "wins/ties/losses"):
+
+  table = Table(
+    title=f"final evaluation at learner step {result.learner_steps}: geomean speed-up over all-slow"
+  )
+  for column in (
+    "split",
+    "programs",
+    "agent",
+    "agent greedy",
+    *BASELINES,
+    "agent vs msa",
+    "wins/ties/losses",
+  ):
     table.add_column(column, justify="left" if column == "split" else "right")
   for line in summary_rows(result.report, baselines=BASELINES):
     table.add_row(*line)

@@ -36,9 +36,20 @@ from malloczero.configs.workdir import CHECKPOINT_FILENAME, LEGACY_CHECKPOINT_FI
 from malloczero.env.game import observation_spec
 from malloczero.learner.networks import MuZeroNetworks, Params
 
-__all__ = ["CHECKPOINT_FILENAME", "check_params_fit", "checkpoint_configs", "checkpoint_file",
-           "checkpoint_steps", "convert_legacy_checkpoint", "load_params", "params_digest",
-           "refuse_legacy", "restore_state", "save_state", "to_numpy"]
+__all__ = [
+  "CHECKPOINT_FILENAME",
+  "check_params_fit",
+  "checkpoint_configs",
+  "checkpoint_file",
+  "checkpoint_steps",
+  "convert_legacy_checkpoint",
+  "load_params",
+  "params_digest",
+  "refuse_legacy",
+  "restore_state",
+  "save_state",
+  "to_numpy",
+]
 
 CHECKPOINT_FORMAT = "malloczero-learner-state"
 CHECKPOINT_FORMAT_VERSION = 2
@@ -57,7 +68,8 @@ def checkpoint_file(path: str) -> str:
 
 
 def _legacy_file(path: str) -> str | None:
-  """The pickle checkpoint at `path` (a directory holding one, or the file), if that is what it is."""
+  """The pickle checkpoint at `path` (a directory holding one, or the file), if that is what it
+  is."""
   candidate = os.path.join(path, LEGACY_CHECKPOINT_FILENAME) if os.path.isdir(path) else path
   if not os.path.isfile(candidate):
     return None
@@ -76,9 +88,10 @@ def refuse_legacy(path: str) -> None:
 
 def _refuse_legacy(file: str) -> None:
   raise MalloczeroError(
-      f"'{file}' is a checkpoint in the old pickle format, which can run any code its author put "
-      "in it when loaded, so it is not read; if you trust where it came from, convert it with "
-      f"'malloczero convert-checkpoint {file} --trust'")
+    f"'{file}' is a checkpoint in the old pickle format, which can run any code its author put "
+    "in it when loaded, so it is not read; if you trust where it came from, convert it with "
+    f"'malloczero convert-checkpoint {file} --trust'"
+  )
 
 
 def _flatten(tree: Any, what: str, prefix: tuple[str, ...] = ()) -> list[tuple[list[str], Any]]:
@@ -112,9 +125,10 @@ def _payload_bytes(arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> b
 
 class _Checkpoint(NamedTuple):
   """A checkpoint as read: its metadata and arrays, every one checked against the metadata."""
+
   file: str
   metadata: dict[str, Any]
-  trees: dict[str, Any]           # "params", "target_params": nested dicts of numpy arrays.
+  trees: dict[str, Any]  # "params", "target_params": nested dicts of numpy arrays.
   opt_state_leaves: list[np.ndarray]
   rng: np.ndarray
 
@@ -144,13 +158,17 @@ def _read(path: str) -> _Checkpoint:
   try:
     metadata = json.loads(arrays.pop(_METADATA).tobytes().decode("utf-8"))
   except (KeyError, ValueError) as e:
-    raise MalloczeroError(f"'{file}' is not a malloczero learner checkpoint (no readable "
-                          f"metadata: {type(e).__name__})") from None
+    raise MalloczeroError(
+      f"'{file}' is not a malloczero learner checkpoint (no readable metadata: {type(e).__name__})"
+    ) from None
   if not isinstance(metadata, dict) or metadata.get("format") != CHECKPOINT_FORMAT:
     raise MalloczeroError(f"'{file}' is not a malloczero learner checkpoint")
   if metadata.get("format_version") != CHECKPOINT_FORMAT_VERSION:
-    raise _bad(file, f"format version {metadata.get('format_version')!r}; this malloczero reads "
-                     f"version {CHECKPOINT_FORMAT_VERSION}")
+    raise _bad(
+      file,
+      f"format version {metadata.get('format_version')!r}; this malloczero reads "
+      f"version {CHECKPOINT_FORMAT_VERSION}",
+    )
   return _Checkpoint(file, metadata, *_checked_arrays(file, metadata, arrays))
 
 
@@ -161,8 +179,9 @@ def _expect(arrays: dict[str, np.ndarray], name: str, file: str, shape: Any = No
   if array.dtype.kind not in "biuf":
     raise _bad(file, f"array '{name}' has dtype {array.dtype}, not a number")
   if shape is not None and list(array.shape) != list(shape):
-    raise _bad(file, f"array '{name}' has shape {list(array.shape)}, the metadata says "
-                     f"{list(shape)}")
+    raise _bad(
+      file, f"array '{name}' has shape {list(array.shape)}, the metadata says {list(shape)}"
+    )
   return array
 
 
@@ -173,18 +192,21 @@ def _checked_arrays(file: str, metadata: dict[str, Any], arrays: dict[str, np.nd
     layouts = {tree: metadata["trees"][tree] for tree in _PARAM_TREES}
     opt_shapes = metadata["opt_state_shapes"]
     for layout in layouts.values():
-      if not all(isinstance(p, list) and p and all(isinstance(k, str) for k in p)
-                 for p in layout["paths"]) or len(layout["paths"]) != len(layout["shapes"]):
+      if not all(
+        isinstance(p, list) and p and all(isinstance(k, str) for k in p) for p in layout["paths"]
+      ) or len(layout["paths"]) != len(layout["shapes"]):
         raise ValueError("a parameter tree's paths and shapes disagree")
   except (KeyError, TypeError, ValueError) as e:
     raise _bad(file, f"its metadata lacks or garbles {e}") from None
   trees = {}
   for tree, layout in layouts.items():
-    leaves = [_expect(arrays, f"{tree}/{i}", file, shape)
-              for i, shape in enumerate(layout["shapes"])]
+    leaves = [
+      _expect(arrays, f"{tree}/{i}", file, shape) for i, shape in enumerate(layout["shapes"])
+    ]
     trees[tree] = _unflatten(layout["paths"], leaves)
-  opt_leaves = [_expect(arrays, f"opt_state/{i}", file, shape)
-                for i, shape in enumerate(opt_shapes)]
+  opt_leaves = [
+    _expect(arrays, f"opt_state/{i}", file, shape) for i, shape in enumerate(opt_shapes)
+  ]
   rng = _expect(arrays, "rng", file)
   return trees, opt_leaves, rng
 
@@ -193,28 +215,47 @@ def save_state(path: str, state: NamedTuple, num_steps: int, networks: MuZeroNet
   """Writes a learner's `TrainingState` (numpy or jax) atomically to `path`, a file or a directory
   to hold `CHECKPOINT_FILENAME`; returns the file."""
   state = to_numpy(state)
-  return _write(checkpoint_file(path), {"params": state.params,
-                                        "target_params": state.target_params},
-                jax.tree_util.tree_leaves(state.opt_state), state.rng, num_steps,
-                dataclasses.asdict(networks.config), dataclasses.asdict(networks.game))
+  return _write(
+    checkpoint_file(path),
+    {"params": state.params, "target_params": state.target_params},
+    jax.tree_util.tree_leaves(state.opt_state),
+    state.rng,
+    num_steps,
+    dataclasses.asdict(networks.config),
+    dataclasses.asdict(networks.game),
+  )
 
 
-def _write(file: str, trees: dict[str, Any], opt_leaves: list[Any], rng: Any, num_steps: int,
-           network_config: dict[str, Any], game_config: dict[str, Any]) -> str:
+def _write(
+  file: str,
+  trees: dict[str, Any],
+  opt_leaves: list[Any],
+  rng: Any,
+  num_steps: int,
+  network_config: dict[str, Any],
+  game_config: dict[str, Any],
+) -> str:
   arrays: dict[str, np.ndarray] = {}
   layouts = {}
   for name in _PARAM_TREES:
     flat = _flatten(trees[name], name)
-    layouts[name] = {"paths": [path for path, _ in flat],
-                     "shapes": [list(np.shape(leaf)) for _, leaf in flat]}
+    layouts[name] = {
+      "paths": [path for path, _ in flat],
+      "shapes": [list(np.shape(leaf)) for _, leaf in flat],
+    }
     arrays.update({f"{name}/{i}": np.asarray(leaf) for i, (_, leaf) in enumerate(flat)})
   arrays.update({f"opt_state/{i}": np.asarray(leaf) for i, leaf in enumerate(opt_leaves)})
   arrays["rng"] = np.asarray(rng)
-  metadata = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_FORMAT_VERSION,
-              "steps": int(num_steps), "trees": layouts,
-              "opt_state_shapes": [list(np.shape(leaf)) for leaf in opt_leaves],
-              "network_config": network_config, "game_config": game_config,
-              "saved_at": time.time()}
+  metadata = {
+    "format": CHECKPOINT_FORMAT,
+    "format_version": CHECKPOINT_FORMAT_VERSION,
+    "steps": int(num_steps),
+    "trees": layouts,
+    "opt_state_shapes": [list(np.shape(leaf)) for leaf in opt_leaves],
+    "network_config": network_config,
+    "game_config": game_config,
+    "saved_at": time.time(),
+  }
   data = _payload_bytes(arrays, metadata)
   os.makedirs(os.path.dirname(os.path.abspath(file)), exist_ok=True)
   # Readers see the old checkpoint or the new one, never half of one.
@@ -231,21 +272,25 @@ def restore_state(path: str, template: NamedTuple) -> tuple[Any, int]:
   checkpoint = _read(path)
   file = checkpoint.file
   _check_same_structure(template.params, checkpoint.trees["params"], "parameters", file)
-  _check_same_structure(template.target_params, checkpoint.trees["target_params"],
-                        "target parameters", file)
+  _check_same_structure(
+    template.target_params, checkpoint.trees["target_params"], "target parameters", file
+  )
   opt_leaves, opt_def = jax.tree_util.tree_flatten(template.opt_state)
   loaded_leaves = checkpoint.opt_state_leaves
   if len(loaded_leaves) != len(opt_leaves) or any(
-      np.shape(a) != np.shape(b) for a, b in zip(opt_leaves, loaded_leaves)):
-    raise MalloczeroError(f"learner checkpoint '{file}' does not match this configuration "
-                          "(optimizer state differs)")
+    np.shape(a) != np.shape(b) for a, b in zip(opt_leaves, loaded_leaves)
+  ):
+    raise MalloczeroError(
+      f"learner checkpoint '{file}' does not match this configuration (optimizer state differs)"
+    )
   as_jax = lambda tree: jax.tree_util.tree_map(jnp.asarray, tree)
   state = template._replace(
-      params=as_jax(checkpoint.trees["params"]),
-      target_params=as_jax(checkpoint.trees["target_params"]),
-      opt_state=jax.tree_util.tree_unflatten(opt_def, [jnp.asarray(x) for x in loaded_leaves]),
-      steps=jnp.asarray(checkpoint.steps, jnp.int32),
-      rng=jnp.asarray(checkpoint.rng))
+    params=as_jax(checkpoint.trees["params"]),
+    target_params=as_jax(checkpoint.trees["target_params"]),
+    opt_state=jax.tree_util.tree_unflatten(opt_def, [jnp.asarray(x) for x in loaded_leaves]),
+    steps=jnp.asarray(checkpoint.steps, jnp.int32),
+    rng=jnp.asarray(checkpoint.rng),
+  )
   return state, checkpoint.steps
 
 
@@ -259,17 +304,22 @@ def checkpoint_configs(path: str) -> tuple[Any, Any]:
   """(NetworkConfig, GameConfig) a checkpoint's networks were built with."""
   from malloczero.configs.config import NetworkConfig
   from malloczero.env.game import GameConfig
+
   metadata = _read(path).metadata
   try:
     return NetworkConfig(**metadata["network_config"]), GameConfig(**metadata["game_config"])
   except (KeyError, TypeError, ValueError) as e:
-    raise MalloczeroError(f"learner checkpoint '{checkpoint_file(path)}' was made by another "
-                          f"version of malloczero ({type(e).__name__}: {e})") from e
+    raise MalloczeroError(
+      f"learner checkpoint '{checkpoint_file(path)}' was made by another "
+      f"version of malloczero ({type(e).__name__}: {e})"
+    ) from e
 
 
 def check_params_fit(networks: MuZeroNetworks, params: Params, path: str) -> None:
   """Raises MalloczeroError unless `params` have the shapes `networks` expect."""
-  example = {k: np.zeros((1, *s.shape), s.dtype) for k, s in observation_spec(networks.game).items()}
+  example = {
+    k: np.zeros((1, *s.shape), s.dtype) for k, s in observation_spec(networks.game).items()
+  }
   template = jax.eval_shape(networks.init, jax.random.PRNGKey(0), example)
   _check_same_structure(template, params, "parameters", checkpoint_file(path))
 
@@ -294,8 +344,10 @@ def _check_same_structure(template: Any, loaded: Any, what: str, file: str) -> N
   t_leaves, t_def = jax.tree_util.tree_flatten(template)
   l_leaves, l_def = jax.tree_util.tree_flatten(loaded)
   if t_def != l_def or any(np.shape(a) != np.shape(b) for a, b in zip(t_leaves, l_leaves)):
-    raise MalloczeroError(f"learner checkpoint '{file}' does not match this configuration "
-                          f"({what} differ in structure or shapes)")
+    raise MalloczeroError(
+      f"learner checkpoint '{file}' does not match this configuration "
+      f"({what} differ in structure or shapes)"
+    )
 
 
 def convert_legacy_checkpoint(source: str, destination: str | None = None) -> str:
@@ -303,6 +355,7 @@ def convert_legacy_checkpoint(source: str, destination: str | None = None) -> st
   `destination`); returns the file written. Unpickling runs whatever code the file's author put
   in it: only the command line's `convert-checkpoint --trust` calls this."""
   import pickle
+
   legacy = _legacy_file(source)
   if legacy is None:
     raise MalloczeroError(f"'{source}' is not a pickle checkpoint (nothing to convert)")
@@ -315,12 +368,18 @@ def convert_legacy_checkpoint(source: str, destination: str | None = None) -> st
     # Pickle checkpoints written before the msa game existed played requests and do not say so.
     game.setdefault("decisions", "requests")
     destination = destination or os.path.join(os.path.dirname(legacy), CHECKPOINT_FILENAME)
-    return _write(destination, {"params": payload["params"],
-                                "target_params": payload["target_params"]},
-                  list(payload["opt_state_leaves"]), payload["rng"], int(payload["steps"]),
-                  dict(payload["network_config"]), game)
+    return _write(
+      destination,
+      {"params": payload["params"], "target_params": payload["target_params"]},
+      list(payload["opt_state_leaves"]),
+      payload["rng"],
+      int(payload["steps"]),
+      dict(payload["network_config"]),
+      game,
+    )
   except MalloczeroError:
     raise
   except Exception as e:  # Whatever the pickle held: one line.
-    raise MalloczeroError(f"cannot convert '{legacy}': {type(e).__name__}: {e}".replace(
-        "\n", " ")) from None
+    raise MalloczeroError(
+      f"cannot convert '{legacy}': {type(e).__name__}: {e}".replace("\n", " ")
+    ) from None

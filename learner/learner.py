@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from malloczero.configs.config import Config, LearnerConfig
 from malloczero.common.errors import MalloczeroError
+from malloczero.configs.config import Config, LearnerConfig
 from malloczero.env.game import observation_spec
 from malloczero.learner.checkpoint import CHECKPOINT_FILENAME, restore_state, save_state, to_numpy
 from malloczero.learner.losses import muzero_loss
@@ -41,28 +41,36 @@ class TrainingState(NamedTuple):
   params: Params
   target_params: Params
   opt_state: optax.OptState
-  steps: chex.Array   # int32 []: SGD steps taken.
+  steps: chex.Array  # int32 []: SGD steps taken.
   rng: chex.PRNGKey
 
 
 # ------------------------------------------------------------------------------ pure pieces
 
+
 def make_optimizer(config: LearnerConfig) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW on a linear warm-up / cosine decay (to 10%) schedule."""
   return optax.chain(
-      optax.clip_by_global_norm(config.max_grad_norm),
-      optax.adamw(learning_rate_schedule(config), weight_decay=config.weight_decay,
-                  # Decay weight matrices only: shrinking LayerNorm scales and biases to zero
-                  # fights normalisation rather than regularising.
-                  mask=lambda params: jax.tree_util.tree_map(lambda x: x.ndim > 1, params)))
+    optax.clip_by_global_norm(config.max_grad_norm),
+    optax.adamw(
+      learning_rate_schedule(config),
+      weight_decay=config.weight_decay,
+      # Decay weight matrices only: shrinking LayerNorm scales and biases to zero
+      # fights normalisation rather than regularising.
+      mask=lambda params: jax.tree_util.tree_map(lambda x: x.ndim > 1, params),
+    ),
+  )
 
 
 def learning_rate_schedule(config: LearnerConfig) -> optax.Schedule:
   """0 -> `learning_rate` over `warmup_steps`, then cosine to 10% over `decay_steps` more."""
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=config.learning_rate, warmup_steps=config.warmup_steps,
-      decay_steps=config.warmup_steps + max(config.decay_steps, 1),
-      end_value=0.1 * config.learning_rate)
+    init_value=0.0,
+    peak_value=config.learning_rate,
+    warmup_steps=config.warmup_steps,
+    decay_steps=config.warmup_steps + max(config.decay_steps, 1),
+    end_value=0.1 * config.learning_rate,
+  )
 
 
 def _batched_observation(observation: Observation) -> Observation:
@@ -72,22 +80,32 @@ def _batched_observation(observation: Observation) -> Observation:
   return observation
 
 
-def make_initial_state(networks: MuZeroNetworks, config: Config, rng: chex.PRNGKey,
-                       observation_example: Optional[Observation] = None) -> TrainingState:
+def make_initial_state(
+  networks: MuZeroNetworks,
+  config: Config,
+  rng: chex.PRNGKey,
+  observation_example: Optional[Observation] = None,
+) -> TrainingState:
   """Fresh parameters (target = online), optimizer state, step 0.
 
   `observation_example` is one observation (leaves shaped as the game's spec) or a batch of them;
   by default zeros of the game's observation spec.
   """
   if observation_example is None:
-    observation_example = {k: np.zeros(s.shape, s.dtype)
-                           for k, s in observation_spec(config.game).items()}
+    observation_example = {
+      k: np.zeros(s.shape, s.dtype) for k, s in observation_spec(config.game).items()
+    }
   init_rng, rng = jax.random.split(rng)
   # Jitted: op-by-op initialisation of the transformer takes seconds on CPU.
   params = jax.jit(networks.init)(init_rng, _batched_observation(observation_example))
   opt_state = jax.jit(make_optimizer(config.learner).init)(params)
-  return TrainingState(params=params, target_params=params, opt_state=opt_state,
-                       steps=jnp.zeros((), jnp.int32), rng=rng)
+  return TrainingState(
+    params=params,
+    target_params=params,
+    opt_state=opt_state,
+    steps=jnp.zeros((), jnp.int32),
+    rng=rng,
+  )
 
 
 def importance_weights(probabilities: np.ndarray, exponent: float) -> np.ndarray:
@@ -106,8 +124,9 @@ def importance_weights(probabilities: np.ndarray, exponent: float) -> np.ndarray
 # Cached: the step is a pure function of (networks, config), and learners built with the same
 # pair (a restarted learner, tests) then share one compiled executable instead of re-compiling.
 @functools.lru_cache(maxsize=8)
-def make_sgd_step(networks: MuZeroNetworks, config: Config
-                  ) -> Callable[..., tuple[TrainingState, dict[str, chex.Array], chex.Array]]:
+def make_sgd_step(
+  networks: MuZeroNetworks, config: Config
+) -> Callable[..., tuple[TrainingState, dict[str, chex.Array], chex.Array]]:
   """Jitted `(state, steps [B, L, ...], importance_weights [B], exact_values [B] bool = None)`
   -> `(state, metrics, priorities [B])`; metrics and priorities are those of the parameters the
   step started from. `exact_values` marks demonstration items (learner/losses.py)."""
@@ -116,11 +135,16 @@ def make_sgd_step(networks: MuZeroNetworks, config: Config
   schedule = learning_rate_schedule(learner_config)
   period = max(1, learner_config.target_update_period)
 
-  def sgd_step(state: TrainingState, steps: Step, weights: chex.Array,
-               exact_values: Optional[chex.Array] = None):
+  def sgd_step(
+    state: TrainingState,
+    steps: Step,
+    weights: chex.Array,
+    exact_values: Optional[chex.Array] = None,
+  ):
     def loss_fn(params):
-      loss, metrics, priorities = muzero_loss(networks, params, state.target_params, steps,
-                                              weights, learner_config, exact_values)
+      loss, metrics, priorities = muzero_loss(
+        networks, params, state.target_params, steps, weights, learner_config, exact_values
+      )
       return loss, (metrics, priorities)
 
     (_, (metrics, priorities)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -129,19 +153,21 @@ def make_sgd_step(networks: MuZeroNetworks, config: Config
     steps_taken = state.steps + 1
     # A periodic hard copy (as in MuZero Reanalyse / Acme's DQN) rather than Polyak averaging.
     copy = steps_taken % period == 0
-    target_params = jax.tree_util.tree_map(lambda new, old: jnp.where(copy, new, old),
-                                           params, state.target_params)
+    target_params = jax.tree_util.tree_map(
+      lambda new, old: jnp.where(copy, new, old), params, state.target_params
+    )
     rng, _ = jax.random.split(state.rng)
-    metrics = dict(metrics, grad_norm=optax.tree.norm(grads),
-                   learning_rate=schedule(state.steps))
-    new_state = TrainingState(params=params, target_params=target_params, opt_state=opt_state,
-                              steps=steps_taken, rng=rng)
+    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.steps))
+    new_state = TrainingState(
+      params=params, target_params=target_params, opt_state=opt_state, steps=steps_taken, rng=rng
+    )
     return new_state, metrics, priorities
 
   return jax.jit(sgd_step)
 
 
 # ------------------------------------------------------------------------------ the learner
+
 
 class MuZeroLearner:
   """Samples batches, updates parameters, writes back priorities, checkpoints itself.
@@ -161,10 +187,17 @@ class MuZeroLearner:
       (fitted to their exact returns), and they are saved and restored with the checkpoint.
   """
 
-  def __init__(self, networks: MuZeroNetworks, config: Config, sample_fn: SampleFn,
-               update_priorities_fn: Optional[UpdatePrioritiesFn] = None, seed: int = 0,
-               checkpoint_dir: Optional[str] = None, logger: Any = None,
-               demonstrations: Optional[Demonstrations] = None):
+  def __init__(
+    self,
+    networks: MuZeroNetworks,
+    config: Config,
+    sample_fn: SampleFn,
+    update_priorities_fn: Optional[UpdatePrioritiesFn] = None,
+    seed: int = 0,
+    checkpoint_dir: Optional[str] = None,
+    logger: Any = None,
+    demonstrations: Optional[Demonstrations] = None,
+  ):
     self._networks = networks
     self._config = config
     self._demonstrations = demonstrations
@@ -209,8 +242,9 @@ class MuZeroLearner:
     """One SGD step on a sampled batch; returns its metrics as Python floats."""
     start = time.monotonic()
     batch = self._sample()
-    weights = importance_weights(batch.probabilities,
-                                 self._config.replay.importance_sampling_exponent)
+    weights = importance_weights(
+      batch.probabilities, self._config.replay.importance_sampling_exponent
+    )
     steps, exact_values = batch.steps, None
     num_sampled = len(weights)
     num_demonstrations = self._config.learner.demonstration_batch
@@ -293,8 +327,9 @@ class MuZeroLearner:
     `learner_state.npz`), by default into the checkpoint directory; returns the file."""
     if path is None:
       if not self._checkpoint_dir:
-        raise MalloczeroError("no checkpoint path: pass one to save() or build the learner with "
-                              "a checkpoint_dir")
+        raise MalloczeroError(
+          "no checkpoint path: pass one to save() or build the learner with a checkpoint_dir"
+        )
       path = self._checkpoint_dir
     with self._lock:
       state, num_steps = self._state, self._num_steps
@@ -316,9 +351,11 @@ class MuZeroLearner:
     if self._demonstrations is not None:
       self._demonstrations.restore(path if os.path.isdir(path) else os.path.dirname(path))
 
-  def offer_demonstration(self, program: str, actions: Sequence[int],
-                          episode_return: float) -> float:
-    """A game the agent played (an actor's or an evaluation's) (replay/demonstrations.py `Demonstrations.offer`); returns the
+  def offer_demonstration(
+    self, program: str, actions: Sequence[int], episode_return: float
+  ) -> float:
+    """A game the agent played (an actor's or an evaluation's) (replay/demonstrations.py
+    `Demonstrations.offer`); returns the
     best return now known for `program` (+inf when this learner keeps no demonstrations, so
     the actor stops offering)."""
     if self._demonstrations is None:

@@ -55,10 +55,15 @@ def _take(tree: Any, index: Any) -> Any:
   return jax.tree_util.tree_map(lambda x: x[:, index], tree)
 
 
-def muzero_loss(networks: MuZeroNetworks, params: Params, target_params: Params, steps: Step,
-                importance_weights: chex.Array, config: LearnerConfig,
-                exact_values: chex.Array | None = None
-                ) -> tuple[chex.Array, dict[str, chex.Array], chex.Array]:
+def muzero_loss(
+  networks: MuZeroNetworks,
+  params: Params,
+  target_params: Params,
+  steps: Step,
+  importance_weights: chex.Array,
+  config: LearnerConfig,
+  exact_values: chex.Array | None = None,
+) -> tuple[chex.Array, dict[str, chex.Array], chex.Array]:
   """The MuZero loss of one batch.
 
   Args:
@@ -80,20 +85,21 @@ def muzero_loss(networks: MuZeroNetworks, params: Params, target_params: Params,
   k_steps, n = config.unroll_steps, config.td_steps
   net_cfg = networks.config
   batch_size = steps.valid.shape[0]
-  valid = steps.valid.astype(jnp.float32)                                             # [B, L]
-  rewards = steps.reward.astype(jnp.float32)                                          # [B, L]
+  valid = steps.valid.astype(jnp.float32)  # [B, L]
+  rewards = steps.reward.astype(jnp.float32)  # [B, L]
 
   # Bootstrap values of states n .. n+K with the target network, all in one batched call.
   boot_obs = jax.tree_util.tree_map(
-      lambda x: x[:, n:n + k_steps + 1].reshape((batch_size * (k_steps + 1),) + x.shape[2:]),
-      steps.observation)
+    lambda x: x[:, n : n + k_steps + 1].reshape((batch_size * (k_steps + 1),) + x.shape[2:]),
+    steps.observation,
+  )
   boot_pred = networks.predict(target_params, networks.represent(target_params, boot_obs))
   boot = logits_to_scalar(boot_pred.value_logits, net_cfg).reshape(batch_size, k_steps + 1)
   if exact_values is not None:
-    stored = steps.root_value[:, n:n + k_steps + 1].astype(jnp.float32)
+    stored = steps.root_value[:, n : n + k_steps + 1].astype(jnp.float32)
     boot = jnp.where(exact_values[:, None], stored, boot)
-  bootstrap_values = jnp.zeros_like(rewards).at[:, n:n + k_steps + 1].set(boot)
-  z = value_targets(rewards, valid, bootstrap_values, k_steps, n, config.discount)   # [B, K+1]
+  bootstrap_values = jnp.zeros_like(rewards).at[:, n : n + k_steps + 1].set(boot)
+  z = value_targets(rewards, valid, bootstrap_values, k_steps, n, config.discount)  # [B, K+1]
   z = jax.lax.stop_gradient(z)
 
   # Unroll the model from state 0 with the actions that were taken (0 past the end, as stored).
@@ -106,65 +112,70 @@ def muzero_loss(networks: MuZeroNetworks, params: Params, target_params: Params,
     latent = scale_gradient(latent, DYNAMICS_GRADIENT_SCALE)
     return latent, (networks.predict(params, latent), r_logits)
 
-  actions = jnp.swapaxes(steps.action[:, :k_steps].astype(jnp.int32), 0, 1)           # [K, B]
+  actions = jnp.swapaxes(steps.action[:, :k_steps].astype(jnp.int32), 0, 1)  # [K, B]
   _, (unrolled, reward_logits) = jax.lax.scan(unroll, latent, actions)
   join = lambda first, rest: jnp.concatenate([first[:, None], jnp.swapaxes(rest, 0, 1)], 1)
-  policy_logits = join(root.policy_logits, unrolled.policy_logits)                    # [B, K+1, A]
-  value_logits = join(root.value_logits, unrolled.value_logits)                       # [B, K+1, S]
-  legality_logits = join(root.legality_logits, unrolled.legality_logits)              # [B, K+1, A]
-  reward_logits = jnp.swapaxes(reward_logits, 0, 1)                                   # [B, K, S]
+  policy_logits = join(root.policy_logits, unrolled.policy_logits)  # [B, K+1, A]
+  value_logits = join(root.value_logits, unrolled.value_logits)  # [B, K+1, S]
+  legality_logits = join(root.legality_logits, unrolled.legality_logits)  # [B, K+1, A]
+  reward_logits = jnp.swapaxes(reward_logits, 0, 1)  # [B, K, S]
 
   # Value: every unrolled state, target 0 at and past the terminal.
-  value_loss = _cross_entropy(value_logits, scalar_to_probs(z, net_cfg)).mean(-1)       # [B]
+  value_loss = _cross_entropy(value_logits, scalar_to_probs(z, net_cfg)).mean(-1)  # [B]
 
   # Reward: every dynamics step; the terminal state and padding carry reward 0.
   if k_steps:
     reward_targets = rewards[:, :k_steps] * valid[:, :k_steps]
-    reward_loss = _cross_entropy(reward_logits,
-                                 scalar_to_probs(reward_targets, net_cfg)).mean(-1)   # [B]
+    reward_loss = _cross_entropy(reward_logits, scalar_to_probs(reward_targets, net_cfg)).mean(
+      -1
+    )  # [B]
   else:
     reward_loss = jnp.zeros((batch_size,), jnp.float32)
 
   # Policy: only where a search ran (real states); averaged over all K + 1 states like the others
   # so that every unroll step carries the same weight.
-  policy_mask = valid[:, :k_steps + 1]                                                # [B, K+1]
-  policy_target = steps.policy[:, :k_steps + 1].astype(jnp.float32)
-  policy_ce = _cross_entropy(policy_logits, policy_target)                            # [B, K+1]
-  policy_loss = (policy_ce * policy_mask).sum(-1) / (k_steps + 1)                     # [B]
+  policy_mask = valid[:, : k_steps + 1]  # [B, K+1]
+  policy_target = steps.policy[:, : k_steps + 1].astype(jnp.float32)
+  policy_ce = _cross_entropy(policy_logits, policy_target)  # [B, K+1]
+  policy_loss = (policy_ce * policy_mask).sum(-1) / (k_steps + 1)  # [B]
 
   # Legality: real states and the terminal state; padding has no legal action at all (action 0 is
   # always legal in a real or terminal state), which is how it is told apart.
-  legal = steps.observation["legal_actions"][:, :k_steps + 1].astype(jnp.float32)     # [B, K+1, A]
-  legality_mask = (legal.max(-1) > 0).astype(jnp.float32)                             # [B, K+1]
+  legal = steps.observation["legal_actions"][:, : k_steps + 1].astype(jnp.float32)  # [B, K+1, A]
+  legality_mask = (legal.max(-1) > 0).astype(jnp.float32)  # [B, K+1]
   legality_bce = optax.sigmoid_binary_cross_entropy(legality_logits, legal).mean(-1)  # [B, K+1]
-  legality_loss = (legality_bce * legality_mask).sum(-1) / (k_steps + 1)              # [B]
+  legality_loss = (legality_bce * legality_mask).sum(-1) / (k_steps + 1)  # [B]
 
-  per_item = (config.value_loss_weight * value_loss + reward_loss + policy_loss
-              + config.legality_loss_weight * legality_loss)                          # [B]
+  per_item = (
+    config.value_loss_weight * value_loss
+    + reward_loss
+    + policy_loss
+    + config.legality_loss_weight * legality_loss
+  )  # [B]
   loss = jnp.mean(importance_weights.astype(jnp.float32) * per_item)
 
-  predicted_value = logits_to_scalar(value_logits[:, 0], net_cfg)                     # [B]
+  predicted_value = logits_to_scalar(value_logits[:, 0], net_cfg)  # [B]
   priorities = priority(z[:, 0], predicted_value)
   priorities = jax.lax.stop_gradient(priorities)
 
   # Diagnostics.
   log_policy = jax.nn.log_softmax(policy_logits[:, 0])
-  entropy = -jnp.sum(jnp.exp(log_policy) * log_policy, -1)                            # [B]
+  entropy = -jnp.sum(jnp.exp(log_policy) * log_policy, -1)  # [B]
   root_mask = valid[:, 0]
-  correct = ((legality_logits > 0) == (legal > 0.5)).astype(jnp.float32).mean(-1)     # [B, K+1]
+  correct = ((legality_logits > 0) == (legal > 0.5)).astype(jnp.float32).mean(-1)  # [B, K+1]
   safe_div = lambda a, b: a / jnp.maximum(b, 1.0)
   metrics = {
-      "loss": loss,
-      "unweighted_loss": per_item.mean(),
-      "value_loss": value_loss.mean(),
-      "reward_loss": reward_loss.mean(),
-      "policy_loss": policy_loss.mean(),
-      "legality_loss": legality_loss.mean(),
-      "value_target": z[:, 0].mean(),
-      "value_prediction": predicted_value.mean(),
-      "value_error": jnp.abs(z[:, 0] - predicted_value).mean(),
-      "policy_entropy": safe_div((entropy * root_mask).sum(), root_mask.sum()),
-      "legality_accuracy": safe_div((correct * legality_mask).sum(), legality_mask.sum()),
-      "priority": priorities.mean(),
+    "loss": loss,
+    "unweighted_loss": per_item.mean(),
+    "value_loss": value_loss.mean(),
+    "reward_loss": reward_loss.mean(),
+    "policy_loss": policy_loss.mean(),
+    "legality_loss": legality_loss.mean(),
+    "value_target": z[:, 0].mean(),
+    "value_prediction": predicted_value.mean(),
+    "value_error": jnp.abs(z[:, 0] - predicted_value).mean(),
+    "policy_entropy": safe_div((entropy * root_mask).sum(), root_mask.sum()),
+    "legality_accuracy": safe_div((correct * legality_mask).sum(), legality_mask.sum()),
+    "priority": priorities.mean(),
   }
   return loss, metrics, priorities

@@ -6,7 +6,8 @@ transformer encoder, so that candidates are compared with each other and with wh
 than flattened into one vector. Dynamics and prediction are residual MLPs on the latent state; they
 run once per search simulation, so they are kept cheap.
 
-Value and reward heads are categorical: scalars `x` (raw units: normalised time saved) are encoded as
+Value and reward heads are categorical: scalars `x` (raw units: normalised time saved) are encoded
+as
 `two_hot(signed_hyperbolic(value_scale * x))` over `support_size` bins on `[-limit, limit]`,
 both written to keep float32 precision on small values (`signed_hyperbolic` below says why).
 
@@ -37,8 +38,8 @@ ILLEGAL_LOGIT = -1e9
 
 
 class Prediction(NamedTuple):
-  policy_logits: chex.Array    # [B, A]
-  value_logits: chex.Array     # [B, S]
+  policy_logits: chex.Array  # [B, A]
+  value_logits: chex.Array  # [B, S]
   legality_logits: chex.Array  # [B, A]
 
 
@@ -50,6 +51,7 @@ class MuZeroNetworks(NamedTuple):
   predict(params, latent [B, D]) -> Prediction
   dynamics(params, latent [B, D], action [B] int) -> (next latent [B, D], reward logits [B, S])
   """
+
   init: Callable[[chex.PRNGKey, Observation], Params]
   represent: Callable[[Params, Observation], chex.Array]
   predict: Callable[[Params, chex.Array], Prediction]
@@ -87,8 +89,9 @@ def signed_parabolic(y: chex.Array, eps: float = TRANSFORM_EPS) -> chex.Array:
 
 def _support(config: NetworkConfig) -> np.ndarray:
   """[S] the bins' values (float64 linspace, so the middle bin of an odd support is ~0)."""
-  return np.linspace(-config.support_limit, config.support_limit,
-                     config.support_size).astype(np.float32)
+  return np.linspace(-config.support_limit, config.support_limit, config.support_size).astype(
+    np.float32
+  )
 
 
 def scalar_to_probs(x: chex.Array, config: NetworkConfig) -> chex.Array:
@@ -99,19 +102,23 @@ def scalar_to_probs(x: chex.Array, config: NetworkConfig) -> chex.Array:
   support = jnp.asarray(_support(config))
   size = config.support_size
   width = 2.0 * config.support_limit / (size - 1)
-  scaled = jnp.clip(signed_hyperbolic(config.value_scale * x), -config.support_limit,
-                    config.support_limit)
+  scaled = jnp.clip(
+    signed_hyperbolic(config.value_scale * x), -config.support_limit, config.support_limit
+  )
   lower = jnp.clip(jnp.floor((scaled + config.support_limit) / width), 0, size - 2)
   lower = lower.astype(jnp.int32)
   # The division above rounds (3 - 5e-8 is 3 in float32): step to the bin that holds `scaled`.
   lower = jnp.where(scaled < support[lower], lower - 1, lower)
-  lower = jnp.clip(jnp.where(scaled > support[jnp.clip(lower + 1, 0, size - 1)], lower + 1,
-                             lower), 0, size - 2)
+  lower = jnp.clip(
+    jnp.where(scaled > support[jnp.clip(lower + 1, 0, size - 1)], lower + 1, lower), 0, size - 2
+  )
   # Each share from its own distance (not 1 - the other), so that the small one is exact.
   upper_share = jnp.clip((scaled - support[lower]) / width, 0.0, 1.0)
   lower_share = jnp.clip((support[lower + 1] - scaled) / width, 0.0, 1.0)
-  return (jax.nn.one_hot(lower, size, dtype=scaled.dtype) * lower_share[..., None]
-          + jax.nn.one_hot(lower + 1, size, dtype=scaled.dtype) * upper_share[..., None])
+  return (
+    jax.nn.one_hot(lower, size, dtype=scaled.dtype) * lower_share[..., None]
+    + jax.nn.one_hot(lower + 1, size, dtype=scaled.dtype) * upper_share[..., None]
+  )
 
 
 def logits_to_scalar(logits: chex.Array, config: NetworkConfig) -> chex.Array:
@@ -129,6 +136,7 @@ def masked_policy_logits(prediction: Prediction) -> chex.Array:
 
 # ------------------------------------------------------------------------------ modules
 
+
 def _min_max_normalise(x: chex.Array) -> chex.Array:
   """Scale each latent to [0, 1], as in MuZero, so dynamics unrolls keep a fixed range."""
   low = x.min(axis=-1, keepdims=True)
@@ -137,7 +145,6 @@ def _min_max_normalise(x: chex.Array) -> chex.Array:
 
 
 class _EncoderLayer(hk.Module):
-
   def __init__(self, config: NetworkConfig, name: str | None = None):
     super().__init__(name=name)
     self._config = config
@@ -146,8 +153,9 @@ class _EncoderLayer(hk.Module):
     d = self._config.d_model
     heads = self._config.num_heads
     normed = hk.LayerNorm(-1, True, True)(tokens)
-    attention = hk.MultiHeadAttention(heads, d // heads, w_init=hk.initializers.VarianceScaling(1.0),
-                                      model_size=d)
+    attention = hk.MultiHeadAttention(
+      heads, d // heads, w_init=hk.initializers.VarianceScaling(1.0), model_size=d
+    )
     tokens = tokens + attention(normed, normed, normed)
     normed = hk.LayerNorm(-1, True, True)(tokens)
     return tokens + hk.nets.MLP([2 * d, d])(normed)
@@ -156,25 +164,27 @@ class _EncoderLayer(hk.Module):
 def _tokens(observation: Observation, config: NetworkConfig, game: GameConfig) -> chex.Array:
   """Embeds each observation part as tokens `[B, 1 + F + K + M, d]` with a type/slot embedding."""
   d = config.d_model
-  request = hk.Linear(d, name="embed_request")(observation["request"])[:, None]       # [B, 1, d]
-  occupancy = hk.Linear(d, name="embed_occupancy")(observation["occupancy"])           # [B, F, d]
-  candidates = hk.Linear(d, name="embed_candidates")(observation["candidates"])        # [B, K, d]
-  lookahead = hk.Linear(d, name="embed_lookahead")(observation["lookahead"])           # [B, M, d]
+  request = hk.Linear(d, name="embed_request")(observation["request"])[:, None]  # [B, 1, d]
+  occupancy = hk.Linear(d, name="embed_occupancy")(observation["occupancy"])  # [B, F, d]
+  candidates = hk.Linear(d, name="embed_candidates")(observation["candidates"])  # [B, K, d]
+  lookahead = hk.Linear(d, name="embed_lookahead")(observation["lookahead"])  # [B, M, d]
   tokens = jnp.concatenate([request, occupancy, candidates, lookahead], axis=1)
   # One learned embedding per slot: tells levels, candidate ranks and look-ahead distance apart.
-  slots = hk.get_parameter("slot_embedding", (tokens.shape[1], d),
-                          init=hk.initializers.TruncatedNormal(0.02))
+  slots = hk.get_parameter(
+    "slot_embedding", (tokens.shape[1], d), init=hk.initializers.TruncatedNormal(0.02)
+  )
   return tokens + slots[None]
 
 
-def _representation(observation: Observation, config: NetworkConfig,
-                    game: GameConfig) -> chex.Array:
+def _representation(
+  observation: Observation, config: NetworkConfig, game: GameConfig
+) -> chex.Array:
   tokens = _tokens(observation, config, game)
   for i in range(config.num_layers):
     tokens = _EncoderLayer(config, name=f"encoder_{i}")(tokens)
   tokens = hk.LayerNorm(-1, True, True, name="encoder_norm")(tokens)
   # A narrow projection per token keeps which-candidate-is-which without a huge flatten.
-  narrow = hk.Linear(8, name="token_projection")(tokens)                             # [B, T, 8]
+  narrow = hk.Linear(8, name="token_projection")(tokens)  # [B, T, 8]
   flat = narrow.reshape(narrow.shape[0], -1)
   pooled = tokens.mean(axis=1)
   latent = hk.Linear(config.latent_dim, name="to_latent")(jnp.concatenate([flat, pooled], -1))
@@ -188,15 +198,15 @@ def _residual_mlp(x: chex.Array, hidden: int, name: str) -> chex.Array:
   return x + h
 
 
-def _dynamics(latent: chex.Array, action: chex.Array, config: NetworkConfig,
-              game: GameConfig) -> tuple[chex.Array, chex.Array]:
+def _dynamics(
+  latent: chex.Array, action: chex.Array, config: NetworkConfig, game: GameConfig
+) -> tuple[chex.Array, chex.Array]:
   one_hot = jax.nn.one_hot(action, game.num_actions, dtype=latent.dtype)
   x = hk.Linear(config.latent_dim, name="dynamics_in")(jnp.concatenate([latent, one_hot], -1))
   x = jax.nn.relu(x)
   x = _residual_mlp(x, config.hidden_dim, "dynamics_block")
   next_latent = _min_max_normalise(latent + hk.Linear(config.latent_dim, name="dynamics_out")(x))
-  reward_logits = hk.nets.MLP([config.hidden_dim // 2, config.support_size],
-                              name="reward_head")(x)
+  reward_logits = hk.nets.MLP([config.hidden_dim // 2, config.support_size], name="reward_head")(x)
   return next_latent, reward_logits
 
 
@@ -233,5 +243,11 @@ def make_networks(config: NetworkConfig, game: GameConfig) -> MuZeroNetworks:
 
   transformed = hk.without_apply_rng(hk.multi_transform(forward))
   represent, predict, dynamics = transformed.apply
-  return MuZeroNetworks(init=transformed.init, represent=represent, predict=predict,
-                        dynamics=dynamics, config=config, game=game)
+  return MuZeroNetworks(
+    init=transformed.init,
+    represent=represent,
+    predict=predict,
+    dynamics=dynamics,
+    config=config,
+    game=game,
+  )

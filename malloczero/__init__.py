@@ -31,18 +31,37 @@ import importlib
 from typing import Any
 
 from malloczero.configs import Config, get_config
-from malloczero.env import (PRESETS, CostModel, GameConfig, Hardware, HardwareError,
-                            MallocGame, Mapping, MappingError, MalloczeroError, MsaGame,
-                            Workload, WorkloadError, load_hardware, load_mapping, load_workload,
-                            make_game, save_workload, validate_mapping)
+from malloczero.env import (
+  PRESETS,
+  CostModel,
+  GameConfig,
+  Hardware,
+  HardwareError,
+  MallocGame,
+  MalloczeroError,
+  Mapping,
+  MappingError,
+  MsaGame,
+  Workload,
+  WorkloadError,
+  load_hardware,
+  load_mapping,
+  load_workload,
+  make_game,
+  save_workload,
+  validate_mapping,
+)
 from malloczero.env.programs.suites import Suite, SuiteEntry, get_suite, suite_names
 from malloczero.env.solvers import SOLVERS, SolveResult, solve
 
 __version__ = "0.1.0"
 
 # name -> module: loaded on first use, so `import malloczero` does not pay for JAX.
-_LAZY = {"Agent": "malloczero.actors.agent", "load_agent": "malloczero.actors.agent",
-         "solve_with_agent": "malloczero.actors.agent"}
+_LAZY = {
+  "Agent": "malloczero.actors.agent",
+  "load_agent": "malloczero.actors.agent",
+  "solve_with_agent": "malloczero.actors.agent",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -52,9 +71,34 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Agent", "Config", "CostModel", "GameConfig", "Hardware", "HardwareError", "MallocGame",
-    "Mapping", "MappingError", "MalloczeroError", "MsaGame", "PRESETS", "SOLVERS", "SolveResult", "Suite",
-    "SuiteEntry", "Workload", "WorkloadError", "get_config", "get_suite", "load_agent",
-    "load_hardware", "load_mapping", "load_workload", "make_game", "save_workload", "solve",
-    "solve_with_agent", "suite_names", "validate_mapping",
+  "Agent",
+  "Config",
+  "CostModel",
+  "GameConfig",
+  "Hardware",
+  "HardwareError",
+  "MallocGame",
+  "Mapping",
+  "MappingError",
+  "MalloczeroError",
+  "MsaGame",
+  "PRESETS",
+  "SOLVERS",
+  "SolveResult",
+  "Suite",
+  "SuiteEntry",
+  "Workload",
+  "WorkloadError",
+  "get_config",
+  "get_suite",
+  "load_agent",
+  "load_hardware",
+  "load_mapping",
+  "load_workload",
+  "make_game",
+  "save_workload",
+  "solve",
+  "solve_with_agent",
+  "suite_names",
+  "validate_mapping",
 ]

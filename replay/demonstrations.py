@@ -4,7 +4,8 @@ Self-imitation (Oh et al. 2018) and MuZero Unplugged (Schrittwieser et al. 2021,
 train on good trajectories beside the agent's own: here one per training program, the fastest
 mapping any source has produced so far. It starts as msa's own play (the heuristic's action is
 known at every step of the msa game), and an actor or an evaluation that finishes a game faster
-than that offers its moves (`Demonstrations.offer`), which replace it. So the policy starts as msa's (behaviour
+than that offers its moves (`Demonstrations.offer`), which replace it. So the policy starts as
+msa's (behaviour
 cloning) and is pulled toward every improvement found since, and the run's best mapping per
 program can only get better.
 
@@ -45,10 +46,11 @@ RETURN_TOLERANCE = 1e-6
 @dataclasses.dataclass(frozen=True)
 class Demonstration:
   """The moves of one complete game and what they earned."""
+
   program: str
   actions: tuple[int, ...]
   episode_return: float
-  source: str            # "msa" or "agent"
+  source: str  # "msa" or "agent"
 
 
 def heuristic_actions(game) -> Optional[list[int]]:
@@ -64,8 +66,9 @@ def heuristic_actions(game) -> Optional[list[int]]:
   return actions
 
 
-def demonstration_steps(game, actions: Sequence[int], sequence_length: int,
-                        config: GameConfig) -> tuple[Step, float]:
+def demonstration_steps(
+  game, actions: Sequence[int], sequence_length: int, config: GameConfig
+) -> tuple[Step, float]:
   """Replays `actions` in a fresh episode of `game`.
 
   Returns:
@@ -79,8 +82,9 @@ def demonstration_steps(game, actions: Sequence[int], sequence_length: int,
   observations, rewards = [], []
   for action in actions:
     if timestep.last():
-      raise MalloczeroError(f"demonstration for '{game.workload.name}' has more moves than "
-                            "the game")
+      raise MalloczeroError(
+        f"demonstration for '{game.workload.name}' has more moves than the game"
+      )
     observations.append(timestep.observation)
     timestep = game.step(int(action))
     rewards.append(float(timestep.reward))
@@ -93,12 +97,18 @@ def demonstration_steps(game, actions: Sequence[int], sequence_length: int,
   for t, (observation, action) in enumerate(zip(observations, actions)):
     policy = np.zeros(config.num_actions, np.float32)
     policy[int(action)] = 1.0
-    steps[t] = Step(observation=observation, action=np.int32(action),
-                    reward=np.float32(rewards[t]), policy=policy,
-                    root_value=np.float32(returns_to_go[t]), valid=np.float32(1.0))
+    steps[t] = Step(
+      observation=observation,
+      action=np.int32(action),
+      reward=np.float32(rewards[t]),
+      policy=policy,
+      root_value=np.float32(returns_to_go[t]),
+      valid=np.float32(1.0),
+    )
   steps[num_real] = zero._replace(observation=timestep.observation)
   stacked = tree.map_structure(
-      lambda s, *xs: np.stack([np.asarray(x, s.dtype) for x in xs]), zero, *steps)
+    lambda s, *xs: np.stack([np.asarray(x, s.dtype) for x in xs]), zero, *steps
+  )
   return stacked, float(returns_to_go[0]) if num_real else 0.0
 
 
@@ -106,15 +116,21 @@ class Demonstrations:
   """The best known trajectory of each of `specs`' programs; thread-safe (actors offer through
   the learner's server thread while the learner samples)."""
 
-  def __init__(self, specs: Sequence, config: GameConfig, sequence_length: int, seed: int = 0,
-               on_improve: Optional[Callable[[Demonstration, object], None]] = None):
+  def __init__(
+    self,
+    specs: Sequence,
+    config: GameConfig,
+    sequence_length: int,
+    seed: int = 0,
+    on_improve: Optional[Callable[[Demonstration, object], None]] = None,
+  ):
     """Args:
-      specs: the training programs (`actors.games.GameSpec`: name, workload, hardware).
-      config: the game they are played in.
-      sequence_length: L, steps per sampled window.
-      seed: seeds the sampling.
-      on_improve: called with each newly kept demonstration and the game at its end (e.g. to
-        write the mapping: system/builder.py `write_best_mapping`).
+    specs: the training programs (`actors.games.GameSpec`: name, workload, hardware).
+    config: the game they are played in.
+    sequence_length: L, steps per sampled window.
+    seed: seeds the sampling.
+    on_improve: called with each newly kept demonstration and the game at its end (e.g. to
+      write the mapping: system/builder.py `write_best_mapping`).
     """
     self._on_improve = on_improve
     self._specs = {spec.name: spec for spec in specs}
@@ -125,8 +141,9 @@ class Demonstrations:
     self._best: dict[str, Demonstration] = {}
     self._steps: dict[str, Step] = {}
     self._lock = threading.RLock()
-    self._zero = tree.map_structure(lambda x: np.zeros((sequence_length,) + x.shape, x.dtype),
-                                    zero_step(config))
+    self._zero = tree.map_structure(
+      lambda x: np.zeros((sequence_length,) + x.shape, x.dtype), zero_step(config)
+    )
 
   def __len__(self) -> int:
     return len(self._best)
@@ -162,8 +179,9 @@ class Demonstrations:
         offered += 1
     return offered
 
-  def offer(self, program: str, actions: Sequence[int], episode_return: Optional[float],
-            source: str) -> float:
+  def offer(
+    self, program: str, actions: Sequence[int], episode_return: Optional[float], source: str
+  ) -> float:
     """Keeps `actions` as `program`'s demonstration if they earn more than the one held.
 
     Args:
@@ -182,16 +200,19 @@ class Demonstrations:
     if episode_return is not None and episode_return <= best:
       return best
     with self._lock:  # One replay at a time: the games are shared.
-      steps, replayed = demonstration_steps(self._game(program), actions, self._length,
-                                            self._config)
+      steps, replayed = demonstration_steps(
+        self._game(program), actions, self._length, self._config
+      )
       if episode_return is not None and abs(replayed - episode_return) > RETURN_TOLERANCE:
         raise MalloczeroError(
-            f"demonstration for '{program}' replays to return {replayed:.9g}, not the "
-            f"{episode_return:.9g} offered (was it played with another game config?)")
+          f"demonstration for '{program}' replays to return {replayed:.9g}, not the "
+          f"{episode_return:.9g} offered (was it played with another game config?)"
+        )
       known = self._best.get(program)
       if known is None or replayed > known.episode_return:
-        self._best[program] = Demonstration(program, tuple(int(a) for a in actions), replayed,
-                                            source)
+        self._best[program] = Demonstration(
+          program, tuple(int(a) for a in actions), replayed, source
+        )
         self._steps[program] = steps
         if self._on_improve is not None:
           self._on_improve(self._best[program], self._game(program))
@@ -211,7 +232,7 @@ class Demonstrations:
       for index in self._rng.integers(len(programs), size=batch_size):
         steps = self._steps[programs[index]]
         start = int(self._rng.integers(steps.valid.shape[0] - self._length + 1))
-        windows.append(tree.map_structure(lambda x: x[start:start + self._length], steps))
+        windows.append(tree.map_structure(lambda x: x[start : start + self._length], steps))
     stacked = tree.map_structure(lambda *xs: np.stack(xs), *windows)
     return stacked, np.ones(batch_size, np.float32)
 
@@ -234,11 +255,14 @@ class Demonstrations:
     try:
       with open(path, encoding="utf-8") as f:
         data = json.load(f)
-      items = [Demonstration(d["program"], tuple(d["actions"]), float(d["episode_return"]),
-                             d["source"]) for d in data]
+      items = [
+        Demonstration(d["program"], tuple(d["actions"]), float(d["episode_return"]), d["source"])
+        for d in data
+      ]
     except (OSError, ValueError, TypeError, KeyError) as e:
-      raise MalloczeroError(f"demonstrations file '{path}' is unusable "
-                            f"({type(e).__name__}: {e})".replace("\n", " ")) from None
+      raise MalloczeroError(
+        f"demonstrations file '{path}' is unusable ({type(e).__name__}: {e})".replace("\n", " ")
+      ) from None
     for item in items:
       self.offer(item.program, item.actions, item.episode_return, item.source)
     return len(items)

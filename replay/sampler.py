@@ -35,17 +35,23 @@ class Sampler:
   """Samples `Batch`es of `config.learner.replay_batch` sequences (the batch size less its
   demonstrations) and updates their priorities."""
 
-  def __init__(self, server_address: str, config: Config, table: str = TABLE_NAME,
-               rate_limiter_timeout_ms: int = -1, max_in_flight_samples_per_worker: int = 0):
+  def __init__(
+    self,
+    server_address: str,
+    config: Config,
+    table: str = TABLE_NAME,
+    rate_limiter_timeout_ms: int = -1,
+    max_in_flight_samples_per_worker: int = 0,
+  ):
     """Args:
-      server_address: "host:port" of the Reverb server.
-      config: uses `learner.replay_batch`, `learner.sequence_length`, `game` and
-        `replay.prefetch`.
-      table: the table to sample from.
-      rate_limiter_timeout_ms: -1 waits for the rate limiter forever; otherwise `sample` raises
-        `TimeoutError` when a sample waited longer (e.g. to poll for shutdown).
-      max_in_flight_samples_per_worker: 0 means 2 x batch size (Reverb's rule of thumb: larger
-        requests are served from one snapshot of the priorities).
+    server_address: "host:port" of the Reverb server.
+    config: uses `learner.replay_batch`, `learner.sequence_length`, `game` and
+      `replay.prefetch`.
+    table: the table to sample from.
+    rate_limiter_timeout_ms: -1 waits for the rate limiter forever; otherwise `sample` raises
+      `TimeoutError` when a sample waited longer (e.g. to poll for shutdown).
+    max_in_flight_samples_per_worker: 0 means 2 x batch size (Reverb's rule of thumb: larger
+      requests are served from one snapshot of the priorities).
     """
     self._address = server_address
     self._table = table
@@ -65,11 +71,16 @@ class Sampler:
 
   def _make_iterator(self) -> Iterator:
     dataset = reverb.TrajectoryDataset(
-        server_address=self._address, table=self._table, dtypes=self._dtypes,
-        shapes=self._shapes, max_in_flight_samples_per_worker=self._in_flight,
-        rate_limiter_timeout_ms=self._timeout_ms)
-    dataset = dataset.batch(self._batch_size, drop_remainder=True,
-                            num_parallel_calls=tf.data.AUTOTUNE)
+      server_address=self._address,
+      table=self._table,
+      dtypes=self._dtypes,
+      shapes=self._shapes,
+      max_in_flight_samples_per_worker=self._in_flight,
+      rate_limiter_timeout_ms=self._timeout_ms,
+    )
+    dataset = dataset.batch(
+      self._batch_size, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE
+    )
     return dataset.prefetch(self._prefetch).as_numpy_iterator()
 
   def sample(self) -> Batch:
@@ -85,16 +96,22 @@ class Sampler:
       sample = next(self._iterator)
     except StopIteration:
       self._iterator = None
-      raise TimeoutError(f"no batch from '{self._table}' at {self._address} within "
-                         f"{self._timeout_ms} ms (rate limited: table below min size or "
-                         "samples ahead of inserts)") from None
+      raise TimeoutError(
+        f"no batch from '{self._table}' at {self._address} within "
+        f"{self._timeout_ms} ms (rate limited: table below min size or "
+        "samples ahead of inserts)"
+      ) from None
     # Rebuild our `Step` whatever container types tf.data handed back.
     steps: Step = tree.unflatten_as(self._dtypes, tree.flatten(sample.data))
-    return Batch(steps=steps, keys=sample.info.key.astype(np.uint64),
-                 probabilities=sample.info.probability.astype(np.float64))
+    return Batch(
+      steps=steps,
+      keys=sample.info.key.astype(np.uint64),
+      probabilities=sample.info.probability.astype(np.float64),
+    )
 
-  def update_priorities(self, keys: Sequence[int] | np.ndarray,
-                        priorities: Sequence[float] | np.ndarray) -> None:
+  def update_priorities(
+    self, keys: Sequence[int] | np.ndarray, priorities: Sequence[float] | np.ndarray
+  ) -> None:
     """Sets the priorities of items `keys` `[B]` to `priorities` `[B]` (missing keys, e.g.
     already evicted, are ignored). Duplicate keys keep the last priority."""
     keys = np.asarray(keys, np.uint64).reshape(-1)

@@ -23,8 +23,9 @@ def sequence_signature(config: Config) -> Step:
   """Table signature: `step_spec` with a leading `[L]` dimension, as `tf.TensorSpec`s."""
   length = config.learner.sequence_length
   return tree.map_structure(
-      lambda s: tf.TensorSpec((length, *s.shape), tf.as_dtype(s.dtype), s.name),
-      step_spec(config.game))
+    lambda s: tf.TensorSpec((length, *s.shape), tf.as_dtype(s.dtype), s.name),
+    step_spec(config.game),
+  )
 
 
 def error_buffer(config: Config) -> float:
@@ -38,8 +39,9 @@ def error_buffer(config: Config) -> float:
   window in which a learner and an actor can make progress concurrently.
   """
   replay = config.replay
-  buffer = (replay.min_size_to_sample * replay.samples_per_insert
-            * replay.samples_per_insert_tolerance)
+  buffer = (
+    replay.min_size_to_sample * replay.samples_per_insert * replay.samples_per_insert_tolerance
+  )
   return float(max(buffer, 2.0 * max(1.0, replay.samples_per_insert)))
 
 
@@ -47,13 +49,15 @@ def make_rate_limiter(config: Config) -> reverb.rate_limiters.RateLimiter:
   """`SampleToInsertRatio` from `config.replay`; sampling blocks below `min_size_to_sample`."""
   replay = config.replay
   return reverb.rate_limiters.SampleToInsertRatio(
-      samples_per_insert=replay.samples_per_insert,
-      min_size_to_sample=replay.min_size_to_sample,
-      error_buffer=error_buffer(config))
+    samples_per_insert=replay.samples_per_insert,
+    min_size_to_sample=replay.min_size_to_sample,
+    error_buffer=error_buffer(config),
+  )
 
 
-def make_table(config: Config,
-               rate_limiter: Optional[reverb.rate_limiters.RateLimiter] = None) -> reverb.Table:
+def make_table(
+  config: Config, rate_limiter: Optional[reverb.rate_limiters.RateLimiter] = None
+) -> reverb.Table:
   """The prioritised replay table (`TABLE_NAME`) for `config`.
 
   Args:
@@ -62,17 +66,20 @@ def make_table(config: Config,
   """
   replay = config.replay
   return reverb.Table(
-      name=TABLE_NAME,
-      sampler=reverb.selectors.Prioritized(replay.priority_exponent),
-      remover=reverb.selectors.Fifo(),
-      max_size=replay.max_size,
-      rate_limiter=rate_limiter if rate_limiter is not None else make_rate_limiter(config),
-      signature=sequence_signature(config))
+    name=TABLE_NAME,
+    sampler=reverb.selectors.Prioritized(replay.priority_exponent),
+    remover=reverb.selectors.Fifo(),
+    max_size=replay.max_size,
+    rate_limiter=rate_limiter if rate_limiter is not None else make_rate_limiter(config),
+    signature=sequence_signature(config),
+  )
 
 
-def start_server(config: Config, port: Optional[int] = None,
-                 rate_limiter: Optional[reverb.rate_limiters.RateLimiter] = None,
-                 ) -> tuple[reverb.Server, str]:
+def start_server(
+  config: Config,
+  port: Optional[int] = None,
+  rate_limiter: Optional[reverb.rate_limiters.RateLimiter] = None,
+) -> tuple[reverb.Server, str]:
   """Starts an in-process Reverb server holding `make_table(config)`.
 
   Returns:

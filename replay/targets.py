@@ -16,8 +16,14 @@ import numpy as np
 PRIORITY_EPSILON = 1e-3
 
 
-def value_targets(rewards: Any, valid: Any, bootstrap_values: Any, unroll_steps: int,
-                  td_steps: int, discount: float = 1.0) -> Any:
+def value_targets(
+  rewards: Any,
+  valid: Any,
+  bootstrap_values: Any,
+  unroll_steps: int,
+  td_steps: int,
+  discount: float = 1.0,
+) -> Any:
   """n-step value targets of the K + 1 states 0..K of a sequence.
 
   Args:
@@ -37,16 +43,18 @@ def value_targets(rewards: Any, valid: Any, bootstrap_values: Any, unroll_steps:
   length = rewards.shape[-1]
   k, n = unroll_steps, td_steps
   if length < k + n + 1:
-    raise ValueError(f"sequences of {length} steps are too short for {k} unroll steps and "
-                     f"{n} TD steps (need {k + n + 1})")
+    raise ValueError(
+      f"sequences of {length} steps are too short for {k} unroll steps and "
+      f"{n} TD steps (need {k + n + 1})"
+    )
   # A static [L, K+1] matrix of discounts: column k sums rewards k .. k+n-1.
   weights = np.zeros((length, k + 1), np.float64)
   for col in range(k + 1):
-    weights[col:col + n, col] = discount ** np.arange(n)
+    weights[col : col + n, col] = discount ** np.arange(n)
   rewards = rewards * valid
-  n_step = rewards @ weights.astype(rewards.dtype)                                     # [..., K+1]
-  bootstrap = (valid * bootstrap_values)[..., n:n + k + 1]                             # [..., K+1]
-  return (n_step + discount ** n * bootstrap) * valid[..., :k + 1]
+  n_step = rewards @ weights.astype(rewards.dtype)  # [..., K+1]
+  bootstrap = (valid * bootstrap_values)[..., n : n + k + 1]  # [..., K+1]
+  return (n_step + discount**n * bootstrap) * valid[..., : k + 1]
 
 
 def priority(target: Any, value: Any) -> Any:

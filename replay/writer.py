@@ -39,12 +39,12 @@ class _GameState:
 
   def __init__(self, writer: reverb.TrajectoryWriter):
     self.writer = writer
-    self.num_real = 0                 # T so far: real steps appended this episode.
-    self.num_appended = 0             # All steps appended this episode (real, terminal, padding).
-    self.rewards: list[float] = []    # Per appended step; 0 for the terminal state and padding.
-    self.values: list[float] = []     # Root values, likewise.
-    self.valid: list[float] = []      # 1 for real steps, 0 for the terminal state and padding.
-    self.done = False                 # The terminal state has been appended.
+    self.num_real = 0  # T so far: real steps appended this episode.
+    self.num_appended = 0  # All steps appended this episode (real, terminal, padding).
+    self.rewards: list[float] = []  # Per appended step; 0 for the terminal state and padding.
+    self.values: list[float] = []  # Root values, likewise.
+    self.valid: list[float] = []  # 1 for real steps, 0 for the terminal state and padding.
+    self.done = False  # The terminal state has been appended.
 
 
 class SequenceWriter:
@@ -56,32 +56,42 @@ class SequenceWriter:
   throttled when actors run ahead of the learner's samples-per-insert budget).
   """
 
-  def __init__(self, client: reverb.Client, config: Config, num_games: int,
-               table: str = TABLE_NAME, max_in_flight_items: Optional[int] = None,
-               should_stop: Optional[Callable[[], bool]] = None):
+  def __init__(
+    self,
+    client: reverb.Client,
+    config: Config,
+    num_games: int,
+    table: str = TABLE_NAME,
+    max_in_flight_items: Optional[int] = None,
+    should_stop: Optional[Callable[[], bool]] = None,
+  ):
     """Args:
-      client: client of the server holding `table`.
-      config: uses `learner.sequence_length`, `learner.td_steps`, `learner.discount` and `game`.
-      num_games: B, the number of games (episodes in progress) written concurrently.
-      table: the table to insert into.
-      max_in_flight_items: per game, the number of created but unconfirmed items after which
-        `append` blocks; defaults to L (about one chunk, so chunks are rarely cut short).
-      should_stop: polled while a write waits on the rate limiter; once it returns True the
-        write raises `WriterStopped` instead of waiting for a learner that has finished.
+    client: client of the server holding `table`.
+    config: uses `learner.sequence_length`, `learner.td_steps`, `learner.discount` and `game`.
+    num_games: B, the number of games (episodes in progress) written concurrently.
+    table: the table to insert into.
+    max_in_flight_items: per game, the number of created but unconfirmed items after which
+      `append` blocks; defaults to L (about one chunk, so chunks are rarely cut short).
+    should_stop: polled while a write waits on the rate limiter; once it returns True the
+      write raises `WriterStopped` instead of waiting for a learner that has finished.
     """
     self._should_stop = should_stop
     self._length = config.learner.sequence_length
     self._td_steps = config.learner.td_steps
     self._discount = config.learner.discount
     if self._length <= self._td_steps:
-      raise ValueError(f"sequence_length ({self._length}) must exceed td_steps ({self._td_steps}) "
-                       "so that every item holds its bootstrap state")
+      raise ValueError(
+        f"sequence_length ({self._length}) must exceed td_steps ({self._td_steps}) "
+        "so that every item holds its bootstrap state"
+      )
     self._table = table
     self._spec = step_spec(config.game)
     self._zero = zero_step(config.game)
     self._max_in_flight = self._length if max_in_flight_items is None else max_in_flight_items
-    self._games = [_GameState(client.trajectory_writer(num_keep_alive_refs=self._length))
-                   for _ in range(num_games)]
+    self._games = [
+      _GameState(client.trajectory_writer(num_keep_alive_refs=self._length))
+      for _ in range(num_games)
+    ]
 
   @property
   def num_games(self) -> int:
@@ -148,14 +158,16 @@ class SequenceWriter:
     start = state.num_appended - self._length
     if 0 <= start < state.num_real:
       priority = self._priority(state, start)
-      trajectory = tree.map_structure(lambda column: column[-self._length:], state.writer.history)
+      trajectory = tree.map_structure(lambda column: column[-self._length :], state.writer.history)
       state.writer.create_item(self._table, priority, trajectory)
       # Back-pressure: without it a long episode would queue all of its items client-side.
       self._wait(state.writer.flush, block_until_num_items=self._max_in_flight)
 
   def _priority(self, state: _GameState, t: int) -> float:
     window = slice(t, t + self._td_steps + 1)  # State t, its n rewards and its bootstrap state.
-    rewards, valid, values = (np.asarray(column[window], np.float64)
-                              for column in (state.rewards, state.valid, state.values))
+    rewards, valid, values = (
+      np.asarray(column[window], np.float64)
+      for column in (state.rewards, state.valid, state.values)
+    )
     target = value_targets(rewards, valid, values, 0, self._td_steps, self._discount)[0]
     return float(priority(target, values[0]))

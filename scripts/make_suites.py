@@ -21,18 +21,24 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rich.progress import Progress  # noqa: E402
 
+from malloczero.common.files import write_text  # noqa: E402
 from malloczero.env.programs import import_model, program_name  # noqa: E402
 from malloczero.env.programs.suites import MANIFEST, WORKLOAD_DIR  # noqa: E402
-from malloczero.env.workload import load_workload, save_workload  # noqa: E402
 from malloczero.env.programs.zoo import MODELS  # noqa: E402
-from malloczero.common.files import write_text  # noqa: E402
+from malloczero.env.workload import load_workload, save_workload  # noqa: E402
 
 # Held-out models, one per family where possible: never trained on, to measure generalisation.
 HELDOUT_MODELS = {"default": ("mobilenet", "vit", "gru", "deepfm"), "tiny": ("lstm",)}
 # (hardware, fraction of peak live bytes) cycled over each model's programs so that every model
 # meets both machines and several levels of contention.
-CONFIGS = (("tpu-v4i-like", 0.25), ("nnpi-like", 0.25), ("tpu-v4i-like", 0.10),
-           ("nnpi-like", 0.50), ("tpu-v4i-like", 0.50), ("nnpi-like", 0.10))
+CONFIGS = (
+  ("tpu-v4i-like", 0.25),
+  ("nnpi-like", 0.25),
+  ("tpu-v4i-like", 0.10),
+  ("nnpi-like", 0.50),
+  ("tpu-v4i-like", 0.50),
+  ("nnpi-like", 0.10),
+)
 # tiny: small versions of four models, for tests and CI.
 TINY_PROGRAMS = (("mlp", 2, True), ("gpt", 1, False), ("vgg", 1, False), ("lstm", 1, True))
 
@@ -40,14 +46,19 @@ TINY_PROGRAMS = (("mlp", 2, True), ("gpt", 1, False), ("vgg", 1, False), ("lstm"
 def default_programs():
   for model, spec in MODELS.items():
     for batch in spec.default_batches:
-      for train in ((False, True) if spec.supports_training else (False,)):
+      for train in (False, True) if spec.supports_training else (False,):
         yield model, batch, train
 
 
 def entry(suite, model, program, hardware, fraction):
-  return {"name": f"{program}@{hardware}:{int(round(fraction * 100))}%", "program": program,
-          "hardware": hardware, "capacity_fraction": fraction,
-          "split": "heldout" if model in HELDOUT_MODELS[suite] else "train", "model": model}
+  return {
+    "name": f"{program}@{hardware}:{int(round(fraction * 100))}%",
+    "program": program,
+    "hardware": hardware,
+    "capacity_fraction": fraction,
+    "split": "heldout" if model in HELDOUT_MODELS[suite] else "train",
+    "model": model,
+  }
 
 
 def main() -> int:
@@ -79,11 +90,18 @@ def main() -> int:
           workload, stats = import_model(model, batch, train, tiny=tiny)
           save_workload(workload, path)
           manifest["programs"][name] = {
-              "model": model, "batch": batch, "train": train, "tiny": tiny,
-              "ops": workload.num_ops, "buffers": workload.num_buffers,
-              "peak_live_bytes": workload.peak_live_bytes,
-              "total_flops": float(workload.arrays.flops.sum()), "xla_memory_analysis": stats,
-              "import_s": round(time.perf_counter() - t0, 2), "source": workload.source}
+            "model": model,
+            "batch": batch,
+            "train": train,
+            "tiny": tiny,
+            "ops": workload.num_ops,
+            "buffers": workload.num_buffers,
+            "peak_live_bytes": workload.peak_live_bytes,
+            "total_flops": float(workload.arrays.flops.sum()),
+            "xla_memory_analysis": stats,
+            "import_s": round(time.perf_counter() - t0, 2),
+            "source": workload.source,
+          }
         else:
           workload = load_workload(path)
         k = per_model_count.get(model, 0)
@@ -95,14 +113,17 @@ def main() -> int:
         entries += [entry(suite, model, name, hw, frac) for hw, frac in configs]
         progress.advance(task)
       descriptions = {
-          "tiny": "small XLA programs of four zoo models, for tests and CI",
-          "default": f"{len(MODELS)} Haiku models compiled by XLA (CPU), inference and training "
-                     "steps at two batch sizes, each at a contended fast capacity"}
+        "tiny": "small XLA programs of four zoo models, for tests and CI",
+        "default": f"{len(MODELS)} Haiku models compiled by XLA (CPU), inference and training "
+        "steps at two batch sizes, each at a contended fast capacity",
+      }
       manifest["suites"][suite] = {"description": descriptions[suite], "entries": entries}
   write_text(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
   total = sum(os.path.getsize(os.path.join(WORKLOAD_DIR, p)) for p in os.listdir(WORKLOAD_DIR))
-  print(f"wrote {MANIFEST}: {sum(len(s['entries']) for s in manifest['suites'].values())} entries, "
-        f"{len(manifest['programs'])} programs, {total / 2**20:.1f} MiB of workloads")
+  print(
+    f"wrote {MANIFEST}: {sum(len(s['entries']) for s in manifest['suites'].values())} entries, "
+    f"{len(manifest['programs'])} programs, {total / 2**20:.1f} MiB of workloads"
+  )
   return 0
 
 

@@ -59,6 +59,7 @@ class BaselineCache:
   """`solve` with results kept in `directory` (None: nothing kept, every call solves).
 
   `reused` and `solved` count this object's calls, for the one line an evaluation prints."""
+
   directory: Optional[str] = None
   reused: int = 0
   solved: int = 0
@@ -72,19 +73,26 @@ class BaselineCache:
       self._last = (workload, hashlib.sha256(text.encode()).hexdigest())
     return self._last[1]
 
-  def key(self, workload: Workload, hardware: Hardware, solver: str,
-          options: dict[str, Any]) -> dict[str, Any]:
+  def key(
+    self, workload: Workload, hardware: Hardware, solver: str, options: dict[str, Any]
+  ) -> dict[str, Any]:
     """Everything a result depends on."""
-    return {"format": CACHE_FORMAT, "program": self._program_digest(workload),
-            "hardware": hardware.to_dict(), "solver": solver,
-            "version": get_solver(solver).version, "options": options}
+    return {
+      "format": CACHE_FORMAT,
+      "program": self._program_digest(workload),
+      "hardware": hardware.to_dict(),
+      "solver": solver,
+      "version": get_solver(solver).version,
+      "options": options,
+    }
 
   def path(self, key: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=_plain).encode()).hexdigest()
     return os.path.join(self.directory or "", key["solver"], f"{digest}.json.gz")
 
-  def solve(self, workload: Workload, hardware: Hardware, solver: str,
-            **options: Any) -> SolveResult:
+  def solve(
+    self, workload: Workload, hardware: Hardware, solver: str, **options: Any
+  ) -> SolveResult:
     """`env.solvers.solve`, or its result from an earlier call with the same key."""
     if self.directory is None:
       self.solved += 1
@@ -100,8 +108,9 @@ class BaselineCache:
     self._write(path, key, result)
     return result
 
-  def _read(self, path: str, key: dict[str, Any], workload: Workload,
-            hardware: Hardware) -> Optional[SolveResult]:
+  def _read(
+    self, path: str, key: dict[str, Any], workload: Workload, hardware: Hardware
+  ) -> Optional[SolveResult]:
     try:
       with gzip.open(path, "rt", encoding="utf-8") as f:
         entry = json.load(f)
@@ -116,8 +125,12 @@ class BaselineCache:
       return None  # Damaged or stale: solved again and rewritten.
 
   def _write(self, path: str, key: dict[str, Any], result: SolveResult) -> None:
-    entry = {"key": key, "solve_time_s": result.solve_time_s, "info": result.info,
-             "mapping": result.mapping.to_dict()}
+    entry = {
+      "key": key,
+      "solve_time_s": result.solve_time_s,
+      "info": result.info,
+      "mapping": result.mapping.to_dict(),
+    }
     try:
       data = json.dumps(entry, default=_plain).encode()
     except TypeError:

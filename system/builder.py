@@ -22,10 +22,10 @@ from malloczero.actors.games import GamePool, GameSpec, program_specs
 from malloczero.actors.variable_client import VariableClient, VariableSource
 from malloczero.configs.config import ActorConfig, Config
 from malloczero.configs.workdir import WorkDir
+from malloczero.env.validator import validate_mapping
 from malloczero.learner.learner import MuZeroLearner
 from malloczero.learner.networks import MuZeroNetworks
 from malloczero.replay import Sampler, SequenceWriter, make_table
-from malloczero.env.validator import validate_mapping
 from malloczero.replay.demonstrations import Demonstration, Demonstrations
 from malloczero.system.training import LearningCurve
 
@@ -40,12 +40,14 @@ def make_replay_tables(config: Config) -> list[reverb.Table]:
   return [make_table(config)]
 
 
-def make_replay_server(config: Config, port: Optional[int] = None,
-                       checkpoint_dir: Optional[str] = None) -> reverb.Server:
+def make_replay_server(
+  config: Config, port: Optional[int] = None, checkpoint_dir: Optional[str] = None
+) -> reverb.Server:
   """A Reverb server holding the replay table (`port=None` picks a free port). With a
   `checkpoint_dir`, it restores the newest checkpoint there and `checkpoint()` writes to it."""
-  checkpointer = (reverb.checkpointers.DefaultCheckpointer(checkpoint_dir)
-                  if checkpoint_dir is not None else None)
+  checkpointer = (
+    reverb.checkpointers.DefaultCheckpointer(checkpoint_dir) if checkpoint_dir is not None else None
+  )
   return reverb.Server(tables=make_replay_tables(config), port=port, checkpointer=checkpointer)
 
 
@@ -60,30 +62,37 @@ def write_best_mapping(directory: str, demonstration: Demonstration, game) -> Op
   if demonstration.source == "msa":
     return None
   from malloczero.system.plots import plot_memory_map
+
   mapping = game.mapping("agent")
   validate_mapping(game.workload, game.hardware, mapping)
   os.makedirs(directory, exist_ok=True)
   path = os.path.join(directory, f"{demonstration.program}.json")
   mapping.save(path)
-  plot_memory_map(game.workload, game.hardware, mapping, path[:-len(".json")] + ".png")
+  plot_memory_map(game.workload, game.hardware, mapping, path[: -len(".json")] + ".png")
   return path
 
 
-def make_demonstrations(config: Config, specs: Sequence[GameSpec],
-                        workdir: Optional[WorkDir] = None) -> Optional[Demonstrations]:
+def make_demonstrations(
+  config: Config, specs: Sequence[GameSpec], workdir: Optional[WorkDir] = None
+) -> Optional[Demonstrations]:
   """The best-trajectory store of the training programs `specs`, or None when the config mixes
   no demonstrations into batches. With a work directory, each program's best mapping so far is
   kept in its `best/` folder."""
   if not config.learner.demonstration_batch:
     return None
-  on_improve = (functools.partial(write_best_mapping, workdir.best) if workdir is not None
-                else None)
-  return Demonstrations(specs, config.game, config.learner.sequence_length, seed=config.seed,
-                        on_improve=on_improve)
+  on_improve = functools.partial(write_best_mapping, workdir.best) if workdir is not None else None
+  return Demonstrations(
+    specs, config.game, config.learner.sequence_length, seed=config.seed, on_improve=on_improve
+  )
 
 
-def make_learner(networks: MuZeroNetworks, config: Config, sampler: Sampler,
-                 workdir: WorkDir, train_specs: Sequence[GameSpec] = ()) -> MuZeroLearner:
+def make_learner(
+  networks: MuZeroNetworks,
+  config: Config,
+  sampler: Sampler,
+  workdir: WorkDir,
+  train_specs: Sequence[GameSpec] = (),
+) -> MuZeroLearner:
   """The learner on the sampler's batches; it resumes from the work directory's checkpoint.
   With demonstrations on, those of the training programs `train_specs` come back with the
   checkpoint, and msa's own play is added (in a background thread) for every program that has
@@ -91,14 +100,21 @@ def make_learner(networks: MuZeroNetworks, config: Config, sampler: Sampler,
 
   Raises MalloczeroError, before anything runs, when that checkpoint is unusable."""
   demonstrations = make_demonstrations(config, train_specs, workdir)
-  learner = MuZeroLearner(networks, config, sample_fn=sampler.sample,
-                          update_priorities_fn=sampler.update_priorities, seed=config.seed,
-                          checkpoint_dir=workdir.checkpoints, demonstrations=demonstrations)
+  learner = MuZeroLearner(
+    networks,
+    config,
+    sample_fn=sampler.sample,
+    update_priorities_fn=sampler.update_priorities,
+    seed=config.seed,
+    checkpoint_dir=workdir.checkpoints,
+    demonstrations=demonstrations,
+  )
   if demonstrations is not None:
     # In the background: replaying msa on every program takes tens of seconds, and the actors
     # wait for the learner's parameters; batches have no demonstrations until the first is in.
-    threading.Thread(target=demonstrations.add_heuristic, name="demonstrations",
-                     daemon=True).start()
+    threading.Thread(
+      target=demonstrations.add_heuristic, name="demonstrations", daemon=True
+    ).start()
   return learner
 
 
@@ -106,46 +122,75 @@ def make_variable_client(source: VariableSource, config: ActorConfig) -> Variabl
   return VariableClient(source, config.variable_update_period)
 
 
-def make_actor(networks: MuZeroNetworks, config: Config, replay: reverb.Client,
-               variables: VariableClient, seed: int, should_stop: Callable[[], bool],
-               on_episode: Callable[[EpisodeResult], None],
-               offer: Optional[OfferFn] = None) -> BatchedActor:
+def make_actor(
+  networks: MuZeroNetworks,
+  config: Config,
+  replay: reverb.Client,
+  variables: VariableClient,
+  seed: int,
+  should_stop: Callable[[], bool],
+  on_episode: Callable[[EpisodeResult], None],
+  offer: Optional[OfferFn] = None,
+) -> BatchedActor:
   """The batched self-play actor on the suite's train programs, writing into replay; a replay
   write blocked by the rate limiter gives up once `should_stop()`. With `offer` (the learner's
   `offer_demonstration`), games faster than the best known are offered as demonstrations."""
-  pool = GamePool(program_specs(config, "train"), config.game, config.actor.num_games,
-                  seed=seed)
+  pool = GamePool(program_specs(config, "train"), config.game, config.actor.num_games, seed=seed)
   writer = SequenceWriter(replay, config, config.actor.num_games, should_stop=should_stop)
-  return BatchedActor(networks, config, pool, variables, writer, seed=seed, on_episode=on_episode,
-                      offer=offer if config.learner.demonstration_batch else None)
+  return BatchedActor(
+    networks,
+    config,
+    pool,
+    variables,
+    writer,
+    seed=seed,
+    on_episode=on_episode,
+    offer=offer if config.learner.demonstration_batch else None,
+  )
 
 
-def make_evaluator(networks: MuZeroNetworks, config: Config, workdir: WorkDir,
-                   splits: dict[str, Sequence[GameSpec]],
-                   offer: Optional[OfferFn] = None) -> LearningCurve:
+def make_evaluator(
+  networks: MuZeroNetworks,
+  config: Config,
+  workdir: WorkDir,
+  splits: dict[str, Sequence[GameSpec]],
+  offer: Optional[OfferFn] = None,
+) -> LearningCurve:
   """Greedy evaluation of the learner's parameters on each split's programs (the evaluation search:
   more simulations, no noise), appended to the work directory's learning curve beside the
   baselines' speed-ups (computed once, cached in `workdir.baselines`). With `offer` (the
   learner's `offer_demonstration`), the games of the training programs are offered as
   demonstrations."""
-  return LearningCurve(networks, config, workdir.root, splits,
-                       offer=offer if config.learner.demonstration_batch else None)
+  return LearningCurve(
+    networks,
+    config,
+    workdir.root,
+    splits,
+    offer=offer if config.learner.demonstration_batch else None,
+  )
 
 
-def make_logger(workdir: WorkDir, label: str, print_fn: Optional[Callable[[str], None]] = None,
-                print_every_s: float = 0.0, tensorboard: bool = False,
-                steps_key: Optional[str] = None, time_delta: float = 0.0) -> loggers.Logger:
+def make_logger(
+  workdir: WorkDir,
+  label: str,
+  print_fn: Optional[Callable[[str], None]] = None,
+  print_every_s: float = 0.0,
+  tensorboard: bool = False,
+  steps_key: Optional[str] = None,
+  time_delta: float = 0.0,
+) -> loggers.Logger:
   """Acme's logger for one part of a run: CSV rows in `workdir.log_csv(label)`; with `print_fn`,
   console lines at most every `print_every_s`; with `tensorboard`, events stepped by `steps_key`.
   A `time_delta` drops rows written sooner than that after the last one."""
   targets: list[loggers.Logger] = [loggers.CSVLogger(workdir.root, label=label, add_uid=False)]
   if print_fn is not None:
-    targets.append(loggers.TerminalLogger(label=label, print_fn=print_fn,
-                                          time_delta=print_every_s))
+    targets.append(loggers.TerminalLogger(label=label, print_fn=print_fn, time_delta=print_every_s))
   if tensorboard:
     from acme.utils.loggers.tf_summary import TFSummaryLogger
-    targets.append(TFSummaryLogger(workdir.tensorboard_events(label), label=label,
-                                   steps_key=steps_key))
+
+    targets.append(
+      TFSummaryLogger(workdir.tensorboard_events(label), label=label, steps_key=steps_key)
+    )
 
   def serialize(data: Any) -> Any:
     if steps_key in data:  # A TensorBoard step is an integer (the learner counts in floats).

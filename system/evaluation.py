@@ -16,23 +16,24 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Callable, Mapping as MappingType, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
+from typing import Mapping as MappingType
 
 import numpy as np
 
 from malloczero.actors.agent import Agent, compile_agent, load_agent, play_with_agent
 from malloczero.actors.games import GameSpec
-from malloczero.configs.workdir import WorkDir
 from malloczero.common.errors import MalloczeroError
+from malloczero.configs.workdir import WorkDir
 from malloczero.env.mapping import Mapping
+from malloczero.env.programs.suites import SPLITS, Suite, SuiteEntry
 from malloczero.env.solvers import SolveResult
 from malloczero.system.baseline_cache import BaselineCache
-from malloczero.env.programs.suites import SPLITS, Suite, SuiteEntry
 
 # Ratios within this of 1 count as ties with msa.
 TIE_TOLERANCE = 1e-6
 
-Progress = Callable[[str, int], None]   # (what is being done now, units finished since last call)
+Progress = Callable[[str, int], None]  # (what is being done now, units finished since last call)
 
 
 def geomean(values: Any) -> float:
@@ -44,19 +45,25 @@ def geomean(values: Any) -> float:
 @dataclasses.dataclass(frozen=True)
 class AgentUnderTest:
   """A checkpoint to evaluate, its name in tables, and its test-time search."""
+
   label: str
   agent: Agent
   simulations: int
   attempts: int
 
   def describe(self) -> dict[str, Any]:
-    return {"label": self.label, "checkpoint": self.agent.checkpoint,
-            "learner_steps": self.agent.learner_steps, "simulations": self.simulations,
-            "attempts": self.attempts}
+    return {
+      "label": self.label,
+      "checkpoint": self.agent.checkpoint,
+      "learner_steps": self.agent.learner_steps,
+      "simulations": self.simulations,
+      "attempts": self.attempts,
+    }
 
 
-def load_agents(checkpoints: Sequence[str], simulations: Optional[int] = None,
-                attempts: int = 1) -> list[AgentUnderTest]:
+def load_agents(
+  checkpoints: Sequence[str], simulations: Optional[int] = None, attempts: int = 1
+) -> list[AgentUnderTest]:
   """One agent per checkpoint. A single one is labelled `agent`; several are labelled by their
   run directory and learner step (`train-small@5000`) so tables can tell them apart."""
   agents = [load_agent(path) for path in checkpoints]
@@ -64,10 +71,13 @@ def load_agents(checkpoints: Sequence[str], simulations: Optional[int] = None,
     labels = ["agent"]
   else:
     labels = [f"{_run_name(a.checkpoint)}@{a.learner_steps}" for a in agents]
-    labels = [f"{label}#{i + 1}" if labels.count(label) > 1 else label
-              for i, label in enumerate(labels)]
-  return [AgentUnderTest(label, a, simulations or a.default_simulations, attempts)
-          for label, a in zip(labels, agents)]
+    labels = [
+      f"{label}#{i + 1}" if labels.count(label) > 1 else label for i, label in enumerate(labels)
+    ]
+  return [
+    AgentUnderTest(label, a, simulations or a.default_simulations, attempts)
+    for label, a in zip(labels, agents)
+  ]
 
 
 def run_directory(checkpoint_file: str) -> str:
@@ -82,11 +92,12 @@ def _run_name(checkpoint_file: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class SolverOutcome:
   """One baseline's or agent's validated mapping of one program, in the report's units."""
-  time_ms: float                 # Estimated program time.
-  speedup: float                 # All-slow time / time.
-  solve_s: float                 # An agent's excludes its one-off search compilation.
-  vs_msa: float                  # msa time / time: above 1 is faster than msa.
-  gap: Optional[float] = None    # To CP-SAT's proven lower bound; only where CP-SAT ran.
+
+  time_ms: float  # Estimated program time.
+  speedup: float  # All-slow time / time.
+  solve_s: float  # An agent's excludes its one-off search compilation.
+  vs_msa: float  # msa time / time: above 1 is faster than msa.
+  gap: Optional[float] = None  # To CP-SAT's proven lower bound; only where CP-SAT ran.
   # Agents only: the network's own greedy trajectory (one attempt, msa's mapping not among the
   # candidates), so that learning is not hidden behind search and msa.
   greedy_speedup: Optional[float] = None
@@ -95,14 +106,16 @@ class SolverOutcome:
 @dataclasses.dataclass(frozen=True)
 class CpsatBound:
   """What CP-SAT proved about one program."""
-  status: str                    # "optimal", "feasible", ...; "(msa-simple fallback)" when it found none.
-  bound_ms: float                # Proven lower bound of CP-SAT's model, which has no copy
-                                 # contention: not a bound on the simulated program time.
+
+  status: str  # "optimal", "feasible", ...; "(msa-simple fallback)" when it found none.
+  bound_ms: float  # Proven lower bound of CP-SAT's model, which has no copy
+  # contention: not a bound on the simulated program time.
 
 
 @dataclasses.dataclass(frozen=True)
 class ProgramRow:
   """One program of the suite with every baseline's and agent's outcome."""
+
   entry: str
   split: str
   model: str
@@ -113,16 +126,23 @@ class ProgramRow:
   buffers: int
   requests: int
   slow_only_ms: float
-  outcomes: MappingType[str, SolverOutcome]   # Baselines (msa first), then agents, by label.
+  outcomes: MappingType[str, SolverOutcome]  # Baselines (msa first), then agents, by label.
   cpsat: Optional[CpsatBound] = None
 
   def to_dict(self) -> dict[str, Any]:
     """The row as the evaluation files write it: flat `{label}_{figure}` columns."""
     row: dict[str, Any] = {
-        "entry": self.entry, "split": self.split, "model": self.model,
-        "hardware": self.hardware, "capacity_fraction": self.capacity_fraction,
-        "fast_capacity_bytes": self.fast_capacity_bytes, "ops": self.ops,
-        "buffers": self.buffers, "requests": self.requests, "slow_only_ms": self.slow_only_ms}
+      "entry": self.entry,
+      "split": self.split,
+      "model": self.model,
+      "hardware": self.hardware,
+      "capacity_fraction": self.capacity_fraction,
+      "fast_capacity_bytes": self.fast_capacity_bytes,
+      "ops": self.ops,
+      "buffers": self.buffers,
+      "requests": self.requests,
+      "slow_only_ms": self.slow_only_ms,
+    }
     for label, outcome in self.outcomes.items():
       row[f"{label}_ms"] = outcome.time_ms
       row[f"{label}_speedup"] = outcome.speedup
@@ -143,15 +163,16 @@ class ProgramRow:
 class SolverSummary:
   """One baseline or agent over the programs of a split; the figures against msa are None for
   msa itself."""
+
   geomean_speedup: float
   total_solve_s: float
   geomean_vs_msa: Optional[float] = None
-  wins: Optional[int] = None         # Programs where it is faster than msa, beyond TIE_TOLERANCE.
+  wins: Optional[int] = None  # Programs where it is faster than msa, beyond TIE_TOLERANCE.
   ties: Optional[int] = None
   losses: Optional[int] = None
   best_vs_msa: Optional[float] = None
   worst_vs_msa: Optional[float] = None
-  mean_gap: Optional[float] = None   # Only where CP-SAT ran.
+  mean_gap: Optional[float] = None  # Only where CP-SAT ran.
   # Agents only: their greedy play alone (SolverOutcome.greedy_speedup), geomean speed-up and
   # geomean ratio to msa.
   geomean_greedy_speedup: Optional[float] = None
@@ -161,9 +182,10 @@ class SolverSummary:
 @dataclasses.dataclass(frozen=True)
 class SplitSummary:
   """The programs of one split ("all", "train" or "heldout")."""
+
   entries: int
-  solvers: MappingType[str, SolverSummary]    # By label, in column order.
-  cpsat_optimal: Optional[int] = None         # Programs CP-SAT solved to optimality.
+  solvers: MappingType[str, SolverSummary]  # By label, in column order.
+  cpsat_optimal: Optional[int] = None  # Programs CP-SAT solved to optimality.
 
   def to_dict(self) -> dict[str, Any]:
     """The summary as the evaluation files write it: flat `{label}_{figure}` keys, where the
@@ -182,14 +204,14 @@ class SplitSummary:
 @dataclasses.dataclass(frozen=True)
 class SuiteEvaluation:
   suite: str
-  solvers: list[str]                 # Baseline solvers, msa first.
+  solvers: list[str]  # Baseline solvers, msa first.
   agents: list[AgentUnderTest]
-  rows: list[ProgramRow]             # One per program, in suite order.
-  summary: dict[str, SplitSummary]   # {"all" | "train" | "heldout": figures}, non-empty splits.
-  mappings: dict[tuple[str, str], Mapping]   # (program, solver or agent label): msa and agents.
+  rows: list[ProgramRow]  # One per program, in suite order.
+  summary: dict[str, SplitSummary]  # {"all" | "train" | "heldout": figures}, non-empty splits.
+  mappings: dict[tuple[str, str], Mapping]  # (program, solver or agent label): msa and agents.
   elapsed_s: float
-  compile_s: dict[str, float]        # Per agent: one-off search compilation, not in solve times.
-  specs: dict[str, GameSpec]         # The loaded programs, by entry name.
+  compile_s: dict[str, float]  # Per agent: one-off search compilation, not in solve times.
+  specs: dict[str, GameSpec]  # The loaded programs, by entry name.
 
   @property
   def names(self) -> list[str]:
@@ -197,19 +219,30 @@ class SuiteEvaluation:
     return self.solvers + [a.label for a in self.agents]
 
   def to_json(self, title: str) -> dict[str, Any]:
-    return {"title": title, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "suite": self.suite,
-            "solvers": self.solvers,
-            "agents": [{**a.describe(), "compile_s": round(self.compile_s[a.label], 2)}
-                       for a in self.agents],
-            "elapsed_s": round(self.elapsed_s, 1),
-            "summary": {split: s.to_dict() for split, s in self.summary.items()},
-            "rows": [row.to_dict() for row in self.rows]}
+    return {
+      "title": title,
+      "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+      "suite": self.suite,
+      "solvers": self.solvers,
+      "agents": [
+        {**a.describe(), "compile_s": round(self.compile_s[a.label], 2)} for a in self.agents
+      ],
+      "elapsed_s": round(self.elapsed_s, 1),
+      "summary": {split: s.to_dict() for split, s in self.summary.items()},
+      "rows": [row.to_dict() for row in self.rows],
+    }
 
 
-def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentUnderTest] = (),
-                   options: Callable[[str], dict] = lambda solver: {},
-                   progress: Optional[Progress] = None, batch_agents: bool = False,
-                   seed: int = 0, cache: Optional[BaselineCache] = None) -> SuiteEvaluation:
+def evaluate_suite(
+  suite: Suite,
+  solvers: Sequence[str],
+  agents: Sequence[AgentUnderTest] = (),
+  options: Callable[[str], dict] = lambda solver: {},
+  progress: Optional[Progress] = None,
+  batch_agents: bool = False,
+  seed: int = 0,
+  cache: Optional[BaselineCache] = None,
+) -> SuiteEvaluation:
   """Solves every entry with every solver and agent; msa is always run, as the reference.
   Baselines are solved through `cache` (system/baseline_cache.py; by default nothing is kept).
 
@@ -222,7 +255,7 @@ def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
   solvers = ["msa"] + [s for s in solvers if s != "msa"]
   progress = progress or (lambda description, advance: None)
   cache = cache or BaselineCache()
-  solved: list[dict[str, SolveResult]] = []   # Per program: label -> result.
+  solved: list[dict[str, SolveResult]] = []  # Per program: label -> result.
   bounds: list[Optional[CpsatBound]] = []
   mappings: dict[tuple[str, str], Mapping] = {}
   specs = []
@@ -236,46 +269,74 @@ def evaluate_suite(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
       if solver == "msa":
         mappings[(entry.name, "msa")] = result.mapping
       if solver == "cpsat":
-        bound = CpsatBound(result.info["status"] + (" (msa-simple fallback)"
-                                                    if "fallback" in result.info else "")
-                           + " (uncontended bound)",
-                           result.info["bound_s"] * 1e3)
+        bound = CpsatBound(
+          result.info["status"]
+          + (" (msa-simple fallback)" if "fallback" in result.info else "")
+          + " (uncontended bound)",
+          result.info["bound_s"] * 1e3,
+        )
       progress(f"{entry.name}: {solver}", 1)
     solved.append(results)
     bounds.append(bound)
   compile_s = {}
   for tested in agents:
     progress(f"{tested.label}: compiling the search", 0)
-    compile_s[tested.label] = compile_agent(tested.agent, specs[0], tested.simulations,
-                                            tested.attempts, len(specs) if batch_agents else 1)
+    compile_s[tested.label] = compile_agent(
+      tested.agent, specs[0], tested.simulations, tested.attempts, len(specs) if batch_agents else 1
+    )
     if batch_agents:
       progress(f"{tested.label}: all {len(specs)} programs in one batch", 0)
-      played = play_with_agent(tested.agent, specs, tested.simulations, tested.attempts, seed,
-                               msa=[results["msa"] for results in solved])
+      played = play_with_agent(
+        tested.agent,
+        specs,
+        tested.simulations,
+        tested.attempts,
+        seed,
+        msa=[results["msa"] for results in solved],
+      )
       progress(f"{tested.label}: all {len(specs)} programs in one batch", len(specs))
     else:
       played = []
       for spec, results in zip(specs, solved):
         progress(f"{spec.name}: {tested.label}", 0)
-        played += play_with_agent(tested.agent, [spec], tested.simulations, tested.attempts, seed,
-                                  msa=[results["msa"]])
+        played += play_with_agent(
+          tested.agent, [spec], tested.simulations, tested.attempts, seed, msa=[results["msa"]]
+        )
         progress(f"{spec.name}: {tested.label}", 1)
     for spec, results, result in zip(specs, solved, played):
       results[tested.label] = result
       mappings[(spec.name, tested.label)] = result.mapping
   labels = {a.label for a in agents}
-  rows = [_program_row(entry, spec, results, bound, labels)
-          for entry, spec, results, bound in zip(suite.entries, specs, solved, bounds)]
+  rows = [
+    _program_row(entry, spec, results, bound, labels)
+    for entry, spec, results, bound in zip(suite.entries, specs, solved, bounds)
+  ]
   names = solvers + [a.label for a in agents]
-  summary = {split: summarise([r for r in rows if split == "all" or r.split == split], names)
-             for split in ("all",) + SPLITS}
+  summary = {
+    split: summarise([r for r in rows if split == "all" or r.split == split], names)
+    for split in ("all",) + SPLITS
+  }
   summary = {k: v for k, v in summary.items() if v.entries}
-  return SuiteEvaluation(suite.name, solvers, list(agents), rows, summary, mappings,
-                         time.monotonic() - started, compile_s, {s.name: s for s in specs})
+  return SuiteEvaluation(
+    suite.name,
+    solvers,
+    list(agents),
+    rows,
+    summary,
+    mappings,
+    time.monotonic() - started,
+    compile_s,
+    {s.name: s for s in specs},
+  )
 
 
-def _program_row(entry: SuiteEntry, spec: GameSpec, results: dict[str, SolveResult],
-                 bound: Optional[CpsatBound], agents: set[str]) -> ProgramRow:
+def _program_row(
+  entry: SuiteEntry,
+  spec: GameSpec,
+  results: dict[str, SolveResult],
+  bound: Optional[CpsatBound],
+  agents: set[str],
+) -> ProgramRow:
   """`results` by label, baselines (msa first) then agents."""
   msa = results["msa"].mapping
   msa_ms = msa.estimated_time_s * 1e3
@@ -285,13 +346,27 @@ def _program_row(entry: SuiteEntry, spec: GameSpec, results: dict[str, SolveResu
     # Clamped: the bound is exact only up to CP-SAT's integer rounding (1e-9 of all-slow).
     gap = None if bound is None else max(0.0, 1 - bound.bound_ms / time_ms)
     outcomes[label] = SolverOutcome(
-        time_ms, result.mapping.speedup, result.solve_time_s, msa_ms / time_ms, gap,
-        result.info["greedy_speedup"] if label in agents else None)
+      time_ms,
+      result.mapping.speedup,
+      result.solve_time_s,
+      msa_ms / time_ms,
+      gap,
+      result.info["greedy_speedup"] if label in agents else None,
+    )
   return ProgramRow(
-      entry.name, entry.split, entry.model, entry.hardware, entry.capacity_fraction,
-      fast_capacity_bytes=spec.hardware.fast_capacity_bytes, ops=spec.workload.num_ops,
-      buffers=spec.workload.num_buffers, requests=results["msa"].info["requests"],
-      slow_only_ms=msa.slow_only_time_s * 1e3, outcomes=outcomes, cpsat=bound)
+    entry.name,
+    entry.split,
+    entry.model,
+    entry.hardware,
+    entry.capacity_fraction,
+    fast_capacity_bytes=spec.hardware.fast_capacity_bytes,
+    ops=spec.workload.num_ops,
+    buffers=spec.workload.num_buffers,
+    requests=results["msa"].info["requests"],
+    slow_only_ms=msa.slow_only_time_s * 1e3,
+    outcomes=outcomes,
+    cpsat=bound,
+  )
 
 
 def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
@@ -313,17 +388,21 @@ def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
       greedy = [o.greedy_speedup for o in outcomes]
       greedy_vs_msa = geomean([g / r.outcomes["msa"].speedup for g, r in zip(greedy, rows)])
     solvers[name] = SolverSummary(
-        speedup, solve_s, geomean_vs_msa=geomean(ratios),
-        wins=sum(v > 1 + TIE_TOLERANCE for v in ratios),
-        ties=sum(abs(v - 1) <= TIE_TOLERANCE for v in ratios),
-        losses=sum(v < 1 - TIE_TOLERANCE for v in ratios),
-        best_vs_msa=max(ratios), worst_vs_msa=min(ratios),
-        mean_gap=(sum(o.gap for o in outcomes) / len(rows)
-                  if outcomes[0].gap is not None else None),
-        geomean_greedy_speedup=None if greedy is None else geomean(greedy),
-        greedy_vs_msa=None if greedy is None else greedy_vs_msa)
-  cpsat_optimal = (sum(r.cpsat.status == "optimal" for r in rows)
-                   if rows[0].cpsat is not None else None)
+      speedup,
+      solve_s,
+      geomean_vs_msa=geomean(ratios),
+      wins=sum(v > 1 + TIE_TOLERANCE for v in ratios),
+      ties=sum(abs(v - 1) <= TIE_TOLERANCE for v in ratios),
+      losses=sum(v < 1 - TIE_TOLERANCE for v in ratios),
+      best_vs_msa=max(ratios),
+      worst_vs_msa=min(ratios),
+      mean_gap=(sum(o.gap for o in outcomes) / len(rows) if outcomes[0].gap is not None else None),
+      geomean_greedy_speedup=None if greedy is None else geomean(greedy),
+      greedy_vs_msa=None if greedy is None else greedy_vs_msa,
+    )
+  cpsat_optimal = (
+    sum(r.cpsat.status == "optimal" for r in rows) if rows[0].cpsat is not None else None
+  )
   return SplitSummary(len(rows), solvers, cpsat_optimal)
 
 

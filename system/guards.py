@@ -24,8 +24,8 @@ import threading
 import time
 from typing import Callable, Optional
 
-from malloczero.configs.workdir import WorkDir
 from malloczero.common.errors import MalloczeroError
+from malloczero.configs.workdir import WorkDir
 
 # How long a new launcher waits for the node processes of a killed run to save and exit (each
 # node gives itself Launchpad's default notice of 10 s after its stop before it kills itself).
@@ -58,8 +58,12 @@ class WorkDirLock:
   saving after `wait_for_nodes_s`.
   """
 
-  def __init__(self, workdir: str, print_fn: Optional[Callable[[str], None]] = None,
-               wait_for_nodes_s: float = NODES_WAIT_S):
+  def __init__(
+    self,
+    workdir: str,
+    print_fn: Optional[Callable[[str], None]] = None,
+    wait_for_nodes_s: float = NODES_WAIT_S,
+  ):
     files = WorkDir(workdir)
     try:
       os.makedirs(workdir, exist_ok=True)
@@ -70,11 +74,14 @@ class WorkDirLock:
       fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       written = os.pread(self._fd, 32, 0).decode("ascii", "replace").strip()
-      holder = written if written.isdigit() else \
-          ", ".join(map(str, lock_holders(files.lock))) or "unknown"
+      holder = (
+        written if written.isdigit() else ", ".join(map(str, lock_holders(files.lock))) or "unknown"
+      )
       self.release()
-      raise MalloczeroError(f"{workdir} is in use by another training run (pid {holder}); wait "
-                            "for it to end or stop it, or give another --workdir") from None
+      raise MalloczeroError(
+        f"{workdir} is in use by another training run (pid {holder}); wait "
+        "for it to end or stop it, or give another --workdir"
+      ) from None
     os.ftruncate(self._fd, 0)
     os.pwrite(self._fd, f"{os.getpid()}\n".encode("ascii"), 0)
     try:
@@ -83,8 +90,7 @@ class WorkDirLock:
       self.release()
       raise
 
-  def _wait_for_nodes(self, files: WorkDir, wait_s: float,
-                      print_fn: Callable[[str], None]) -> None:
+  def _wait_for_nodes(self, files: WorkDir, wait_s: float, print_fn: Callable[[str], None]) -> None:
     fd = os.open(files.nodes_lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       deadline = time.monotonic() + wait_s
@@ -97,11 +103,14 @@ class WorkDirLock:
           pids = ", ".join(map(str, lock_holders(files.nodes_lock))) or "unknown"
           if time.monotonic() >= deadline:
             raise MalloczeroError(
-                f"node processes of an earlier run on {files.root} (pids {pids}) are still "
-                "running; stop them, or give another --workdir") from None
+              f"node processes of an earlier run on {files.root} (pids {pids}) are still "
+              "running; stop them, or give another --workdir"
+            ) from None
           if not announced:
-            print_fn(f"waiting up to {wait_s:.0f} s for the node processes of a stopped run "
-                     f"(pids {pids}) to save and exit")
+            print_fn(
+              f"waiting up to {wait_s:.0f} s for the node processes of a stopped run "
+              f"(pids {pids}) to save and exit"
+            )
             announced = True
           time.sleep(0.5)
     finally:
@@ -132,16 +141,19 @@ def hold_nodes_lock(files: WorkDir) -> int:
 @dataclasses.dataclass(frozen=True)
 class ProcessId:
   """A pid and its process's start time: together they name one process, not a later reuse."""
+
   pid: int
   started: float
 
   @classmethod
   def current(cls) -> ProcessId:
     import psutil
+
     return cls(os.getpid(), psutil.Process().create_time())
 
   def is_running(self) -> bool:
     import psutil
+
     try:
       return psutil.Process(self.pid).create_time() == self.started
     except psutil.Error:
@@ -202,9 +214,11 @@ class LauncherWatch:
 
   def on_exit(self, callback: Callable[[], None]) -> None:
     """Calls `callback` from a daemon thread once the launcher has exited."""
+
     def watch() -> None:
       self.wait()
       callback()
+
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
@@ -223,6 +237,7 @@ def watch_launcher(launcher: ProcessId, name: str, say: Callable[[str, str], Non
   def stop() -> None:
     say(name, f"the launcher (pid {launcher.pid}) is gone: stopping, saving what this node owns")
     os.kill(os.getpid(), signal.SIGTERM)  # This process: Launchpad's node stop handler.
+
   watch.on_exit(stop)
   _WATCH = watch
 

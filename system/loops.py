@@ -15,8 +15,13 @@ from malloczero.actors.actor import BatchedActor, EpisodeResult
 from malloczero.learner.learner import MuZeroLearner
 
 
-def run_learner(learner: MuZeroLearner, logger: Any, should_stop: Callable[[], bool],
-                max_steps: int, on_step: Optional[Callable[[], None]] = None) -> None:
+def run_learner(
+  learner: MuZeroLearner,
+  logger: Any,
+  should_stop: Callable[[], bool],
+  max_steps: int,
+  on_step: Optional[Callable[[], None]] = None,
+) -> None:
   """Steps the learner until `should_stop()` or `max_steps`, logging each step's metrics;
   `on_step()` follows every step, before its metrics are logged.
 
@@ -62,8 +67,10 @@ class EpisodeStatistics:
     return len(self._episodes)
 
   def summary(self) -> dict[str, float]:
-    return {"mean_return": float(np.mean([e.episode_return for e in self._episodes])),
-            "mean_speedup": float(np.mean([e.speedup for e in self._episodes]))}
+    return {
+      "mean_return": float(np.mean([e.episode_return for e in self._episodes])),
+      "mean_speedup": float(np.mean([e.speedup for e in self._episodes])),
+    }
 
   def clear(self) -> None:
     self._episodes.clear()

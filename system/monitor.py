@@ -25,25 +25,29 @@ ESSENTIAL_NODES = ("replay", "counter", "learner")
 @dataclasses.dataclass
 class RunSample:
   """One look at the running program, taken by the launcher every summary period."""
+
   elapsed_s: float
   learner_steps: int
   actor_moves: int
   episodes: int
   replay_items: int
-  inserts: int        # Items inserted into replay since the server started.
-  samples: int        # Items sampled from replay since the server started.
+  inserts: int  # Items inserted into replay since the server started.
+  samples: int  # Items sampled from replay since the server started.
   live_actors: int
 
 
 class Monitor:
   """The launcher's view of a running program: counters, replay statistics, live nodes."""
 
-  def __init__(self, program: lp.Program, launch: str, workdir: str, num_actors: int,
-               start_step: int = 0):
+  def __init__(
+    self, program: lp.Program, launch: str, workdir: str, num_actors: int, start_step: int = 0
+  ):
     import courier
     import reverb
+
     self._counter = courier.Client(
-        program.groups["counter"][0].courier_address.resolve(), call_timeout=5)
+      program.groups["counter"][0].courier_address.resolve(), call_timeout=5
+    )
     self._replay = reverb.Client(program.groups["replay"][0].reverb_address.resolve())
     self._launch = launch
     self._workdir = workdir
@@ -91,13 +95,17 @@ class Monitor:
 
   def replay_stats(self) -> tuple[int, int, int]:
     from malloczero.replay.tables import TABLE_NAME
+
     try:
       info = self._replay.server_info(timeout=2)[TABLE_NAME]
     except Exception:  # pylint: disable=broad-except
       return 0, 0, 0
     limiter = info.rate_limiter_info
-    return (int(info.current_size), int(limiter.insert_stats.completed),
-            int(limiter.sample_stats.completed))
+    return (
+      int(info.current_size),
+      int(limiter.insert_stats.completed),
+      int(limiter.sample_stats.completed),
+    )
 
   @property
   def num_found(self) -> int:
@@ -116,9 +124,16 @@ class Monitor:
     items, inserts, samples = replay
     # Until the learner has told the counter its restored step, the checkpoint's step stands.
     learner_steps = max(int(counts.get("learner_steps", 0)), self.start_step)
-    return RunSample(elapsed_s, learner_steps,
-                     int(counts.get("actor_moves", 0)), int(counts.get("actor_episodes", 0)),
-                     items, inserts, samples, self.live_actors())
+    return RunSample(
+      elapsed_s,
+      learner_steps,
+      int(counts.get("actor_moves", 0)),
+      int(counts.get("actor_episodes", 0)),
+      items,
+      inserts,
+      samples,
+      self.live_actors(),
+    )
 
   def last_evaluation(self) -> Optional[dict[str, str]]:
     path = WorkDir(self._workdir).learning_curve_csv
@@ -134,16 +149,25 @@ def node_name(title: str) -> str:
   return title.replace("/", "_")
 
 
-def summary_line(sample: RunSample, previous: Optional[RunSample], max_steps: int,
-                  num_actors: int, evaluation: Optional[dict[str, str]],
-                  msa: dict[str, float], min_replay_items: int = 0, start_step: int = 0) -> str:
+def summary_line(
+  sample: RunSample,
+  previous: Optional[RunSample],
+  max_steps: int,
+  num_actors: int,
+  evaluation: Optional[dict[str, str]],
+  msa: dict[str, float],
+  min_replay_items: int = 0,
+  start_step: int = 0,
+) -> str:
   """One line per summary period; rates over the period, never negative, and no samples/insert
   before there is a period with inserts to divide by."""
+
   def rate(field: str) -> float:
     if previous is None or sample.elapsed_s <= previous.elapsed_s:
       return 0.0
     change = getattr(sample, field) - getattr(previous, field)
     return max(0.0, change / (sample.elapsed_s - previous.elapsed_s))
+
   learner = f"learner {sample.learner_steps}/{max_steps}"
   if sample.learner_steps <= start_step and sample.replay_items < min_replay_items:
     learner += f" (waiting for replay: {sample.replay_items:,}/{min_replay_items:,} items)"
@@ -151,17 +175,26 @@ def summary_line(sample: RunSample, previous: Optional[RunSample], max_steps: in
     learner += " (starting: replay is ready, the learner compiles its update)"
   else:
     learner += f" ({rate('learner_steps'):.1f}/s)"
-  line = (f"[{sample.elapsed_s:5.0f} s] {learner} | actors {sample.live_actors}/{num_actors}: "
-          f"{sample.actor_moves:,} moves ({rate('actor_moves'):,.0f}/s), "
-          f"{sample.episodes} games | replay {sample.replay_items:,} items")
-  if previous is not None and sample.inserts > previous.inserts and \
-      sample.samples >= previous.samples:
-    line += (f", samples/insert "
-             f"{(sample.samples - previous.samples) / (sample.inserts - previous.inserts):.2f}")
+  line = (
+    f"[{sample.elapsed_s:5.0f} s] {learner} | actors {sample.live_actors}/{num_actors}: "
+    f"{sample.actor_moves:,} moves ({rate('actor_moves'):,.0f}/s), "
+    f"{sample.episodes} games | replay {sample.replay_items:,} items"
+  )
+  if (
+    previous is not None
+    and sample.inserts > previous.inserts
+    and sample.samples >= previous.samples
+  ):
+    line += (
+      f", samples/insert "
+      f"{(sample.samples - previous.samples) / (sample.inserts - previous.inserts):.2f}"
+    )
   if evaluation is not None:
     split = evaluation["split"]
-    line += (f" | eval @{evaluation['learner_steps']} {split} "
-             f"{float(evaluation['geomean_speedup']):.3f}x (msa {msa.get(split, float('nan')):.3f}x)")
+    line += (
+      f" | eval @{evaluation['learner_steps']} {split} "
+      f"{float(evaluation['geomean_speedup']):.3f}x (msa {msa.get(split, float('nan')):.3f}x)"
+    )
   return line
 
 
@@ -175,9 +208,17 @@ def final_counts(workdir: str) -> dict[str, float]:
   return counts or {}
 
 
-def watch(manager: Any, monitor: Monitor, config: Config, launch: str, num_actors: int,
-           max_steps: int, max_seconds: Optional[float], msa: dict[str, float],
-           print_fn: Callable[[str], None]) -> tuple[str, Optional[str]]:
+def watch(
+  manager: Any,
+  monitor: Monitor,
+  config: Config,
+  launch: str,
+  num_actors: int,
+  max_steps: int,
+  max_seconds: Optional[float],
+  msa: dict[str, float],
+  print_fn: Callable[[str], None],
+) -> tuple[str, Optional[str]]:
   """Prints a summary every few seconds until the program stops; returns why it stopped
   ('running' when it stopped by itself or by a signal) and, when it failed, the failure."""
   start = time.monotonic()
@@ -211,8 +252,11 @@ def watch(manager: Any, monitor: Monitor, config: Config, launch: str, num_actor
         stopping = True
       elif name.startswith("actor"):
         live = monitor.live_actors()
-        print_fn(f"{name} exited; training continues with {live} of {num_actors} actors"
-                 if live else f"{name} exited; no actors left, the learner waits for data")
+        print_fn(
+          f"{name} exited; training continues with {live} of {num_actors} actors"
+          if live
+          else f"{name} exited; no actors left, the learner waits for data"
+        )
       else:
         print_fn(f"{name} exited; training continues without it")
     if max_seconds is not None and monitor.elapsed > max_seconds and not stopping:
@@ -224,9 +268,18 @@ def watch(manager: Any, monitor: Monitor, config: Config, launch: str, num_actor
       # Not while stopping: the counter and replay go away and would read as zeros.
       sample = monitor.sample(monitor.elapsed)
       monitor.samples.append(sample)
-      print_fn(summary_line(sample, previous, max_steps, num_actors,
-                             monitor.last_evaluation(), msa, config.replay.min_size_to_sample,
-                             monitor.start_step))
+      print_fn(
+        summary_line(
+          sample,
+          previous,
+          max_steps,
+          num_actors,
+          monitor.last_evaluation(),
+          msa,
+          config.replay.min_size_to_sample,
+          monitor.start_step,
+        )
+      )
       previous, last_summary = sample, now
       if sample.learner_steps >= max_steps and reached_at is None:
         reached_at = now

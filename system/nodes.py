@@ -26,18 +26,19 @@ import launchpad as lp
 import reverb
 from acme.utils import counting
 
+from malloczero.common.files import write_text
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
-from malloczero.common.files import write_text
 from malloczero.system import guards
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeContext:
   """What every node needs besides the Config: where the run lives and where its output goes."""
+
   workdir: str
-  output_to_files: bool = False   # local_mp: stdout/stderr to workdir/nodes/<name>.log.
-  own_process: bool = False       # local_mp: the node is alone in its process.
+  output_to_files: bool = False  # local_mp: stdout/stderr to workdir/nodes/<name>.log.
+  own_process: bool = False  # local_mp: the node is alone in its process.
   tensorboard: bool = True
   # local_mp: the launcher, which each node process watches (and stops at its death).
   launcher: Optional[guards.ProcessId] = None
@@ -52,7 +53,7 @@ class NodeContext:
 # this module is imported.
 NODE_WORKDIR_ENV = "MALLOCZERO_WORKDIR"
 NODE_GROUP_ENV = "MALLOCZERO_NODE"
-NODE_OUTPUT_ENV = "MALLOCZERO_NODE_OUTPUT"   # "files": the node's output goes to its log file.
+NODE_OUTPUT_ENV = "MALLOCZERO_NODE_OUTPUT"  # "files": the node's output goes to its log file.
 
 
 def _output_to_log_from_the_start() -> None:
@@ -123,6 +124,7 @@ def _guard(context: NodeContext, name: str) -> None:
     # flag default (10 s, too short for a learner or replay checkpoint on a loaded machine)
     # before this node started; Launchpad 0.5.2 cannot pass node processes that flag.
     from launchpad.launch import worker_manager
+
     try:
       manager = worker_manager.get_worker_manager()
     except RuntimeError:  # Not started by Launchpad's process entry (a test calling a node).
@@ -153,16 +155,22 @@ def say(name: str, message: str) -> None:
     pass
 
 
-def node_logger(context: NodeContext, label: str, steps_key: str,
-                time_delta: float = 0.0) -> Any:
+def node_logger(context: NodeContext, label: str, steps_key: str, time_delta: float = 0.0) -> Any:
   """The builder's logger, with TensorBoard events unless the context turns them off."""
   from malloczero.system.builder import make_logger
-  return make_logger(context.files, label, tensorboard=context.tensorboard, steps_key=steps_key,
-                     time_delta=time_delta)
+
+  return make_logger(
+    context.files,
+    label,
+    tensorboard=context.tensorboard,
+    steps_key=steps_key,
+    time_delta=time_delta,
+  )
 
 
-def retry_until_answered(call: Callable[[], Any], name: str, what: str,
-                         timeout_s: float = 600.0, poll_s: float = 1.0) -> Any:
+def retry_until_answered(
+  call: Callable[[], Any], name: str, what: str, timeout_s: float = 600.0, poll_s: float = 1.0
+) -> Any:
   """`call()` until it succeeds: a node's server starts only once the node is built (the learner
   restores its checkpoint and waits for replay first), and client calls carry a timeout so that
   no node blocks forever on a peer that has stopped. Raises SystemExit on a program stop."""
@@ -172,16 +180,22 @@ def retry_until_answered(call: Callable[[], Any], name: str, what: str,
       return call()
     except Exception as e:  # pylint: disable=broad-except
       if lp.wait_for_stop(poll_s):
-        raise SystemExit(0)
+        raise SystemExit(0) from None
       if time.monotonic() > deadline:
-        raise RuntimeError(f"{name}: no answer from {what} within {timeout_s:.0f} s "
-                           f"({type(e).__name__}: {e})") from e
+        raise RuntimeError(
+          f"{name}: no answer from {what} within {timeout_s:.0f} s ({type(e).__name__}: {e})"
+        ) from e
 
 
 def wait_for_replay(client: reverb.Client, name: str, timeout_s: float = 600.0) -> None:
   """Blocks until the replay server answers (it may be restoring a checkpoint), or a stop."""
-  retry_until_answered(lambda: client.server_info(timeout=2), name,
-                       f"the replay server at {client.server_address}", timeout_s, poll_s=0.5)
+  retry_until_answered(
+    lambda: client.server_info(timeout=2),
+    name,
+    f"the replay server at {client.server_address}",
+    timeout_s,
+    poll_s=0.5,
+  )
 
 
 # ------------------------------------------------------------------------------------------ replay
@@ -196,7 +210,9 @@ class ReplayNode(lp.ReverbNode):
 
   def __init__(self, config: Config, context: NodeContext):
     import functools
+
     from malloczero.system.builder import make_replay_tables
+
     super().__init__(functools.partial(make_replay_tables, config))
     self._config = config
     self._context = context
@@ -205,22 +221,29 @@ class ReplayNode(lp.ReverbNode):
     start_node(self._context, "replay")
     from malloczero.replay.tables import TABLE_NAME
     from malloczero.system.builder import make_replay_server
+
     directory = self._context.files.replay_checkpoints
     os.makedirs(directory, exist_ok=True)
     resumable = bool(os.listdir(directory))
-    server = make_replay_server(self._config, lp.get_port_from_address(self._address.resolve()),
-                                checkpoint_dir=directory)
+    server = make_replay_server(
+      self._config, lp.get_port_from_address(self._address.resolve()), checkpoint_dir=directory
+    )
     client = server.localhost_client()
     size = client.server_info()[TABLE_NAME].current_size
-    say("replay", f"restored {size} items from {directory}" if resumable
-        else "started with an empty table")
+    say(
+      "replay",
+      f"restored {size} items from {directory}" if resumable else "started with an empty table",
+    )
     every_s = self._config.distributed.replay_checkpoint_every_s
 
     def checkpoint() -> None:
       started = time.monotonic()
       client.checkpoint()  # Reverb keeps the newest checkpoint and deletes older ones.
-      say("replay", f"checkpointed {client.server_info()[TABLE_NAME].current_size} items in "
-          f"{time.monotonic() - started:.1f} s")
+      say(
+        "replay",
+        f"checkpointed {client.server_info()[TABLE_NAME].current_size} items in "
+        f"{time.monotonic() - started:.1f} s",
+      )
 
     while not lp.wait_for_stop(every_s):
       checkpoint()
@@ -242,8 +265,9 @@ def read_counts(path: str) -> tuple[Optional[dict[str, float]], Optional[str]]:
   except (OSError, UnicodeDecodeError, ValueError) as e:
     return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
   if not isinstance(counts, dict) or not all(
-      isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-      for k, v in counts.items()):
+    isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+    for k, v in counts.items()
+  ):
     return None, "not a JSON object of counts"
   return counts, None
 
@@ -293,8 +317,9 @@ class StepsLimiter:
   runs (tests, benchmarks) end promptly, and it counts from the counter the learner keeps exact.
   """
 
-  def __init__(self, counter: Any, max_steps: int, poll_s: float = 0.5,
-               context: Optional[NodeContext] = None):
+  def __init__(
+    self, counter: Any, max_steps: int, poll_s: float = 0.5, context: Optional[NodeContext] = None
+  ):
     if context is not None:
       start_node(context, "limiter")
     self._counter = counter
@@ -324,24 +349,34 @@ class LearnerNode:
   `learner.checkpoint_every_s`, when it reaches `max_steps`, and at stop.
   """
 
-  def __init__(self, config: Config, context: NodeContext, replay: reverb.Client, counter: Any,
-               max_steps: int):
+  def __init__(
+    self, config: Config, context: NodeContext, replay: reverb.Client, counter: Any, max_steps: int
+  ):
     start_node(context, "learner")
     from malloczero.actors.games import program_specs
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_learner, make_sampler
+
     self._config, self._context = config, context
     self._counter = counter
     self._max_steps = max_steps
     wait_for_replay(replay, "learner")
     self._sampler = make_sampler(replay.server_address, config)
-    self._learner = make_learner(make_networks(config.network, config.game), config,
-                                 self._sampler, context.files,
-                                 program_specs(config, "train"))
+    self._learner = make_learner(
+      make_networks(config.network, config.game),
+      config,
+      self._sampler,
+      context.files,
+      program_specs(config, "train"),
+    )
     if self._learner.num_steps:
       from malloczero.learner.checkpoint import params_digest
-      say("learner", f"resumed at step {self._learner.num_steps}, parameters "
-          f"{params_digest(self._learner.get_variables())}")
+
+      say(
+        "learner",
+        f"resumed at step {self._learner.num_steps}, parameters "
+        f"{params_digest(self._learner.get_variables())}",
+      )
     else:
       say("learner", "starting from fresh parameters")
 
@@ -356,6 +391,7 @@ class LearnerNode:
 
   def run(self) -> None:
     from malloczero.system.loops import run_learner
+
     learner = self._learner
     counts = retry_until_answered(self._counter.get_counts, "learner", "the counter")
     # The counter's file and the learner's checkpoint are saved at different moments: the
@@ -402,8 +438,15 @@ class LearnerNode:
 class ActorNode:
   """Plays `actor.num_games` training programs at once with batched search, writes replay."""
 
-  def __init__(self, config: Config, context: NodeContext, actor_id: int, replay: reverb.Client,
-               learner: Any, counter: Any):
+  def __init__(
+    self,
+    config: Config,
+    context: NodeContext,
+    actor_id: int,
+    replay: reverb.Client,
+    learner: Any,
+    counter: Any,
+  ):
     self._name = f"actor_{actor_id}"
     start_node(context, self._name)
     self._config, self._context = config, context
@@ -414,15 +457,23 @@ class ActorNode:
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_actor, make_variable_client
     from malloczero.system.loops import EpisodeStatistics, step_actor
+
     config = self._config
     seed = config.seed + 7919 * (self._actor_id + 1)
     wait_for_replay(self._replay, self._name)
     stop = lp.stop_event()
     episodes = EpisodeStatistics()
     variables = make_variable_client(self._learner, config.actor)
-    actor = make_actor(make_networks(config.network, config.game), config, self._replay,
-                       variables, seed, should_stop=stop.is_set, on_episode=episodes.add,
-                       offer=self._learner.offer_demonstration)
+    actor = make_actor(
+      make_networks(config.network, config.game),
+      config,
+      self._replay,
+      variables,
+      seed,
+      should_stop=stop.is_set,
+      on_episode=episodes.add,
+      offer=self._learner.offer_demonstration,
+    )
     logger = node_logger(self._context, self._name, steps_key="actor_moves")
     retry_until_answered(variables.update_and_wait, self._name, "the learner")
     say(self._name, f"playing {actor.num_games} games of {actor.num_programs} programs")
@@ -436,23 +487,35 @@ class ActorNode:
         if now - last_report >= config.distributed.actor_report_every_s:
           moves = actor.num_steps * actor.num_games
           try:
-            self._counter.increment(**{"actor_moves": moves - reported_moves,
-                                       "actor_episodes": actor.num_episodes - reported_episodes,
-                                       f"{self._name}_moves": moves - reported_moves})
+            self._counter.increment(
+              **{
+                "actor_moves": moves - reported_moves,
+                "actor_episodes": actor.num_episodes - reported_episodes,
+                f"{self._name}_moves": moves - reported_moves,
+              }
+            )
           except Exception:  # pylint: disable=broad-except  # Counter busy or stopping: later.
             continue
           if episodes:
-            logger.write({"actor_moves": moves, "episodes": actor.num_episodes,
-                          "moves_per_s": (moves - reported_moves) / (now - last_report),
-                          **episodes.summary()})
+            logger.write(
+              {
+                "actor_moves": moves,
+                "episodes": actor.num_episodes,
+                "moves_per_s": (moves - reported_moves) / (now - last_report),
+                **episodes.summary(),
+              }
+            )
             episodes.clear()
           reported_moves, reported_episodes, last_report = moves, actor.num_episodes, now
     finally:
       actor.close()
       variables.close()
       logger.close()
-      say(self._name, f"stopped after {actor.num_steps * actor.num_games} moves "
-          f"({actor.num_offers} games offered as demonstrations)")
+      say(
+        self._name,
+        f"stopped after {actor.num_steps * actor.num_games} moves "
+        f"({actor.num_offers} games offered as demonstrations)",
+      )
 
 
 # --------------------------------------------------------------------------------------- evaluator
@@ -473,14 +536,16 @@ class EvaluatorNode:
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_evaluator
     from malloczero.system.training import Stopwatch
+
     config = self._config
     split = "heldout" if config.distributed.heldout_only_evaluator else "train"
     specs = program_specs(config, split)
     if not specs:  # `train --workload` alone: its programs are all training programs.
       split, specs = "train", program_specs(config, "train")
     networks = make_networks(config.network, config.game)
-    curve = make_evaluator(networks, config, self._context.files, {split: specs},
-                           offer=self._learner.offer_demonstration)
+    curve = make_evaluator(
+      networks, config, self._context.files, {split: specs}, offer=self._learner.offer_demonstration
+    )
     msa = curve.baseline_geomean("msa", split)
     logger = node_logger(self._context, "evaluator", steps_key="learner_steps")
     clock = Stopwatch()
@@ -496,12 +561,21 @@ class EvaluatorNode:
           params, steps = self._learner.get_variables(["params", "steps"])
         except Exception:  # pylint: disable=broad-except  # Learner starting or stopping.
           continue
-        row, = curve.evaluate(params, int(steps), clock.elapsed)
-        logger.write({"learner_steps": int(steps), "geomean_speedup": row["geomean_speedup"],
-                      "vs_msa": row["geomean_speedup"] / msa, "beats_msa": row["beats_msa"]})
-        say("evaluator", f"step {int(steps)}: {split} geomean speed-up "
-            f"{row['geomean_speedup']:.3f} (msa {msa:.3f}), beats msa on {row['beats_msa']} of "
-            f"{row['programs']}")
+        (row,) = curve.evaluate(params, int(steps), clock.elapsed)
+        logger.write(
+          {
+            "learner_steps": int(steps),
+            "geomean_speedup": row["geomean_speedup"],
+            "vs_msa": row["geomean_speedup"] / msa,
+            "beats_msa": row["beats_msa"],
+          }
+        )
+        say(
+          "evaluator",
+          f"step {int(steps)}: {split} geomean speed-up "
+          f"{row['geomean_speedup']:.3f} (msa {msa:.3f}), beats msa on {row['beats_msa']} of "
+          f"{row['programs']}",
+        )
         next_step = (int(steps) // every + 1) * every
     finally:
       logger.close()

@@ -36,27 +36,42 @@ from typing import Any, Callable, Iterator, Optional
 import launchpad as lp
 import psutil
 
-from malloczero.configs.config import Config
-from malloczero.configs.workdir import WorkDir
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.units import human_bytes
+from malloczero.configs.config import Config
+from malloczero.configs.workdir import WorkDir
 from malloczero.system.guards import ProcessId, WorkDirLock
 from malloczero.system.monitor import Monitor, RunSample, final_counts, watch
-from malloczero.system.nodes import (NODE_GROUP_ENV, NODE_OUTPUT_ENV, NODE_WORKDIR_ENV, ActorNode,
-                                     EvaluatorNode,
-                                     LearnerNode, NodeContext, PersistentCounter, ReplayNode,
-                                     StepsLimiter, TERMINATION_NOTICE_S, align_counter_file,
-                                     read_counts)
-from malloczero.system.training import (baseline_speedups, check_workdir, refuse_finished,
-                                        save_config)
+from malloczero.system.nodes import (
+  NODE_GROUP_ENV,
+  NODE_OUTPUT_ENV,
+  NODE_WORKDIR_ENV,
+  TERMINATION_NOTICE_S,
+  ActorNode,
+  EvaluatorNode,
+  LearnerNode,
+  NodeContext,
+  PersistentCounter,
+  ReplayNode,
+  StepsLimiter,
+  align_counter_file,
+  read_counts,
+)
+from malloczero.system.training import (
+  baseline_speedups,
+  check_workdir,
+  refuse_finished,
+  save_config,
+)
 
 LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
 COUNTER_CALL_TIMEOUT_S = 5
 LEARNER_CALL_TIMEOUT_S = 20
 
 
-def build_program(config: Config, context: NodeContext, num_actors: int,
-                  max_steps: int) -> lp.Program:
+def build_program(
+  config: Config, context: NodeContext, num_actors: int, max_steps: int
+) -> lp.Program:
   """The Launchpad program with `num_actors` actor nodes (nothing is started)."""
   if num_actors < 1:
     raise MalloczeroError(f"--num-actors must be at least 1, got {num_actors}")
@@ -70,12 +85,14 @@ def build_program(config: Config, context: NodeContext, num_actors: int,
   counter.set_client_kwargs(call_timeout=COUNTER_CALL_TIMEOUT_S)
   with program.group("learner"):
     learner = program.add_node(
-        lp.CourierNode(LearnerNode, config, context, replay, counter, max_steps))
+      lp.CourierNode(LearnerNode, config, context, replay, counter, max_steps)
+    )
   learner.set_client_kwargs(call_timeout=LEARNER_CALL_TIMEOUT_S)
   with program.group("actor"):
     for actor_id in range(num_actors):
       program.add_node(
-          lp.CourierNode(ActorNode, config, context, actor_id, replay, learner, counter))
+        lp.CourierNode(ActorNode, config, context, actor_id, replay, learner, counter)
+      )
   with program.group("evaluator"):
     program.add_node(lp.CourierNode(EvaluatorNode, config, context, learner, counter))
   with program.group("limiter"):
@@ -91,7 +108,7 @@ def build_program(config: Config, context: NodeContext, num_actors: int,
 
 @dataclasses.dataclass
 class DistributedResult:
-  status: str                 # "finished", "time limit", "interrupted" or "failed"
+  status: str  # "finished", "time limit", "interrupted" or "failed"
   learner_steps: int
   start_step: int
   actor_moves: int
@@ -101,7 +118,7 @@ class DistributedResult:
   samples: list[RunSample]
   workdir: str
   report: Optional[dict[str, Any]] = None
-  failure: Optional[str] = None   # Why, when the status is "failed".
+  failure: Optional[str] = None  # Why, when the status is "failed".
 
   @property
   def ok(self) -> bool:
@@ -119,11 +136,14 @@ class DistributedResult:
   def outputs(self) -> list[tuple[str, str]]:
     """(path, what) for each file and directory the run has left in its work directory."""
     files = WorkDir(self.workdir)
-    found = [(files.report("md"), "the evaluation report (with report.json, report.csv and "
-              "pictures)"), (files.learning_curve_png, "the learning curve"),
-             (files.checkpoints, "checkpoints"), (files.logs, "CSV logs"),
-             (files.tensorboard, "TensorBoard events"),
-             (files.best, "the fastest mapping found per training program")]
+    found = [
+      (files.report("md"), "the evaluation report (with report.json, report.csv and pictures)"),
+      (files.learning_curve_png, "the learning curve"),
+      (files.checkpoints, "checkpoints"),
+      (files.logs, "CSV logs"),
+      (files.tensorboard, "TensorBoard events"),
+      (files.best, "the fastest mapping found per training program"),
+    ]
     return [(path, what) for path, what in found if os.path.exists(path)]
 
 
@@ -131,6 +151,7 @@ def _say_the_stop_countdown_once(print_fn: Callable[[str], None]) -> None:
   """Launchpad counts down its grace period on one console line rewritten with '\\r' every second;
   on a pipe or in a file the countdown runs together into one long line. It is said once instead."""
   from launchpad.launch import worker_manager
+
   said = False
 
   def countdown_print(*args: Any, **kwargs: Any) -> None:
@@ -177,12 +198,14 @@ exec "${@:3}" 2>&1 | awk -v prefix="[$TITLE] " '{print prefix $0; fflush()}'
 def _launch_in_current_terminal_plain(script: str, commands: Any) -> Any:
   """Launchpad's `launch_in_current_terminal`, with `script` as the output decorator."""
   from launchpad.launch import worker_manager
+
   manager = worker_manager.WorkerManager()
   atexit.register(manager.wait)
   for command in commands:
-    process = subprocess.Popen(["/bin/bash", script, "0", command.title,
-                                *command.command_as_list],
-                               env={**os.environ, **command.env_overrides})
+    process = subprocess.Popen(
+      ["/bin/bash", script, "0", command.title, *command.command_as_list],
+      env={**os.environ, **command.env_overrides},
+    )
     manager.register_existing_process(command.title, process.pid)
   return manager
 
@@ -192,6 +215,7 @@ def _plain_node_output(plain: bool, directory: str) -> Iterator[None]:
   """Node lines on a console that is not a terminal (a pipe, a log file) carry no colour codes;
   the uncoloured decorator is written to `directory`."""
   from launchpad.launch.run_locally import run_locally
+
   key = run_locally.SEPARATE_TERMINAL_CURRENT_TERMINAL
   saved = run_locally._LOCAL_LAUNCHER_MAP[key]  # pylint: disable=protected-access
   if plain:
@@ -199,7 +223,8 @@ def _plain_node_output(plain: bool, directory: str) -> Iterator[None]:
     with open(script, "w", encoding="utf-8") as f:
       f.write(_PLAIN_DECORATE)
     run_locally._LOCAL_LAUNCHER_MAP[key] = functools.partial(  # pylint: disable=protected-access
-        _launch_in_current_terminal_plain, script)
+      _launch_in_current_terminal_plain, script
+    )
   try:
     yield
   finally:
@@ -211,6 +236,7 @@ def _local_resources(program: lp.Program, context: NodeContext) -> dict[str, Any
   the nodes also name themselves `mz-NODE`, system/nodes.py) and, with `--node-output files`,
   sends its output to its log file from its first line."""
   from launchpad.nodes.python.local_multi_processing import PythonProcess
+
   # Launchpad 0.5.2 cannot pass a node a flag of our own (its flag placeholders need a flag it
   # does not define), so the names travel in the environment.
   env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", NODE_WORKDIR_ENV: context.workdir}
@@ -241,17 +267,25 @@ def local_actor_limit(launch: str) -> tuple[int, str]:
     by_memory = max(0, (available - OTHER_NODES_RESIDENT_BYTES) // ACTOR_RESIDENT_BYTES)
     if by_memory < limit:
       limit = int(by_memory)
-      why = (f"{human_bytes(available)} of available memory runs at most {limit} actors (about "
-             f"{human_bytes(ACTOR_RESIDENT_BYTES)} each beside "
-             f"{human_bytes(OTHER_NODES_RESIDENT_BYTES)} for the other nodes)")
+      why = (
+        f"{human_bytes(available)} of available memory runs at most {limit} actors (about "
+        f"{human_bytes(ACTOR_RESIDENT_BYTES)} each beside "
+        f"{human_bytes(OTHER_NODES_RESIDENT_BYTES)} for the other nodes)"
+      )
   return limit, why
 
 
-def launch_training(config: Config, workdir: str, launch: str = "local_mp",
-                    num_actors: Optional[int] = None, max_steps: Optional[int] = None,
-                    max_seconds: Optional[float] = None, node_output: str = "files",
-                    final_report: bool = True,
-                    print_fn: Callable[[str], None] = print) -> DistributedResult:
+def launch_training(
+  config: Config,
+  workdir: str,
+  launch: str = "local_mp",
+  num_actors: Optional[int] = None,
+  max_steps: Optional[int] = None,
+  max_seconds: Optional[float] = None,
+  node_output: str = "files",
+  final_report: bool = True,
+  print_fn: Callable[[str], None] = print,
+) -> DistributedResult:
   """Launches the program locally, watches it until it stops, and reports.
 
   A work directory that holds a run resumes it: the learner restores its checkpoint (parameters,
@@ -260,16 +294,34 @@ def launch_training(config: Config, workdir: str, launch: str = "local_mp",
   anything in it is written.
   """
   with WorkDirLock(os.path.abspath(workdir), print_fn):
-    return _launch_training(config, workdir, launch, num_actors, max_steps, max_seconds,
-                            node_output, final_report, print_fn)
+    return _launch_training(
+      config,
+      workdir,
+      launch,
+      num_actors,
+      max_steps,
+      max_seconds,
+      node_output,
+      final_report,
+      print_fn,
+    )
 
 
-def _launch_training(config: Config, workdir: str, launch: str, num_actors: Optional[int],
-                     max_steps: Optional[int], max_seconds: Optional[float], node_output: str,
-                     final_report: bool, print_fn: Callable[[str], None]) -> DistributedResult:
+def _launch_training(
+  config: Config,
+  workdir: str,
+  launch: str,
+  num_actors: Optional[int],
+  max_steps: Optional[int],
+  max_seconds: Optional[float],
+  node_output: str,
+  final_report: bool,
+  print_fn: Callable[[str], None],
+) -> DistributedResult:
   if launch not in LOCAL_LAUNCH_TYPES:
-    raise MalloczeroError(f"launch_training runs local launches ({', '.join(LOCAL_LAUNCH_TYPES)}); "
-                          f"got '{launch}'")
+    raise MalloczeroError(
+      f"launch_training runs local launches ({', '.join(LOCAL_LAUNCH_TYPES)}); got '{launch}'"
+    )
   if node_output not in ("files", "terminal"):
     raise MalloczeroError(f"--node-output must be 'files' or 'terminal', got '{node_output}'")
   num_actors = num_actors or config.distributed.num_actors
@@ -281,20 +333,28 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
   if start_step is not None:
     replay_dir = files.replay_checkpoints
     has_replay = os.path.isdir(replay_dir) and bool(os.listdir(replay_dir))
-    print_fn(f"resuming {workdir} from learner step {start_step} "
-             f"({'with' if has_replay else 'without'} a replay checkpoint)")
+    print_fn(
+      f"resuming {workdir} from learner step {start_step} "
+      f"({'with' if has_replay else 'without'} a replay checkpoint)"
+    )
     _, problem = read_counts(files.counter)
     if problem:
-      print_fn(f"warning: cannot read {files.counter} ({problem}): actor counts restart from 0; "
-               "the learner resumes from its checkpoint")
+      print_fn(
+        f"warning: cannot read {files.counter} ({problem}): actor counts restart from 0; "
+        "the learner resumes from its checkpoint"
+      )
   save_config(config, workdir)
   msa = _msa_geomeans(config, workdir, print_fn)
 
-  context = NodeContext(workdir, output_to_files=(launch == "local_mp" and node_output == "files"),
-                        own_process=(launch == "local_mp"),
-                        launcher=ProcessId.current() if launch == "local_mp" else None)
+  context = NodeContext(
+    workdir,
+    output_to_files=(launch == "local_mp" and node_output == "files"),
+    own_process=(launch == "local_mp"),
+    launcher=ProcessId.current() if launch == "local_mp" else None,
+  )
   program = build_program(config, context, num_actors, max_steps)
   from absl import flags
+
   if not flags.FLAGS.is_parsed():
     flags.FLAGS(["malloczero"], known_only=True)
   flags.FLAGS.lp_termination_notice_secs = TERMINATION_NOTICE_S
@@ -302,24 +362,33 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
   if launch == "local_mp":
     if context.output_to_files:
       print_fn(f"node output: {files.nodes}/<node>.log")
-    with _launch_files_in(files.launch_files), _plain_node_output(
-        not sys.stdout.isatty(), files.launch_files):
-      manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
-                          terminal="current_terminal",
-                          local_resources=_local_resources(program, context))
+    with (
+      _launch_files_in(files.launch_files),
+      _plain_node_output(not sys.stdout.isatty(), files.launch_files),
+    ):
+      manager = lp.launch(
+        program,
+        launch_type=lp.LaunchType.LOCAL_MULTI_PROCESSING,
+        terminal="current_terminal",
+        local_resources=_local_resources(program, context),
+      )
     # A node still running after the grace period is SIGKILLed; by default Launchpad then kills
     # this process too, which would lose the final report of a run whose checkpoints are saved.
     # Launchpad 0.5.2 has no flag for it.
     manager._kill_main_thread = False  # pylint: disable=protected-access
   else:
     manager = lp.launch(program, launch_type=lp.LaunchType.LOCAL_MULTI_THREADING)
-  print_fn(f"launched {launch}: replay, counter, learner, {num_actors} actor(s), evaluator, "
-           f"limiter; learner steps {start_step or 0} -> {max_steps}")
+  print_fn(
+    f"launched {launch}: replay, counter, learner, {num_actors} actor(s), evaluator, "
+    f"limiter; learner steps {start_step or 0} -> {max_steps}"
+  )
   monitor = Monitor(program, launch, workdir, num_actors, start_step=start_step or 0)
-  status, failure = watch(manager, monitor, config, launch, num_actors, max_steps, max_seconds,
-                           msa, print_fn)
+  status, failure = watch(
+    manager, monitor, config, launch, num_actors, max_steps, max_seconds, msa, print_fn
+  )
   manager.wait(raise_error=False)
   from malloczero.learner.checkpoint import checkpoint_steps
+
   try:
     steps = checkpoint_steps(files.checkpoints)
   except MalloczeroError:
@@ -329,28 +398,42 @@ def _launch_training(config: Config, workdir: str, launch: str, num_actors: Opti
   final = final_counts(workdir)
   if status == "running":
     status = "finished" if steps >= max_steps else "interrupted"
-  result = DistributedResult(status, steps, start_step or 0, int(final.get("actor_moves", 0)),
-                             int(final.get("actor_episodes", 0)), monitor.elapsed,
-                             num_actors, monitor.samples, workdir, failure=failure)
-  print_fn(f"program stopped ({result.describe()}) at learner step {steps}; checkpoint in "
-           f"{files.checkpoints}")
+  result = DistributedResult(
+    status,
+    steps,
+    start_step or 0,
+    int(final.get("actor_moves", 0)),
+    int(final.get("actor_episodes", 0)),
+    monitor.elapsed,
+    num_actors,
+    monitor.samples,
+    workdir,
+    failure=failure,
+  )
+  print_fn(
+    f"program stopped ({result.describe()}) at learner step {steps}; checkpoint in "
+    f"{files.checkpoints}"
+  )
   if final_report and result.ok and steps > 0 and config.suite:
     from malloczero.system.report import write_final_report
+
     result.report = write_final_report(config, workdir, print_fn)
   return result
 
 
-def _msa_geomeans(config: Config, workdir: str,
-                  print_fn: Callable[[str], None]) -> dict[str, float]:
+def _msa_geomeans(
+  config: Config, workdir: str, print_fn: Callable[[str], None]
+) -> dict[str, float]:
   """Computes (and caches in the work directory) the baseline speed-ups of every program before
   the nodes need them; returns msa's geomean per split for the summary line."""
   from malloczero.actors.games import program_specs
   from malloczero.system.evaluation import geomean
+
   specs = {split: program_specs(config, split) for split in ("train", "heldout")}
   if not os.path.exists(WorkDir(workdir).baselines):
-    print_fn(f"computing baselines (msa, greedy, bestfit, random) on "
-             f"{sum(map(len, specs.values()))} programs")
+    print_fn(
+      f"computing baselines (msa, greedy, bestfit, random) on "
+      f"{sum(map(len, specs.values()))} programs"
+    )
   baselines = baseline_speedups(specs["train"] + specs["heldout"], workdir, config.seed)
   return {split: geomean([baselines["msa"][s.name] for s in v]) for split, v in specs.items() if v}
-
-

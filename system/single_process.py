@@ -12,11 +12,10 @@ import dataclasses
 import os
 import sys
 import threading
-
-import portpicker
 import time
 from typing import Any, Callable, Iterator
 
+import portpicker
 import reverb
 
 from malloczero.actors.games import program_specs
@@ -67,15 +66,21 @@ def _native_stderr_to(path: str) -> Iterator[None]:
     terminal.close()
 
 
-def train_single_process(config: Config, workdir: str, max_learner_steps: int | None = None,
-                         max_seconds: float | None = None, eval_every_steps: int | None = None,
-                         print_fn: Callable[[str], None] | None = print,
-                         log_every_s: float = 10.0) -> TrainingResult:
+def train_single_process(
+  config: Config,
+  workdir: str,
+  max_learner_steps: int | None = None,
+  max_seconds: float | None = None,
+  eval_every_steps: int | None = None,
+  print_fn: Callable[[str], None] | None = print,
+  log_every_s: float = 10.0,
+) -> TrainingResult:
   """Trains until `max_learner_steps` (default: the config's) or `max_seconds`, whichever is first.
 
   A work directory that already holds a checkpoint resumes from it. Evaluations (greedy search on
   the suite's train and held-out programs) happen every `eval_every_steps` learner steps (default:
-  the config's) and at the end; they are appended to workdir/learning_curve.csv and drawn to learning_curve.png.
+  the config's) and at the end; they are appended to workdir/learning_curve.csv and drawn to
+  learning_curve.png.
   The work directory is locked for the whole run: one in use by another run is refused before
   anything in it is written.
   """
@@ -85,13 +90,20 @@ def train_single_process(config: Config, workdir: str, max_learner_steps: int | 
     # lost or written.
     refuse_finished(workdir, check_workdir(config, workdir), max_learner_steps)
     with _native_stderr_to(WorkDir(workdir).node_log("native")):
-      return _train(config, workdir, max_learner_steps, max_seconds, eval_every_steps, print_fn,
-                  log_every_s)
+      return _train(
+        config, workdir, max_learner_steps, max_seconds, eval_every_steps, print_fn, log_every_s
+      )
 
 
-def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seconds: float | None,
-           eval_every_steps: int | None, print_fn: Callable[[str], None] | None,
-           log_every_s: float) -> TrainingResult:
+def _train(
+  config: Config,
+  workdir: str,
+  max_learner_steps: int | None,
+  max_seconds: float | None,
+  eval_every_steps: int | None,
+  print_fn: Callable[[str], None] | None,
+  log_every_s: float,
+) -> TrainingResult:
   max_learner_steps = max_learner_steps or config.max_learner_steps
   eval_every_steps = eval_every_steps or config.eval_every_steps
   save_config(config, workdir)
@@ -108,16 +120,27 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
   learner = builder.make_learner(networks, config, sampler, files, train_specs)
   server = builder.make_replay_server(config, port=port)
   learner_logger = builder.make_logger(files, "learner", print_fn, log_every_s)
-  curve = builder.make_evaluator(networks, config, files,
-                                 {"train": train_specs, "heldout": heldout_specs},
-                                 offer=learner.offer_demonstration)
+  curve = builder.make_evaluator(
+    networks,
+    config,
+    files,
+    {"train": train_specs, "heldout": heldout_specs},
+    offer=learner.offer_demonstration,
+  )
   actor_logger = builder.make_logger(files, "actor", print_fn, log_every_s)
   episodes = EpisodeStatistics(window=RECENT_EPISODES)
   stop = threading.Event()
   variables = builder.make_variable_client(learner, config.actor)
-  actor = builder.make_actor(networks, config, reverb.Client(address), variables, config.seed,
-                             should_stop=stop.is_set, on_episode=episodes.add,
-                             offer=learner.offer_demonstration)
+  actor = builder.make_actor(
+    networks,
+    config,
+    reverb.Client(address),
+    variables,
+    config.seed,
+    should_stop=stop.is_set,
+    on_episode=episodes.add,
+    offer=learner.offer_demonstration,
+  )
   clock = Stopwatch()
   failure: list[BaseException] = []
 
@@ -152,8 +175,9 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
           curve.evaluate(learner.get_variables(), learner.num_steps, clock.elapsed)
           next_eval += eval_every_steps
         if time.monotonic() - last_log > log_every_s and episodes:
-          actor_logger.write({"actor_steps": actor.num_steps, "episodes": actor.num_episodes,
-                              **episodes.summary()})
+          actor_logger.write(
+            {"actor_steps": actor.num_steps, "episodes": actor.num_episodes, **episodes.summary()}
+          )
           last_log = time.monotonic()
   finally:
     stop.set()
@@ -169,5 +193,12 @@ def _train(config: Config, workdir: str, max_learner_steps: int | None, max_seco
   if not curve.rows or int(curve.rows[-1]["learner_steps"]) != learner.num_steps:
     curve.evaluate(learner.get_variables(), learner.num_steps, clock.elapsed)
     learner.save()  # With what that evaluation offered as demonstrations.
-  return TrainingResult(learner.num_steps, actor.num_steps, actor.num_episodes, clock.elapsed,
-                        curve.rows, curve.baseline_geomeans(), workdir)
+  return TrainingResult(
+    learner.num_steps,
+    actor.num_steps,
+    actor.num_episodes,
+    clock.elapsed,
+    curve.rows,
+    curve.baseline_geomeans(),
+    workdir,
+  )

@@ -9,8 +9,8 @@ import csv
 import dataclasses
 import io
 import json
-import os
 import logging
+import os
 import time
 from typing import Any, Optional, Sequence
 
@@ -19,14 +19,14 @@ import numpy as np
 from malloczero.actors.actor import OfferFn
 from malloczero.actors.evaluator import evaluate_params
 from malloczero.actors.games import GameSpec
-from malloczero.configs.config import Config
-from malloczero.configs.workdir import WorkDir
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import write_text
-from malloczero.system.evaluation import TIE_TOLERANCE, geomean
+from malloczero.configs.config import Config
+from malloczero.configs.workdir import WorkDir
 from malloczero.env.solvers.registry import BASELINES as BASELINES_REGISTRY
-from malloczero.system.baseline_cache import BaselineCache, open_cache
 from malloczero.learner.networks import MuZeroNetworks
+from malloczero.system.baseline_cache import BaselineCache, open_cache
+from malloczero.system.evaluation import TIE_TOLERANCE, geomean
 
 _log = logging.getLogger("malloczero.training")
 
@@ -34,8 +34,15 @@ BASELINES = ("msa", "greedy", "bestfit", "random")
 # The registry's versions (env/solvers/registry.py): a work directory's speed-ups cached for
 # another version of a baseline are computed again (a missing version is 1).
 BASELINE_VERSIONS = {b: BASELINES_REGISTRY[b].version for b in BASELINES}
-CURVE_FIELDS = ("learner_steps", "elapsed_s", "split", "geomean_speedup", "mean_return",
-                "beats_msa", "programs")
+CURVE_FIELDS = (
+  "learner_steps",
+  "elapsed_s",
+  "split",
+  "geomean_speedup",
+  "mean_return",
+  "beats_msa",
+  "programs",
+)
 
 
 def save_config(config: Config, workdir: str) -> None:
@@ -46,9 +53,13 @@ def save_config(config: Config, workdir: str) -> None:
 def _comparable(config_dict: dict[str, Any]) -> dict[str, Any]:
   """The parts of a config that a checkpoint depends on (networks, game, replay items)."""
   learner = config_dict.get("learner", {})
-  return {"network": config_dict.get("network"), "game": config_dict.get("game"),
-          "suite": config_dict.get("suite"), "programs": config_dict.get("programs", []),
-          "sequence": (learner.get("unroll_steps"), learner.get("td_steps"))}
+  return {
+    "network": config_dict.get("network"),
+    "game": config_dict.get("game"),
+    "suite": config_dict.get("suite"),
+    "programs": config_dict.get("programs", []),
+    "sequence": (learner.get("unroll_steps"), learner.get("td_steps")),
+  }
 
 
 def check_workdir(config: Config, workdir: str) -> Optional[int]:
@@ -57,6 +68,7 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
   Raises MalloczeroError when the directory holds a run of another configuration or an unreadable
   checkpoint, before anything is started."""
   from malloczero.learner.checkpoint import checkpoint_steps, refuse_legacy
+
   files = WorkDir(workdir)
   saved = files.config
   if os.path.exists(saved):
@@ -66,16 +78,19 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
     except (OSError, ValueError) as e:
       raise MalloczeroError(f"{saved} is unreadable ({e}); use another --workdir") from e
     if not isinstance(previous, dict) or not isinstance(previous.get("learner", {}), dict):
-      raise MalloczeroError(f"{saved} is not a run's config (a JSON object with a 'learner' "
-                            "object); use another --workdir")
+      raise MalloczeroError(
+        f"{saved} is not a run's config (a JSON object with a 'learner' "
+        "object); use another --workdir"
+      )
     # Through JSON, as config.json went: tuples come back as lists.
     current = json.loads(json.dumps(dataclasses.asdict(config)))
     if _comparable(previous) != _comparable(current):
       raise MalloczeroError(
-          f"{workdir} holds a run of config '{previous.get('name')}' on suite "
-          f"'{previous.get('suite')}' with other networks, game settings or --workload "
-          "programs; resume it with the same --config, --suite and --workload (--hardware, "
-          "--capacity), or use another --workdir")
+        f"{workdir} holds a run of config '{previous.get('name')}' on suite "
+        f"'{previous.get('suite')}' with other networks, game settings or --workload "
+        "programs; resume it with the same --config, --suite and --workload (--hardware, "
+        "--capacity), or use another --workdir"
+      )
   if os.path.isdir(files.checkpoints) and os.path.exists(files.learner_state):
     return checkpoint_steps(files.checkpoints)
   if os.path.isdir(files.checkpoints):
@@ -87,14 +102,19 @@ def refuse_finished(workdir: str, start_step: Optional[int], max_steps: int) -> 
   """A run already at `max_steps` is refused rather than trained again and saved over, in every
   launch mode."""
   if start_step is not None and start_step >= max_steps:
-    raise MalloczeroError(f"{workdir} is already at learner step {start_step} >= --max-steps "
-                          f"{max_steps}; raise --max-steps to train further, or give a new "
-                          "--workdir for a fresh run")
+    raise MalloczeroError(
+      f"{workdir} is already at learner step {start_step} >= --max-steps "
+      f"{max_steps}; raise --max-steps to train further, or give a new "
+      "--workdir for a fresh run"
+    )
 
 
-def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
-                      seed: int = 0,
-                      cache: Optional[BaselineCache] = None) -> dict[str, dict[str, float]]:
+def baseline_speedups(
+  specs: Sequence[GameSpec],
+  workdir: str | None = None,
+  seed: int = 0,
+  cache: Optional[BaselineCache] = None,
+) -> dict[str, dict[str, float]]:
   """{solver: {program: speed-up}} for the cheap baselines; kept in workdir/baselines.json
   with each baseline's version (`BASELINE_VERSIONS`): a baseline kept at another version is
   computed again. What is computed goes through `cache` (default: the user's baseline cache,
@@ -105,8 +125,7 @@ def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
     with open(path, encoding="utf-8") as f:
       cached = json.load(f)
     versions = cached.pop("versions", {})
-    cached = {b: v for b, v in cached.items()
-              if versions.get(b, 1) == BASELINE_VERSIONS.get(b, 1)}
+    cached = {b: v for b, v in cached.items() if versions.get(b, 1) == BASELINE_VERSIONS.get(b, 1)}
   names = [s.name for s in specs]
   if all(all(n in cached.get(b, {}) for n in names) for b in BASELINES):
     return cached
@@ -116,8 +135,9 @@ def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
     for solver in BASELINES:
       if spec.name not in result[solver]:
         options = {"seed": seed} if solver == "random" else {}
-        result[solver][spec.name] = cache.solve(spec.workload, spec.hardware, solver,
-                                                **options).speedup
+        result[solver][spec.name] = cache.solve(
+          spec.workload, spec.hardware, solver, **options
+        ).speedup
   if path:
     write_text(path, json.dumps(dict(result, versions=BASELINE_VERSIONS), indent=1))
   return result
@@ -126,15 +146,22 @@ def baseline_speedups(specs: Sequence[GameSpec], workdir: str | None = None,
 class LearningCurve:
   """Greedy evaluations of the agent over training, appended to learning_curve.csv and drawn."""
 
-  def __init__(self, networks: MuZeroNetworks, config: Config, workdir: str,
-               splits: dict[str, Sequence[GameSpec]], offer: Optional[OfferFn] = None):
+  def __init__(
+    self,
+    networks: MuZeroNetworks,
+    config: Config,
+    workdir: str,
+    splits: dict[str, Sequence[GameSpec]],
+    offer: Optional[OfferFn] = None,
+  ):
     """`offer` (the learner's `offer_demonstration`) is given each training program's game: an
     evaluation can find a faster mapping than the actors have."""
     self._networks, self._config, self._workdir = networks, config, WorkDir(workdir)
     self._offer = offer
     self._splits = {k: list(v) for k, v in splits.items() if v}
-    self.baselines = baseline_speedups([s for v in self._splits.values() for s in v], workdir,
-                                       config.seed)
+    self.baselines = baseline_speedups(
+      [s for v in self._splits.values() for s in v], workdir, config.seed
+    )
     self.path = self._workdir.learning_curve_csv
     self.rows: list[dict[str, Any]] = []
     if os.path.exists(self.path):  # A resumed run continues its curve.
@@ -145,18 +172,22 @@ class LearningCurve:
   def evaluate(self, params: Any, learner_steps: int, elapsed_s: float) -> list[dict[str, Any]]:
     new_rows = []
     for split, specs in self._splits.items():
-      results = evaluate_params(self._networks, params, self._config, specs,
-                                seed=self._config.seed)
+      results = evaluate_params(self._networks, params, self._config, specs, seed=self._config.seed)
       self.latest[split] = results
       if self._offer is not None and split == "train":
         self._offer_results(results)
       msa = self.baselines["msa"]
-      new_rows.append({
-          "learner_steps": learner_steps, "elapsed_s": round(elapsed_s, 1), "split": split,
+      new_rows.append(
+        {
+          "learner_steps": learner_steps,
+          "elapsed_s": round(elapsed_s, 1),
+          "split": split,
           "geomean_speedup": geomean([r.speedup for r in results]),
           "mean_return": float(np.mean([r.episode_return for r in results])),
           "beats_msa": sum(r.speedup / msa[r.program] >= 1 - TIE_TOLERANCE for r in results),
-          "programs": len(results)})
+          "programs": len(results),
+        }
+      )
     self.rows.extend(new_rows)
     # Rewritten whole and atomically (a few rows per evaluation): a run killed mid-write keeps
     # the previous curve instead of a torn last line that would break the resume.
@@ -181,20 +212,24 @@ class LearningCurve:
 
   def baseline_geomeans(self) -> dict[str, dict[str, float]]:
     """{split: {baseline: geomean speed-up}}, baselines in BASELINES order."""
-    return {split: {b: self.baseline_geomean(b, split) for b in BASELINES}
-            for split in self._splits}
+    return {
+      split: {b: self.baseline_geomean(b, split) for b in BASELINES} for split in self._splits
+    }
 
   def plot(self) -> str:
     from malloczero.system.plots import plot_learning_curves
+
     path = self._workdir.learning_curve_png
-    plot_learning_curves({self._config.name: self._workdir.root}, self.baseline_geomeans(), path,
-                         f"malloczero {self._config.name} on suite '{self._config.suite}' "
-                         "(greedy evaluation search)")
+    plot_learning_curves(
+      {self._config.name: self._workdir.root},
+      self.baseline_geomeans(),
+      path,
+      f"malloczero {self._config.name} on suite '{self._config.suite}' (greedy evaluation search)",
+    )
     return path
 
 
 class Stopwatch:
-
   def __init__(self):
     self.start = time.monotonic()
 

@@ -20,12 +20,14 @@ _BASELINE_CACHE = tempfile.mkdtemp(prefix="malloczero-tests-baselines-")
 os.environ["MALLOCZERO_BASELINE_CACHE_DIR"] = _BASELINE_CACHE
 atexit.register(shutil.rmtree, _BASELINE_CACHE, ignore_errors=True)
 
-hypothesis.settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,
-                                     print_blob=True)
+hypothesis.settings.register_profile(
+  "ci", max_examples=40, deadline=None, derandomize=True, print_blob=True
+)
 hypothesis.settings.register_profile("dev", max_examples=40, deadline=None)
 hypothesis.settings.register_profile("thorough", max_examples=500, deadline=None)
-hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE",
-                                                "ci" if os.environ.get("CI") else "dev"))
+hypothesis.settings.load_profile(
+  os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+)
 
 
 @pytest.fixture(scope="session")
@@ -38,12 +40,15 @@ def trained_run(tmp_path_factory):
   The work directory is shared: a test that changes a checkpoint copies the directory first. Its
   checkpoints are checked unchanged at the end of the session."""
   from tests import trained  # Loads JAX, Reverb and Launchpad: only when a test needs the run.
+
   workdir = str(tmp_path_factory.mktemp("trained") / "run")
   run = trained.train_tiny_run(workdir)
   digests = trained.checkpoint_digests(workdir)
   yield run
   after = trained.checkpoint_digests(workdir)
-  changed = sorted(name for name in set(digests) | set(after)
-                   if digests.get(name) != after.get(name))
-  assert not changed, (f"a test changed the shared trained run's {changed}: copy "
-                       f"{workdir} before changing it")
+  changed = sorted(
+    name for name in set(digests) | set(after) if digests.get(name) != after.get(name)
+  )
+  assert not changed, (
+    f"a test changed the shared trained run's {changed}: copy {workdir} before changing it"
+  )

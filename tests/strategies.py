@@ -11,8 +11,9 @@ from malloczero.env.workload import Workload, workload_from_ops
 def workloads(draw, max_ops: int = 24, max_buffers: int = 40) -> Workload:
   """Any valid workload: every kind, zero-flop ops, unused parameters, long and short ranges."""
   num_ops = draw(st.integers(1, max_ops))
-  flops = draw(st.lists(st.one_of(st.just(0.0), st.floats(1.0, 1e12)), min_size=num_ops,
-                        max_size=num_ops))
+  flops = draw(
+    st.lists(st.one_of(st.just(0.0), st.floats(1.0, 1e12)), min_size=num_ops, max_size=num_ops)
+  )
   num_buffers = draw(st.integers(1, max_buffers))
   buffers = []
   for i in range(num_buffers):
@@ -23,11 +24,15 @@ def workloads(draw, max_ops: int = 24, max_buffers: int = 40) -> Workload:
       uses = sorted(draw(st.lists(st.integers(0, num_ops - 1), max_size=5, unique=True)))
     else:
       def_op = draw(st.integers(0, num_ops - 1))
-      uses = draw(st.lists(st.integers(def_op + 1, num_ops), max_size=4, unique=True)) \
-          if def_op + 1 < num_ops else []
+      uses = (
+        draw(st.lists(st.integers(def_op + 1, num_ops), max_size=4, unique=True))
+        if def_op + 1 < num_ops
+        else []
+      )
       uses = sorted(u for u in uses if u < num_ops)
-    buffers.append({"id": 1000 + 7 * i, "name": f"b{i}", "size": size, "def": def_op,
-                    "uses": uses, "kind": kind})
+    buffers.append(
+      {"id": 1000 + 7 * i, "name": f"b{i}", "size": size, "def": def_op, "uses": uses, "kind": kind}
+    )
   return workload_from_ops(f"hyp-{num_ops}-{num_buffers}", "hypothesis", flops, buffers)
 
 
@@ -44,8 +49,13 @@ def hardware_for(draw, workload: Workload) -> Hardware:
     levels.append(MemoryLevel(f"fast{f}", capacity, bandwidth))
     bandwidth /= draw(st.floats(1.5, 20.0))
   levels.append(MemoryLevel("slow", 1 << 40, bandwidth / draw(st.floats(1.5, 20.0))))
-  return Hardware(name="hyp", levels=tuple(levels), peak_flops_per_s=draw(st.floats(1e11, 1e15)),
-                  copy_bandwidth_bytes_per_s=draw(st.floats(1e9, 1e12)), alignment_bytes=alignment)
+  return Hardware(
+    name="hyp",
+    levels=tuple(levels),
+    peak_flops_per_s=draw(st.floats(1e11, 1e15)),
+    copy_bandwidth_bytes_per_s=draw(st.floats(1e9, 1e12)),
+    alignment_bytes=alignment,
+  )
 
 
 def counting_actor(policy):
@@ -54,7 +64,6 @@ def counting_actor(policy):
   from acme import core
 
   class CountingActor(core.Actor):
-
     def __init__(self):
       self.observed = 0
 

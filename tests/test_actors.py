@@ -40,9 +40,10 @@ def noisy(params, seed: int, scale: float = 1.0):
   actions and a legality head that is wrong about them, so masking is really exercised."""
   leaves, treedef = jax.tree_util.tree_flatten(params)
   rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_unflatten(treedef, [
-      np.asarray(x) + scale * rng.standard_normal(np.shape(x)).astype(np.float32)
-      for x in leaves])
+  return jax.tree_util.tree_unflatten(
+    treedef,
+    [np.asarray(x) + scale * rng.standard_normal(np.shape(x)).astype(np.float32) for x in leaves],
+  )
 
 
 def _game(spec):
@@ -112,6 +113,7 @@ def check_search_output(output, legal: np.ndarray) -> None:
 
 # ------------------------------------------------------------------------------ search
 
+
 @pytest.mark.slow  # Compiles the search or the learner step.
 def test_search_shapes_legality_and_policy_targets(params, observations):
   legal = observations["legal_actions"]
@@ -134,8 +136,9 @@ def test_evaluation_search_is_deterministic_and_legal(params, observations):
   legal = observations["legal_actions"]
   search = make_search_fn(NETWORKS, CONFIG.search, evaluation=True)
   for p in (params, noisy(params, 3)):
-    outputs = [jax.device_get(search(p, jax.random.PRNGKey(seed), observations))
-               for seed in (0, 1, 12345)]
+    outputs = [
+      jax.device_get(search(p, jax.random.PRNGKey(seed), observations)) for seed in (0, 1, 12345)
+    ]
     for output in outputs:
       check_search_output(output, legal)
     for output in outputs[1:]:
@@ -150,6 +153,7 @@ def test_evaluation_msa_prior_plays_msa_when_large_and_training_search_ignores_i
   the mask it adds is msa's move; training searches are unchanged by it."""
   from malloczero.actors.search import msa_action_mask
   from malloczero.env.solvers import solve
+
   biased = dataclasses.replace(CONFIG.search, eval_msa_prior_logit=1e4)
   noisy_params = noisy(params, 5)
   msa = [solve(spec.workload, spec.hardware, "msa").speedup for spec in ALL_SPECS]
@@ -162,19 +166,23 @@ def test_evaluation_msa_prior_plays_msa_when_large_and_training_search_ignores_i
   game = _game(ALL_SPECS[0])
   timestep, masks, moves = game.reset(), [], []
   while not timestep.last():
-    masks.append(np.asarray(msa_action_mask(stack_observations([timestep.observation]),
-                                            CONFIG.game))[0])
+    masks.append(
+      np.asarray(msa_action_mask(stack_observations([timestep.observation]), CONFIG.game))[0]
+    )
     moves.append(game.msa_action)
     timestep = game.step(game.msa_action)
   np.testing.assert_array_equal(np.stack(masks), np.eye(A)[moves])
-  plain = make_search_fn(NETWORKS, CONFIG.search)(noisy_params, jax.random.PRNGKey(0),
-                                                  stack_observations([game.reset().observation]))
-  with_bias = make_search_fn(NETWORKS, biased)(noisy_params, jax.random.PRNGKey(0),
-                                               stack_observations([game.reset().observation]))
+  plain = make_search_fn(NETWORKS, CONFIG.search)(
+    noisy_params, jax.random.PRNGKey(0), stack_observations([game.reset().observation])
+  )
+  with_bias = make_search_fn(NETWORKS, biased)(
+    noisy_params, jax.random.PRNGKey(0), stack_observations([game.reset().observation])
+  )
   np.testing.assert_array_equal(plain.action_weights, with_bias.action_weights)
 
 
 # ------------------------------------------------------------------------------ batched actor
+
 
 class FlakySource:
   """A variable source whose parameters change on every fetch and every third fetch fails."""
@@ -195,7 +203,7 @@ class RecordingWriter:
 
   def __init__(self, writer: SequenceWriter):
     self._writer = writer
-    self.current = {}   # slot -> [(action, reward)] of the episode in progress
+    self.current = {}  # slot -> [(action, reward)] of the episode in progress
     self.finished = []  # (slot, [(action, reward)]) in the order episodes ended
 
   def append(self, slot, step):
@@ -218,7 +226,7 @@ class CompileCounter:
   """Counts JAX tracing / lowering / compilation events in this process while active."""
 
   def __init__(self):
-    self.events = []          # While active.
+    self.events = []  # While active.
     self.inactive_events = []  # Otherwise (the warm-up's: shows the listener works).
     self.active = False
 
@@ -240,6 +248,7 @@ def played(params):
     def traced(*args):
       traces.append(1)
       return inner(*args)
+
     return jax.jit(traced) if jit else traced
 
   num_games = 4
@@ -260,8 +269,16 @@ def played(params):
   try:
     with pytest.MonkeyPatch.context() as patch:
       patch.setattr("malloczero.actors.actor.make_search_fn", counting_make_search_fn)
-      actor = BatchedActor(NETWORKS, CONFIG, GamePool(TRAIN_SPECS, CONFIG.game, num_games, seed=1),
-                           variables, writer, seed=0, on_episode=results.append, offer=offer)
+      actor = BatchedActor(
+        NETWORKS,
+        CONFIG,
+        GamePool(TRAIN_SPECS, CONFIG.game, num_games, seed=1),
+        variables,
+        writer,
+        seed=0,
+        on_episode=results.append,
+        offer=offer,
+      )
     # Warm-up: the first step compiles; play on to one episode end and one parameter swap.
     while not results or variables.num_updates < 2:
       actor.step()
@@ -270,17 +287,23 @@ def played(params):
     updates_after_warmup, episodes_after_warmup = variables.num_updates, len(results)
     counter.active = True
     returned = []
-    while (len(results) < episodes_after_warmup + 2 * num_games
-           or len({r.program for r in results}) < 3 or variables.num_failures < 1
-           or variables.num_updates < updates_after_warmup + 2):
+    while (
+      len(results) < episodes_after_warmup + 2 * num_games
+      or len({r.program for r in results}) < 3
+      or variables.num_failures < 1
+      or variables.num_updates < updates_after_warmup + 2
+    ):
       returned.extend(actor.step())
       assert actor.num_steps < 600, "actor made no progress"
     counter.active = False
     writer.flush()
     table_size = client.server_info()[TABLE_NAME].current_size
   finally:
-    unregister = getattr(jax._src.monitoring,  # pylint: disable=protected-access
-                         "_unregister_event_duration_listener_by_callback", None)
+    unregister = getattr(
+      jax._src.monitoring,  # pylint: disable=protected-access
+      "_unregister_event_duration_listener_by_callback",
+      None,
+    )
     if unregister is not None:
       unregister(counter)
     counter.active = False
@@ -288,12 +311,22 @@ def played(params):
     variables.close()
     writer.close()  # Closed streams let the server stop at once.
     server.stop()
-  return dict(actor=actor, results=results, returned=returned, writer=writer,
-              table_size=table_size, traces=traces, traces_after_warmup=traces_after_warmup,
-              compile_events=counter.events, warmup_compile_events=counter.inactive_events,
-              variables=variables,
-              episodes_after_warmup=episodes_after_warmup,
-              updates_after_warmup=updates_after_warmup, source=source, offers=offers)
+  return dict(
+    actor=actor,
+    results=results,
+    returned=returned,
+    writer=writer,
+    table_size=table_size,
+    traces=traces,
+    traces_after_warmup=traces_after_warmup,
+    compile_events=counter.events,
+    warmup_compile_events=counter.inactive_events,
+    variables=variables,
+    episodes_after_warmup=episodes_after_warmup,
+    updates_after_warmup=updates_after_warmup,
+    source=source,
+    offers=offers,
+  )
 
 
 @pytest.mark.slow  # Compiles the search or the learner step.
@@ -315,7 +348,7 @@ def test_actor_writes_one_item_per_step_and_reports_true_episode_results(played)
   actor, writer, results = played["actor"], played["writer"], played["results"]
   assert all(isinstance(r, EpisodeResult) for r in results)
   # step() returns what on_episode is given.
-  assert played["returned"] and played["returned"] == results[-len(played["returned"]):]
+  assert played["returned"] and played["returned"] == results[-len(played["returned"]) :]
   assert actor.num_episodes == len(results) == len(writer.finished)
   assert len({r.program for r in results}) >= 3
   # One replay item per real step: all of a finished episode's, and those of an episode in
@@ -323,7 +356,7 @@ def test_actor_writes_one_item_per_step_and_reports_true_episode_results(played)
   in_progress = sum(max(0, len(steps) - L + 1) for steps in writer.current.values())
   assert played["table_size"] == sum(r.length for r in results) + in_progress
   # Replaying each episode's actions on a fresh game gives the result's return and speed-up.
-  for result, (slot, steps) in zip(results, writer.finished):
+  for result, (_slot, steps) in zip(results, writer.finished):
     spec = SPECS_BY_NAME[result.program]
     game = _game(spec)
     timestep = game.reset()
@@ -337,12 +370,14 @@ def test_actor_writes_one_item_per_step_and_reports_true_episode_results(played)
     assert result.length == len(steps) == game.num_steps
     assert result.episode_return == pytest.approx(sum(rewards), rel=1e-9, abs=1e-12)
     slow = game.cost_model.slow_only_time
-    assert result.episode_return == pytest.approx((slow - game.total_time) / slow, rel=1e-9,
-                                                  abs=1e-12)
+    assert result.episode_return == pytest.approx(
+      (slow - game.total_time) / slow, rel=1e-9, abs=1e-12
+    )
     assert result.speedup == pytest.approx(slow / game.total_time, rel=1e-9)
     mapping = game.mapping("test")
-    assert result.speedup == pytest.approx(validate_mapping(spec.workload, spec.hardware,
-                                                            mapping).speedup, rel=1e-6)
+    assert result.speedup == pytest.approx(
+      validate_mapping(spec.workload, spec.hardware, mapping).speedup, rel=1e-6
+    )
 
 
 @pytest.mark.slow  # Compiles the search or the learner step.
@@ -361,6 +396,7 @@ def test_actor_offers_exactly_the_games_that_beat_the_best_known(played):
 
 
 # ------------------------------------------------------------------------------ variable client
+
 
 class BlockingSource:
   """The first fetch returns at once; later ones wait until the test releases them."""
@@ -397,11 +433,11 @@ def test_variable_client_update_never_waits_for_the_source():
   client = VariableClient(source, update_period=1, device_put=False)
   try:
     assert int(client.params["version"]) == 1  # The first access waits for parameters.
-    client.update()                              # Starts a fetch that blocks in the source...
+    client.update()  # Starts a fetch that blocks in the source...
     assert source.started.wait(10)
-    assert not source.finished.is_set()          # ...and update() returned while it still does.
+    assert not source.finished.is_set()  # ...and update() returned while it still does.
     for _ in range(5):
-      client.update()                            # Acting goes on with the old parameters.
+      client.update()  # Acting goes on with the old parameters.
       assert int(client.params["version"]) == 1
     assert client.num_updates == 1
     source.release.set()
@@ -423,7 +459,7 @@ def test_variable_client_survives_a_failing_source():
     assert int(client.params["version"]) == 1  # Failed fetches keep the old parameters.
     assert isinstance(client.last_error, RuntimeError)
     assert client.num_updates == 1
-    source.fail = False                          # The source recovers: fetches resume.
+    source.fail = False  # The source recovers: fetches resume.
     _update_until(client, lambda: int(client.params["version"]) > 1)
     assert client.num_updates == 2
   finally:
@@ -444,13 +480,14 @@ def test_variable_client_fetches_every_update_period_calls():
     for _ in range(3):
       client.update()
     time.sleep(0.05)
-    assert Counting.calls == 1                  # Not due yet.
+    assert Counting.calls == 1  # Not due yet.
     _update_until(client, lambda: client.params == 2)
   finally:
     client.close()
 
 
 # ------------------------------------------------------------------------------ evaluation
+
 
 @pytest.mark.slow
 def test_evaluate_params_mappings_are_valid_and_consistent(params):
@@ -475,8 +512,9 @@ def test_play_programs_keeps_each_programs_fastest_attempt(params):
   fastest of its attempts, the greedy attempt comes first, and every mapping validates."""
   specs = ALL_SPECS[:3]
   search = dataclasses.replace(CONFIG.search, num_simulations=4, eval_num_simulations=4)
-  results = play_programs(NETWORKS, noisy(params, 11, scale=0.5), search, CONFIG.game, specs,
-                          attempts=3, seed=5)
+  results = play_programs(
+    NETWORKS, noisy(params, 11, scale=0.5), search, CONFIG.game, specs, attempts=3, seed=5
+  )
   assert [r.program for r in results] == [s.name for s in specs]
   for spec, result in zip(specs, results):
     assert len(result.attempt_speedups) == 3

@@ -12,10 +12,10 @@ import pytest
 from malloczero.actors.agent import load_agent, play_with_agent, solve_with_agent
 from malloczero.actors.games import GameSpec
 from malloczero.common.errors import MalloczeroError
-from malloczero.env.solvers import solve
-from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
-from malloczero.env.validator import validate_mapping
 from malloczero.configs.workdir import CHECKPOINT_FILENAME
+from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
+from malloczero.env.solvers import solve
+from malloczero.env.validator import validate_mapping
 from tests.trained import STEPS, read_checkpoint, write_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +69,8 @@ def test_the_agent_counts_msa_among_its_attempts_so_it_is_never_slower_than_msa(
     else:
       assert info["search_speedup"] >= info["msa_speedup"]
       assert result.mapping.speedup == pytest.approx(
-          info["attempt_speedups"][info["best_attempt"]], rel=1e-12)
+        info["attempt_speedups"][info["best_attempt"]], rel=1e-12
+      )
     assert result.solve_time_s >= info["msa_solve_s"] > 0
 
 
@@ -77,21 +78,44 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   entry, workload, hardware = _program()
   path = os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz")
   capacity = [f"--capacity={lv.name}={lv.capacity_bytes}" for lv in hardware.levels[:-1]]
-  common = [sys.executable, "-m", "malloczero", "solve", path, "--hardware", entry.hardware,
-            *capacity, "--checkpoint", str(workdir), "--simulations", "4",
-            "--attempts", "2"]
+  common = [
+    sys.executable,
+    "-m",
+    "malloczero",
+    "solve",
+    path,
+    "--hardware",
+    entry.hardware,
+    *capacity,
+    "--checkpoint",
+    str(workdir),
+    "--simulations",
+    "4",
+    "--attempts",
+    "2",
+  ]
   out, plot = tmp_path / "map.json", tmp_path / "map.png"
-  result = subprocess.run(common + ["--solver", "agent", "--out", str(out), "--plot", str(plot)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+  result = subprocess.run(
+    common + ["--solver", "agent", "--out", str(out), "--plot", str(plot)],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.startswith("agent: ") and f"checkpoint step {STEPS}" in result.stdout
   assert out.exists() and plot.exists()
-  validated = subprocess.run([sys.executable, "-m", "malloczero", "validate", path, str(out),
-                              *capacity], cwd=REPO, capture_output=True, text=True)
+  validated = subprocess.run(
+    [sys.executable, "-m", "malloczero", "validate", path, str(out), *capacity],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
   assert validated.returncode == 0, validated.stderr
 
-  result = subprocess.run(common + ["--solver", "portfolio"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+  result = subprocess.run(
+    common + ["--solver", "portfolio"], cwd=REPO, capture_output=True, text=True, timeout=300
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   assert "greedy alone" in result.stdout and "search alone" in result.stdout
   lines = result.stdout.splitlines()
@@ -114,9 +138,24 @@ def test_missing_or_incompatible_checkpoint_is_a_one_line_error(workdir, tmp_pat
   entry, _, _ = _program()
   path = os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz")
   for extra in (["--checkpoint", str(tmp_path / "other")], []):
-    result = subprocess.run([sys.executable, "-m", "malloczero", "solve", path, "--hardware",
-                             entry.hardware, "--solver", "agent", *extra], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "malloczero",
+        "solve",
+        path,
+        "--hardware",
+        entry.hardware,
+        "--solver",
+        "agent",
+        *extra,
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
 
@@ -124,6 +163,7 @@ def test_missing_or_incompatible_checkpoint_is_a_one_line_error(workdir, tmp_pat
 def _copy_without_config(workdir, tmp_path, config_text=None):
   """A copy of the run's checkpoint whose config.json is missing or replaced by `config_text`."""
   import shutil
+
   copy = tmp_path / "copy"
   (copy / "checkpoints").mkdir(parents=True)
   shutil.copy(workdir / "checkpoints" / CHECKPOINT_FILENAME, copy / "checkpoints")
@@ -137,21 +177,55 @@ def test_corrupt_or_missing_run_config_is_one_line_in_solve_and_evaluate(workdir
   search settings."""
   entry, _, _ = _program()
   path = os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz")
-  commands = (["solve", path, "--hardware", entry.hardware, "--solver", "agent", "--simulations",
-               "2", "--attempts", "1", "--checkpoint"],
-              ["evaluate", "--suite", "tiny", "--solvers", "msa", "--limit", "1", "--simulations",
-               "2", "--attempts", "1", "--out", str(tmp_path / "never"), "--checkpoint"])
-  for text, message in (("{\"search\": {\"num_simu", "JSONDecodeError"),
-                        ("[1, 2]", "no 'search' object"),
-                        ('{"search": {"num_simulations": "many"}}', "'num_simulations' must be"),
-                        ('{"search": {"simulations": 4}}', "unknown search settings 'simulations'"),
-                        ('{"search": {"gumbel_scale": 1e400}}', "'gumbel_scale' must be a finite")):
+  commands = (
+    [
+      "solve",
+      path,
+      "--hardware",
+      entry.hardware,
+      "--solver",
+      "agent",
+      "--simulations",
+      "2",
+      "--attempts",
+      "1",
+      "--checkpoint",
+    ],
+    [
+      "evaluate",
+      "--suite",
+      "tiny",
+      "--solvers",
+      "msa",
+      "--limit",
+      "1",
+      "--simulations",
+      "2",
+      "--attempts",
+      "1",
+      "--out",
+      str(tmp_path / "never"),
+      "--checkpoint",
+    ],
+  )
+  for text, message in (
+    ('{"search": {"num_simu', "JSONDecodeError"),
+    ("[1, 2]", "no 'search' object"),
+    ('{"search": {"num_simulations": "many"}}', "'num_simulations' must be"),
+    ('{"search": {"simulations": 4}}', "unknown search settings 'simulations'"),
+    ('{"search": {"gumbel_scale": 1e400}}', "'gumbel_scale' must be a finite"),
+  ):
     copy = _copy_without_config(workdir, tmp_path / str(abs(hash(text))), text)
     with pytest.raises(MalloczeroError, match=message):
       load_agent(str(copy))
     for command in commands:
-      result = subprocess.run([sys.executable, "-m", "malloczero", *command, str(copy)], cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
+      result = subprocess.run(
+        [sys.executable, "-m", "malloczero", *command, str(copy)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+      )
       assert result.returncode == 1, result.stderr[-2000:]
       assert result.stderr.startswith("malloczero: error: run config ")
       assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
@@ -162,11 +236,18 @@ def test_corrupt_or_missing_run_config_is_one_line_in_solve_and_evaluate(workdir
   assert agent.config_file is None and agent.search_notice().startswith("no config.json beside")
   assert load_agent(str(workdir)).search_notice() is None
   for command in commands:
-    result = subprocess.run([sys.executable, "-m", "malloczero", *command, str(copy)], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+      [sys.executable, "-m", "malloczero", *command, str(copy)],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     notices = [line for line in result.stderr.splitlines() if line.startswith("malloczero: ")]
     assert len(notices) == 1, result.stderr
     assert notices[0].startswith("malloczero: notice: no config.json beside the checkpoint")
-    assert "using the default search settings (evaluation search 32 simulations, 8 considered " \
-        "actions, Gumbel scale 1, Q spread floor 0.1, msa prior logit 2)" in notices[0]
+    assert (
+      "using the default search settings (evaluation search 32 simulations, 8 considered "
+      "actions, Gumbel scale 1, Q spread floor 0.1, msa prior logit 2)" in notices[0]
+    )

@@ -16,12 +16,16 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import get_config
 from malloczero.configs.workdir import CHECKPOINT_FILENAME, LEGACY_CHECKPOINT_FILENAME, WorkDir
 from malloczero.env.game import observation_spec
-from malloczero.learner.checkpoint import (checkpoint_configs, checkpoint_steps,
-                                           convert_legacy_checkpoint, load_params, restore_state,
-                                           save_state)
+from malloczero.launch import cli
+from malloczero.learner.checkpoint import (
+  checkpoint_configs,
+  checkpoint_steps,
+  load_params,
+  restore_state,
+  save_state,
+)
 from malloczero.learner.learner import TrainingState
 from malloczero.learner.networks import make_networks
-from malloczero.launch import cli
 from tests.trained import read_checkpoint, write_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,8 +51,9 @@ def saved(tmp_path, state):
 
 
 def _leaves_equal(a, b):
-  return all(np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(a),
-                                                   jax.tree_util.tree_leaves(b)))
+  return all(
+    np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+  )
 
 
 def test_a_checkpoint_is_arrays_and_json_and_round_trips(saved, state):
@@ -74,7 +79,9 @@ def _damaged(saved, tmp_path, edit):
   return file
 
 
-@pytest.mark.parametrize("edit, message", [
+@pytest.mark.parametrize(
+  "edit, message",
+  [
     (lambda m, a: a.pop("params/0"), "array 'params/0' is missing"),
     (lambda m, a: a.pop("opt_state/1"), "array 'opt_state/1' is missing"),
     (lambda m, a: a.pop("rng"), "array 'rng' is missing"),
@@ -85,7 +92,8 @@ def _damaged(saved, tmp_path, edit):
     (lambda m, a: m.pop("steps"), "its metadata lacks or garbles"),
     (lambda m, a: m.update(format_version=3), "format version 3"),
     (lambda m, a: m.update(format="something else"), "is not a malloczero learner checkpoint"),
-])
+  ],
+)
 def test_every_missing_or_damaged_part_is_one_line(saved, tmp_path, state, edit, message):
   file = _damaged(saved, tmp_path, edit)
   for read in (load_params, checkpoint_steps, lambda f: restore_state(f, state)):
@@ -127,10 +135,14 @@ def test_a_pickled_checkpoint_is_refused_unread(tmp_path):
   crafted = _crafted_pickle(tmp_path / "run" / "checkpoints", marker)
   from malloczero.actors.agent import find_checkpoint
   from malloczero.system.training import check_workdir
-  for read in (lambda: load_params(str(crafted)), lambda: load_params(str(crafted.parent)),
-               lambda: checkpoint_steps(str(crafted.parent)),
-               lambda: find_checkpoint(str(tmp_path / "run")),
-               lambda: check_workdir(CONFIG, str(tmp_path / "run"))):
+
+  for read in (
+    lambda: load_params(str(crafted)),
+    lambda: load_params(str(crafted.parent)),
+    lambda: checkpoint_steps(str(crafted.parent)),
+    lambda: find_checkpoint(str(tmp_path / "run")),
+    lambda: check_workdir(CONFIG, str(tmp_path / "run")),
+  ):
     with pytest.raises(MalloczeroError, match="old pickle format.*convert-checkpoint") as error:
       read()
     assert "\n" not in str(error.value)
@@ -139,12 +151,16 @@ def test_a_pickled_checkpoint_is_refused_unread(tmp_path):
 
 def test_convert_checkpoint_needs_trust_and_converts(tmp_path, saved, state, capsys):
   metadata, arrays = read_checkpoint(saved)
-  legacy = {"format": "malloczero-learner-state-v1", "steps": 7,
-            "params": jax.device_get(state.params),
-            "target_params": jax.device_get(state.target_params),
-            "opt_state_leaves": [np.asarray(x) for x in jax.tree_util.tree_leaves(state.opt_state)],
-            "rng": np.asarray(state.rng), "network_config": metadata["network_config"],
-            "game_config": metadata["game_config"]}
+  legacy = {
+    "format": "malloczero-learner-state-v1",
+    "steps": 7,
+    "params": jax.device_get(state.params),
+    "target_params": jax.device_get(state.target_params),
+    "opt_state_leaves": [np.asarray(x) for x in jax.tree_util.tree_leaves(state.opt_state)],
+    "rng": np.asarray(state.rng),
+    "network_config": metadata["network_config"],
+    "game_config": metadata["game_config"],
+  }
   run = tmp_path / "old"
   (run / "checkpoints").mkdir(parents=True)
   with open(WorkDir(str(run)).checkpoints + "/" + LEGACY_CHECKPOINT_FILENAME, "wb") as f:
@@ -167,16 +183,47 @@ def test_a_crafted_pickle_runs_nothing_through_solve_evaluate_or_train(tmp_path)
   _crafted_pickle(tmp_path / "run" / "checkpoints", marker)
   workload = os.path.join(REPO, "env", "programs", "data", "workloads", "tiny-vgg-b1-infer.json.gz")
   commands = [
-      ["solve", workload, "--hardware", "nnpi-like", "--solver", "agent", "--checkpoint",
-       str(tmp_path / "run")],
-      ["evaluate", "--suite", "tiny", "--solvers", "msa", "--checkpoint", str(tmp_path / "run"),
-       "--out", str(tmp_path / "evaluation")],
-      ["train", "--launch", "single", "--config", "tiny", "--workdir", str(tmp_path / "run"),
-       "--max-steps", "2"],
+    [
+      "solve",
+      workload,
+      "--hardware",
+      "nnpi-like",
+      "--solver",
+      "agent",
+      "--checkpoint",
+      str(tmp_path / "run"),
+    ],
+    [
+      "evaluate",
+      "--suite",
+      "tiny",
+      "--solvers",
+      "msa",
+      "--checkpoint",
+      str(tmp_path / "run"),
+      "--out",
+      str(tmp_path / "evaluation"),
+    ],
+    [
+      "train",
+      "--launch",
+      "single",
+      "--config",
+      "tiny",
+      "--workdir",
+      str(tmp_path / "run"),
+      "--max-steps",
+      "2",
+    ],
   ]
   for command in commands:
-    result = subprocess.run([sys.executable, "-m", "malloczero", *command], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+      [sys.executable, "-m", "malloczero", *command],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
     assert result.returncode == 1, (command, result.stderr[-2000:])
     assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
     assert not marker.exists(), command

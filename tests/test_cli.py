@@ -13,8 +13,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cli(*args, timeout=300):
-  return subprocess.run([sys.executable, "-m", "malloczero", *args], capture_output=True,
-                        text=True, timeout=timeout, cwd=REPO)
+  return subprocess.run(
+    [sys.executable, "-m", "malloczero", *args],
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    cwd=REPO,
+  )
 
 
 @pytest.mark.slow
@@ -23,10 +28,15 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
   result = _cli("bench", "--quick", "--out", str(out))
   assert result.returncode == 0, result.stderr
   report = json.loads(out.read_text())
-  for key in ("game_steps_per_s", "cost_model_full_evaluations_per_s",
-              "cost_model_incremental_updates_per_s", "search_small_moves_per_s",
-              "search_small_simulations_per_s", "acting_small_moves_per_s",
-              "learner_small_updates_per_s"):
+  for key in (
+    "game_steps_per_s",
+    "cost_model_full_evaluations_per_s",
+    "cost_model_incremental_updates_per_s",
+    "search_small_moves_per_s",
+    "search_small_simulations_per_s",
+    "acting_small_moves_per_s",
+    "learner_small_updates_per_s",
+  ):
     assert report[key] > 0 and key in result.stdout
   # "a ~1,000-segment program": ~1,000 requests, ~1,700 msa decisions under random play.
   assert 900 <= report["requests_game_steps_per_episode"] <= 1300
@@ -40,15 +50,23 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
 def test_commands_keep_compiled_programs_in_the_users_cache_unless_told_otherwise(tmp_path):
   """The cache goes under XDG_CACHE_HOME, also when JAX was imported first; a
   JAX_COMPILATION_CACHE_DIR the user set wins, and an empty one leaves the cache off."""
-  script = ("import os, jax; from malloczero.launch.compilation_cache import use_compilation_cache; "
-            "use_compilation_cache(); print(repr(jax.config.jax_compilation_cache_dir)); "
-            "print(repr(os.environ['JAX_COMPILATION_CACHE_DIR']))")
+  script = (
+    "import os, jax; from malloczero.launch.compilation_cache import use_compilation_cache; "
+    "use_compilation_cache(); print(repr(jax.config.jax_compilation_cache_dir)); "
+    "print(repr(os.environ['JAX_COMPILATION_CACHE_DIR']))"
+  )
 
   def cache_dirs(**env) -> list[str]:
     """[JAX's cache directory, the one the launched nodes inherit], as Python literals."""
     clean = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            cwd=REPO, env={**clean, **env}, timeout=120)
+    result = subprocess.run(
+      [sys.executable, "-c", script],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      env={**clean, **env},
+      timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout.splitlines()
 
@@ -62,13 +80,29 @@ def test_commands_keep_compiled_programs_in_the_users_cache_unless_told_otherwis
 @pytest.mark.slow
 def test_train_runs_a_tiny_single_process_training_and_reports_its_curve(tmp_path):
   workdir = tmp_path / "run"
-  result = _cli("train", "--launch", "single", "--config", "tiny", "--max-learner-steps", "4",
-                "--eval-every", "4",
-                "--workdir", str(workdir), "--quiet")
+  result = _cli(
+    "train",
+    "--launch",
+    "single",
+    "--config",
+    "tiny",
+    "--max-learner-steps",
+    "4",
+    "--eval-every",
+    "4",
+    "--workdir",
+    str(workdir),
+    "--quiet",
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   assert "learning curve" in result.stdout and "4 learner steps" in result.stdout
-  for name in ("learning_curve.png", "learning_curve.csv", "baselines.json", "config.json",
-               os.path.join("checkpoints", "learner_state.npz")):
+  for name in (
+    "learning_curve.png",
+    "learning_curve.csv",
+    "baselines.json",
+    "config.json",
+    os.path.join("checkpoints", "learner_state.npz"),
+  ):
     assert (workdir / name).exists(), name
   with open(workdir / "config.json") as f:
     assert json.load(f)["name"] == "tiny"
@@ -80,17 +114,34 @@ def test_train_workload_keeps_the_fastest_mapping_and_compares_it(tmp_path):
   with its picture) and ends with one line against msa, bestfit and evo."""
   from malloczero.env import load_hardware, load_workload, validate_mapping
   from malloczero.env.mapping import load_mapping
+
   workdir = tmp_path / "run"
-  workload = os.path.join(REPO, "env", "programs", "data", "workloads",
-                          "tiny-vgg-b1-infer.json.gz")
-  result = _cli("train", "--launch", "single", "--config", "tiny", "--workload", workload,
-                "--hardware", "tpu-v4i-like", "--capacity", "20000", "--max-learner-steps", "30",
-                "--eval-every", "15", "--workdir", str(workdir), "--quiet")
+  workload = os.path.join(REPO, "env", "programs", "data", "workloads", "tiny-vgg-b1-infer.json.gz")
+  result = _cli(
+    "train",
+    "--launch",
+    "single",
+    "--config",
+    "tiny",
+    "--workload",
+    workload,
+    "--hardware",
+    "tpu-v4i-like",
+    "--capacity",
+    "20000",
+    "--max-learner-steps",
+    "30",
+    "--eval-every",
+    "15",
+    "--workdir",
+    str(workdir),
+    "--quiet",
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   last = result.stdout.strip().splitlines()[-1]
   assert last.startswith("tiny-vgg-b1-infer: best mapping found ") and "x evo" in last, last
   report = json.loads((workdir / "program_report.json").read_text())
-  entry, = report["programs"]
+  (entry,) = report["programs"]
   assert entry["program"] == "tiny-vgg-b1-infer" and entry["best_found"] >= entry["msa"]
   demonstrations = json.loads((workdir / "checkpoints" / "demonstrations.json").read_text())
   assert [d["program"] for d in demonstrations] == ["tiny-vgg-b1-infer"]
@@ -99,7 +150,7 @@ def test_train_workload_keeps_the_fastest_mapping_and_compares_it(tmp_path):
     hardware = load_hardware("tpu-v4i-like").with_fast_capacity(20000)
     check = validate_mapping(load_workload(workload), hardware, mapping)
     assert check.speedup == pytest.approx(entry["best_found"], rel=1e-6)
-    assert os.path.exists(entry["mapping"][:-len(".json")] + ".png")
+    assert os.path.exists(entry["mapping"][: -len(".json")] + ".png")
     assert entry["mapping"] in last
   else:
     assert entry["best_found"] == entry["msa"] and "found nothing faster than msa" in last
@@ -114,12 +165,31 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
   import time
 
   from malloczero.learner.checkpoint import load_params
+
   workdir = tmp_path / "run"
   process = subprocess.Popen(
-      [sys.executable, "-m", "malloczero", "train", "--launch", "single", "--config", "tiny",
-       "--max-learner-steps",
-       "100000", "--eval-every", "100000", "--workdir", str(workdir), "--quiet"],
-      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [
+      sys.executable,
+      "-m",
+      "malloczero",
+      "train",
+      "--launch",
+      "single",
+      "--config",
+      "tiny",
+      "--max-learner-steps",
+      "100000",
+      "--eval-every",
+      "100000",
+      "--workdir",
+      str(workdir),
+      "--quiet",
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   log = workdir / "logs" / "learner" / "logs.csv"
   deadline = time.monotonic() + 280
   while time.monotonic() < deadline and process.poll() is None:
@@ -142,16 +212,33 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
 
 
 def test_train_rejects_bad_flags_in_one_line():
-  cases = ((("train", "--config", "huge"), 2), (("train", "--max-learner-steps", "0"), 2),
-           (("train", "--num-actors", "0"), 2),
-           (("train", "--launch", "remote"), 2), (("train", "--suite", "nope"), 1),
-           (("train", "--hardware", "tpu-v4i-like"), 1),
-           (("train", "--demonstrations", "1"), 2), (("train", "--q-spread-floor", "-1"), 2),
-           (("train", "--q-spread-floor", "inf"), 2), (("train", "--eval-msa-prior", "-2"), 2),
-           (("train", "--workload", "no-such-file.json", "--hardware", "tpu-v4i-like"), 1),
-           (("train", "--launch", "vertex_ai", "--hardware", "tpu-v4i-like", "--capacity",
-             "20000", "--workload", os.path.join(REPO, "env", "programs", "data", "workloads",
-                                                 "tiny-vgg-b1-infer.json.gz")), 1))
+  cases = (
+    (("train", "--config", "huge"), 2),
+    (("train", "--max-learner-steps", "0"), 2),
+    (("train", "--num-actors", "0"), 2),
+    (("train", "--launch", "remote"), 2),
+    (("train", "--suite", "nope"), 1),
+    (("train", "--hardware", "tpu-v4i-like"), 1),
+    (("train", "--demonstrations", "1"), 2),
+    (("train", "--q-spread-floor", "-1"), 2),
+    (("train", "--q-spread-floor", "inf"), 2),
+    (("train", "--eval-msa-prior", "-2"), 2),
+    (("train", "--workload", "no-such-file.json", "--hardware", "tpu-v4i-like"), 1),
+    (
+      (
+        "train",
+        "--launch",
+        "vertex_ai",
+        "--hardware",
+        "tpu-v4i-like",
+        "--capacity",
+        "20000",
+        "--workload",
+        os.path.join(REPO, "env", "programs", "data", "workloads", "tiny-vgg-b1-infer.json.gz"),
+      ),
+      1,
+    ),
+  )
   for args, code in cases:
     result = _cli(*args)
     assert result.returncode == code, (args, result.stderr)
@@ -166,8 +253,9 @@ def test_unknown_command_and_flag_are_one_line_errors():
 
 
 def test_make_setup_is_idempotent():
-  assert os.path.exists(os.path.join(REPO, ".venv", ".malloczero-installed")), \
-      "run the tests through `make test`, which builds .venv"
+  assert os.path.exists(os.path.join(REPO, ".venv", ".malloczero-installed")), (
+    "run the tests through `make test`, which builds .venv"
+  )
   result = subprocess.run(["make", "-q", "setup"], cwd=REPO, capture_output=True, text=True)
   assert result.returncode == 0, "make setup would reinstall although nothing changed"
 
@@ -175,6 +263,7 @@ def test_make_setup_is_idempotent():
 @pytest.mark.slow
 def test_import_jax_writes_a_workload_and_rejects_unknown_models(tmp_path):
   from malloczero.env import load_workload
+
   out = tmp_path / "mlp.json.gz"
   result = _cli("import-jax", "mlp", "--tiny", "--train", "--batch", "2", "--out", str(out))
   assert result.returncode == 0, result.stderr
@@ -188,8 +277,9 @@ def test_import_jax_writes_a_workload_and_rejects_unknown_models(tmp_path):
 
 @pytest.mark.slow
 def test_import_hlo_round_trip_and_malformed_text(tmp_path):
-  from malloczero.env.programs.zoo import compiled_hlo_text
   from malloczero.env import load_workload
+  from malloczero.env.programs.zoo import compiled_hlo_text
+
   hlo = tmp_path / "gpt.hlo"
   hlo.write_text(compiled_hlo_text("gpt", 1, False, tiny=True))
   out = tmp_path / "gpt.json"
@@ -205,11 +295,14 @@ def test_import_hlo_round_trip_and_malformed_text(tmp_path):
 
 def test_import_hlo_compiles_an_unscheduled_module_unless_told_not_to(tmp_path):
   from malloczero.env import load_workload
+
   hlo = tmp_path / "eager.hlo"
-  hlo.write_text("HloModule eager\n\nENTRY %main (a: f32[64,32], b: f32[64,32]) -> f32[64,32] {\n"
-                 "  %a = f32[64,32]{1,0} parameter(0)\n  %b = f32[64,32]{1,0} parameter(1)\n"
-                 "  %add = f32[64,32]{1,0} add(%a, %b)\n"
-                 "  ROOT %neg = f32[64,32]{1,0} negate(%add)\n}\n")
+  hlo.write_text(
+    "HloModule eager\n\nENTRY %main (a: f32[64,32], b: f32[64,32]) -> f32[64,32] {\n"
+    "  %a = f32[64,32]{1,0} parameter(0)\n  %b = f32[64,32]{1,0} parameter(1)\n"
+    "  %add = f32[64,32]{1,0} add(%a, %b)\n"
+    "  ROOT %neg = f32[64,32]{1,0} negate(%add)\n}\n"
+  )
   out = tmp_path / "eager.json"
   result = _cli("import-hlo", str(hlo), "--out", str(out))
   assert result.returncode == 0, result.stderr
@@ -225,10 +318,14 @@ def test_import_hlo_compiles_an_unscheduled_module_unless_told_not_to(tmp_path):
 def test_every_seed_flag_is_checked_before_anything_runs(tmp_path, capsys, seed):
   """`train --seed -1` used to end in numpy's ValueError traceback and leave config.json behind."""
   from malloczero.launch.cli import main
+
   workdir = tmp_path / "run"
-  for args in (("train", "--launch", "single", "--config", "tiny", "--workdir", str(workdir)),
-               ("train", "--launch", "local_mp", "--config", "tiny", "--workdir", str(workdir)),
-               ("solve", "w.json", "--solver", "random"), ("evaluate", "--suite", "tiny")):
+  for args in (
+    ("train", "--launch", "single", "--config", "tiny", "--workdir", str(workdir)),
+    ("train", "--launch", "local_mp", "--config", "tiny", "--workdir", str(workdir)),
+    ("solve", "w.json", "--solver", "random"),
+    ("evaluate", "--suite", "tiny"),
+  ):
     with pytest.raises(SystemExit) as exit_info:
       main([*args, "--seed", seed])
     assert exit_info.value.code == 2, args
@@ -241,21 +338,27 @@ def test_every_seed_flag_is_checked_before_anything_runs(tmp_path, capsys, seed)
 @pytest.mark.parametrize("value", ["1", "-0.1", "x"])
 def test_skip_below_is_a_fraction_checked_before_anything_runs(tmp_path, capsys, value):
   from malloczero.launch.cli import main
+
   workdir = tmp_path / "run"
-  for args in (("train", "--launch", "single", "--config", "tiny", "--workdir", str(workdir)),
-               ("solve", "w.json", "--solver", "evo-msa")):
+  for args in (
+    ("train", "--launch", "single", "--config", "tiny", "--workdir", str(workdir)),
+    ("solve", "w.json", "--solver", "evo-msa"),
+  ):
     with pytest.raises(SystemExit) as exit_info:
       main([*args, "--skip-below", value])
     assert exit_info.value.code == 2, args
     err = capsys.readouterr().err
-    assert err.startswith("malloczero: error: argument --skip-below: expected a fraction in "
-                          "[0, 1)") and err.count("\n") == 1, err
+    assert (
+      err.startswith("malloczero: error: argument --skip-below: expected a fraction in [0, 1)")
+      and err.count("\n") == 1
+    ), err
   assert not workdir.exists()
 
 
 def test_train_skip_below_reaches_the_game_config():
   from malloczero.launch.cli import build_parser
   from malloczero.launch.commands.train import train_config
+
   args = build_parser().parse_args(["train", "--config", "tiny", "--skip-below", "0.001"])
   assert train_config(args).game.skip_below == 0.001
   args = build_parser().parse_args(["train", "--config", "tiny"])
@@ -265,8 +368,20 @@ def test_train_skip_below_reaches_the_game_config():
 def test_train_demonstration_and_search_flags_reach_the_config():
   from malloczero.launch.cli import build_parser
   from malloczero.launch.commands.train import train_config
-  args = build_parser().parse_args(["train", "--config", "tiny", "--demonstrations", "0",
-                                    "--q-spread-floor", "0.3", "--eval-msa-prior", "0"])
+
+  args = build_parser().parse_args(
+    [
+      "train",
+      "--config",
+      "tiny",
+      "--demonstrations",
+      "0",
+      "--q-spread-floor",
+      "0.3",
+      "--eval-msa-prior",
+      "0",
+    ]
+  )
   config = train_config(args)
   assert config.learner.demonstration_fraction == 0.0 and config.learner.demonstration_batch == 0
   assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
@@ -276,7 +391,8 @@ def test_train_demonstration_and_search_flags_reach_the_config():
 
 
 def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscribed(
-    tmp_path, capsys, monkeypatch):
+  tmp_path, capsys, monkeypatch
+):
   """`--num-actors 1000` on 2 cores used to be accepted silently and spawn hundreds of processes."""
   import types
 
@@ -284,33 +400,80 @@ def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscrib
 
   from malloczero.launch import cli
   from malloczero.system import program
+
   workdir = tmp_path / "run"
   too_many = str(program.ACTORS_PER_CORE * len(os.sched_getaffinity(0)) + 1)
   for launch in ("local_mp", "local_mt"):
-    code = cli.main(["train", "--launch", launch, "--config", "tiny", "--num-actors", too_many,
-                     "--workdir", str(workdir)])
+    code = cli.main(
+      [
+        "train",
+        "--launch",
+        launch,
+        "--config",
+        "tiny",
+        "--num-actors",
+        too_many,
+        "--workdir",
+        str(workdir),
+      ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith(f"malloczero: error: --num-actors {too_many} is more than this machine "
-                          "can run: ") and "CPU core(s)" in err and "--oversubscribe" in err
+    assert (
+      err.startswith(
+        f"malloczero: error: --num-actors {too_many} is more than this machine can run: "
+      )
+      and "CPU core(s)" in err
+      and "--oversubscribe" in err
+    )
   assert not workdir.exists()
   # Memory bounds local_mp (one process per node) as well as cores.
-  monkeypatch.setattr(psutil, "virtual_memory",
-                      lambda: types.SimpleNamespace(
-                          available=program.OTHER_NODES_RESIDENT_BYTES + program.ACTOR_RESIDENT_BYTES))
+  monkeypatch.setattr(
+    psutil,
+    "virtual_memory",
+    lambda: types.SimpleNamespace(
+      available=program.OTHER_NODES_RESIDENT_BYTES + program.ACTOR_RESIDENT_BYTES
+    ),
+  )
   assert program.local_actor_limit("local_mp")[0] == 1
   assert "available memory runs at most 1 actors" in program.local_actor_limit("local_mp")[1]
-  assert program.local_actor_limit("local_mt")[0] == (program.ACTORS_PER_CORE
-                                                       * len(os.sched_getaffinity(0)))
+  assert program.local_actor_limit("local_mt")[0] == (
+    program.ACTORS_PER_CORE * len(os.sched_getaffinity(0))
+  )
   # --oversubscribe lets the launch go on (to the next check: an impossible --max-steps here).
   workdir.mkdir()
   monkeypatch.setattr("malloczero.system.program.check_workdir", lambda config, workdir: 10)
-  code = cli.main(["train", "--launch", "local_mt", "--config", "tiny", "--num-actors", too_many,
-                   "--oversubscribe", "--max-steps", "5", "--workdir", str(workdir)])
+  code = cli.main(
+    [
+      "train",
+      "--launch",
+      "local_mt",
+      "--config",
+      "tiny",
+      "--num-actors",
+      too_many,
+      "--oversubscribe",
+      "--max-steps",
+      "5",
+      "--workdir",
+      str(workdir),
+    ]
+  )
   assert code == 1 and "raise --max-steps" in capsys.readouterr().err
   # Cloud workers are not this machine's: vertex_ai is not checked (it refuses a local workdir).
-  code = cli.main(["train", "--launch", "vertex_ai", "--config", "tiny", "--num-actors", "1000",
-                   "--workdir", str(tmp_path / "cloud")])
+  code = cli.main(
+    [
+      "train",
+      "--launch",
+      "vertex_ai",
+      "--config",
+      "tiny",
+      "--num-actors",
+      "1000",
+      "--workdir",
+      str(tmp_path / "cloud"),
+    ]
+  )
   err = capsys.readouterr().err
   assert code == 1 and "/gcs/" in err and "more than this machine" not in err
 
@@ -322,19 +485,33 @@ def test_a_workload_run_resumes_only_with_the_same_program(tmp_path):
   from malloczero.launch.cli import build_parser
   from malloczero.launch.commands.train import train_config
   from malloczero.system.training import check_workdir, save_config
-  workload = os.path.join(REPO, "env", "programs", "data", "workloads",
-                          "tiny-vgg-b1-infer.json.gz")
+
+  workload = os.path.join(REPO, "env", "programs", "data", "workloads", "tiny-vgg-b1-infer.json.gz")
 
   def config(capacity):
-    return train_config(build_parser().parse_args(
-        ["train", "--config", "tiny", "--workload", workload, "--hardware", "tpu-v4i-like",
-         "--capacity", capacity]))
+    return train_config(
+      build_parser().parse_args(
+        [
+          "train",
+          "--config",
+          "tiny",
+          "--workload",
+          workload,
+          "--hardware",
+          "tpu-v4i-like",
+          "--capacity",
+          capacity,
+        ]
+      )
+    )
+
   first = config("20000")
   assert first.suite == "" and [p.name for p in first.programs] == ["tiny-vgg-b1-infer"]
   save_config(first, str(tmp_path))
   assert check_workdir(config("20000"), str(tmp_path)) is None
-  with pytest.raises(MalloczeroError, match="with other networks, game settings or --workload "
-                     "programs"):
+  with pytest.raises(
+    MalloczeroError, match="with other networks, game settings or --workload programs"
+  ):
     check_workdir(config("40000"), str(tmp_path))
 
 
@@ -342,15 +519,32 @@ def test_flag_values_only_a_command_can_judge_are_flag_errors(tmp_path, capsys):
   """Infinite limits, both --compile and --no-compile, and --msa-option for baselines that ignore
   it exit 2 in one line, as argparse's own flag errors do."""
   from malloczero.launch import cli
+
   workload = os.path.join(REPO, "env", "programs", "data", "workloads", "tiny-vgg-b1-infer.json.gz")
   cases = [
-      (["solve", workload, "--hardware", "nnpi-like", "--solver", "cpsat", "--time-limit", "inf"],
-       "expected a finite positive number, got inf"),
-      (["train", "--max-seconds", "inf"], "expected a finite positive number, got inf"),
-      (["import-hlo", "x.hlo", "--out", str(tmp_path / "w.json"), "--compile", "--no-compile"],
-       "given twice"),
-      (["evaluate", "--suite", "tiny", "--solvers", "greedy,evo", "--msa-option", "picker=cost",
-        "--out", str(tmp_path / "never")], "--msa-option is for msa, evo-msa, not"),
+    (
+      ["solve", workload, "--hardware", "nnpi-like", "--solver", "cpsat", "--time-limit", "inf"],
+      "expected a finite positive number, got inf",
+    ),
+    (["train", "--max-seconds", "inf"], "expected a finite positive number, got inf"),
+    (
+      ["import-hlo", "x.hlo", "--out", str(tmp_path / "w.json"), "--compile", "--no-compile"],
+      "given twice",
+    ),
+    (
+      [
+        "evaluate",
+        "--suite",
+        "tiny",
+        "--solvers",
+        "greedy,evo",
+        "--msa-option",
+        "picker=cost",
+        "--out",
+        str(tmp_path / "never"),
+      ],
+      "--msa-option is for msa, evo-msa, not",
+    ),
   ]
   for argv, message in cases:
     try:
@@ -364,21 +558,35 @@ def test_flag_values_only_a_command_can_judge_are_flag_errors(tmp_path, capsys):
 
 def test_a_flag_error_comes_before_jax_loads():
   """`solve --solver agent` without --checkpoint is refused before the agent stack is imported."""
-  script = ("import sys; from malloczero.launch.cli import main; "
-            "code = main(['solve', 'missing.json', '--solver', 'agent']); "
-            "print(code, 'jax' in sys.modules)")
-  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+  script = (
+    "import sys; from malloczero.launch.cli import main; "
+    "code = main(['solve', 'missing.json', '--solver', 'agent']); "
+    "print(code, 'jax' in sys.modules)"
+  )
+  result = subprocess.run(
+    [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
+  )
   assert result.stdout.split() == ["1", "False"], result.stderr[-2000:]
   assert "--solver agent needs --checkpoint" in result.stderr
 
 
 def test_a_single_process_run_at_its_max_steps_is_refused(tmp_path, capsys, monkeypatch):
   from malloczero.launch import cli
-  monkeypatch.setattr("malloczero.system.single_process.check_workdir",
-                      lambda config, workdir: 10)
-  code = cli.main(["train", "--launch", "single", "--config", "tiny", "--max-steps", "5",
-                   "--workdir", str(tmp_path / "run")])
+
+  monkeypatch.setattr("malloczero.system.single_process.check_workdir", lambda config, workdir: 10)
+  code = cli.main(
+    [
+      "train",
+      "--launch",
+      "single",
+      "--config",
+      "tiny",
+      "--max-steps",
+      "5",
+      "--workdir",
+      str(tmp_path / "run"),
+    ]
+  )
   err = capsys.readouterr().err
   assert code == 1 and "already at learner step 10 >= --max-steps 5" in err, err
 
@@ -388,9 +596,28 @@ def test_sigterm_stops_solve_like_ctrl_c_with_one_line_and_no_output_file(tmp_pa
   workload = os.path.join(REPO, "env", "programs", "data", "workloads", "tiny-vgg-b1-infer.json.gz")
   out = tmp_path / "map.json"
   process = subprocess.Popen(
-      [sys.executable, "-m", "malloczero", "solve", workload, "--hardware", "nnpi-like",
-       "--solver", "evo", "--evaluations", "1000000", "--time-limit", "60", "--out", str(out)],
-      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    [
+      sys.executable,
+      "-m",
+      "malloczero",
+      "solve",
+      workload,
+      "--hardware",
+      "nnpi-like",
+      "--solver",
+      "evo",
+      "--evaluations",
+      "1000000",
+      "--time-limit",
+      "60",
+      "--out",
+      str(out),
+    ],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   time.sleep(6)
   process.terminate()
   try:
@@ -409,10 +636,21 @@ def test_a_bad_demonstrations_file_is_one_line_with_no_native_log_before_it(trai
   """The single-process trainer restores before Reverb starts, and Reverb's C++ lines go to
   WORKDIR/nodes/native.log, not before the error."""
   import shutil
+
   workdir = tmp_path / "run"
   shutil.copytree(trained_run["workdir"], workdir)
   (workdir / "checkpoints" / "demonstrations.json").write_text("garbage")
-  result = _cli("train", "--launch", "single", "--config", "tiny", "--workdir", str(workdir),
-                "--max-steps", "100000", "--quiet")
+  result = _cli(
+    "train",
+    "--launch",
+    "single",
+    "--config",
+    "tiny",
+    "--workdir",
+    str(workdir),
+    "--max-steps",
+    "100000",
+    "--quiet",
+  )
   assert result.returncode == 1, result.stderr[-2000:]
   assert result.stderr.count("\n") == 1 and "demonstrations file" in result.stderr, result.stderr

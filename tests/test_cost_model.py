@@ -5,26 +5,40 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from malloczero.env import Hardware, HardwareError, MemoryLevel, PRESETS, load_hardware
+from malloczero.env import PRESETS, Hardware, HardwareError, MemoryLevel, load_hardware
 from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.requests import build_requests
 from malloczero.env.simulator import Copies, simulate_copies, total_stall_loop
 from malloczero.env.workload import Workload, workload_from_ops
 
 # Round numbers: fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s.
-HW = Hardware("toy", (MemoryLevel("fast", 1000, 100.0), MemoryLevel("slow", 10**9, 10.0)),
-              peak_flops_per_s=1.0, copy_bandwidth_bytes_per_s=10.0, alignment_bytes=1)
-PROGRAM = Workload.from_dict({
-    "name": "toy", "source": "hand",
-    "ops": [{"name": "a", "flops": 1.0}, {"name": "b", "flops": 0.0}, {"name": "c", "flops": 30.0},
-            {"name": "d", "flops": 2.0}],
+HW = Hardware(
+  "toy",
+  (MemoryLevel("fast", 1000, 100.0), MemoryLevel("slow", 10**9, 10.0)),
+  peak_flops_per_s=1.0,
+  copy_bandwidth_bytes_per_s=10.0,
+  alignment_bytes=1,
+)
+PROGRAM = Workload.from_dict(
+  {
+    "name": "toy",
+    "source": "hand",
+    "ops": [
+      {"name": "a", "flops": 1.0},
+      {"name": "b", "flops": 0.0},
+      {"name": "c", "flops": 30.0},
+      {"name": "d", "flops": 2.0},
+    ],
     "buffers": [
-        {"id": 0, "size": 100, "def": None, "uses": [3], "kind": "parameter"},
-        {"id": 1, "size": 200, "def": 0, "uses": [1, 2], "kind": "activation"},
-        {"id": 2, "size": 50, "def": 1, "uses": [3], "kind": "activation"},
-    ]})
+      {"id": 0, "size": 100, "def": None, "uses": [3], "kind": "parameter"},
+      {"id": 1, "size": 200, "def": 0, "uses": [1, 2], "kind": "activation"},
+      {"id": 2, "size": 50, "def": 1, "uses": [3], "kind": "activation"},
+    ],
+  }
+)
 
 
 def test_hand_computed_times():
@@ -66,6 +80,7 @@ def test_requests_window_hides_the_copy():
 @given(seed=st.integers(0, 1000))
 def test_incremental_delta_equals_fresh_difference(seed):
   from malloczero.env.programs.synthetic import contended, random_workload
+
   workload = random_workload(seed, num_ops=25)
   hw = contended(PRESETS["nnpi-like"], workload, 0.3)
   model = CostModel(workload, hw)
@@ -79,22 +94,30 @@ def test_incremental_delta_equals_fresh_difference(seed):
   for r in rng.permutation(len(requests))[: max(1, len(requests) // 2)]:
     level = int(rng.integers(hw.num_fast_levels))
     ops, nbytes = requests.ops(r)
-    savings = model.saving_per_fast_level(memory, op_time, ops, nbytes,
-                                          float(requests.exposed_copy_time[r]))
+    savings = model.saving_per_fast_level(
+      memory, op_time, ops, nbytes, float(requests.exposed_copy_time[r])
+    )
     new_memory, new_time, saved = model.placement_delta(
-        memory, op_time, ops, nbytes, level, float(requests.exposed_copy_time[r]))
+      memory, op_time, ops, nbytes, level, float(requests.exposed_copy_time[r])
+    )
     assert saved == pytest.approx(savings[level], rel=1e-12, abs=1e-18)
     memory[ops], op_time[ops] = new_memory, new_time
     total -= saved + float(requests.exposed_copy_time[r])  # Op time only: copies are simulated.
     chosen.append((r, level))
   rs = np.array([c[0] for c in chosen])
-  alloc = Allocations(requests.buffer[rs], np.array([c[1] for c in chosen]),
-                      np.zeros(len(rs), np.int64), requests.start[rs], requests.end[rs])
+  alloc = Allocations(
+    requests.buffer[rs],
+    np.array([c[1] for c in chosen]),
+    np.zeros(len(rs), np.int64),
+    requests.start[rs],
+    requests.end[rs],
+  )
   assert model.evaluate(alloc).compute_and_memory_s == pytest.approx(total, rel=1e-9)
 
 
 def test_presets_and_hardware_json(tmp_path):
   import json
+
   assert PRESETS["nnpi-like"].num_levels == 3
   lv = PRESETS["nnpi-like"].levels
   assert lv[0].capacity_bytes == 4 << 20 and lv[1].capacity_bytes == 24 << 20
@@ -106,22 +129,30 @@ def test_presets_and_hardware_json(tmp_path):
   # A fast capacity is for the fast levels together, in the preset's ratio (SRAM:LLC = 1:6),
   # each aligned down to 64 B: 14 MiB is 2 MiB of SRAM and 12 MiB of LLC.
   half = PRESETS["nnpi-like"].with_fast_capacity(14 << 20)
-  assert [l.capacity_bytes for l in half.levels] == [2 << 20, 12 << 20, 32 << 30]
+  assert [level.capacity_bytes for level in half.levels] == [2 << 20, 12 << 20, 32 << 30]
   odd = PRESETS["nnpi-like"].with_fast_capacity(1000)
-  assert [l.capacity_bytes for l in odd.levels[:2]] == [128, 832]  # 142.9 -> 128, 857.1 -> 832
+  # 142.9 -> 128, 857.1 -> 832.
+  assert [level.capacity_bytes for level in odd.levels[:2]] == [128, 832]
   assert odd.fast_capacity_bytes == 960 <= 1000
   # One fast level gets exactly what was asked.
   assert PRESETS["tpu-v4i-like"].with_fast_capacity(1000).levels[0].capacity_bytes == 1000
   llc = PRESETS["nnpi-like"].with_level_capacities({"LLC": 1 << 20})
-  assert [l.capacity_bytes for l in llc.levels] == [4 << 20, 1 << 20, 32 << 30]
-  for levels, message in (({"DRAM": 5}, "no fast level 'DRAM' (fast levels: SRAM, LLC); 'DRAM' "
-                           "is the slow default memory"), ({"L2": 5}, "no fast level 'L2'"),
-                          ({"SRAM": 0}, "capacity of 'SRAM' must be positive")):
+  assert [level.capacity_bytes for level in llc.levels] == [4 << 20, 1 << 20, 32 << 30]
+  for levels, message in (
+    (
+      {"DRAM": 5},
+      "no fast level 'DRAM' (fast levels: SRAM, LLC); 'DRAM' is the slow default memory",
+    ),
+    ({"L2": 5}, "no fast level 'L2'"),
+    ({"SRAM": 0}, "capacity of 'SRAM' must be positive"),
+  ):
     with pytest.raises(HardwareError, match=re.escape(message)):
       PRESETS["nnpi-like"].with_level_capacities(levels)
 
 
-@pytest.mark.parametrize("mutate,message", [
+@pytest.mark.parametrize(
+  "mutate,message",
+  [
     (lambda d: d["levels"][0].update(capacity_bytes=0), "capacity 0; capacities must be positive"),
     (lambda d: d["levels"][0].update(bandwidth_bytes_per_s=1.0), "ordered fastest first"),
     (lambda d: d.update(levels=d["levels"][:1]), "at least two memory levels"),
@@ -129,9 +160,11 @@ def test_presets_and_hardware_json(tmp_path):
     (lambda d: d.update(peak_flops_per_s=-1), "peak_flops_per_s must be positive"),
     (lambda d: d.pop("copy_bandwidth_bytes_per_s"), "missing required key"),
     (lambda d: d["levels"][0].update(capacity_bytes="big"), "'capacity_bytes' must be an integer"),
-])
+  ],
+)
 def test_impossible_hardware_is_rejected(tmp_path, mutate, message):
   import json
+
   data = PRESETS["tpu-v4i-like"].to_dict()
   mutate(data)
   path = tmp_path / "hw.json"
@@ -143,15 +176,18 @@ def test_impossible_hardware_is_rejected(tmp_path, mutate, message):
 
 def test_unknown_hardware_and_a_program_too_big_for_slow_memory():
   from malloczero.env.game import MallocGame
+
   with pytest.raises(HardwareError, match="unknown hardware 'tpu-v9'"):
     load_hardware("tpu-v9")
-  tiny_slow = Hardware("tiny", (MemoryLevel("fast", 64, 100.0), MemoryLevel("slow", 100, 10.0)),
-                       1.0, 1.0, 1)
+  tiny_slow = Hardware(
+    "tiny", (MemoryLevel("fast", 64, 100.0), MemoryLevel("slow", 100, 10.0)), 1.0, 1.0, 1
+  )
   with pytest.raises(HardwareError, match="peak live bytes 350 exceed the slow memory"):
     MallocGame(PROGRAM, tiny_slow)
 
 
 # ------------------------------------------------------------------ copy contention (simulator)
+
 
 def reference_stalls(idle_s, start, done, work_s):
   """XLA's RuntimeSimulator as a plain loop: [T + 1] stall at each boundary.
@@ -187,38 +223,51 @@ def reference_stalls(idle_s, start, done, work_s):
 @st.composite
 def copy_cases(draw):
   num_ops = draw(st.integers(1, 12))
-  idle = draw(st.lists(st.one_of(st.just(0.0), st.floats(0.0, 5.0)), min_size=num_ops,
-                       max_size=num_ops))
+  idle = draw(
+    st.lists(st.one_of(st.just(0.0), st.floats(0.0, 5.0)), min_size=num_ops, max_size=num_ops)
+  )
   k = draw(st.integers(0, 10))
   start = [draw(st.integers(0, num_ops)) for _ in range(k)]
   done = [draw(st.integers(s, num_ops)) for s in start]
   work = [draw(st.one_of(st.just(0.0), st.floats(0.0, 6.0))) for _ in range(k)]
-  return (np.array(idle, float), np.array(start, np.int64), np.array(done, np.int64),
-          np.array(work, float))
+  return (
+    np.array(idle, float),
+    np.array(start, np.int64),
+    np.array(done, np.int64),
+    np.array(work, float),
+  )
 
 
 @given(copy_cases())
 def test_vectorised_copy_simulation_equals_the_reference_loop(case):
   idle, start, done, work = case
   fast = simulate_copies(idle, Copies(start, done, work))
-  np.testing.assert_allclose(fast.stall_s, reference_stalls(idle, start, done, work),
-                             rtol=1e-9, atol=1e-9)
+  np.testing.assert_allclose(
+    fast.stall_s, reference_stalls(idle, start, done, work), rtol=1e-9, atol=1e-9
+  )
 
 
 @given(copy_cases())
 def test_jitted_stall_loop_equals_the_reference_loop(case):
   idle, start, done, work = case
-  np.testing.assert_allclose(total_stall_loop(idle, Copies(start, done, work)),
-                             reference_stalls(idle, start, done, work).sum(), rtol=1e-9,
-                             atol=1e-9)
+  np.testing.assert_allclose(
+    total_stall_loop(idle, Copies(start, done, work)),
+    reference_stalls(idle, start, done, work).sum(),
+    rtol=1e-9,
+    atol=1e-9,
+  )
 
 
 # XLA's memory-space-assignment test hardware: fast 128 B @ 1000 B/s, slow @ 100 B/s, copy
 # 100 B/s, 1000 flop/s, alignment 8. A 24-byte buffer (f32[2,3]) takes 0.024 s to touch in fast
 # memory, 0.24 s in default memory, and 0.24 s to copy.
-XLA_HW = Hardware("xla-test", (MemoryLevel("alternate", 128, 1000.0),
-                               MemoryLevel("default", 1 << 20, 100.0)),
-                  peak_flops_per_s=1000.0, copy_bandwidth_bytes_per_s=100.0, alignment_bytes=8)
+XLA_HW = Hardware(
+  "xla-test",
+  (MemoryLevel("alternate", 128, 1000.0), MemoryLevel("default", 1 << 20, 100.0)),
+  peak_flops_per_s=1000.0,
+  copy_bandwidth_bytes_per_s=100.0,
+  alignment_bytes=8,
+)
 
 
 def xla_program(flops, buffers):
@@ -233,8 +282,14 @@ def prefetch(buffer, start, end, done):
   """One prefetched allocation per buffer, at offsets that do not overlap."""
   col = lambda *v: np.array(v, np.int64)
   offsets = [32 * i for i in range(len(buffer))]
-  return Allocations(col(*buffer), col(*[0] * len(buffer)), col(*offsets), col(*start), col(*end),
-                     prefetch_done=col(*done))
+  return Allocations(
+    col(*buffer),
+    col(*[0] * len(buffer)),
+    col(*offsets),
+    col(*start),
+    col(*end),
+    prefetch_done=col(*done),
+  )
 
 
 def test_one_prefetch_hidden_in_idle_time():
@@ -294,8 +349,9 @@ def reference_evaluate(workload, hardware, alloc):
   for b, t, nbytes in zip(a.incidence_buffer, a.incidence_op, a.incidence_bytes):
     level = hardware.slow_level
     for i in range(len(alloc)):
-      if (alloc.buffer[i] == b and alloc.start[i] <= t < alloc.end[i]
-          and t >= alloc.prefetch_done[i]):
+      if (
+        alloc.buffer[i] == b and alloc.start[i] <= t < alloc.end[i] and t >= alloc.prefetch_done[i]
+      ):
         level = alloc.level[i]
     memory[t] += nbytes * inv[level]
     if level == hardware.slow_level:
@@ -316,8 +372,10 @@ def reference_evaluate(workload, hardware, alloc):
 @given(st.data())
 def test_evaluation_equals_plain_loops_on_random_programs_with_evictions(data):
   from hypothesis import assume
+
   from malloczero.env import MallocGame, MalloczeroError
   from tests.strategies import hardware_for, workloads
+
   workload = data.draw(workloads())
   hardware = data.draw(hardware_for(workload))
   try:
@@ -338,8 +396,9 @@ def test_evaluation_equals_plain_loops_on_random_programs_with_evictions(data):
       evict_done[i] = rng.integers(evict_start[i], alloc.end[i] + 1)
   alloc = dataclasses.replace(alloc, evict_start=evict_start, evict_done=evict_done)
   fresh = CostModel(workload, hardware).evaluate(alloc)
-  assert fresh.total_time_s == pytest.approx(reference_evaluate(workload, hardware, alloc),
-                                             rel=1e-9)
+  assert fresh.total_time_s == pytest.approx(
+    reference_evaluate(workload, hardware, alloc), rel=1e-9
+  )
 
 
 def test_uses_before_a_prefetch_is_done_read_default_memory():

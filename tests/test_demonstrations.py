@@ -16,12 +16,16 @@ from malloczero.configs.config import get_config
 from malloczero.env import MalloczeroError, make_game, validate_mapping
 from malloczero.env.mapping import load_mapping
 from malloczero.env.solvers import solve
-from malloczero.learner import learner as learner_lib
 from malloczero.learner import MuZeroLearner, make_networks
+from malloczero.learner import learner as learner_lib
 from malloczero.learner.fakes import random_batch
 from malloczero.replay import PRIORITY_EPSILON
-from malloczero.replay.demonstrations import (DEMONSTRATIONS_FILENAME, Demonstrations,
-                                              demonstration_steps, heuristic_actions)
+from malloczero.replay.demonstrations import (
+  DEMONSTRATIONS_FILENAME,
+  Demonstrations,
+  demonstration_steps,
+  heuristic_actions,
+)
 from malloczero.system.builder import write_best_mapping
 
 CONFIG = get_config("tiny")
@@ -61,13 +65,15 @@ def test_heuristic_play_is_the_msa_solver_and_steps_follow_the_replay_layout():
   np.testing.assert_array_equal(steps.action[:T], actions)
   np.testing.assert_array_equal(steps.policy[:T], np.eye(CONFIG.game.num_actions)[actions])
   # root_value is the exact return still to come; terminal and padding hold zeros.
-  np.testing.assert_allclose(steps.root_value[:T], np.cumsum(steps.reward[:T][::-1])[::-1],
-                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+    steps.root_value[:T], np.cumsum(steps.reward[:T][::-1])[::-1], rtol=1e-5, atol=1e-7
+  )
   assert steps.root_value[0] == pytest.approx(episode_return, rel=1e-6)
   assert not steps.policy[T:].any() and not steps.reward[T:].any()
   assert steps.observation["legal_actions"][T].tolist() == [True] + [False] * (
-      CONFIG.game.num_actions - 1)
-  assert not steps.observation["legal_actions"][T + 1:].any()
+    CONFIG.game.num_actions - 1
+  )
+  assert not steps.observation["legal_actions"][T + 1 :].any()
   # Every observation is the game's own at that step.
   timestep = game.reset()
   for t, action in enumerate(actions):
@@ -106,8 +112,9 @@ def test_a_better_game_replaces_msas_and_is_saved_and_restored(tmp_path):
   """... and its mapping is written (validated, with its picture) by the run's `on_improve`;
   msa's own mappings are not."""
   best_dir = tmp_path / "best"
-  demos = Demonstrations(SPECS, CONFIG.game, L, seed=0,
-                         on_improve=functools.partial(write_best_mapping, str(best_dir)))
+  demos = Demonstrations(
+    SPECS, CONFIG.game, L, seed=0, on_improve=functools.partial(write_best_mapping, str(best_dir))
+  )
   demos.add_heuristic()
   assert not best_dir.exists()
   # A better game than msa's, found by random search (rarely found by chance: the tiny
@@ -139,7 +146,7 @@ def test_a_better_game_replaces_msas_and_is_saved_and_restored(tmp_path):
   assert restored.restore(str(tmp_path)) == len(SPECS)
   restored.add_heuristic()  # Does not undo the improvement.
   assert restored.best() == demos.best()
-  (tmp_path / DEMONSTRATIONS_FILENAME).write_text("[{\"program\": 1}]")
+  (tmp_path / DEMONSTRATIONS_FILENAME).write_text('[{"program": 1}]')
   with pytest.raises(MalloczeroError, match="demonstrations file .* is unusable"):
     Demonstrations(SPECS, CONFIG.game, L).restore(str(tmp_path))
 
@@ -148,18 +155,27 @@ def test_samples_are_windows_of_the_demonstrations(demonstrations):
   steps, weights = demonstrations.sample(64)
   assert steps.valid.shape == (64, L) and steps.policy.shape == (64, L, CONFIG.game.num_actions)
   np.testing.assert_array_equal(weights, np.ones(64))
-  whole = {name: demonstration_steps(make_game(s.workload, s.hardware, CONFIG.game),
-                                     demonstrations.best()[name].actions, L, CONFIG.game)[0]
-           for name, s in ((s.name, s) for s in SPECS)}
+  whole = {
+    name: demonstration_steps(
+      make_game(s.workload, s.hardware, CONFIG.game),
+      demonstrations.best()[name].actions,
+      L,
+      CONFIG.game,
+    )[0]
+    for name, s in ((s.name, s) for s in SPECS)
+  }
   found = set()
   for b in range(64):
     window = tree.map_structure(lambda x: x[b], steps)
     assert window.valid[0] == 1.0  # Every window starts at a real step.
     for name, full in whole.items():
-      starts = np.flatnonzero((full.action == window.action[0])
-                              & (full.root_value == window.root_value[0]))
-      if any(np.array_equal(full.observation["candidates"][s:s + L],
-                            window.observation["candidates"]) for s in starts):
+      starts = np.flatnonzero(
+        (full.action == window.action[0]) & (full.root_value == window.root_value[0])
+      )
+      if any(
+        np.array_equal(full.observation["candidates"][s : s + L], window.observation["candidates"])
+        for s in starts
+      ):
         found.add(name)
         break
     else:
@@ -176,9 +192,11 @@ def test_demonstration_items_bootstrap_from_their_exact_returns():
   networks = make_networks(CONFIG.network, CONFIG.game)
   b = 8
   steps = random_batch(CONFIG, b, seed=0).steps
-  steps = steps._replace(valid=np.ones((b, L), np.float32),
-                         reward=np.full((b, L), 0.01, np.float32),
-                         root_value=np.full((b, L), 0.3, np.float32))
+  steps = steps._replace(
+    valid=np.ones((b, L), np.float32),
+    reward=np.full((b, L), 0.01, np.float32),
+    root_value=np.full((b, L), 0.3, np.float32),
+  )
   state = learner_lib.make_initial_state(networks, CONFIG, jax.random.PRNGKey(0))
   exact = np.arange(b) >= b // 2
   _, _, priorities = learner_lib.make_sgd_step(networks, CONFIG)(state, steps, jnp.ones(b), exact)
@@ -189,14 +207,20 @@ def test_demonstration_items_bootstrap_from_their_exact_returns():
 
 @pytest.mark.slow  # Compiles the search or the learner step.
 def test_learner_mixes_demonstrations_into_batches_and_checkpoints_them(tmp_path, demonstrations):
-  config = dataclasses.replace(CONFIG, learner=dataclasses.replace(
-      CONFIG.learner, batch_size=16, demonstration_fraction=0.25))
+  config = dataclasses.replace(
+    CONFIG, learner=dataclasses.replace(CONFIG.learner, batch_size=16, demonstration_fraction=0.25)
+  )
   assert (config.learner.replay_batch, config.learner.demonstration_batch) == (12, 4)
   networks = make_networks(config.network, config.game)
   written = []
-  learner = MuZeroLearner(networks, config, lambda: random_batch(config, 12, seed=1),
-                          update_priorities_fn=lambda k, p: written.append((k, p)),
-                          checkpoint_dir=str(tmp_path), demonstrations=demonstrations)
+  learner = MuZeroLearner(
+    networks,
+    config,
+    lambda: random_batch(config, 12, seed=1),
+    update_priorities_fn=lambda k, p: written.append((k, p)),
+    checkpoint_dir=str(tmp_path),
+    demonstrations=demonstrations,
+  )
   metrics = learner.step()
   assert metrics["demonstrations_improved"] == 0.0
   assert written[0][0].shape == written[0][1].shape == (12,)  # Replay items' priorities only.

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
+from malloczero.configs.workdir import CHECKPOINT_FILENAME
 from malloczero.env.mapping import load_mapping
 from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
 from malloczero.env.validator import validate_mapping
 from malloczero.system.evaluation import evaluate_suite, load_agents
 from malloczero.system.report import mapping_file
-from malloczero.configs.workdir import CHECKPOINT_FILENAME
 from tests.trained import STEPS, read_checkpoint, write_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,8 +25,13 @@ pytestmark = pytest.mark.slow
 
 
 def _cli(*args, timeout=600):
-  return subprocess.run([sys.executable, "-m", "malloczero", *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+    [sys.executable, "-m", "malloczero", *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +44,9 @@ def trained(trained_run):
 def test_agent_rows_are_its_validated_mappings_and_agree_with_the_baselines(trained):
   agents = load_agents([str(trained)], simulations=4, attempts=2)
   suite = get_suite("tiny")
-  evaluation = evaluate_suite(suite, ["greedy", "cpsat"], agents,
-                              lambda s: {"time_limit_s": 2.0} if s == "cpsat" else {})
+  evaluation = evaluate_suite(
+    suite, ["greedy", "cpsat"], agents, lambda s: {"time_limit_s": 2.0} if s == "cpsat" else {}
+  )
   assert evaluation.solvers == ["msa", "greedy", "cpsat"]  # msa always runs, first.
   assert [r.entry for r in evaluation.rows] == [e.name for e in suite.entries]
   for entry, row in zip(suite.entries, evaluation.rows):
@@ -71,9 +77,26 @@ def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
   shutil.copytree(trained / "checkpoints", other / "checkpoints")
   shutil.copy(trained / "config.json", other / "config.json")
   out = tmp_path / "eval"
-  result = _cli("evaluate", "--suite", "tiny", "--checkpoint", str(trained), str(other),
-                "--solvers", "msa,greedy,evo,cpsat", "--time-limit", "1", "--evaluations", "20",
-                "--simulations", "4", "--attempts", "2", "--out", str(out))
+  result = _cli(
+    "evaluate",
+    "--suite",
+    "tiny",
+    "--checkpoint",
+    str(trained),
+    str(other),
+    "--solvers",
+    "msa,greedy,evo,cpsat",
+    "--time-limit",
+    "1",
+    "--evaluations",
+    "20",
+    "--simulations",
+    "4",
+    "--attempts",
+    "2",
+    "--out",
+    str(out),
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   labels = [f"run@{STEPS}", f"other-run@{STEPS}"]
   report = json.loads((out / "evaluation.json").read_text())
@@ -82,14 +105,25 @@ def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
   # The same parameters and seed play the same trajectories.
   for row in report["rows"]:
     assert row[f"{labels[0]}_ms"] == row[f"{labels[1]}_ms"]
-  for name in ("evaluation.md", "evaluation.csv", "speedups.png", "best_agent_vs_msa.png",
-               "memory_map_best.png", "memory_map_worst.png", "learning_curve.png"):
+  for name in (
+    "evaluation.md",
+    "evaluation.csv",
+    "speedups.png",
+    "best_agent_vs_msa.png",
+    "memory_map_best.png",
+    "memory_map_worst.png",
+    "learning_curve.png",
+  ):
     assert (out / name).stat().st_size > 0, name
   for name in ("speedups.png", "memory_map_best.png", "learning_curve.png"):
     assert (out / name).read_bytes()[:4] == b"\x89PNG"
   markdown = (out / "evaluation.md").read_text()
-  for heading in ("## Summary per split", "## Checkpoints by quality", "## Per program",
-                  "loses to msa"):
+  for heading in (
+    "## Summary per split",
+    "## Checkpoints by quality",
+    "## Per program",
+    "loses to msa",
+  ):
     assert heading in markdown
   assert "checkpoints by quality" in result.stdout
   # Every agent mapping on disk passes the command-line validator.
@@ -97,10 +131,16 @@ def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
     workload, hardware = entry.load()
     path = mapping_file(str(out), labels[0], entry.name)
     assert load_mapping(path).estimated_time_s * 1e3 == pytest.approx(
-        next(r for r in report["rows"] if r["entry"] == entry.name)[f"{labels[0]}_ms"])
-    checked = _cli("validate", os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz"), path,
-                   "--hardware", entry.hardware,
-                   *[f"--capacity={lv.name}={lv.capacity_bytes}" for lv in hardware.levels[:-1]])
+      next(r for r in report["rows"] if r["entry"] == entry.name)[f"{labels[0]}_ms"]
+    )
+    checked = _cli(
+      "validate",
+      os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz"),
+      path,
+      "--hardware",
+      entry.hardware,
+      *[f"--capacity={lv.name}={lv.capacity_bytes}" for lv in hardware.levels[:-1]],
+    )
     assert checked.returncode == 0, checked.stderr
 
 
@@ -108,12 +148,15 @@ def test_missing_or_incompatible_checkpoint_is_a_one_line_error(trained, tmp_pat
   metadata, arrays = read_checkpoint(trained / "checkpoints" / CHECKPOINT_FILENAME)
   metadata["network_config"]["latent_dim"] = 96  # Networks these parameters do not fit.
   write_checkpoint(str(tmp_path / "bad" / "checkpoints" / CHECKPOINT_FILENAME), metadata, arrays)
-  cases = {"no learner checkpoint": ("--checkpoint", str(tmp_path / "nowhere")),
-           "does not match": ("--checkpoint", str(trained), str(tmp_path / "bad")),
-           "--simulations needs --checkpoint": ("--simulations", "8")}
+  cases = {
+    "no learner checkpoint": ("--checkpoint", str(tmp_path / "nowhere")),
+    "does not match": ("--checkpoint", str(trained), str(tmp_path / "bad")),
+    "--simulations needs --checkpoint": ("--simulations", "8"),
+  }
   for message, args in cases.items():
-    result = _cli("evaluate", "--suite", "tiny", "--solvers", "msa", *args,
-                  "--out", str(tmp_path / "never"))
+    result = _cli(
+      "evaluate", "--suite", "tiny", "--solvers", "msa", *args, "--out", str(tmp_path / "never")
+    )
     assert result.returncode == 1, (message, result.stderr)
     assert result.stderr.startswith("malloczero: error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1, result.stderr

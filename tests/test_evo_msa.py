@@ -6,10 +6,10 @@ import pytest
 
 from malloczero.env import MsaGame, validate_mapping
 from malloczero.env.cost_model import CostModel
+from malloczero.env.msa.algorithm import msa_allocations
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import solve
 from malloczero.env.solvers.evo_msa import decode, evo_msa
-from malloczero.env.msa.algorithm import msa_allocations
 from tests.test_msa_steps import same_allocations
 
 
@@ -77,8 +77,7 @@ def test_a_zero_time_limit_still_returns_msas_mapping():
   result = solve(workload, hardware, "evo-msa", time_limit_s=0.0)
   assert result.info["evaluations"] == 1 and result.info["stopped_by_time_limit"]
   msa = solve(workload, hardware, "msa")
-  assert result.mapping.estimated_time_s == pytest.approx(msa.mapping.estimated_time_s,
-                                                          rel=1e-12)
+  assert result.mapping.estimated_time_s == pytest.approx(msa.mapping.estimated_time_s, rel=1e-12)
 
 
 def test_with_skip_below_it_changes_only_decisions_worth_deciding():

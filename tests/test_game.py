@@ -3,10 +3,17 @@
 import dm_env
 import numpy as np
 import pytest
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
-from malloczero.env import (REQUESTS_GAME, IllegalActionError, MallocGame, MalloczeroError,
-                            PRESETS, validate_mapping)
+from malloczero.env import (
+  PRESETS,
+  REQUESTS_GAME,
+  IllegalActionError,
+  MallocGame,
+  MalloczeroError,
+  validate_mapping,
+)
 from malloczero.env.cost_model import CostModel
 from malloczero.env.programs.synthetic import contended, mlp_training_step, random_workload
 from tests.strategies import counting_actor, hardware_for, workloads
@@ -55,8 +62,11 @@ def test_rewards_sum_to_normalised_time_saved_and_mapping_validates(data):
     assert len(mapping.allocations) == 0 and rewards.sum() == 0.0
 
 
-@given(seed=st.integers(0, 10_000), fraction=st.sampled_from([0.1, 0.25, 0.5]),
-       preset=st.sampled_from(["tpu-v4i-like", "nnpi-like"]))
+@given(
+  seed=st.integers(0, 10_000),
+  fraction=st.sampled_from([0.1, 0.25, 0.5]),
+  preset=st.sampled_from(["tpu-v4i-like", "nnpi-like"]),
+)
 def test_each_reward_is_the_exact_cost_model_decrease(seed, fraction, preset):
   workload = random_workload(seed, num_ops=30)
   hardware = contended(PRESETS[preset], workload, fraction)
@@ -160,9 +170,11 @@ def test_candidates_are_free_best_fit_first_and_requests_ordered_by_boundedness(
 
 def test_usable_from_acme_environment_loop():
   from acme import environment_loop, specs
+
   rng = np.random.default_rng(0)
-  actor = counting_actor(lambda observation: rng.choice(np.flatnonzero(
-      observation["legal_actions"])))
+  actor = counting_actor(
+    lambda observation: rng.choice(np.flatnonzero(observation["legal_actions"]))
+  )
   workload = random_workload(1, num_ops=25)
   game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25))
   env_spec = specs.make_environment_spec(game)
@@ -175,9 +187,11 @@ def test_usable_from_acme_environment_loop():
 
 def test_too_many_fast_levels_for_the_observation_is_a_clear_error():
   from malloczero.env import Hardware, HardwareError, MemoryLevel
+
   workload = random_workload(1, num_ops=10)
-  hw = Hardware("deep", tuple(MemoryLevel(f"l{i}", 1 << 30, 10.0 ** (12 - i)) for i in range(4)),
-                1e12, 1e9, 1)
+  hw = Hardware(
+    "deep", tuple(MemoryLevel(f"l{i}", 1 << 30, 10.0 ** (12 - i)) for i in range(4)), 1e12, 1e9, 1
+  )
   with pytest.raises(HardwareError, match="3 fast levels"):
     MallocGame(workload, hw)
 
@@ -193,6 +207,7 @@ def test_rewards_stay_exact_while_copies_stall(seed):
   evaluation = CostModel(workload, hardware).evaluate(game.allocations())
   assert evaluation.total_stall_s > 0
   assert game.total_time == pytest.approx(evaluation.total_time_s, rel=1e-9)
-  assert game.total_time == pytest.approx(evaluation.compute_and_memory_s
-                                          + evaluation.total_stall_s, rel=1e-12)
+  assert game.total_time == pytest.approx(
+    evaluation.compute_and_memory_s + evaluation.total_stall_s, rel=1e-12
+  )
   assert rewards.sum() == pytest.approx(1 - evaluation.total_time_s / game.normaliser, rel=1e-7)

@@ -10,10 +10,15 @@ import time
 
 import pytest
 
-from malloczero.configs.workdir import WorkDir
 from malloczero.common.errors import MalloczeroError
-from malloczero.system.guards import (LauncherWatch, ProcessId, WorkDirLock, hold_nodes_lock,
-                                      lock_holders)
+from malloczero.configs.workdir import WorkDir
+from malloczero.system.guards import (
+  LauncherWatch,
+  ProcessId,
+  WorkDirLock,
+  hold_nodes_lock,
+  lock_holders,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A process that takes a lock (or, with "nodes", the nodes' shared lock), says so, and sleeps.
@@ -31,8 +36,9 @@ time.sleep(600)
 
 
 def _holder(workdir, kind: str = "launcher") -> subprocess.Popen:
-  process = subprocess.Popen([sys.executable, "-c", HOLDER, str(workdir), kind], cwd=REPO,
-                             stdout=subprocess.PIPE, text=True)
+  process = subprocess.Popen(
+    [sys.executable, "-c", HOLDER, str(workdir), kind], cwd=REPO, stdout=subprocess.PIPE, text=True
+  )
   assert process.stdout.readline() == "locked\n"
   return process
 
@@ -40,8 +46,11 @@ def _holder(workdir, kind: str = "launcher") -> subprocess.Popen:
 def test_a_second_lock_is_refused_naming_the_holder_and_taken_after_release(tmp_path):
   first = WorkDirLock(str(tmp_path))
   assert (tmp_path / "train.lock").read_text() == f"{os.getpid()}\n"
-  with pytest.raises(MalloczeroError, match=rf"in use by another training run \(pid "
-                     rf"{os.getpid()}\)") as refused:
+  with pytest.raises(
+    MalloczeroError,
+    match=rf"in use by another training run \(pid "
+    rf"{os.getpid()}\)",
+  ) as refused:
     WorkDirLock(str(tmp_path))
   assert "\n" not in str(refused.value)
   first.release()
@@ -65,11 +74,16 @@ def test_a_launcher_waits_for_node_processes_then_refuses_naming_them(tmp_path):
   assert lock_holders(WorkDir(str(tmp_path)).nodes_lock) == [nodes.pid]
   said = []
   try:
-    with pytest.raises(MalloczeroError, match=rf"node processes of an earlier run on {tmp_path} "
-                       rf"\(pids {nodes.pid}\) are still running"):
+    with pytest.raises(
+      MalloczeroError,
+      match=rf"node processes of an earlier run on {tmp_path} "
+      rf"\(pids {nodes.pid}\) are still running",
+    ):
       WorkDirLock(str(tmp_path), said.append, wait_for_nodes_s=1.0)
-    assert said == [f"waiting up to 1 s for the node processes of a stopped run (pids "
-                    f"{nodes.pid}) to save and exit"]
+    assert said == [
+      f"waiting up to 1 s for the node processes of a stopped run (pids "
+      f"{nodes.pid}) to save and exit"
+    ]
     assert lock_holders(WorkDir(str(tmp_path)).lock) == []  # The refused launcher let go.
   finally:
     nodes.kill()
@@ -101,10 +115,17 @@ def test_the_launcher_watch_never_signals_another_process(tmp_path):
     child.wait()
 
 
-@pytest.mark.parametrize("launch", [pytest.param("single", marks=pytest.mark.slow),  # Loads JAX.
-                                    "local_mt", "local_mp"])
+@pytest.mark.parametrize(
+  "launch",
+  [
+    pytest.param("single", marks=pytest.mark.slow),  # Loads JAX.
+    "local_mt",
+    "local_mp",
+  ],
+)
 def test_train_refuses_a_work_directory_in_use_before_writing_anything(tmp_path, capsys, launch):
   from malloczero.launch.cli import main
+
   holder = _holder(tmp_path)
   try:
     code = main(["train", "--launch", launch, "--config", "tiny", "--workdir", str(tmp_path)])
@@ -113,8 +134,10 @@ def test_train_refuses_a_work_directory_in_use_before_writing_anything(tmp_path,
     holder.wait()
   err = capsys.readouterr().err
   assert code == 1
-  assert err == (f"malloczero: error: {tmp_path} is in use by another training run (pid "
-                 f"{holder.pid}); wait for it to end or stop it, or give another --workdir\n")
+  assert err == (
+    f"malloczero: error: {tmp_path} is in use by another training run (pid "
+    f"{holder.pid}); wait for it to end or stop it, or give another --workdir\n"
+  )
   assert sorted(os.listdir(tmp_path)) == ["nodes.lock", "train.lock"]
 
 
@@ -140,9 +163,15 @@ print("saved", flush=True)
 @pytest.mark.slow
 def test_a_node_process_gets_the_launchers_grace_period_to_save(tmp_path):
   from malloczero.system.nodes import TERMINATION_NOTICE_S
+
   assert TERMINATION_NOTICE_S > 14 + 5
-  node = subprocess.Popen([sys.executable, "-c", SLOW_SAVER, str(tmp_path)], cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  node = subprocess.Popen(
+    [sys.executable, "-c", SLOW_SAVER, str(tmp_path)],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.DEVNULL,
+    text=True,
+  )
   try:
     assert node.stdout.readline() == "ready\n"
     node.send_signal(signal.SIGTERM)

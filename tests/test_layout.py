@@ -27,8 +27,16 @@ import re
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Sub-package -> its folder at the repository root (pyproject.toml's package-dir).
-FOLDERS = {"common": "common", "env": "env", "configs": "configs", "replay": "replay", "learner": "learner",
-           "actors": "actors", "system": "system", "launch": "launch"}
+FOLDERS = {
+  "common": "common",
+  "env": "env",
+  "configs": "configs",
+  "replay": "replay",
+  "learner": "learner",
+  "actors": "actors",
+  "system": "system",
+  "launch": "launch",
+}
 # Right (imported) to left (importing): a package may import only those of lower rank.
 ORDER = ["common", "env", "configs", "replay", "learner", "actors", "system", "launch"]
 RANK = {name: rank for rank, name in enumerate(ORDER)}
@@ -37,8 +45,7 @@ BARE = set(FOLDERS) | {"programs", "solvers", "game", "msa"}
 # The areas of env/, bottom first: "model" is the modules at env/'s top level.
 ENV_ORDER = ["model", "programs", "msa", "game", "solvers"]
 # The game core (env/ but env/programs/, which compiles the zoo with XLA) runs without these.
-AGENT_LIBRARIES = {"jax", "jaxlib", "haiku", "mctx", "optax", "rlax", "reverb", "launchpad",
-                   "acme"}
+AGENT_LIBRARIES = {"jax", "jaxlib", "haiku", "mctx", "optax", "rlax", "reverb", "launchpad", "acme"}
 
 
 def _python_files(folder: str) -> list[str]:
@@ -98,23 +105,31 @@ def test_the_project_is_imported_as_malloczero_everywhere():
     for path in _python_files(folder):
       for line, module, level in _imports(path):
         if level:
-          offending.append(f"{_where(path, line)}: relative import "
-                           f"{'.' * level}{module} (spell it malloczero.)")
+          offending.append(
+            f"{_where(path, line)}: relative import {'.' * level}{module} (spell it malloczero.)"
+          )
         elif module.split(".")[0] in BARE:
           offending.append(f"{_where(path, line)}: `{module}` is not spelled malloczero.")
   assert not offending, "imports of the project's code without `malloczero.`:\n" + "\n".join(
-      offending)
+    offending
+  )
 
 
 def test_sub_packages_import_in_one_direction():
   offending = []
   for (package, target), places in sorted(_package_edges().items()):
     if target == "":
-      offending += [f"{where}: malloczero.{package} imports the root package `malloczero` "
-                    f"(import the sub-package that defines the name)" for where in places]
+      offending += [
+        f"{where}: malloczero.{package} imports the root package `malloczero` "
+        f"(import the sub-package that defines the name)"
+        for where in places
+      ]
     elif RANK[target] > RANK[package]:
-      offending += [f"{where}: malloczero.{package} imports malloczero.{target} "
-                    f"(against {' -> '.join(reversed(ORDER))})" for where in places]
+      offending += [
+        f"{where}: malloczero.{package} imports malloczero.{target} "
+        f"(against {' -> '.join(reversed(ORDER))})"
+        for where in places
+      ]
   assert not offending, "imports against the layering:\n" + "\n".join(offending)
 
 
@@ -129,11 +144,15 @@ def test_no_import_cycles_between_sub_packages():
   def visit(package: str, path: list[str]) -> None:
     for target in sorted(graph[package]):
       if target in path:
-        loop = path[path.index(target):]
+        loop = path[path.index(target) :]
         start = loop.index(min(loop))  # Each cycle once, whichever package it was found from.
         cycle = loop[start:] + loop[:start] + [min(loop)]
-        cycles.append(" -> ".join(cycle) + "  (" + ", ".join(
-            edges[(a, b)][0] for a, b in zip(cycle, cycle[1:])) + ")")
+        cycles.append(
+          " -> ".join(cycle)
+          + "  ("
+          + ", ".join(edges[(a, b)][0] for a, b in zip(cycle, cycle[1:]))
+          + ")"
+        )
       else:
         visit(target, path + [target])
 
@@ -153,22 +172,30 @@ def test_env_imports_nothing_of_the_agent_and_its_core_needs_no_jax():
       if target in agent or target == "":
         offending.append(f"{_where(path, line)}: env imports {module}")
       if not in_programs and module.split(".")[0] in AGENT_LIBRARIES:
-        offending.append(f"{_where(path, line)}: the game core imports {module} "
-                         f"(only env/programs/ may use JAX / Haiku)")
+        offending.append(
+          f"{_where(path, line)}: the game core imports {module} "
+          f"(only env/programs/ may use JAX / Haiku)"
+        )
   assert not offending, "\n".join(offending)
 
 
 def test_configs_imports_only_env():
-  offending = [f"{where}: malloczero.configs imports malloczero.{target or '(root)'}"
-               for (package, target), places in _package_edges().items()
-               if package == "configs" and target not in ("env", "common") for where in places]
+  offending = [
+    f"{where}: malloczero.configs imports malloczero.{target or '(root)'}"
+    for (package, target), places in _package_edges().items()
+    if package == "configs" and target not in ("env", "common")
+    for where in places
+  ]
   assert not offending, "\n".join(offending)
 
 
 def test_common_imports_nothing_of_the_project():
-  offending = [f"{where}: malloczero.common imports malloczero.{target or '(root)'}"
-               for (package, target), places in _package_edges().items()
-               if package == "common" for where in places]
+  offending = [
+    f"{where}: malloczero.common imports malloczero.{target or '(root)'}"
+    for (package, target), places in _package_edges().items()
+    if package == "common"
+    for where in places
+  ]
   assert not offending, "\n".join(offending)
 
 
@@ -182,7 +209,7 @@ def _env_area(module: str) -> str | None:
 
 
 def _env_module(path: str) -> str:
-  relative = os.path.relpath(path, REPO)[:-len(".py")].split(os.sep)
+  relative = os.path.relpath(path, REPO)[: -len(".py")].split(os.sep)
   if relative[-1] == "__init__":
     relative = relative[:-1]
   return ".".join(["malloczero"] + relative)
@@ -201,13 +228,15 @@ def test_env_areas_import_in_one_direction_and_its_modules_have_no_cycles():
         continue
       graph.setdefault(importer, set()).add(module)
       if ENV_ORDER.index(target) > ENV_ORDER.index(area):
-        offending.append(f"{_where(path, line)}: env's {area} imports {module} "
-                         f"(against {' -> '.join(reversed(ENV_ORDER))})")
+        offending.append(
+          f"{_where(path, line)}: env's {area} imports {module} "
+          f"(against {' -> '.join(reversed(ENV_ORDER))})"
+        )
   seen, on_path = set(), []
 
   def visit(module: str) -> None:
     if module in on_path:
-      offending.append("cycle: " + " -> ".join(on_path[on_path.index(module):] + [module]))
+      offending.append("cycle: " + " -> ".join(on_path[on_path.index(module) :] + [module]))
       return
     if module in seen:
       return
@@ -240,8 +269,10 @@ def test_pyproject_lists_every_package_folder():
   """pyproject.toml's list is the wheel's list: a folder with an __init__.py it misses would be
   left out of the installed package."""
   packages, package_dir = _pyproject_packages()
-  assert package_dir == {"malloczero": "malloczero",
-                         **{f"malloczero.{name}": folder for name, folder in FOLDERS.items()}}
+  assert package_dir == {
+    "malloczero": "malloczero",
+    **{f"malloczero.{name}": folder for name, folder in FOLDERS.items()},
+  }
   folders = {}
   for package, folder in package_dir.items():
     for root, dirs, files in os.walk(os.path.join(REPO, folder)):
@@ -251,5 +282,6 @@ def test_pyproject_lists_every_package_folder():
         name = package if relative == "." else f"{package}.{relative.replace(os.sep, '.')}"
         folders[name] = os.path.relpath(root, REPO)
   assert sorted(packages) == sorted(folders), (
-      f"pyproject.toml lists {sorted(set(packages) - set(folders))} without a folder, and "
-      f"misses {sorted(set(folders) - set(packages))}")
+    f"pyproject.toml lists {sorted(set(packages) - set(folders))} without a folder, and "
+    f"misses {sorted(set(folders) - set(packages))}"
+  )

@@ -14,11 +14,18 @@ import pytest
 import tree
 
 from malloczero.configs.config import get_config
-from malloczero.env import MalloczeroError, PRESETS, make_game
+from malloczero.env import PRESETS, MalloczeroError, make_game
 from malloczero.env.programs.synthetic import contended, random_workload
+from malloczero.learner import (
+  MuZeroLearner,
+  importance_weights,
+  load_params,
+  logits_to_scalar,
+  make_networks,
+  scalar_to_probs,
+  value_targets,
+)
 from malloczero.learner import learner as learner_lib
-from malloczero.learner import (MuZeroLearner, importance_weights, load_params, make_networks,
-                     logits_to_scalar, scalar_to_probs, value_targets)
 from malloczero.learner.fakes import random_batch
 from malloczero.replay import PRIORITY_EPSILON
 from malloczero.replay.types import Batch, Step, zero_step
@@ -30,6 +37,7 @@ L = CONFIG.learner.sequence_length
 
 
 # ------------------------------------------------------------------------------ synthetic data
+
 
 def _episode(seed: int) -> list[Step]:
   """One episode as the writer stores it: T real steps, the terminal step, L - 2 padding steps."""
@@ -45,9 +53,16 @@ def _episode(seed: int) -> list[Step]:
     action = int(rng.choice(np.flatnonzero(legal)))
     policy = 0.4 * legal / legal.sum() + 0.6 * np.eye(len(legal))[action]
     ts = game.step(action)
-    steps.append(Step(observation=obs, action=np.int32(action), reward=np.float32(ts.reward),
-                      policy=policy.astype(np.float32), root_value=np.float32(0.0),
-                      valid=np.float32(1.0)))
+    steps.append(
+      Step(
+        observation=obs,
+        action=np.int32(action),
+        reward=np.float32(ts.reward),
+        policy=policy.astype(np.float32),
+        root_value=np.float32(0.0),
+        valid=np.float32(1.0),
+      )
+    )
   zero = zero_step(CONFIG.game)
   steps.append(zero._replace(observation=ts.observation))
   steps.extend([zero] * (L - 2))
@@ -64,12 +79,17 @@ def _game_batch(batch_size: int = CONFIG.learner.batch_size, seed: int = 0) -> B
     episode_seed += 1
     num_real = len(steps) - (L - 1)
     starts = list(rng.choice(num_real - L, 4, replace=False)) + [num_real - 1, num_real - 4]
-    items.extend(steps[t:t + L] for t in starts)
+    items.extend(steps[t : t + L] for t in starts)
   items = items[:batch_size]
-  stacked = tree.map_structure(lambda *xs: np.stack(xs), *[
-      tree.map_structure(lambda *xs: np.stack(xs), *item) for item in items])
-  return Batch(steps=stacked, keys=np.arange(batch_size, dtype=np.uint64),
-               probabilities=rng.uniform(0.5, 1.5, batch_size) / batch_size)
+  stacked = tree.map_structure(
+    lambda *xs: np.stack(xs),
+    *[tree.map_structure(lambda *xs: np.stack(xs), *item) for item in items],
+  )
+  return Batch(
+    steps=stacked,
+    keys=np.arange(batch_size, dtype=np.uint64),
+    probabilities=rng.uniform(0.5, 1.5, batch_size) / batch_size,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -82,33 +102,45 @@ def trained(batch):
   """A learner trained for 300 steps on one fixed batch, with its per-step metrics and the
   priorities it wrote back."""
   written = []
-  learner = MuZeroLearner(NETWORKS, CONFIG, lambda: batch,
-                          update_priorities_fn=lambda k, p: written.append((k, p)), seed=0)
+  learner = MuZeroLearner(
+    NETWORKS,
+    CONFIG,
+    lambda: batch,
+    update_priorities_fn=lambda k, p: written.append((k, p)),
+    seed=0,
+  )
   history = [learner.step() for _ in range(300)]
   return learner, history, written
 
 
 # ------------------------------------------------------------------------------ value targets
 
+
 def test_value_targets_hand_computed():
   k, n = 2, 3
-  rewards = np.array([
-      [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],   # No end within the item: every target bootstraps.
-      [0.1, 0.2, 0.3, 0.0, 0.0, 0.0],   # Terminal state at index 3, padding after it.
-      [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],   # The item starts at the terminal state.
-      [0.1, 0.2, 0.3, 0.4, 0.0, 0.0],   # Terminal at index 4: z_1 stops there, z_2 too.
-  ], np.float32)
-  valid = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0],
-                    [1, 1, 1, 1, 0, 0]], np.float32)
+  rewards = np.array(
+    [
+      [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],  # No end within the item: every target bootstraps.
+      [0.1, 0.2, 0.3, 0.0, 0.0, 0.0],  # Terminal state at index 3, padding after it.
+      [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],  # The item starts at the terminal state.
+      [0.1, 0.2, 0.3, 0.4, 0.0, 0.0],  # Terminal at index 4: z_1 stops there, z_2 too.
+    ],
+    np.float32,
+  )
+  valid = np.array(
+    [[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]], np.float32
+  )
   # Garbage where it must be ignored (terminal, padding, indices other than n..n+k).
   bootstrap = np.full((4, 6), 100.0, np.float32)
   bootstrap[:, 3:6] = [[1.0, 2.0, 3.0]] * 4
-  expected = np.array([
+  expected = np.array(
+    [
       [0.1 + 0.2 + 0.3 + 1.0, 0.2 + 0.3 + 0.4 + 2.0, 0.3 + 0.4 + 0.5 + 3.0],
       [0.1 + 0.2 + 0.3, 0.2 + 0.3, 0.3],
       [0.0, 0.0, 0.0],
       [0.1 + 0.2 + 0.3 + 1.0, 0.2 + 0.3 + 0.4, 0.3 + 0.4],
-  ])
+    ]
+  )
   z = value_targets(jnp.asarray(rewards), jnp.asarray(valid), jnp.asarray(bootstrap), k, n)
   np.testing.assert_allclose(z, expected, rtol=1e-6)
 
@@ -125,14 +157,17 @@ def test_value_transform_keeps_small_values_in_float32():
   """Rewards of 1e-7..1e-3 (most of this game's) survive encoding and decoding: h and its
   inverse, and the two-hot target decoded back. rlax's forms lost them (1e-6 -> -6.1e-6)."""
   import rlax
+
   from malloczero.learner.networks import signed_hyperbolic, signed_parabolic
+
   x = np.concatenate([-np.logspace(-8, 3, 45), [0.0], np.logspace(-8, 3, 45)]).astype(np.float32)
   y = signed_hyperbolic(jnp.asarray(x))
   np.testing.assert_allclose(np.asarray(signed_parabolic(y)), x, rtol=2e-6, atol=1e-12)
   # The same function as rlax's where rlax is accurate (away from 0).
   big = np.abs(x) >= 1e-1
-  np.testing.assert_allclose(np.asarray(y)[big], np.asarray(rlax.signed_hyperbolic(x[big])),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(y)[big], np.asarray(rlax.signed_hyperbolic(x[big])), rtol=1e-5
+  )
   config = CONFIG.network
   limit = float(signed_parabolic(jnp.float32(config.support_limit))) / config.value_scale
   raw = x[np.abs(x) < 0.99 * limit]
@@ -142,16 +177,18 @@ def test_value_transform_keeps_small_values_in_float32():
   decoded = logits_to_scalar(jnp.log(probs + 1e-30), config)
   np.testing.assert_allclose(np.asarray(decoded), raw, rtol=1e-4, atol=1e-10)
   # Values 1e-6 apart stay apart after a round trip.
-  pair = logits_to_scalar(jnp.log(scalar_to_probs(jnp.asarray([2e-5, 2.1e-5]), config) + 1e-30),
-                          config)
+  pair = logits_to_scalar(
+    jnp.log(scalar_to_probs(jnp.asarray([2e-5, 2.1e-5]), config) + 1e-30), config
+  )
   assert float(pair[1] - pair[0]) == pytest.approx(1e-6, rel=1e-2)
 
 
 def _constant_value_params(params, value: float):
   """Params whose value head predicts `value` everywhere (its weights are zero at init)."""
   probs = scalar_to_probs(jnp.asarray(value), CONFIG.network)
-  head = dict(params["value_head"], w=jnp.zeros_like(params["value_head"]["w"]),
-              b=jnp.log(probs + 1e-12))
+  head = dict(
+    params["value_head"], w=jnp.zeros_like(params["value_head"]["w"]), b=jnp.log(probs + 1e-12)
+  )
   return dict(params, value_head=head)
 
 
@@ -173,13 +210,17 @@ def test_loss_uses_n_step_targets_with_target_network_bootstrap(batch):
   params = learner_lib.make_initial_state(NETWORKS, CONFIG, jax.random.PRNGKey(0)).params
   online = _constant_value_params(params, 0.0)
   state = learner_lib.TrainingState(
-      params=online, target_params=_constant_value_params(params, c),
-      opt_state=jax.jit(learner_lib.make_optimizer(CONFIG.learner).init)(online),
-      steps=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(0))
+    params=online,
+    target_params=_constant_value_params(params, c),
+    opt_state=jax.jit(learner_lib.make_optimizer(CONFIG.learner).init)(online),
+    steps=jnp.zeros((), jnp.int32),
+    rng=jax.random.PRNGKey(0),
+  )
   # The SGD step reports the priorities and targets of the parameters it started from.
   _, metrics, priorities = learner_lib.make_sgd_step(NETWORKS, CONFIG)(state, steps, jnp.ones(b))
-  expected = np.array([rewards[i, :N].sum() + (c if end > N else 0.0)
-                       for i, end in enumerate(ends)])
+  expected = np.array(
+    [rewards[i, :N].sum() + (c if end > N else 0.0) for i, end in enumerate(ends)]
+  )
   np.testing.assert_allclose(priorities, np.abs(expected) + PRIORITY_EPSILON, atol=2e-3)
   np.testing.assert_allclose(metrics["value_target"], expected.mean(), atol=2e-3)
 
@@ -192,6 +233,7 @@ def test_importance_weights():
 
 # ------------------------------------------------------------------------------ learning
 
+
 @pytest.mark.slow
 def test_loss_drops_on_a_fixed_batch(trained):
   _, history, _ = trained
@@ -201,8 +243,17 @@ def test_loss_drops_on_a_fixed_batch(trained):
   assert final < 0.5 * initial, (initial, final)
   assert history[-1]["learner_steps"] == 300.0
   assert history[-1]["learner_steps_per_s"] > 0
-  for key in ("value_loss", "reward_loss", "policy_loss", "legality_loss", "value_target",
-              "policy_entropy", "legality_accuracy", "grad_norm", "learning_rate"):
+  for key in (
+    "value_loss",
+    "reward_loss",
+    "policy_loss",
+    "legality_loss",
+    "value_target",
+    "policy_entropy",
+    "legality_accuracy",
+    "grad_norm",
+    "learning_rate",
+  ):
     assert np.isfinite(history[-1][key]), key
 
 
@@ -235,8 +286,11 @@ def test_random_batch_is_well_formed_and_trainable(trained):
   learner, _, _ = trained
   data = random_batch(CONFIG, CONFIG.learner.batch_size, seed=1)
   s = data.steps
-  assert s.observation["legal_actions"].shape == (CONFIG.learner.batch_size, L,
-                                                  CONFIG.game.num_actions)
+  assert s.observation["legal_actions"].shape == (
+    CONFIG.learner.batch_size,
+    L,
+    CONFIG.game.num_actions,
+  )
   real_or_terminal = s.observation["legal_actions"].any(-1)
   assert np.all(s.observation["legal_actions"][..., 0] == real_or_terminal)
   assert np.all(s.observation["legal_actions"][s.valid > 0][:, 0])
@@ -250,6 +304,7 @@ def test_random_batch_is_well_formed_and_trainable(trained):
 
 
 # ------------------------------------------------------------------------- variables, checkpoints
+
 
 @pytest.mark.slow
 def test_get_variables(trained):
@@ -285,8 +340,7 @@ def test_save_restore_round_trip(tmp_path, batch):
   third.restore(file)
   assert third.num_steps == 3
   loaded = load_params(str(tmp_path))
-  for a, b in zip(jax.tree_util.tree_leaves(loaded),
-                  jax.tree_util.tree_leaves(third.state.params)):
+  for a, b in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(third.state.params)):
     np.testing.assert_array_equal(a, b)
 
 

@@ -65,12 +65,46 @@ def _paths(node: Any, path: tuple = ()) -> list[tuple]:
 
 
 VALUES = st.one_of(
-    st.sampled_from([None, True, False, 0, -1, 1, 2.0, 2.5, -0.0, "", "x", "a\nb", [], {},
-                     [[1]], {"k": 1}, 10**30, -(2**63), 2**63, 1e308]),
-    st.integers(), st.floats(), st.text(max_size=6),
-    st.sampled_from([Raw("1" * 5000), Raw("1" + "0" * 400), Raw("NaN"), Raw("-Infinity"), Raw("1e999"),
-                     Raw("[" * 50000 + "]" * 50000), Raw('{"a":' * 2000 + "1" + "}" * 2000),
-                     Raw("[" * 900 + "]" * 900)]))
+  st.sampled_from(
+    [
+      None,
+      True,
+      False,
+      0,
+      -1,
+      1,
+      2.0,
+      2.5,
+      -0.0,
+      "",
+      "x",
+      "a\nb",
+      [],
+      {},
+      [[1]],
+      {"k": 1},
+      10**30,
+      -(2**63),
+      2**63,
+      1e308,
+    ]
+  ),
+  st.integers(),
+  st.floats(),
+  st.text(max_size=6),
+  st.sampled_from(
+    [
+      Raw("1" * 5000),
+      Raw("1" + "0" * 400),
+      Raw("NaN"),
+      Raw("-Infinity"),
+      Raw("1e999"),
+      Raw("[" * 50000 + "]" * 50000),
+      Raw('{"a":' * 2000 + "1" + "}" * 2000),
+      Raw("[" * 900 + "]" * 900),
+    ]
+  ),
+)
 
 
 @st.composite
@@ -101,8 +135,9 @@ def mutated_json(draw, document: Any) -> bytes:
     elif action == "repeat":
       parent.insert(last, copy.deepcopy(parent[last]))
     elif isinstance(parent[last], dict):
-      parent[last][draw(st.sampled_from(["extra", "id", "Name", "prefetch", "levels"]))] = \
-          draw(VALUES)
+      parent[last][draw(st.sampled_from(["extra", "id", "Name", "prefetch", "levels"]))] = draw(
+        VALUES
+      )
   return draw(mutated_bytes(_dump(doc).encode("utf-8")))
 
 
@@ -121,7 +156,7 @@ def mutated_bytes(draw, data: bytes) -> bytes:
     at = draw(st.integers(0, len(data)))
     action = draw(st.sampled_from(["flip", "cut", "bom", "latin-1", "insert"]))
     if action == "flip" and at < len(data):
-      data = data[:at] + bytes([data[at] ^ draw(st.integers(1, 255))]) + data[at + 1:]
+      data = data[:at] + bytes([data[at] ^ draw(st.integers(1, 255))]) + data[at + 1 :]
     elif action == "cut":
       data = data[:at]
     elif action == "bom":
@@ -129,8 +164,11 @@ def mutated_bytes(draw, data: bytes) -> bytes:
     elif action == "latin-1":
       data = data[:at] + b"\xe9\xff" + data[at:]
     else:
-      data = data[:at] + draw(st.sampled_from([b",", b"\"", b"{", b"]", b"\n", b"\x00", b"-"])) \
-          + data[at:]
+      data = (
+        data[:at]
+        + draw(st.sampled_from([b",", b'"', b"{", b"]", b"\n", b"\x00", b"-"]))
+        + data[at:]
+      )
   return data
 
 
@@ -146,8 +184,11 @@ def mutated_csv(draw) -> bytes:
     elif action == "repeat":
       rows.insert(i, list(rows[i]))
     elif rows[i]:
-      rows[i][draw(st.integers(0, len(rows[i]) - 1))] = draw(st.sampled_from(
-          ["", "-1", "x", "1" * 5000, "9" * 25, "1e3", "+3", "\"a\nb\"", "0", "\"", "\u0663"]))
+      rows[i][draw(st.integers(0, len(rows[i]) - 1))] = draw(
+        st.sampled_from(
+          ["", "-1", "x", "1" * 5000, "9" * 25, "1e3", "+3", '"a\nb"', "0", '"', "\u0663"]
+        )
+      )
     if not rows:
       break
   text = "\n".join(",".join(row) for row in rows) + "\n"
@@ -220,14 +261,19 @@ def test_hardware_loader_survives_mutations(folder, data):
     _one_line_or_result(hardware.with_fast_capacity, hardware.fast_capacity_bytes // 2)
 
 
-@given(capacity=st.one_of(st.integers(), st.integers(-8, 4096), st.just(2**62 + 1)),
-       level=st.sampled_from([None, "SRAM", "LLC", "DRAM", "L2"]))
+@given(
+  capacity=st.one_of(st.integers(), st.integers(-8, 4096), st.just(2**62 + 1)),
+  level=st.sampled_from([None, "SRAM", "LLC", "DRAM", "L2"]),
+)
 def test_capacities_are_set_or_refused_in_one_line(capacity, level):
   hw = PRESETS["nnpi-like"]
   hardware = _one_line_or_result(
-      lambda c: hw.with_fast_capacity(c) if level is None else hw.with_level_capacities({level: c}),
-      capacity)
+    lambda c: hw.with_fast_capacity(c) if level is None else hw.with_level_capacities({level: c}),
+    capacity,
+  )
   if hardware is not None:
     assert hw.alignment_bytes <= capacity <= hw.levels[-1].capacity_bytes
-    assert all(hw.alignment_bytes <= lv.capacity_bytes <= hw.levels[-1].capacity_bytes
-               for lv in hardware.levels)
+    assert all(
+      hw.alignment_bytes <= lv.capacity_bytes <= hw.levels[-1].capacity_bytes
+      for lv in hardware.levels
+    )

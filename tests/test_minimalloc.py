@@ -27,9 +27,15 @@ def raw_workload(text: str, name: str) -> Workload:
   defined at `lower` and used by every later step of `[lower, upper)`."""
   rows = [list(map(int, line.split(","))) for line in text.strip().splitlines()[1:]]
   num_ops = max(r[2] for r in rows)
-  return Workload(name, "minimalloc-csv", tuple(Op(f"t{t}", 0.0) for t in range(num_ops)),
-                  tuple(Buffer(i, f"b{i}", size, lo, tuple(range(lo + 1, hi)), "activation")
-                        for i, lo, hi, size in rows))
+  return Workload(
+    name,
+    "minimalloc-csv",
+    tuple(Op(f"t{t}", 0.0) for t in range(num_ops)),
+    tuple(
+      Buffer(i, f"b{i}", size, lo, tuple(range(lo + 1, hi)), "activation")
+      for i, lo, hi, size in rows
+    ),
+  )
 
 
 def test_tiny_csv_compresses_to_its_distinct_endpoints():
@@ -40,8 +46,10 @@ def test_tiny_csv_compresses_to_its_distinct_endpoints():
   # Buffer 2 lives on [3, 10): ops 2 and 3; its bytes count once per time step.
   a = w.arrays
   assert (a.live_start[2], a.live_end[2]) == (2, 4)
-  assert a.incidence_bytes[a.buffer_incidence_start[2]:a.buffer_incidence_start[3]].tolist() == \
-      [400 * 4, 400 * 3]
+  assert a.incidence_bytes[a.buffer_incidence_start[2] : a.buffer_incidence_start[3]].tolist() == [
+    400 * 4,
+    400 * 3,
+  ]
   assert w.peak_live_bytes == raw_workload(TINY, "tiny").peak_live_bytes == 1000
 
 
@@ -53,21 +61,27 @@ def test_compressed_csv_keeps_the_objective_and_the_mapping_exactly(solver):
   hw = PRESETS["minimalloc"].with_fast_capacity(800)
   raw_model, small_model = CostModel(raw, hw), CostModel(small, hw)
   assert small_model.slow_only_time == pytest.approx(raw_model.slow_only_time, rel=1e-12)
-  saving = lambda model: dict(zip(build_requests(model).buffer.tolist(),
-                                  build_requests(model).standalone_saving[:, 0].tolist()))
+  saving = lambda model: dict(
+    zip(
+      build_requests(model).buffer.tolist(), build_requests(model).standalone_saving[:, 0].tolist()
+    )
+  )
   assert saving(small_model) == pytest.approx(saving(raw_model), rel=1e-12)
   options = {"time_limit_s": 5.0} if solver == "cpsat" else {}
   mapping = solve(small, hw, solver, **options).mapping
   assert mapping.allocations
   # An activation's window is its CSV row's [lower, upper), in the CSV's own times.
-  rows = {int(r.split(",")[0]): tuple(map(int, r.split(",")[1:3]))
-          for r in TINY.strip().splitlines()[1:]}
+  rows = {
+    int(r.split(",")[0]): tuple(map(int, r.split(",")[1:3])) for r in TINY.strip().splitlines()[1:]
+  }
   assert all((a["start"], a["end"]) == rows[a["buffer"]] for a in mapping.allocations)
   # The same file validates against the raw workload, and both evaluate to the same time.
-  assert validate_mapping(raw, hw, mapping).estimated_time_s == \
-      pytest.approx(mapping.estimated_time_s, rel=1e-12)
+  assert validate_mapping(raw, hw, mapping).estimated_time_s == pytest.approx(
+    mapping.estimated_time_s, rel=1e-12
+  )
   assert raw_model.evaluate(mapping.to_arrays(raw)).total_time_s == pytest.approx(
-      small_model.evaluate(mapping.to_arrays(small)).total_time_s, rel=1e-12)
+    small_model.evaluate(mapping.to_arrays(small)).total_time_s, rel=1e-12
+  )
   raw_mapping = solve(raw, hw, solver, **options).mapping
   assert raw_mapping.estimated_time_s == pytest.approx(mapping.estimated_time_s, rel=1e-9)
 
@@ -75,14 +89,18 @@ def test_compressed_csv_keeps_the_objective_and_the_mapping_exactly(solver):
 def test_the_game_on_a_compressed_csv_plays_exactly_as_on_the_raw_one():
   """Same requests in the same order, same observations and rewards at every step."""
   from malloczero.env.game import MallocGame
+
   hw = PRESETS["minimalloc"].with_fast_capacity(800)
-  games = [MallocGame(w, hw) for w in (raw_workload(TINY, "tiny"),
-                                       workload_from_minimalloc_csv(TINY, name="tiny"))]
+  games = [
+    MallocGame(w, hw)
+    for w in (raw_workload(TINY, "tiny"), workload_from_minimalloc_csv(TINY, name="tiny"))
+  ]
   steps = [g.reset() for g in games]
   while True:
     for key in steps[0].observation:
-      np.testing.assert_allclose(steps[0].observation[key], steps[1].observation[key],
-                                 rtol=1e-6, err_msg=key)
+      np.testing.assert_allclose(
+        steps[0].observation[key], steps[1].observation[key], rtol=1e-6, err_msg=key
+      )
     assert (steps[0].reward or 0.0) == pytest.approx(steps[1].reward or 0.0, rel=1e-12)
     if steps[0].last():
       break
@@ -95,10 +113,17 @@ def test_a_time_inside_a_compressed_op_is_a_one_line_error():
   w = workload_from_minimalloc_csv(TINY, name="tiny")
   hw = PRESETS["minimalloc"].with_fast_capacity(800)
   mapping = solve(w, hw, "msa").mapping
-  bad = Mapping.from_dict(dict(mapping.to_dict(), allocations=[
-      dict(mapping.allocations[0], start=mapping.allocations[0]["start"] + 1)]))
-  with pytest.raises(MappingError, match=r"allocation 0: 'start' = \d+ is not an op boundary of "
-                     r"'tiny' \(its ops start at times 0, 2, 3, 7, 10, 16\)"):
+  bad = Mapping.from_dict(
+    dict(
+      mapping.to_dict(),
+      allocations=[dict(mapping.allocations[0], start=mapping.allocations[0]["start"] + 1)],
+    )
+  )
+  with pytest.raises(
+    MappingError,
+    match=r"allocation 0: 'start' = \d+ is not an op boundary of "
+    r"'tiny' \(its ops start at times 0, 2, 3, 7, 10, 16\)",
+  ):
     validate_mapping(w, hw, bad)
 
 
@@ -111,8 +136,11 @@ def test_weighted_ops_round_trip_through_json(tmp_path):
   data = json.loads(path.read_text())
   data["ops"][0]["weight"] = 0
   path.write_text(json.dumps(data))
-  with pytest.raises(WorkloadError, match=r"op 0 \('t0'\): 'weight' must be an integer from 1 to "
-                     r"2\*\*60, got 0"):
+  with pytest.raises(
+    WorkloadError,
+    match=r"op 0 \('t0'\): 'weight' must be an integer from 1 to "
+    r"2\*\*60, got 0",
+  ):
     load_workload(path)
 
 

@@ -13,13 +13,14 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.hardware import Hardware, MemoryLevel
+from malloczero.env.msa.algorithm import MsaOptions, msa_allocations, msa_mapping
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import SOLVERS, solve
-from malloczero.env.msa.algorithm import MsaOptions, msa_allocations, msa_mapping
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
 from tests.strategies import hardware_for, workloads
@@ -51,22 +52,34 @@ class Program:
     buffers = []
     for i, (name, d) in enumerate(self.defs.items()):
       kind = "parameter" if d is None else "output" if name in outputs else "activation"
-      buffers.append({"id": i, "name": name, "size": self.size, "def": d,
-                      "uses": self.uses[name], "kind": kind})
-    return Workload.from_dict({"name": "xla-test", "source": "hand",
-                               "ops": [{"name": n, "flops": f} for n, f in self.ops],
-                               "buffers": buffers})
+      buffers.append(
+        {"id": i, "name": name, "size": self.size, "def": d, "uses": self.uses[name], "kind": kind}
+      )
+    return Workload.from_dict(
+      {
+        "name": "xla-test",
+        "source": "hand",
+        "ops": [{"name": n, "flops": f} for n, f in self.ops],
+        "buffers": buffers,
+      }
+    )
 
 
 def segments_of(workload: Workload, allocations: Allocations, name: str) -> list[dict]:
   """The buffer's segments in time order, as dicts."""
   b = [x.name for x in workload.buffers].index(name)
-  rows = [dict(level=int(allocations.level[i]), offset=int(allocations.offset[i]),
-               start=int(allocations.start[i]), end=int(allocations.end[i]),
-               prefetch_done=int(allocations.prefetch_done[i]),
-               evict_start=int(allocations.evict_start[i]),
-               evict_done=int(allocations.evict_done[i]))
-          for i in np.flatnonzero(allocations.buffer == b)]
+  rows = [
+    dict(
+      level=int(allocations.level[i]),
+      offset=int(allocations.offset[i]),
+      start=int(allocations.start[i]),
+      end=int(allocations.end[i]),
+      prefetch_done=int(allocations.prefetch_done[i]),
+      evict_start=int(allocations.evict_start[i]),
+      evict_done=int(allocations.evict_done[i]),
+    )
+    for i in np.flatnonzero(allocations.buffer == b)
+  ]
   return sorted(rows, key=lambda r: r["start"])
 
 
@@ -115,20 +128,43 @@ def evict_and_prefetch(second_use: bool = False) -> Workload:
   p = Program(F32_2_3, ["p0", "p1"])
   p.op("tanh", ["p0"], 100.0)
   p.op("a", ["tanh", "p0"])
-  for name, operands in (("b", ["p0", "p1"]), ("c", ["p0", "p1"]), ("d", ["p0", "p1"]),
-                         ("e", ["a", "b"]), ("f", ["a", "c"]), ("g", ["a", "d"]),
-                         ("h", ["b", "c"]), ("i", ["b", "d"]), ("j", ["c", "d"]),
-                         ("k", ["e", "f"]), ("l", ["g", "h"]), ("m", ["i", "j"]),
-                         ("n", ["k", "l"]), ("o", ["n", "m"])):
+  for name, operands in (
+    ("b", ["p0", "p1"]),
+    ("c", ["p0", "p1"]),
+    ("d", ["p0", "p1"]),
+    ("e", ["a", "b"]),
+    ("f", ["a", "c"]),
+    ("g", ["a", "d"]),
+    ("h", ["b", "c"]),
+    ("i", ["b", "d"]),
+    ("j", ["c", "d"]),
+    ("k", ["e", "f"]),
+    ("l", ["g", "h"]),
+    ("m", ["i", "j"]),
+    ("n", ["k", "l"]),
+    ("o", ["n", "m"]),
+  ):
     p.op(name, operands)
   p.op("add0", ["o", "tanh"])
   if not second_use:
     return p.build(["add0"])
-  for name, operands in (("a1", ["add0", "p0"]), ("b1", ["p0", "p1"]), ("c1", ["p0", "p1"]),
-                         ("d1", ["p0", "p1"]), ("e1", ["a1", "b1"]), ("f1", ["a1", "c1"]),
-                         ("g1", ["a1", "d1"]), ("h1", ["b1", "c1"]), ("i1", ["b1", "d1"]),
-                         ("j1", ["c1", "d1"]), ("k1", ["e1", "f1"]), ("l1", ["g1", "h1"]),
-                         ("m1", ["i1", "j1"]), ("n1", ["k1", "l1"]), ("o1", ["n1", "m1"])):
+  for name, operands in (
+    ("a1", ["add0", "p0"]),
+    ("b1", ["p0", "p1"]),
+    ("c1", ["p0", "p1"]),
+    ("d1", ["p0", "p1"]),
+    ("e1", ["a1", "b1"]),
+    ("f1", ["a1", "c1"]),
+    ("g1", ["a1", "d1"]),
+    ("h1", ["b1", "c1"]),
+    ("i1", ["b1", "d1"]),
+    ("j1", ["c1", "d1"]),
+    ("k1", ["e1", "f1"]),
+    ("l1", ["g1", "h1"]),
+    ("m1", ["i1", "j1"]),
+    ("n1", ["k1", "l1"]),
+    ("o1", ["n1", "m1"]),
+  ):
     p.op(name, operands)
   p.op("add1", ["o1", "tanh"])
   return p.build(["add1"])
@@ -164,13 +200,16 @@ def test_simple_keeps_add_and_sub_in_fast_memory_at_different_offsets():
   allocations = run(w)
   add, sub = segments_of(w, allocations, "add"), segments_of(w, allocations, "sub")
   assert [(s["level"], s["start"], s["end"], s["prefetch_done"]) for s in add] == [
-      (0, 0, 3, NO_COPY)]
+    (0, 0, 3, NO_COPY)
+  ]
   assert [(s["level"], s["start"], s["end"], s["prefetch_done"]) for s in sub] == [
-      (0, 1, 3, NO_COPY)]
+    (0, 1, 3, NO_COPY)
+  ]
   assert add[0]["offset"] != sub[0]["offset"]
   for name in ("p0", "p1"):
-    assert [(s["start"], s["prefetch_done"], s["end"]) for s in segments_of(w, allocations, name)
-            ] == [(0, 1, 2)]
+    assert [
+      (s["start"], s["prefetch_done"], s["end"]) for s in segments_of(w, allocations, name)
+    ] == [(0, 1, 2)]
   assert segments_of(w, allocations, "mul") == []
   assert len({int(o) for o in allocations.offset}) == 4
 
@@ -249,15 +288,20 @@ def test_evict_and_prefetch_limit_async_copies(limit):
   prefetches and evictions, no more are ever in flight; with 0 there are no copies at all
   (tanh, which would need an eviction, stays in default memory)."""
   w = evict_and_prefetch(second_use=True)
-  options = MsaOptions(picker="instruction_count", max_outstanding_prefetches=limit,
-                       max_outstanding_evictions=limit)
+  options = MsaOptions(
+    picker="instruction_count", max_outstanding_prefetches=limit, max_outstanding_evictions=limit
+  )
   allocations = run(w, options)
   prefetch = allocations.is_prefetch
   evicted = allocations.is_evicted
-  assert max_in_flight(allocations.start[prefetch], allocations.prefetch_done[prefetch],
-                       w.num_ops) <= limit
-  assert max_in_flight(allocations.evict_start[evicted], allocations.evict_done[evicted],
-                       w.num_ops) <= limit
+  assert (
+    max_in_flight(allocations.start[prefetch], allocations.prefetch_done[prefetch], w.num_ops)
+    <= limit
+  )
+  assert (
+    max_in_flight(allocations.evict_start[evicted], allocations.evict_done[evicted], w.num_ops)
+    <= limit
+  )
   _, stats = msa_allocations(w, XLA_HW, options)
   if limit == 0:
     assert not prefetch.any() and not evicted.any()
@@ -294,7 +338,8 @@ def test_evictions_shouldnt_be_delayed():
 
 def test_xlas_elapsed_budgets_hide_a_copy_the_simulator_stalls_for_and_idle_budgets_do_not():
   """docs/msa.md's open question, on the smallest program that shows it: q is negated (op 0,
-  memory bound: 0.48 s moving 48 B, 0.006 s of compute), then p is negated (op 1). XLA budgets op 0 its
+  memory bound: 0.48 s moving 48 B, 0.006 s of compute), then p is negated (op 1). XLA budgets op 0
+  its
   elapsed 0.48 s, enough for p's 0.24 s copy, so msa prefetches p across op 0 for op 1, which
   then reads it 0.216 s faster. The cost model (XLA's `RuntimeSimulator` rule) moves
   copies only in default-memory idle time, none during op 0: the program stalls 0.24 s and ends
@@ -307,7 +352,8 @@ def test_xlas_elapsed_budgets_hide_a_copy_the_simulator_stalls_for_and_idle_budg
   model = CostModel(w, XLA_HW)
   faithful, _ = msa_mapping(model)
   assert [(a["buffer"], a["start"], a["prefetch"]["done"]) for a in faithful.allocations] == [
-      (0, 0, 1)]
+    (0, 0, 1)
+  ]
   assert faithful.estimated_time_s == pytest.approx(model.slow_only_time + 0.24 - 0.216)
   idle, _ = msa_mapping(model, MsaOptions(copy_budget="idle"))
   assert idle.allocations == () and idle.estimated_time_s == pytest.approx(model.slow_only_time)
@@ -317,9 +363,17 @@ def test_three_levels_fill_the_fastest_first_then_the_next():
   """docs/msa.md's extension (XLA has one alternate memory): with SRAM (48 B) + LLC (128 B) +
   DRAM, each segment tries SRAM first, then LLC. A chain of f32[4,3] negates keeps two values
   live at each op: one fits in SRAM, the other goes to LLC; all stay in fast memory."""
-  hw = Hardware("three", (MemoryLevel("sram", 48, 1000.0), MemoryLevel("llc", 128, 200.0),
-                          MemoryLevel("dram", 1 << 30, 100.0)),
-                peak_flops_per_s=1000.0, copy_bandwidth_bytes_per_s=100.0, alignment_bytes=8)
+  hw = Hardware(
+    "three",
+    (
+      MemoryLevel("sram", 48, 1000.0),
+      MemoryLevel("llc", 128, 200.0),
+      MemoryLevel("dram", 1 << 30, 100.0),
+    ),
+    peak_flops_per_s=1000.0,
+    copy_bandwidth_bytes_per_s=100.0,
+    alignment_bytes=8,
+  )
   p = Program(F32_4_3, ["p0"])
   x = "p0"
   for i in range(4):
@@ -338,8 +392,11 @@ def test_three_levels_fill_the_fastest_first_then_the_next():
 
 def test_options_have_xlas_test_defaults_and_refuse_an_unknown_picker():
   options = MsaOptions()
-  assert (options.min_overlap_to_async_copy_ratio, options.preferred_overlap_to_async_copy_ratio,
-          options.max_overlap_to_mem_size_async_copy_ratio) == (0.8, 1.5, 10.0)
+  assert (
+    options.min_overlap_to_async_copy_ratio,
+    options.preferred_overlap_to_async_copy_ratio,
+    options.max_overlap_to_mem_size_async_copy_ratio,
+  ) == (0.8, 1.5, 10.0)
   assert (options.max_outstanding_prefetches, options.max_outstanding_evictions) == (-1, -1)
   assert options.use_copy_resource and not options.enforce_prefetch_fifo_order
   assert options.copy_budget == "elapsed"
@@ -362,15 +419,30 @@ def test_the_cli_counts_msas_segments_and_buffers_not_requests(tmp_path, capsys)
   """msa's mapping is segments, not the game's requests: `solve` says how many of each."""
   from malloczero.env.workload import save_workload
   from malloczero.launch.cli import main
+
   save_workload(evict_and_prefetch(), tmp_path / "w.json")
   (tmp_path / "hw.json").write_text(json.dumps(XLA_HW.to_dict()))
-  assert main(["solve", str(tmp_path / "w.json"), "--hardware", str(tmp_path / "hw.json"),
-               "--solver", "msa", "--out", str(tmp_path / "map.json")]) == 0
+  assert (
+    main(
+      [
+        "solve",
+        str(tmp_path / "w.json"),
+        "--hardware",
+        str(tmp_path / "hw.json"),
+        "--solver",
+        "msa",
+        "--out",
+        str(tmp_path / "map.json"),
+      ]
+    )
+    == 0
+  )
   line = capsys.readouterr().out.splitlines()[0]
   mapping, _ = msa_mapping(CostModel(evict_and_prefetch(), XLA_HW))
   buffers = len({a["buffer"] for a in mapping.allocations})
-  assert line.startswith(f"msa: {len(mapping.allocations)} segments of {buffers} buffers in fast "
-                         "memory; ")
+  assert line.startswith(
+    f"msa: {len(mapping.allocations)} segments of {buffers} buffers in fast memory; "
+  )
 
 
 def test_a_work_directorys_cached_msa_speedups_of_the_old_msa_are_computed_again(tmp_path):
@@ -378,6 +450,7 @@ def test_a_work_directorys_cached_msa_speedups_of_the_old_msa_are_computed_again
   written before msa became XLA's loop (no version) must not stand for the new msa."""
   from malloczero.actors.games import GameSpec
   from malloczero.system.training import BASELINE_VERSIONS, baseline_speedups
+
   entry = get_suite("tiny").entries[0]
   workload, hardware = entry.load()
   spec = GameSpec(entry.name, workload, hardware)
@@ -407,8 +480,9 @@ def test_every_msa_mapping_validates_and_only_copy_stalls_can_cost_time(data):
   hardware = data.draw(hardware_for(workload))
   picker = data.draw(st.sampled_from(["cost", "instruction_count"]))
   limit = data.draw(st.sampled_from([-1, 0, 1, 2]))
-  options = MsaOptions(picker=picker, max_outstanding_prefetches=limit,
-                       max_outstanding_evictions=limit)
+  options = MsaOptions(
+    picker=picker, max_outstanding_prefetches=limit, max_outstanding_evictions=limit
+  )
   model = CostModel(workload, hardware)
   mapping, _ = msa_mapping(model, options)
   report = validate_mapping(workload, hardware, mapping)

@@ -10,14 +10,24 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
-from malloczero.env import (REQUESTS_GAME, GameConfig, IllegalActionError, MallocGame,
-                            MalloczeroError, MsaGame, PRESETS, make_game, validate_mapping)
+from malloczero.env import (
+  PRESETS,
+  REQUESTS_GAME,
+  GameConfig,
+  IllegalActionError,
+  MallocGame,
+  MalloczeroError,
+  MsaGame,
+  make_game,
+  validate_mapping,
+)
 from malloczero.env.cost_model import CostModel
+from malloczero.env.msa.algorithm import msa_allocations, option_slots
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.programs.synthetic import contended, random_workload
-from malloczero.env.msa.algorithm import msa_allocations, option_slots
 from tests.strategies import counting_actor, hardware_for, workloads
 from tests.test_msa_steps import same_allocations
 
@@ -30,8 +40,11 @@ def play(game: MsaGame, policy: str, seed: int = 0) -> np.ndarray:
   timestep, rewards = game.reset(), []
   while not timestep.last():
     legal = np.flatnonzero(timestep.observation["legal_actions"])
-    action = {"msa": game.msa_action, "default": 0,
-              "random": legal[rng.integers(len(legal))] if len(legal) else 0}[policy]
+    action = {
+      "msa": game.msa_action,
+      "default": 0,
+      "random": legal[rng.integers(len(legal))] if len(legal) else 0,
+    }[policy]
     timestep = game.step(action)
     rewards.append(timestep.reward)
   return np.array(rewards)
@@ -81,14 +94,16 @@ def test_rewards_sum_to_the_time_saved_and_every_mapping_validates(data):
   model = CostModel(workload, hardware)
   report = validate_mapping(workload, hardware, game.mapping(policy))
   assert game.total_time == pytest.approx(report.estimated_time_s, rel=1e-9)
-  assert rewards.sum() == pytest.approx(1 - report.estimated_time_s / model.slow_only_time,
-                                        rel=1e-7, abs=1e-12)
+  assert rewards.sum() == pytest.approx(
+    1 - report.estimated_time_s / model.slow_only_time, rel=1e-7, abs=1e-12
+  )
   if policy == "default":
     assert len(game.allocations()) == 0 and np.all(rewards == 0.0)
 
 
-@pytest.mark.parametrize("seed,preset", [(0, "tpu-v4i-like"), (1, "nnpi-like"),
-                                         (2, "tpu-v4i-like")])
+@pytest.mark.parametrize(
+  "seed,preset", [(0, "tpu-v4i-like"), (1, "nnpi-like"), (2, "tpu-v4i-like")]
+)
 def test_each_reward_is_the_exact_cost_model_decrease(seed, preset):
   """Step by step, against a fresh evaluation of the segments committed so far (uncommits,
   evictions and stalls included)."""
@@ -104,7 +119,8 @@ def test_each_reward_is_the_exact_cost_model_decrease(seed, preset):
     evaluation = model.evaluate(game.allocations())
     stalled |= evaluation.total_stall_s > 0
     assert timestep.reward == pytest.approx(
-        (previous - evaluation.total_time_s) / model.slow_only_time, rel=1e-6, abs=1e-12)
+      (previous - evaluation.total_time_s) / model.slow_only_time, rel=1e-6, abs=1e-12
+    )
     assert game.total_time == pytest.approx(evaluation.total_time_s, rel=1e-9)
     previous = evaluation.total_time_s
   assert stalled, "the program should make copies wait, or the check is too easy"
@@ -117,9 +133,13 @@ def test_uncommit_takes_back_the_buffers_segments_and_copies():
   from malloczero.env.msa.algorithm import MsaOptions
   from tests.test_msa import evict_and_prefetch
   from tests.test_msa_parts import XLA_HW
+
   workload = evict_and_prefetch()
-  game = MsaGame(workload, XLA_HW, msa_options=MsaOptions(picker="instruction_count",
-                                                          max_outstanding_evictions=0))
+  game = MsaGame(
+    workload,
+    XLA_HW,
+    msa_options=MsaOptions(picker="instruction_count", max_outstanding_evictions=0),
+  )
   timestep, total, seen = game.reset(), 0.0, False
   while not timestep.last():
     decision = game.decision
@@ -163,8 +183,11 @@ def test_slots_legal_mask_and_observation_describe_msas_options():
       assert row[c.index(option.kind)] == 1.0
       assert row[c.slice("level")].argmax() == option.level
       if option.kind == "prefetch":
-        assert 2 + option.level * CONFIG.max_prefetch_starts <= slot < 2 + (
-            option.level + 1) * CONFIG.max_prefetch_starts
+        assert (
+          2 + option.level * CONFIG.max_prefetch_starts
+          <= slot
+          < 2 + (option.level + 1) * CONFIG.max_prefetch_starts
+        )
       else:
         assert slot == 1
     # Occupancy: each bin's share taken by the chunks live during the segment's window.
@@ -173,19 +196,23 @@ def test_slots_legal_mask_and_observation_describe_msas_options():
       live = (start <= decision.use) & (end > max(decision.segment_start, 0))
       edges = np.linspace(0, hardware.levels[level].capacity_bytes, CONFIG.occupancy_bins + 1)
       covered = np.clip(edges[:, None] - offset[live][None, :], 0, size[live][None, :]).sum(1)
-      np.testing.assert_allclose(obs["occupancy"][level],
-                                 np.minimum(np.diff(covered) / (edges[1] - edges[0]), 1.0),
-                                 atol=1e-6)
+      np.testing.assert_allclose(
+        obs["occupancy"][level],
+        np.minimum(np.diff(covered) / (edges[1] - edges[0]), 1.0),
+        atol=1e-6,
+      )
     kind0 = decision.options[0].kind
-    assert obs["request"][q.slice("option0")].argmax() == ("default", "evict",
-                                                           "uncommit").index(kind0)
+    assert obs["request"][q.slice("option0")].argmax() == ("default", "evict", "uncommit").index(
+      kind0
+    )
     for name, spec in game.observation_spec().items():
       assert obs[name].shape == spec.shape and obs[name].dtype == spec.dtype
     legal = np.flatnonzero(obs["legal_actions"])
     timestep = game.step(legal[rng.integers(len(legal))])
   assert kinds == {"keep", "prefetch"}
   assert timestep.observation["legal_actions"].tolist() == [True] + [False] * (
-      CONFIG.num_actions - 1)
+    CONFIG.num_actions - 1
+  )
 
 
 def test_illegal_actions_and_wrong_configs_are_clear_errors():
@@ -223,10 +250,14 @@ def test_deterministic_and_a_step_after_the_end_starts_again():
 
 def test_usable_from_acme_environment_loop():
   from acme import environment_loop, specs
+
   column = CONFIG.layout.candidate.index("msa_choice")
   # Plays the slot msa marks in the observation: no access to the game's internals.
-  actor = counting_actor(lambda observation: (
-      np.flatnonzero(observation["candidates"][:, column]).tolist() + [-1])[0] + 1)
+  actor = counting_actor(
+    lambda observation: (
+      (np.flatnonzero(observation["candidates"][:, column]).tolist() + [-1])[0] + 1
+    )
+  )
   workload = random_workload(1, num_ops=40)
   hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
   game = MsaGame(workload, hardware)

@@ -9,48 +9,72 @@ f32[2,4] = 32 B; a negate is 1 flop per element, a tanh 100 (XLA's transcendenta
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from malloczero.env.cost_model import CostModel
 from malloczero.env.hardware import Hardware, MemoryLevel
 from malloczero.env.msa import (
-    AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, ChunkHeap, CostAnalysis,
-    CostAnalysisOptions, CostAnalysisPrefetchIntervalPicker,
-    InstructionCountPrefetchIntervalPicker, OutstandingCopyLimit, PrefetchIntervalOptions,
-    buffer_order, find_best_chunk_candidate)
+  ChunkHeap,
+  CostAnalysis,
+  CostAnalysisOptions,
+  CostAnalysisPrefetchIntervalPicker,
+  InstructionCountPrefetchIntervalPicker,
+  PrefetchIntervalOptions,
+  buffer_order,
+  find_best_chunk_candidate,
+)
 from malloczero.env.msa.buffer_order import latest_use_times
 from malloczero.env.msa.interval_picker import PrefetchIntervalIterator
 from malloczero.env.workload import Workload
 from tests.strategies import hardware_for, workloads
 
-XLA_HW = Hardware("xla-test", (MemoryLevel("alternate", 128, 1000.0),
-                               MemoryLevel("default", 1 << 30, 100.0)),
-                  peak_flops_per_s=1000.0, copy_bandwidth_bytes_per_s=100.0, alignment_bytes=8)
+XLA_HW = Hardware(
+  "xla-test",
+  (MemoryLevel("alternate", 128, 1000.0), MemoryLevel("default", 1 << 30, 100.0)),
+  peak_flops_per_s=1000.0,
+  copy_bandwidth_bytes_per_s=100.0,
+  alignment_bytes=8,
+)
 F32_4_3 = 48
 NEGATE, TANH = 12.0, 1200.0  # flops of f32[4,3] negate / tanh
 
 
 def program(ops: list[tuple[str, float]], buffers: list[dict]) -> Workload:
-  return Workload.from_dict({
-      "name": "hand", "source": "hand",
+  return Workload.from_dict(
+    {
+      "name": "hand",
+      "source": "hand",
       "ops": [{"name": n, "flops": f} for n, f in ops],
-      "buffers": [{"id": i, **b} for i, b in enumerate(buffers)]})
+      "buffers": [{"id": i, **b} for i, b in enumerate(buffers)],
+    }
+  )
 
 
 def tanh_negate_chains() -> Workload:
   """XLA's MemoryBoundednessBufferIntervalCompare: p0 -> tanh0..tanh4 and p1 -> negate0..negate4,
   interleaved (tanh0, negate0, tanh1, ...), the two last ones program outputs. Buffers: p0, p1,
   tanh0, negate0, ..., tanh4, negate4 (positions 0..11)."""
-  ops, buffers = [], [
+  ops, buffers = (
+    [],
+    [
       {"name": "p0", "size": F32_4_3, "def": None, "uses": [0], "kind": "parameter"},
-      {"name": "p1", "size": F32_4_3, "def": None, "uses": [1], "kind": "parameter"}]
+      {"name": "p1", "size": F32_4_3, "def": None, "uses": [1], "kind": "parameter"},
+    ],
+  )
   for i in range(5):
     ops += [(f"tanh{i}", TANH), (f"negate{i}", NEGATE)]
     last = i == 4
     for j, name in enumerate(("tanh", "negate")):
-      buffers.append({"name": f"{name}{i}", "size": F32_4_3, "def": 2 * i + j,
-                      "uses": [] if last else [2 * i + j + 2],
-                      "kind": "output" if last else "activation"})
+      buffers.append(
+        {
+          "name": f"{name}{i}",
+          "size": F32_4_3,
+          "def": 2 * i + j,
+          "uses": [] if last else [2 * i + j + 2],
+          "kind": "output" if last else "activation",
+        }
+      )
   return program(ops, buffers)
 
 
@@ -75,8 +99,10 @@ def test_cost_analysis_memory_bound_and_compute_bound_benefits():
       assert ca.incidence_benefit[e] == pytest.approx(-0.24)
       assert ca.use_elapsed_reduction[e] == pytest.approx(0.0)
   root48 = np.sqrt(48.0)
-  expected = np.array([0.0, 0.432, -0.24, 0.864, -0.24, 0.864, -0.24, 0.864, -0.24, 0.864,
-                       -0.24, 0.432]) / root48
+  expected = (
+    np.array([0.0, 0.432, -0.24, 0.864, -0.24, 0.864, -0.24, 0.864, -0.24, 0.864, -0.24, 0.432])
+    / root48
+  )
   # p0 feeds only a tanh: its parameter position's 0 beats the use's -0.24.
   np.testing.assert_allclose(ca.memory_boundedness, expected)
   assert ca.async_copy_elapsed(F32_4_3) == pytest.approx(0.48)
@@ -86,9 +112,13 @@ def test_memory_boundedness_adds_positive_benefits_else_keeps_the_largest():
   """GetMemoryBoundedness's fold: the definition on a compute-bound op (negative), two
   memory-bound uses (added), one compute-bound use (ignored once positive); a second buffer with
   only compute-bound positions keeps the largest (least negative) benefit."""
-  w = program([("def", 1000.0), ("use1", 0.0), ("use2", 0.0), ("use3", 1000.0)], [
+  w = program(
+    [("def", 1000.0), ("use1", 0.0), ("use2", 0.0), ("use3", 1000.0)],
+    [
       {"size": 40, "def": 0, "uses": [1, 2, 3], "kind": "activation"},
-      {"size": 10, "def": 0, "uses": [3], "kind": "activation"}])
+      {"size": 10, "def": 0, "uses": [3], "kind": "activation"},
+    ],
+  )
   ca = CostAnalysis(w, XLA_HW)
   # use1, use2 read 40 B: memory 0.4 s > compute 0: benefit 0.4 - 0.04 each.
   assert ca.memory_boundedness[0] == pytest.approx(2 * 0.36 / np.sqrt(40))
@@ -98,9 +128,13 @@ def test_memory_boundedness_adds_positive_benefits_else_keeps_the_largest():
 
 
 def test_partial_use_bytes_scale_the_benefit_and_the_copy_option_scales_copies():
-  w = program([("gather", 0.0)], [
+  w = program(
+    [("gather", 0.0)],
+    [
       {"size": 1000, "def": None, "uses": [0], "kind": "parameter", "use_bytes": [100]},
-      {"size": 50, "def": 0, "uses": [], "kind": "output"}])
+      {"size": 50, "def": 0, "uses": [], "kind": "output"},
+    ],
+  )
   ca = CostAnalysis(w, XLA_HW)
   # The gather reads 100 of the table's 1000 bytes: its use saves 100 x (1/100 - 1/1000).
   assert ca.incidence_benefit[0] == pytest.approx(0.9)
@@ -124,8 +158,9 @@ def test_op_elapsed_with_alternate_bytes_matches_the_single_position_costs():
 
 
 def test_pipeline_overhead_window_adds_compute_share_of_default_bytes():
-  ca = CostAnalysis(tanh_negate_chains(), XLA_HW,
-                    CostAnalysisOptions(pipeline_overhead_window_size_mib=1.0))
+  ca = CostAnalysis(
+    tanh_negate_chains(), XLA_HW, CostAnalysisOptions(pipeline_overhead_window_size_mib=1.0)
+  )
   # Window larger than the op: overhead = default bytes / all bytes x compute = 0.012 s.
   assert ca.elapsed[1] == pytest.approx(0.96 + 0.012)
 
@@ -134,9 +169,17 @@ def test_three_levels_one_cost_analysis_per_alternate_level():
   """docs/msa.md's proposal for SRAM + LLC + DRAM: one cost analysis per fast level. A negate's
   48-byte output saves 0.48 - 0.048 s in a 1000 B/s SRAM, 0.48 - 0.24 s in a 200 B/s LLC; the
   default-memory elapsed times do not depend on the level."""
-  hw = Hardware("three", (MemoryLevel("sram", 128, 1000.0), MemoryLevel("llc", 512, 200.0),
-                          MemoryLevel("dram", 1 << 30, 100.0)),
-                peak_flops_per_s=1000.0, copy_bandwidth_bytes_per_s=100.0, alignment_bytes=8)
+  hw = Hardware(
+    "three",
+    (
+      MemoryLevel("sram", 128, 1000.0),
+      MemoryLevel("llc", 512, 200.0),
+      MemoryLevel("dram", 1 << 30, 100.0),
+    ),
+    peak_flops_per_s=1000.0,
+    copy_bandwidth_bytes_per_s=100.0,
+    alignment_bytes=8,
+  )
   w = tanh_negate_chains()
   sram = CostAnalysis(w, hw, CostAnalysisOptions(alternate_level=0))
   llc = CostAnalysis(w, hw, CostAnalysisOptions(alternate_level=1))
@@ -163,20 +206,36 @@ def test_memory_boundedness_buffer_interval_compare_puts_negates_before_tanhs():
   w = tanh_negate_chains()
   order = buffer_order(w, CostAnalysis(w, XLA_HW).memory_boundedness)
   names = [w.buffers[i].name for i in order]
-  assert names == ["negate0", "negate1", "negate2", "negate3", "p1", "negate4", "p0",
-                   "tanh0", "tanh1", "tanh2", "tanh3", "tanh4"]
+  assert names == [
+    "negate0",
+    "negate1",
+    "negate2",
+    "negate3",
+    "p1",
+    "negate4",
+    "p0",
+    "tanh0",
+    "tanh1",
+    "tanh2",
+    "tanh3",
+    "tanh4",
+  ]
 
 
 def test_buffer_order_tie_breaks_follow_xlas_tuple():
   """Equal boundedness: larger first; then longer live range; then earlier latest use; then
   earlier start; then lower id. The override priority comes before all of them."""
-  w = program([("a", 0.0)] * 8, [
-      {"size": 8, "def": 0, "uses": [2], "kind": "activation"},        # 0
-      {"size": 16, "def": 0, "uses": [2], "kind": "activation"},       # 1 larger
-      {"size": 8, "def": 0, "uses": [1, 5], "kind": "activation"},     # 2 longer
-      {"size": 8, "def": 3, "uses": [5], "kind": "activation"},        # 3 same length as 0, later
-      {"size": 8, "def": 1, "uses": [3], "kind": "activation"},        # 4 = 0 shifted by one
-      {"size": 8, "def": 0, "uses": [2], "kind": "activation"}])       # 5 = 0, higher id
+  w = program(
+    [("a", 0.0)] * 8,
+    [
+      {"size": 8, "def": 0, "uses": [2], "kind": "activation"},  # 0
+      {"size": 16, "def": 0, "uses": [2], "kind": "activation"},  # 1 larger
+      {"size": 8, "def": 0, "uses": [1, 5], "kind": "activation"},  # 2 longer
+      {"size": 8, "def": 3, "uses": [5], "kind": "activation"},  # 3 same length as 0, later
+      {"size": 8, "def": 1, "uses": [3], "kind": "activation"},  # 4 = 0 shifted by one
+      {"size": 8, "def": 0, "uses": [2], "kind": "activation"},
+    ],
+  )  # 5 = 0, higher id
   flat = np.zeros(w.num_buffers)
   assert buffer_order(w, flat).tolist() == [1, 2, 0, 5, 4, 3]
   np.testing.assert_array_equal(latest_use_times(w), [2, 2, 5, 5, 3, 2])
@@ -206,8 +265,10 @@ def fake_picker(op_elapsed, max_ratio: float) -> CostAnalysisPrefetchIntervalPic
   """XLA's FakeCostAnalysis: the given elapsed per logical time, every copy (of the 32-byte
   memory too) 3 s; ratios min 1, preferred 2, max `max_ratio`."""
   return CostAnalysisPrefetchIntervalPicker(
-      np.asarray(op_elapsed, float), memory_copy_elapsed=3.0,
-      options=PrefetchIntervalOptions(1.0, 2.0, max_ratio))
+    np.asarray(op_elapsed, float),
+    memory_copy_elapsed=3.0,
+    options=PrefetchIntervalOptions(1.0, 2.0, max_ratio),
+  )
 
 
 def test_prefetch_interval_order():
@@ -249,10 +310,14 @@ def test_picker_on_a_cost_analysis_counts_op_zero_from_program_start():
   measured as XLA does on s32[134 / 4]: 132 bytes), from 0 the 20 after op 0 take 12.8 s."""
   ops = [(f"negate{i}", 8.0) for i in range(21)] + [("add", 8.0)]
   buffers = [{"name": "p0", "size": 32, "def": None, "uses": [0, 21], "kind": "parameter"}]
-  buffers += [{"name": f"n{i}", "size": 32, "def": i, "uses": [i + 1], "kind": "activation"}
-              for i in range(20)]
-  buffers += [{"name": "n20", "size": 32, "def": 20, "uses": [21], "kind": "activation"},
-              {"name": "v", "size": 32, "def": 21, "uses": [], "kind": "output"}]
+  buffers += [
+    {"name": f"n{i}", "size": 32, "def": i, "uses": [i + 1], "kind": "activation"}
+    for i in range(20)
+  ]
+  buffers += [
+    {"name": "n20", "size": 32, "def": 20, "uses": [21], "kind": "activation"},
+    {"name": "v", "size": 32, "def": 21, "uses": [], "kind": "output"},
+  ]
   w = program(ops, buffers)
   ca = CostAnalysis(w, XLA_HW)
   picker = CostAnalysisPrefetchIntervalPicker.from_cost_analysis(ca, 134)
@@ -262,8 +327,9 @@ def test_picker_on_a_cost_analysis_counts_op_zero_from_program_start():
   copy = ca.async_copy_elapsed(32)
   window = picker.window(copy, -1, 21, ca.use_elapsed_reduction[use])
   assert (window.earliest, window.latest, window.preferred) == (0, 20, 19)
-  assert picker.start_times(copy, -1, 21, ca.use_elapsed_reduction[use]) == [
-      19, 20] + list(range(18, -1, -1))
+  assert picker.start_times(copy, -1, 21, ca.use_elapsed_reduction[use]) == [19, 20] + list(
+    range(18, -1, -1)
+  )
   assert picker.logical_interval_elapsed(-1, 21) == pytest.approx(21 * 0.64)
 
 
@@ -272,8 +338,8 @@ def test_live_range_too_long_and_eviction_end():
   x the whole memory's copy time (here 10 x 1.28 s = 12.8 s); PreferredEvictionEndTime is the
   first end covering preferred_ratio x the copy time."""
   picker = CostAnalysisPrefetchIntervalPicker(np.full(40, 0.64), memory_copy_elapsed=1.28)
-  assert picker.can_allocate_in_alternate_memory_no_copy(0, 20)       # 19 ops: 12.16 s
-  assert not picker.can_allocate_in_alternate_memory_no_copy(0, 21)   # 20 ops: 12.8 s
+  assert picker.can_allocate_in_alternate_memory_no_copy(0, 20)  # 19 ops: 12.16 s
+  assert not picker.can_allocate_in_alternate_memory_no_copy(0, 21)  # 20 ops: 12.8 s
   assert picker.can_allocate_in_alternate_memory_no_copy(5, 5)
   # An eviction copying 0.48 s wants 0.72 s of ops: two of them after the start.
   assert picker.preferred_eviction_end_time(0.48, start=3, latest_end=30) == 6
@@ -286,17 +352,20 @@ def test_earlier_starts_are_thinned_once_later_ones_run_out():
   """With many short ops the earlier side moves by at least 1/100 of the window's elapsed time
   per step (XLA's kNumExploredDecreasingIntervals): ops of 1 s, a copy of 100 s, a use at
   1000: latest 899 (100 s), preferred 799 (200 s), earliest 0 (999 s <= 10000 s)."""
-  picker = CostAnalysisPrefetchIntervalPicker(np.ones(1001), memory_copy_elapsed=10000.0,
-                                              options=PrefetchIntervalOptions(1.0, 2.0, 1.0))
+  picker = CostAnalysisPrefetchIntervalPicker(
+    np.ones(1001), memory_copy_elapsed=10000.0, options=PrefetchIntervalOptions(1.0, 2.0, 1.0)
+  )
   starts = picker.start_times(copy_elapsed=100.0, start=0, end=1000)
   window = picker.window(100.0, 0, 1000)
   assert (window.earliest, window.latest, window.preferred) == (0, 899, 799)
   assert starts[:3] == [799, 800, 798]
   assert len(starts) < 2 * 100 + 110
   later_done = starts.index(899)
-  tail = starts[later_done + 2:]
-  gaps = [picker.logical_interval_elapsed(b, 1000) - picker.logical_interval_elapsed(a, 1000)
-          for a, b in zip(tail, tail[1:])]
+  tail = starts[later_done + 2 :]
+  gaps = [
+    picker.logical_interval_elapsed(b, 1000) - picker.logical_interval_elapsed(a, 1000)
+    for a, b in zip(tail, tail[1:])
+  ]
   assert min(gaps) >= 999 / 100
 
 
@@ -317,14 +386,21 @@ def test_instruction_count_picker():
   assert picker.logical_interval_elapsed(3, 7) == 3.0
 
 
-@given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=40), st.floats(0.01, 20.0),
-       st.floats(0.0, 5.0), st.floats(0.1, 2.0), st.floats(1.0, 4.0), st.floats(0.0, 50.0),
-       st.data())
-def test_picker_yields_each_start_once_within_its_window(elapsed, copy, reduction, min_ratio,
-                                                         preferred_ratio, memory_copy, data):
+@given(
+  st.lists(st.floats(0.0, 10.0), min_size=1, max_size=40),
+  st.floats(0.01, 20.0),
+  st.floats(0.0, 5.0),
+  st.floats(0.1, 2.0),
+  st.floats(1.0, 4.0),
+  st.floats(0.0, 50.0),
+  st.data(),
+)
+def test_picker_yields_each_start_once_within_its_window(
+  elapsed, copy, reduction, min_ratio, preferred_ratio, memory_copy, data
+):
   picker = CostAnalysisPrefetchIntervalPicker(
-      np.array(elapsed), memory_copy,
-      PrefetchIntervalOptions(min_ratio, preferred_ratio, 1.0))
+    np.array(elapsed), memory_copy, PrefetchIntervalOptions(min_ratio, preferred_ratio, 1.0)
+  )
   end = data.draw(st.integers(0, len(elapsed) - 1))
   start = data.draw(st.integers(-1, end))
   window = picker.window(copy, start, end, reduction)
@@ -343,17 +419,26 @@ def test_picker_yields_each_start_once_within_its_window(elapsed, copy, reductio
   assert not any(rule(s) for s in range(window.latest + 1, end))
 
 
-@given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=40), st.floats(0.01, 20.0),
-       st.floats(0.0, 5.0), st.floats(0.1, 2.0), st.floats(1.0, 4.0), st.floats(0.0, 50.0),
-       st.integers(1, 10), st.data())
-def test_picker_jitted_window_and_starts_match_the_reference(elapsed, copy, reduction,
-                                                             min_ratio, preferred_ratio,
-                                                             memory_copy, explored, data):
+@given(
+  st.lists(st.floats(0.0, 10.0), min_size=1, max_size=40),
+  st.floats(0.01, 20.0),
+  st.floats(0.0, 5.0),
+  st.floats(0.1, 2.0),
+  st.floats(1.0, 4.0),
+  st.floats(0.0, 50.0),
+  st.integers(1, 10),
+  st.data(),
+)
+def test_picker_jitted_window_and_starts_match_the_reference(
+  elapsed, copy, reduction, min_ratio, preferred_ratio, memory_copy, explored, data
+):
   """The jitted window and start sequence (what msa's loop runs) equal the numpy searches and
   the `Next` / `Done` iterator they replace, start for start."""
   picker = CostAnalysisPrefetchIntervalPicker(
-      np.array(elapsed), memory_copy,
-      PrefetchIntervalOptions(min_ratio, preferred_ratio, 1.0, explored))
+    np.array(elapsed),
+    memory_copy,
+    PrefetchIntervalOptions(min_ratio, preferred_ratio, 1.0, explored),
+  )
   end = data.draw(st.integers(0, len(elapsed) - 1))
   start = data.draw(st.integers(-1, end))
   latest = picker.latest_prefetch_start_time(copy, start, end, reduction)
@@ -362,7 +447,8 @@ def test_picker_jitted_window_and_starts_match_the_reference(elapsed, copy, redu
   # The numpy path: a preferred time past the latest is ignored, so it recomputes the window.
   assert picker.window(copy, start, end, reduction, preferred_time=end + 1) == window
   assert picker.start_times(copy, start, end, reduction) == list(
-      PrefetchIntervalIterator(picker, window, end))
+    PrefetchIntervalIterator(picker, window, end)
+  )
 
 
 # ----------------------------------------------------------------------------- chunks
@@ -374,13 +460,13 @@ def test_chunk_candidate():
   the other with and without preferred offsets; each (offset, heap size) as XLA expects."""
   heap = ChunkHeap(alignment=1)
   steps = [  # size, start, inclusive end, preferred offset, expected offset, heap size
-      (5, 6, 10, 5, 5, 10),      # a: preferred offset 5 is free
-      (10, 3, 5, None, 0, 10),   # b
-      (5, 2, 8, None, 10, 15),   # c: above a and b
-      (5, 0, 2, 10, 0, 15),      # d: 10 is taken by c, best fit below it
-      (10, 11, 13, 10, 10, 20),  # e: preferred 10 is free then
-      (5, 3, 5, 20, 20, 25),     # f: preferred 20
-      (10, 4, 8, 15, 25, 35),    # g: 15 is taken (c below, f above: 5 bytes), so above f
+    (5, 6, 10, 5, 5, 10),  # a: preferred offset 5 is free
+    (10, 3, 5, None, 0, 10),  # b
+    (5, 2, 8, None, 10, 15),  # c: above a and b
+    (5, 0, 2, 10, 0, 15),  # d: 10 is taken by c, best fit below it
+    (10, 11, 13, 10, 10, 20),  # e: preferred 10 is free then
+    (5, 3, 5, 20, 20, 25),  # f: preferred 20
+    (10, 4, 8, 15, 25, 35),  # g: 15 is taken (c below, f above: 5 bytes), so above f
   ]
   for size, start, end, preferred, offset, heap_size in steps:
     assert heap.find_chunk(start, end + 1, size, preferred) == offset
@@ -390,37 +476,37 @@ def test_chunk_candidate():
 
 def test_best_fit_smallest_free_range_then_lower_offset_then_the_top():
   heap = ChunkHeap(alignment=8)
-  heap.add(0, 10, 0, 16)      # [0, 16)
-  heap.add(0, 10, 40, 8)      # gap [16, 40): 24 bytes
-  heap.add(0, 10, 60, 4)      # gap [48, 60): 12; the chunk's end 64 rounds to 64
-  heap.add(0, 10, 80, 8)      # gap [64, 80): 16
-  heap.add(20, 30, 16, 100)   # not live over [0, 10)
+  heap.add(0, 10, 0, 16)  # [0, 16)
+  heap.add(0, 10, 40, 8)  # gap [16, 40): 24 bytes
+  heap.add(0, 10, 60, 4)  # gap [48, 60): 12; the chunk's end 64 rounds to 64
+  heap.add(0, 10, 80, 8)  # gap [64, 80): 16
+  heap.add(20, 30, 16, 100)  # not live over [0, 10)
   free_start, free_end = heap.free_chunks(0, 10, 1)
   assert free_start.tolist() == [16, 48, 64, 88]
   assert free_end[:3].tolist() == [40, 60, 80] and free_end[3] == np.iinfo(np.int64).max
-  assert heap.find_chunk(0, 10, 12) == 48       # the 12-byte range fits exactly
-  assert heap.find_chunk(0, 10, 13) == 64       # 16 is the smallest that holds 13
+  assert heap.find_chunk(0, 10, 12) == 48  # the 12-byte range fits exactly
+  assert heap.find_chunk(0, 10, 13) == 64  # 16 is the smallest that holds 13
   assert heap.find_chunk(0, 10, 24) == 16
-  assert heap.find_chunk(0, 10, 25) == 88       # nothing bounded fits: above every chunk
+  assert heap.find_chunk(0, 10, 25) == 88  # nothing bounded fits: above every chunk
   assert heap.find_chunk_within(0, 10, 25, max_size=112) is None
   assert heap.find_chunk_within(0, 10, 24, max_size=112) == 16
   heap.add(5, 6, 16, 8)
-  assert heap.find_chunk(0, 10, 16) == 24       # [24, 40) ties with [64, 80): the lower
-  assert heap.find_chunk(0, 4, 24) == 16        # over [0, 4) the new chunk is not live
+  assert heap.find_chunk(0, 10, 16) == 24  # [24, 40) ties with [64, 80): the lower
+  assert heap.find_chunk(0, 4, 24) == 16  # over [0, 4) the new chunk is not live
   # A preferred offset is taken only where the buffer fits and the offset is aligned.
   assert heap.find_chunk(0, 10, 8, preferred_offset=72) == 72
   assert heap.find_chunk(0, 10, 8, preferred_offset=76) == 48  # unaligned: best fit, 12 bytes
-  assert heap.find_chunk(0, 10, 8, preferred_offset=0) == 48   # taken
+  assert heap.find_chunk(0, 10, 8, preferred_offset=0) == 48  # taken
 
 
 def test_ties_go_to_the_lower_offset_and_removal_frees_the_range():
   heap = ChunkHeap()
   a = heap.add(0, 5, 0, 10)
-  heap.add(0, 5, 20, 10)      # gaps [10, 20) and [30, 40) both 10 bytes
+  heap.add(0, 5, 20, 10)  # gaps [10, 20) and [30, 40) both 10 bytes
   heap.add(0, 5, 40, 10)
   assert heap.find_chunk(0, 5, 10) == 10
   heap.remove(a)
-  assert heap.find_chunk(0, 5, 10) == 30        # [0, 20) is free again, but larger
+  assert heap.find_chunk(0, 5, 10) == 30  # [0, 20) is free again, but larger
   assert heap.find_chunk(0, 5, 20) == 0
   assert len(heap) == 2 and heap.heap_size == 50
   with pytest.raises(KeyError):
@@ -452,17 +538,27 @@ def test_best_chunk_candidate_extends_the_end_to_later_uses_while_it_fits():
     find_best_chunk_candidate(heap, 0, 21, 16, [2, 20], 128, keep)
 
 
-@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12), st.integers(1, 100),
-                          st.integers(0, 12)), max_size=30),
-       st.lists(st.integers(0, 40), min_size=1, max_size=8, unique=True),
-       st.integers(-1, 40), st.integers(1, 80), st.integers(40, 300), st.sampled_from([1, 8]),
-       st.lists(st.floats(0.0, 5.0), min_size=41, max_size=41), st.floats(0.0, 30.0),
-       st.booleans())
+@given(
+  st.lists(
+    st.tuples(st.integers(0, 30), st.integers(1, 12), st.integers(1, 100), st.integers(0, 12)),
+    max_size=30,
+  ),
+  st.lists(st.integers(0, 40), min_size=1, max_size=8, unique=True),
+  st.integers(-1, 40),
+  st.integers(1, 80),
+  st.integers(40, 300),
+  st.sampled_from([1, 8]),
+  st.lists(st.floats(0.0, 5.0), min_size=41, max_size=41),
+  st.floats(0.0, 30.0),
+  st.booleans(),
+)
 def test_jitted_best_chunk_candidate_matches_find_best_chunk_candidate(
-    chunks, uses, start, size, max_size, alignment, elapsed, memory_copy, count_picker):
+  chunks, uses, start, size, max_size, alignment, elapsed, memory_copy, count_picker
+):
   """The jitted `FindBestChunkCandidates` msa's loop runs (`_jit_kernels.best_chunk_candidate`)
   finds the chunk `find_best_chunk_candidate` finds, with either picker's no-copy rule."""
   from malloczero.env.msa._jit import kernels
+
   heap = ChunkHeap(alignment)
   for i, (chunk_start, length, chunk_size, slot) in enumerate(chunks):
     handle = heap.add(chunk_start, chunk_start + length, slot * alignment * 4, chunk_size)
@@ -470,19 +566,41 @@ def test_jitted_best_chunk_candidate_matches_find_best_chunk_candidate(
       heap.remove(handle)
   uses = np.array(sorted(uses), np.int64)
   end_use = int(uses[len(uses) // 2])
-  picker = (InstructionCountPrefetchIntervalPicker(2, 10) if count_picker else
-            CostAnalysisPrefetchIntervalPicker(np.array(elapsed), memory_copy))
-  expected = find_best_chunk_candidate(heap, start, end_use, size, uses.tolist(), max_size,
-                                       picker.can_allocate_in_alternate_memory_no_copy)
+  picker = (
+    InstructionCountPrefetchIntervalPicker(2, 10)
+    if count_picker
+    else CostAnalysisPrefetchIntervalPicker(np.array(elapsed), memory_copy)
+  )
+  expected = find_best_chunk_candidate(
+    heap,
+    start,
+    end_use,
+    size,
+    uses.tolist(),
+    max_size,
+    picker.can_allocate_in_alternate_memory_no_copy,
+  )
   found, offset, end = kernels().best_chunk_candidate(
-      start, end_use, size, uses, max_size, *heap.kernel_state(), *picker.kernel_state())
-  assert (found, offset, end) == ((False, 0, 0) if expected is None else
-                                  (True, expected.offset, expected.end_use))
+    start, end_use, size, uses, max_size, *heap.kernel_state(), *picker.kernel_state()
+  )
+  assert (found, offset, end) == (
+    (False, 0, 0) if expected is None else (True, expected.offset, expected.end_use)
+  )
 
 
-@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12), st.integers(1, 100),
-                          st.booleans(), st.integers(0, 120)), max_size=40),
-       st.sampled_from([1, 8, 64]))
+@given(
+  st.lists(
+    st.tuples(
+      st.integers(0, 30),
+      st.integers(1, 12),
+      st.integers(1, 100),
+      st.booleans(),
+      st.integers(0, 120),
+    ),
+    max_size=40,
+  ),
+  st.sampled_from([1, 8, 64]),
+)
 def test_chunk_search_never_overlaps_and_is_best_fit(requests, alignment):
   heap = ChunkHeap(alignment)
   placed = []
@@ -501,291 +619,6 @@ def test_chunk_search_never_overlaps_and_is_best_fit(requests, alignment):
       assert not (s < end and start < e and o < offset + size and offset < o + z)
     heap.add(start, end, offset, size)
     placed.append((start, end, offset, size))
-
-
-# ----------------------------------------------------------------------------- copy resource
-# XLA's AsynchronousCopyResourceTest cases (memory_space_assignment_test.cc). A copy (s, e, r)
-# may use the budgets of ops s+1 .. e-1; the comments draw the budgets left after each step.
-
-
-def test_async_copy_resource_simple():
-  # time:      0 1 2 3 4 5 6 7 8 9
-  # resource:  2 3 1 6 7 1 7 2 2 4
-  resource = AsynchronousCopyResource([2.0, 3.0, 1.0, 6.0, 7.0, 1.0, 7.0, 2.0, 2.0, 4.0])
-  assert resource.has_enough_resource(-1, 3, 5.0)
-  resource.add_copy(AsyncCopy(-1, 3, 5.0, 0))            # 0 0 1 6 7 1 7 2 2 4
-  np.testing.assert_allclose(resource.current_resources(), [0, 0, 1, 6, 7, 1, 7, 2, 2, 4])
-  assert resource.has_enough_resource(1, 4, 4.0)
-  resource.add_copy(AsyncCopy(1, 4, 4.0, 1))             # 0 0 0 3 7 1 7 2 2 4
-  assert resource.has_enough_resource(5, 9, 10.0)
-  resource.add_copy(AsyncCopy(5, 9, 10.0, 2))            # 0 0 0 3 7 1 0 0 1 4
-  np.testing.assert_allclose(resource.current_resources(), [0, 0, 0, 3, 7, 1, 0, 0, 1, 4])
-  assert not resource.has_enough_resource(4, 9, 3.0)     # would push 5,9 past its end
-  assert resource.has_enough_resource(4, 8, 2.0)         # 5,9 shifts right but still fits
-  resource.add_copy(AsyncCopy(4, 8, 2.0, 3))
-  np.testing.assert_allclose(resource.current_resources(), [0, 0, 0, 3, 7, 0, 0, 0, 0, 4])
-
-
-def test_async_copy_resource_propagate():
-  resource = AsynchronousCopyResource([2.0] * 10)
-  assert resource.has_enough_resource(6, 10, 2.0)
-  resource.add_copy(AsyncCopy(6, 10, 2.0, 0))
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 2, 2, 2, 2, 2, 0, 2, 2])
-  for i, start in enumerate(range(5, 0, -1)):
-    assert resource.has_enough_resource(start, start + 4, 2.0)
-    resource.add_copy(AsyncCopy(start, start + 4, 2.0, i + 1))
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 0, 0, 0, 0, 0, 0, 2, 2])
-  assert resource.has_enough_resource(0, 4, 3.0)
-  resource.add_copy(AsyncCopy(0, 4, 3.0, 6))
-  np.testing.assert_allclose(resource.current_resources(), [2, 0, 0, 0, 0, 0, 0, 0, 1, 2])
-  assert resource.has_enough_resource(0, 4, 3.0)
-  resource.add_copy(AsyncCopy(0, 4, 3.0, 7))
-  np.testing.assert_allclose(resource.current_resources(), [2, 0, 0, 0, 0, 0, 0, 0, 0, 0])
-  assert not resource.has_enough_resource(0, 4, 1.0)
-
-
-def test_async_copy_resource_cant_propagate():
-  resource = AsynchronousCopyResource([2.0] * 10)
-  resource.add_copy(AsyncCopy(5, 10, 2.0, 0))
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 2, 2, 2, 2, 0, 2, 2, 2])
-  assert resource.has_enough_resource(4, 7, 2.0)
-  resource.add_copy(AsyncCopy(4, 7, 2.0, 1))
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 2, 2, 2, 0, 0, 2, 2, 2])
-  assert resource.has_enough_resource(4, 8, 4.0)
-  resource.add_copy(AsyncCopy(4, 8, 4.0, 2))
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 2, 2, 2, 0, 0, 0, 0, 2])
-  assert not resource.has_enough_resource(3, 6, 4.0)
-
-
-def test_async_copy_resource_nested():
-  resource = AsynchronousCopyResource([2.0] * 5)
-  resource.add_copy(AsyncCopy(1, 3, 2.0, 0))
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 0, 2, 2])
-  assert not resource.has_enough_resource(0, 4, 4.0)
-
-
-def test_async_copy_resource_remove():
-  resource = AsynchronousCopyResource([2.0] * 5)
-  copy1, copy2, copy3 = AsyncCopy(2, 5, 2.0, 0), AsyncCopy(-1, 2, 3.0, 1), AsyncCopy(0, 4, 4.0, 2)
-  assert resource.has_enough_resource(2, 5, 2.0)
-  resource.add_copy(copy1)
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 2, 0, 2])
-  assert resource.has_enough_resource(-1, 2, 3.0)
-  resource.add_copy(copy2)
-  np.testing.assert_allclose(resource.current_resources(), [0, 1, 2, 0, 2])
-  assert resource.has_enough_resource(0, 4, 4.0)
-  resource.add_copy(copy3)
-  np.testing.assert_allclose(resource.current_resources(), [0, 0, 0, 0, 1])
-  resource.remove_copy(copy3)
-  np.testing.assert_allclose(resource.current_resources(), [0, 1, 2, 0, 2])
-  resource.remove_copy(copy1)
-  np.testing.assert_allclose(resource.current_resources(), [0, 1, 2, 2, 2])
-  resource.remove_copy(copy2)
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 2, 2, 2])
-  with pytest.raises(KeyError):
-    resource.remove_copy(copy2)
-
-
-def test_async_copy_resource_nested_remove():
-  resource = AsynchronousCopyResource([2.0] * 5)
-  copy1, copy2 = AsyncCopy(1, 3, 2.0, 0), AsyncCopy(0, 4, 4.0, 1)
-  resource.add_copy(copy1)
-  assert not resource.has_enough_resource(0, 4, 4.0)
-  with pytest.raises(ValueError):
-    resource.add_copy(copy2)  # XLA CHECK-fails; the resource is left unchanged.
-  resource.remove_copy(copy1)
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 2, 2, 2])
-  assert resource.has_enough_resource(0, 4, 4.0)
-  resource.add_copy(copy2)
-  np.testing.assert_allclose(resource.current_resources(), [2, 0, 0, 2, 2])
-  assert not resource.has_enough_resource(1, 3, 2.0)
-  resource.remove_copy(copy2)
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 2, 2, 2])
-  assert resource.has_enough_resource(1, 3, 2.0)
-
-
-def test_async_copy_resource_propagate_remove():
-  resource = AsynchronousCopyResource([2.0] * 10)
-  for i, start in enumerate(range(6, 0, -1)):
-    resource.add_copy(AsyncCopy(start, start + 4, 2.0, i))
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 0, 0, 0, 0, 0, 0, 2, 2])
-  copy1, copy2 = AsyncCopy(0, 4, 3.0, 6), AsyncCopy(0, 5, 3.0, 7)
-  assert resource.has_enough_resource(0, 4, 3.0)
-  resource.add_copy(copy1)
-  np.testing.assert_allclose(resource.current_resources(), [2, 0, 0, 0, 0, 0, 0, 0, 1, 2])
-  assert resource.has_enough_resource(0, 5, 3.0)
-  resource.add_copy(copy2)
-  np.testing.assert_allclose(resource.current_resources(), [2, 0, 0, 0, 0, 0, 0, 0, 0, 0])
-  resource.remove_copy(copy2)
-  np.testing.assert_allclose(resource.current_resources(), [2, 0, 0, 0, 0, 0, 0, 0, 1, 2])
-  resource.remove_copy(copy1)
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 0, 0, 0, 0, 0, 0, 2, 2])
-
-
-def test_async_copy_resource_start_at_zero_and_remove():
-  resource = AsynchronousCopyResource([0.0, 0.0, 1.0, 1.0, 2.0])
-  copy1 = AsyncCopy(0, 4, 2.0, 0)
-  assert resource.has_enough_resource(0, 4, 2.0)
-  resource.add_copy(copy1)
-  np.testing.assert_allclose(resource.current_resources(), [0, 0, 0, 0, 2])
-  resource.remove_copy(copy1)
-  np.testing.assert_allclose(resource.current_resources(), [0, 0, 1, 1, 2])
-  resource.add_copy(copy1)
-  np.testing.assert_allclose(resource.current_resources(), [0, 0, 0, 0, 2])
-
-
-def test_async_copy_resource_consume_resource_scaled_integer_resource():
-  """Budgets of a few nanoseconds that a copy uses exactly: no rounding failure."""
-  resource = AsynchronousCopyResource([5.71429e-10, 8.71333e-09, 8.71333e-09, 1.74267e-08,
-                                       1.74267e-08])
-  copy1 = AsyncCopy(0, 2, 8.71333e-09, 0)
-  assert resource.has_enough_resource(0, 2, 8.71333e-09)
-  resource.add_copy(copy1)
-  assert resource.has_enough_resource(0, 3, 4.35667e-09)
-  resource.add_copy(AsyncCopy(0, 3, 4.35667e-09, 1))
-  assert resource.has_enough_resource(2, 4, 4.35667e-09)
-  resource.add_copy(AsyncCopy(2, 4, 4.35667e-09, 2))
-  resource.remove_copy(copy1)
-  np.testing.assert_allclose(
-      resource.current_resources(),
-      [5.71429e-10, 8.71333e-09 - 4.35667e-09, 8.71333e-09, 1.74267e-08 - 4.35667e-09,
-       1.74267e-08], rtol=1e-9)
-
-
-def test_async_copy_resource_out_of_order_removal_same_start_time():
-  resource = AsynchronousCopyResource([2.0] * 5)
-  copy1, copy2 = AsyncCopy(1, 3, 1.0, 0), AsyncCopy(1, 4, 2.0, 1)
-  resource.add_copy(copy1)
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 1, 2, 2])
-  resource.add_copy(copy2)
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 0, 1, 2])
-  resource.remove_copy(copy1)
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 0, 2, 2])
-  more = [AsyncCopy(1, 5, 1.0, i) for i in (2, 3, 4, 5)]
-  after = [[2, 2, 0, 1, 2], [2, 2, 0, 0, 2], [2, 2, 0, 0, 1], [2, 2, 0, 0, 0]]
-  for copy, expected in zip(more, after):
-    assert resource.has_enough_resource(1, 5, 1.0)
-    resource.add_copy(copy)
-    np.testing.assert_allclose(resource.current_resources(), expected)
-  assert not resource.has_enough_resource(1, 5, 1.0)
-  resource.remove_copy(copy2)
-  np.testing.assert_allclose(resource.current_resources(), [2, 2, 0, 0, 2])
-  for copy, expected in zip(more, [[2, 2, 0, 1, 2], [2, 2, 0, 2, 2], [2, 2, 1, 2, 2],
-                                   [2, 2, 2, 2, 2]]):
-    resource.remove_copy(copy)
-    np.testing.assert_allclose(resource.current_resources(), expected)
-
-
-@pytest.mark.parametrize("second, fits", [(3.0, True), (4.0, False)])
-def test_async_copy_resource_has_enough_resource_multi_check(second, fits):
-  """XLA's HasEnoughResourceMultiCheckSuccess / Failure: two copies checked together, without
-  changing the resource (checked four times)."""
-  resource = AsynchronousCopyResource([2.0, 1.0, 3.0, 6.0, 7.0, 3.0, 7.0, 2.0, 2.0, 4.0])
-  resource.add_copy(AsyncCopy(-1, 3, 5.0, 0))
-  resource.add_copy(AsyncCopy(1, 10, 4.0, 1))
-  before = resource.current_resources()
-  for _ in range(4):
-    assert resource.has_enough_resource_multi_check([(0, 6, 4.0), (4, 6, second)]) == fits
-  np.testing.assert_array_equal(resource.current_resources(), before)
-  assert len(resource.copies) == 2
-
-
-def test_async_copy_resource_has_enough_resource_multi_check_regression():
-  """XLA's HasEnoughResourceMultiCheckRegressionTest: the copy (1, 4) queues behind the existing
-  (1, 8) of the same start, so the pair does not fit (XLA notes another design might fit it)."""
-  resource = AsynchronousCopyResource([24.0, 0.0, 6.0, 411.0, 3479.0, 0.0, 0.0, 1537.0, 3095.0,
-                                       0.0, 26.7])
-  resource.add_copy(AsyncCopy(1, 8, 170.8, 1))
-  resource.add_copy(AsyncCopy(2, 8, 170.8, 2))
-  assert not resource.has_enough_resource_multi_check([(0, 4, 170.8), (1, 4, 170.8)])
-
-
-def naive_fifo_fits(budgets, copies) -> bool:
-  """An independent op-by-op FIFO: each op's budget serves the earliest-started unfinished
-  copies that may run at that op; every copy must be done by op end - 1."""
-  if any(demand > 0 and end - 1 < start + 1 for start, end, demand in copies):
-    return False  # No op strictly between its start and end.
-  order = sorted(range(len(copies)), key=lambda i: (copies[i][0], i))
-  remaining = [copies[i][2] for i in order]
-  for t, budget in enumerate(budgets):
-    for k, i in enumerate(order):
-      if copies[i][0] + 1 <= t and remaining[k] > 0:
-        used = min(budget, remaining[k])
-        remaining[k] -= used
-        budget -= used
-        if remaining[k] > 0:
-          break  # FIFO: a later copy waits for this one.
-    for k, i in enumerate(order):
-      if copies[i][1] - 1 == t and remaining[k] > 1e-9:
-        return False
-  return all(r <= 1e-9 for r in remaining)
-
-
-@given(st.lists(st.integers(0, 4), min_size=1, max_size=12),
-       st.lists(st.tuples(st.integers(-1, 11), st.integers(1, 6), st.integers(0, 6)),
-                max_size=8))
-def test_copy_resource_agrees_with_an_op_by_op_fifo(budgets, specs):
-  budgets = [float(b) for b in budgets]
-  resource = AsynchronousCopyResource(budgets)
-  accepted = []
-  for i, (start, length, demand) in enumerate(specs):
-    end = min(start + length, len(budgets))
-    if end <= start:
-      continue
-    fits = resource.has_enough_resource(start, end, float(demand))
-    assert fits == naive_fifo_fits(budgets, accepted + [(start, end, float(demand))])
-    assert fits == resource.has_enough_resource_multi_check([(start, end, float(demand))])
-    if fits:
-      resource.add_copy(AsyncCopy(start, end, float(demand), i))
-      accepted.append((start, end, float(demand)))
-  left = resource.current_resources()
-  assert np.all(left >= 0) and np.all(left <= np.array(budgets))
-  assert left.sum() == pytest.approx(sum(budgets) - sum(d for _, _, d in accepted))
-  for copy in resource.copies:
-    resource.remove_copy(copy)
-  np.testing.assert_array_equal(resource.current_resources(), budgets)
-
-
-def test_asynchronous_copy_ordering():
-  """XLA's AsynchronousCopyOrderingTest.Simple and SameInterval: a copy strictly inside or around
-  an existing one violates the pipelining order; the same start or the same interval does not."""
-  ordering = AsynchronousCopyOrdering()
-  for start, end in [(3, 11), (1, 8), (5, 14), (7, 14)]:
-    assert not ordering.violates_ordering(start, end)
-    ordering.add_copy(start, end)
-  assert ordering.violates_ordering(2, 16)
-  assert ordering.violates_ordering(9, 12)
-  assert ordering.violates_ordering(6, 17)
-  assert not ordering.violates_ordering(5, 13)
-  ordering.add_copy(5, 13)
-  assert not ordering.violates_ordering(5, 14)
-  same = AsynchronousCopyOrdering()
-  assert not same.violates_ordering(1, 5) and not same.violates_ordering(2, 4)
-  for _ in range(3):
-    same.add_copy(1, 5)
-    assert same.violates_ordering(2, 4)
-  for _ in range(2):
-    same.remove_copy(1, 5)
-    assert same.violates_ordering(2, 4)
-  same.remove_copy(1, 5)
-  assert not same.violates_ordering(2, 4)
-
-
-@pytest.mark.parametrize("limit", [0, 1, 2])
-def test_outstanding_copy_limit(limit):
-  """At most `limit` copies over any inclusive interval (EvictAndPrefetchLimitAsyncCopies0/1/2's
-  check); a negative limit never refuses; an extra limit raises it for one check."""
-  copies = OutstandingCopyLimit(limit)
-  added = 0
-  for start, end in [(0, 4), (2, 6), (3, 5), (7, 9)]:
-    if not copies.violates(start, end):
-      copies.add(start, end)
-      added += 1
-  assert copies.overlapping(0, 9) == added
-  assert max(copies.overlapping(t, t) for t in range(10)) <= limit
-  assert copies.violates(3, 3) == (copies.overlapping(3, 3) >= limit)
-  assert not copies.violates(3, 3, extra_async_copy_limit=3)
-  assert not OutstandingCopyLimit(-1).violates(0, 100, num_additional_copies=50)
 
 
 # ----------------------------------------------------------------------------- cross-checks
@@ -813,8 +646,9 @@ def test_memory_boundedness_equals_xlas_sequential_fold(data):
     defs = [ca.incidence_benefit[e] for e in rows if ca.incidence_is_def[e]]
     uses = [ca.incidence_benefit[e] for e in rows if not ca.incidence_is_def[e]]
     expected = xla_fold(defs[0] if defs else 0.0, uses) if (defs or uses) else 0.0
-    assert ca.memory_boundedness[b] == pytest.approx(expected / np.sqrt(max(a.sizes[b], 1)),
-                                                     rel=1e-9, abs=1e-300)
+    assert ca.memory_boundedness[b] == pytest.approx(
+      expected / np.sqrt(max(a.sizes[b], 1)), rel=1e-9, abs=1e-300
+    )
 
 
 @given(st.data())
@@ -822,5 +656,6 @@ def test_default_memory_elapsed_is_the_cost_models_all_slow_op_time(data):
   w = data.draw(workloads())
   hw = data.draw(hardware_for(w))
   model = CostModel(w, hw)
-  np.testing.assert_allclose(CostAnalysis(w, hw).elapsed,
-                             np.maximum(model.compute_time, model.slow_memory_time), rtol=1e-12)
+  np.testing.assert_allclose(
+    CostAnalysis(w, hw).elapsed, np.maximum(model.compute_time, model.slow_memory_time), rtol=1e-12
+  )

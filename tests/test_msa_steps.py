@@ -13,17 +13,34 @@ import pathlib
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
-from malloczero.env.programs.suites import get_suite
 from malloczero.env.msa.algorithm import (
-    DEFAULT_PREFETCH_STARTS, OPTION_KINDS, MsaAlgorithm, MsaDecision, MsaDecisions, MsaOptions,
-    allocations_mapping, msa_allocations, msa_mapping, msa_policy, play)
+  DEFAULT_PREFETCH_STARTS,
+  OPTION_KINDS,
+  MsaAlgorithm,
+  MsaDecision,
+  MsaDecisions,
+  MsaOptions,
+  allocations_mapping,
+  msa_allocations,
+  msa_mapping,
+  msa_policy,
+  play,
+)
+from malloczero.env.programs.suites import get_suite
 from malloczero.env.validator import validate_mapping
 from tests.strategies import hardware_for, workloads
-from tests.test_msa import (COUNT_PICKER, evict_and_prefetch, evictions_shouldnt_be_delayed,
-                            negate_chain, segments_of, simple_program)
+from tests.test_msa import (
+  COUNT_PICKER,
+  evict_and_prefetch,
+  evictions_shouldnt_be_delayed,
+  negate_chain,
+  segments_of,
+  simple_program,
+)
 from tests.test_msa_parts import XLA_HW, tanh_negate_chains
 
 GOLDEN = json.loads((pathlib.Path(__file__).parent / "data" / "msa_golden.json").read_text())
@@ -48,22 +65,36 @@ def entry(name: str):
 
 def hand_made() -> list[tuple[str, object, MsaOptions]]:
   """XLA's programs of tests/test_msa.py, each with the picker its test uses."""
-  cases = [("simple", simple_program(), MsaOptions()),
-           ("simple-count", simple_program(), COUNT_PICKER),
-           ("negate-chain", negate_chain(), MsaOptions()),
-           ("negate-chain-count", negate_chain(), COUNT_PICKER),
-           ("evict-and-prefetch", evict_and_prefetch(), COUNT_PICKER),
-           ("evict-and-prefetch-and-prefetch", evict_and_prefetch(True), COUNT_PICKER),
-           ("evictions-shouldnt-be-delayed", evictions_shouldnt_be_delayed(), COUNT_PICKER),
-           ("tanh-negate-chains", tanh_negate_chains(), MsaOptions())]
-  cases += [(f"evict-and-prefetch-limit-{n}", evict_and_prefetch(True),
-             MsaOptions(picker="instruction_count", max_outstanding_prefetches=n,
-                        max_outstanding_evictions=n)) for n in (0, 1, 2)]
+  cases = [
+    ("simple", simple_program(), MsaOptions()),
+    ("simple-count", simple_program(), COUNT_PICKER),
+    ("negate-chain", negate_chain(), MsaOptions()),
+    ("negate-chain-count", negate_chain(), COUNT_PICKER),
+    ("evict-and-prefetch", evict_and_prefetch(), COUNT_PICKER),
+    ("evict-and-prefetch-and-prefetch", evict_and_prefetch(True), COUNT_PICKER),
+    ("evictions-shouldnt-be-delayed", evictions_shouldnt_be_delayed(), COUNT_PICKER),
+    ("tanh-negate-chains", tanh_negate_chains(), MsaOptions()),
+  ]
+  cases += [
+    (
+      f"evict-and-prefetch-limit-{n}",
+      evict_and_prefetch(True),
+      MsaOptions(
+        picker="instruction_count", max_outstanding_prefetches=n, max_outstanding_evictions=n
+      ),
+    )
+    for n in (0, 1, 2)
+  ]
   return cases
 
 
-def play_checked(workload, hardware, policy, options: MsaOptions = MsaOptions(),
-                 max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS) -> Allocations:
+def play_checked(
+  workload,
+  hardware,
+  policy,
+  options: MsaOptions = MsaOptions(),
+  max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS,
+) -> Allocations:
   """Plays `policy` step by step through `MsaDecisions`, checking each decision's shape, and
   that every fast segment committed is one the chosen options described (level, offset,
   start; a prefetch's copy due at its use), unless its buffer was later uncommitted."""
@@ -79,19 +110,26 @@ def play_checked(workload, hardware, policy, options: MsaOptions = MsaOptions(),
     if option.kind == "uncommit":
       uncommitted.add(b)
     elif option.kind == "prefetch":
-      described.setdefault(b, set()).add((option.level, option.offset, option.start,
-                                          decision.use))
-    elif option.kind == "keep" and decision.segment_start == option.start and (
-        decision.segment_start == int(workload.arrays.def_op[b])):
+      described.setdefault(b, set()).add((option.level, option.offset, option.start, decision.use))
+    elif (
+      option.kind == "keep"
+      and decision.segment_start == option.start
+      and (decision.segment_start == int(workload.arrays.def_op[b]))
+    ):
       described.setdefault(b, set()).add((option.level, option.offset, option.start, NO_COPY))
     decisions.choose(choice)
   allocations = decisions.allocations()
   committed: dict[int, set] = {}
   for i in range(len(allocations)):
     b = int(allocations.buffer[i])
-    committed.setdefault(b, set()).add((int(allocations.level[i]), int(allocations.offset[i]),
-                                        int(allocations.start[i]),
-                                        int(allocations.prefetch_done[i])))
+    committed.setdefault(b, set()).add(
+      (
+        int(allocations.level[i]),
+        int(allocations.offset[i]),
+        int(allocations.start[i]),
+        int(allocations.prefetch_done[i]),
+      )
+    )
   for b in uncommitted:
     described.pop(b, None)
   assert committed == described
@@ -129,10 +167,13 @@ def check_decision(decision: MsaDecision, hardware, max_starts: int) -> None:
 def msa_options(fifo: bool = False) -> st.SearchStrategy[MsaOptions]:
   """Options that change msa's decisions: the picker, the outstanding-copy limits and, with
   `fifo`, the prefetch FIFO order."""
-  return st.builds(MsaOptions, picker=st.sampled_from(["cost", "instruction_count"]),
-                   max_outstanding_prefetches=st.sampled_from([-1, 0, 1, 2]),
-                   max_outstanding_evictions=st.sampled_from([-1, 0, 1]),
-                   enforce_prefetch_fifo_order=st.booleans() if fifo else st.just(False))
+  return st.builds(
+    MsaOptions,
+    picker=st.sampled_from(["cost", "instruction_count"]),
+    max_outstanding_prefetches=st.sampled_from([-1, 0, 1, 2]),
+    max_outstanding_evictions=st.sampled_from([-1, 0, 1]),
+    enforce_prefetch_fifo_order=st.booleans() if fifo else st.just(False),
+  )
 
 
 def random_policy(seed: int):
@@ -202,8 +243,7 @@ def test_msas_choice_equals_the_solver_on_random_workloads_for_any_number_of_sta
   hardware = data.draw(hardware_for(workload))
   options = data.draw(msa_options())
   expected, _ = msa_allocations(workload, hardware, options)
-  got = play_checked(workload, hardware, msa_policy, options,
-                     data.draw(st.sampled_from([1, 3])))
+  got = play_checked(workload, hardware, msa_policy, options, data.draw(st.sampled_from([1, 3])))
   assert same_allocations(got, expected)
 
 
@@ -220,7 +260,8 @@ def test_default_memory_at_every_step_is_all_slow(name):
   model = CostModel(workload, hardware)
   mapping = allocations_mapping(model, allocations, "default")
   assert validate_mapping(workload, hardware, mapping).estimated_time_s == pytest.approx(
-      model.slow_only_time, rel=1e-12)
+    model.slow_only_time, rel=1e-12
+  )
 
 
 # ------------------------------------------------------------------ (c) every option is legal
@@ -233,8 +274,9 @@ def test_any_legal_option_at_every_step_gives_a_mapping_the_validator_accepts(da
   hardware = data.draw(hardware_for(workload))
   options = data.draw(msa_options(fifo=True))
   policy = random_policy(data.draw(st.integers(0, 2**32 - 1)))
-  allocations = play_checked(workload, hardware, policy, options,
-                             data.draw(st.sampled_from([1, 4])))
+  allocations = play_checked(
+    workload, hardware, policy, options, data.draw(st.sampled_from([1, 4]))
+  )
   model = CostModel(workload, hardware)
   mapping = allocations_mapping(model, allocations, "random-steps")
   report = validate_mapping(workload, hardware, mapping)
@@ -246,12 +288,14 @@ def test_random_options_on_the_tiny_suite_and_xlas_programs_validate(seed):
   for e in get_suite("tiny").entries:
     workload, hardware = e.load()
     allocations = play_checked(workload, hardware, random_policy(seed))
-    validate_mapping(workload, hardware,
-                     allocations_mapping(CostModel(workload, hardware), allocations, "random"))
-  for name, workload, options in hand_made():
+    validate_mapping(
+      workload, hardware, allocations_mapping(CostModel(workload, hardware), allocations, "random")
+    )
+  for _name, workload, options in hand_made():
     allocations = play_checked(workload, XLA_HW, random_policy(seed), options)
-    validate_mapping(workload, XLA_HW,
-                     allocations_mapping(CostModel(workload, XLA_HW), allocations, "random"))
+    validate_mapping(
+      workload, XLA_HW, allocations_mapping(CostModel(workload, XLA_HW), allocations, "random")
+    )
 
 
 def test_a_choice_out_of_range_or_after_the_end_is_refused():
@@ -293,8 +337,11 @@ def test_an_episode_has_one_step_per_segment_msa_allocates_and_a_bounded_action_
   for b in range(workload.num_buffers):
     if a.is_output[b] or a.sizes[b] == 0:
       continue
-    uses = {int(op) for op, buf in zip(a.incidence_op, a.incidence_buffer)
-            if buf == b and op != a.def_op[b]}
+    uses = {
+      int(op)
+      for op, buf in zip(a.incidence_op, a.incidence_buffer)
+      if buf == b and op != a.def_op[b]
+    }
     expected += len(uses) if uses else int(a.def_op[b] != -1)
   assert num_steps == expected == len(counts)
   assert max(counts) <= 2 + DEFAULT_PREFETCH_STARTS * hardware.num_fast_levels

@@ -6,8 +6,13 @@ import os
 
 import pytest
 
-from malloczero.common.files import (OutputError, atomic_write, check_output_dir, check_output_file,
-                                  write_text)
+from malloczero.common.files import (
+  OutputError,
+  atomic_write,
+  check_output_dir,
+  check_output_file,
+  write_text,
+)
 from malloczero.launch import cli
 
 PROC = "/proc"
@@ -27,8 +32,11 @@ def _one_line_error(err: str, *fragments: str) -> None:
 
 
 def _tree(root) -> list[str]:
-  return sorted(os.path.relpath(os.path.join(d, f), root) for d, dirs, files in os.walk(root)
-                for f in files + dirs)
+  return sorted(
+    os.path.relpath(os.path.join(d, f), root)
+    for d, dirs, files in os.walk(root)
+    for f in files + dirs
+  )
 
 
 @pytest.fixture
@@ -43,15 +51,18 @@ def program(tmp_path):
 
 # The helper.
 
+
 def test_check_output_file_refuses_what_cannot_be_written(tmp_path):
   assert check_output_file(tmp_path / "new.json") == str(tmp_path / "new.json")
   (tmp_path / "old.json").write_text("{}")
   check_output_file(tmp_path / "old.json")  # Replaced in the end: fine.
   (tmp_path / "file").write_text("")
-  for path, message in ((tmp_path, "is a directory"),
-                        (tmp_path / "missing" / "x.json", "does not exist"),
-                        (tmp_path / "file" / "x.json", "is not a directory"),
-                        ("", "empty path")):
+  for path, message in (
+    (tmp_path, "is a directory"),
+    (tmp_path / "missing" / "x.json", "does not exist"),
+    (tmp_path / "file" / "x.json", "is not a directory"),
+    ("", "empty path"),
+  ):
     with pytest.raises(OutputError, match=message):
       check_output_file(path)
   with pytest.raises(OutputError, match=r"'\.xyz'; a picture needs one of .*\.png"):
@@ -114,17 +125,22 @@ def test_atomic_write_writes_a_device_in_place():
 
 # The commands: a bad output is refused first, in one line, exit 1, nothing written.
 
-@pytest.mark.parametrize("flags, message", [
+
+@pytest.mark.parametrize(
+  "flags, message",
+  [
     (["--out", "{tmp}/missing/map.json"], "does not exist"),
     (["--out", "{tmp}"], "is a directory"),
     (["--out", "{tmp}/map.json", "--plot", "{tmp}/map.xyz"], "a picture needs one of"),
     (["--out", "{tmp}/map.json", "--plot", "{tmp}/missing/map.png"], "does not exist"),
-])
+  ],
+)
 def test_solve_refuses_bad_outputs_before_solving(tmp_path, capsys, program, flags, message):
   out = tmp_path / "out"
   out.mkdir()
-  code, stdout, err = _run(capsys, "solve", program, "--capacity", "800",
-                           *(f.format(tmp=out) for f in flags))
+  code, stdout, err = _run(
+    capsys, "solve", program, "--capacity", "800", *(f.format(tmp=out) for f in flags)
+  )
   assert code == 1 and stdout == ""  # Refused before the solver ran.
   _one_line_error(err, message)
   assert _tree(out) == []  # In particular, no map.json beside a refused --plot.
@@ -137,8 +153,17 @@ def test_solve_refuses_an_output_on_proc(capsys, program):
 
 
 def test_solve_writes_what_it_checked(tmp_path, capsys, program):
-  code, stdout, err = _run(capsys, "solve", program, "--capacity", "800", "--out",
-                           tmp_path / "map.json", "--plot", tmp_path / "map.svg")
+  code, stdout, err = _run(
+    capsys,
+    "solve",
+    program,
+    "--capacity",
+    "800",
+    "--out",
+    tmp_path / "map.json",
+    "--plot",
+    tmp_path / "map.svg",
+  )
   assert code == 0, err
   assert json.loads((tmp_path / "map.json").read_text())["solver"] == "msa"
   assert (tmp_path / "map.svg").read_text().lstrip().startswith("<?xml")
@@ -148,8 +173,10 @@ def test_solve_writes_what_it_checked(tmp_path, capsys, program):
 @pytest.mark.parametrize("command", ["import-hlo", "import-jax"])
 def test_imports_refuse_bad_outputs_before_reading_or_compiling(tmp_path, capsys, command):
   source = ["missing.hlo"] if command == "import-hlo" else ["mlp", "--tiny"]
-  for out, message in ((tmp_path / "missing" / "w.json", "does not exist"),
-                       (tmp_path, "is a directory")):
+  for out, message in (
+    (tmp_path / "missing" / "w.json", "does not exist"),
+    (tmp_path, "is a directory"),
+  ):
     code, stdout, err = _run(capsys, command, *source, "--out", out)
     assert code == 1 and stdout == ""
     _one_line_error(err, f"--out {out}: ", message)  # Not "cannot read missing.hlo".
@@ -158,10 +185,13 @@ def test_imports_refuse_bad_outputs_before_reading_or_compiling(tmp_path, capsys
 
 def test_evaluate_refuses_a_bad_out_before_evaluating(tmp_path, capsys):
   (tmp_path / "file").write_text("")
-  for out, message in ((tmp_path / "file", "is a file, not a directory"),
-                       (tmp_path / "file" / "sub", "cannot create it")):
-    code, stdout, err = _run(capsys, "evaluate", "--suite", "tiny", "--solvers", "msa",
-                             "--out", out)
+  for out, message in (
+    (tmp_path / "file", "is a file, not a directory"),
+    (tmp_path / "file" / "sub", "cannot create it"),
+  ):
+    code, stdout, err = _run(
+      capsys, "evaluate", "--suite", "tiny", "--solvers", "msa", "--out", out
+    )
     assert code == 1 and stdout == ""
     _one_line_error(err, f"--out {out}: {message}")
   assert _tree(tmp_path) == ["file"]
@@ -169,9 +199,12 @@ def test_evaluate_refuses_a_bad_out_before_evaluating(tmp_path, capsys):
 
 def test_bench_refuses_a_bad_out_before_measuring(tmp_path, capsys, monkeypatch):
   from malloczero.launch import bench
+
   monkeypatch.setattr(bench, "run_bench", lambda **_: pytest.fail("measured anyway"))
-  for out, message in ((tmp_path / "missing" / "b.json", "does not exist"),
-                       (tmp_path, "is a directory")):
+  for out, message in (
+    (tmp_path / "missing" / "b.json", "does not exist"),
+    (tmp_path, "is a directory"),
+  ):
     code, _, err = _run(capsys, "bench", "--no-agent", "--out", out)
     assert code == 1
     _one_line_error(err, message)
@@ -181,6 +214,7 @@ def test_bench_refuses_a_bad_out_before_measuring(tmp_path, capsys, monkeypatch)
 def test_bench_prints_its_table_even_when_the_write_fails(tmp_path, capsys, monkeypatch):
   """The path was fine when checked and is a directory by the time the figures are in."""
   from malloczero.launch import bench
+
   out = tmp_path / "b.json"
 
   def run_bench(**_):
@@ -197,8 +231,9 @@ def test_bench_prints_its_table_even_when_the_write_fails(tmp_path, capsys, monk
 def test_train_refuses_a_workdir_that_is_a_file(tmp_path, capsys):
   (tmp_path / "file").write_text("")
   for launch in ("single", "local_mp"):
-    code, stdout, err = _run(capsys, "train", "--launch", launch, "--config", "tiny",
-                             "--workdir", tmp_path / "file")
+    code, stdout, err = _run(
+      capsys, "train", "--launch", launch, "--config", "tiny", "--workdir", tmp_path / "file"
+    )
     assert code == 1 and stdout == ""
     _one_line_error(err, "--workdir", "is a file, not a directory")
   assert _tree(tmp_path) == ["file"]

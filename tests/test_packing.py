@@ -26,8 +26,9 @@ SEARCH_LIMIT_S = 300.0
 
 
 def csv(rows: list[tuple[int, int, int]]) -> str:
-  return "id,lower,upper,size\n" + "".join(f"{i},{lo},{hi},{s}\n"
-                                           for i, (lo, hi, s) in enumerate(rows))
+  return "id,lower,upper,size\n" + "".join(
+    f"{i},{lo},{hi},{s}\n" for i, (lo, hi, s) in enumerate(rows)
+  )
 
 
 def all_packings(rows: list[tuple[int, int, int]], capacity: int) -> list[tuple[int, ...]]:
@@ -40,10 +41,18 @@ def all_packings(rows: list[tuple[int, int, int]], capacity: int) -> list[tuple[
       return
     lo, hi, size = rows[i]
     for o in range(capacity - size + 1):
-      if all(not (lo < rows[j][1] and rows[j][0] < hi and o < offsets[j] + rows[j][2]
-                  and offsets[j] < o + size) for j in range(i)):
+      if all(
+        not (
+          lo < rows[j][1]
+          and rows[j][0] < hi
+          and o < offsets[j] + rows[j][2]
+          and offsets[j] < o + size
+        )
+        for j in range(i)
+      ):
         offsets[i] = o
         place(i + 1)
+
   place(0)
   return found
 
@@ -111,8 +120,21 @@ def test_pack_out_of_time_returns_no_worse_than_bestfit_and_says_it_found_no_pac
 
 def test_pack_places_every_buffer_of_challenge_instance_a(capsys):
   """Instance A: msa, bestfit and CP-SAT place 76% of its bytes x time, evo 88% in 60 s."""
-  assert main(["solve", str(INSTANCE_A), "--capacity", "1048576", "--solver", "pack",
-               "--time-limit", str(SEARCH_LIMIT_S)]) == 0
+  assert (
+    main(
+      [
+        "solve",
+        str(INSTANCE_A),
+        "--capacity",
+        "1048576",
+        "--solver",
+        "pack",
+        "--time-limit",
+        str(SEARCH_LIMIT_S),
+      ]
+    )
+    == 0
+  )
   line = capsys.readouterr().out.splitlines()[-1]
   assert line.startswith("pack: 154 of 154 requests placed")
   assert "speed-up 1000.000x" in line and "packed every request" in line
@@ -126,8 +148,10 @@ def test_pack_on_tiny_xla_programs_proves_no_full_packing_and_is_no_worse_than_b
   w, hw = get_suite("tiny").entries[index].load()
   result = solve(w, hw, "pack")
   assert result.info["status"] == "infeasible"
-  assert "more than the fastest level's" in result.info["reason"] \
-      or "larger than the fastest level's" in result.info["reason"]
+  assert (
+    "more than the fastest level's" in result.info["reason"]
+    or "larger than the fastest level's" in result.info["reason"]
+  )
   validate_mapping(w, hw, result.mapping)
   assert result.speedup >= solve(w, hw, "bestfit").speedup
 
@@ -143,14 +167,17 @@ def test_pack_on_an_overfull_csv_searches_what_fits_everywhere_and_beats_bestfit
   assert result.info["reason"].startswith("1048576 bytes are live at time")
   assert 0 < result.info["searched_requests"] < w.num_buffers
   assert result.info["searched"] == "packed"
-  assert (f"the {result.info['searched_requests']} requests that fit everywhere were searched "
-          "(1 of 1 partitions packed") in describe(result.info)
+  assert (
+    f"the {result.info['searched_requests']} requests that fit everywhere were searched "
+    "(1 of 1 partitions packed"
+  ) in describe(result.info)
   assert result.mapping.estimated_time_s < solve(w, hw, "bestfit").mapping.estimated_time_s
 
 
 def test_the_search_grows_its_trail_when_it_fills_up():
   """A trail too short for one path is doubled and the run repeated: same packing."""
   from malloczero.env.solvers import pack_search
+
   w = workload_from_minimalloc_csv(csv(ROWS), name="hand")
   hw = PRESETS["minimalloc"].with_fast_capacity(CAPACITY)
   full = solve(w, hw, "pack", time_limit_s=SEARCH_LIMIT_S)
@@ -159,6 +186,7 @@ def test_the_search_grows_its_trail_when_it_fills_up():
   def short_trail(self, *args, **kwargs):
     original(self, *args, **kwargs)
     self.trail_index, self.trail_old = self.trail_index[:2].copy(), self.trail_old[:2].copy()
+
   try:
     pack_search.Kernel.__init__ = short_trail
     grown = solve(w, hw, "pack", time_limit_s=SEARCH_LIMIT_S)
@@ -171,6 +199,9 @@ def test_the_search_grows_its_trail_when_it_fills_up():
 def test_a_bad_preordering_heuristic_is_a_one_line_error():
   w = workload_from_minimalloc_csv(csv(ROWS), name="hand")
   hw = PRESETS["minimalloc"].with_fast_capacity(CAPACITY)
-  with pytest.raises(MalloczeroError, match=r"^pack: preordering heuristic 'WAX' must be letters "
-                     r"of W \(window length\), A \(bytes x time\), T \(bytes live where it is\)$"):
+  with pytest.raises(
+    MalloczeroError,
+    match=r"^pack: preordering heuristic 'WAX' must be letters "
+    r"of W \(window length\), A \(bytes x time\), T \(bytes live where it is\)$",
+  ):
     solve(w, hw, "pack", heuristics=("WAT", "WAX"))

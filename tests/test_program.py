@@ -16,12 +16,12 @@ import time
 import psutil
 import pytest
 
-from malloczero.configs.config import get_config
 from malloczero.common.errors import MalloczeroError
+from malloczero.configs.config import get_config
 from malloczero.env.programs.suites import get_suite
 from malloczero.learner.checkpoint import checkpoint_steps, load_params, params_digest
-from malloczero.system.nodes import NodeContext
 from malloczero.system.monitor import node_name
+from malloczero.system.nodes import NodeContext
 from malloczero.system.program import build_program, check_workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,9 +46,26 @@ class _Launch:
     _LAUNCHES.append(self)
     self.workdir = workdir
     self.process = subprocess.Popen(
-        [sys.executable, "-m", "malloczero", "train", "--launch", "local_mp", "--config", "tiny",
-         "--num-actors", "2", "--workdir", str(workdir), *args],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      [
+        sys.executable,
+        "-m",
+        "malloczero",
+        "train",
+        "--launch",
+        "local_mp",
+        "--config",
+        "tiny",
+        "--num-actors",
+        "2",
+        "--workdir",
+        str(workdir),
+        *args,
+      ],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
     self.seen: dict[int, psutil.Process] = {}
     self.lines: list[str] = []
     self._reader = threading.Thread(target=self._read, daemon=True)
@@ -96,8 +113,10 @@ class _Launch:
         return
       if self.process.poll() is not None:
         self._reader.join(timeout=10)
-        pytest.fail(f"training exited ({self.process.returncode}) before {what}:\n"
-                    f"{''.join(self.lines)[-3000:]}")
+        pytest.fail(
+          f"training exited ({self.process.returncode}) before {what}:\n"
+          f"{''.join(self.lines)[-3000:]}"
+        )
       time.sleep(0.5)
     self.process.kill()
     pytest.fail(f"timed out waiting for {what}")
@@ -136,8 +155,10 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
 
   # 1. A tiny run with 2 actors; actor_1's process is killed once the learner is stepping.
   run = _Launch(workdir, "--max-steps", "600", "--eval-every", "1000")
-  run.wait_until(lambda: run.learner_steps() >= 1 and "actor_1" in run.node_processes(),
-                 "the learner stepping with both actors live")
+  run.wait_until(
+    lambda: run.learner_steps() >= 1 and "actor_1" in run.node_processes(),
+    "the learner stepping with both actors live",
+  )
   killed_at = run.learner_steps()
   victim = run.node_processes()["actor_1"]
   victim.send_signal(signal.SIGKILL)
@@ -149,15 +170,24 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   checkpoint = workdir / "checkpoints" / "learner_state.npz"
   assert checkpoint_steps(str(checkpoint)) == 600  # The learner kept stepping without actor_1.
   squeezed = lambda text: re.sub(r"\s+", "", text)  # Rich may wrap long lines anywhere.
-  assert squeezed(f"the evaluation report (with report.json, report.csv and pictures): "
-                  f"{workdir}/report.md") in squeezed(output)
+  assert squeezed(
+    f"the evaluation report (with report.json, report.csv and pictures): {workdir}/report.md"
+  ) in squeezed(output)
   report = json.loads((workdir / "report.json").read_text())
   assert report["agents"][0]["learner_steps"] == 600
   assert {r["entry"] for r in report["rows"]} == {e.name for e in get_suite("tiny").entries}
-  for name in ("report.md", "report.json", "report.csv", "report_memory_map_worst.png",
-               "learning_curve.csv", "config.json",
-               "checkpoints/counter.json", "logs/learner/logs.csv", "logs/actor_0/logs.csv",
-               "nodes/learner.log"):
+  for name in (
+    "report.md",
+    "report.json",
+    "report.csv",
+    "report_memory_map_worst.png",
+    "learning_curve.csv",
+    "config.json",
+    "checkpoints/counter.json",
+    "logs/learner/logs.csv",
+    "logs/actor_0/logs.csv",
+    "nodes/learner.log",
+  ):
     assert (workdir / name).exists(), name
   assert list((workdir / "tensorboard" / "learner").iterdir()), "no TensorBoard events"
   assert os.listdir(workdir / "checkpoints" / "replay"), "no replay checkpoint"
@@ -196,11 +226,17 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
 
   # 3. A run of another configuration, or one already past --max-steps, is refused before
   # anything starts.
-  for args, message in ((("--config", "small", "--suite", "tiny"), "holds a run of config"),
-                        (("--config", "tiny", "--max-steps", "600"), "raise --max-steps")):
+  for args, message in (
+    (("--config", "small", "--suite", "tiny"), "holds a run of config"),
+    (("--config", "tiny", "--max-steps", "600"), "raise --max-steps"),
+  ):
     result = subprocess.run(
-        [sys.executable, "-m", "malloczero", "train", *args, "--workdir", str(workdir)],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+      [sys.executable, "-m", "malloczero", "train", *args, "--workdir", str(workdir)],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
     assert message in result.stderr, result.stderr
@@ -208,11 +244,23 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
 
 @pytest.mark.slow
 def test_vertex_ai_program_builds_for_64_actors_and_its_resources_resolve(tmp_path):
-  from malloczero.system.vertex import VERTEX_MAX_WORKER_POOLS, stage_code, vertex_resources, worker_pools
+  from malloczero.system.vertex import (
+    VERTEX_MAX_WORKER_POOLS,
+    stage_code,
+    vertex_resources,
+    worker_pools,
+  )
+
   config = get_config("large")
   program = build_program(config, NodeContext(str(tmp_path)), num_actors=64, max_steps=1000)
   assert {k: len(v) for k, v in program.groups.items()} == {
-      "replay": 1, "counter": 1, "learner": 1, "actor": 64, "evaluator": 1, "limiter": 1}
+    "replay": 1,
+    "counter": 1,
+    "learner": 1,
+    "actor": 64,
+    "evaluator": 1,
+    "limiter": 1,
+  }
   resources = vertex_resources(program, config)
   assert set(resources) == set(program.groups)
   assert resources["learner"].accelerator and resources["learner"].accelerator_count == 1
@@ -223,8 +271,15 @@ def test_vertex_ai_program_builds_for_64_actors_and_its_resources_resolve(tmp_pa
   assert sum(replicas for _, _, replicas in pools) == 69
   assert resources["replay"].ram_gib >= 16
   requirements = stage_code(str(tmp_path / "image"))
-  for package in ("acme", "malloczero", "malloczero/actors", "malloczero/env/programs",
-                  "malloczero/learner", "malloczero/replay", "malloczero/system"):
+  for package in (
+    "acme",
+    "malloczero",
+    "malloczero/actors",
+    "malloczero/env/programs",
+    "malloczero/learner",
+    "malloczero/replay",
+    "malloczero/system",
+  ):
     assert (tmp_path / "image" / package / "__init__.py").exists(), package
   assert (tmp_path / "image" / "malloczero/env/programs/data/suites.json").exists()
   with open(requirements, encoding="utf-8") as f:
@@ -233,6 +288,7 @@ def test_vertex_ai_program_builds_for_64_actors_and_its_resources_resolve(tmp_pa
 
 def test_vertex_ai_launch_refuses_a_local_workdir():
   from malloczero.system.vertex import launch_vertex_ai
+
   with pytest.raises(MalloczeroError, match="/gcs/"):
     launch_vertex_ai(get_config("tiny"), "/tmp/run", num_actors=2)
 
@@ -244,6 +300,7 @@ def test_a_program_needs_an_actor(tmp_path):
 
 def test_check_workdir_refuses_another_configuration(tmp_path):
   from malloczero.system.training import save_config
+
   save_config(get_config("tiny"), str(tmp_path))
   assert check_workdir(get_config("tiny"), str(tmp_path)) is None
   with pytest.raises(MalloczeroError, match="config 'tiny'"):
@@ -253,14 +310,14 @@ def test_check_workdir_refuses_another_configuration(tmp_path):
 def test_single_process_train_refuses_another_configuration_and_keeps_its_config(tmp_path):
   from malloczero.system.single_process import train_single_process
   from malloczero.system.training import save_config
+
   save_config(get_config("tiny"), str(tmp_path))
   before = (tmp_path / "config.json").read_text()
   tiny = get_config("tiny")
   # Another run's networks (tiny-sized, so that a trainer that failed to refuse ends quickly).
   other = dataclasses.replace(tiny, network=dataclasses.replace(tiny.network, hidden_dim=48))
   with pytest.raises(MalloczeroError, match="config 'tiny'"):
-    train_single_process(other, str(tmp_path), max_learner_steps=1, max_seconds=1,
-                         print_fn=None)
+    train_single_process(other, str(tmp_path), max_learner_steps=1, max_seconds=1, print_fn=None)
   assert (tmp_path / "config.json").read_text() == before
 
 
@@ -268,9 +325,29 @@ def test_single_process_train_refuses_another_configuration_and_keeps_its_config
 def test_local_mt_runs_every_node_as_a_thread_and_finishes(tmp_path):
   workdir = tmp_path / "mt"
   result = subprocess.run(
-      [sys.executable, "-m", "malloczero", "train", "--launch", "local_mt", "--config", "tiny",
-       "--num-actors", "2", "--max-steps", "100", "--eval-every", "1000", "--workdir",
-       str(workdir)], cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    [
+      sys.executable,
+      "-m",
+      "malloczero",
+      "train",
+      "--launch",
+      "local_mt",
+      "--config",
+      "tiny",
+      "--num-actors",
+      "2",
+      "--max-steps",
+      "100",
+      "--eval-every",
+      "1000",
+      "--workdir",
+      str(workdir),
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=RUN_TIMEOUT_S,
+  )
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   assert "finished: learner steps 0 -> 100" in result.stdout
   assert checkpoint_steps(str(workdir / "checkpoints")) == 100
@@ -282,12 +359,15 @@ def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
   """A killed learner stops the whole program: exit 1, its last checkpoint intact, no orphans.
   With --node-output terminal through a pipe, node lines reach the console, uncoloured."""
   workdir = tmp_path / "run"
-  run = _Launch(workdir, "--max-steps", "100000", "--eval-every", "100000",
-                "--node-output", "terminal")
+  run = _Launch(
+    workdir, "--max-steps", "100000", "--eval-every", "100000", "--node-output", "terminal"
+  )
   # The tiny config checkpoints every 30 s: wait for one, so that there is something to keep.
   checkpoint = workdir / "checkpoints" / "learner_state.npz"
-  run.wait_until(lambda: checkpoint.exists() and "learner_0" in run.node_processes(),
-                 "a periodic learner checkpoint")
+  run.wait_until(
+    lambda: checkpoint.exists() and "learner_0" in run.node_processes(),
+    "a periodic learner checkpoint",
+  )
   saved_step = checkpoint_steps(str(checkpoint))
   victim = run.node_processes()["learner_0"]
   victim.send_signal(signal.SIGKILL)
@@ -305,21 +385,24 @@ def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
 @pytest.mark.parametrize("text", ["[1, 2]", '{"learner": 3}', '{"name": "tiny", "learner": ['])
 def test_check_workdir_refuses_a_corrupt_config_in_one_line(tmp_path, text):
   (tmp_path / "config.json").write_text(text)
-  with pytest.raises(MalloczeroError, match="config.json (is unreadable|is not a run's config)") \
-      as info:
+  with pytest.raises(
+    MalloczeroError, match="config.json (is unreadable|is not a run's config)"
+  ) as info:
     check_workdir(get_config("tiny"), str(tmp_path))
   assert "\n" not in str(info.value)
 
 
 def test_summary_line_names_the_replay_wait_and_has_no_nan_or_negative_rates():
   from malloczero.system.monitor import RunSample, summary_line
+
   first = RunSample(3.0, 0, 0, 0, 0, 0, 0, 2)
   line = summary_line(first, None, 400, 2, None, {}, min_replay_items=1000)
   assert "learner 0/400 (waiting for replay: 0/1,000 items)" in line
   assert "nan" not in line and "samples/insert" not in line
   filling = RunSample(6.0, 0, 640, 4, 640, 640, 0, 2)
-  assert "(waiting for replay: 640/1,000 items)" in summary_line(filling, first, 400, 2, None, {},
-                                                                  min_replay_items=1000)
+  assert "(waiting for replay: 640/1,000 items)" in summary_line(
+    filling, first, 400, 2, None, {}, min_replay_items=1000
+  )
   ready = RunSample(9.0, 0, 1200, 8, 1200, 1200, 0, 2)
   assert "(starting: replay is ready" in summary_line(ready, filling, 400, 2, None, {}, 1000)
   stepping = RunSample(12.0, 30, 1500, 9, 1500, 1500, 960, 2)
@@ -337,6 +420,7 @@ def test_summary_line_names_the_replay_wait_and_has_no_nan_or_negative_rates():
 def test_counter_file_is_aligned_with_the_checkpoint_step(tmp_path):
   from malloczero.configs.workdir import WorkDir
   from malloczero.system.nodes import align_counter_file
+
   files = WorkDir(str(tmp_path))
   align_counter_file(files, 7)  # No file yet: nothing is written.
   assert not os.path.exists(files.counter)
@@ -355,18 +439,38 @@ def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_kill
   workdir = tmp_path / "run"
   args = ("--max-steps", "100000", "--eval-every", "100000")
   run = _Launch(workdir, *args)
-  run.wait_until(lambda: run.learner_steps() >= 1 and len(run.node_processes()) == 7,
-                 "the learner stepping with every node live")
+  run.wait_until(
+    lambda: run.learner_steps() >= 1 and len(run.node_processes()) == 7,
+    "the learner stepping with every node live",
+  )
   config = (workdir / "config.json").read_text()
 
   # 1. A second run on the same directory is refused in one line naming the launcher's pid.
   second = subprocess.run(
-      [sys.executable, "-m", "malloczero", "train", "--launch", "local_mp", "--config", "tiny",
-       "--workdir", str(workdir), *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    [
+      sys.executable,
+      "-m",
+      "malloczero",
+      "train",
+      "--launch",
+      "local_mp",
+      "--config",
+      "tiny",
+      "--workdir",
+      str(workdir),
+      *args,
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert second.returncode == 1, second.stdout[-2000:] + second.stderr[-2000:]
-  assert second.stderr == (f"malloczero: error: {workdir} is in use by another training run (pid "
-                           f"{run.process.pid}); wait for it to end or stop it, or give another "
-                           "--workdir\n")
+  assert second.stderr == (
+    f"malloczero: error: {workdir} is in use by another training run (pid "
+    f"{run.process.pid}); wait for it to end or stop it, or give another "
+    "--workdir\n"
+  )
   assert (workdir / "config.json").read_text() == config
 
   # Each node process names its run and node: environment and process name.
@@ -413,8 +517,9 @@ def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_kill
   code, output = run.finish()
   assert code == 130, output[-3000:]
   assert f"resuming {workdir} from learner step {saved[-1]} (with a replay checkpoint)" in output
-  assert (f"warning: cannot read {workdir}/checkpoints/counter.json (JSONDecodeError: "
-          in output), output[:3000]
+  assert f"warning: cannot read {workdir}/checkpoints/counter.json (JSONDecodeError: " in output, (
+    output[:3000]
+  )
   counter_log = (workdir / "nodes" / "counter.log").read_text()
   assert "counts start from 0" in counter_log, counter_log[-2000:]
   counts = json.loads((workdir / "checkpoints" / "counter.json").read_text())

@@ -29,15 +29,18 @@ def test_the_readme_python_api_example_runs(capsys):
   entry = namespace["entry"]
   assert len(lines) == 3, lines
   assert lines[1].startswith("msa but one: ") and lines[2].startswith("msa: ")
-  assert lines[0] == (f"{entry.name}: {namespace['workload'].num_ops} ops, "
-                      f"{namespace['workload'].num_buffers} buffers")
+  assert lines[0] == (
+    f"{entry.name}: {namespace['workload'].num_ops} ops, "
+    f"{namespace['workload'].num_buffers} buffers"
+  )
   # What the README says about it: the rewards sum to 1 - 1 / speed-up, the game is over, and the
   # solver's mapping is the validated one.
   played = namespace["played"]
   assert namespace["game"].done and played.speedup > 1
   assert namespace["episode_return"] == pytest.approx(1 - 1 / played.speedup, rel=1e-6)
-  assert namespace["checked"].speedup == pytest.approx(namespace["result"].mapping.speedup,
-                                                       rel=1e-6)
+  assert namespace["checked"].speedup == pytest.approx(
+    namespace["result"].mapping.speedup, rel=1e-6
+  )
   # The game kept its first buffer out of fast memory, as the comment says.
   first_id = namespace["workload"].buffers[namespace["first_buffer"]].id
   held = [row["buffer"] for row in namespace["game"].mapping("again").allocations]
@@ -49,7 +52,8 @@ def test_importing_malloczero_loads_no_agent_library():
   the agent's libraries only when the agent is first used."""
   libraries = ("jax", "haiku", "mctx", "reverb", "launchpad", "tensorflow")
   code = f"import sys, malloczero\nprint(' '.join(m for m in {libraries!r} if m in sys.modules))\n"
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+  result = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.strip() == "", f"import malloczero loaded {result.stdout.strip()}"

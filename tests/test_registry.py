@@ -8,8 +8,7 @@ import os
 import pytest
 
 from malloczero.env.programs.suites import get_suite
-from malloczero.env.solvers import solve
-from malloczero.env.solvers import registry
+from malloczero.env.solvers import registry, solve
 from malloczero.env.solvers.registry import BASELINES, SOLVERS, option_fields
 from malloczero.launch import cli
 from malloczero.launch.flags import FlagError, solver_options
@@ -30,9 +29,24 @@ def test_a_flag_shared_by_several_solvers_has_one_default_and_one_check():
 
 def test_every_option_of_every_solver_is_a_flag_of_solve_and_reaches_the_solver():
   parser = cli.build_parser()
-  args = parser.parse_args(["solve", "w.json", "--time-limit", "3", "--seed", "5",
-                            "--evaluations", "7", "--workers", "1", "--skip-below", "0.25",
-                            "--msa-option", "max_outstanding_prefetches=2"])
+  args = parser.parse_args(
+    [
+      "solve",
+      "w.json",
+      "--time-limit",
+      "3",
+      "--seed",
+      "5",
+      "--evaluations",
+      "7",
+      "--workers",
+      "1",
+      "--skip-below",
+      "0.25",
+      "--msa-option",
+      "max_outstanding_prefetches=2",
+    ]
+  )
   for solver in ALL_SOLVERS.values():
     if not solver.takes_msa_options:  # --msa-option is refused, not ignored, by the others.
       with pytest.raises(FlagError, match="--msa-option is for msa, evo-msa"):
@@ -44,8 +58,7 @@ def test_every_option_of_every_solver_is_a_flag_of_solve_and_reaches_the_solver(
       options = solver_options(args, solver)
     fields = {f.name for f in dataclasses.fields(solver.options)}
     assert fields <= set(options), solver.name
-    expected = {"time_limit_s": 3.0, "seed": 5, "evaluations": 7, "workers": 1,
-                "skip_below": 0.25}
+    expected = {"time_limit_s": 3.0, "seed": 5, "evaluations": 7, "workers": 1, "skip_below": 0.25}
     for name in fields & set(expected):
       assert options[name] == expected[name], (solver.name, name)
     assert ("max_outstanding_prefetches" in options) == solver.takes_msa_options, solver.name
@@ -76,9 +89,14 @@ def test_the_cache_reuses_a_result_and_keys_it_by_everything_it_depends_on(tmp_p
   assert again.mapping.to_dict() == first.mapping.to_dict()
   assert again.solve_time_s == pytest.approx(first.solve_time_s)
   assert again.info["evaluations"] == first.info["evaluations"]
-  cache.solve(workload, hardware, "evo", evaluations=6, seed=2)        # Another option.
-  cache.solve(workload, hardware.with_fast_capacity(hardware.fast_capacity_bytes // 2), "evo",
-              evaluations=6, seed=1)                                    # Another capacity.
+  cache.solve(workload, hardware, "evo", evaluations=6, seed=2)  # Another option.
+  cache.solve(
+    workload,
+    hardware.with_fast_capacity(hardware.fast_capacity_bytes // 2),
+    "evo",
+    evaluations=6,
+    seed=1,
+  )  # Another capacity.
   assert (cache.solved, cache.reused) == (3, 1)
   # A new version of the solver invalidates what the old one left.
   monkeypatch.setitem(BASELINES, "evo", dataclasses.replace(BASELINES["evo"], version=99))
@@ -110,8 +128,17 @@ def test_a_cache_without_a_directory_keeps_nothing():
 
 def test_a_second_evaluate_solves_nothing_again_and_says_so(tmp_path, capsys, monkeypatch):
   monkeypatch.setenv("MALLOCZERO_BASELINE_CACHE_DIR", str(tmp_path / "cache"))
-  argv = ["evaluate", "--suite", "tiny", "--solvers", "msa,greedy,evo", "--limit", "2",
-          "--evaluations", "6"]
+  argv = [
+    "evaluate",
+    "--suite",
+    "tiny",
+    "--solvers",
+    "msa,greedy,evo",
+    "--limit",
+    "2",
+    "--evaluations",
+    "6",
+  ]
   assert cli.main(argv + ["--out", str(tmp_path / "first")]) == 0
   assert "0 result(s) reused" in capsys.readouterr().out
   assert cli.main(argv + ["--out", str(tmp_path / "second")]) == 0

@@ -11,25 +11,44 @@ import tree
 
 from malloczero.configs.config import get_config
 from malloczero.env.game import GameConfig
-from malloczero.replay import (PRIORITY_EPSILON, TABLE_NAME, Batch, Sampler, SequenceWriter, Step,
-                    WriterStopped, error_buffer, make_table, sequence_signature, start_server,
-                    step_spec)
+from malloczero.replay import (
+  PRIORITY_EPSILON,
+  TABLE_NAME,
+  Batch,
+  Sampler,
+  SequenceWriter,
+  Step,
+  WriterStopped,
+  error_buffer,
+  make_table,
+  sequence_signature,
+  start_server,
+  step_spec,
+)
 
 GAME = GameConfig(num_candidates=3, occupancy_bins=4, lookahead=2, max_fast_levels=1)
 
 
-def small_config(min_size_to_sample=1, batch_size=8, unroll_steps=1, td_steps=2,
-                 demonstration_fraction=0.0):
+def small_config(
+  min_size_to_sample=1, batch_size=8, unroll_steps=1, td_steps=2, demonstration_fraction=0.0
+):
   """L = unroll + td + 1 = 4 by default: short enough for episodes longer than L. No
   demonstrations by default: the sampler's batches are then whole learner batches."""
   config = get_config("tiny")
   return dataclasses.replace(
-      config, game=GAME,
-      learner=dataclasses.replace(config.learner, batch_size=batch_size,
-                                  unroll_steps=unroll_steps, td_steps=td_steps,
-                                  demonstration_fraction=demonstration_fraction),
-      replay=dataclasses.replace(config.replay, min_size_to_sample=min_size_to_sample,
-                                 max_size=1000, prefetch=1))
+    config,
+    game=GAME,
+    learner=dataclasses.replace(
+      config.learner,
+      batch_size=batch_size,
+      unroll_steps=unroll_steps,
+      td_steps=td_steps,
+      demonstration_fraction=demonstration_fraction,
+    ),
+    replay=dataclasses.replace(
+      config.replay, min_size_to_sample=min_size_to_sample, max_size=1000, prefetch=1
+    ),
+  )
 
 
 def make_episode(game: int, episode: int, length: int):
@@ -38,17 +57,29 @@ def make_episode(game: int, episode: int, length: int):
   steps = []
   for t in range(length):
     seed = 1000 * game + 100 * episode + t
-    obs = {k: np.full(s.shape, seed + 0.5, s.dtype) for k, s in spec.observation.items()
-           if k != "legal_actions"}
+    obs = {
+      k: np.full(s.shape, seed + 0.5, s.dtype)
+      for k, s in spec.observation.items()
+      if k != "legal_actions"
+    }
     obs["request"][:3] = (game, episode, t + 1)
     obs["legal_actions"] = np.arange(GAME.num_actions) <= t % GAME.num_actions
     policy = np.zeros(GAME.num_actions, np.float32)
     policy[t % GAME.num_actions] = 1.0
-    steps.append(Step(observation=obs, action=np.int32(t % GAME.num_actions),
-                      reward=np.float32(0.25 * (t + 1) + game), policy=policy,
-                      root_value=np.float32(np.sin(seed)), valid=np.float32(1.0)))
-  terminal = {k: np.full(s.shape, -(1000 * game + 100 * episode + 7), s.dtype)
-              for k, s in spec.observation.items()}
+    steps.append(
+      Step(
+        observation=obs,
+        action=np.int32(t % GAME.num_actions),
+        reward=np.float32(0.25 * (t + 1) + game),
+        policy=policy,
+        root_value=np.float32(np.sin(seed)),
+        valid=np.float32(1.0),
+      )
+    )
+  terminal = {
+    k: np.full(s.shape, -(1000 * game + 100 * episode + 7), s.dtype)
+    for k, s in spec.observation.items()
+  }
   terminal["legal_actions"] = np.arange(GAME.num_actions) == 0
   return steps, terminal
 
@@ -56,7 +87,7 @@ def make_episode(game: int, episode: int, length: int):
 def expected_priority(steps, t, n):
   rewards = [float(s.reward) for s in steps]
   values = [float(s.root_value) for s in steps]
-  target = sum(rewards[t:t + n]) + (values[t + n] if t + n < len(steps) else 0.0)
+  target = sum(rewards[t : t + n]) + (values[t + n] if t + n < len(steps) else 0.0)
   return abs(target - values[t]) + PRIORITY_EPSILON
 
 
@@ -68,12 +99,14 @@ def check_item(item: Step, steps, terminal, t, length):
     if t + i < T:
       want = steps[t + i]
     elif t + i == T:
-      want = tree.map_structure(np.zeros_like, steps[0])._replace(observation=terminal,
-                                                                  valid=np.float32(0))
+      want = tree.map_structure(np.zeros_like, steps[0])._replace(
+        observation=terminal, valid=np.float32(0)
+      )
     else:
       want = tree.map_structure(np.zeros_like, steps[0])._replace(valid=np.float32(0))
-    tree.map_structure(lambda got, w: np.testing.assert_array_equal(got, w, f"t={t} i={i}"),
-                       at, want)
+    tree.map_structure(
+      lambda got, w: np.testing.assert_array_equal(got, w, f"t={t} i={i}"), at, want
+    )
 
 
 def identify(item: Step):
@@ -86,10 +119,15 @@ def identify(item: Step):
 def queue_server():
   """A FIFO table under TABLE_NAME that hands back every item once, in insertion order."""
   config = small_config()
-  table = reverb.Table(name=TABLE_NAME, sampler=reverb.selectors.Fifo(),
-                       remover=reverb.selectors.Fifo(), max_size=10_000, max_times_sampled=1,
-                       rate_limiter=reverb.rate_limiters.MinSize(1),
-                       signature=sequence_signature(config))
+  table = reverb.Table(
+    name=TABLE_NAME,
+    sampler=reverb.selectors.Fifo(),
+    remover=reverb.selectors.Fifo(),
+    max_size=10_000,
+    max_times_sampled=1,
+    rate_limiter=reverb.rate_limiters.MinSize(1),
+    signature=sequence_signature(config),
+  )
   server = reverb.Server(tables=[table])
   yield config, reverb.Client(f"localhost:{server.port}")
   server.stop()
@@ -103,8 +141,9 @@ def drain(client, config, count):
   """All `count` items in the table as (item with leaves [L, ...], priority)."""
   signature = sequence_signature(config)
   out = []
-  for sample in client.sample(TABLE_NAME, num_samples=count, emit_timesteps=False,
-                              unpack_as_table_signature=True):
+  for sample in client.sample(
+    TABLE_NAME, num_samples=count, emit_timesteps=False, unpack_as_table_signature=True
+  ):
     out.append((tree.unflatten_as(signature, tree.flatten(sample.data)), sample.info.priority))
   assert table_size(client) == 0
   return out
@@ -160,7 +199,8 @@ def test_initial_priorities_use_the_learners_discount(queue_server):
   priorities, rewards, values = one_episode_priorities(config, client, 6)
   weights = 0.5 ** np.arange(n)
   assert priorities[0] == pytest.approx(
-      abs(rewards[:n] @ weights + 0.5 ** n * values[n] - values[0]) + PRIORITY_EPSILON)
+    abs(rewards[:n] @ weights + 0.5**n * values[n] - values[0]) + PRIORITY_EPSILON
+  )
   assert priorities[-1] == pytest.approx(abs(rewards[-1] - values[-1]) + PRIORITY_EPSILON)
 
 
@@ -168,11 +208,27 @@ def test_interleaved_games_do_not_mix(queue_server):
   config, client = queue_server
   L = config.learner.sequence_length
   writer = SequenceWriter(client, config, num_games=3)
-  episodes = {(0, 0): make_episode(0, 0, L + 2), (1, 0): make_episode(1, 0, 2),
-              (1, 1): make_episode(1, 1, 3), (2, 0): make_episode(2, 0, 1)}
+  episodes = {
+    (0, 0): make_episode(0, 0, L + 2),
+    (1, 0): make_episode(1, 0, 2),
+    (1, 1): make_episode(1, 1, 3),
+    (2, 0): make_episode(2, 0, 1),
+  }
   # Game 0 plays one long episode while game 1 finishes one and starts the next; game 2 is short.
-  schedule = [(0, 0), (1, 0), (2, 0), (0, 0), (1, 0), (0, 0), (1, 1), (0, 0), (1, 1), (0, 0),
-              (1, 1), (0, 0)]
+  schedule = [
+    (0, 0),
+    (1, 0),
+    (2, 0),
+    (0, 0),
+    (1, 0),
+    (0, 0),
+    (1, 1),
+    (0, 0),
+    (1, 1),
+    (0, 0),
+    (1, 1),
+    (0, 0),
+  ]
   cursor = {key: 0 for key in episodes}
   for key in schedule:
     steps, terminal = episodes[key]
@@ -188,8 +244,7 @@ def test_interleaved_games_do_not_mix(queue_server):
     game, episode, t = identify(item)
     steps, terminal = episodes[(game, episode)]
     check_item(item, steps, terminal, t, L)
-    assert priority == pytest.approx(expected_priority(steps, t, config.learner.td_steps),
-                                     rel=1e-6)
+    assert priority == pytest.approx(expected_priority(steps, t, config.learner.td_steps), rel=1e-6)
     seen.add((game, episode, t))
   assert seen == {(*key, t) for key, (steps, _) in episodes.items() for t in range(len(steps))}
   writer.close()
@@ -226,8 +281,9 @@ def test_sampler_batches_and_priority_updates():
   while len(keys) < 11:  # Collect every key (11 items) to zero the others as well.
     keys |= set(sampler.sample().keys.tolist())
   target = batch.keys[0]
-  sampler.update_priorities(np.array(sorted(keys), np.uint64),
-                            [1.0 if k == target else 0.0 for k in sorted(keys)])
+  sampler.update_priorities(
+    np.array(sorted(keys), np.uint64), [1.0 if k == target else 0.0 for k in sorted(keys)]
+  )
   sampler.close()  # Drops batches prefetched under the old priorities.
   batch = sampler.sample()
   np.testing.assert_array_equal(batch.keys, np.full(B, target, np.uint64))
@@ -267,8 +323,9 @@ def test_writer_blocked_by_the_rate_limiter_gives_up_when_told_to_stop():
   config = small_config(min_size_to_sample=2)
   server, address = start_server(config)
   stopping = []
-  writer = SequenceWriter(reverb.Client(address), config, num_games=1,
-                          should_stop=lambda: bool(stopping))
+  writer = SequenceWriter(
+    reverb.Client(address), config, num_games=1, should_stop=lambda: bool(stopping)
+  )
   steps, terminal = make_episode(0, 0, 200)
   # Writes block after about min size + error buffer items; the stop request comes later.
   timer = threading.Timer(2.0, stopping.append, [True])
@@ -291,7 +348,8 @@ def test_tables_build_for_presets(preset):
   assert info.max_size == config.replay.max_size
   assert info.rate_limiter_info.min_size_to_sample == config.replay.min_size_to_sample
   # Reverb's lower bound on the buffer holds even with zero tolerance.
-  zero = dataclasses.replace(config, replay=dataclasses.replace(
-      config.replay, samples_per_insert_tolerance=0.0))
+  zero = dataclasses.replace(
+    config, replay=dataclasses.replace(config.replay, samples_per_insert_tolerance=0.0)
+  )
   assert error_buffer(zero) >= max(1.0, config.replay.samples_per_insert)
   make_table(zero)

@@ -5,7 +5,8 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from malloczero.env import memory_guard
 from malloczero.env.memory_guard import InputTooLargeError, estimated_bytes
@@ -21,13 +22,15 @@ def _long_ranges_csv(rows: int) -> str:
   return "\n".join(lines) + "\n"
 
 
-def test_a_csv_too_big_for_the_memory_is_refused_in_one_line_by_the_cli(tmp_path, monkeypatch,
-                                                                         capsys):
+def test_a_csv_too_big_for_the_memory_is_refused_in_one_line_by_the_cli(
+  tmp_path, monkeypatch, capsys
+):
   path = tmp_path / "wide.csv"
   path.write_text(_long_ranges_csv(3000))
   monkeypatch.setattr(memory_guard, "available_bytes", lambda: 400 << 20)
-  code = cli.main(["solve", str(path), "--capacity", "4096", "--solver", "msa",
-                   "--out", str(tmp_path / "m.json")])
+  code = cli.main(
+    ["solve", str(path), "--capacity", "4096", "--solver", "msa", "--out", str(tmp_path / "m.json")]
+  )
   err = capsys.readouterr().err.strip()
   assert code != 0 and not (tmp_path / "m.json").exists()
   assert len(err.splitlines()) == 1, err
@@ -56,8 +59,7 @@ def test_what_fits_is_not_refused_and_an_unknown_memory_refuses_nothing(monkeypa
 def test_the_estimate_counts_one_incidence_per_op_a_csv_buffer_touches(monkeypatch):
   seen = []
   monkeypatch.setattr(memory_guard, "check_fits_in_memory", lambda *a: seen.append(a))
-  monkeypatch.setattr("malloczero.env.workload.check_fits_in_memory",
-                      lambda *a: seen.append(a))
+  monkeypatch.setattr("malloczero.env.workload.check_fits_in_memory", lambda *a: seen.append(a))
   w = workload_from_minimalloc_csv(_long_ranges_csv(40), name="count")
   incidences = len(w.arrays.incidence_op)
   assert seen[0] == ("count", w.num_ops, 40, incidences)  # Before the uses are built ...
@@ -65,14 +67,21 @@ def test_the_estimate_counts_one_incidence_per_op_a_csv_buffer_touches(monkeypat
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 6), st.integers(0, 40),
-                          st.integers(0, 12)), max_size=12))
+@given(
+  st.lists(
+    st.tuples(st.integers(0, 20), st.integers(0, 6), st.integers(0, 40), st.integers(0, 12)),
+    max_size=12,
+  )
+)
 def test_the_overlap_sweep_agrees_with_the_pairwise_test(rects):
   rects = np.array(rects, np.int64).reshape(-1, 4)
   start, end = rects[:, 0], rects[:, 0] + rects[:, 1]
   lo, hi = rects[:, 2], rects[:, 2] + rects[:, 3]
-  pairwise = any(start[i] < end[j] and start[j] < end[i] and lo[i] < hi[j] and lo[j] < hi[i]
-                 for i in range(len(rects)) for j in range(i + 1, len(rects)))
+  pairwise = any(
+    start[i] < end[j] and start[j] < end[i] and lo[i] < hi[j] and lo[j] < hi[i]
+    for i in range(len(rects))
+    for j in range(i + 1, len(rects))
+  )
   swept = _any_rectangle_overlap(start, end, lo, hi)
   assert swept or not pairwise  # Never misses a clash the validator's pairwise test sees.
   if (start < end).all() and (lo < hi).all():
@@ -91,6 +100,7 @@ def test_generated_inputs_are_deterministic_and_load(tmp_path):
 
 def test_bench_scale_measures_each_input_in_its_own_process():
   from malloczero.launch.bench import bench_scale
+
   report = bench_scale(csv_rows=200, xla_buffers=200)
   json.dumps(report)
   for prefix in ("scale_csv_200_rows_msa", "scale_xla_200_buffers_msa"):

@@ -1,4 +1,5 @@
-"""Baselines: msa follows XLA's rules, CP-SAT is optimal and never worse, every mapping validates."""
+"""Baselines: msa follows XLA's rules, CP-SAT is optimal and never worse, every mapping
+validates."""
 
 import importlib
 import json
@@ -9,23 +10,40 @@ import time
 import numpy as np
 import pytest
 
-from malloczero.env import Hardware, MalloczeroError, MemoryLevel, PRESETS, load_mapping, validate_mapping
+from malloczero.env import (
+  PRESETS,
+  Hardware,
+  MalloczeroError,
+  MemoryLevel,
+  load_mapping,
+  validate_mapping,
+)
 from malloczero.env.cost_model import CostModel
 from malloczero.env.placement import Placement
+from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.requests import build_requests
 from malloczero.env.solvers import SOLVERS, solve
 from malloczero.env.solvers.evo import decode
-from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.workload import Workload
 
-HW = Hardware("toy", (MemoryLevel("fast", 1000, 100.0), MemoryLevel("slow", 10**9, 10.0)),
-              peak_flops_per_s=1.0, copy_bandwidth_bytes_per_s=10.0, alignment_bytes=1)
+HW = Hardware(
+  "toy",
+  (MemoryLevel("fast", 1000, 100.0), MemoryLevel("slow", 10**9, 10.0)),
+  peak_flops_per_s=1.0,
+  copy_bandwidth_bytes_per_s=10.0,
+  alignment_bytes=1,
+)
 
 
 def program(buffers, flops):
-  return Workload.from_dict({"name": "hand", "source": "hand",
-                             "ops": [{"name": f"op{t}", "flops": f} for t, f in enumerate(flops)],
-                             "buffers": buffers})
+  return Workload.from_dict(
+    {
+      "name": "hand",
+      "source": "hand",
+      "ops": [{"name": f"op{t}", "flops": f} for t, f in enumerate(flops)],
+      "buffers": buffers,
+    }
+  )
 
 
 @pytest.mark.parametrize("preset", ["tpu-v4i-like", "nnpi-like"])
@@ -47,6 +65,7 @@ def test_bestfit_without_the_game_places_what_the_bestfit_solver_places(preset, 
   """`heuristics.bestfit` (pack's fallback, no game) and the `bestfit` solver (the requests
   game's first candidate at every step) are one rule: the same placements, the same time."""
   from malloczero.env.solvers.heuristics import bestfit
+
   workload = random_workload(seed, num_ops=30)
   hardware = contended(PRESETS[preset], workload, 0.2)
   model = CostModel(workload, hardware)
@@ -61,9 +80,13 @@ def test_bestfit_without_the_game_places_what_the_bestfit_solver_places(preset, 
 def test_msa_places_the_more_memory_bound_buffer_when_only_one_fits():
   # Two 600-byte activations live together; only one fits in 1000 bytes. B is read by two
   # memory-bound ops, A by one: B saves twice as much and must win.
-  w = program([{"id": 0, "name": "A", "size": 600, "def": 0, "uses": [2], "kind": "activation"},
-               {"id": 1, "name": "B", "size": 600, "def": 1, "uses": [2, 3], "kind": "activation"}],
-              [0.0, 0.0, 0.0, 0.0])
+  w = program(
+    [
+      {"id": 0, "name": "A", "size": 600, "def": 0, "uses": [2], "kind": "activation"},
+      {"id": 1, "name": "B", "size": 600, "def": 1, "uses": [2, 3], "kind": "activation"},
+    ],
+    [0.0, 0.0, 0.0, 0.0],
+  )
   result = solve(w, HW, "msa")
   assert [a["buffer"] for a in result.mapping.allocations] == [1]
 
@@ -73,10 +96,14 @@ def test_msa_orders_by_time_saved_over_sqrt_size_not_by_saving():
   # B: 100 bytes over 2 ops saves 2*100*0.09 = 18 s; boundedness 18/10 = 1.8.
   # C: 400 bytes over 2 ops saves 72 s; boundedness 72/20 = 3.6.
   # MSA's order is A, C, B; A takes 900 of 1000 bytes, so B (100) fits after it and C does not.
-  w = program([{"id": 0, "name": "A", "size": 900, "def": 0, "uses": [1, 2], "kind": "activation"},
-               {"id": 1, "name": "B", "size": 100, "def": 0, "uses": [1], "kind": "activation"},
-               {"id": 2, "name": "C", "size": 400, "def": 1, "uses": [2], "kind": "activation"}],
-              [0.0, 0.0, 0.0])
+  w = program(
+    [
+      {"id": 0, "name": "A", "size": 900, "def": 0, "uses": [1, 2], "kind": "activation"},
+      {"id": 1, "name": "B", "size": 100, "def": 0, "uses": [1], "kind": "activation"},
+      {"id": 2, "name": "C", "size": 400, "def": 1, "uses": [2], "kind": "activation"},
+    ],
+    [0.0, 0.0, 0.0],
+  )
   requests = build_requests(CostModel(w, HW))
   assert requests.buffer.tolist() == [0, 2, 1]
   placed = {a["buffer"]: a["offset"] for a in solve(w, HW, "msa").mapping.allocations}
@@ -84,8 +111,13 @@ def test_msa_orders_by_time_saved_over_sqrt_size_not_by_saving():
 
 
 def test_best_fit_chooses_the_smallest_gap_that_holds_the_buffer():
-  w = program([{"id": i, "name": f"b{i}", "size": s, "def": 0, "uses": [1], "kind": "activation"}
-               for i, s in enumerate([400, 200, 300, 100, 100])], [0.0, 0.0])
+  w = program(
+    [
+      {"id": i, "name": f"b{i}", "size": s, "def": 0, "uses": [1], "kind": "activation"}
+      for i, s in enumerate([400, 200, 300, 100, 100])
+    ],
+    [0.0, 0.0],
+  )
   model = CostModel(w, HW)
   placement = Placement(model, build_requests(model))
   by_buffer = {int(b): r for r, b in enumerate(placement.requests.buffer)}
@@ -101,9 +133,13 @@ def test_msa_simple_skips_a_prefetch_whose_copy_cannot_be_hidden_greedy_weighs_i
   # A 100-byte parameter read by ops 0 and 1 (one group): nothing runs before op 0 to hide its
   # 10 s copy, so all of it is exposed; reading it fast saves 2 x 100 x (1/10 - 1/100) = 18 s.
   # Net +8 s: the greedy takes it; msa-simple (minimum overlap ratio 1) does not prefetch it.
-  w = program([{"id": 0, "name": "w", "size": 100, "def": None, "uses": [0, 1], "kind": "parameter"},
-               {"id": 1, "name": "x", "size": 1000, "def": 0, "uses": [], "kind": "output"}],
-              [0.0, 0.0])
+  w = program(
+    [
+      {"id": 0, "name": "w", "size": 100, "def": None, "uses": [0, 1], "kind": "parameter"},
+      {"id": 1, "name": "x", "size": 1000, "def": 0, "uses": [], "kind": "output"},
+    ],
+    [0.0, 0.0],
+  )
   model = CostModel(w, HW)
   requests = build_requests(model)
   assert len(requests) == 1 and (requests.start[0], requests.end[0]) == (0, 2)
@@ -199,9 +235,11 @@ def test_solve_time_includes_building_the_requests(monkeypatch):
   """Building is part of the solve: a build that sleeps 0.2 s shows in the solve time (a lower
   bound only, which a loaded machine cannot break) and is taken from evo's time limit."""
   solvers_module = importlib.import_module("malloczero.env.solvers")
+
   def slow_build(model):
     time.sleep(0.2)
     return build_requests(model)
+
   monkeypatch.setattr(solvers_module, "build_requests", slow_build)
   workload = random_workload(8, num_ops=40)
   hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
@@ -220,7 +258,8 @@ def test_cpsat_time_limit_covers_building_its_model():
   assert result.info["status"] == "unknown"
   assert "building the model took" in result.info["fallback"]
   assert result.mapping.estimated_time_s == pytest.approx(
-      solve(workload, hardware, "msa-simple").mapping.estimated_time_s, rel=1e-12)
+    solve(workload, hardware, "msa-simple").mapping.estimated_time_s, rel=1e-12
+  )
 
 
 def test_unknown_solver_is_a_one_line_error():
@@ -233,10 +272,21 @@ def test_cli_solve_writes_a_valid_mapping_and_a_plot(tmp_path):
   csv = tmp_path / "prog.csv"
   csv.write_text("id,lower,upper,size\n0,0,4,300\n1,1,3,500\n2,3,6,400\n3,2,5,200\n")
   out, png = tmp_path / "map.json", tmp_path / "map.png"
-  run = lambda *a: subprocess.run([sys.executable, "-m", "malloczero", *a], capture_output=True,
-                                  text=True, timeout=300)
-  result = run("solve", str(csv), "--capacity", "800", "--solver", "cpsat", "--out", str(out),
-               "--plot", str(png))
+  run = lambda *a: subprocess.run(
+    [sys.executable, "-m", "malloczero", *a], capture_output=True, text=True, timeout=300
+  )
+  result = run(
+    "solve",
+    str(csv),
+    "--capacity",
+    "800",
+    "--solver",
+    "cpsat",
+    "--out",
+    str(out),
+    "--plot",
+    str(png),
+  )
   assert result.returncode == 0, result.stderr
   assert "CP-SAT optimal" in result.stdout and "validated" in result.stdout
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -268,5 +318,6 @@ def test_greedy_keeps_only_placements_that_save_simulated_time_and_undo_restores
     placed = placement.place_where_it_saves_most(r)
     assert placement.total_time <= before[0] if placed else placement.total_time == before[0]
   assert model.evaluate(placement.allocations()).total_time_s == pytest.approx(
-      placement.total_time, rel=1e-9)
+    placement.total_time, rel=1e-9
+  )
   assert placement.total_time <= model.slow_only_time

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from malloczero.env import MalloczeroError, validate_mapping
-from malloczero.env.solvers import solve
 from malloczero.env.programs.suites import get_suite, program_summaries, suite_names
+from malloczero.env.solvers import solve
 
 
 def test_suites_exist_and_split_by_model():
@@ -39,8 +39,11 @@ def test_tiny_entries_load_match_manifest_and_are_contended():
   for entry in get_suite("tiny").entries:
     workload, hardware = entry.load()
     summary = programs[entry.program]
-    assert (workload.num_ops, workload.num_buffers, workload.peak_live_bytes) == \
-        (summary["ops"], summary["buffers"], summary["peak_live_bytes"])
+    assert (workload.num_ops, workload.num_buffers, workload.peak_live_bytes) == (
+      summary["ops"],
+      summary["buffers"],
+      summary["peak_live_bytes"],
+    )
     assert hardware.levels[0].capacity_bytes < workload.peak_live_bytes
     result = solve(workload, hardware, "greedy")
     validate_mapping(workload, hardware, result.mapping)
@@ -54,8 +57,9 @@ def test_unknown_suite_and_split():
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "malloczero", *args], capture_output=True,
-                        text=True, timeout=600)
+  return subprocess.run(
+    [sys.executable, "-m", "malloczero", *args], capture_output=True, text=True, timeout=600
+  )
 
 
 def test_cli_suite_list_and_show():
@@ -72,8 +76,17 @@ def test_cli_suite_list_and_show():
 @pytest.mark.slow
 def test_cli_evaluate_writes_table_csv_json_markdown_and_png(tmp_path):
   out = tmp_path / "eval"
-  result = _cli("evaluate", "--suite", "tiny", "--solvers", "msa,msa-simple,greedy,cpsat",
-                "--time-limit", "5", "--out", str(out))
+  result = _cli(
+    "evaluate",
+    "--suite",
+    "tiny",
+    "--solvers",
+    "msa,msa-simple,greedy,cpsat",
+    "--time-limit",
+    "5",
+    "--out",
+    str(out),
+  )
   assert result.returncode == 0, result.stderr
   entries = get_suite("tiny").entries
   report = json.loads((out / "evaluation.json").read_text())

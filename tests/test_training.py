@@ -19,12 +19,11 @@ import pytest
 
 from malloczero.actors.games import suite_games
 from malloczero.env import MalloczeroError, validate_mapping
-from malloczero.system.evaluation import geomean
 from malloczero.learner.checkpoint import CHECKPOINT_FILENAME
 from malloczero.system import single_process
+from malloczero.system.evaluation import geomean
 from malloczero.system.single_process import train_single_process
-from tests.trained import (CONFIG, STEPS, cached_make_networks, checkpoint_steps, read_csv,
-                           train)
+from tests.trained import CONFIG, STEPS, cached_make_networks, checkpoint_steps, read_csv, train
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +65,8 @@ def test_agent_beats_untrained_and_random_baseline(trained):
   assert final > 1.2 * initial, f"trained agent {final:.3f} vs untrained {initial:.3f}"
   # The result carries the curve as written to the CSV.
   assert [(int(r["learner_steps"]), r["split"]) for r in trained["curve_rows"]] == [
-      (int(r["learner_steps"]), r["split"]) for r in result.curve]
+    (int(r["learner_steps"]), r["split"]) for r in result.curve
+  ]
 
 
 def test_final_evaluation_mappings_are_valid(trained):
@@ -87,6 +87,7 @@ def test_demonstrations_hold_each_training_programs_best_known_game(trained):
   """The run kept a demonstration per training program (msa's play, or a faster game the agent
   found, whose mapping is then in best/ and valid), none slower than msa."""
   from malloczero.env.mapping import load_mapping
+
   workdir = trained["workdir"]
   with open(os.path.join(workdir, "checkpoints", "demonstrations.json"), encoding="utf-8") as f:
     demonstrations = {d["program"]: d for d in json.load(f)}
@@ -115,9 +116,9 @@ def test_resume_continues_from_checkpoint(trained, tmp_path):
   assert steps == list(range(1, RESUMED_STEPS + 1))
   rows = read_csv(os.path.join(workdir, "learning_curve.csv"))
   before = trained["curve_rows"]
-  assert rows[:len(before)] == before
-  assert {int(r["learner_steps"]) for r in rows[len(before):]} == {RESUMED_STEPS}
-  assert {r["split"] for r in rows[len(before):]} == {"train", "heldout"}
+  assert rows[: len(before)] == before
+  assert {int(r["learner_steps"]) for r in rows[len(before) :]} == {RESUMED_STEPS}
+  assert {r["split"] for r in rows[len(before) :]} == {"train", "heldout"}
   for name in ("config.json", "learning_curve.png", "baselines.json"):
     assert os.path.getsize(os.path.join(workdir, name)) > 0
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
@@ -128,7 +129,7 @@ def test_corrupt_checkpoint_fails_with_one_line_and_is_kept(trained, tmp_path, m
   monkeypatch.setattr(single_process, "make_networks", cached_make_networks)
   with open(os.path.join(trained["workdir"], "checkpoints", CHECKPOINT_FILENAME), "rb") as f:
     good = f.read()
-  corrupt = good[:len(good) // 2]  # Truncated.
+  corrupt = good[: len(good) // 2]  # Truncated.
   file = tmp_path / "checkpoints" / CHECKPOINT_FILENAME
   file.parent.mkdir()
   file.write_bytes(corrupt)
@@ -148,8 +149,9 @@ def test_max_seconds_stops_while_the_learner_waits_for_data(tmp_path, monkeypatc
 
   def run():
     try:
-      outcome["result"] = train_single_process(CONFIG, str(tmp_path), max_learner_steps=STEPS,
-                                               max_seconds=1.0, print_fn=None)
+      outcome["result"] = train_single_process(
+        CONFIG, str(tmp_path), max_learner_steps=STEPS, max_seconds=1.0, print_fn=None
+      )
     except BaseException as e:  # pylint: disable=broad-except
       outcome["error"] = e
 

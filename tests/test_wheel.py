@@ -22,10 +22,12 @@ pytestmark = pytest.mark.slow
 
 
 def _modules_in_checkout() -> set[str]:
-  """Each .py file of each package folder, named as the wheel names it (malloczero/env/game/requests_game.py)."""
+  """Each .py file of each package folder, named as the wheel names it
+  (malloczero/env/game/requests_game.py)."""
   paths = set()
   for prefix, folder in [("malloczero", "malloczero")] + [
-      (f"malloczero/{name}", folder) for name, folder in FOLDERS.items()]:
+    (f"malloczero/{name}", folder) for name, folder in FOLDERS.items()
+  ]:
     for root, dirs, files in os.walk(os.path.join(REPO, folder)):
       dirs[:] = [d for d in dirs if d != "__pycache__"]
       relative = os.path.relpath(root, os.path.join(REPO, folder))
@@ -36,8 +38,10 @@ def _modules_in_checkout() -> set[str]:
 
 
 def _suite_data_in_checkout() -> set[str]:
-  files = ["suites.json"] + [os.path.join("workloads", os.path.basename(path)) for path in
-                             glob.glob(os.path.join(DATA, "workloads", "*.json.gz"))]
+  files = ["suites.json"] + [
+    os.path.join("workloads", os.path.basename(path))
+    for path in glob.glob(os.path.join(DATA, "workloads", "*.json.gz"))
+  ]
   return {f"malloczero/env/programs/data/{name}".replace(os.sep, "/") for name in files}
 
 
@@ -45,13 +49,28 @@ def _suite_data_in_checkout() -> set[str]:
 def installed(tmp_path_factory):
   """(the wheel's file names, the --target directory it was pip-installed into)."""
   from malloczero.system.vertex import build_wheel  # Loads Launchpad: not at collection.
+
   wheel = build_wheel(str(tmp_path_factory.mktemp("wheel")))
   with zipfile.ZipFile(wheel) as archive:
     names = set(archive.namelist())
   target = tmp_path_factory.mktemp("site")
-  result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                           "--no-index", "--target", str(target), wheel],
-                          capture_output=True, text=True, timeout=300)
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "pip",
+      "install",
+      "--quiet",
+      "--no-deps",
+      "--no-index",
+      "--target",
+      str(target),
+      wheel,
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   return names, target
 
@@ -64,8 +83,9 @@ def _run_installed(target, tmp_path, *args, timeout=300):
   cwd.mkdir(exist_ok=True)
   assert not str(cwd).startswith(REPO + os.sep)
   env = dict(os.environ, PYTHONPATH=str(target), COLUMNS="200")
-  return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                        text=True, timeout=timeout)
+  return subprocess.run(
+    [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+  )
 
 
 def test_the_wheel_holds_every_module_and_all_suite_data(installed):
@@ -88,23 +108,26 @@ def test_installed_as_one_package_with_nothing_else_at_the_top_level(installed):
   assert not entries & set(FOLDERS), f"installed at the top level: {sorted(entries & set(FOLDERS))}"
   assert not entries & {f"{name}.py" for name in FOLDERS}
   assert "malloczero" in entries
-  assert {e for e in entries if e not in ("malloczero", "bin") and not e.endswith(".dist-info")
-          } == set(), entries
+  assert {
+    e for e in entries if e not in ("malloczero", "bin") and not e.endswith(".dist-info")
+  } == set(), entries
 
 
 def test_the_installed_package_imports_from_the_target_not_the_checkout(installed, tmp_path):
   _, target = installed
-  code = ("import malloczero, malloczero.launch.cli as cli, malloczero.system.training as t\n"
-          "from malloczero.env.programs.suites import WORKLOAD_DIR\n"
-          "for name in ('env', 'system', 'configs', 'launch', 'actors', 'learner', 'replay'):\n"
-          "  try:\n"
-          "    __import__(name)\n"
-          "  except ImportError:\n"
-          "    pass\n"
-          "  else:\n"
-          "    raise SystemExit(f'top-level {name} is importable')\n"
-          "print(malloczero.__file__, cli.__file__, t.__file__, WORKLOAD_DIR, sep='\\n')\n"
-          "print(malloczero.get_suite('tiny').entries[0].name)\n")
+  code = (
+    "import malloczero, malloczero.launch.cli as cli, malloczero.system.training as t\n"
+    "from malloczero.env.programs.suites import WORKLOAD_DIR\n"
+    "for name in ('env', 'system', 'configs', 'launch', 'actors', 'learner', 'replay'):\n"
+    "  try:\n"
+    "    __import__(name)\n"
+    "  except ImportError:\n"
+    "    pass\n"
+    "  else:\n"
+    "    raise SystemExit(f'top-level {name} is importable')\n"
+    "print(malloczero.__file__, cli.__file__, t.__file__, WORKLOAD_DIR, sep='\\n')\n"
+    "print(malloczero.get_suite('tiny').entries[0].name)\n"
+  )
   result = _run_installed(target, tmp_path, "-c", code)
   assert result.returncode == 0, result.stderr[-3000:]
   lines = result.stdout.splitlines()
@@ -124,16 +147,30 @@ def test_the_installed_command_shows_a_suite_and_solves_a_suite_program(installe
 
   entry = get_suite("tiny").entries[0]
   workload, hardware = entry.load()
-  installed_workload = os.path.join(target, "malloczero", "env", "programs", "data",
-                                    "workloads", f"{entry.program}.json.gz")
+  installed_workload = os.path.join(
+    target, "malloczero", "env", "programs", "data", "workloads", f"{entry.program}.json.gz"
+  )
   assert os.path.exists(installed_workload)
   out = tmp_path / "map.json"
   capacity = [f"--capacity={lv.name}={lv.capacity_bytes}" for lv in hardware.levels[:-1]]
-  solved = _run_installed(target, tmp_path, "-m", "malloczero", "solve", installed_workload,
-                          "--hardware", entry.hardware, *capacity, "--solver", "msa",
-                          "--out", str(out))
+  solved = _run_installed(
+    target,
+    tmp_path,
+    "-m",
+    "malloczero",
+    "solve",
+    installed_workload,
+    "--hardware",
+    entry.hardware,
+    *capacity,
+    "--solver",
+    "msa",
+    "--out",
+    str(out),
+  )
   assert solved.returncode == 0, solved.stderr[-3000:]
   assert solved.stdout.startswith("msa: ") and out.exists()
-  checked = _run_installed(target, tmp_path, "-m", "malloczero", "validate", installed_workload,
-                           str(out), *capacity)
+  checked = _run_installed(
+    target, tmp_path, "-m", "malloczero", "validate", installed_workload, str(out), *capacity
+  )
   assert checked.returncode == 0, checked.stderr[-3000:]

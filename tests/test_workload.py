@@ -7,23 +7,31 @@ import pytest
 from hypothesis import given
 
 from malloczero.env import WorkloadError, load_workload, save_workload
-from malloczero.env.workload import Workload, workload_from_minimalloc_csv, workload_to_minimalloc_csv
+from malloczero.env.workload import (
+  Workload,
+  workload_from_minimalloc_csv,
+  workload_to_minimalloc_csv,
+)
 from tests.strategies import workloads
 
-GOOD = {"name": "tiny", "source": "hand",
-        "ops": [{"name": "a", "flops": 10.0}, {"name": "b", "flops": 0}, {"name": "c", "flops": 5}],
-        "buffers": [
-            {"id": 7, "name": "w", "size": 64, "def": None, "uses": [0, 2], "kind": "parameter"},
-            {"id": 8, "name": "x", "size": 32, "def": 0, "uses": [1], "kind": "activation"},
-            {"id": 9, "name": "y", "size": 16, "def": 1, "uses": [], "kind": "output"}]}
+GOOD = {
+  "name": "tiny",
+  "source": "hand",
+  "ops": [{"name": "a", "flops": 10.0}, {"name": "b", "flops": 0}, {"name": "c", "flops": 5}],
+  "buffers": [
+    {"id": 7, "name": "w", "size": 64, "def": None, "uses": [0, 2], "kind": "parameter"},
+    {"id": 8, "name": "x", "size": 32, "def": 0, "uses": [1], "kind": "activation"},
+    {"id": 9, "name": "y", "size": 16, "def": 1, "uses": [], "kind": "output"},
+  ],
+}
 
 
 def test_live_ranges_and_peak():
   w = Workload.from_dict(GOOD)
   a = w.arrays
   assert a.live_start.tolist() == [0, 0, 1]
-  assert a.live_end.tolist() == [3, 2, 3]       # parameter to last use; output to the end
-  assert w.peak_live_bytes == 64 + 32 + 16      # all three live at op 1
+  assert a.live_end.tolist() == [3, 2, 3]  # parameter to last use; output to the end
+  assert w.peak_live_bytes == 64 + 32 + 16  # all three live at op 1
   assert a.incidence_op.tolist() == [0, 2, 0, 1, 1]
 
 
@@ -51,72 +59,137 @@ def test_csv_round_trip_and_objective_is_bytes_times_time(tmp_path):
   from malloczero.env.cost_model import CostModel
   from malloczero.env.hardware import PRESETS
   from malloczero.env.requests import build_requests
+
   model = CostModel(w, PRESETS["minimalloc"])
   inv = model.inverse_bandwidth
   saving = build_requests(model).standalone_saving[:, 0]
   # Saving of each buffer = size x (upper - lower) x (1/bw_slow - 1/bw_fast): bytes x time.
-  assert sorted(saving.tolist()) == pytest.approx(sorted(
-      [s * length * (inv[1] - inv[0]) for s, length in ((100, 3), (50, 1), (10, 3))]))
+  assert sorted(saving.tolist()) == pytest.approx(
+    sorted([s * length * (inv[1] - inv[0]) for s, length in ((100, 3), (50, 1), (10, 3))])
+  )
 
 
 MALFORMED = [
-    ("size -5", lambda d: d["buffers"][1].update(size=-5), r"buffer 8 \('x'\): size must be positive"),
-    ("size 0", lambda d: d["buffers"][1].update(size=0), r"size must be positive, got 0"),
-    ("use before def", lambda d: d["buffers"][1].update(uses=[0]),
-     r"used at op 0 before its definition at op 0"),
-    ("unknown op in uses", lambda d: d["buffers"][1].update(uses=[9]), r"use at unknown op 9"),
-    ("unknown def op", lambda d: d["buffers"][1].update(**{"def": 5}), r"'def' refers to unknown op 5"),
-    ("duplicate id", lambda d: d["buffers"][2].update(id=7), r"duplicate buffer id 7"),
-    ("empty schedule", lambda d: d.update(ops=[]), r"empty schedule"),
-    ("string size", lambda d: d["buffers"][0].update(size="64"), r"'size' must be an integer"),
-    ("float id", lambda d: d["buffers"][0].update(id=1.5), r"'id' must be an integer"),
-    ("bool flops", lambda d: d["ops"][0].update(flops=True), r"'flops' must be a finite number"),
-    ("negative flops", lambda d: d["ops"][0].update(flops=-1), r"'flops' must be a finite number"),
-    ("flops beyond a float", lambda d: d["ops"][0].update(flops=10**400),
-     r"'flops' must be a finite number >= 0, got 1000"),
-    ("uses not list", lambda d: d["buffers"][0].update(uses=3), r"'uses' must be a list"),
-    ("unknown kind", lambda d: d["buffers"][0].update(kind="weights"), r"unknown kind 'weights'"),
-    ("parameter with def", lambda d: d["buffers"][0].update(**{"def": 0}), r"'def' must be null"),
-    ("missing buffers", lambda d: d.pop("buffers"), r"missing required key 'buffers'"),
-    ("ops not a list", lambda d: d.update(ops={"a": 1}), r"'ops' must be a list"),
-    ("top-level list", lambda d: (d.clear(), None), r"missing required key"),
-    # Integers beyond int64 used to end in an OverflowError traceback when arrays were built.
-    ("size 10**30", lambda d: d["buffers"][1].update(size=10**30),
-     r"buffer 8 \('x'\): 'size' = a 31-digit number is beyond the limit of 2\*\*60"),
-    ("id 2**63", lambda d: d["buffers"][1].update(id=2**63),
-     r"'id' = 9223372036854775808 is beyond the limit of 2\*\*60"),
-    ("def 2**63", lambda d: d["buffers"][1].update(**{"def": 2**63}), r"'def' = .* beyond the limit"),
-    ("use 10**30", lambda d: d["buffers"][1].update(uses=[10**30]), r"'uses' = .* beyond the limit"),
-    ("use_bytes length", lambda d: d["buffers"][0].update(use_bytes=[8]),
-     r"buffer 7 \('w'\): 'use_bytes' has 1 entries for 2 uses"),
-    ("use_bytes above size", lambda d: d["buffers"][0].update(use_bytes=[8, 65]),
-     r"'use_bytes' entry 65 is outside 0..size \(64\)"),
-    ("use_bytes negative", lambda d: d["buffers"][0].update(use_bytes=[-1, 8]),
-     r"'use_bytes' entry -1 is outside"),
-    ("use_bytes not ints", lambda d: d["buffers"][0].update(use_bytes=[8, "8"]),
-     r"'use_bytes' must be a list of integers"),
-    ("unsorted uses", lambda d: d["buffers"][0].update(uses=[2, 0]),
-     r"buffer 7 \('w'\): 'uses' must be sorted with each op once, got 0 after 2"),
-    ("repeated use", lambda d: d["buffers"][0].update(uses=[0, 0, 2]),
-     r"buffer 7 \('w'\): 'uses' must be sorted with each op once, got 0 after 0"),
-    ("negative id", lambda d: d["buffers"][0].update(id=-1), r"buffer #0: 'id' must be >= 0, got -1"),
-    ("bool id", lambda d: d["buffers"][0].update(id=True), r"buffer #0: 'id' must be an integer"),
-    ("float weight", lambda d: d["ops"][0].update(weight=2.0), r"op 0 \('a'\): 'weight' must be an "
-     "integer"),
-    ("unknown top-level key", lambda d: d.update(buffer=[]), r"unknown key 'buffer' \(known keys: "
-     r"name, source, ops, buffers\): remove it or fix its spelling"),
-    ("unknown op key", lambda d: d["ops"][1].update(flop=3), r"op 1: unknown key 'flop'"),
-    ("unknown buffer key", lambda d: d["buffers"][0].update(use_byte=[8, 8]),
-     r"buffer #0: unknown key 'use_byte'"),
-    ("line break in a name", lambda d: d["buffers"][0].update(name="a\nb"),
-     r"buffer 7: 'name' must be a string of printable text, got 'a\\nb'"),
-    ("def_bytes on a parameter", lambda d: d["buffers"][0].update(def_bytes=8),
-     r"'def_bytes' is given but the buffer has no defining op"),
-    ("def_bytes above size", lambda d: d["buffers"][1].update(def_bytes=33),
-     r"'def_bytes' 33 is outside 0..size \(32\)"),
-    ("sizes adding past 2**62", lambda d: [b.update(size=2**60) for b in d["buffers"]] and
-     d["buffers"].extend(dict(b, id=b["id"] + 10) for b in list(d["buffers"])),
-     r"sizes add up to .* above the limit of 2\*\*62"),
+  (
+    "size -5",
+    lambda d: d["buffers"][1].update(size=-5),
+    r"buffer 8 \('x'\): size must be positive",
+  ),
+  ("size 0", lambda d: d["buffers"][1].update(size=0), r"size must be positive, got 0"),
+  (
+    "use before def",
+    lambda d: d["buffers"][1].update(uses=[0]),
+    r"used at op 0 before its definition at op 0",
+  ),
+  ("unknown op in uses", lambda d: d["buffers"][1].update(uses=[9]), r"use at unknown op 9"),
+  (
+    "unknown def op",
+    lambda d: d["buffers"][1].update(**{"def": 5}),
+    r"'def' refers to unknown op 5",
+  ),
+  ("duplicate id", lambda d: d["buffers"][2].update(id=7), r"duplicate buffer id 7"),
+  ("empty schedule", lambda d: d.update(ops=[]), r"empty schedule"),
+  ("string size", lambda d: d["buffers"][0].update(size="64"), r"'size' must be an integer"),
+  ("float id", lambda d: d["buffers"][0].update(id=1.5), r"'id' must be an integer"),
+  ("bool flops", lambda d: d["ops"][0].update(flops=True), r"'flops' must be a finite number"),
+  ("negative flops", lambda d: d["ops"][0].update(flops=-1), r"'flops' must be a finite number"),
+  (
+    "flops beyond a float",
+    lambda d: d["ops"][0].update(flops=10**400),
+    r"'flops' must be a finite number >= 0, got 1000",
+  ),
+  ("uses not list", lambda d: d["buffers"][0].update(uses=3), r"'uses' must be a list"),
+  ("unknown kind", lambda d: d["buffers"][0].update(kind="weights"), r"unknown kind 'weights'"),
+  ("parameter with def", lambda d: d["buffers"][0].update(**{"def": 0}), r"'def' must be null"),
+  ("missing buffers", lambda d: d.pop("buffers"), r"missing required key 'buffers'"),
+  ("ops not a list", lambda d: d.update(ops={"a": 1}), r"'ops' must be a list"),
+  ("top-level list", lambda d: (d.clear(), None), r"missing required key"),
+  # Integers beyond int64 used to end in an OverflowError traceback when arrays were built.
+  (
+    "size 10**30",
+    lambda d: d["buffers"][1].update(size=10**30),
+    r"buffer 8 \('x'\): 'size' = a 31-digit number is beyond the limit of 2\*\*60",
+  ),
+  (
+    "id 2**63",
+    lambda d: d["buffers"][1].update(id=2**63),
+    r"'id' = 9223372036854775808 is beyond the limit of 2\*\*60",
+  ),
+  ("def 2**63", lambda d: d["buffers"][1].update(**{"def": 2**63}), r"'def' = .* beyond the limit"),
+  ("use 10**30", lambda d: d["buffers"][1].update(uses=[10**30]), r"'uses' = .* beyond the limit"),
+  (
+    "use_bytes length",
+    lambda d: d["buffers"][0].update(use_bytes=[8]),
+    r"buffer 7 \('w'\): 'use_bytes' has 1 entries for 2 uses",
+  ),
+  (
+    "use_bytes above size",
+    lambda d: d["buffers"][0].update(use_bytes=[8, 65]),
+    r"'use_bytes' entry 65 is outside 0..size \(64\)",
+  ),
+  (
+    "use_bytes negative",
+    lambda d: d["buffers"][0].update(use_bytes=[-1, 8]),
+    r"'use_bytes' entry -1 is outside",
+  ),
+  (
+    "use_bytes not ints",
+    lambda d: d["buffers"][0].update(use_bytes=[8, "8"]),
+    r"'use_bytes' must be a list of integers",
+  ),
+  (
+    "unsorted uses",
+    lambda d: d["buffers"][0].update(uses=[2, 0]),
+    r"buffer 7 \('w'\): 'uses' must be sorted with each op once, got 0 after 2",
+  ),
+  (
+    "repeated use",
+    lambda d: d["buffers"][0].update(uses=[0, 0, 2]),
+    r"buffer 7 \('w'\): 'uses' must be sorted with each op once, got 0 after 0",
+  ),
+  ("negative id", lambda d: d["buffers"][0].update(id=-1), r"buffer #0: 'id' must be >= 0, got -1"),
+  ("bool id", lambda d: d["buffers"][0].update(id=True), r"buffer #0: 'id' must be an integer"),
+  (
+    "float weight",
+    lambda d: d["ops"][0].update(weight=2.0),
+    r"op 0 \('a'\): 'weight' must be an "
+    "integer",
+  ),
+  (
+    "unknown top-level key",
+    lambda d: d.update(buffer=[]),
+    r"unknown key 'buffer' \(known keys: "
+    r"name, source, ops, buffers\): remove it or fix its spelling",
+  ),
+  ("unknown op key", lambda d: d["ops"][1].update(flop=3), r"op 1: unknown key 'flop'"),
+  (
+    "unknown buffer key",
+    lambda d: d["buffers"][0].update(use_byte=[8, 8]),
+    r"buffer #0: unknown key 'use_byte'",
+  ),
+  (
+    "line break in a name",
+    lambda d: d["buffers"][0].update(name="a\nb"),
+    r"buffer 7: 'name' must be a string of printable text, got 'a\\nb'",
+  ),
+  (
+    "def_bytes on a parameter",
+    lambda d: d["buffers"][0].update(def_bytes=8),
+    r"'def_bytes' is given but the buffer has no defining op",
+  ),
+  (
+    "def_bytes above size",
+    lambda d: d["buffers"][1].update(def_bytes=33),
+    r"'def_bytes' 33 is outside 0..size \(32\)",
+  ),
+  (
+    "sizes adding past 2**62",
+    lambda d: (
+      [b.update(size=2**60) for b in d["buffers"]]
+      and d["buffers"].extend(dict(b, id=b["id"] + 10) for b in list(d["buffers"]))
+    ),
+    r"sizes add up to .* above the limit of 2\*\*62",
+  ),
 ]
 
 
@@ -137,15 +210,16 @@ def test_partial_accesses_are_charged_and_round_trip(tmp_path):
   from malloczero.env.cost_model import CostModel
   from malloczero.env.hardware import PRESETS
   from malloczero.env.requests import build_requests
+
   data = json.loads(json.dumps(GOOD))
-  data["buffers"][0]["use_bytes"] = [8, 64]   # op 0 reads 8 of w's 64 bytes (a gather), op 2 all
-  data["buffers"][1]["def_bytes"] = 4         # op 0 writes 4 of x's 32 bytes
+  data["buffers"][0]["use_bytes"] = [8, 64]  # op 0 reads 8 of w's 64 bytes (a gather), op 2 all
+  data["buffers"][1]["def_bytes"] = 4  # op 0 writes 4 of x's 32 bytes
   data["buffers"][2]["use_bytes"] = []
   w = Workload.from_dict(data)
   a = w.arrays
   assert a.incidence_op.tolist() == [0, 2, 0, 1, 1]
   assert a.incidence_bytes.tolist() == [8, 64, 4, 32, 16]
-  assert w.peak_live_bytes == 64 + 32 + 16    # Live ranges do not depend on what is accessed.
+  assert w.peak_live_bytes == 64 + 32 + 16  # Live ranges do not depend on what is accessed.
   plain = Workload.from_dict(GOOD)
   hw = PRESETS["tpu-v4i-like"]
   slow = CostModel(w, hw).slow_memory_time
@@ -190,7 +264,9 @@ def test_truncated_and_non_json_files(tmp_path):
     load_workload(tmp_path / "missing.json")
 
 
-@pytest.mark.parametrize("text,message", [
+@pytest.mark.parametrize(
+  "text,message",
+  [
     ("", "empty CSV"),
     ("a,b,c\n1,2,3\n", "header must contain id,lower,upper,size"),
     ("id,lower,upper,size\n", "no buffers"),
@@ -198,15 +274,23 @@ def test_truncated_and_non_json_files(tmp_path):
     ("id,lower,upper,size\n0,0,2,ten\n", "line 2: expected integers"),
     ("id,lower,upper,size\n0,0,2,-1\n", "size must be positive"),
     ("id,lower,upper,size\n0,0,2,4\n0,1,3,4\n", "duplicate buffer id 0"),
-    ("id,lower,upper,size\n0,0,2,1000000000000000000000000000000\n",
-     r"line 2: 'size' = a 31-digit number is beyond the limit of 2\*\*60"),
+    (
+      "id,lower,upper,size\n0,0,2,1000000000000000000000000000000\n",
+      r"line 2: 'size' = a 31-digit number is beyond the limit of 2\*\*60",
+    ),
     ("id,lower,upper,size\n9223372036854775808,0,2,4\n", r"line 2: 'id' = .* beyond the limit"),
     # Times are compressed to their distinct values, so only the int64 bound applies.
-    ("id,lower,upper,size\n0,0,100000000000000000000,4\n",
-     r"line 2: 'upper' = 100000000000000000000 is beyond the limit of 2\*\*60"),
-    ("buffer,start,end\n0,0,2\n", r"header must contain id,lower,upper,size \(or MiniMalloc's "
-     r"buffer,start,end,size\); got buffer,start,end"),
-])
+    (
+      "id,lower,upper,size\n0,0,100000000000000000000,4\n",
+      r"line 2: 'upper' = 100000000000000000000 is beyond the limit of 2\*\*60",
+    ),
+    (
+      "buffer,start,end\n0,0,2\n",
+      r"header must contain id,lower,upper,size \(or MiniMalloc's "
+      r"buffer,start,end,size\); got buffer,start,end",
+    ),
+  ],
+)
 def test_malformed_csv(text, message):
   with pytest.raises(WorkloadError, match=message):
     workload_from_minimalloc_csv(text, name="bad")
@@ -215,7 +299,10 @@ def test_malformed_csv(text, message):
 def test_integers_with_more_digits_than_python_reads_are_one_line_errors(tmp_path):
   path = tmp_path / "huge.json"
   path.write_text(json.dumps(GOOD).replace('"size": 64', '"size": 1' + "0" * 5000))
-  with pytest.raises(WorkloadError, match="huge.json: an integer of 5001 digits is too long: no "
-                     "value in this file needs more than 19 digits") as info:
+  with pytest.raises(
+    WorkloadError,
+    match="huge.json: an integer of 5001 digits is too long: no "
+    "value in this file needs more than 19 digits",
+  ) as info:
     load_workload(path)
   assert "\n" not in str(info.value) and "set_int_max_str_digits" not in str(info.value)

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from malloczero.env.programs import zoo
 from malloczero.common.errors import WorkloadError
+from malloczero.env.programs import zoo
 
 BATCH = 2
 
@@ -79,8 +79,9 @@ def test_tiny_model_compiles_for_inference_and_training(name):
   assert _shapes(new_opt_state) == _shapes(opt_state)
   assert np.shape(loss) == () and np.isfinite(float(loss))
   # A real step: the parameters move.
-  moved = jax.tree_util.tree_map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
-                                 new_params, params)
+  moved = jax.tree_util.tree_map(
+    lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))), new_params, params
+  )
   assert any(jax.tree_util.tree_leaves(moved))
 
 

@@ -30,8 +30,10 @@ from malloczero.system.training import LearningCurve
 # The learning curve of this run measures the network itself: with msa's move in the evaluation
 # prior (the default), greedy play is msa's wherever the network is unsure, the untrained network
 # included, so the curve could not show what was learnt (that prior has its own test).
-CONFIG = dataclasses.replace(get_config("tiny"), search=dataclasses.replace(
-    get_config("tiny").search, eval_msa_prior_logit=0.0))
+CONFIG = dataclasses.replace(
+  get_config("tiny"),
+  search=dataclasses.replace(get_config("tiny").search, eval_msa_prior_logit=0.0),
+)
 STEPS = 100
 EVAL_EVERY = 50
 
@@ -50,6 +52,7 @@ def checkpoint_steps(workdir):
 def read_checkpoint(file):
   """(metadata, {name: array}) of a checkpoint file, read as plain data."""
   import numpy as np
+
   with np.load(file, allow_pickle=False) as archive:
     arrays = {name: archive[name] for name in archive.files}
   return json.loads(arrays.pop("metadata").tobytes()), arrays
@@ -58,6 +61,7 @@ def read_checkpoint(file):
 def write_checkpoint(file, metadata, arrays):
   """A checkpoint file from `read_checkpoint`'s parts (edited by a test)."""
   import numpy as np
+
   os.makedirs(os.path.dirname(file), exist_ok=True)
   np.savez(file, metadata=np.frombuffer(json.dumps(metadata).encode(), np.uint8), **arrays)
 
@@ -67,7 +71,6 @@ def train(workdir, max_learner_steps):
   curves = []
 
   class RecordingCurve(LearningCurve):
-
     def __init__(self, *args, **kwargs):
       super().__init__(*args, **kwargs)
       curves.append(self)
@@ -75,8 +78,13 @@ def train(workdir, max_learner_steps):
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(single_process, "make_networks", cached_make_networks)
     patch.setattr(builder, "LearningCurve", RecordingCurve)
-    result = train_single_process(CONFIG, workdir, max_learner_steps=max_learner_steps,
-                                  eval_every_steps=EVAL_EVERY, print_fn=None)
+    result = train_single_process(
+      CONFIG,
+      workdir,
+      max_learner_steps=max_learner_steps,
+      eval_every_steps=EVAL_EVERY,
+      print_fn=None,
+    )
   assert len(curves) == 1
   return result, curves[0]
 
@@ -86,10 +94,15 @@ def train_tiny_run(workdir: str) -> dict:
   result, curve = train(workdir, STEPS)
   with open(os.path.join(workdir, "baselines.json"), encoding="utf-8") as f:
     baselines = json.load(f)
-  return dict(workdir=workdir, result=result, curve=curve, baselines=baselines,
-              learner_log=read_csv(os.path.join(workdir, "logs", "learner", "logs.csv")),
-              curve_rows=read_csv(os.path.join(workdir, "learning_curve.csv")),
-              checkpoint_steps=checkpoint_steps(workdir))
+  return dict(
+    workdir=workdir,
+    result=result,
+    curve=curve,
+    baselines=baselines,
+    learner_log=read_csv(os.path.join(workdir, "logs", "learner", "logs.csv")),
+    curve_rows=read_csv(os.path.join(workdir, "learning_curve.csv")),
+    checkpoint_steps=checkpoint_steps(workdir),
+  )
 
 
 def checkpoint_digests(workdir: str) -> dict[str, str]:

@@ -13,13 +13,23 @@ from malloczero.env.hardware import Hardware
 from malloczero.env.workload import Workload
 
 
-def make_game(workload: Workload, hardware: Hardware, config: GameConfig = GameConfig()
-              ) -> dm_env.Environment:
+def make_game(
+  workload: Workload, hardware: Hardware, config: GameConfig = GameConfig()
+) -> dm_env.Environment:
   """The game `config.decisions` names: `MsaGame` ("msa") or `MallocGame` ("requests")."""
   if config.decisions == "msa":
     return MsaGame(workload, hardware, config)
   return MallocGame(workload, hardware, config)
 
 
-__all__ = ["REQUESTS_GAME", "FeatureLayout", "GameConfig", "MallocGame", "MsaGame",
-           "ObservationLayout", "make_game", "observation_layout", "observation_spec"]
+__all__ = [
+  "REQUESTS_GAME",
+  "FeatureLayout",
+  "GameConfig",
+  "MallocGame",
+  "MsaGame",
+  "ObservationLayout",
+  "make_game",
+  "observation_layout",
+  "observation_spec",
+]

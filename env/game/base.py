@@ -23,6 +23,7 @@ class GameBase(dm_env.Environment):
   `total_time` (the program time of the mapping so far), and define `_reset_state`,
   `_observe`, `_step_label` (where a step is, for errors), `_play` (a legal action's time
   saved), `_finished`, `allocations` and `_request_rows`."""
+
   config: GameConfig
   workload: Workload
   hardware: Hardware
@@ -37,8 +38,10 @@ class GameBase(dm_env.Environment):
     """Checks that the config observes the hardware's levels and that the program fits, then
     holds the pair, the config, the cost model and the all-slow time rewards are divided by."""
     if hardware.num_fast_levels > config.max_fast_levels:
-      raise HardwareError(f"hardware '{hardware.name}' has {hardware.num_fast_levels} fast levels; "
-                          f"this game config observes at most {config.max_fast_levels}")
+      raise HardwareError(
+        f"hardware '{hardware.name}' has {hardware.num_fast_levels} fast levels; "
+        f"this game config observes at most {config.max_fast_levels}"
+      )
     check_fits(hardware, workload.peak_live_bytes, workload.name)
     self.workload, self.hardware, self.config = workload, hardware, config
     self.cost_model = CostModel(workload, hardware)
@@ -89,9 +92,15 @@ class GameBase(dm_env.Environment):
     """The mapping built so far (normally called when the episode is over), reporting the
     game's exact program time."""
     allocations = self.allocations()
-    return Mapping.from_arrays(self.workload, self.hardware, solver,
-                               self._request_rows(len(allocations)), allocations,
-                               self.total_time, self.normaliser)
+    return Mapping.from_arrays(
+      self.workload,
+      self.hardware,
+      solver,
+      self._request_rows(len(allocations)),
+      allocations,
+      self.total_time,
+      self.normaliser,
+    )
 
   def _request_rows(self, num_allocations: int) -> np.ndarray:
     """[num_allocations] the request each allocation places (-1: none, a segment of msa's)."""
@@ -124,6 +133,7 @@ class GameBase(dm_env.Environment):
     action = int(action)
     if not (0 <= action < self.config.num_actions) or not self._legal[action]:
       raise IllegalActionError(
-          f"action {action} is illegal {where} of '{self.workload.name}': "
-          f"legal actions are {np.flatnonzero(self._legal).tolist()}")
+        f"action {action} is illegal {where} of '{self.workload.name}': "
+        f"legal actions are {np.flatnonzero(self._legal).tolist()}"
+      )
     return action

@@ -12,8 +12,11 @@ import dataclasses
 import numpy as np
 from dm_env import specs
 
-from malloczero.env.game.observation import (ObservationLayout, msa_observation_layout,
-                                              observation_layout)
+from malloczero.env.game.observation import (
+  ObservationLayout,
+  msa_observation_layout,
+  observation_layout,
+)
 
 DECISIONS = ("msa", "requests")
 
@@ -33,18 +36,20 @@ class GameConfig:
     than this fraction of the all-slow time (most moves cannot matter: docs/design.md,
     "Actions, rewards, episode"); their rewards go to the next move the agent makes.
   """
+
   num_candidates: int = 16
   occupancy_bins: int = 32
-  lookahead: int = 8            # M
-  max_fast_levels: int = 2      # Observation width: hardware may have up to this many fast levels.
+  lookahead: int = 8  # M
+  max_fast_levels: int = 2  # Observation width: hardware may have up to this many fast levels.
   decisions: str = "msa"
   max_prefetch_starts: int = 4
   skip_below: float = 0.0
 
   def __post_init__(self):
     if self.decisions not in DECISIONS:
-      raise ValueError(f"unknown game decisions '{self.decisions}' (choose from "
-                       f"{', '.join(DECISIONS)})")
+      raise ValueError(
+        f"unknown game decisions '{self.decisions}' (choose from {', '.join(DECISIONS)})"
+      )
     for name in ("num_candidates", "occupancy_bins", "max_fast_levels", "max_prefetch_starts"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -91,15 +96,15 @@ class GameConfig:
 REQUESTS_GAME = GameConfig(decisions="requests")
 
 
-
 def observation_spec(config: GameConfig) -> dict[str, specs.Array]:
   """Specs of one observation (no leading dimensions)."""
   f32 = np.float32
   return {
-      "request": specs.Array((config.request_features,), f32, "request"),
-      "occupancy": specs.Array((config.max_fast_levels, config.occupancy_bins), f32, "occupancy"),
-      "candidates": specs.Array((config.candidate_slots, config.candidate_features), f32,
-                                "candidates"),
-      "lookahead": specs.Array((config.lookahead, config.lookahead_features), f32, "lookahead"),
-      "legal_actions": specs.Array((config.num_actions,), bool, "legal_actions"),
+    "request": specs.Array((config.request_features,), f32, "request"),
+    "occupancy": specs.Array((config.max_fast_levels, config.occupancy_bins), f32, "occupancy"),
+    "candidates": specs.Array(
+      (config.candidate_slots, config.candidate_features), f32, "candidates"
+    ),
+    "lookahead": specs.Array((config.lookahead, config.lookahead_features), f32, "lookahead"),
+    "legal_actions": specs.Array((config.num_actions,), bool, "legal_actions"),
   }

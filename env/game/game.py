@@ -56,20 +56,55 @@ class _Columns:
   def __init__(self, config: GameConfig, num_fast: int):
     layout = config.layout
     q, c, look = layout.request, layout.candidate, layout.lookahead
-    for name in ("segment_start", "use", "segment_length", "use_index", "msa_takes_option0",
-                 "program_time", "stall_share", "progress", "options_found"):
+    for name in (
+      "segment_start",
+      "use",
+      "segment_length",
+      "use_index",
+      "msa_takes_option0",
+      "program_time",
+      "stall_share",
+      "progress",
+      "options_found",
+    ):
       setattr(self, name, q.index(name))
     self.use_saving = q.slice("use_saving", num_fast)
     self.option0 = q.slice("option0").start
-    for name in ("valid", "keep", "prefetch", "rank", "start", "lead", "hold", "offset",
-                 "saving", "hide_ratio", "evicts", "msa_choice"):
+    for name in (
+      "valid",
+      "keep",
+      "prefetch",
+      "rank",
+      "start",
+      "lead",
+      "hold",
+      "offset",
+      "saving",
+      "hide_ratio",
+      "evicts",
+      "msa_choice",
+    ):
       setattr(self, name, c.index(name))
     self.level = c.slice("level").start
     # The order `_jit_kernels.candidate_rows` reads them in.
     self.candidate_order = np.array(
-        [self.valid, self.keep, self.prefetch, self.rank, self.start, self.lead, self.hold,
-         self.offset, self.saving, self.hide_ratio, self.evicts, self.msa_choice, self.level],
-        np.int64)
+      [
+        self.valid,
+        self.keep,
+        self.prefetch,
+        self.rank,
+        self.start,
+        self.lead,
+        self.hold,
+        self.offset,
+        self.saving,
+        self.hide_ratio,
+        self.evicts,
+        self.msa_choice,
+        self.level,
+      ],
+      np.int64,
+    )
     static = look.slice("static").start
     self.look_valid = look.index("valid")
     self.look_position = static + layout.static.index("position")
@@ -81,23 +116,31 @@ class _Columns:
 class MsaGame(GameBase):
   """mallocGame over msa's decision points for one (workload, hardware) pair; deterministic."""
 
-  def __init__(self, workload: Workload, hardware: Hardware, config: GameConfig = GameConfig(),
-               msa_options: MsaOptions = MsaOptions()):
+  def __init__(
+    self,
+    workload: Workload,
+    hardware: Hardware,
+    config: GameConfig = GameConfig(),
+    msa_options: MsaOptions = MsaOptions(),
+  ):
     if config.decisions != "msa":
-      raise ValueError(f"MsaGame plays msa's decisions; the config asks for "
-                       f"'{config.decisions}' (env/game/requests_game.py's MallocGame)")
+      raise ValueError(
+        f"MsaGame plays msa's decisions; the config asks for "
+        f"'{config.decisions}' (env/game/requests_game.py's MallocGame)"
+      )
     self._set_up(workload, hardware, config)
     self.msa_options = msa_options
     model = self.cost_model
-    self._capacity = hardware.capacities[:-1].astype(np.float64)        # [F]
+    self._capacity = hardware.capacities[:-1].astype(np.float64)  # [F]
     a = workload.arrays
     self._stride = workload.num_ops + 1
-    self._incidence_key = model._incidence_key                           # [E] sorted
+    self._incidence_key = model._incidence_key  # [E] sorted
     self._incidence_op = a.incidence_op
     # Python lists for the per-step scalar updates (`_move`): numpy scalars cost more there.
     self._key_list = self._incidence_key.tolist()
-    self._bytes_prefix = np.concatenate([[0], np.cumsum(a.incidence_bytes)]).astype(
-        np.float64).tolist()
+    self._bytes_prefix = (
+      np.concatenate([[0], np.cumsum(a.incidence_bytes)]).astype(np.float64).tolist()
+    )
     self._inverse_list = model.inverse_bandwidth.tolist()
     self._compute_list = model.compute_time.tolist()
     self._slow_level = hardware.slow_level
@@ -111,15 +154,19 @@ class MsaGame(GameBase):
     self._candidates_shape = (config.candidate_slots, config.candidate_features)
     self._lookahead_shape = (config.lookahead, config.lookahead_features)
     self._slow_op_prefix = np.concatenate(
-        [[0.0], np.cumsum(np.maximum(model.compute_time, model.slow_memory_time))])
+      [[0.0], np.cumsum(np.maximum(model.compute_time, model.slow_memory_time))]
+    )
     self._layout = config.layout
     self._skip_threshold = config.skip_below * self.normaliser
     self._kernels = kernels()
     self._reset_state()
     if self._decisions.done:
-      why = ("msa has no decision to make (no buffer to allocate)" if not config.skip_below else
-             f"no decision of msa's is worth {config.skip_below:g} of the all-slow time "
-             "(skip_below)")
+      why = (
+        "msa has no decision to make (no buffer to allocate)"
+        if not config.skip_below
+        else f"no decision of msa's is worth {config.skip_below:g} of the all-slow time "
+        "(skip_below)"
+      )
       raise MalloczeroError(f"{workload.name}: nothing to play on '{hardware.name}': {why}")
     analyses = self._decisions.algorithm.analyses
     self._use_reduction = np.stack([ca.use_elapsed_reduction for ca in analyses])  # [F, E]
@@ -173,12 +220,13 @@ class MsaGame(GameBase):
 
   def _reset_state(self) -> None:
     model = self.cost_model
-    self._decisions = MsaDecisions(self.workload, self.hardware, self.msa_options,
-                                   self.config.max_prefetch_starts)
+    self._decisions = MsaDecisions(
+      self.workload, self.hardware, self.msa_options, self.config.max_prefetch_starts
+    )
     self._done = False
-    self._memory_time = model.slow_memory_time.copy()                        # [T]
-    self._default_time = model.slow_memory_time.copy()                       # [T]
-    self._op_time = np.maximum(model.compute_time, self._memory_time)        # [T]
+    self._memory_time = model.slow_memory_time.copy()  # [T]
+    self._default_time = model.slow_memory_time.copy()  # [T]
+    self._op_time = np.maximum(model.compute_time, self._memory_time)  # [T]
     self._op_time_sum = float(self._op_time.sum())
     self._stall_time = 0.0
     self.total_time = self._op_time_sum
@@ -278,9 +326,11 @@ class MsaGame(GameBase):
       k = self._next_copy
       alive = self._copy_alive[:k]
       idle = np.maximum(self._op_time - self._default_time, 0.0)  # CostModel.idle_time
-      self._stall_time = float(self._kernels.stall_loop(
-          idle, self._copy_start[:k][alive], self._copy_done[:k][alive],
-          self._copy_work[:k][alive]))  # simulator.total_stall_loop
+      self._stall_time = float(
+        self._kernels.stall_loop(
+          idle, self._copy_start[:k][alive], self._copy_done[:k][alive], self._copy_work[:k][alive]
+        )
+      )  # simulator.total_stall_loop
     elif not self._num_copies:
       self._stall_time = 0.0
     self._copies_changed = False
@@ -307,8 +357,9 @@ class MsaGame(GameBase):
     row[q.index("definition")] = self._position(int(a.def_op[buffer]))
     row[q.index("last_use")] = self._position(int(uses[-1])) if len(uses) else 0.0
     row[q.index("num_uses")] = np.log2(1 + len(uses)) / 10.0
-    row[q.index("copy_time")] = min(float(self.cost_model.copy_time[buffer]) / self._saving_scale,
-                                    10.0)
+    row[q.index("copy_time")] = min(
+      float(self.cost_model.copy_time[buffer]) / self._saving_scale, 10.0
+    )
     row[q.slice("level_present", num_fast)] = 1.0
     self._static_cache[buffer] = (uses, row)
     return uses, row
@@ -354,27 +405,48 @@ class MsaGame(GameBase):
     if n:
       rest = options[1:]
       self._kernels.candidate_rows(
-          candidates, slots[1:] - 1, np.fromiter([o.level for o in rest], np.int64, n),
-          np.fromiter([o.start for o in rest], np.int64, n),
-          np.fromiter([o.end for o in rest], np.int64, n),
-          np.fromiter([o.offset for o in rest], np.float64, n),
-          np.fromiter([o.saving for o in rest], np.float64, n),
-          np.fromiter([o.kind == "prefetch" for o in rest], np.bool_, n),
-          np.fromiter([o.evicts for o in rest], np.bool_, n),
-          int(slots[decision.msa_choice]) - 1 if decision.msa_choice else -1,
-          self._positions, self._last_op, self._capacity, scale, self._slow_op_prefix, use,
-          segment_start, copy_time, cfg.max_prefetch_starts, col.candidate_order)
+        candidates,
+        slots[1:] - 1,
+        np.fromiter([o.level for o in rest], np.int64, n),
+        np.fromiter([o.start for o in rest], np.int64, n),
+        np.fromiter([o.end for o in rest], np.int64, n),
+        np.fromiter([o.offset for o in rest], np.float64, n),
+        np.fromiter([o.saving for o in rest], np.float64, n),
+        np.fromiter([o.kind == "prefetch" for o in rest], np.bool_, n),
+        np.fromiter([o.evicts for o in rest], np.bool_, n),
+        int(slots[decision.msa_choice]) - 1 if decision.msa_choice else -1,
+        self._positions,
+        self._last_op,
+        self._capacity,
+        scale,
+        self._slow_op_prefix,
+        use,
+        segment_start,
+        copy_time,
+        cfg.max_prefetch_starts,
+        col.candidate_order,
+      )
 
     occupancy = np.zeros((cfg.max_fast_levels, cfg.occupancy_bins), np.float64)
     heaps = self._decisions.algorithm.heaps
     first_op = max(segment_start, 0)
     for level in range(num_fast):
       starts, ends, offsets, sizes, alive, count, _ = heaps[level].kernel_state()
-      self._kernels.occupancy(occupancy[level], starts, ends, offsets, sizes, alive, count,
-                              first_op, use, self._capacity[level])
+      self._kernels.occupancy(
+        occupancy[level],
+        starts,
+        ends,
+        offsets,
+        sizes,
+        alive,
+        count,
+        first_op,
+        use,
+        self._capacity[level],
+      )
 
     lookahead = np.zeros(self._lookahead_shape, np.float32)
-    following = uses[k + 1:k + 1 + cfg.lookahead]
+    following = uses[k + 1 : k + 1 + cfg.lookahead]
     n = len(following)
     if n:
       first = np.searchsorted(self._incidence_key, buffer * self._stride + following, "left")
@@ -383,9 +455,13 @@ class MsaGame(GameBase):
       lookahead[:n, col.look_position] = positions
       lookahead[:n, col.look_distance] = positions - use_position
       lookahead[:n, col.look_saving] = (self._use_reduction[:, first] / scale).T
-    return {"request": request, "occupancy": occupancy.astype(np.float32),
-            "candidates": candidates,
-            "lookahead": lookahead, "legal_actions": legal}
+    return {
+      "request": request,
+      "occupancy": occupancy.astype(np.float32),
+      "candidates": candidates,
+      "lookahead": lookahead,
+      "legal_actions": legal,
+    }
 
   def _terminal_observation(self) -> dict[str, np.ndarray]:
     obs = super()._terminal_observation()

@@ -11,7 +11,8 @@ serves every workload and every hardware with up to `max_fast_levels` fast level
 
 Feature axes are `FeatureLayout`s: named, ordered slices whose widths depend only on
 `max_fast_levels` (per-level features are that wide, zero past the hardware's levels). The game
-writes each feature by name (env/game/requests_game.py) and the sizes in `GameConfig` and the specs below come
+writes each feature by name (env/game/requests_game.py) and the sizes in `GameConfig` and the specs
+below come
 from the same layouts, so adding or moving a feature is one edit here.
 """
 
@@ -21,7 +22,6 @@ import dataclasses
 import functools
 
 import numpy as np
-from dm_env import specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +30,7 @@ class FeatureLayout:
 
   `features` holds (name, width) pairs in array order.
   """
+
   features: tuple[tuple[str, int], ...]
 
   def __post_init__(self):
@@ -78,7 +79,8 @@ class FeatureLayout:
 @dataclasses.dataclass(frozen=True)
 class ObservationLayout:
   """The feature axes of the observation parts for hardware of up to `max_fast_levels` levels."""
-  static: FeatureLayout      # Per request, fixed for the episode; inside request and lookahead.
+
+  static: FeatureLayout  # Per request, fixed for the episode; inside request and lookahead.
   request: FeatureLayout
   candidate: FeatureLayout
   lookahead: FeatureLayout
@@ -88,38 +90,46 @@ class ObservationLayout:
 def observation_layout(max_fast_levels: int) -> ObservationLayout:
   """The layouts of every observation part; `F` below is `max_fast_levels`."""
   levels = max_fast_levels
-  static = FeatureLayout((
+  static = FeatureLayout(
+    (
       ("is_prefetch", 1),
-      ("is_activation", 1),       # Not a prefetch: written in place by its producer.
-      ("size_vs_capacity", levels),   # [F] size / level capacity, clipped at 2.
-      ("start", 1),               # Window start / number of ops.
-      ("end", 1),                 # Window end / number of ops.
-      ("duration", 1),            # Window length / number of ops.
+      ("is_activation", 1),  # Not a prefetch: written in place by its producer.
+      ("size_vs_capacity", levels),  # [F] size / level capacity, clipped at 2.
+      ("start", 1),  # Window start / number of ops.
+      ("end", 1),  # Window end / number of ops.
+      ("duration", 1),  # Window length / number of ops.
       ("standalone_saving", levels),  # [F] saving from the all-slow state / largest such saving.
-      ("exposed_copy_time", 1),   # Copy time left exposed, in the same unit, clipped at 10.
-      ("log_size", 1),            # log2(bytes) / 32.
-      ("position", 1),            # Request index / number of requests.
-  ))
-  request = FeatureLayout((
+      ("exposed_copy_time", 1),  # Copy time left exposed, in the same unit, clipped at 10.
+      ("log_size", 1),  # log2(bytes) / 32.
+      ("position", 1),  # Request index / number of requests.
+    )
+  )
+  request = FeatureLayout(
+    (
       ("static", static.size),
-      ("saving", levels),         # [F] saving now, given the placements so far.
+      ("saving", levels),  # [F] saving now, given the placements so far.
       ("level_present", levels),  # [F] 1 for the levels this hardware has.
-      ("program_time", 1),        # Program time so far / all-slow time.
-      ("candidates_found", 1),    # Valid candidates / K.
-  ))
-  candidate = FeatureLayout((
+      ("program_time", 1),  # Program time so far / all-slow time.
+      ("candidates_found", 1),  # Valid candidates / K.
+    )
+  )
+  candidate = FeatureLayout(
+    (
       ("valid", 1),
-      ("level", levels),          # [F] one-hot of the candidate's fast level.
-      ("offset", 1),              # Offset / level capacity.
-      ("gap", 1),                 # Free gap at the offset / level capacity.
-      ("slack", 1),               # Gap left over by the request / level capacity.
-      ("rank", 1),                # Best-fit rank within its level / K.
-      ("saving", 1),              # Saving now at the candidate's level.
-  ))
-  lookahead = FeatureLayout((
+      ("level", levels),  # [F] one-hot of the candidate's fast level.
+      ("offset", 1),  # Offset / level capacity.
+      ("gap", 1),  # Free gap at the offset / level capacity.
+      ("slack", 1),  # Gap left over by the request / level capacity.
+      ("rank", 1),  # Best-fit rank within its level / K.
+      ("saving", 1),  # Saving now at the candidate's level.
+    )
+  )
+  lookahead = FeatureLayout(
+    (
       ("valid", 1),
       ("static", static.size),
-  ))
+    )
+  )
   return ObservationLayout(static, request, candidate, lookahead)
 
 
@@ -135,49 +145,57 @@ def msa_observation_layout(max_fast_levels: int) -> ObservationLayout:
     buffer's next `M` uses (`static` holds their features).
   """
   levels = max_fast_levels
-  use = FeatureLayout((
-      ("position", 1),            # The use's op.
-      ("distance", 1),            # From the current use.
-      ("saving", levels),         # [F] msa's saving at the use / largest use saving.
-  ))
-  request = FeatureLayout((
+  use = FeatureLayout(
+    (
+      ("position", 1),  # The use's op.
+      ("distance", 1),  # From the current use.
+      ("saving", levels),  # [F] msa's saving at the use / largest use saving.
+    )
+  )
+  request = FeatureLayout(
+    (
       ("is_activation", 1),
       ("size_vs_capacity", levels),  # [F] size / level capacity, clipped at 2.
-      ("log_size", 1),            # log2(bytes) / 32.
-      ("definition", 1),          # Definition op (0 for a parameter).
+      ("log_size", 1),  # log2(bytes) / 32.
+      ("definition", 1),  # Definition op (0 for a parameter).
       ("last_use", 1),
-      ("segment_start", 1),       # Previous use, or the definition.
+      ("segment_start", 1),  # Previous use, or the definition.
       ("use", 1),
       ("segment_length", 1),
-      ("use_index", 1),           # Uses before this one / uses of the buffer.
-      ("num_uses", 1),            # log2(1 + uses) / 10.
-      ("use_saving", levels),     # [F] msa's saving at this use / largest use saving.
-      ("copy_time", 1),           # The buffer's copy time / largest use saving, clipped at 10.
-      ("option0", 3),             # One-hot: default, evict, uncommit.
-      ("msa_takes_option0", 1),   # msa's own choice is action 0.
+      ("use_index", 1),  # Uses before this one / uses of the buffer.
+      ("num_uses", 1),  # log2(1 + uses) / 10.
+      ("use_saving", levels),  # [F] msa's saving at this use / largest use saving.
+      ("copy_time", 1),  # The buffer's copy time / largest use saving, clipped at 10.
+      ("option0", 3),  # One-hot: default, evict, uncommit.
+      ("msa_takes_option0", 1),  # msa's own choice is action 0.
       ("level_present", levels),  # [F] 1 for the levels this hardware has.
-      ("program_time", 1),        # Program time so far / all-slow time.
-      ("stall_share", 1),         # Copy stalls / program time so far.
-      ("progress", 1),            # Buffers allocated / buffers msa allocates.
-      ("options_found", 1),       # Legal actions / actions.
-  ))
-  candidate = FeatureLayout((
+      ("program_time", 1),  # Program time so far / all-slow time.
+      ("stall_share", 1),  # Copy stalls / program time so far.
+      ("progress", 1),  # Buffers allocated / buffers msa allocates.
+      ("options_found", 1),  # Legal actions / actions.
+    )
+  )
+  candidate = FeatureLayout(
+    (
       ("valid", 1),
-      ("keep", 1),                # Slot 1: kept in fast memory without a copy.
+      ("keep", 1),  # Slot 1: kept in fast memory without a copy.
       ("prefetch", 1),
-      ("level", levels),          # [F] one-hot of the fast level.
-      ("rank", 1),                # The prefetch start's rank in the picker's order / K.
-      ("start", 1),               # First op it holds in fast memory.
-      ("lead", 1),                # (use - start) / (use - segment_start + 1): copy's head start.
-      ("hold", 1),                # Ops it reserves / program length.
-      ("offset", 1),              # Chunk offset / level capacity.
-      ("saving", 1),              # msa's saving estimate / largest use saving.
-      ("hide_ratio", 1),          # All-slow op time before the use / copy time, clipped at 10.
-      ("evicts", 1),              # An eviction copy is started first.
-      ("msa_choice", 1),          # msa itself takes this slot.
-  ))
-  lookahead = FeatureLayout((
+      ("level", levels),  # [F] one-hot of the fast level.
+      ("rank", 1),  # The prefetch start's rank in the picker's order / K.
+      ("start", 1),  # First op it holds in fast memory.
+      ("lead", 1),  # (use - start) / (use - segment_start + 1): copy's head start.
+      ("hold", 1),  # Ops it reserves / program length.
+      ("offset", 1),  # Chunk offset / level capacity.
+      ("saving", 1),  # msa's saving estimate / largest use saving.
+      ("hide_ratio", 1),  # All-slow op time before the use / copy time, clipped at 10.
+      ("evicts", 1),  # An eviction copy is started first.
+      ("msa_choice", 1),  # msa itself takes this slot.
+    )
+  )
+  lookahead = FeatureLayout(
+    (
       ("valid", 1),
       ("static", use.size),
-  ))
+    )
+  )
   return ObservationLayout(use, request, candidate, lookahead)

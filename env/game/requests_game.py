@@ -32,16 +32,19 @@ from malloczero.env.workload import Workload
 class MallocGame(GameBase):
   """mallocGame for one (workload, hardware) pair; deterministic, usable from Acme's loops."""
 
-  def __init__(self, workload: Workload, hardware: Hardware,
-               config: GameConfig = REQUESTS_GAME):
+  def __init__(self, workload: Workload, hardware: Hardware, config: GameConfig = REQUESTS_GAME):
     if config.decisions != "requests":
-      raise ValueError(f"MallocGame plays requests; the config asks for '{config.decisions}' "
-                       "(env/game/game.py's MsaGame, or `make_game`)")
+      raise ValueError(
+        f"MallocGame plays requests; the config asks for '{config.decisions}' "
+        "(env/game/game.py's MsaGame, or `make_game`)"
+      )
     self._set_up(workload, hardware, config)
     self.requests: Requests = build_requests(self.cost_model)
     if len(self.requests) == 0:
-      raise MalloczeroError(f"{workload.name}: nothing to play on '{hardware.name}': no buffer "
-                            "fits in fast memory and saves time there")
+      raise MalloczeroError(
+        f"{workload.name}: nothing to play on '{hardware.name}': no buffer "
+        "fits in fast memory and saves time there"
+      )
     self._placement = Placement(self.cost_model, self.requests)
     self._capacity = self._placement.capacity  # [F]
     self._static = self._static_features()
@@ -98,8 +101,9 @@ class MallocGame(GameBase):
     self._placement.reset()
 
   def _place(self, action: int) -> float:
-    return self._placement.place(self._cursor, int(self._cand_level[action - 1]),
-                                 int(self._cand_offset[action - 1]))
+    return self._placement.place(
+      self._cursor, int(self._cand_level[action - 1]), int(self._cand_offset[action - 1])
+    )
 
   def _observe(self) -> dict[str, np.ndarray]:
     cfg, r, req = self.config, self._cursor, self.requests
@@ -136,7 +140,7 @@ class MallocGame(GameBase):
     self._cand_offset = np.array(offsets[:n], np.int64)
     legal = np.zeros(cfg.num_actions, bool)
     legal[0] = True
-    legal[1:1 + n] = True
+    legal[1 : 1 + n] = True
     self._legal = legal
     layout = cfg.layout
     if n:
@@ -158,11 +162,16 @@ class MallocGame(GameBase):
     request[q.index("program_time")] = self._placement.total_time / self.normaliser
     request[q.index("candidates_found")] = n / num_cand
     lookahead = np.zeros((cfg.lookahead, cfg.lookahead_features), np.float32)
-    following = self._static[r + 1:r + 1 + cfg.lookahead]
-    lookahead[:len(following), layout.lookahead.index("valid")] = 1.0
-    lookahead[:len(following), layout.lookahead.slice("static")] = following
-    return {"request": request, "occupancy": occupancy, "candidates": cand,
-            "lookahead": lookahead, "legal_actions": legal}
+    following = self._static[r + 1 : r + 1 + cfg.lookahead]
+    lookahead[: len(following), layout.lookahead.index("valid")] = 1.0
+    lookahead[: len(following), layout.lookahead.slice("static")] = following
+    return {
+      "request": request,
+      "occupancy": occupancy,
+      "candidates": cand,
+      "lookahead": lookahead,
+      "legal_actions": legal,
+    }
 
   def _static_features(self) -> np.ndarray:
     """[R, static_features] per-request features that do not change during an episode."""
@@ -177,13 +186,15 @@ class MallocGame(GameBase):
     f[:, s.index("is_prefetch")] = req.is_prefetch
     f[:, s.index("is_activation")] = ~req.is_prefetch
     f[:, s.slice("size_vs_capacity", num_fast)] = np.minimum(
-        req.size[:, None] / self._capacity[None, :], 2.0)
+      req.size[:, None] / self._capacity[None, :], 2.0
+    )
     f[:, s.index("start")] = axis[req.start] / length
     f[:, s.index("end")] = axis[req.end] / length
     f[:, s.index("duration")] = (axis[req.end] - axis[req.start]) / length
     f[:, s.slice("standalone_saving", num_fast)] = req.standalone_saving / self._saving_scale
-    f[:, s.index("exposed_copy_time")] = np.minimum(req.exposed_copy_time / self._saving_scale,
-                                                    10.0)
+    f[:, s.index("exposed_copy_time")] = np.minimum(
+      req.exposed_copy_time / self._saving_scale, 10.0
+    )
     f[:, s.index("log_size")] = np.log2(req.size) / 32.0
     f[:, s.index("position")] = np.arange(num_requests) / num_requests
     return f

@@ -22,25 +22,32 @@ to), `decision` (a decision point, its options and their slots in the msa game) 
 from malloczero.env.msa.buffer_order import buffer_order
 from malloczero.env.msa.chunks import ChunkCandidate, ChunkHeap, find_best_chunk_candidate
 from malloczero.env.msa.copy_resource import (
-    AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, OutstandingCopyLimit)
+  AsyncCopy,
+  AsynchronousCopyOrdering,
+  AsynchronousCopyResource,
+  OutstandingCopyLimit,
+)
 from malloczero.env.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
 from malloczero.env.msa.interval_picker import (
-    CostAnalysisPrefetchIntervalPicker, InstructionCountPrefetchIntervalPicker,
-    PrefetchIntervalOptions, PrefetchWindow)
+  CostAnalysisPrefetchIntervalPicker,
+  InstructionCountPrefetchIntervalPicker,
+  PrefetchIntervalOptions,
+  PrefetchWindow,
+)
 
 __all__ = [
-    "AsyncCopy",
-    "AsynchronousCopyOrdering",
-    "AsynchronousCopyResource",
-    "ChunkCandidate",
-    "ChunkHeap",
-    "CostAnalysis",
-    "CostAnalysisOptions",
-    "CostAnalysisPrefetchIntervalPicker",
-    "InstructionCountPrefetchIntervalPicker",
-    "OutstandingCopyLimit",
-    "PrefetchIntervalOptions",
-    "PrefetchWindow",
-    "buffer_order",
-    "find_best_chunk_candidate",
+  "AsyncCopy",
+  "AsynchronousCopyOrdering",
+  "AsynchronousCopyResource",
+  "ChunkCandidate",
+  "ChunkHeap",
+  "CostAnalysis",
+  "CostAnalysisOptions",
+  "CostAnalysisPrefetchIntervalPicker",
+  "InstructionCountPrefetchIntervalPicker",
+  "OutstandingCopyLimit",
+  "PrefetchIntervalOptions",
+  "PrefetchWindow",
+  "buffer_order",
+  "find_best_chunk_candidate",
 ]

@@ -54,8 +54,9 @@ def _live_sorted(starts, ends, offsets, sizes, alive, count, start, end, alignme
 def fits_at(starts, ends, offsets, sizes, alive, count, start, end, size, offset, alignment):
   """`ChunkHeap.fits_at` for an aligned, non-negative offset: inside one free range of
   `[start, end)` that holds `size` bytes."""
-  used_start, used_end = _live_sorted(starts, ends, offsets, sizes, alive, count, start, end,
-                                      alignment)
+  used_start, used_end = _live_sorted(
+    starts, ends, offsets, sizes, alive, count, start, end, alignment
+  )
   reach = 0
   for j in range(len(used_start) + 1):
     free_start = reach
@@ -71,16 +72,18 @@ def fits_at(starts, ends, offsets, sizes, alive, count, start, end, size, offset
 def best_fit(starts, ends, offsets, sizes, alive, count, start, end, size, alignment):
   """`ChunkHeap.find_chunk` without a preferred offset: the start of the smallest free range of
   `[start, end)` that holds `size` bytes, the lowest on a tie (the top range is unbounded)."""
-  used_start, used_end = _live_sorted(starts, ends, offsets, sizes, alive, count, start, end,
-                                      alignment)
+  used_start, used_end = _live_sorted(
+    starts, ends, offsets, sizes, alive, count, start, end, alignment
+  )
   best_start, best_length = -1, _INT64_MAX
   reach = 0
   for j in range(len(used_start) + 1):
     free_start = reach
     free_end = used_start[j] if j < len(used_start) else _INT64_MAX
     length = free_end - free_start
-    if length >= size and (best_start < 0 or length < best_length
-                           or (length == best_length and free_start < best_start)):
+    if length >= size and (
+      best_start < 0 or length < best_length or (length == best_length and free_start < best_start)
+    ):
       best_start, best_length = free_start, length
     if j < len(used_start) and used_end[j] > reach:
       reach = used_end[j]
@@ -118,8 +121,21 @@ def resource_queue(budget, starts, demands):
 
 
 @numba.njit(cache=True)
-def resource_fits(budget, starts, ends, demands, arriving, arrived, waiting, owed, start, end,
-                  resource, relative_tolerance, total):
+def resource_fits(
+  budget,
+  starts,
+  ends,
+  demands,
+  arriving,
+  arrived,
+  waiting,
+  owed,
+  start,
+  end,
+  resource,
+  relative_tolerance,
+  total,
+):
   """`AsynchronousCopyResource.has_enough_resource` for a copy that needs resource: the queue
   from its first op on with it arriving there (Lindley's recursion from the work waiting
   before); it must be served by its end, and every copy queued behind it (a later start) that
@@ -162,8 +178,9 @@ def resource_fits(budget, starts, ends, demands, arriving, arrived, waiting, owe
 
 
 @numba.njit(cache=True)
-def prefetch_window(prefix, copy_elapsed, start, end, use_elapsed_reduction, min_ratio,
-                    preferred_ratio, max_elapsed):
+def prefetch_window(
+  prefix, copy_elapsed, start, end, use_elapsed_reduction, min_ratio, preferred_ratio, max_elapsed
+):
   """`CostAnalysisPrefetchIntervalPicker.window` without a preferred time, for start >= -1:
   (earliest, latest, preferred); elapsed(s, end) = prefix[end] - prefix[s + 1]."""
   # LatestPrefetchStartTime: the latest s in [start, end) whose overlap (plus the use's saving)
@@ -219,8 +236,9 @@ def prefetch_starts(prefix, earliest, latest, preferred, end, num_explored):
       decreasing -= 1
       target = 0.0
       if increasing > latest:
-        target = ((prefix[end] - prefix[time + 1])
-                  + (prefix[end] - prefix[earliest + 1]) / num_explored)
+        target = (prefix[end] - prefix[time + 1]) + (
+          prefix[end] - prefix[earliest + 1]
+        ) / num_explored
       while decreasing >= earliest and prefix[end] - prefix[decreasing + 1] < target:
         decreasing -= 1
       if increasing <= latest:
@@ -233,9 +251,24 @@ def prefetch_starts(prefix, earliest, latest, preferred, end, num_explored):
 
 
 @numba.njit(cache=True)
-def best_chunk_candidate(start, end_use, size, uses, max_size, h_start, h_end, h_offset, h_size,
-                         h_alive, h_count, alignment, count_picker, prefix, max_elapsed,
-                         max_count):
+def best_chunk_candidate(
+  start,
+  end_use,
+  size,
+  uses,
+  max_size,
+  h_start,
+  h_end,
+  h_offset,
+  h_size,
+  h_alive,
+  h_count,
+  alignment,
+  count_picker,
+  prefix,
+  max_elapsed,
+  max_count,
+):
   """`chunks.find_best_chunk_candidate` without a preferred offset: (found, offset, end use).
   `h_start` .. `alignment`: `ChunkHeap.kernel_state()`; `count_picker` .. `max_count`: the
   picker's `kernel_state()`, for `can_allocate_in_alternate_memory_no_copy` between
@@ -261,8 +294,9 @@ def best_chunk_candidate(start, end_use, size, uses, max_size, h_start, h_end, h
     step = count // 2
     mid = lo + step
     use = uses[mid]
-    offset = best_fit(h_start, h_end, h_offset, h_size, h_alive, h_count, start, use + 1, size,
-                      alignment)
+    offset = best_fit(
+      h_start, h_end, h_offset, h_size, h_alive, h_count, start, use + 1, size, alignment
+    )
     if offset + size <= max_size:
       if not found or use > best_use:
         found, best_offset, best_use = True, offset, use
@@ -274,11 +308,39 @@ def best_chunk_candidate(start, end_use, size, uses, max_size, h_start, h_end, h
 
 
 @numba.njit(cache=True)
-def plan_prefetch_starts(starts, check_allowed, allowed, use, size, uses, max_size, max_starts,
-                         resource, check_resource, budget, q_starts, q_ends, demands, arriving,
-                         arrived, waiting, owed, rel_tol, total, h_start, h_end, h_offset,
-                         h_size, h_alive, h_count, alignment, count_picker, prefix, max_elapsed,
-                         max_count):
+def plan_prefetch_starts(
+  starts,
+  check_allowed,
+  allowed,
+  use,
+  size,
+  uses,
+  max_size,
+  max_starts,
+  resource,
+  check_resource,
+  budget,
+  q_starts,
+  q_ends,
+  demands,
+  arriving,
+  arrived,
+  waiting,
+  owed,
+  rel_tol,
+  total,
+  h_start,
+  h_end,
+  h_offset,
+  h_size,
+  h_alive,
+  h_count,
+  alignment,
+  count_picker,
+  prefix,
+  max_elapsed,
+  max_count,
+):
   """`SegmentAllocator._plan_level_prefetches`' loop (allocate_segment.py; XLA's
   `PrefetchWithResourceConstraints` and `CheckPrefetchFit`): over the picker's `starts` in
   order, skipping those not `allowed` (when `check_allowed`: the FIFO order and
@@ -296,13 +358,44 @@ def plan_prefetch_starts(starts, check_allowed, allowed, use, size, uses, max_si
       break  # An earlier start holds the chunk longer: it cannot fit either.
     if check_allowed and not allowed[i]:
       continue
-    if check_resource and resource != 0 and not resource_fits(
-        budget, q_starts, q_ends, demands, arriving, arrived, waiting, owed, start, use,
-        resource, rel_tol, total):
+    if (
+      check_resource
+      and resource != 0
+      and not resource_fits(
+        budget,
+        q_starts,
+        q_ends,
+        demands,
+        arriving,
+        arrived,
+        waiting,
+        owed,
+        start,
+        use,
+        resource,
+        rel_tol,
+        total,
+      )
+    ):
       continue
     found, offset, end_use = best_chunk_candidate(
-        start + 1, use, size, uses, max_size, h_start, h_end, h_offset, h_size, h_alive, h_count,
-        alignment, count_picker, prefix, max_elapsed, max_count)
+      start + 1,
+      use,
+      size,
+      uses,
+      max_size,
+      h_start,
+      h_end,
+      h_offset,
+      h_size,
+      h_alive,
+      h_count,
+      alignment,
+      count_picker,
+      prefix,
+      max_elapsed,
+      max_count,
+    )
     if not found:
       out_of_memory_start = max(out_of_memory_start, start) if out_of_memory else start
       out_of_memory = True
@@ -315,10 +408,19 @@ def plan_prefetch_starts(starts, check_allowed, allowed, use, size, uses, max_si
 
 
 @numba.njit(cache=True)
-def window_starts(prefix, copy_elapsed, start, end, use_elapsed_reduction, min_ratio,
-                  preferred_ratio, max_elapsed, num_explored):
+def window_starts(
+  prefix,
+  copy_elapsed,
+  start,
+  end,
+  use_elapsed_reduction,
+  min_ratio,
+  preferred_ratio,
+  max_elapsed,
+  num_explored,
+):
   """`prefetch_window` then `prefetch_starts`: `begin`'s whole iteration in one call."""
-  earliest, latest, preferred = prefetch_window(prefix, copy_elapsed, start, end,
-                                                use_elapsed_reduction, min_ratio,
-                                                preferred_ratio, max_elapsed)
+  earliest, latest, preferred = prefetch_window(
+    prefix, copy_elapsed, start, end, use_elapsed_reduction, min_ratio, preferred_ratio, max_elapsed
+  )
   return prefetch_starts(prefix, earliest, latest, preferred, end, num_explored)

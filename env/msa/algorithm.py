@@ -106,10 +106,17 @@ from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
 from malloczero.env.msa.allocate_segment import Pending, Segment, SegmentAllocator
 from malloczero.env.msa.buffer_order import buffer_order
+
 # The decision encoding and the settings live in their own modules; importers of this module
 # keep reaching them here.
 from malloczero.env.msa.decision import (  # noqa: F401 (re-exported)
-    DEFAULT_PREFETCH_STARTS, OPTION_KINDS, MsaDecision, MsaOption, option_slots, worth_deciding)
+  DEFAULT_PREFETCH_STARTS,
+  OPTION_KINDS,
+  MsaDecision,
+  MsaOption,
+  option_slots,
+  worth_deciding,
+)
 from malloczero.env.msa.settings import COPY_BUDGETS, PICKERS, MsaOptions  # noqa: F401
 from malloczero.env.workload import PROGRAM_START, Workload
 
@@ -118,6 +125,7 @@ from malloczero.env.workload import PROGRAM_START, Workload
 class MsaStats:
   """What the loop did: segments kept without a copy, prefetches, evictions, uses left in
   default memory, buffers sent back whole (a failed eviction)."""
+
   kept: int
   prefetches: int
   evictions: int
@@ -136,8 +144,8 @@ def _use_table(workload: Workload) -> tuple[list[int], np.ndarray, np.ndarray, l
   a = workload.arrays
   start = a.buffer_incidence_start
   num_buffers = len(start) - 1
-  buffer = np.repeat(np.arange(num_buffers), np.diff(start))               # [E]
-  ops = a.incidence_op[:start[-1]]
+  buffer = np.repeat(np.arange(num_buffers), np.diff(start))  # [E]
+  ops = a.incidence_op[: start[-1]]
   is_def = ops == a.def_op[buffer]
   def_incidences = np.full(num_buffers, -1, np.int64)
   defs = np.flatnonzero(is_def)
@@ -150,17 +158,40 @@ def _use_table(workload: Workload) -> tuple[list[int], np.ndarray, np.ndarray, l
   first[1:] = (use_buffer[1:] != use_buffer[:-1]) | (use_op[1:] != use_op[:-1])
   uses, use_buffer = uses[first], use_buffer[first]
   bounds = np.searchsorted(use_buffer, np.arange(num_buffers + 1))
-  return (bounds.tolist(), ops[uses].astype(np.int64), uses.astype(np.int64),
-          def_incidences.tolist())
+  return (
+    bounds.tolist(),
+    ops[uses].astype(np.int64),
+    uses.astype(np.int64),
+    def_incidences.tolist(),
+  )
 
 
 class _Buffer:
   """One buffer between its segments (`AllocateAllocationValues`' state for it)."""
-  __slots__ = ("b", "size", "def_op", "is_activation", "uses", "def_incidence",
-               "default_available", "pending", "segments", "prev", "prev_in_default")
 
-  def __init__(self, b: int, size: int, def_op: int, uses: np.ndarray,
-               def_incidence: int | None, segments: list[Segment]):
+  __slots__ = (
+    "b",
+    "size",
+    "def_op",
+    "is_activation",
+    "uses",
+    "def_incidence",
+    "default_available",
+    "pending",
+    "segments",
+    "prev",
+    "prev_in_default",
+  )
+
+  def __init__(
+    self,
+    b: int,
+    size: int,
+    def_op: int,
+    uses: np.ndarray,
+    def_incidence: int | None,
+    segments: list[Segment],
+  ):
     self.b, self.size, self.def_op, self.uses = b, size, def_op, uses
     self.def_incidence = def_incidence
     self.is_activation = def_op != PROGRAM_START
@@ -170,7 +201,7 @@ class _Buffer:
     self.pending = Pending()
     self.segments = segments
     self.prev: Segment | None = None  # The previous allocation when it is in fast memory.
-    self.prev_in_default = False       # The previous allocation is the default one.
+    self.prev_in_default = False  # The previous allocation is the default one.
 
   @property
   def needs_eviction(self) -> bool:
@@ -212,8 +243,9 @@ class MsaAlgorithm:
     except StopIteration as stop:
       return stop.value
 
-  def steps(self, max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS, msa_only: bool = False
-            ) -> Generator[MsaDecision, int, Allocations]:
+  def steps(
+    self, max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS, msa_only: bool = False
+  ) -> Generator[MsaDecision, int, Allocations]:
     """Every buffer in XLA's order, one decision per segment; returns the segments, in
     allocation order. Each yielded decision must be answered (`send`) with an option index.
 
@@ -246,12 +278,16 @@ class MsaAlgorithm:
   @staticmethod
   def _to_allocations(rows: list[tuple[int, Segment]]) -> Allocations:
     col = lambda f: np.array([f(b, s) for b, s in rows], np.int64)
-    return Allocations(buffer=col(lambda b, s: b), level=col(lambda b, s: s.level),
-                       offset=col(lambda b, s: s.offset), start=col(lambda b, s: s.start),
-                       end=col(lambda b, s: s.end),
-                       prefetch_done=col(lambda b, s: s.prefetch_done),
-                       evict_start=col(lambda b, s: s.evict_start),
-                       evict_done=col(lambda b, s: s.evict_done))
+    return Allocations(
+      buffer=col(lambda b, s: b),
+      level=col(lambda b, s: s.level),
+      offset=col(lambda b, s: s.offset),
+      start=col(lambda b, s: s.start),
+      end=col(lambda b, s: s.end),
+      prefetch_done=col(lambda b, s: s.prefetch_done),
+      evict_start=col(lambda b, s: s.evict_start),
+      evict_done=col(lambda b, s: s.evict_done),
+    )
 
   def _uses(self, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
     """The buffer's use ops `[U]` (sorted, the definition excluded), their incidences, and the
@@ -263,16 +299,18 @@ class MsaAlgorithm:
     def_incidence = def_incidences[b]
     return ops[lo:hi], incidences[lo:hi], None if def_incidence < 0 else def_incidence
 
-  def _decide(self, b: int, use: int, segment_start: int, options: list[MsaOption],
-              msa_choice: int) -> Generator[MsaDecision, int, MsaOption]:
+  def _decide(
+    self, b: int, use: int, segment_start: int, options: list[MsaOption], msa_choice: int
+  ) -> Generator[MsaDecision, int, MsaOption]:
     """Yields the decision point; the option sent back."""
     choice = yield MsaDecision(b, use, segment_start, tuple(options), msa_choice)
     if not isinstance(choice, (int, np.integer)) or not 0 <= choice < len(options):
       raise ValueError(f"option {choice!r} out of range: {len(options)} options")
     return options[int(choice)]
 
-  def _buffer_steps(self, b: int, max_starts: int,
-                    msa_only: bool) -> Generator[MsaDecision, int, list[Segment]]:
+  def _buffer_steps(
+    self, b: int, max_starts: int, msa_only: bool
+  ) -> Generator[MsaDecision, int, list[Segment]]:
     """`AllocateAllocationValues` for one buffer: one decision per `AllocateSegment`; the
     segments committed (none when the buffer was uncommitted)."""
     a = self.workload.arrays
@@ -287,7 +325,8 @@ class MsaAlgorithm:
     for k, (use, incidence) in enumerate(zip(uses.tolist(), incidences.tolist())):
       segment_start = def_op if k == 0 else int(uses[k - 1])
       options, msa_choice, eviction_end = self._segment_options(
-          buffer, segment_start, use, incidence, max_starts, msa_only)
+        buffer, segment_start, use, incidence, max_starts, msa_only
+      )
       option = yield from self._decide(b, use, segment_start, options, msa_choice)
       if not self._commit(buffer, option, use, eviction_end):
         return []
@@ -298,12 +337,12 @@ class MsaAlgorithm:
     self._counts["evictions"] += len(pending.evictions)
     return buffer.segments
 
-  def _unread_value_step(self, b: int, size: int, def_op: int, def_incidence: int | None
-                         ) -> Generator[MsaDecision, int, list[Segment]]:
+  def _unread_value_step(
+    self, b: int, size: int, def_op: int, def_incidence: int | None
+  ) -> Generator[MsaDecision, int, list[Segment]]:
     """A value nothing reads: its definition alone, one segment ending where it starts."""
     options = [MsaOption("default")]
-    keep = self.allocator.plan_keep(None, size, def_op, def_op, np.array([def_op]),
-                                    def_incidence)
+    keep = self.allocator.plan_keep(None, size, def_op, def_op, np.array([def_op]), def_incidence)
     if keep is not None:
       options.append(keep)
     option = yield from self._decide(b, def_op, def_op, options, len(options) - 1)
@@ -313,17 +352,30 @@ class MsaAlgorithm:
     self._counts["default_uses"] += 1
     return []
 
-  def _segment_options(self, buffer: _Buffer, segment_start: int, use: int, incidence: int,
-                       max_starts: int, msa_only: bool
-                       ) -> tuple[list[MsaOption], int, int | None]:
+  def _segment_options(
+    self,
+    buffer: _Buffer,
+    segment_start: int,
+    use: int,
+    incidence: int,
+    max_starts: int,
+    msa_only: bool,
+  ) -> tuple[list[MsaOption], int, int | None]:
     """`AllocateSegment`'s options for the segment to `use`, in XLA's order, the index of msa's
     own, and where the eviction the options start with ends (None: no eviction)."""
     allocator, prev, size = self.allocator, buffer.prev, buffer.size
     # 1. Keep in fast memory without a copy.
     keep = None
     if prev is not None or (not buffer.prev_in_default and buffer.is_activation):
-      keep = allocator.plan_keep(prev, size, segment_start, use, buffer.uses, incidence,
-                                 buffer.def_incidence if prev is None else None)
+      keep = allocator.plan_keep(
+        prev,
+        size,
+        segment_start,
+        use,
+        buffer.uses,
+        incidence,
+        buffer.def_incidence if prev is None else None,
+      )
     # 2. Evict when the fast copy is the only one; XLA uncommits the buffer if it cannot.
     needs_eviction = buffer.needs_eviction
     eviction_end = allocator.plan_eviction(prev, buffer.b, size, use) if needs_eviction else None
@@ -333,17 +385,29 @@ class MsaAlgorithm:
       options = [MsaOption("uncommit")]
     else:
       if needs_eviction:
-        options = [MsaOption("evict", prev.level, prev.start + 1, eviction_end, prev.offset,
-                             size, evicts=True)]
+        options = [
+          MsaOption(
+            "evict", prev.level, prev.start + 1, eviction_end, prev.offset, size, evicts=True
+          )
+        ]
         available = eviction_end
       else:
-        available = buffer.def_op if buffer.default_available is None \
-            else buffer.default_available
+        available = buffer.def_op if buffer.default_available is None else buffer.default_available
       # 3. Prefetch (none when msa stops at its keep).
       if not (msa_only and keep is not None):
         prefetches = allocator.plan_all_prefetches(
-            prev, buffer.segments, buffer.b, size, available, eviction_end, use, incidence,
-            buffer.uses, max_starts, msa_only)
+          prev,
+          buffer.segments,
+          buffer.b,
+          size,
+          available,
+          eviction_end,
+          use,
+          incidence,
+          buffer.uses,
+          max_starts,
+          msa_only,
+        )
     if keep is not None:
       options.append(keep)
     options += prefetches
@@ -351,8 +415,7 @@ class MsaAlgorithm:
     msa_choice = 1 if keep is not None or prefetches else 0
     return options, msa_choice, eviction_end
 
-  def _commit(self, buffer: _Buffer, option: MsaOption, use: int,
-              eviction_end: int | None) -> bool:
+  def _commit(self, buffer: _Buffer, option: MsaOption, use: int, eviction_end: int | None) -> bool:
     """Applies the option sent for the segment to `use`; False when it sent the whole buffer
     back to default memory (`kFailRequiresUncommit`)."""
     allocator, pending = self.allocator, buffer.pending
@@ -370,8 +433,9 @@ class MsaAlgorithm:
       self._counts["default_uses"] += len(buffer.uses)
       return False
     if buffer.needs_eviction:
-      buffer.default_available = allocator.apply_eviction(buffer.prev, buffer.b, buffer.size,
-                                                          eviction_end, pending)
+      buffer.default_available = allocator.apply_eviction(
+        buffer.prev, buffer.b, buffer.size, eviction_end, pending
+      )
     elif buffer.default_available is None:
       buffer.default_available = buffer.def_op  # Produced in default memory.
     if option.kind == "prefetch":
@@ -397,8 +461,13 @@ class MsaDecisions:
   max_prefetch_starts: prefetch options per fast level (the picker's first starts that fit).
   """
 
-  def __init__(self, workload: Workload, hardware: Hardware, options: MsaOptions = MsaOptions(),
-               max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS):
+  def __init__(
+    self,
+    workload: Workload,
+    hardware: Hardware,
+    options: MsaOptions = MsaOptions(),
+    max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS,
+  ):
     self.algorithm = MsaAlgorithm(workload, hardware, options)
     self._steps = self.algorithm.steps(max_prefetch_starts)
     self._allocations: Allocations | None = None
@@ -462,9 +531,13 @@ def msa_policy(decision: MsaDecision) -> int:
   return decision.msa_choice
 
 
-def play(workload: Workload, hardware: Hardware, policy: Policy = msa_policy,
-         options: MsaOptions = MsaOptions(),
-         max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS) -> tuple[Allocations, MsaStats]:
+def play(
+  workload: Workload,
+  hardware: Hardware,
+  policy: Policy = msa_policy,
+  options: MsaOptions = MsaOptions(),
+  max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS,
+) -> tuple[Allocations, MsaStats]:
   """The segments a policy's choices give at every decision point, and the loop's counts."""
   decisions = MsaDecisions(workload, hardware, options, max_prefetch_starts)
   while not decisions.done:
@@ -472,8 +545,9 @@ def play(workload: Workload, hardware: Hardware, policy: Policy = msa_policy,
   return decisions.allocations(), decisions.stats
 
 
-def msa_allocations(workload: Workload, hardware: Hardware,
-                    options: MsaOptions = MsaOptions()) -> tuple[Allocations, MsaStats]:
+def msa_allocations(
+  workload: Workload, hardware: Hardware, options: MsaOptions = MsaOptions()
+) -> tuple[Allocations, MsaStats]:
   """msa's segments for a workload on a hardware, and what the loop did: the decision process
   played with msa's own choice at every step (`MsaAlgorithm.run`)."""
   algorithm = MsaAlgorithm(workload, hardware, options)
@@ -485,13 +559,20 @@ def allocations_mapping(model: CostModel, allocations: Allocations, solver: str)
   """A mapping of the segments, timed by the cost model (copies contending,
   env/simulator.py)."""
   evaluation = model.evaluate(allocations)
-  return Mapping.from_arrays(model.workload, model.hardware, solver,
-                             np.full(len(allocations), -1, np.int64), allocations,
-                             evaluation.total_time_s, model.slow_only_time)
+  return Mapping.from_arrays(
+    model.workload,
+    model.hardware,
+    solver,
+    np.full(len(allocations), -1, np.int64),
+    allocations,
+    evaluation.total_time_s,
+    model.slow_only_time,
+  )
 
 
-def msa_mapping(model: CostModel, options: MsaOptions = MsaOptions(),
-                solver: str = "msa") -> tuple[Mapping, dict[str, Any]]:
+def msa_mapping(
+  model: CostModel, options: MsaOptions = MsaOptions(), solver: str = "msa"
+) -> tuple[Mapping, dict[str, Any]]:
   """msa's mapping, timed by the cost model (copies contending, env/simulator.py), and an info
   dict with the loop's counts."""
   allocations, stats = msa_allocations(model.workload, model.hardware, options)

@@ -19,11 +19,17 @@ from malloczero.env.hardware import Hardware
 from malloczero.env.msa._jit import kernels
 from malloczero.env.msa.chunks import ChunkHeap
 from malloczero.env.msa.copy_resource import (
-    AsyncCopy, AsynchronousCopyOrdering, AsynchronousCopyResource, OutstandingCopyLimit)
+  AsyncCopy,
+  AsynchronousCopyOrdering,
+  AsynchronousCopyResource,
+  OutstandingCopyLimit,
+)
 from malloczero.env.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
 from malloczero.env.msa.decision import MsaOption
 from malloczero.env.msa.interval_picker import (
-    CostAnalysisPrefetchIntervalPicker, InstructionCountPrefetchIntervalPicker)
+  CostAnalysisPrefetchIntervalPicker,
+  InstructionCountPrefetchIntervalPicker,
+)
 from malloczero.env.msa.settings import MsaOptions
 from malloczero.env.workload import Workload
 
@@ -39,11 +45,27 @@ _NO_MASK = np.zeros(0, bool)
 class Segment:
   """One fast allocation under construction (mutable while its buffer is being allocated):
   op range `[start, end)` reported, chunk held over `[start, reserved_end)`."""
-  __slots__ = ("level", "offset", "start", "end", "reserved_end", "prefetch_done",
-               "evict_start", "evict_done")
 
-  def __init__(self, level: int, offset: int, start: int, end: int, reserved_end: int,
-               prefetch_done: int = NO_COPY):
+  __slots__ = (
+    "level",
+    "offset",
+    "start",
+    "end",
+    "reserved_end",
+    "prefetch_done",
+    "evict_start",
+    "evict_done",
+  )
+
+  def __init__(
+    self,
+    level: int,
+    offset: int,
+    start: int,
+    end: int,
+    reserved_end: int,
+    prefetch_done: int = NO_COPY,
+  ):
     self.level, self.offset, self.start, self.end = level, offset, start, end
     self.reserved_end, self.prefetch_done = reserved_end, prefetch_done
     self.evict_start = self.evict_done = NO_COPY
@@ -53,7 +75,7 @@ class Pending:
   """Everything one buffer has committed so far, to take back on `kFailRequiresUncommit`."""
 
   def __init__(self):
-    self.chunks: list[tuple[int, int]] = []               # (level, heap handle)
+    self.chunks: list[tuple[int, int]] = []  # (level, heap handle)
     self.prefetches: list[tuple[AsyncCopy, int, int]] = []  # (copy, inclusive start, end)
     self.evictions: list[tuple[AsyncCopy, int, int]] = []
     self.kept = self.default_uses = 0
@@ -67,8 +89,10 @@ class SegmentAllocator:
   def __init__(self, workload: Workload, hardware: Hardware, options: MsaOptions):
     self.workload, self.hardware, self.options = workload, hardware, options
     self.num_fast = hardware.num_fast_levels
-    self.analyses = [CostAnalysis(workload, hardware, CostAnalysisOptions(alternate_level=level))
-                     for level in range(self.num_fast)]
+    self.analyses = [
+      CostAnalysis(workload, hardware, CostAnalysisOptions(alternate_level=level))
+      for level in range(self.num_fast)
+    ]
     self.capacity = [int(hardware.levels[level].capacity_bytes) for level in range(self.num_fast)]
     self.pickers, budgets = self._pickers_and_budgets()
     self.heaps = [ChunkHeap(hardware.alignment_bytes) for _ in range(self.num_fast)]
@@ -85,23 +109,39 @@ class SegmentAllocator:
     (`MsaAlgorithm`'s constructor; `MsaOptions.copy_budget`)."""
     options = self.options
     if options.picker == "cost":
-      pickers = [CostAnalysisPrefetchIntervalPicker.from_cost_analysis(
-          ca, self.capacity[level], options.interval_options)
-          for level, ca in enumerate(self.analyses)]
+      pickers = [
+        CostAnalysisPrefetchIntervalPicker.from_cost_analysis(
+          ca, self.capacity[level], options.interval_options
+        )
+        for level, ca in enumerate(self.analyses)
+      ]
       ca = self.analyses[0]
-      budgets = ca.elapsed if options.copy_budget == "elapsed" else np.maximum(
-          ca.elapsed - ca.memory_elapsed, 0.0)
+      budgets = (
+        ca.elapsed
+        if options.copy_budget == "elapsed"
+        else np.maximum(ca.elapsed - ca.memory_elapsed, 0.0)
+      )
       return pickers, budgets
-    pickers = [InstructionCountPrefetchIntervalPicker(
-        options.instruction_count_min, options.instruction_count_max)] * self.num_fast
+    pickers = [
+      InstructionCountPrefetchIntervalPicker(
+        options.instruction_count_min, options.instruction_count_max
+      )
+    ] * self.num_fast
     return pickers, np.full(self.workload.num_ops, _COUNT_PICKER_OP_BUDGET)
 
   # ------------------------------------------------------------------ AllocateSegment's steps
   # Each `plan_*` checks without committing anything; its `apply_*` commits the plan.
 
-  def plan_keep(self, prev: Segment | None, size: int, segment_start: int, use: int,
-                uses: np.ndarray, incidence: int | None,
-                def_incidence: int | None = None) -> MsaOption | None:
+  def plan_keep(
+    self,
+    prev: Segment | None,
+    size: int,
+    segment_start: int,
+    use: int,
+    uses: np.ndarray,
+    incidence: int | None,
+    def_incidence: int | None = None,
+  ) -> MsaOption | None:
     """`AllocateInAlternateMemoryNoCopy`. With a previous fast allocation: its level and offset
     only, extended to the use. Without (an activation's first segment): produced in place at
     the best chunk of the fastest level that has one. None when it fails."""
@@ -111,44 +151,62 @@ class SegmentAllocator:
         return None  # Live range too long.
       reserved_end = prev.reserved_end
       if use + 1 > prev.reserved_end:
-        if (prev.offset + size > self.capacity[level]
-            or not self.heaps[level].fits_at(prev.reserved_end, use + 1, size, prev.offset)):
+        if prev.offset + size > self.capacity[level] or not self.heaps[level].fits_at(
+          prev.reserved_end, use + 1, size, prev.offset
+        ):
           return None
         reserved_end = use + 1
-      return MsaOption("keep", level, segment_start, reserved_end, prev.offset, size,
-                       self.saving(level, incidence), plan=(reserved_end,))
+      return MsaOption(
+        "keep",
+        level,
+        segment_start,
+        reserved_end,
+        prev.offset,
+        size,
+        self.saving(level, incidence),
+        plan=(reserved_end,),
+      )
     for level in range(self.num_fast):
       picker = self.pickers[level]
       if not picker.can_allocate_in_alternate_memory_no_copy(segment_start, use):
         continue
       # `find_best_chunk_candidate`, jitted (as the prefetch loop's).
       found, offset, end_use = kernels().best_chunk_candidate(
-          segment_start, use, size, uses, self.capacity[level],
-          *self.heaps[level].kernel_state(), *picker.kernel_state())
+        segment_start,
+        use,
+        size,
+        uses,
+        self.capacity[level],
+        *self.heaps[level].kernel_state(),
+        *picker.kernel_state(),
+      )
       if not found:
         continue
       reserved_end = end_use + 1
-      saving = self.saving(level, incidence, def_incidence if incidence != def_incidence
-                            else None)
-      return MsaOption("keep", level, segment_start, reserved_end, offset, size, saving,
-                       plan=(reserved_end,))
+      saving = self.saving(level, incidence, def_incidence if incidence != def_incidence else None)
+      return MsaOption(
+        "keep", level, segment_start, reserved_end, offset, size, saving, plan=(reserved_end,)
+      )
     return None
 
-  def apply_keep(self, prev: Segment | None, option: MsaOption, use: int,
-                 pending: Pending) -> Segment:
+  def apply_keep(
+    self, prev: Segment | None, option: MsaOption, use: int, pending: Pending
+  ) -> Segment:
     """Commits a keep: the previous allocation extended to the use, or a new one produced in
     place; the segment."""
     (reserved_end,) = option.plan
     level = option.level
     if prev is not None:
       if reserved_end > prev.reserved_end:
-        pending.chunks.append((level, self.heaps[level].add(prev.reserved_end, reserved_end,
-                                                            prev.offset, option.size)))
+        pending.chunks.append(
+          (level, self.heaps[level].add(prev.reserved_end, reserved_end, prev.offset, option.size))
+        )
         prev.reserved_end = reserved_end
       prev.end = max(prev.end, use + 1)
       return prev
-    pending.chunks.append((level, self.heaps[level].add(option.start, reserved_end,
-                                                        option.offset, option.size)))
+    pending.chunks.append(
+      (level, self.heaps[level].add(option.start, reserved_end, option.offset, option.size))
+    )
     return Segment(level, option.offset, option.start, use + 1, reserved_end)
 
   def plan_eviction(self, prev: Segment, b: int, size: int, use: int) -> int | None:
@@ -157,10 +215,11 @@ class SegmentAllocator:
     level = prev.level
     picker = self.pickers[level]
     copy_elapsed = self.copy_elapsed(b)
-    exclusive_start = prev.start            # The producing op.
-    last_kept = prev.end - 1                # XLA's inclusive end of the previous allocation.
-    preferred_end = max(picker.preferred_eviction_end_time(copy_elapsed, exclusive_start, use),
-                        last_kept)
+    exclusive_start = prev.start  # The producing op.
+    last_kept = prev.end - 1  # XLA's inclusive end of the previous allocation.
+    preferred_end = max(
+      picker.preferred_eviction_end_time(copy_elapsed, exclusive_start, use), last_kept
+    )
     preferred_end = min(preferred_end, use)  # Done by the use (XLA's latest_prefetch_time).
     # Keep the chunk until the eviction is done, shortening while the offset is taken.
     end = preferred_end
@@ -175,13 +234,13 @@ class SegmentAllocator:
       return None
     return end
 
-  def apply_eviction(self, prev: Segment, b: int, size: int, end: int,
-                     pending: Pending) -> int:
+  def apply_eviction(self, prev: Segment, b: int, size: int, end: int, pending: Pending) -> int:
     """Commits the eviction `plan_eviction` accepted; returns its end."""
     level, exclusive_start = prev.level, prev.start
     if end > prev.reserved_end:
-      pending.chunks.append((level, self.heaps[level].add(prev.reserved_end, end, prev.offset,
-                                                          size)))
+      pending.chunks.append(
+        (level, self.heaps[level].add(prev.reserved_end, end, prev.offset, size))
+      )
       prev.reserved_end = end
     prev.end = max(prev.end, end)
     prev.evict_start, prev.evict_done = exclusive_start + 1, end
@@ -194,10 +253,20 @@ class SegmentAllocator:
     pending.evictions.append((copy, exclusive_start + 1, end))
     return end
 
-  def plan_all_prefetches(self, prev: Segment | None, segments: list[Segment], b: int,
-                          size: int, available: int, eviction_end: int | None, use: int,
-                          incidence: int, uses: np.ndarray, max_starts: int,
-                          msa_only: bool) -> list[MsaOption]:
+  def plan_all_prefetches(
+    self,
+    prev: Segment | None,
+    segments: list[Segment],
+    b: int,
+    size: int,
+    available: int,
+    eviction_end: int | None,
+    use: int,
+    incidence: int,
+    uses: np.ndarray,
+    max_starts: int,
+    msa_only: bool,
+  ) -> list[MsaOption]:
     """The prefetch options of one segment, fastest level first: from default memory, as
     soon as it holds the value (`available`; XLA: the default allocation's earliest available
     time, not the previous use), but not while an earlier fast segment of the buffer is still
@@ -206,8 +275,7 @@ class SegmentAllocator:
     level once a faster one has a start."""
     earliest = available
     if segments:
-      last_end = segments[-1].end if eviction_end is None else max(segments[-1].end,
-                                                                   eviction_end)
+      last_end = segments[-1].end if eviction_end is None else max(segments[-1].end, eviction_end)
       earliest = max(earliest, last_end - 1)
     held = None
     if eviction_end is not None and eviction_end > prev.reserved_end:
@@ -216,15 +284,25 @@ class SegmentAllocator:
     for level in range(self.num_fast):
       if msa_only and prefetches:
         break
-      prefetches += self._plan_level_prefetches(level, b, size, earliest, use, incidence,
-                                                uses, max_starts, eviction_end is not None)
+      prefetches += self._plan_level_prefetches(
+        level, b, size, earliest, use, incidence, uses, max_starts, eviction_end is not None
+      )
     if held is not None:
       self.heaps[prev.level].remove(held)
     return prefetches
 
-  def _plan_level_prefetches(self, level: int, b: int, size: int, earliest: int, use: int,
-                             incidence: int, uses: np.ndarray, max_starts: int,
-                             evicts: bool) -> list[MsaOption]:
+  def _plan_level_prefetches(
+    self,
+    level: int,
+    b: int,
+    size: int,
+    earliest: int,
+    use: int,
+    incidence: int,
+    uses: np.ndarray,
+    max_starts: int,
+    evicts: bool,
+  ) -> list[MsaOption]:
     """`PrefetchWithResourceConstraints` into `level`: the first `max_starts` starts the picker
     offers that pass `CheckPrefetchFit`, in the picker's order (msa takes the first)."""
     picker = self.pickers[level]
@@ -240,26 +318,51 @@ class SegmentAllocator:
     if check_allowed:
       allowed = np.ones(len(starts), bool)
       for i, start in enumerate(starts.tolist()):
-        allowed[i] = not ((fifo and self.ordering.violates_ordering(start, use))
-                          or self.prefetch_limit.violates(start + 1, use))
+        allowed[i] = not (
+          (fifo and self.ordering.violates_ordering(start, use))
+          or self.prefetch_limit.violates(start + 1, use)
+        )
     # The loop over starts (resource, chunk, XLA's out-of-memory cache) runs jitted: with every
     # option planned it was most of the decision process's time as Python calls.
     rows = kernels().plan_prefetch_starts(
-        starts, check_allowed, allowed, use, size, uses, self.capacity[level], max_starts,
-        float(resource), bool(self.options.use_copy_resource),
-        *self.prefetch_resource.kernel_state(), *self.heaps[level].kernel_state(),
-        *picker.kernel_state())
-    return [MsaOption("prefetch", level, start + 1, end_use + 1, offset, size, reduction, evicts,
-                      plan=(start, end_use + 1))
-            for start, offset, end_use in rows.tolist()]
+      starts,
+      check_allowed,
+      allowed,
+      use,
+      size,
+      uses,
+      self.capacity[level],
+      max_starts,
+      float(resource),
+      bool(self.options.use_copy_resource),
+      *self.prefetch_resource.kernel_state(),
+      *self.heaps[level].kernel_state(),
+      *picker.kernel_state(),
+    )
+    return [
+      MsaOption(
+        "prefetch",
+        level,
+        start + 1,
+        end_use + 1,
+        offset,
+        size,
+        reduction,
+        evicts,
+        plan=(start, end_use + 1),
+      )
+      for start, offset, end_use in rows.tolist()
+    ]
 
-  def apply_prefetch(self, option: MsaOption, b: int, size: int, use: int,
-                     pending: Pending) -> Segment:
+  def apply_prefetch(
+    self, option: MsaOption, b: int, size: int, use: int, pending: Pending
+  ) -> Segment:
     """Commits a prefetch `plan_all_prefetches` offered: its chunk, its copy; the segment."""
     level, (start, reserved_end) = option.level, option.plan
     resource = self.copy_resource(b)
-    pending.chunks.append((level, self.heaps[level].add(start + 1, reserved_end, option.offset,
-                                                        size)))
+    pending.chunks.append(
+      (level, self.heaps[level].add(start + 1, reserved_end, option.offset, size))
+    )
     copy = self._new_copy(start, use, resource)
     if self.options.use_copy_resource:
       self.prefetch_resource.add_copy(copy)
@@ -306,5 +409,6 @@ class SegmentAllocator:
 
   def saving(self, level: int, *incidences: int | None) -> float:
     """msa's estimate of the seconds fast memory at `level` saves at these incidences."""
-    return float(sum(self.analyses[level].use_elapsed_reduction[i] for i in incidences
-                     if i is not None))
+    return float(
+      sum(self.analyses[level].use_elapsed_reduction[i] for i in incidences if i is not None)
+    )

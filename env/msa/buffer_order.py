@@ -41,8 +41,9 @@ def latest_use_times(workload: Workload) -> np.ndarray:
   return latest
 
 
-def sort_keys(workload: Workload, memory_boundedness: np.ndarray,
-              override_priority: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+def sort_keys(
+  workload: Workload, memory_boundedness: np.ndarray, override_priority: np.ndarray | None = None
+) -> tuple[np.ndarray, ...]:
   """Each buffer's comparison tuple as seven `[N]` arrays in XLA's field order (smaller sorts
   first): override priority, -memory-boundedness (float32), -size, -(end - start), latest use
   time, start, id. Sizes stay int64 (a float key would merge sizes above 2**53).
@@ -54,13 +55,20 @@ def sort_keys(workload: Workload, memory_boundedness: np.ndarray,
   if override_priority is None:
     override_priority = np.zeros(n, np.int64)
   boundedness = np.asarray(memory_boundedness, np.float64).astype(np.float32)
-  return (np.asarray(override_priority, np.int64), -boundedness, -a.sizes,
-          -(a.live_end - a.live_start), latest_use_times(workload), a.live_start.copy(),
-          np.arange(n, dtype=np.int64))
+  return (
+    np.asarray(override_priority, np.int64),
+    -boundedness,
+    -a.sizes,
+    -(a.live_end - a.live_start),
+    latest_use_times(workload),
+    a.live_start.copy(),
+    np.arange(n, dtype=np.int64),
+  )
 
 
-def buffer_order(workload: Workload, memory_boundedness: np.ndarray,
-                 override_priority: np.ndarray | None = None) -> np.ndarray:
+def buffer_order(
+  workload: Workload, memory_boundedness: np.ndarray, override_priority: np.ndarray | None = None
+) -> np.ndarray:
   """`[N]` int64: buffer positions in the order msa allocates them (XLA's sorted intervals).
 
   The last key (the buffer id) is unique, so the order is total and does not depend on the

@@ -49,6 +49,7 @@ _INITIAL_CAPACITY = 64
 class ChunkCandidate:
   """A chunk found by `find_best_chunk_candidate`: `offset` and `size` in bytes, reserved from
   the allocation's start until (and including) op `end_use`, i.e. over `[start, end_use + 1)`."""
+
   offset: int
   size: int
   end_use: int
@@ -76,7 +77,7 @@ class ChunkHeap:
     self.heap_size = 0
 
   def __len__(self) -> int:
-    return int(self._alive[:self._count].sum())
+    return int(self._alive[: self._count].sum())
 
   def align_up(self, value: np.ndarray | int) -> np.ndarray | int:
     a = self.alignment
@@ -108,15 +109,26 @@ class ChunkHeap:
 
   def chunks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The committed chunks as `[n]` arrays (start, end, offset, size)."""
-    live = self._alive[:self._count]
-    return (self._start[:self._count][live], self._end[:self._count][live],
-            self._offset[:self._count][live], self._size[:self._count][live])
+    live = self._alive[: self._count]
+    return (
+      self._start[: self._count][live],
+      self._end[: self._count][live],
+      self._offset[: self._count][live],
+      self._size[: self._count][live],
+    )
 
   def kernel_state(self) -> tuple:
     """The heap as the jitted kernels take it (`_jit_kernels.best_chunk_candidate`): start, end,
     offset, size, alive arrays (the first `count` rows used), count, alignment."""
-    return (self._start, self._end, self._offset, self._size, self._alive, self._count,
-            self.alignment)
+    return (
+      self._start,
+      self._end,
+      self._offset,
+      self._size,
+      self._alive,
+      self._count,
+      self.alignment,
+    )
 
   def overlapping(self, start: int, end: int) -> np.ndarray:
     """`[k]` handles of the committed chunks live at some op of `[start, end)`."""
@@ -146,34 +158,67 @@ class ChunkHeap:
       return False
     # `free_chunks` and the test above, as one jitted pass (the per-call numpy overhead was most
     # of msa's decision time).
-    return bool(kernels().fits_at(self._start, self._end, self._offset, self._size, self._alive,
-                                  self._count, int(start), int(end), int(size), int(offset),
-                                  self.alignment))
+    return bool(
+      kernels().fits_at(
+        self._start,
+        self._end,
+        self._offset,
+        self._size,
+        self._alive,
+        self._count,
+        int(start),
+        int(end),
+        int(size),
+        int(offset),
+        self.alignment,
+      )
+    )
 
-  def find_chunk(self, start: int, end: int, size: int,
-                 preferred_offset: int | None = None) -> int:
+  def find_chunk(self, start: int, end: int, size: int, preferred_offset: int | None = None) -> int:
     """`FindChunkCandidate`: the offset for `size` bytes over `[start, end)`: the preferred
     offset if it fits, else the start of the smallest free range that holds the buffer (ties to
     the lower offset). Always found (the top range is unbounded); may end past the memory."""
-    if preferred_offset is not None and preferred_offset >= 0 and self.fits_at(
-        start, end, size, preferred_offset):
+    if (
+      preferred_offset is not None
+      and preferred_offset >= 0
+      and self.fits_at(start, end, size, preferred_offset)
+    ):
       return int(preferred_offset)
     # The smallest of `free_chunks`' ranges, ties to the lower offset, in one jitted pass.
-    return int(kernels().best_fit(self._start, self._end, self._offset, self._size, self._alive,
-                                  self._count, int(start), int(end), int(size), self.alignment))
+    return int(
+      kernels().best_fit(
+        self._start,
+        self._end,
+        self._offset,
+        self._size,
+        self._alive,
+        self._count,
+        int(start),
+        int(end),
+        int(size),
+        self.alignment,
+      )
+    )
 
-  def find_chunk_within(self, start: int, end: int, size: int, max_size: int,
-                        preferred_offset: int | None = None) -> int | None:
+  def find_chunk_within(
+    self, start: int, end: int, size: int, max_size: int, preferred_offset: int | None = None
+  ) -> int | None:
     """`find_chunk`, or None when that chunk ends past `max_size` (msa's
     `chunk_end() <= available_heap_size()` check)."""
     offset = self.find_chunk(start, end, size, preferred_offset)
     return offset if offset + size <= max_size else None
 
 
-def find_best_chunk_candidate(heap: ChunkHeap, start: int, end_use: int, size: int,
-                              use_times: Sequence[int], max_size: int,
-                              can_keep_without_copy: Callable[[int, int], bool],
-                              preferred_offset: int | None = None) -> ChunkCandidate | None:
+def find_best_chunk_candidate(
+  heap: ChunkHeap,
+  start: int,
+  end_use: int,
+  size: int,
+  use_times: Sequence[int],
+  max_size: int,
+  can_keep_without_copy: Callable[[int, int], bool],
+  preferred_offset: int | None = None,
+) -> ChunkCandidate | None:
   """`FindBestChunkCandidates` for an allocation starting at op `start` that must serve the use
   at `end_use` (XLA's request end time).
 
@@ -186,7 +231,8 @@ def find_best_chunk_candidate(heap: ChunkHeap, start: int, end_use: int, size: i
   allocation value's use times, sorted; one of them must be >= `end_use`."""
   if preferred_offset is not None:
     if heap.fits_at(start, end_use + 1, size, preferred_offset) and (
-        preferred_offset + size <= max_size):
+      preferred_offset + size <= max_size
+    ):
       return ChunkCandidate(int(preferred_offset), size, end_use)
     return None
   uses = np.asarray(use_times, np.int64)

@@ -53,6 +53,7 @@ class AsyncCopy:
   """One asynchronous copy: it may run during the ops strictly between `start` (-1 = program
   start) and `end`, and needs `resource` seconds of their budgets. `id` tells apart copies with
   the same interval and resource (XLA's `AsynchronousCopy::id`)."""
+
   start: int
   end: int
   resource: float
@@ -64,7 +65,7 @@ class AsynchronousCopyResource:
   far, and the checks against them."""
 
   def __init__(self, initial_resources: Sequence[float] | np.ndarray):
-    self.initial_resources = np.asarray(initial_resources, np.float64).copy()   # [T]
+    self.initial_resources = np.asarray(initial_resources, np.float64).copy()  # [T]
     if np.any(self.initial_resources < 0):
       raise ValueError("resources must be >= 0")
     self._budget_sum = float(self.initial_resources.sum())  # For the tolerance.
@@ -86,7 +87,8 @@ class AsynchronousCopyResource:
     that adding or removing one copy does not rebuild the arrays from the Python list."""
     self._demand_sum = float(self._demands.sum())
     self._owed, self._arriving, self._waiting, self._arrived = kernels().resource_queue(
-        self.initial_resources, self._starts, self._demands)
+      self.initial_resources, self._starts, self._demands
+    )
 
   @property
   def copies(self) -> tuple[AsyncCopy, ...]:
@@ -116,8 +118,8 @@ class AsynchronousCopyResource:
     balance = np.cumsum(arriving - budget)
     waiting_after = balance - np.minimum(0.0, np.minimum.accumulate(balance))  # W(t)
     waiting_before = np.concatenate([[0.0], waiting_after[:-1]]) + arriving
-    served = np.cumsum(arriving) - waiting_after                                # [T]
-    owed = np.cumsum(demand)                                                    # [C]
+    served = np.cumsum(arriving) - waiting_after  # [T]
+    owed = np.cumsum(demand)  # [C]
     deadline = np.minimum(end - 1, t - 1)
     tolerance = _RELATIVE_TOLERANCE * (budget.sum() + demand.sum())
     has_ops = deadline >= start + 1
@@ -134,18 +136,40 @@ class AsynchronousCopyResource:
     behind) work on the cached queue, in one jitted pass."""
     if resource == 0:
       return True  # As XLA: a copy that needs nothing changes nothing.
-    return bool(kernels().resource_fits(
-        self.initial_resources, self._starts, self._ends, self._demands, self._arriving,
-        self._arrived, self._waiting, self._owed, int(start), int(end), float(resource),
-        _RELATIVE_TOLERANCE, self._budget_sum + self._demand_sum))
+    return bool(
+      kernels().resource_fits(
+        self.initial_resources,
+        self._starts,
+        self._ends,
+        self._demands,
+        self._arriving,
+        self._arrived,
+        self._waiting,
+        self._owed,
+        int(start),
+        int(end),
+        float(resource),
+        _RELATIVE_TOLERANCE,
+        self._budget_sum + self._demand_sum,
+      )
+    )
 
   def kernel_state(self) -> tuple:
     """The queue as the jitted kernels take it (`_jit_kernels.resource_fits`' arguments but
     the copy): budgets, ordered starts, ends, demands, arriving, arrived, waiting, owed, the
     relative tolerance and the budgets' and demands' sum."""
-    return (self.initial_resources, self._starts, self._ends, self._demands, self._arriving,
-            self._arrived, self._waiting, self._owed, _RELATIVE_TOLERANCE,
-            self._budget_sum + self._demand_sum)
+    return (
+      self.initial_resources,
+      self._starts,
+      self._ends,
+      self._demands,
+      self._arriving,
+      self._arrived,
+      self._waiting,
+      self._owed,
+      _RELATIVE_TOLERANCE,
+      self._budget_sum + self._demand_sum,
+    )
 
   def has_enough_resource_multi_check(self, specs: Sequence[tuple[int, int, float]]) -> bool:
     """`HasEnoughResourceMultiCheck`: the copies (start, end, resource) can all be added."""
@@ -186,7 +210,7 @@ class AsynchronousCopyResource:
 def _insert(array: np.ndarray, position: int, value: float) -> np.ndarray:
   """`np.insert` of one value into a 1-d array, without its generic-axis overhead."""
   out = np.empty(len(array) + 1, array.dtype)
-  out[:position], out[position], out[position + 1:] = array[:position], value, array[position:]
+  out[:position], out[position], out[position + 1 :] = array[:position], value, array[position:]
   return out
 
 
@@ -219,8 +243,13 @@ class OutstandingCopyLimit:
     s, e = np.array(self._start), np.array(self._end)
     return int(np.count_nonzero((s <= end) & (e >= inclusive_start)))
 
-  def violates(self, inclusive_start: int, end: int, num_additional_copies: int = 1,
-               extra_async_copy_limit: int = 0) -> bool:
+  def violates(
+    self,
+    inclusive_start: int,
+    end: int,
+    num_additional_copies: int = 1,
+    extra_async_copy_limit: int = 0,
+  ) -> bool:
     """True when adding `num_additional_copies` over [inclusive_start, end] would exceed the
     limit (raised by `extra_async_copy_limit`); never with a negative limit."""
     if self.max_outstanding < 0:

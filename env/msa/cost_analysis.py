@@ -58,6 +58,7 @@ class CostAnalysisOptions:
   pipeline_overhead_window_size_mib: XLA's `pipeline_overhead_window_size_mib` (default 0: no
     overhead).
   """
+
   alternate_level: int = 0
   async_copy_bandwidth_scaling_factor: float | None = None
   pipeline_overhead_window_size_mib: float = 0.0
@@ -80,11 +81,17 @@ class CostAnalysis:
     memory_boundedness `[N]`: `GetMemoryBoundedness` of each buffer.
   """
 
-  def __init__(self, workload: Workload, hardware: Hardware,
-               options: CostAnalysisOptions = CostAnalysisOptions()):
+  def __init__(
+    self,
+    workload: Workload,
+    hardware: Hardware,
+    options: CostAnalysisOptions = CostAnalysisOptions(),
+  ):
     if not 0 <= options.alternate_level < hardware.num_fast_levels:
-      raise ValueError(f"alternate_level {options.alternate_level} is not a fast level of "
-                       f"'{hardware.name}' ({hardware.num_fast_levels} fast levels)")
+      raise ValueError(
+        f"alternate_level {options.alternate_level} is not a fast level of "
+        f"'{hardware.name}' ({hardware.num_fast_levels} fast levels)"
+      )
     self.workload = workload
     self.hardware = hardware
     self.options = options
@@ -96,25 +103,29 @@ class CostAnalysis:
     if scaling is None:
       scaling = hardware.copy_bandwidth_bytes_per_s / self.default_bandwidth
     self.copy_bandwidth = self.default_bandwidth * float(scaling)
-    self.compute_elapsed = a.flops / hardware.peak_flops_per_s                      # [T]
+    self.compute_elapsed = a.flops / hardware.peak_flops_per_s  # [T]
     self.bytes_accessed = np.bincount(a.incidence_op, a.incidence_bytes, minlength=t)  # [T]
-    self.memory_elapsed = self.bytes_accessed / self.default_bandwidth              # [T]
-    self.elapsed = np.maximum(self.compute_elapsed,
-                              self.memory_elapsed + self._overhead(None, None))
+    self.memory_elapsed = self.bytes_accessed / self.default_bandwidth  # [T]
+    self.elapsed = np.maximum(
+      self.compute_elapsed, self.memory_elapsed + self._overhead(None, None)
+    )
     ops, nbytes = a.incidence_op, a.incidence_bytes
-    self.incidence_is_def = ops == a.def_op[a.incidence_buffer]                      # [E]
+    self.incidence_is_def = ops == a.def_op[a.incidence_buffer]  # [E]
     # One position in alternate memory: its bytes move at the alternate bandwidth instead.
     self.incidence_memory_elapsed_in_alternate = (
-        self.memory_elapsed[ops] - nbytes / self.default_bandwidth
-        + nbytes / self.alternate_bandwidth)
+      self.memory_elapsed[ops] - nbytes / self.default_bandwidth + nbytes / self.alternate_bandwidth
+    )
     overhead = self._overhead(ops, nbytes)
     self.incidence_elapsed_in_alternate = np.maximum(
-        self.compute_elapsed[ops], self.incidence_memory_elapsed_in_alternate + overhead)
+      self.compute_elapsed[ops], self.incidence_memory_elapsed_in_alternate + overhead
+    )
     self.use_elapsed_reduction = self.elapsed[ops] - self.incidence_elapsed_in_alternate
     memory_bound = self.memory_elapsed[ops] > self.compute_elapsed[ops]
     self.incidence_benefit = np.where(
-        memory_bound, self.memory_elapsed[ops] - self.incidence_memory_elapsed_in_alternate,
-        self.memory_elapsed[ops] - self.compute_elapsed[ops])
+      memory_bound,
+      self.memory_elapsed[ops] - self.incidence_memory_elapsed_in_alternate,
+      self.memory_elapsed[ops] - self.compute_elapsed[ops],
+    )
     self.memory_boundedness = self._memory_boundedness()
 
   def _overhead(self, ops: np.ndarray | None, alternate_bytes: np.ndarray | None) -> np.ndarray:
@@ -149,27 +160,40 @@ class CostAnalysis:
     # A zero-byte buffer would divide by zero in XLA; it is ranked as if it had one byte.
     return benefit / np.sqrt(np.maximum(a.sizes, 1).astype(np.float64))
 
-  def op_elapsed_with_alternate_bytes(self, read_bytes: np.ndarray,
-                                      write_bytes: np.ndarray | None = None) -> np.ndarray:
+  def op_elapsed_with_alternate_bytes(
+    self, read_bytes: np.ndarray, write_bytes: np.ndarray | None = None
+  ) -> np.ndarray:
     """`[T]` `GetInstructionElapsedInAlternateMemory` of every op when it reads `read_bytes`
     `[T]` and writes `write_bytes` `[T]` (default none) from/to the alternate memory."""
-    write_bytes = np.zeros_like(read_bytes, dtype=np.float64) if write_bytes is None else write_bytes
+    write_bytes = (
+      np.zeros_like(read_bytes, dtype=np.float64) if write_bytes is None else write_bytes
+    )
     alternate = read_bytes + write_bytes
-    memory = (read_bytes / self.alternate_bandwidth + write_bytes / self.alternate_bandwidth
-              + (self.bytes_accessed - alternate) / self.default_bandwidth)
+    memory = (
+      read_bytes / self.alternate_bandwidth
+      + write_bytes / self.alternate_bandwidth
+      + (self.bytes_accessed - alternate) / self.default_bandwidth
+    )
     window = self.options.pipeline_overhead_window_size_mib * 1024 * 1024
     overhead = 0.0
     if window:
       with np.errstate(divide="ignore", invalid="ignore"):
-        overhead = np.where(self.bytes_accessed > 0,
-                            np.minimum(window, self.bytes_accessed - alternate)
-                            / self.bytes_accessed * self.compute_elapsed, 0.0)
+        overhead = np.where(
+          self.bytes_accessed > 0,
+          np.minimum(window, self.bytes_accessed - alternate)
+          / self.bytes_accessed
+          * self.compute_elapsed,
+          0.0,
+        )
     return np.maximum(self.compute_elapsed, memory + overhead)
 
   def async_copy_elapsed(self, size_bytes: np.ndarray | int | float) -> np.ndarray | float:
     """`GetAsyncCopyElapsed`: seconds to copy `size_bytes` between default and alternate."""
-    return np.asarray(size_bytes, np.float64) / self.copy_bandwidth if np.ndim(size_bytes) else (
-        float(size_bytes) / self.copy_bandwidth)
+    return (
+      np.asarray(size_bytes, np.float64) / self.copy_bandwidth
+      if np.ndim(size_bytes)
+      else (float(size_bytes) / self.copy_bandwidth)
+    )
 
   def buffer_incidences(self, buffer: int) -> slice:
     """The slice of the incidence arrays `[E]` that belongs to `buffer` (its def and uses)."""

@@ -40,6 +40,7 @@ class MsaOption:
     analysis at `level`) at the use, plus the definition when the value is produced in place.
   evicts: an eviction copy is started first (the fast copy is the value's only one).
   """
+
   kind: str
   level: int = -1
   start: int = -1
@@ -62,6 +63,7 @@ class MsaDecision:
   parameter); options: what msa weighs there, option 0 always the one that allocates nothing
   new ("default", "evict" or "uncommit"); msa_choice: the index msa itself takes.
   """
+
   buffer: int
   use: int
   segment_start: int

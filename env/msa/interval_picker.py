@@ -58,6 +58,7 @@ EVICTION_RETRY_MULTIPLIER = 2.0
 @dataclasses.dataclass(frozen=True)
 class PrefetchIntervalOptions:
   """The picker's ratios, defaults = XLA's test values (see the module docstring)."""
+
   min_overlap_to_async_copy_ratio: float = 0.8
   preferred_overlap_to_async_copy_ratio: float = 1.5
   max_overlap_to_mem_size_async_copy_ratio: float = 10.0
@@ -68,6 +69,7 @@ class PrefetchIntervalOptions:
 class PrefetchWindow:
   """The window `Begin` computes for one (use, copy): candidate starts lie in
   [earliest, latest]; `preferred` is tried first. Empty when earliest > latest."""
+
   earliest: int
   latest: int
   preferred: int
@@ -86,23 +88,32 @@ class CostAnalysisPrefetchIntervalPicker:
   the longest interval a buffer may sit in alternate memory (`max_async_copy_elapsed_`).
   `from_cost_analysis` builds one from a `CostAnalysis` and the alternate memory's size."""
 
-  def __init__(self, op_elapsed: np.ndarray, memory_copy_elapsed: float,
-               options: PrefetchIntervalOptions = PrefetchIntervalOptions()):
-    self.op_elapsed = np.asarray(op_elapsed, np.float64)                      # [T]
+  def __init__(
+    self,
+    op_elapsed: np.ndarray,
+    memory_copy_elapsed: float,
+    options: PrefetchIntervalOptions = PrefetchIntervalOptions(),
+  ):
+    self.op_elapsed = np.asarray(op_elapsed, np.float64)  # [T]
     self.options = options
     self.num_ops = len(self.op_elapsed)
-    self.prefix = np.concatenate([[0.0], np.cumsum(self.op_elapsed)])         # [T + 1]
-    self.max_async_copy_elapsed = (float(memory_copy_elapsed)
-                                   * options.max_overlap_to_mem_size_async_copy_ratio)
+    self.prefix = np.concatenate([[0.0], np.cumsum(self.op_elapsed)])  # [T + 1]
+    self.max_async_copy_elapsed = (
+      float(memory_copy_elapsed) * options.max_overlap_to_mem_size_async_copy_ratio
+    )
 
   @classmethod
-  def from_cost_analysis(cls, cost_analysis: CostAnalysis, mem_size_bytes: int,
-                         options: PrefetchIntervalOptions = PrefetchIntervalOptions()
-                         ) -> "CostAnalysisPrefetchIntervalPicker":
+  def from_cost_analysis(
+    cls,
+    cost_analysis: CostAnalysis,
+    mem_size_bytes: int,
+    options: PrefetchIntervalOptions = PrefetchIntervalOptions(),
+  ) -> "CostAnalysisPrefetchIntervalPicker":
     """From a `CostAnalysis` and the alternate memory's size. XLA measures the memory's copy
     time on an s32 array of `mem_size_bytes // 4` elements, i.e. the size rounded down to 4."""
-    return cls(cost_analysis.elapsed, cost_analysis.async_copy_elapsed(mem_size_bytes // 4 * 4),
-               options)
+    return cls(
+      cost_analysis.elapsed, cost_analysis.async_copy_elapsed(mem_size_bytes // 4 * 4), options
+    )
 
   # ----------------------------------------------------------------- elapsed times
 
@@ -123,8 +134,7 @@ class CostAnalysisPrefetchIntervalPicker:
     max_ratio x the whole memory's copy time (the "live range too long" rule)."""
     return self.max_async_copy_elapsed > self.logical_interval_elapsed(start, end)
 
-  def preferred_eviction_end_time(self, copy_elapsed: float, start: int,
-                                  latest_end: int) -> int:
+  def preferred_eviction_end_time(self, copy_elapsed: float, start: int, latest_end: int) -> int:
     """`PreferredEvictionEndTime` (retry 0): the first end after `start` whose elapsed time
     covers preferred_ratio x the copy time, else latest_end + 1 (XLA's loop runs past)."""
     target = self.options.preferred_overlap_to_async_copy_ratio * copy_elapsed
@@ -147,8 +157,9 @@ class CostAnalysisPrefetchIntervalPicker:
 
   # ----------------------------------------------------------------- the window
 
-  def latest_prefetch_start_time(self, copy_elapsed: float, start: int, end: int,
-                                 use_elapsed_reduction: float = 0.0) -> int:
+  def latest_prefetch_start_time(
+    self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0
+  ) -> int:
     """`LatestPrefetchStartTime`: the latest t in [start, end) with elapsed(t, end) + the use's
     elapsed reduction >= min_ratio x copy time; start - 1 when there is none."""
     min_interval = self.options.min_overlap_to_async_copy_ratio * copy_elapsed
@@ -159,8 +170,9 @@ class CostAnalysisPrefetchIntervalPicker:
         return int(starts[len(starts) - 1 - np.argmax(ok[::-1])])
     return min(start, end) - 1
 
-  def preferred_prefetch_start_time(self, copy_elapsed: float, earliest: int, latest: int,
-                                    end: int) -> int:
+  def preferred_prefetch_start_time(
+    self, copy_elapsed: float, earliest: int, latest: int, end: int
+  ) -> int:
     """`PreferredPrefetchStartTime`: in [earliest, latest], the start whose elapsed time to
     `end` is closest to preferred_ratio x copy time; the earliest such on a tie."""
     if latest <= earliest:
@@ -170,9 +182,14 @@ class CostAnalysisPrefetchIntervalPicker:
     distance = np.abs(preferred_interval - self._elapsed_to(starts, end))
     return int(starts[np.argmin(distance)])
 
-  def window(self, copy_elapsed: float, start: int, end: int,
-             use_elapsed_reduction: float = 0.0,
-             preferred_time: int | None = None) -> PrefetchWindow:
+  def window(
+    self,
+    copy_elapsed: float,
+    start: int,
+    end: int,
+    use_elapsed_reduction: float = 0.0,
+    preferred_time: int | None = None,
+  ) -> PrefetchWindow:
     """The window `Begin` computes: latest from min_ratio (the use's saving credited), earliest
     from max_ratio (never past latest), preferred from preferred_ratio (or `preferred_time` when
     given and not after latest)."""
@@ -180,9 +197,15 @@ class CostAnalysisPrefetchIntervalPicker:
       # The three searches below as one jitted pass (numpy's per-call overhead was most of it).
       o = self.options
       earliest, latest, preferred = kernels().prefetch_window(
-          self.prefix, float(copy_elapsed), int(start), int(end), float(use_elapsed_reduction),
-          float(o.min_overlap_to_async_copy_ratio),
-          float(o.preferred_overlap_to_async_copy_ratio), self.max_async_copy_elapsed)
+        self.prefix,
+        float(copy_elapsed),
+        int(start),
+        int(end),
+        float(use_elapsed_reduction),
+        float(o.min_overlap_to_async_copy_ratio),
+        float(o.preferred_overlap_to_async_copy_ratio),
+        self.max_async_copy_elapsed,
+      )
       return PrefetchWindow(earliest, latest, preferred)
     latest = self.latest_prefetch_start_time(copy_elapsed, start, end, use_elapsed_reduction)
     earliest = start
@@ -198,8 +221,14 @@ class CostAnalysisPrefetchIntervalPicker:
       preferred = self.preferred_prefetch_start_time(copy_elapsed, earliest, latest, end)
     return PrefetchWindow(earliest, latest, preferred)
 
-  def begin(self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0,
-            preferred_time: int | None = None) -> "PrefetchIntervalIterator":
+  def begin(
+    self,
+    copy_elapsed: float,
+    start: int,
+    end: int,
+    use_elapsed_reduction: float = 0.0,
+    preferred_time: int | None = None,
+  ) -> "PrefetchIntervalIterator":
     """`Begin`: an iterator over candidate prefetch start times for a use at `end` whose
     allocation may start at `start`, copying for `copy_elapsed` seconds; the use's op runs
     `use_elapsed_reduction` seconds faster with the operand in alternate memory (XLA:
@@ -207,28 +236,41 @@ class CostAnalysisPrefetchIntervalPicker:
     window = self.window(copy_elapsed, start, end, use_elapsed_reduction, preferred_time)
     return PrefetchIntervalIterator(self, window, end)
 
-  def start_times(self, copy_elapsed: float, start: int, end: int,
-                  use_elapsed_reduction: float = 0.0) -> list[int]:
+  def start_times(
+    self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0
+  ) -> list[int]:
     """Every start `Next` yields, in order, until `Done`."""
     return self.start_time_array(copy_elapsed, start, end, use_elapsed_reduction).tolist()
 
-  def start_time_array(self, copy_elapsed: float, start: int, end: int,
-                       use_elapsed_reduction: float = 0.0) -> np.ndarray:
+  def start_time_array(
+    self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0
+  ) -> np.ndarray:
     """`start_times` as an int64 array, generated in one jitted pass (`begin`'s iteration:
     msa's decision process asks for them at every prefetch it plans)."""
     if start >= -1:
       o = self.options
       return kernels().window_starts(
-          self.prefix, float(copy_elapsed), int(start), int(end), float(use_elapsed_reduction),
-          float(o.min_overlap_to_async_copy_ratio),
-          float(o.preferred_overlap_to_async_copy_ratio), self.max_async_copy_elapsed,
-          o.num_explored_decreasing_intervals)
+        self.prefix,
+        float(copy_elapsed),
+        int(start),
+        int(end),
+        float(use_elapsed_reduction),
+        float(o.min_overlap_to_async_copy_ratio),
+        float(o.preferred_overlap_to_async_copy_ratio),
+        self.max_async_copy_elapsed,
+        o.num_explored_decreasing_intervals,
+      )
     window = self.window(copy_elapsed, start, end, use_elapsed_reduction)
     if window.empty:
       return np.zeros(0, np.int64)
     return kernels().prefetch_starts(
-        self.prefix, window.earliest, window.latest, window.preferred, int(end),
-        self.options.num_explored_decreasing_intervals)
+      self.prefix,
+      window.earliest,
+      window.latest,
+      window.preferred,
+      int(end),
+      self.options.num_explored_decreasing_intervals,
+    )
 
   def kernel_state(self) -> tuple:
     """The picker as the jitted kernels take it (`_jit_kernels.best_chunk_candidate`, for
@@ -242,8 +284,7 @@ class PrefetchIntervalIterator:
   earlier; when the later side is used up, the earlier side is thinned so that each step moves
   at least 1/`num_explored_decreasing_intervals` of the window's elapsed time further back."""
 
-  def __init__(self, picker: CostAnalysisPrefetchIntervalPicker, window: PrefetchWindow,
-               end: int):
+  def __init__(self, picker: CostAnalysisPrefetchIntervalPicker, window: PrefetchWindow, end: int):
     self.picker = picker
     self.window = window
     self.end = end
@@ -284,11 +325,15 @@ class PrefetchIntervalIterator:
     target = 0.0
     if self._increasing > w.latest:
       picker = self.picker
-      target = (picker.logical_interval_elapsed(time, self.end)
-                + picker.logical_interval_elapsed(w.earliest, self.end)
-                / picker.options.num_explored_decreasing_intervals)
-    while (self._decreasing >= w.earliest
-           and self.picker.logical_interval_elapsed(self._decreasing, self.end) < target):
+      target = (
+        picker.logical_interval_elapsed(time, self.end)
+        + picker.logical_interval_elapsed(w.earliest, self.end)
+        / picker.options.num_explored_decreasing_intervals
+      )
+    while (
+      self._decreasing >= w.earliest
+      and self.picker.logical_interval_elapsed(self._decreasing, self.end) < target
+    ):
       self._decreasing -= 1
     if self._increasing <= w.latest:
       self._use_increasing = True
@@ -322,34 +367,46 @@ class InstructionCountPrefetchIntervalPicker:
   def can_allocate_in_alternate_memory_no_copy(self, start: int, end: int) -> bool:
     return end - start <= self.max_overlap_count
 
-  def preferred_eviction_end_time(self, copy_elapsed: float, start: int,
-                                  latest_end: int) -> int:
+  def preferred_eviction_end_time(self, copy_elapsed: float, start: int, latest_end: int) -> int:
     return min(start + self.min_overlap_count, latest_end)
 
-  def latest_prefetch_start_time(self, copy_elapsed: float, start: int, end: int,
-                                 use_elapsed_reduction: float = 0.0) -> int:
+  def latest_prefetch_start_time(
+    self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0
+  ) -> int:
     """XLA's `LatestPrefetchStartTime` (end - min), one more than `Next` ever yields."""
     return end - self.min_overlap_count
 
-  def preferred_prefetch_start_time(self, copy_elapsed: float, earliest: int, latest: int,
-                                    end: int) -> int:
+  def preferred_prefetch_start_time(
+    self, copy_elapsed: float, earliest: int, latest: int, end: int
+  ) -> int:
     return max(earliest, end - self.max_overlap_count)
 
   def estimated_prefetch_end_time(self, copy_elapsed: float, start: int, end: int) -> int:
     return end
 
-  def begin(self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0,
-            preferred_time: int | None = None) -> "InstructionCountIterator":
-    first = (preferred_time if preferred_time is not None
-             else self.preferred_prefetch_start_time(copy_elapsed, start, end, end))
+  def begin(
+    self,
+    copy_elapsed: float,
+    start: int,
+    end: int,
+    use_elapsed_reduction: float = 0.0,
+    preferred_time: int | None = None,
+  ) -> "InstructionCountIterator":
+    first = (
+      preferred_time
+      if preferred_time is not None
+      else self.preferred_prefetch_start_time(copy_elapsed, start, end, end)
+    )
     return InstructionCountIterator(first, end, self.min_overlap_count)
 
-  def start_times(self, copy_elapsed: float, start: int, end: int,
-                  use_elapsed_reduction: float = 0.0) -> list[int]:
+  def start_times(
+    self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0
+  ) -> list[int]:
     return list(self.begin(copy_elapsed, start, end, use_elapsed_reduction))
 
-  def start_time_array(self, copy_elapsed: float, start: int, end: int,
-                       use_elapsed_reduction: float = 0.0) -> np.ndarray:
+  def start_time_array(
+    self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0
+  ) -> np.ndarray:
     """`start_times` as an int64 array: from the first start, one op later each time while
     more than `min_overlap_count` ops remain before the use."""
     first = self.preferred_prefetch_start_time(copy_elapsed, start, end, end)

@@ -42,6 +42,7 @@ class MsaOptions:
     room to, and the copy stalls the program (docs/msa.md's open question). Only with the cost
     picker (the instruction-count picker budgets 1 per op, as XLA without a cost analysis).
   """
+
   min_overlap_to_async_copy_ratio: float = 0.8
   preferred_overlap_to_async_copy_ratio: float = 1.5
   max_overlap_to_mem_size_async_copy_ratio: float = 10.0
@@ -55,8 +56,11 @@ class MsaOptions:
   copy_budget: str = "elapsed"
 
   def __post_init__(self):
-    for name in ("min_overlap_to_async_copy_ratio", "preferred_overlap_to_async_copy_ratio",
-                 "max_overlap_to_mem_size_async_copy_ratio"):
+    for name in (
+      "min_overlap_to_async_copy_ratio",
+      "preferred_overlap_to_async_copy_ratio",
+      "max_overlap_to_mem_size_async_copy_ratio",
+    ):
       value = getattr(self, name)
       if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive number, got {value}")
@@ -64,17 +68,22 @@ class MsaOptions:
       if getattr(self, name) < -1:
         raise ValueError(f"{name} must be -1 (no limit) or a count >= 0, got {getattr(self, name)}")
     if not 0 <= self.instruction_count_min <= self.instruction_count_max:
-      raise ValueError(f"the instruction-count picker needs 0 <= instruction_count_min <= "
-                       f"instruction_count_max, got {self.instruction_count_min} and "
-                       f"{self.instruction_count_max}")
+      raise ValueError(
+        f"the instruction-count picker needs 0 <= instruction_count_min <= "
+        f"instruction_count_max, got {self.instruction_count_min} and "
+        f"{self.instruction_count_max}"
+      )
     if self.picker not in PICKERS:
       raise ValueError(f"unknown picker '{self.picker}' (choose from {', '.join(PICKERS)})")
     if self.copy_budget not in COPY_BUDGETS:
-      raise ValueError(f"unknown copy budget '{self.copy_budget}' (choose from "
-                       f"{', '.join(COPY_BUDGETS)})")
+      raise ValueError(
+        f"unknown copy budget '{self.copy_budget}' (choose from {', '.join(COPY_BUDGETS)})"
+      )
 
   @property
   def interval_options(self) -> PrefetchIntervalOptions:
-    return PrefetchIntervalOptions(self.min_overlap_to_async_copy_ratio,
-                                   self.preferred_overlap_to_async_copy_ratio,
-                                   self.max_overlap_to_mem_size_async_copy_ratio)
+    return PrefetchIntervalOptions(
+      self.min_overlap_to_async_copy_ratio,
+      self.preferred_overlap_to_async_copy_ratio,
+      self.max_overlap_to_mem_size_async_copy_ratio,
+    )

@@ -10,12 +10,16 @@ def program_name(model: str, batch: int, train: bool, tiny: bool = False) -> str
   return f"{'tiny-' if tiny else ''}{model}-b{batch}-{'train' if train else 'infer'}"
 
 
-def import_model(model: str, batch: int, train: bool, tiny: bool = False,
-                 seed: int = 0) -> tuple[Workload, dict[str, int]]:
+def import_model(
+  model: str, batch: int, train: bool, tiny: bool = False, seed: int = 0
+) -> tuple[Workload, dict[str, int]]:
   """Builds the zoo model's program, compiles it with XLA on the CPU and imports it.
 
   Returns the workload and XLA's own memory and flop statistics for the same program."""
-  from malloczero.env.programs.hlo_import import workload_from_jax  # jax and haiku load only when importing.
+  from malloczero.env.programs.hlo_import import (
+    workload_from_jax,  # jax and haiku load only when importing.
+  )
   from malloczero.env.programs.zoo import build_program
+
   fn, args = build_program(model, batch, train, seed=seed, tiny=tiny)
   return workload_from_jax(fn, *args, name=program_name(model, batch, train, tiny))

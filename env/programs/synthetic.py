@@ -11,8 +11,13 @@ from malloczero.env.hardware import Hardware
 from malloczero.env.workload import Workload, workload_from_ops
 
 
-def random_workload(seed: int, num_ops: int = 40, num_parameters: int | None = None,
-                    max_operands: int = 3, name: str | None = None) -> Workload:
+def random_workload(
+  seed: int,
+  num_ops: int = 40,
+  num_parameters: int | None = None,
+  max_operands: int = 3,
+  name: str | None = None,
+) -> Workload:
   """A random DAG in schedule order: each op reads recent activations (and now and then an old
   one, like a skip connection) plus some parameters, and writes one activation. Sizes are
   log-uniform from 256 B to 4 MiB and flops vary so that some ops are compute bound."""
@@ -48,36 +53,73 @@ def random_workload(seed: int, num_ops: int = 40, num_parameters: int | None = N
   buffers = []
   for t in range(num_ops):
     kind = "output" if t == num_ops - 1 else "activation"
-    buffers.append({"id": t, "name": f"act{t}", "size": int(act_size[t]), "def": t,
-                    "uses": act_uses[t], "kind": kind})
+    buffers.append(
+      {
+        "id": t,
+        "name": f"act{t}",
+        "size": int(act_size[t]),
+        "def": t,
+        "uses": act_uses[t],
+        "kind": kind,
+      }
+    )
   for p in range(num_parameters):
-    buffers.append({"id": num_ops + p, "name": f"param{p}", "size": int(param_size[p]),
-                    "def": None, "uses": param_uses[p], "kind": "parameter"})
+    buffers.append(
+      {
+        "id": num_ops + p,
+        "name": f"param{p}",
+        "size": int(param_size[p]),
+        "def": None,
+        "uses": param_uses[p],
+        "kind": "parameter",
+      }
+    )
   for i in range(2):
-    buffers.append({"id": num_ops + num_parameters + i, "name": f"input{i}",
-                    "size": int(input_size[i]), "def": None, "uses": input_uses[i], "kind": "input"})
-  return workload_from_ops(name or f"random-{seed}-{num_ops}", "synthetic-random",
-                           flops.tolist(), buffers)
+    buffers.append(
+      {
+        "id": num_ops + num_parameters + i,
+        "name": f"input{i}",
+        "size": int(input_size[i]),
+        "def": None,
+        "uses": input_uses[i],
+        "kind": "input",
+      }
+    )
+  return workload_from_ops(
+    name or f"random-{seed}-{num_ops}", "synthetic-random", flops.tolist(), buffers
+  )
 
 
-def mlp_training_step(layers: int = 6, batch: int = 256, width: int = 2048,
-                      dtype_bytes: int = 4) -> Workload:
+def mlp_training_step(
+  layers: int = 6, batch: int = 256, width: int = 2048, dtype_bytes: int = 4
+) -> Workload:
   """An MLP training step with a hand-derived schedule (forward, backward, SGD update).
 
   Built from the algebra rather than compiled, so it is available before any XLA import; the
   per-op flops and tensor sizes are those of the dense layers it describes."""
   ops: list[float] = []
   buffers: list[dict] = []
+
   def buf(name, size, kind, def_op=None):
-    buffers.append({"id": len(buffers), "name": name, "size": int(size) * dtype_bytes,
-                    "def": def_op, "uses": [], "kind": kind})
+    buffers.append(
+      {
+        "id": len(buffers),
+        "name": name,
+        "size": int(size) * dtype_bytes,
+        "def": def_op,
+        "uses": [],
+        "kind": kind,
+      }
+    )
     return len(buffers) - 1
+
   def op(flops, reads, writes_name, writes_size, kind="activation"):
     t = len(ops)
     ops.append(float(flops))
     for r in reads:
       buffers[r]["uses"].append(t)
     return buf(writes_name, writes_size, kind, t) if writes_name else None
+
   x = buf("input/x", batch * width, "input")
   weights = [buf(f"param/w{i}", width * width, "parameter") for i in range(layers)]
   pre, post = [], [x]
@@ -92,14 +134,17 @@ def mlp_training_step(layers: int = 6, batch: int = 256, width: int = 2048,
     if i:
       grad = op(2 * batch * width * width, [g_pre, weights[i]], f"bwd/dx{i}", batch * width)
     op(2 * width * width, [weights[i], g_w], f"update/w{i}", width * width, kind="output")
-  return workload_from_ops(f"mlp-train-l{layers}-b{batch}-w{width}", "analytic (hand-derived)",
-                           ops, buffers)
+  return workload_from_ops(
+    f"mlp-train-l{layers}-b{batch}-w{width}", "analytic (hand-derived)", ops, buffers
+  )
 
 
 def contended(hardware: Hardware, workload: Workload, fraction: float) -> Hardware:
   """The hardware with its fast capacity set to `fraction` of the workload's peak live bytes."""
   align = hardware.alignment_bytes
-  return hardware.with_fast_capacity(max(align, int(fraction * workload.peak_live_bytes) // align * align))
+  return hardware.with_fast_capacity(
+    max(align, int(fraction * workload.peak_live_bytes) // align * align)
+  )
 
 
 def minimalloc_csv_text(num_rows: int, seed: int = 0, horizon: int = 1 << 20) -> str:
@@ -108,16 +153,22 @@ def minimalloc_csv_text(num_rows: int, seed: int = 0, horizon: int = 1 << 20) ->
   of the horizon, so that the live set stays a few hundred buffers however many rows there are:
   the input that shows whether reading and solving a CSV cost memory linear in its rows."""
   rng = np.random.default_rng(seed)
-  length = np.maximum(1, (horizon * np.exp(rng.uniform(np.log(1e-4), np.log(3e-2), num_rows))
-                          ).astype(np.int64))
+  length = np.maximum(
+    1, (horizon * np.exp(rng.uniform(np.log(1e-4), np.log(3e-2), num_rows))).astype(np.int64)
+  )
   lower = rng.integers(0, horizon, num_rows)
   upper = np.minimum(lower + length, horizon)
   lower = np.minimum(lower, upper - 1)
-  size = (np.exp(rng.uniform(np.log(1 << 10), np.log(640 << 10), num_rows)).astype(np.int64)
-          // 1024 * 1024)
+  size = (
+    np.exp(rng.uniform(np.log(1 << 10), np.log(640 << 10), num_rows)).astype(np.int64)
+    // 1024
+    * 1024
+  )
   lines = ["id,lower,upper,size"]
-  lines += [f"{i},{lo},{hi},{s}" for i, (lo, hi, s) in
-            enumerate(zip(lower.tolist(), upper.tolist(), size.tolist()))]
+  lines += [
+    f"{i},{lo},{hi},{s}"
+    for i, (lo, hi, s) in enumerate(zip(lower.tolist(), upper.tolist(), size.tolist()))
+  ]
   return "\n".join(lines) + "\n"
 
 

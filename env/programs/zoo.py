@@ -52,6 +52,7 @@ from malloczero.common.errors import WorkloadError
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
   """One model of the zoo: what `build_program(name, ...)` builds."""
+
   name: str  # e.g. "resnet50"
   family: str  # "convnet", "transformer", "recurrent", "mlp" or "recommender"
   description: str
@@ -62,6 +63,7 @@ class ModelSpec:
 # ------------------------------------------------------------------------------------------------
 # Shared building blocks.
 
+
 def _trunc(stddev: float = 0.02) -> hk.initializers.Initializer:
   return hk.initializers.TruncatedNormal(stddev=stddev)
 
@@ -71,8 +73,13 @@ def _layer_norm(name: str | None = None) -> hk.LayerNorm:
 
 
 def _attention(d_model: int, num_heads: int, name: str) -> hk.MultiHeadAttention:
-  return hk.MultiHeadAttention(num_heads=num_heads, key_size=d_model // num_heads,
-                               model_size=d_model, w_init=_trunc(), name=name)
+  return hk.MultiHeadAttention(
+    num_heads=num_heads,
+    key_size=d_model // num_heads,
+    model_size=d_model,
+    w_init=_trunc(),
+    name=name,
+  )
 
 
 def _feed_forward(x: jax.Array, d_ff: int, activation: Callable, name: str) -> jax.Array:
@@ -129,6 +136,7 @@ def _xent(logits: jax.Array, labels: jax.Array, weights: jax.Array | None = None
 # batch maker `make_batch(cfg, batch, rng) -> (inputs, targets)`, a loss
 # `loss(cfg, outputs, targets)`, an optimiser, and a full-size and a tiny config.
 
+
 @dataclasses.dataclass(frozen=True)
 class _Model:
   name: str
@@ -160,48 +168,80 @@ def _classification_loss(cfg, logits, labels):
 
 # --- resnet50 -------------------------------------------------------------------------------------
 
+
 def _resnet_forward(cfg, images, is_training):
-  net = hk.nets.ResNet(blocks_per_group=cfg["blocks"], num_classes=cfg["num_classes"],
-                       bottleneck=True, channels_per_group=cfg["channels"],
-                       use_projection=(True,) * len(cfg["blocks"]), name="resnet")
+  net = hk.nets.ResNet(
+    blocks_per_group=cfg["blocks"],
+    num_classes=cfg["num_classes"],
+    bottleneck=True,
+    channels_per_group=cfg["channels"],
+    use_projection=(True,) * len(cfg["blocks"]),
+    name="resnet",
+  )
   return net(images, is_training=is_training)
 
 
 _RESNET50 = _Model(
-    name="resnet50", family="convnet",
-    description=("ResNet-50 v1 (hk.nets.ResNet: 7x7 stem, max-pool, bottleneck blocks [3,4,6,3] "
-                 "with widths 256-2048, batch norm, 1000-way head) on 64x64 RGB images"),
-    tiny_description=("ResNet with bottleneck blocks [1,1,1,1], widths 16-128, 32x32 images, "
-                      "10 classes"),
-    default_batches=(1, 8), forward=_resnet_forward, make_batch=_images,
-    loss=_classification_loss, optimizer="sgd", learning_rate=0.1,
-    full=dict(blocks=(3, 4, 6, 3), channels=(256, 512, 1024, 2048), image_size=64,
-              num_classes=1000),
-    tiny=dict(blocks=(1, 1, 1, 1), channels=(16, 32, 64, 128), image_size=32, num_classes=10))
+  name="resnet50",
+  family="convnet",
+  description=(
+    "ResNet-50 v1 (hk.nets.ResNet: 7x7 stem, max-pool, bottleneck blocks [3,4,6,3] "
+    "with widths 256-2048, batch norm, 1000-way head) on 64x64 RGB images"
+  ),
+  tiny_description=(
+    "ResNet with bottleneck blocks [1,1,1,1], widths 16-128, 32x32 images, 10 classes"
+  ),
+  default_batches=(1, 8),
+  forward=_resnet_forward,
+  make_batch=_images,
+  loss=_classification_loss,
+  optimizer="sgd",
+  learning_rate=0.1,
+  full=dict(blocks=(3, 4, 6, 3), channels=(256, 512, 1024, 2048), image_size=64, num_classes=1000),
+  tiny=dict(blocks=(1, 1, 1, 1), channels=(16, 32, 64, 128), image_size=32, num_classes=10),
+)
 
 
 # --- mobilenet ------------------------------------------------------------------------------------
 
+
 def _mobilenet_forward(cfg, images, is_training):
-  net = hk.nets.MobileNetV1(strides=cfg["strides"], channels=cfg["channels"],
-                            num_classes=cfg["num_classes"], use_bn=True, name="mobilenet_v1")
+  net = hk.nets.MobileNetV1(
+    strides=cfg["strides"],
+    channels=cfg["channels"],
+    num_classes=cfg["num_classes"],
+    use_bn=True,
+    name="mobilenet_v1",
+  )
   return net(images, is_training=is_training)
 
 
 _MOBILENET = _Model(
-    name="mobilenet", family="convnet",
-    description=("MobileNet v1 (hk.nets.MobileNetV1: 13 depthwise-separable conv blocks, widths "
-                 "64-1024, batch norm, global average pool, 1000-way head) on 64x64 RGB images"),
-    tiny_description="MobileNet v1 with 3 depthwise-separable blocks (widths 16-64), 32x32 images",
-    default_batches=(1, 8), forward=_mobilenet_forward, make_batch=_images,
-    loss=_classification_loss, optimizer="sgd", learning_rate=0.05,
-    full=dict(strides=(1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1, 2, 1),
-              channels=(64, 128, 128, 256, 256, 512, 512, 512, 512, 512, 512, 1024, 1024),
-              image_size=64, num_classes=1000),
-    tiny=dict(strides=(1, 2, 2), channels=(16, 32, 64), image_size=32, num_classes=10))
+  name="mobilenet",
+  family="convnet",
+  description=(
+    "MobileNet v1 (hk.nets.MobileNetV1: 13 depthwise-separable conv blocks, widths "
+    "64-1024, batch norm, global average pool, 1000-way head) on 64x64 RGB images"
+  ),
+  tiny_description="MobileNet v1 with 3 depthwise-separable blocks (widths 16-64), 32x32 images",
+  default_batches=(1, 8),
+  forward=_mobilenet_forward,
+  make_batch=_images,
+  loss=_classification_loss,
+  optimizer="sgd",
+  learning_rate=0.05,
+  full=dict(
+    strides=(1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1, 2, 1),
+    channels=(64, 128, 128, 256, 256, 512, 512, 512, 512, 512, 512, 1024, 1024),
+    image_size=64,
+    num_classes=1000,
+  ),
+  tiny=dict(strides=(1, 2, 2), channels=(16, 32, 64), image_size=32, num_classes=10),
+)
 
 
 # --- vgg ------------------------------------------------------------------------------------------
+
 
 def _vgg_forward(cfg, images, is_training):
   del is_training
@@ -220,19 +260,31 @@ def _vgg_forward(cfg, images, is_training):
 
 
 _VGG = _Model(
-    name="vgg", family="convnet",
-    description=("VGG-16 (13 3x3 convs in 5 stages with widths 64-512 and max-pools, no batch "
-                 "norm) on 32x32 RGB images with the CIFAR-style classifier 512-512-10"),
-    tiny_description="VGG-style net: convs 8-M-16-M-32-M, classifier 32-10, 16x16 images",
-    default_batches=(1, 8), forward=_vgg_forward, make_batch=_images,
-    loss=_classification_loss, optimizer="sgd", learning_rate=0.01,
-    full=dict(layers=(64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
-                      512, 512, 512, "M"),
-              classifier=(512, 512), image_size=32, num_classes=10),
-    tiny=dict(layers=(8, "M", 16, "M", 32, "M"), classifier=(32,), image_size=16, num_classes=10))
+  name="vgg",
+  family="convnet",
+  description=(
+    "VGG-16 (13 3x3 convs in 5 stages with widths 64-512 and max-pools, no batch "
+    "norm) on 32x32 RGB images with the CIFAR-style classifier 512-512-10"
+  ),
+  tiny_description="VGG-style net: convs 8-M-16-M-32-M, classifier 32-10, 16x16 images",
+  default_batches=(1, 8),
+  forward=_vgg_forward,
+  make_batch=_images,
+  loss=_classification_loss,
+  optimizer="sgd",
+  learning_rate=0.01,
+  full=dict(
+    layers=(64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"),
+    classifier=(512, 512),
+    image_size=32,
+    num_classes=10,
+  ),
+  tiny=dict(layers=(8, "M", 16, "M", 32, "M"), classifier=(32,), image_size=16, num_classes=10),
+)
 
 
 # --- unet -----------------------------------------------------------------------------------------
+
 
 def _unet_forward(cfg, images, is_training):
   del is_training
@@ -266,18 +318,27 @@ def _segmentation_batch(cfg, batch, rng):
 
 
 _UNET = _Model(
-    name="unet", family="convnet",
-    description=("U-Net (4 down levels of two 3x3 convs + max-pool with widths 32-256, a 512-wide "
-                 "bottleneck, 4 up levels of 2x2 transposed conv + skip concat + two 3x3 convs, "
-                 "1x1 head; half the original widths) segmenting 64x64 RGB images into 4 classes"),
-    tiny_description="U-Net with 1 down/up level (widths 8, 16), 16x16 images, 2 classes",
-    default_batches=(1, 8), forward=_unet_forward, make_batch=_segmentation_batch,
-    loss=_classification_loss, optimizer="adam", learning_rate=1e-3,
-    full=dict(widths=(32, 64, 128, 256, 512), image_size=64, num_classes=4),
-    tiny=dict(widths=(8, 16), image_size=16, num_classes=2))
+  name="unet",
+  family="convnet",
+  description=(
+    "U-Net (4 down levels of two 3x3 convs + max-pool with widths 32-256, a 512-wide "
+    "bottleneck, 4 up levels of 2x2 transposed conv + skip concat + two 3x3 convs, "
+    "1x1 head; half the original widths) segmenting 64x64 RGB images into 4 classes"
+  ),
+  tiny_description="U-Net with 1 down/up level (widths 8, 16), 16x16 images, 2 classes",
+  default_batches=(1, 8),
+  forward=_unet_forward,
+  make_batch=_segmentation_batch,
+  loss=_classification_loss,
+  optimizer="adam",
+  learning_rate=1e-3,
+  full=dict(widths=(32, 64, 128, 256, 512), image_size=64, num_classes=4),
+  tiny=dict(widths=(8, 16), image_size=16, num_classes=2),
+)
 
 
 # --- wavenet --------------------------------------------------------------------------------------
+
 
 def _wavenet_forward(cfg, samples, is_training):
   """Mu-law sample ids -> one-hot -> causal conv -> gated dilated residual stacks -> skip head."""
@@ -289,7 +350,7 @@ def _wavenet_forward(cfg, samples, is_training):
   for stack in range(cfg["stacks"]):
     for i in range(cfg["layers_per_stack"]):
       with hk.name_scope(f"block_{stack}_{i}"):
-        dilation = 2 ** i
+        dilation = 2**i
         h = hk.Conv1D(2 * res, 2, rate=dilation, padding=hk.pad.causal, name="dilated")(x)
         filt, gate = jnp.split(h, 2, axis=-1)
         h = jnp.tanh(filt) * jax.nn.sigmoid(gate)
@@ -306,21 +367,38 @@ def _wavenet_batch(cfg, batch, rng):
 
 
 _WAVENET = _Model(
-    name="wavenet", family="convnet",
-    description=("WaveNet (one-hot 256-level mu-law input, causal conv, 2 stacks of 8 gated "
-                 "dilated causal conv layers with dilations 1-128, 64 residual / 128 skip "
-                 "channels, 2-layer 1x1 head) predicting the next sample of 1024-sample audio"),
-    tiny_description=("WaveNet with 1 stack of 3 dilated layers, 8/16 channels, 32 levels, "
-                      "64 samples"),
-    default_batches=(1, 8), forward=_wavenet_forward, make_batch=_wavenet_batch,
-    loss=_classification_loss, optimizer="adam", learning_rate=1e-3,
-    full=dict(residual_channels=64, skip_channels=128, quantization=256, stacks=2,
-              layers_per_stack=8, length=1024),
-    tiny=dict(residual_channels=8, skip_channels=16, quantization=32, stacks=1,
-              layers_per_stack=3, length=64))
+  name="wavenet",
+  family="convnet",
+  description=(
+    "WaveNet (one-hot 256-level mu-law input, causal conv, 2 stacks of 8 gated "
+    "dilated causal conv layers with dilations 1-128, 64 residual / 128 skip "
+    "channels, 2-layer 1x1 head) predicting the next sample of 1024-sample audio"
+  ),
+  tiny_description=(
+    "WaveNet with 1 stack of 3 dilated layers, 8/16 channels, 32 levels, 64 samples"
+  ),
+  default_batches=(1, 8),
+  forward=_wavenet_forward,
+  make_batch=_wavenet_batch,
+  loss=_classification_loss,
+  optimizer="adam",
+  learning_rate=1e-3,
+  full=dict(
+    residual_channels=64,
+    skip_channels=128,
+    quantization=256,
+    stacks=2,
+    layers_per_stack=8,
+    length=1024,
+  ),
+  tiny=dict(
+    residual_channels=8, skip_channels=16, quantization=32, stacks=1, layers_per_stack=3, length=64
+  ),
+)
 
 
 # --- bert -----------------------------------------------------------------------------------------
+
 
 def _bert_forward(cfg, inputs, is_training):
   del is_training
@@ -360,18 +438,27 @@ def _bert_loss(cfg, logits, targets):
 
 
 _BERT = _Model(
-    name="bert", family="transformer",
-    description=("BERT-style encoder (token + position + segment embeddings, 4 post-LN layers of "
-                 "4-head self-attention and a GELU MLP, d=256, d_ff=1024, vocab 8192; BERT-Mini "
-                 "size) with a tied masked-LM head, on 128-token sequences"),
-    tiny_description="BERT-style encoder, 1 layer, d=32, 2 heads, vocab 64, 16 tokens",
-    default_batches=(1, 8), forward=_bert_forward, make_batch=_bert_batch, loss=_bert_loss,
-    optimizer="adam", learning_rate=1e-4,
-    full=dict(layers=4, d_model=256, heads=4, d_ff=1024, vocab=8192, seq_len=128),
-    tiny=dict(layers=1, d_model=32, heads=2, d_ff=64, vocab=64, seq_len=16))
+  name="bert",
+  family="transformer",
+  description=(
+    "BERT-style encoder (token + position + segment embeddings, 4 post-LN layers of "
+    "4-head self-attention and a GELU MLP, d=256, d_ff=1024, vocab 8192; BERT-Mini "
+    "size) with a tied masked-LM head, on 128-token sequences"
+  ),
+  tiny_description="BERT-style encoder, 1 layer, d=32, 2 heads, vocab 64, 16 tokens",
+  default_batches=(1, 8),
+  forward=_bert_forward,
+  make_batch=_bert_batch,
+  loss=_bert_loss,
+  optimizer="adam",
+  learning_rate=1e-4,
+  full=dict(layers=4, d_model=256, heads=4, d_ff=1024, vocab=8192, seq_len=128),
+  tiny=dict(layers=1, d_model=32, heads=2, d_ff=64, vocab=64, seq_len=16),
+)
 
 
 # --- gpt ------------------------------------------------------------------------------------------
+
 
 def _gpt_forward(cfg, tokens, is_training):
   del is_training
@@ -392,18 +479,27 @@ def _lm_batch(cfg, batch, rng):
 
 
 _GPT = _Model(
-    name="gpt", family="transformer",
-    description=("GPT-2-style decoder (token + learned position embeddings, 4 pre-LN layers of "
-                 "causal 4-head self-attention and a GELU MLP, d=256, vocab 8192, final "
-                 "LayerNorm, tied LM head) predicting the next token of 128-token sequences"),
-    tiny_description="GPT-style decoder, 1 layer, d=32, 2 heads, vocab 64, 16 tokens",
-    default_batches=(1, 8), forward=_gpt_forward, make_batch=_lm_batch,
-    loss=_classification_loss, optimizer="adam", learning_rate=3e-4,
-    full=dict(layers=4, d_model=256, heads=4, vocab=8192, seq_len=128),
-    tiny=dict(layers=1, d_model=32, heads=2, vocab=64, seq_len=16))
+  name="gpt",
+  family="transformer",
+  description=(
+    "GPT-2-style decoder (token + learned position embeddings, 4 pre-LN layers of "
+    "causal 4-head self-attention and a GELU MLP, d=256, vocab 8192, final "
+    "LayerNorm, tied LM head) predicting the next token of 128-token sequences"
+  ),
+  tiny_description="GPT-style decoder, 1 layer, d=32, 2 heads, vocab 64, 16 tokens",
+  default_batches=(1, 8),
+  forward=_gpt_forward,
+  make_batch=_lm_batch,
+  loss=_classification_loss,
+  optimizer="adam",
+  learning_rate=3e-4,
+  full=dict(layers=4, d_model=256, heads=4, vocab=8192, seq_len=128),
+  tiny=dict(layers=1, d_model=32, heads=2, vocab=64, seq_len=16),
+)
 
 
 # --- vit ------------------------------------------------------------------------------------------
+
 
 def _vit_forward(cfg, images, is_training):
   del is_training
@@ -421,19 +517,28 @@ def _vit_forward(cfg, images, is_training):
 
 
 _VIT = _Model(
-    name="vit", family="transformer",
-    description=("Vision Transformer (4x4 patch embedding, class token, learned position "
-                 "embeddings, pre-LN encoder with ViT-Tiny widths d=192, 3 heads, MLP 768, "
-                 "depth reduced 12 -> 6, classifier on the class token) on 32x32 RGB images, "
-                 "100 classes"),
-    tiny_description="ViT with 1 layer, d=32, 2 heads, 8x8 patches of 16x16 images",
-    default_batches=(1, 8), forward=_vit_forward, make_batch=_images,
-    loss=_classification_loss, optimizer="adam", learning_rate=1e-3,
-    full=dict(layers=6, d_model=192, heads=3, patch=4, image_size=32, num_classes=100),
-    tiny=dict(layers=1, d_model=32, heads=2, patch=8, image_size=16, num_classes=10))
+  name="vit",
+  family="transformer",
+  description=(
+    "Vision Transformer (4x4 patch embedding, class token, learned position "
+    "embeddings, pre-LN encoder with ViT-Tiny widths d=192, 3 heads, MLP 768, "
+    "depth reduced 12 -> 6, classifier on the class token) on 32x32 RGB images, "
+    "100 classes"
+  ),
+  tiny_description="ViT with 1 layer, d=32, 2 heads, 8x8 patches of 16x16 images",
+  default_batches=(1, 8),
+  forward=_vit_forward,
+  make_batch=_images,
+  loss=_classification_loss,
+  optimizer="adam",
+  learning_rate=1e-3,
+  full=dict(layers=6, d_model=192, heads=3, patch=4, image_size=32, num_classes=100),
+  tiny=dict(layers=1, d_model=32, heads=2, patch=8, image_size=16, num_classes=10),
+)
 
 
 # --- mlp_mixer ------------------------------------------------------------------------------------
+
 
 def _mixer_forward(cfg, images, is_training):
   del is_training
@@ -453,26 +558,37 @@ def _mixer_forward(cfg, images, is_training):
 
 
 _MLP_MIXER = _Model(
-    name="mlp_mixer", family="mlp",
-    description=("MLP-Mixer (4x4 patch stem, 8 mixer blocks of token-mixing MLP 128 and "
-                 "channel-mixing MLP 1024 with LayerNorm and residuals, 256 channels; Mixer-S "
-                 "depth with half its widths, global average pool head) on 32x32 RGB images"),
-    tiny_description="MLP-Mixer with 1 block, 16 channels, 8x8 patches of 16x16 images",
-    default_batches=(1, 8), forward=_mixer_forward, make_batch=_images,
-    loss=_classification_loss, optimizer="adam", learning_rate=1e-3,
-    full=dict(layers=8, channels=256, token_mlp=128, channel_mlp=1024, patch=4, image_size=32,
-              num_classes=100),
-    tiny=dict(layers=1, channels=16, token_mlp=8, channel_mlp=32, patch=8, image_size=16,
-              num_classes=10))
+  name="mlp_mixer",
+  family="mlp",
+  description=(
+    "MLP-Mixer (4x4 patch stem, 8 mixer blocks of token-mixing MLP 128 and "
+    "channel-mixing MLP 1024 with LayerNorm and residuals, 256 channels; Mixer-S "
+    "depth with half its widths, global average pool head) on 32x32 RGB images"
+  ),
+  tiny_description="MLP-Mixer with 1 block, 16 channels, 8x8 patches of 16x16 images",
+  default_batches=(1, 8),
+  forward=_mixer_forward,
+  make_batch=_images,
+  loss=_classification_loss,
+  optimizer="adam",
+  learning_rate=1e-3,
+  full=dict(
+    layers=8, channels=256, token_mlp=128, channel_mlp=1024, patch=4, image_size=32, num_classes=100
+  ),
+  tiny=dict(
+    layers=1, channels=16, token_mlp=8, channel_mlp=32, patch=8, image_size=16, num_classes=10
+  ),
+)
 
 
 # --- transformer_seq2seq --------------------------------------------------------------------------
+
 
 def _seq2seq_forward(cfg, inputs, is_training):
   del is_training
   d, vocab = cfg["d_model"], cfg["vocab"]
   source, target_in = inputs["source"], inputs["target_in"]
-  embed = hk.Embed(vocab, d, w_init=_trunc(d ** -0.5), name="shared_embed")
+  embed = hk.Embed(vocab, d, w_init=_trunc(d**-0.5), name="shared_embed")
   scale = math.sqrt(d)
   src = embed(source) * scale + _sinusoid(source.shape[1], d)[None]
   tgt = embed(target_in) * scale + _sinusoid(target_in.shape[1], d)[None]
@@ -483,8 +599,9 @@ def _seq2seq_forward(cfg, inputs, is_training):
   causal = _causal_mask(target_in.shape[1])
   with hk.name_scope("decoder"):
     for i in range(cfg["layers"]):
-      tgt = _post_ln_layer(tgt, causal, cfg["d_ff"], cfg["heads"], f"layer_{i}", memory=src,
-                           memory_mask=src_mask)
+      tgt = _post_ln_layer(
+        tgt, causal, cfg["d_ff"], cfg["heads"], f"layer_{i}", memory=src, memory_mask=src_mask
+      )
   return jnp.einsum("bsd,vd->bsv", tgt, embed.embeddings)
 
 
@@ -496,19 +613,28 @@ def _seq2seq_batch(cfg, batch, rng):
 
 
 _SEQ2SEQ = _Model(
-    name="transformer_seq2seq", family="transformer",
-    description=("Encoder-decoder Transformer ('Attention is all you need': shared embeddings, "
-                 "sinusoidal positions, post-LN, 3 encoder + 3 decoder layers with cross-"
-                 "attention, d=256, 4 heads, d_ff=1024, vocab 8000; base depth halved) "
-                 "translating 64-token sources with teacher-forced 64-token targets"),
-    tiny_description="Encoder-decoder Transformer, 1+1 layers, d=32, 2 heads, vocab 64, 8 tokens",
-    default_batches=(1, 8), forward=_seq2seq_forward, make_batch=_seq2seq_batch,
-    loss=_classification_loss, optimizer="adam", learning_rate=3e-4,
-    full=dict(layers=3, d_model=256, heads=4, d_ff=1024, vocab=8000, src_len=64, tgt_len=64),
-    tiny=dict(layers=1, d_model=32, heads=2, d_ff=64, vocab=64, src_len=8, tgt_len=8))
+  name="transformer_seq2seq",
+  family="transformer",
+  description=(
+    "Encoder-decoder Transformer ('Attention is all you need': shared embeddings, "
+    "sinusoidal positions, post-LN, 3 encoder + 3 decoder layers with cross-"
+    "attention, d=256, 4 heads, d_ff=1024, vocab 8000; base depth halved) "
+    "translating 64-token sources with teacher-forced 64-token targets"
+  ),
+  tiny_description="Encoder-decoder Transformer, 1+1 layers, d=32, 2 heads, vocab 64, 8 tokens",
+  default_batches=(1, 8),
+  forward=_seq2seq_forward,
+  make_batch=_seq2seq_batch,
+  loss=_classification_loss,
+  optimizer="adam",
+  learning_rate=3e-4,
+  full=dict(layers=3, d_model=256, heads=4, d_ff=1024, vocab=8000, src_len=64, tgt_len=64),
+  tiny=dict(layers=1, d_model=32, heads=2, d_ff=64, vocab=64, src_len=8, tgt_len=8),
+)
 
 
 # --- lstm (static unroll) ------------------------------------------------------------------------
+
 
 def _lstm_forward(cfg, tokens, is_training):
   """Character LM; `hk.static_unroll` so every time step is its own ops in the schedule."""
@@ -521,18 +647,27 @@ def _lstm_forward(cfg, tokens, is_training):
 
 
 _LSTM = _Model(
-    name="lstm", family="recurrent",
-    description=("2-layer LSTM character language model (byte embedding 128, hidden 256, "
-                 "hk.static_unroll: the 32 time steps are unrolled into straight-line ops, no "
-                 "while loop) predicting the next of 32 bytes"),
-    tiny_description="1-layer LSTM LM, hidden 16, vocab 32, 4 steps (static unroll)",
-    default_batches=(1, 16), forward=_lstm_forward, make_batch=_lm_batch,
-    loss=_classification_loss, optimizer="adam", learning_rate=1e-3,
-    full=dict(layers=2, embed=128, hidden=256, vocab=256, seq_len=32),
-    tiny=dict(layers=1, embed=8, hidden=16, vocab=32, seq_len=4))
+  name="lstm",
+  family="recurrent",
+  description=(
+    "2-layer LSTM character language model (byte embedding 128, hidden 256, "
+    "hk.static_unroll: the 32 time steps are unrolled into straight-line ops, no "
+    "while loop) predicting the next of 32 bytes"
+  ),
+  tiny_description="1-layer LSTM LM, hidden 16, vocab 32, 4 steps (static unroll)",
+  default_batches=(1, 16),
+  forward=_lstm_forward,
+  make_batch=_lm_batch,
+  loss=_classification_loss,
+  optimizer="adam",
+  learning_rate=1e-3,
+  full=dict(layers=2, embed=128, hidden=256, vocab=256, seq_len=32),
+  tiny=dict(layers=1, embed=8, hidden=16, vocab=32, seq_len=4),
+)
 
 
 # --- gru (dynamic unroll) -------------------------------------------------------------------------
+
 
 def _gru_forward(cfg, series, is_training):
   """Sequence regression; `hk.dynamic_unroll` (lax.scan), so XLA emits one `while` loop."""
@@ -555,17 +690,26 @@ def _mse_loss(cfg, predictions, targets):
 
 
 _GRU = _Model(
-    name="gru", family="recurrent",
-    description=("2-layer GRU (hidden 256, hk.dynamic_unroll = lax.scan: one XLA while loop "
-                 "over 128 steps) forecasting the next step of a 32-feature time series (MSE)"),
-    tiny_description="1-layer GRU, hidden 16, 4 features, 8 steps (dynamic unroll)",
-    default_batches=(1, 16), forward=_gru_forward, make_batch=_series_batch, loss=_mse_loss,
-    optimizer="adam", learning_rate=1e-3,
-    full=dict(layers=2, hidden=256, features=32, seq_len=128),
-    tiny=dict(layers=1, hidden=16, features=4, seq_len=8))
+  name="gru",
+  family="recurrent",
+  description=(
+    "2-layer GRU (hidden 256, hk.dynamic_unroll = lax.scan: one XLA while loop "
+    "over 128 steps) forecasting the next step of a 32-feature time series (MSE)"
+  ),
+  tiny_description="1-layer GRU, hidden 16, 4 features, 8 steps (dynamic unroll)",
+  default_batches=(1, 16),
+  forward=_gru_forward,
+  make_batch=_series_batch,
+  loss=_mse_loss,
+  optimizer="adam",
+  learning_rate=1e-3,
+  full=dict(layers=2, hidden=256, features=32, seq_len=128),
+  tiny=dict(layers=1, hidden=16, features=4, seq_len=8),
+)
 
 
 # --- mlp ------------------------------------------------------------------------------------------
+
 
 def _mlp_forward(cfg, x, is_training):
   del is_training
@@ -579,16 +723,23 @@ def _vector_batch(cfg, batch, rng):
 
 
 _MLP = _Model(
-    name="mlp", family="mlp",
-    description="MLP classifier 784-1024-1024-512-10 with ReLU (MNIST-sized inputs)",
-    tiny_description="MLP 16-32-32-4",
-    default_batches=(8, 128), forward=_mlp_forward, make_batch=_vector_batch,
-    loss=_classification_loss, optimizer="sgd", learning_rate=0.01,
-    full=dict(inputs=784, hidden=(1024, 1024, 512), num_classes=10),
-    tiny=dict(inputs=16, hidden=(32, 32), num_classes=4))
+  name="mlp",
+  family="mlp",
+  description="MLP classifier 784-1024-1024-512-10 with ReLU (MNIST-sized inputs)",
+  tiny_description="MLP 16-32-32-4",
+  default_batches=(8, 128),
+  forward=_mlp_forward,
+  make_batch=_vector_batch,
+  loss=_classification_loss,
+  optimizer="sgd",
+  learning_rate=0.01,
+  full=dict(inputs=784, hidden=(1024, 1024, 512), num_classes=10),
+  tiny=dict(inputs=16, hidden=(32, 32), num_classes=4),
+)
 
 
 # --- deepfm ---------------------------------------------------------------------------------------
+
 
 def _deepfm_forward(cfg, inputs, is_training):
   """DeepFM: a shared (per-field offset) embedding table feeds an FM and a deep MLP."""
@@ -599,8 +750,9 @@ def _deepfm_forward(cfg, inputs, is_training):
   table = hk.Embed(fields * vocab, k, w_init=_trunc(0.01), name="embeddings")
   linear_table = hk.Embed(fields * vocab, 1, w_init=jnp.zeros, name="linear_weights")
   v = table(ids)  # [batch, fields, k]
-  first_order = jnp.sum(linear_table(ids)[..., 0], axis=1) + hk.Linear(1, name="dense_linear")(
-      dense)[:, 0]
+  first_order = (
+    jnp.sum(linear_table(ids)[..., 0], axis=1) + hk.Linear(1, name="dense_linear")(dense)[:, 0]
+  )
   sum_v = jnp.sum(v, axis=1)
   second_order = 0.5 * jnp.sum(jnp.square(sum_v) - jnp.sum(jnp.square(v), axis=1), axis=1)
   deep_in = jnp.concatenate([v.reshape(v.shape[0], -1), dense], axis=1)
@@ -609,8 +761,9 @@ def _deepfm_forward(cfg, inputs, is_training):
 
 
 def _deepfm_batch(cfg, batch, rng):
-  sparse = rng.integers(0, cfg["vocab_per_field"], size=(batch, cfg["sparse_fields"]),
-                        dtype=np.int32)
+  sparse = rng.integers(
+    0, cfg["vocab_per_field"], size=(batch, cfg["sparse_fields"]), dtype=np.int32
+  )
   dense = rng.standard_normal((batch, cfg["dense_fields"]), dtype=np.float32)
   clicks = (rng.random(batch) < 0.25).astype(np.float32)
   return {"sparse": sparse, "dense": dense}, clicks
@@ -622,37 +775,73 @@ def _bce_loss(cfg, logits, labels):
 
 
 _DEEPFM = _Model(
-    name="deepfm", family="recommender",
-    description=("DeepFM click-through model (Criteo layout: 26 sparse fields x 10000 ids in one "
-                 "embedding table of dim 16 plus a first-order table, 13 dense features, "
-                 "factorization-machine interactions + a 400-400-400 deep MLP); "
-                 "embedding-gather heavy"),
-    tiny_description="DeepFM with 4 sparse fields x 50 ids, dim 4, 3 dense features, MLP 16",
-    default_batches=(32, 256), forward=_deepfm_forward, make_batch=_deepfm_batch,
-    loss=_bce_loss, optimizer="adam", learning_rate=1e-3,
-    full=dict(sparse_fields=26, vocab_per_field=10000, embed=16, dense_fields=13,
-              deep=(400, 400, 400)),
-    tiny=dict(sparse_fields=4, vocab_per_field=50, embed=4, dense_fields=3, deep=(16,)))
+  name="deepfm",
+  family="recommender",
+  description=(
+    "DeepFM click-through model (Criteo layout: 26 sparse fields x 10000 ids in one "
+    "embedding table of dim 16 plus a first-order table, 13 dense features, "
+    "factorization-machine interactions + a 400-400-400 deep MLP); "
+    "embedding-gather heavy"
+  ),
+  tiny_description="DeepFM with 4 sparse fields x 50 ids, dim 4, 3 dense features, MLP 16",
+  default_batches=(32, 256),
+  forward=_deepfm_forward,
+  make_batch=_deepfm_batch,
+  loss=_bce_loss,
+  optimizer="adam",
+  learning_rate=1e-3,
+  full=dict(
+    sparse_fields=26, vocab_per_field=10000, embed=16, dense_fields=13, deep=(400, 400, 400)
+  ),
+  tiny=dict(sparse_fields=4, vocab_per_field=50, embed=4, dense_fields=3, deep=(16,)),
+)
 
 
-_ALL = (_RESNET50, _MOBILENET, _VGG, _UNET, _WAVENET, _BERT, _GPT, _VIT, _SEQ2SEQ, _MLP_MIXER,
-        _LSTM, _GRU, _MLP, _DEEPFM)
+_ALL = (
+  _RESNET50,
+  _MOBILENET,
+  _VGG,
+  _UNET,
+  _WAVENET,
+  _BERT,
+  _GPT,
+  _VIT,
+  _SEQ2SEQ,
+  _MLP_MIXER,
+  _LSTM,
+  _GRU,
+  _MLP,
+  _DEEPFM,
+)
 _REGISTRY: dict[str, _Model] = {m.name: m for m in _ALL}
 
 MODELS: dict[str, ModelSpec] = {
-    m.name: ModelSpec(name=m.name, family=m.family, description=m.description,
-                      default_batches=m.default_batches, supports_training=m.supports_training)
-    for m in _ALL}
+  m.name: ModelSpec(
+    name=m.name,
+    family=m.family,
+    description=m.description,
+    default_batches=m.default_batches,
+    supports_training=m.supports_training,
+  )
+  for m in _ALL
+}
 
 # The `tiny=True` versions (same names), for tests: each compiles in about a second.
 TINY_MODELS: dict[str, ModelSpec] = {
-    m.name: ModelSpec(name=m.name, family=m.family, description=m.tiny_description,
-                      default_batches=(1, 2), supports_training=m.supports_training)
-    for m in _ALL}
+  m.name: ModelSpec(
+    name=m.name,
+    family=m.family,
+    description=m.tiny_description,
+    default_batches=(1, 2),
+    supports_training=m.supports_training,
+  )
+  for m in _ALL
+}
 
 
 # ------------------------------------------------------------------------------------------------
 # Programs.
+
 
 def _lookup(name: str) -> _Model:
   model = _REGISTRY.get(name)
@@ -684,8 +873,9 @@ def _init(transformed: hk.TransformedWithState, seed: int, inputs: Any):
   return compiled(key, inputs)
 
 
-def build_program(name: str, batch: int, train: bool, seed: int = 0,
-                  tiny: bool = False) -> tuple[Callable, tuple]:
+def build_program(
+  name: str, batch: int, train: bool, seed: int = 0, tiny: bool = False
+) -> tuple[Callable, tuple]:
   """Returns (fn, example_args) such that jax.jit(fn).lower(*example_args).compile() is the program.
 
   Inference: fn(params, inputs) -> outputs. Training (train=True): one full training step
@@ -720,6 +910,7 @@ def build_program(name: str, batch: int, train: bool, seed: int = 0,
   variables = join(params, state)
 
   if not train:
+
     def infer(variables, inputs):
       p, s = split(variables)
       outputs, _ = transformed.apply(p, s, inputs, False)
@@ -745,8 +936,7 @@ def build_program(name: str, batch: int, train: bool, seed: int = 0,
   return train_step, (variables, opt_state, inputs, targets)
 
 
-def compiled_hlo_text(name: str, batch: int, train: bool, seed: int = 0,
-                      tiny: bool = False) -> str:
+def compiled_hlo_text(name: str, batch: int, train: bool, seed: int = 0, tiny: bool = False) -> str:
   """The optimised, scheduled HLO text of the model's program as XLA compiles it here."""
   fn, args = build_program(name, batch, train, seed=seed, tiny=tiny)
   return jax.jit(fn).lower(*args).compile().as_text()

@@ -56,8 +56,13 @@ def get_solver(name: str) -> Solver:
   return BASELINES[name]
 
 
-def solve(workload: Workload, hardware: Hardware, solver: str,
-          game_config: GameConfig = REQUESTS_GAME, **options: Any) -> SolveResult:
+def solve(
+  workload: Workload,
+  hardware: Hardware,
+  solver: str,
+  game_config: GameConfig = REQUESTS_GAME,
+  **options: Any,
+) -> SolveResult:
   """Runs a baseline; the returned mapping has passed `validate_mapping`.
 
   `solve_time_s` is the whole solve as a user waits for it: building the cost model, the
@@ -70,14 +75,16 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
   model = CostModel(workload, hardware)
   requests = build_requests(model)
   if options.get("time_limit_s") is not None:
-    options["time_limit_s"] = max(0.0, float(options["time_limit_s"])
-                                  - (time.perf_counter() - started))
+    options["time_limit_s"] = max(
+      0.0, float(options["time_limit_s"]) - (time.perf_counter() - started)
+    )
   if spec.kind == "model":
     mapping, info = spec.run(model, **options)
   elif spec.kind == "game":
     try:
-      game = make_game(workload, hardware, dataclasses.replace(
-          game_config, decisions=spec.game_config.decisions))
+      game = make_game(
+        workload, hardware, dataclasses.replace(game_config, decisions=spec.game_config.decisions)
+      )
     except MalloczeroError:
       game = None  # Nothing to play (no request; no decision for msa): the empty mapping below.
     if game is not None:
@@ -88,14 +95,31 @@ def solve(workload: Workload, hardware: Hardware, solver: str,
       mapping = Placement(model, requests).mapping(solver)
   else:
     placement = Placement(model, requests)
-    info = spec.run(placement, **options) if len(requests) \
-        else {"note": "no request fits in fast memory and saves time there"}
+    info = (
+      spec.run(placement, **options)
+      if len(requests)
+      else {"note": "no request fits in fast memory and saves time there"}
+    )
     mapping = placement.mapping(solver)
   elapsed = time.perf_counter() - started
   validate_mapping(workload, hardware, mapping)
   return SolveResult(mapping, elapsed, dict(info, requests=len(requests)))
 
 
-__all__ = ["BASELINES", "SOLVERS", "Solver", "SolveResult", "get_solver", "solve", "msa",
-           "msa_simple", "greedy", "evo", "evo_msa", "cpsat", "pack", "random_play",
-           "bestfit_play"]
+__all__ = [
+  "BASELINES",
+  "SOLVERS",
+  "Solver",
+  "SolveResult",
+  "get_solver",
+  "solve",
+  "msa",
+  "msa_simple",
+  "greedy",
+  "evo",
+  "evo_msa",
+  "cpsat",
+  "pack",
+  "random_play",
+  "bestfit_play",
+]

@@ -17,7 +17,8 @@ contention. The returned mapping is evaluated (and validated) with the contended
 the objective and the proven bound are of the uncontended model: they bound neither the
 simulated program time nor what a game player can reach, and `info["bound_note"]` says so.
 
-`time_limit_s` bounds the whole call: the msa-simple hint and building the model are taken from it and
+`time_limit_s` bounds the whole call: the msa-simple hint and building the model are taken from it
+and
 CP-SAT searches for what is left (`solve()` has already taken out building the requests). A
 limit spent before the search starts returns the msa-simple hint, said so in `fallback`.
 """
@@ -35,13 +36,15 @@ from malloczero.env.solvers.heuristics import msa_simple
 UNITS_PER_SLOW_ONLY_TIME = 1e9
 DEFAULT_TIME_LIMIT_S = 10.0
 DEFAULT_WORKERS = 2  # Search threads.
-BOUND_NOTE = ("bound of the model without copy contention: not a bound on the simulated "
-              "program time")
+BOUND_NOTE = "bound of the model without copy contention: not a bound on the simulated program time"
 
 
-def cpsat(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-          workers: int = DEFAULT_WORKERS,
-          seed: int = 0) -> dict:
+def cpsat(
+  placement: Placement,
+  time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+  workers: int = DEFAULT_WORKERS,
+  seed: int = 0,
+) -> dict:
   model_cost, req, hw = placement.model, placement.requests, placement.hardware
   unit = model_cost.slow_only_time / UNITS_PER_SLOW_ONLY_TIME
   align = hw.alignment_bytes
@@ -71,9 +74,11 @@ def cpsat(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
       present = m.NewBoolVar(f"x{r}_{level}")
       slot = m.NewIntVar(0, int((cap[level] - size) // align), f"k{r}_{level}")
       time_intervals[level].append(
-          m.NewOptionalFixedSizeIntervalVar(start, end - start, present, f"t{r}_{level}"))
+        m.NewOptionalFixedSizeIntervalVar(start, end - start, present, f"t{r}_{level}")
+      )
       address_intervals[level].append(
-          m.NewOptionalFixedSizeIntervalVar(slot * align, size, present, f"a{r}_{level}"))
+        m.NewOptionalFixedSizeIntervalVar(slot * align, size, present, f"a{r}_{level}")
+      )
       saved = nbytes * (inv[-1] - inv[level]) / unit
       for t, s in zip(ops.tolist(), np.rint(saved).astype(np.int64).tolist()):
         if s > 0:
@@ -93,8 +98,13 @@ def cpsat(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
 
   compute = np.rint(model_cost.compute_time / unit).astype(np.int64)
   slow = np.rint(model_cost.slow_memory_time / unit).astype(np.int64)
-  constant = int(sum(max(c, s) for t, (c, s) in enumerate(zip(compute.tolist(), slow.tolist()))
-                     if t not in op_terms))
+  constant = int(
+    sum(
+      max(c, s)
+      for t, (c, s) in enumerate(zip(compute.tolist(), slow.tolist()))
+      if t not in op_terms
+    )
+  )
   op_vars = []
   for t, terms in op_terms.items():
     low, high = int(compute[t]), int(max(compute[t], slow[t]))
@@ -111,18 +121,26 @@ def cpsat(placement: Placement, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
   if remaining <= 0:
     for (r, level), offset in hint.items():
       placement.place(r, level, offset)
-    return {"status": "unknown", "bound_s": 0.0, "bound_note": BOUND_NOTE, "model_build_s": built,
-            "model_build_and_solve_s": built, "variables": len(choices),
-            "fallback": f"msa-simple (building the model took {built:.2f} s, all of the "
-                        f"{float(time_limit_s):.2f} s left of the time limit)"}
+    return {
+      "status": "unknown",
+      "bound_s": 0.0,
+      "bound_note": BOUND_NOTE,
+      "model_build_s": built,
+      "model_build_and_solve_s": built,
+      "variables": len(choices),
+      "fallback": f"msa-simple (building the model took {built:.2f} s, all of the "
+      f"{float(time_limit_s):.2f} s left of the time limit)",
+    }
   solver.parameters.max_time_in_seconds = remaining
   status = solver.Solve(m)
-  info = {"status": solver.StatusName(status).lower(),
-          "bound_s": float(solver.BestObjectiveBound()) * unit,
-          "bound_note": BOUND_NOTE,
-          "model_build_s": built,
-          "model_build_and_solve_s": time.perf_counter() - t0,
-          "variables": len(choices)}
+  info = {
+    "status": solver.StatusName(status).lower(),
+    "bound_s": float(solver.BestObjectiveBound()) * unit,
+    "bound_note": BOUND_NOTE,
+    "model_build_s": built,
+    "model_build_and_solve_s": time.perf_counter() - t0,
+    "variables": len(choices),
+  }
   if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
     for r, level, present, slot in choices:
       if solver.Value(present):

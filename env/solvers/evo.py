@@ -31,9 +31,15 @@ def decode(placement: Placement, priority: np.ndarray) -> float:
   return placement.total_time
 
 
-def evo(placement: Placement, evaluations: int = DEFAULT_EVALUATIONS, population: int = 12,
-        elite: int = 3, sigma: float = 0.3, time_limit_s: float | None = None,
-        seed: int = 0) -> dict:
+def evo(
+  placement: Placement,
+  evaluations: int = DEFAULT_EVALUATIONS,
+  population: int = 12,
+  elite: int = 3,
+  sigma: float = 0.3,
+  time_limit_s: float | None = None,
+  seed: int = 0,
+) -> dict:
   """Leaves the best mapping found in `placement`; an info dict (evaluations, the best time per
   generation, whether the time limit stopped it)."""
   req = placement.requests
@@ -42,8 +48,10 @@ def evo(placement: Placement, evaluations: int = DEFAULT_EVALUATIONS, population
   budget = DecodeBudget(time_limit_s)
   rank = lambda order: (num_requests - np.argsort(order, kind="stable")) / num_requests
   density = req.standalone_saving.max(axis=1) / req.size
-  seeds = [rank(np.arange(num_requests)),                          # msa's order
-           rank(np.argsort(-density, kind="stable"))]              # greedy's order
+  seeds = [
+    rank(np.arange(num_requests)),  # msa's order
+    rank(np.argsort(-density, kind="stable")),
+  ]  # greedy's order
   genomes = seeds + [rng.random(num_requests) for _ in range(max(0, population - len(seeds)))]
   genomes = genomes[:population]
   evaluated, fitness = [], []
@@ -81,5 +89,8 @@ def evo(placement: Placement, evaluations: int = DEFAULT_EVALUATIONS, population
   best = int(np.argmin(fitness))
   if best != last:
     decode(placement, genomes[best])  # Leave the best mapping in `placement`.
-  return {"evaluations": used, "best_time_per_generation_s": history,
-          **({"stopped_by_time_limit": True} if stopped else {})}
+  return {
+    "evaluations": used,
+    "best_time_per_generation_s": history,
+    **({"stopped_by_time_limit": True} if stopped else {}),
+  }

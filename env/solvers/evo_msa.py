@@ -41,9 +41,13 @@ Genome = dict[tuple[int, int], int]
 Choice = tuple[int, int, np.ndarray, int]
 
 
-def decode(model: CostModel, genome: Genome, options: MsaOptions = MsaOptions(),
-           max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS, skip_below: float = 0.0
-           ) -> tuple[float, Allocations, list[Choice], Genome]:
+def decode(
+  model: CostModel,
+  genome: Genome,
+  options: MsaOptions = MsaOptions(),
+  max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS,
+  skip_below: float = 0.0,
+) -> tuple[float, Allocations, list[Choice], Genome]:
   """Plays msa's decisions with the genome's deviations; (program time, segments, the decision
   points that offered a choice, the deviations actually taken: a deviation whose decision no
   longer comes up, or no longer offers its slot, is dropped). With `skip_below`, only the
@@ -86,9 +90,16 @@ def mutate(parent: Genome, choices: list[Choice], rng: np.random.Generator) -> G
   return child
 
 
-def evo_msa(model: CostModel, evaluations: int | None = None, population: int = 8,
-            elite: int = 2, time_limit_s: float | None = None, seed: int = 0,
-            skip_below: float = 0.0, **msa_options: Any) -> tuple[Mapping, dict[str, Any]]:
+def evo_msa(
+  model: CostModel,
+  evaluations: int | None = None,
+  population: int = 8,
+  elite: int = 2,
+  time_limit_s: float | None = None,
+  seed: int = 0,
+  skip_below: float = 0.0,
+  **msa_options: Any,
+) -> tuple[Mapping, dict[str, Any]]:
   """The best mapping found and an info dict (evaluations; the best genome's deviations from
   msa as [buffer position, use op, slot] rows, which replayed in the msa game give the mapping;
   the best time per generation; msa's own time).
@@ -100,8 +111,9 @@ def evo_msa(model: CostModel, evaluations: int | None = None, population: int = 
   options = MsaOptions(**msa_options)
   rng = np.random.default_rng(seed)
   budget = DecodeBudget(time_limit_s)
-  msa_time, best_allocations, msa_choices, _ = budget.decode(decode, model, {}, options,
-                                                             skip_below=skip_below)
+  msa_time, best_allocations, msa_choices, _ = budget.decode(
+    decode, model, {}, options, skip_below=skip_below
+  )
   best_time, best_genome = msa_time, {}
   genomes: list[Genome] = [{}]
   fitness, trajectories = [msa_time], [msa_choices]
@@ -120,8 +132,12 @@ def evo_msa(model: CostModel, evaluations: int | None = None, population: int = 
       a, b = rng.integers(len(genomes), size=2)
       parent = a if fitness[a] <= fitness[b] else b
       child_time, allocations, child_choices, child = budget.decode(
-          decode, model, mutate(genomes[parent], trajectories[parent], rng), options,
-          skip_below=skip_below)
+        decode,
+        model,
+        mutate(genomes[parent], trajectories[parent], rng),
+        options,
+        skip_below=skip_below,
+      )
       used += 1
       if child_time < best_time:
         best_time, best_genome, best_allocations = child_time, child, allocations
@@ -131,8 +147,12 @@ def evo_msa(model: CostModel, evaluations: int | None = None, population: int = 
     genomes, fitness, trajectories = next_genomes, next_fitness, next_trajectories
     history.append(min(fitness))
   mapping = allocations_mapping(model, best_allocations, "evo-msa")
-  info = {"evaluations": used, "deviations_from_msa": len(best_genome),
-          "deviations": [[b, u, slot] for (b, u), slot in sorted(best_genome.items())],
-          "msa_time_s": msa_time, "best_time_per_generation_s": history,
-          **({"stopped_by_time_limit": True} if stopped else {})}
+  info = {
+    "evaluations": used,
+    "deviations_from_msa": len(best_genome),
+    "deviations": [[b, u, slot] for (b, u), slot in sorted(best_genome.items())],
+    "msa_time_s": msa_time,
+    "best_time_per_generation_s": history,
+    **({"stopped_by_time_limit": True} if stopped else {}),
+  }
   return mapping, info

@@ -34,19 +34,20 @@ FIELD = {"W": 0, "A": 1, "T": 2}
 
 class _Problem(NamedTuple):
   """A packing problem as the jitted search reads it; `Kernel` builds it (int64 arrays)."""
-  n: int                  # Requests.
-  num_sections: int       # S.
-  capacity: int           # Bytes of the fastest level.
-  size: np.ndarray        # [n] bytes.
-  width: np.ndarray       # [n] window length in time.
-  lo: np.ndarray          # [n] first section of the window.
-  hi: np.ndarray          # [n] the section after its last.
-  overlap_ptr: np.ndarray   # [n + 1], CSR with `overlap_idx`: per request, the others whose
-  overlap_idx: np.ndarray   # windows overlap its own.
-  section_ptr: np.ndarray   # [S + 1], CSR with `section_idx`: per section, the requests live
-  section_idx: np.ndarray   # in it, by first section.
-  fields: np.ndarray      # The preordering heuristic, as `FIELD` values.
-  min_off_at: int         # Where each part of `mem` starts: n, 2n, 2n + S, 2n + 2S, 2n + 3S.
+
+  n: int  # Requests.
+  num_sections: int  # S.
+  capacity: int  # Bytes of the fastest level.
+  size: np.ndarray  # [n] bytes.
+  width: np.ndarray  # [n] window length in time.
+  lo: np.ndarray  # [n] first section of the window.
+  hi: np.ndarray  # [n] the section after its last.
+  overlap_ptr: np.ndarray  # [n + 1], CSR with `overlap_idx`: per request, the others whose
+  overlap_idx: np.ndarray  # windows overlap its own.
+  section_ptr: np.ndarray  # [S + 1], CSR with `section_idx`: per section, the requests live
+  section_idx: np.ndarray  # in it, by first section.
+  fields: np.ndarray  # The preordering heuristic, as `FIELD` values.
+  min_off_at: int  # Where each part of `mem` starts: n, 2n, 2n + S, 2n + 2S, 2n + 3S.
   floor_at: int
   total_at: int
   cuts_at: int
@@ -56,6 +57,7 @@ class _Problem(NamedTuple):
 class _Trail(NamedTuple):
   """`mem`, the log that undoes its changes (one flat index and old value per change) and the
   search's counters (`ctl`: `_NODES_LEFT` ...)."""
+
   mem: np.ndarray
   index: np.ndarray
   old: np.ndarray
@@ -64,10 +66,11 @@ class _Trail(NamedTuple):
 
 class _Scratch(NamedTuple):
   """The rest of what the search writes."""
-  stamp: np.ndarray       # [S] the last placement that touched each section.
-  touched: np.ndarray     # [S] the sections the current placement touched.
-  rank: np.ndarray        # [n] each request's place in the current static preorder.
-  best: np.ndarray        # [n] the offsets of the best partial packing so far.
+
+  stamp: np.ndarray  # [S] the last placement that touched each section.
+  touched: np.ndarray  # [S] the sections the current placement touched.
+  rank: np.ndarray  # [n] each request's place in the current static preorder.
+  best: np.ndarray  # [n] the offsets of the best partial packing so far.
 
 
 @numba.njit(cache=True)
@@ -221,7 +224,7 @@ def _record_area(problem, trail, best, b):
   _put(trail, area_at, mem[area_at] + problem.size[b] * problem.width[b])
   if mem[area_at] > ctl[_BEST]:
     ctl[_BEST] = mem[area_at]
-    best[:] = mem[:problem.n]
+    best[:] = mem[: problem.n]
 
 
 @numba.njit(cache=True)
@@ -239,7 +242,7 @@ def _cut_points(problem, trail, b, sec_lo, sec_hi):
       points[num_points] = s + 1
       num_points += 1
   points[num_points] = sec_hi
-  return points[:num_points + 1]
+  return points[: num_points + 1]
 
 
 @numba.njit(cache=True)
@@ -301,8 +304,9 @@ def _search(problem, trail, scratch, buffers, sec_lo, sec_hi, last_offset, last_
             continue
           saved = rank[inside]
           _preorder(problem, mem, inside, rank)
-          status = _search(problem, trail, scratch, inside, cuts[c - 1], cuts[c], np.int64(0),
-                           np.int64(-1))
+          status = _search(
+            problem, trail, scratch, inside, cuts[c - 1], cuts[c], np.int64(0), np.int64(-1)
+          )
           rank[inside] = saved
           if status != OK:
             break
@@ -319,27 +323,51 @@ def _search(problem, trail, scratch, buffers, sec_lo, sec_hi, last_offset, last_
 class Kernel:
   """The jitted search's arrays for one packing problem, and one bounded run of it."""
 
-  def __init__(self, size: np.ndarray, width: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-               starts: np.ndarray, ends: np.ndarray, num_sections: int, capacity: int):
+  def __init__(
+    self,
+    size: np.ndarray,
+    width: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    num_sections: int,
+    capacity: int,
+  ):
     n, S = len(size), num_sections
     size, width = size.astype(np.int64), width.astype(np.int64)
     lo, hi = lo.astype(np.int64), hi.astype(np.int64)
     overlap_ptr, overlap_idx = _overlaps(starts, ends)
     section_ptr, section_idx = _section_members(lo, hi, S)
     self.problem = p = _Problem(
-        n, S, capacity, size, width, lo, hi, overlap_ptr, overlap_idx, section_ptr,
-        section_idx, fields=np.zeros(0, np.int64), min_off_at=n, floor_at=2 * n,
-        total_at=2 * n + S, cuts_at=2 * n + 2 * S, area_at=2 * n + 3 * S)
+      n,
+      S,
+      capacity,
+      size,
+      width,
+      lo,
+      hi,
+      overlap_ptr,
+      overlap_idx,
+      section_ptr,
+      section_idx,
+      fields=np.zeros(0, np.int64),
+      min_off_at=n,
+      floor_at=2 * n,
+      total_at=2 * n + S,
+      cuts_at=2 * n + 2 * S,
+      area_at=2 * n + 3 * S,
+    )
     self.mem = np.zeros(p.area_at + 1, np.int64)
     self.mem[:n] = -1
     total = np.zeros(S + 1, np.int64)
     np.add.at(total, lo, size)
     np.add.at(total, hi, -size)
-    self.mem[p.total_at:p.cuts_at] = np.cumsum(total)[:S]
+    self.mem[p.total_at : p.cuts_at] = np.cumsum(total)[:S]
     cuts = np.zeros(S + 1, np.int64)
     np.add.at(cuts, lo + 1, 1)
     np.add.at(cuts, hi, -1)
-    self.mem[p.cuts_at:p.area_at] = np.cumsum(cuts)[1:]
+    self.mem[p.cuts_at : p.area_at] = np.cumsum(cuts)[1:]
     # The trail's first size: per request on a path, its offset, its overlaps' minimum offsets,
     # floor, total and cut of its sections and the bytes x time placed, plus room for the
     # unallocated floors; `run` doubles it when it fills up.
@@ -353,10 +381,11 @@ class Kernel:
 
   @property
   def offset(self) -> np.ndarray:
-    return self.mem[:self.problem.n]
+    return self.mem[: self.problem.n]
 
-  def run(self, buffers: np.ndarray, sec_lo: int, sec_hi: int, heuristic: str,
-          nodes: int) -> tuple[int, int, int, np.ndarray]:
+  def run(
+    self, buffers: np.ndarray, sec_lo: int, sec_hi: int, heuristic: str, nodes: int
+  ) -> tuple[int, int, int, np.ndarray]:
     """Searches one partition with at most `nodes` nodes. Returns (status, nodes used, bytes x
     time of its best partial packing, the offsets of that packing). A success stays in `mem`;
     anything else is undone."""
@@ -367,10 +396,9 @@ class Kernel:
       ctl[_BEST] = base = self.mem[problem.area_at]
       mark = ctl[_TOP]
       trail = _Trail(self.mem, self.trail_index, self.trail_old, ctl)
-      scratch = _Scratch(self.stamp, self.touched, self.rank, self.mem[:problem.n].copy())
+      scratch = _Scratch(self.stamp, self.touched, self.rank, self.mem[: problem.n].copy())
       _preorder(problem, self.mem, buffers, self.rank)
-      status = _search(problem, trail, scratch, buffers, sec_lo, sec_hi, np.int64(0),
-                       np.int64(-1))
+      status = _search(problem, trail, scratch, buffers, sec_lo, sec_hi, np.int64(0), np.int64(-1))
       if not ctl[_FULL]:
         break
       _undo(trail, mark)  # Nothing unlogged was applied.
@@ -392,8 +420,9 @@ def _overlaps(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndar
   return ptr, np.concatenate(rows + [np.zeros(0, np.int64)]).astype(np.int64)
 
 
-def _section_members(lo: np.ndarray, hi: np.ndarray,
-                     num_sections: int) -> tuple[np.ndarray, np.ndarray]:
+def _section_members(
+  lo: np.ndarray, hi: np.ndarray, num_sections: int
+) -> tuple[np.ndarray, np.ndarray]:
   """CSR (pointers, indices): per section, the requests live in it, by first section."""
   members: list[list[int]] = [[] for _ in range(num_sections)]
   for b in np.argsort(lo, kind="stable").tolist():

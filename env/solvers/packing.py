@@ -72,8 +72,9 @@ DEFAULT_TIME_LIMIT_S = 10.0
 HEURISTICS = ("WAT", "TAW", "TWA")
 
 
-def _partitions(lo: np.ndarray, hi: np.ndarray,
-                num_sections: int) -> list[tuple[list[int], int, int]]:
+def _partitions(
+  lo: np.ndarray, hi: np.ndarray, num_sections: int
+) -> list[tuple[list[int], int, int]]:
   """Independent partitions: maximal runs of sections joined by requests spanning their
   boundaries (MiniMalloc's sweep). Returns (requests, first section, end section)."""
   crossing = np.zeros(num_sections + 1, np.int64)
@@ -115,23 +116,35 @@ def _sections(req: Requests, subset: np.ndarray, axis: np.ndarray) -> tuple[np.n
   return points, lo, hi, size, width, np.cumsum(live)[:num_sections]
 
 
-def _reduce(lo: np.ndarray, hi: np.ndarray, size: np.ndarray, live: np.ndarray, capacity: int,
-            priority: np.ndarray) -> np.ndarray:
+def _reduce(
+  lo: np.ndarray,
+  hi: np.ndarray,
+  size: np.ndarray,
+  live: np.ndarray,
+  capacity: int,
+  priority: np.ndarray,
+) -> np.ndarray:
   """Which requests to keep so that no section holds more bytes than `capacity`: lowest
   `priority` first, a request is dropped if it lives in a section that is still overfull."""
   live, keep = live.copy(), np.ones(len(size), bool)
   for b in np.argsort(priority, kind="stable").tolist():
     if live.max(initial=0) <= capacity:
       break
-    if live[lo[b]:hi[b]].max() > capacity:
+    if live[lo[b] : hi[b]].max() > capacity:
       keep[b] = False
-      live[lo[b]:hi[b]] -= size[b]
+      live[lo[b] : hi[b]] -= size[b]
   return keep
 
 
-def _search_packing(req: Requests, subset: np.ndarray, axis: np.ndarray, capacity: int,
-                    deadline: float, heuristics: tuple[str, ...],
-                    info: dict) -> tuple[dict[int, int], str]:
+def _search_packing(
+  req: Requests,
+  subset: np.ndarray,
+  axis: np.ndarray,
+  capacity: int,
+  deadline: float,
+  heuristics: tuple[str, ...],
+  info: dict,
+) -> tuple[dict[int, int], str]:
   """Runs the search on requests `subset` (no section overfull) until `deadline`. Returns
   ({request: offset} for the partitions it packed and the best partial packing of the others,
   "packed" | "infeasible" (proven) | "timeout")."""
@@ -143,8 +156,7 @@ def _search_packing(req: Requests, subset: np.ndarray, axis: np.ndarray, capacit
   t0 = now()
   warm_up()
   info["jit_s"] = now() - t0
-  kernel = Kernel(size, width, lo, hi, req.start[subset], req.end[subset], num_sections,
-                  capacity)
+  kernel = Kernel(size, width, lo, hi, req.start[subset], req.end[subset], num_sections, capacity)
   parts = _partitions(lo, hi, num_sections)
   pending, proven = list(range(len(parts))), []
   best_partial: dict[int, tuple[int, np.ndarray]] = {}  # partition -> (area, offsets)
@@ -194,14 +206,19 @@ def _search_packing(req: Requests, subset: np.ndarray, axis: np.ndarray, capacit
   return {int(subset[b]): o for b, o in solution.items()}, status
 
 
-def pack(placement: Placement, time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
-         heuristics: tuple[str, ...] = HEURISTICS) -> dict:
+def pack(
+  placement: Placement,
+  time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
+  heuristics: tuple[str, ...] = HEURISTICS,
+) -> dict:
   """The `pack` solver (above): leaves its mapping in `placement`; an info dict (the status,
   why no full packing, what was returned instead; `describe` words it)."""
   for h in heuristics:
     if not h or set(h) - set(FIELD):
-      raise MalloczeroError(f"pack: preordering heuristic '{h}' must be letters of W (window "
-                            "length), A (bytes x time), T (bytes live where it is)")
+      raise MalloczeroError(
+        f"pack: preordering heuristic '{h}' must be letters of W (window "
+        "length), A (bytes x time), T (bytes live where it is)"
+      )
   started = now()
   deadline = started + float(DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
   req = placement.requests
@@ -221,25 +238,33 @@ def pack(placement: Placement, time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
   worst = int(np.argmax(live)) if len(live) else 0
   subset = items
   if items.size < num_requests:
-    info["reason"] = (f"{num_requests - items.size} request(s) larger than the fastest level's "
-                      f"{capacity} bytes")
+    info["reason"] = (
+      f"{num_requests - items.size} request(s) larger than the fastest level's {capacity} bytes"
+    )
   if len(live) and live[worst] > capacity:
-    info["reason"] = (f"{int(live[worst])} bytes are live at time {int(axis[points[worst]])}, "
-                      f"more than the fastest level's {capacity}")
+    info["reason"] = (
+      f"{int(live[worst])} bytes are live at time {int(axis[points[worst]])}, "
+      f"more than the fastest level's {capacity}"
+    )
   if "reason" in info:
     # No full packing exists. Search a subset that fits everywhere instead: the requests that
     # save least per byte are dropped from the sections that are overfull.
     density = req.standalone_saving[items, 0] / req.size[items]
     subset = items[_reduce(lo, hi, size, live, capacity, density)]
     info["searched_requests"] = int(subset.size)
-  solution, status = _search_packing(req, subset, axis, capacity, search_deadline, heuristics,
-                                     info) if subset.size else ({}, "timeout")
+  solution, status = (
+    _search_packing(req, subset, axis, capacity, search_deadline, heuristics, info)
+    if subset.size
+    else ({}, "timeout")
+  )
   if "reason" in info:
     info["searched"] = status  # Whether the subset was packed.
     status = "infeasible"
   elif status == "infeasible":
-    info["reason"] = (f"the search proved that {info['proven_partitions']} of "
-                      f"{info['partitions']} independent partitions cannot be packed")
+    info["reason"] = (
+      f"the search proved that {info['proven_partitions']} of "
+      f"{info['partitions']} independent partitions cannot be packed"
+    )
   info["status"] = status
   info["search_s"] = now() - started
 
@@ -255,12 +280,19 @@ def pack(placement: Placement, time_limit_s: float | None = DEFAULT_TIME_LIMIT_S
   candidates: list[tuple[float, str, Callable[[], None]]] = []
   replay_bestfit = lambda: [placement.place(r, level, o) for r, level, o in bestfit_rows]
   candidates.append((bestfit_time, "bestfit", replay_bestfit))
-  for name, order in (("by saving", np.argsort(-saving, kind="stable")),
-                      ("by saving per byte", np.argsort(-saving / req.size, kind="stable"))):
+  for name, order in (
+    ("by saving", np.argsort(-saving, kind="stable")),
+    ("by saving per byte", np.argsort(-saving / req.size, kind="stable")),
+  ):
     _complete(placement, fixed, order)
     rows = list(placement.placed)
-    candidates.append((placement.total_time, f"search's partial packing completed {name}",
-                       lambda rows=rows: [placement.place(*row) for row in rows]))
+    candidates.append(
+      (
+        placement.total_time,
+        f"search's partial packing completed {name}",
+        lambda rows=rows: [placement.place(*row) for row in rows],
+      )
+    )
   best_time, best_name, replay = min(candidates, key=lambda c: c[0])
   placement.reset()
   replay()
@@ -274,18 +306,25 @@ def describe(info: dict) -> str:
   if "status" not in info:
     return ""  # No request at all: solve() said so.
   if info["status"] == "packed":
-    return (f"; packed every request ({info.get('partitions', 0)} partitions, "
-            f"{info.get('nodes', 0)} search nodes)")
+    return (
+      f"; packed every request ({info.get('partitions', 0)} partitions, "
+      f"{info.get('nodes', 0)} search nodes)"
+    )
   jit = info.get("jit_s", 0.0)
-  search = (f"{info.get('partitions_packed', 0)} of {info.get('partitions', 0)} partitions "
-            f"packed, {info.get('nodes', 0)} search nodes"
-            + (f"; compiling the search took {jit:.1f} s of it, once per machine" if jit > 1
-               else ""))
+  search = (
+    f"{info.get('partitions_packed', 0)} of {info.get('partitions', 0)} partitions "
+    f"packed, {info.get('nodes', 0)} search nodes"
+    + (f"; compiling the search took {jit:.1f} s of it, once per machine" if jit > 1 else "")
+  )
   if info["status"] == "infeasible" and "searched_requests" in info:
-    return (f"; no full packing exists ({info['reason']}); the {info['searched_requests']} "
-            f"requests that fit everywhere were searched ({search}); returned "
-            f"{info['returned']}")
+    return (
+      f"; no full packing exists ({info['reason']}); the {info['searched_requests']} "
+      f"requests that fit everywhere were searched ({search}); returned "
+      f"{info['returned']}"
+    )
   if info["status"] == "infeasible":
     return f"; no full packing exists ({info['reason']}; {search}); returned {info['returned']}"
-  return (f"; no full packing found in the time limit (none proven impossible either: "
-          f"{search}); returned {info['returned']}")
+  return (
+    f"; no full packing found in the time limit (none proven impossible either: "
+    f"{search}); returned {info['returned']}"
+  )

@@ -30,20 +30,37 @@ CHECKS = ("positive", "positive_int", "fraction", "seed", "path")
 KINDS = ("model", "game", "placement", "agent")
 
 
-def option(default: Any, flag: str, help: str, check: str, metavar: Optional[str] = None,
-           default_help: Optional[str] = None) -> Any:
+def option(
+  default: Any,
+  flag: str,
+  help: str,
+  check: str,
+  metavar: Optional[str] = None,
+  default_help: Optional[str] = None,
+) -> Any:
   """A field of a solver's options dataclass, with the command-line flag that sets it;
   `default_help` says what a default of None means."""
   if check not in CHECKS:
     raise ValueError(f"unknown check '{check}' (choose from {', '.join(CHECKS)})")
-  return dataclasses.field(default=default, metadata={
-      "flag": flag, "help": help, "check": check, "metavar": metavar,
-      "default_help": default_help if default is None else f"{default:g}"})
+  return dataclasses.field(
+    default=default,
+    metadata={
+      "flag": flag,
+      "help": help,
+      "check": check,
+      "metavar": metavar,
+      "default_help": default_help if default is None else f"{default:g}",
+    },
+  )
 
 
 def _time_limit() -> Any:
-  return option(DEFAULT_TIME_LIMIT_S, "--time-limit",
-                "seconds per program, building the solver's model included", "positive")
+  return option(
+    DEFAULT_TIME_LIMIT_S,
+    "--time-limit",
+    "seconds per program, building the solver's model included",
+    "positive",
+  )
 
 
 def seed_option() -> Any:
@@ -51,8 +68,12 @@ def seed_option() -> Any:
 
 
 def _evaluations() -> Any:
-  return option(DEFAULT_EVALUATIONS, "--evaluations", "evo's budget: full mappings decoded "
-                "(evo-msa runs until --time-limit)", "positive_int")
+  return option(
+    DEFAULT_EVALUATIONS,
+    "--evaluations",
+    "evo's budget: full mappings decoded (evo-msa runs until --time-limit)",
+    "positive_int",
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +97,17 @@ class EvoOptions:
 @dataclasses.dataclass(frozen=True)
 class EvoMsaOptions:
   """No `--evaluations`: evo-msa decodes until `--time-limit` (env/solvers/evo_msa.py)."""
+
   time_limit_s: float = _time_limit()
   seed: int = seed_option()
-  skip_below: float = option(0.0, "--skip-below", "change only decisions whose best option saves "
-                             "at least this fraction of the all-slow time (0: any)", "fraction",
-                             metavar="FRACTION")
+  skip_below: float = option(
+    0.0,
+    "--skip-below",
+    "change only decisions whose best option saves "
+    "at least this fraction of the all-slow time (0: any)",
+    "fraction",
+    metavar="FRACTION",
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +128,7 @@ def _msa(model: Any, time_limit_s: Optional[float] = None, **options: Any) -> tu
 def _pack(placement: Any, **options: Any) -> dict:
   # Imported on first use: its jitted search loads numba, which importing the solvers must not.
   from malloczero.env.solvers.packing import pack
+
   return pack(placement, **options)
 
 
@@ -116,6 +144,7 @@ class Solver:
   version: raised whenever the solver's results change, so cached results are not reused.
   segments: the mapping is msa's segments (a buffer may have several), not placed requests.
   """
+
   name: str
   kind: str
   run: Callable[..., Any]
@@ -141,21 +170,51 @@ class Solver:
     return options
 
 
-BASELINES: dict[str, Solver] = {s.name: s for s in (
-    Solver("msa", "model", _msa, "XLA's memory-space assignment (its allocation loop)",
-           takes_msa_options=True, version=2, segments=True),
+BASELINES: dict[str, Solver] = {
+  s.name: s
+  for s in (
+    Solver(
+      "msa",
+      "model",
+      _msa,
+      "XLA's memory-space assignment (its allocation loop)",
+      takes_msa_options=True,
+      version=2,
+      segments=True,
+    ),
     Solver("greedy", "placement", greedy, "requests by saving per byte, each where it saves most"),
-    Solver("bestfit", "game", bestfit_play, "the requests game's first candidate every step",
-           game_config=REQUESTS_GAME),
-    Solver("random", "game", random_play, "uniformly random legal moves in the msa game",
-           RandomOptions, game_config=GameConfig(), segments=True),
+    Solver(
+      "bestfit",
+      "game",
+      bestfit_play,
+      "the requests game's first candidate every step",
+      game_config=REQUESTS_GAME,
+    ),
+    Solver(
+      "random",
+      "game",
+      random_play,
+      "uniformly random legal moves in the msa game",
+      RandomOptions,
+      game_config=GameConfig(),
+      segments=True,
+    ),
     Solver("evo", "placement", evo, "evolution over request priorities", EvoOptions),
-    Solver("evo-msa", "model", evo_msa, "evolution over deviations from msa's decisions",
-           EvoMsaOptions, takes_msa_options=True, version=2, segments=True),
+    Solver(
+      "evo-msa",
+      "model",
+      evo_msa,
+      "evolution over deviations from msa's decisions",
+      EvoMsaOptions,
+      takes_msa_options=True,
+      version=2,
+      segments=True,
+    ),
     Solver("cpsat", "placement", cpsat, "OR-Tools CP-SAT over the requests", CpsatOptions),
     Solver("pack", "placement", _pack, "MiniMalloc-style exact packing search", PackOptions),
     Solver("msa-simple", "placement", msa_simple, "the ten-line msa in request space"),
-)}
+  )
+}
 
 SOLVERS = tuple(BASELINES)
 

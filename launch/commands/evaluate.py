@@ -20,8 +20,13 @@ from malloczero.common.files import check_output_dir
 from malloczero.configs.config import DEFAULT_ATTEMPTS
 from malloczero.env.programs.suites import SPLITS
 from malloczero.env.solvers.registry import BASELINES, SOLVERS
-from malloczero.launch.flags import (add_solver_flags, check_msa_options_used, console,
-                                     positive_int, solver_options)
+from malloczero.launch.flags import (
+  add_solver_flags,
+  check_msa_options_used,
+  console,
+  positive_int,
+  solver_options,
+)
 from malloczero.launch.tables import print_evaluation_tables
 
 if TYPE_CHECKING:  # The evaluation loads the whole agent stack: imported when the command runs.
@@ -31,30 +36,52 @@ if TYPE_CHECKING:  # The evaluation loads the whole agent stack: imported when t
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-  p = sub.add_parser("evaluate", help="run solvers and trained checkpoints on every entry of a "
-                     "suite; tables, CSV, JSON, Markdown and pictures")
+  p = sub.add_parser(
+    "evaluate",
+    help="run solvers and trained checkpoints on every entry of a "
+    "suite; tables, CSV, JSON, Markdown and pictures",
+  )
   p.add_argument("--suite", required=True, help="suite name (see 'malloczero suite list')")
-  p.add_argument("--checkpoint", nargs="+", metavar="DIR",
-                 help="training work directories (or their checkpoints) to evaluate as agents; "
-                 "several give a checkpoint-by-quality table")
-  p.add_argument("--solvers", default="msa,greedy,evo,cpsat",
-                 help="comma-separated baselines (default msa,greedy,evo,cpsat; msa always runs)")
-  p.add_argument("--simulations", type=positive_int,
-                 help="agents: search simulations per move (default: twice the run's evaluation "
-                 "search)")
-  p.add_argument("--attempts", type=positive_int, default=DEFAULT_ATTEMPTS,
-                 help=f"agents: trajectories per program, the first greedy (default "
-                 f"{DEFAULT_ATTEMPTS})")
-  p.add_argument("--batch-agents", action="store_true",
-                 help="agents: play all programs in one batch (faster; per-program solve times "
-                 "are then shares of the batch)")
+  p.add_argument(
+    "--checkpoint",
+    nargs="+",
+    metavar="DIR",
+    help="training work directories (or their checkpoints) to evaluate as agents; "
+    "several give a checkpoint-by-quality table",
+  )
+  p.add_argument(
+    "--solvers",
+    default="msa,greedy,evo,cpsat",
+    help="comma-separated baselines (default msa,greedy,evo,cpsat; msa always runs)",
+  )
+  p.add_argument(
+    "--simulations",
+    type=positive_int,
+    help="agents: search simulations per move (default: twice the run's evaluation search)",
+  )
+  p.add_argument(
+    "--attempts",
+    type=positive_int,
+    default=DEFAULT_ATTEMPTS,
+    help=f"agents: trajectories per program, the first greedy (default {DEFAULT_ATTEMPTS})",
+  )
+  p.add_argument(
+    "--batch-agents",
+    action="store_true",
+    help="agents: play all programs in one batch (faster; per-program solve times "
+    "are then shares of the batch)",
+  )
   p.add_argument("--split", default="all", choices=("all",) + SPLITS)
   p.add_argument("--limit", type=positive_int, help="only the first N entries")
   p.add_argument("--out", default="evaluation", help="output directory (default ./evaluation)")
-  p.add_argument("--no-cache", dest="cache", action="store_false",
-                 help="solve every baseline again rather than reuse the results kept in the "
-                 "user's cache (~/.cache/malloczero/baselines) for the same program, hardware, "
-                 "solver version and options")
+  p.add_argument(
+    "--no-cache",
+    dest="cache",
+    action="store_false",
+    help="solve every baseline again rather than reuse the results kept in the "
+    "user's cache (~/.cache/malloczero/baselines) for the same program, hardware, "
+    "solver version and options",
+  )
   add_solver_flags(p, BASELINES.values())
   p.set_defaults(func=run)
 
@@ -64,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
   solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
   unknown = [s for s in solvers if s not in SOLVERS]
   if unknown or (not solvers and not args.checkpoint):
-    raise MalloczeroError(f"unknown solver(s) {', '.join(unknown) or '(none given)'} in --solvers "
-                          f"(choose from {', '.join(SOLVERS)})")
+    raise MalloczeroError(
+      f"unknown solver(s) {', '.join(unknown) or '(none given)'} in --solvers "
+      f"(choose from {', '.join(SOLVERS)})"
+    )
   check_msa_options_used(args, [BASELINES[s] for s in solvers + ["msa"]])
   for flag in ("simulations", "batch_agents"):
     if getattr(args, flag) and not args.checkpoint:
@@ -75,38 +104,58 @@ def run(args: argparse.Namespace) -> int:
   from malloczero.system.baseline_cache import open_cache
   from malloczero.system.evaluation import load_agents
   from malloczero.system.report import write_report
+
   suite = get_suite(args.suite).split(args.split)
   if args.limit:
-    suite = dataclasses.replace(suite, entries=suite.entries[:args.limit])
+    suite = dataclasses.replace(suite, entries=suite.entries[: args.limit])
   # Checkpoints are loaded (and a bad one refused) before any solver runs.
   agents = load_agents(args.checkpoint or [], args.simulations, args.attempts)
   for a in agents:
     search_notice(a.agent)
   out = console()
   for a in agents:
-    out.print(f"{a.label}: {a.agent.checkpoint} (learner step {a.agent.learner_steps}), "
-              f"{a.simulations} simulations, best of {a.attempts} trajectories per program")
+    out.print(
+      f"{a.label}: {a.agent.checkpoint} (learner step {a.agent.learner_steps}), "
+      f"{a.simulations} simulations, best of {a.attempts} trajectories per program"
+    )
   title = f"malloczero evaluate: suite '{suite.name}' ({args.split}, {len(suite.entries)} entries)"
   cache = open_cache(args.cache)
-  evaluation = run_evaluation(suite, solvers, agents,
-                              lambda s: solver_options(args, BASELINES[s]), out,
-                              batch_agents=args.batch_agents, seed=args.seed, cache=cache)
+  evaluation = run_evaluation(
+    suite,
+    solvers,
+    agents,
+    lambda s: solver_options(args, BASELINES[s]),
+    out,
+    batch_agents=args.batch_agents,
+    seed=args.seed,
+    cache=cache,
+  )
   print_evaluation_tables(evaluation, out, title)
   if cache.directory is not None:
-    out.print(f"baselines: {cache.reused} result(s) reused from {cache.directory} (their solve "
-              f"times are those measured when solved), {cache.solved} solved; --no-cache "
-              "solves them all again")
+    out.print(
+      f"baselines: {cache.reused} result(s) reused from {cache.directory} (their solve "
+      f"times are those measured when solved), {cache.solved} solved; --no-cache "
+      "solves them all again"
+    )
   for path in write_report(evaluation, args.out, title):
     out.print(f"wrote {path}")
   return 0
 
 
-def run_evaluation(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentUnderTest],
-                   options: Callable[[str], dict], console: Console, batch_agents: bool = False,
-                   seed: int = 0, cache: BaselineCache | None = None) -> SuiteEvaluation:
+def run_evaluation(
+  suite: Suite,
+  solvers: Sequence[str],
+  agents: Sequence[AgentUnderTest],
+  options: Callable[[str], dict],
+  console: Console,
+  batch_agents: bool = False,
+  seed: int = 0,
+  cache: BaselineCache | None = None,
+) -> SuiteEvaluation:
   """`evaluate_suite` with a progress bar: one unit per (program, solver or agent). Where the
   output is not a terminal (a log file), each finished unit is a line instead."""
   from malloczero.system.evaluation import evaluate_suite
+
   solver_count = len(set(solvers) | {"msa"})
   total = len(suite.entries) * (solver_count + len(agents))
   if not console.is_terminal:
@@ -115,16 +164,24 @@ def run_evaluation(suite: Suite, solvers: Sequence[str], agents: Sequence[AgentU
     def log(description: str, advance: int) -> None:
       if advance:
         done[0] += advance
-        console.print(f"[{done[0]}/{total}, {time.monotonic() - started:.0f} s] {description}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+          f"[{done[0]}/{total}, {time.monotonic() - started:.0f} s] {description}",
+          highlight=False,
+          soft_wrap=True,
+        )
 
     return evaluate_suite(suite, solvers, agents, options, log, batch_agents, seed, cache)
-  with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), console=console, transient=False) as progress:
+  with Progress(
+    TextColumn("[bold]{task.description}"),
+    BarColumn(),
+    MofNCompleteColumn(),
+    TimeElapsedColumn(),
+    console=console,
+    transient=False,
+  ) as progress:
     task = progress.add_task("evaluating", total=total)
 
     def report(description: str, advance: int) -> None:
       progress.update(task, description=description, advance=advance)
 
     return evaluate_suite(suite, solvers, agents, options, report, batch_agents, seed, cache)
-

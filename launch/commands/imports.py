@@ -23,23 +23,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--out", required=True, help="workload file (.json or .json.gz)")
   p.set_defaults(func=run_import_jax)
 
-  p = sub.add_parser("import-hlo", help="import an HLO text module (from any backend; an "
-                     "unscheduled one is compiled with XLA on the CPU first)")
-  p.add_argument("hlo", help="HLO text, as printed by compiled.as_text() or XLA's dump "
-                 "(--xla_dump_to=DIR --xla_dump_hlo_as_text: the *after_optimizations.txt file)")
+  p = sub.add_parser(
+    "import-hlo",
+    help="import an HLO text module (from any backend; an "
+    "unscheduled one is compiled with XLA on the CPU first)",
+  )
+  p.add_argument(
+    "hlo",
+    help="HLO text, as printed by compiled.as_text() or XLA's dump "
+    "(--xla_dump_to=DIR --xla_dump_hlo_as_text: the *after_optimizations.txt file)",
+  )
   p.add_argument("--name", help="workload name (default: the file's name)")
-  p.add_argument("--compile", action=OnceBooleanOptionalAction, default=None,
-                 help="compile the module with XLA on the CPU before importing it (default: "
-                 "only when it is not scheduled); --no-compile keeps the print order of an "
-                 "unscheduled module as its schedule")
+  p.add_argument(
+    "--compile",
+    action=OnceBooleanOptionalAction,
+    default=None,
+    help="compile the module with XLA on the CPU before importing it (default: "
+    "only when it is not scheduled); --no-compile keeps the print order of an "
+    "unscheduled module as its schedule",
+  )
   p.add_argument("--out", required=True, help="workload file (.json or .json.gz)")
   p.set_defaults(func=run_import_hlo)
 
 
 def _describe_import(workload: Workload, out: str, stats: dict | None = None) -> None:
-  line = (f"wrote {out}: '{workload.name}', {workload.num_ops} ops, {workload.num_buffers} "
-          f"buffers, {workload.arrays.flops.sum():.4g} flops, peak live "
-          f"{human_bytes(workload.peak_live_bytes)}")
+  line = (
+    f"wrote {out}: '{workload.name}', {workload.num_ops} ops, {workload.num_buffers} "
+    f"buffers, {workload.arrays.flops.sum():.4g} flops, peak live "
+    f"{human_bytes(workload.peak_live_bytes)}"
+  )
   if stats and "total_bytes" in stats:
     line += f" (XLA's memory analysis: {human_bytes(stats['total_bytes'])})"
   print(line)
@@ -49,12 +61,14 @@ def run_import_jax(args: argparse.Namespace) -> int:
   from malloczero.env.programs import import_model
   from malloczero.env.programs.zoo import MODELS
   from malloczero.env.workload import save_workload
+
   if args.model not in MODELS:
     raise MalloczeroError(f"unknown model '{args.model}' (choose from {', '.join(MODELS)})")
   check_output_file(args.out)
   batch = args.batch or MODELS[args.model].default_batches[0]
-  with console(stderr=True).status(f"compiling {args.model} (batch {batch}"
-                                   f"{', training step' if args.train else ''}) with XLA..."):
+  with console(stderr=True).status(
+    f"compiling {args.model} (batch {batch}{', training step' if args.train else ''}) with XLA..."
+  ):
     workload, stats = import_model(args.model, batch, args.train, tiny=args.tiny)
   save_workload(workload, args.out)
   _describe_import(workload, args.out, stats)
@@ -64,6 +78,7 @@ def run_import_jax(args: argparse.Namespace) -> int:
 def run_import_hlo(args: argparse.Namespace) -> int:
   from malloczero.env.programs.hlo_import import import_hlo_text
   from malloczero.env.workload import save_workload
+
   check_output_file(args.out)
   try:
     with open(args.hlo, encoding="utf-8") as f:
@@ -71,8 +86,9 @@ def run_import_hlo(args: argparse.Namespace) -> int:
   except (OSError, UnicodeDecodeError) as e:
     raise MalloczeroError(f"{args.hlo}: cannot read: {e}") from None
   name = args.name or os.path.basename(args.hlo).split(".")[0]
-  result = import_hlo_text(text, name, source=f"xla-hlo ({os.path.basename(args.hlo)})",
-                           compile=args.compile)
+  result = import_hlo_text(
+    text, name, source=f"xla-hlo ({os.path.basename(args.hlo)})", compile=args.compile
+  )
   for note in result.notes:  # What was done (parser, compiling) and one warning per kind.
     print(f"import-hlo: {note}", file=sys.stderr)
   save_workload(result.workload, args.out)

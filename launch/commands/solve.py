@@ -10,21 +10,35 @@ from malloczero.common.files import check_output_file
 from malloczero.env.hardware import resolve_hardware
 from malloczero.env.solvers.registry import Solver
 from malloczero.env.workload import load_workload
-from malloczero.launch.flags import (HARDWARE_CHOICES, add_capacity_flag, add_solver_flags,
-                                     say_capacities, solver_options)
+from malloczero.launch.flags import (
+  HARDWARE_CHOICES,
+  add_capacity_flag,
+  add_solver_flags,
+  say_capacities,
+  solver_options,
+)
 from malloczero.launch.solvers import ALL_SOLVERS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-  p = sub.add_parser("solve", help="map one program with a baseline, the trained agent or the "
-                     "better of both; validates the mapping, writes MAP.json and its picture")
+  p = sub.add_parser(
+    "solve",
+    help="map one program with a baseline, the trained agent or the "
+    "better of both; validates the mapping, writes MAP.json and its picture",
+  )
   p.add_argument("workload", help="workload JSON (.json/.json.gz) or MiniMalloc CSV")
-  p.add_argument("--hardware", help=f"{HARDWARE_CHOICES}; required for a workload JSON (a "
-                 "MiniMalloc CSV defaults to minimalloc)")
+  p.add_argument(
+    "--hardware",
+    help=f"{HARDWARE_CHOICES}; required for a workload JSON (a "
+    "MiniMalloc CSV defaults to minimalloc)",
+  )
   add_capacity_flag(p, help_suffix="; required for a MiniMalloc CSV without --hardware")
-  p.add_argument("--solver", default="msa", choices=tuple(ALL_SOLVERS),
-                 help="; ".join(f"{s.name}: {s.summary}" for s in ALL_SOLVERS.values())
-                 + " (default msa)")
+  p.add_argument(
+    "--solver",
+    default="msa",
+    choices=tuple(ALL_SOLVERS),
+    help="; ".join(f"{s.name}: {s.summary}" for s in ALL_SOLVERS.values()) + " (default msa)",
+  )
   p.add_argument("--out", help="write the validated mapping here (JSON)")
   p.add_argument("--plot", help="draw the memory map here (.png, .svg, .pdf, ...)")
   add_solver_flags(p, ALL_SOLVERS.values())
@@ -39,9 +53,11 @@ def solve_line(solver: Solver, result) -> str:
     placed = f"{len(m.allocations)} segments of {buffers} buffers in fast memory"
   else:
     placed = f"{len(m.allocations)} of {result.info['requests']} requests placed"
-  return (f"{solver.name}: {placed}; "
-          f"estimated {m.estimated_time_s * 1e3:.4g} ms vs {m.slow_only_time_s * 1e3:.4g} ms "
-          f"all-slow (speed-up {m.speedup:.3f}x) in {result.solve_time_s:.2f} s; validated")
+  return (
+    f"{solver.name}: {placed}; "
+    f"estimated {m.estimated_time_s * 1e3:.4g} ms vs {m.slow_only_time_s * 1e3:.4g} ms "
+    f"all-slow (speed-up {m.speedup:.3f}x) in {result.solve_time_s:.2f} s; validated"
+  )
 
 
 def _agent_lines(solver: Solver, result) -> None:
@@ -50,24 +66,32 @@ def _agent_lines(solver: Solver, result) -> None:
   learned is never hidden behind msa; the portfolio adds msa's line and which won."""
   info = result.info
   won = "msa" if info["best_attempt"] == "msa" else f"#{info['best_attempt']}"
-  print(solve_line(ALL_SOLVERS["agent"], result) + f" (checkpoint step {info['learner_steps']}, "
-        f"{info['simulations']} simulations, best of {info['attempts']} trajectories and msa: "
-        f"{won}; search alone {info['search_speedup']:.3f}x, greedy alone "
-        f"{info['greedy_speedup']:.3f}x)")
+  print(
+    solve_line(ALL_SOLVERS["agent"], result) + f" (checkpoint step {info['learner_steps']}, "
+    f"{info['simulations']} simulations, best of {info['attempts']} trajectories and msa: "
+    f"{won}; search alone {info['search_speedup']:.3f}x, greedy alone "
+    f"{info['greedy_speedup']:.3f}x)"
+  )
   if solver.name == "portfolio":
     baseline = info["msa"]
     print(solve_line(ALL_SOLVERS["msa"], baseline))
     loser = info["search_speedup"] if info["winner"] == "msa" else baseline.mapping.speedup
-    print(f"portfolio: {info['winner']} wins ({result.mapping.speedup:.3f}x vs {loser:.3f}x); "
-          "its mapping is the portfolio's")
+    print(
+      f"portfolio: {info['winner']} wins ({result.mapping.speedup:.3f}x vs {loser:.3f}x); "
+      "its mapping is the portfolio's"
+    )
 
 
 def _baseline_details(solver: Solver, info: dict) -> str:
   if solver.name == "cpsat":
-    return (f"; CP-SAT {info['status']}, proven bound {info['bound_s'] * 1e3:.4g} ms"
-            + (f" ({info['fallback']})" if "fallback" in info else "") + f" ({info['bound_note']})")
+    return (
+      f"; CP-SAT {info['status']}, proven bound {info['bound_s'] * 1e3:.4g} ms"
+      + (f" ({info['fallback']})" if "fallback" in info else "")
+      + f" ({info['bound_note']})"
+    )
   if solver.name == "pack":
     from malloczero.env.solvers.packing import describe
+
     return describe(info)
   return ""
 
@@ -78,10 +102,12 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.out)
   if args.plot:
     from malloczero.system.plots import check_picture_path
+
     check_picture_path(args.plot)
   if solver.kind == "agent" and not args.checkpoint:
-    raise MalloczeroError(f"--solver {solver.name} needs --checkpoint DIR (a training work "
-                          "directory or its checkpoint)")
+    raise MalloczeroError(
+      f"--solver {solver.name} needs --checkpoint DIR (a training work directory or its checkpoint)"
+    )
   if solver.kind != "agent" and args.checkpoint:
     raise MalloczeroError(f"--checkpoint is for --solver agent or portfolio, not {solver.name}")
   workload = load_workload(args.workload)
@@ -92,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     _agent_lines(solver, result)
   else:
     from malloczero.env.solvers import solve
+
     result = solve(workload, hw, solver.name, **solver_options(args, solver))
     print(solve_line(solver, result) + _baseline_details(solver, result.info))
   if args.out:
@@ -99,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}")
   if args.plot:
     from malloczero.system.plots import plot_memory_map
+
     plot_memory_map(workload, hw, result.mapping, args.plot)
     print(f"wrote {args.plot}")
   return 0

@@ -8,16 +8,23 @@ import dataclasses
 import os
 import sys
 
-from rich.console import Console
-
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_dir
-from malloczero.configs.config import PRESETS, get_config
+from malloczero.configs.config import PRESETS, get_config, with_section
 from malloczero.env.hardware import check_fits, resolve_hardware
 from malloczero.env.workload import load_workload
-from malloczero.launch.flags import (HARDWARE_CHOICES, add_capacity_flag, console, fraction,
-                                     non_negative_float, positive_float, positive_int,
-                                     say_capacities, seed)
+from malloczero.launch.flags import (
+  HARDWARE_CHOICES,
+  add_capacity_flag,
+  console,
+  flushing_print,
+  fraction,
+  non_negative_float,
+  positive_float,
+  positive_int,
+  say_capacities,
+  seed,
+)
 from malloczero.launch.tables import final_evaluation_table, learning_curve_table
 
 LAUNCHES = ("local_mp", "local_mt", "vertex_ai", "single")
@@ -27,57 +34,103 @@ DEFAULT_CONFIG = "small"
 def add_parser(sub: argparse._SubParsersAction) -> None:
   defaults = get_config(DEFAULT_CONFIG)  # The flags' help states the default preset's values.
   p = sub.add_parser("train", help="train the MuZero agent on a suite's train programs")
-  p.add_argument("--config", default=DEFAULT_CONFIG, choices=tuple(PRESETS),
-                 help=f"preset (default {DEFAULT_CONFIG}: minutes on a laptop; tiny: tests)")
-  p.add_argument("--launch", default="local_mp", choices=LAUNCHES,
-                 help="local_mp: one process per node (default); local_mt: nodes as threads of "
-                 "this process; vertex_ai: Google Cloud (see README); single: one actor and the "
-                 "learner in this process, in-process Reverb")
-  p.add_argument("--num-actors", type=positive_int,
-                 help="actor nodes (default: the config's; local_mp and vertex_ai)")
-  p.add_argument("--oversubscribe", action="store_true",
-                 help="local launches: start --num-actors actors even beyond what this machine's "
-                 "cores and memory can run")
-  p.add_argument("--suite", help="suite to train on (default: the config's; with --workload, "
-                 "its training programs are trained on too)")
-  p.add_argument("--workload", help="optimise this program (workload file): train on it (and "
-                 "on --suite's training programs if given); its fastest mapping so far is kept "
-                 "in WORKDIR/best/, and the last line compares it with msa, bestfit and evo")
+  p.add_argument(
+    "--config",
+    default=DEFAULT_CONFIG,
+    choices=tuple(PRESETS),
+    help=f"preset (default {DEFAULT_CONFIG}: minutes on a laptop; tiny: tests)",
+  )
+  p.add_argument(
+    "--launch",
+    default="local_mp",
+    choices=LAUNCHES,
+    help="local_mp: one process per node (default); local_mt: nodes as threads of "
+    "this process; vertex_ai: Google Cloud (see README); single: one actor and the "
+    "learner in this process, in-process Reverb",
+  )
+  p.add_argument(
+    "--num-actors",
+    type=positive_int,
+    help="actor nodes (default: the config's; local_mp and vertex_ai)",
+  )
+  p.add_argument(
+    "--oversubscribe",
+    action="store_true",
+    help="local launches: start --num-actors actors even beyond what this machine's "
+    "cores and memory can run",
+  )
+  p.add_argument(
+    "--suite",
+    help="suite to train on (default: the config's; with --workload, "
+    "its training programs are trained on too)",
+  )
+  p.add_argument(
+    "--workload",
+    help="optimise this program (workload file): train on it (and "
+    "on --suite's training programs if given); its fastest mapping so far is kept "
+    "in WORKDIR/best/, and the last line compares it with msa, bestfit and evo",
+  )
   p.add_argument("--hardware", help=f"with --workload: {HARDWARE_CHOICES}")
   add_capacity_flag(p, help_prefix="with --workload: ")
-  p.add_argument("--workdir", help="checkpoints, logs, the learning curve and the report "
-                 "(default runs/train-CONFIG); an existing one is resumed")
-  p.add_argument("--max-steps", "--max-learner-steps", dest="max_steps", type=positive_int,
-                 help="stop when the learner reaches this step (default: the config's)")
+  p.add_argument(
+    "--workdir",
+    help="checkpoints, logs, the learning curve and the report "
+    "(default runs/train-CONFIG); an existing one is resumed",
+  )
+  p.add_argument(
+    "--max-steps",
+    "--max-learner-steps",
+    dest="max_steps",
+    type=positive_int,
+    help="stop when the learner reaches this step (default: the config's)",
+  )
   p.add_argument("--max-seconds", type=positive_float, help="stop after this much wall time")
-  p.add_argument("--eval-every", type=positive_int,
-                 help="learner steps between greedy evaluations (default: the config's)")
-  p.add_argument("--node-output", default="files", choices=("files", "terminal"),
-                 help="local_mp: node output to WORKDIR/nodes/*.log (default) or to this "
-                 "terminal, each line prefixed with its node")
+  p.add_argument(
+    "--eval-every",
+    type=positive_int,
+    help="learner steps between greedy evaluations (default: the config's)",
+  )
+  p.add_argument(
+    "--node-output",
+    default="files",
+    choices=("files", "terminal"),
+    help="local_mp: node output to WORKDIR/nodes/*.log (default) or to this "
+    "terminal, each line prefixed with its node",
+  )
   p.add_argument("--seed", type=seed, help="override the config's seed (0 to 2**31-1)")
-  p.add_argument("--skip-below", type=fraction, metavar="FRACTION",
-                 help="the game plays msa's own choice at decisions whose best option saves "
-                 "less than this fraction of the all-slow time (default: the config's, "
-                 f"{defaults.game.skip_below:g})")
-  p.add_argument("--demonstrations", type=fraction, metavar="FRACTION",
-                 help="share of each learner batch drawn from the best known game per training "
-                 "program, msa's own at first (default: the config's, "
-                 f"{defaults.learner.demonstration_fraction:g}; 0 turns them off)")
-  p.add_argument("--q-spread-floor", type=non_negative_float, metavar="RETURN",
-                 help="the search rescales a node's Q-values by at least this spread, in "
-                 f"return units (default: the config's, {defaults.search.q_spread_floor:g})")
-  p.add_argument("--eval-msa-prior", type=non_negative_float, metavar="LOGIT",
-                 help="evaluation searches add this to the root prior's logit of msa's own move "
-                 f"(default: the config's, {defaults.search.eval_msa_prior_logit:g}; 0 leaves "
-                 "the prior to the network)")
+  p.add_argument(
+    "--skip-below",
+    type=fraction,
+    metavar="FRACTION",
+    help="the game plays msa's own choice at decisions whose best option saves "
+    "less than this fraction of the all-slow time (default: the config's, "
+    f"{defaults.game.skip_below:g})",
+  )
+  p.add_argument(
+    "--demonstrations",
+    type=fraction,
+    metavar="FRACTION",
+    help="share of each learner batch drawn from the best known game per training "
+    "program, msa's own at first (default: the config's, "
+    f"{defaults.learner.demonstration_fraction:g}; 0 turns them off)",
+  )
+  p.add_argument(
+    "--q-spread-floor",
+    type=non_negative_float,
+    metavar="RETURN",
+    help="the search rescales a node's Q-values by at least this spread, in "
+    f"return units (default: the config's, {defaults.search.q_spread_floor:g})",
+  )
+  p.add_argument(
+    "--eval-msa-prior",
+    type=non_negative_float,
+    metavar="LOGIT",
+    help="evaluation searches add this to the root prior's logit of msa's own move "
+    f"(default: the config's, {defaults.search.eval_msa_prior_logit:g}; 0 leaves "
+    "the prior to the network)",
+  )
   p.add_argument("--quiet", action="store_true", help="no periodic log lines")
   p.set_defaults(func=run)
-
-
-def _replace(config, section: str, **values):
-  return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section),
-                                                                     **values)})
 
 
 def train_config(args: argparse.Namespace):
@@ -90,21 +143,22 @@ def train_config(args: argparse.Namespace):
   if args.eval_every:
     config = dataclasses.replace(config, eval_every_steps=args.eval_every)
   if args.skip_below is not None:
-    config = _replace(config, "game", skip_below=args.skip_below)
+    config = with_section(config, "game", skip_below=args.skip_below)
   if args.demonstrations is not None:
-    config = _replace(config, "learner", demonstration_fraction=args.demonstrations)
+    config = with_section(config, "learner", demonstration_fraction=args.demonstrations)
   if args.q_spread_floor is not None:
-    config = _replace(config, "search", q_spread_floor=args.q_spread_floor)
+    config = with_section(config, "search", q_spread_floor=args.q_spread_floor)
   if args.eval_msa_prior is not None:
-    config = _replace(config, "search", eval_msa_prior_logit=args.eval_msa_prior)
+    config = with_section(config, "search", eval_msa_prior_logit=args.eval_msa_prior)
   if args.workload:
-    config = dataclasses.replace(config, suite=args.suite or "",
-                                 programs=(_program_file(args),))
+    config = dataclasses.replace(config, suite=args.suite or "", programs=(_program_file(args),))
   elif args.hardware or args.capacity:
-    raise MalloczeroError("--hardware and --capacity describe a --workload's fast memory; "
-                          "give the workload file too")
+    raise MalloczeroError(
+      "--hardware and --capacity describe a --workload's fast memory; give the workload file too"
+    )
   if config.suite:
     from malloczero.env.programs.suites import get_suite
+
     get_suite(config.suite)  # A wrong suite name fails here, before anything starts.
   return config
 
@@ -113,6 +167,7 @@ def _program_file(args: argparse.Namespace):
   """`train --workload FILE --hardware H --capacity B`: the program to optimise, loaded and
   checked here so that a bad file or an impossible capacity fails before anything starts."""
   from malloczero.configs.config import ProgramFile
+
   workload = load_workload(args.workload)
   hw = resolve_hardware(workload, args.hardware, args.capacity)
   say_capacities(args.capacity, hw)
@@ -120,24 +175,20 @@ def _program_file(args: argparse.Namespace):
   return ProgramFile(workload.name, os.path.abspath(args.workload), hw)
 
 
-def flushing_print(out: Console):
-  """Log lines reach a redirected log file as they happen, not when the buffer fills."""
-  def print_fn(text: str) -> None:
-    out.print(text)
-    out.file.flush()
-  return print_fn
-
-
 def run(args: argparse.Namespace) -> int:
   config = train_config(args)
   if config.programs and args.launch == "vertex_ai":
-    raise MalloczeroError("train --workload runs locally (--launch local_mp, local_mt or single): "
-                          "a cloud run's nodes cannot read this machine's workload file")
+    raise MalloczeroError(
+      "train --workload runs locally (--launch local_mp, local_mt or single): "
+      "a cloud run's nodes cannot read this machine's workload file"
+    )
   workdir = args.workdir or os.path.join("runs", f"train-{config.name}")
   if args.launch == "vertex_ai":  # Its work directory is a /gcs/ path, checked by the launcher.
     from malloczero.system.vertex import launch_vertex_ai
-    launch_vertex_ai(config, workdir, args.num_actors or config.distributed.num_actors,
-                     max_steps=args.max_steps)
+
+    launch_vertex_ai(
+      config, workdir, args.num_actors or config.distributed.num_actors, max_steps=args.max_steps
+    )
     return 0
   check_output_dir(workdir, "--workdir")
   if args.launch == "single":
@@ -148,21 +199,32 @@ def run(args: argparse.Namespace) -> int:
 def _train_single(config, args: argparse.Namespace, workdir: str) -> int:
   from malloczero.configs.workdir import WorkDir
   from malloczero.system.single_process import train_single_process
+
   out = console()
-  out.print(f"malloczero train: config '{config.name}', suite '{config.suite}', single process "
-            f"(in-process Reverb, 1 actor x {config.actor.num_games} games, 1 learner); "
-            f"work directory {workdir}")
-  result = train_single_process(config, workdir, max_learner_steps=args.max_steps,
-                                max_seconds=args.max_seconds, eval_every_steps=args.eval_every,
-                                print_fn=None if args.quiet else flushing_print(out))
+  out.print(
+    f"malloczero train: config '{config.name}', suite '{config.suite}', single process "
+    f"(in-process Reverb, 1 actor x {config.actor.num_games} games, 1 learner); "
+    f"work directory {workdir}"
+  )
+  result = train_single_process(
+    config,
+    workdir,
+    max_learner_steps=args.max_steps,
+    max_seconds=args.max_seconds,
+    eval_every_steps=args.eval_every,
+    print_fn=None if args.quiet else flushing_print(out),
+  )
   out.print(learning_curve_table(result, config))
-  out.print(f"{result.learner_steps} learner steps, {result.actor_steps} actor steps, "
-            f"{result.episodes} episodes in {result.elapsed_s:.0f} s")
+  out.print(
+    f"{result.learner_steps} learner steps, {result.actor_steps} actor steps, "
+    f"{result.episodes} episodes in {result.elapsed_s:.0f} s"
+  )
   files = WorkDir(workdir)
   for path in (files.learning_curve_png, files.learning_curve_csv, files.learner_state):
     out.print(f"wrote {path}")
   if config.programs and result.learner_steps > 0:
     from malloczero.system.report import write_program_report
+
     write_program_report(config, workdir, out.print)
   return 0
 
@@ -170,41 +232,63 @@ def _train_single(config, args: argparse.Namespace, workdir: str) -> int:
 def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
   from malloczero.configs.workdir import WorkDir
   from malloczero.system.program import launch_training, local_actor_limit
+
   out = console()
   num_actors = args.num_actors or config.distributed.num_actors
   limit, why = local_actor_limit(args.launch)
   if num_actors > limit and not args.oversubscribe:
     # Checked before anything is written or started: 1000 actors on 2 cores once spawned 642
     # processes before the first line was printed.
-    print(f"malloczero: error: --num-actors {num_actors} is more than this machine can run: "
-          f"{why}; pass --oversubscribe to start them anyway", file=sys.stderr)
+    print(
+      f"malloczero: error: --num-actors {num_actors} is more than this machine can run: "
+      f"{why}; pass --oversubscribe to start them anyway",
+      file=sys.stderr,
+    )
     return 2
-  out.print(f"malloczero train: config '{config.name}', suite '{config.suite}', Launchpad "
-            f"{args.launch} with {num_actors} actor(s) x {config.actor.num_games} games; "
-            f"work directory {os.path.abspath(workdir)}")
+  out.print(
+    f"malloczero train: config '{config.name}', suite '{config.suite}', Launchpad "
+    f"{args.launch} with {num_actors} actor(s) x {config.actor.num_games} games; "
+    f"work directory {os.path.abspath(workdir)}"
+  )
   print_fn = (lambda text: None) if args.quiet else flushing_print(out)
-  result = launch_training(config, workdir, launch=args.launch, num_actors=num_actors,
-                           max_steps=args.max_steps, max_seconds=args.max_seconds,
-                           node_output=args.node_output, print_fn=print_fn)
-  out.print(f"{result.describe()}: learner steps {result.start_step} -> {result.learner_steps}, "
-            f"{result.actor_moves:,} actor moves, {result.episodes:,} games in "
-            f"{result.elapsed_s:.0f} s")
+  result = launch_training(
+    config,
+    workdir,
+    launch=args.launch,
+    num_actors=num_actors,
+    max_steps=args.max_steps,
+    max_seconds=args.max_seconds,
+    node_output=args.node_output,
+    print_fn=print_fn,
+  )
+  out.print(
+    f"{result.describe()}: learner steps {result.start_step} -> {result.learner_steps}, "
+    f"{result.actor_moves:,} actor moves, {result.episodes:,} games in "
+    f"{result.elapsed_s:.0f} s"
+  )
   if result.report is not None:
     out.print(final_evaluation_table(result))
   for path, what in result.outputs():
     out.print(f"  {what}: {path}")
   files = WorkDir(result.workdir)
   if result.report is not None:
-    out.print(f"  compare with evo and CP-SAT too: malloczero evaluate --suite {config.suite} "
-              f"--checkpoint {result.workdir} --out {files.evaluation}")
+    out.print(
+      f"  compare with evo and CP-SAT too: malloczero evaluate --suite {config.suite} "
+      f"--checkpoint {result.workdir} --out {files.evaluation}"
+    )
   if config.programs and result.ok and result.learner_steps > 0:
     from malloczero.system.report import write_program_report
+
     write_program_report(config, result.workdir, out.print)
   if result.status == "failed":
-    print(f"malloczero: error: {result.describe()}; the last checkpoint is in "
-          f"{files.checkpoints}", file=sys.stderr)
+    print(
+      f"malloczero: error: {result.describe()}; the last checkpoint is in {files.checkpoints}",
+      file=sys.stderr,
+    )
   elif result.status == "interrupted":
-    print(f"malloczero: interrupted at learner step {result.learner_steps}; resume with: "
-          f"{args.command_line}", file=sys.stderr)
+    print(
+      f"malloczero: interrupted at learner step {result.learner_steps}; resume with: "
+      f"{args.command_line}",
+      file=sys.stderr,
+    )
   return result.exit_status
-

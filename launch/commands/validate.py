@@ -15,8 +15,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
   p = sub.add_parser("validate", help="check a mapping independently; exit 0 if valid")
   p.add_argument("workload", help="workload JSON (.json/.json.gz) or MiniMalloc CSV")
   p.add_argument("mapping", help="MAP.json written by a solver")
-  p.add_argument("--hardware", help=f"{HARDWARE_CHOICES}; default: the hardware recorded in the "
-                 "mapping")
+  p.add_argument(
+    "--hardware", help=f"{HARDWARE_CHOICES}; default: the hardware recorded in the mapping"
+  )
   add_capacity_flag(p)
   p.set_defaults(func=run)
 
@@ -27,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
   hw = resolve_hardware(workload, args.hardware, args.capacity, fallback=mapping.hardware)
   say_capacities(args.capacity, hw)
   report = validate_mapping(workload, hw, mapping)
-  print(f"valid: {report.num_allocations} allocations on '{hw.name}', estimated "
-        f"{report.estimated_time_s * 1e3:.4g} ms vs {report.slow_only_time_s * 1e3:.4g} ms "
-        f"all in slow memory (speed-up {report.speedup:.3f}x)")
+  print(
+    f"valid: {report.num_allocations} allocations on '{hw.name}', estimated "
+    f"{report.estimated_time_s * 1e3:.4g} ms vs {report.slow_only_time_s * 1e3:.4g} ms "
+    f"all in slow memory (speed-up {report.speedup:.3f}x)"
+  )
   return 0

@@ -151,14 +151,18 @@ from __future__ import annotations
 
 from malloczero.env.programs.hlo_import.convert import SMALL_CONSTANT_BYTES
 from malloczero.env.programs.hlo_import.from_jax import workload_from_jax
-from malloczero.env.programs.hlo_import.from_text import (HloImport, compile_hlo_on_cpu,
-                                                          import_hlo_text, workload_from_hlo_text)
+from malloczero.env.programs.hlo_import.from_text import (
+  HloImport,
+  compile_hlo_on_cpu,
+  import_hlo_text,
+  workload_from_hlo_text,
+)
 
 __all__ = [
-    "SMALL_CONSTANT_BYTES",
-    "HloImport",
-    "compile_hlo_on_cpu",
-    "import_hlo_text",
-    "workload_from_hlo_text",
-    "workload_from_jax",
+  "SMALL_CONSTANT_BYTES",
+  "HloImport",
+  "compile_hlo_on_cpu",
+  "import_hlo_text",
+  "workload_from_hlo_text",
+  "workload_from_jax",
 ]

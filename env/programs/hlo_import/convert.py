@@ -13,19 +13,30 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from malloczero.common.errors import WorkloadError
-from malloczero.env.programs.hlo_import.cost_rules import (FlopCounter, operand_bytes,
-                                                           result_bytes)
-from malloczero.env.programs.hlo_import.hlo import (Instr, Module, Shape, attr, int_list,
-                                                    shape_bytes)
+from malloczero.env.programs.hlo_import.cost_rules import FlopCounter, operand_bytes, result_bytes
+from malloczero.env.programs.hlo_import.hlo import Instr, Module, Shape, attr, int_list, shape_bytes
 from malloczero.env.programs.hlo_import.notes import Notes
 from malloczero.env.workload import Workload
 
 SMALL_CONSTANT_BYTES = 64  # ENTRY constants up to this size are ignored (immediates).
 
 # Instructions that are not ops: they alias existing buffers or create none.
-_NON_OPS = frozenset({"parameter", "constant", "get-tuple-element", "bitcast", "tuple",
-                      "copy-start", "copy-done", "add-dependency", "opt-barrier", "domain",
-                      "after-all", "async-update"})
+_NON_OPS = frozenset(
+  {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "bitcast",
+    "tuple",
+    "copy-start",
+    "copy-done",
+    "add-dependency",
+    "opt-barrier",
+    "domain",
+    "after-all",
+    "async-update",
+  }
+)
 
 
 def _is_async_start(op: str) -> bool:
@@ -68,8 +79,11 @@ class _Conversion:
   def add(self, ins: Instr) -> None:
     """Converts the next ENTRY instruction in schedule order."""
     op = ins.opcode
-    if op in _NON_OPS and op not in ("parameter", "constant", "tuple", "after-all") and (
-        not ins.operands):
+    if (
+      op in _NON_OPS
+      and op not in ("parameter", "constant", "tuple", "after-all")
+      and (not ins.operands)
+    ):
       raise WorkloadError(f"{self.name}: {ins.at}'{ins.name}' ({op}) needs an operand")
     if op in _NON_OPS:
       self.values[ins.name] = self._non_op(ins)
@@ -123,14 +137,16 @@ class _Conversion:
     op, shape = ins.opcode, ins.shape
     if op == "send":  # (data, context, token): the data stays the operand's buffer.
       return None, (operands[0] if operands else None,) + (None,) * (
-          len(shape) - 1 if isinstance(shape, tuple) else 0)
+        len(shape) - 1 if isinstance(shape, tuple) else 0
+      )
     if op == "recv" and isinstance(shape, tuple) and shape:  # (data, context, token)
       results = self._new_buffers(ins, "activation", t, shape[0], index=(0,))
       return results, (results,) + (None,) * (len(shape) - 1)
     if isinstance(shape, tuple) and len(shape) >= 2 and op != "all-reduce-start":
       # ((operands), results, context...): {0} aliases the operands, {1} is new.
-      aliased = operands[0] if len(operands) == 1 and not isinstance(shape[0], tuple) else (
-          tuple(operands))
+      aliased = (
+        operands[0] if len(operands) == 1 and not isinstance(shape[0], tuple) else (tuple(operands))
+      )
       results = self._new_buffers(ins, "activation", t, shape[1], index=(1,))
       return results, (aliased, results) + (None,) * (len(shape) - 2)
     # all-reduce-start (a variadic one returns a tuple of results): all of it is new.
@@ -152,8 +168,9 @@ class _Conversion:
     t = self._begin_op(ins)
     for k in range(len(ins.operands)):
       self._use(self._operand(ins, k), t, operand_bytes(ins, k, self.comps))
-    self.values[ins.name] = self._new_buffers(ins, "activation", t,
-                                              written=result_bytes(ins, self.comps, self.entry))
+    self.values[ins.name] = self._new_buffers(
+      ins, "activation", t, written=result_bytes(ins, self.comps, self.entry)
+    )
 
   # ---------------------------------------------------------------------- buffers and uses
 
@@ -162,34 +179,52 @@ class _Conversion:
 
   def _element(self, value: Any, index: int, ins: Instr) -> Any:
     if not isinstance(value, tuple) or not 0 <= index < len(value):
-      raise WorkloadError(f"{self.name}: {ins.at}'{ins.name}' takes element {index} of "
-                          f"'{ins.operands[0]}', which is not a tuple with that many elements")
+      raise WorkloadError(
+        f"{self.name}: {ins.at}'{ins.name}' takes element {index} of "
+        f"'{ins.operands[0]}', which is not a tuple with that many elements"
+      )
     return value[index]
 
   def _begin_op(self, ins: Instr) -> int:
     self.ops.append({"name": ins.name, "flops": self.flops.instr(ins, self.entry)})
     return len(self.ops) - 1
 
-  def _new_buffers(self, ins: Instr, kind: str, def_op: int | None, shape: Shape | None = None,
-                   written: Any = None, index: tuple[int, ...] = ()) -> Any:
+  def _new_buffers(
+    self,
+    ins: Instr,
+    kind: str,
+    def_op: int | None,
+    shape: Shape | None = None,
+    written: Any = None,
+    index: tuple[int, ...] = (),
+  ) -> Any:
     """Buffers for the leaves of `shape` (the instruction's own by default), which sits at
     `index` of the instruction's result; `written` is what `result_bytes` says. Returns their
     value tree."""
     shape = ins.shape if shape is None else shape
     if isinstance(shape, tuple):
-      return tuple(self._new_buffers(ins, kind, def_op, sub,
-                                     written[i] if isinstance(written, tuple) else None,
-                                     index + (i,))
-                   for i, sub in enumerate(shape))
+      return tuple(
+        self._new_buffers(
+          ins, kind, def_op, sub, written[i] if isinstance(written, tuple) else None, index + (i,)
+        )
+        for i, sub in enumerate(shape)
+      )
     if not shape.sizable:
-      self.notes.warn(shape.why_unsizable, ins.name,
-                      "they cannot be sized, so no buffer is made for them")
+      self.notes.warn(
+        shape.why_unsizable, ins.name, "they cannot be sized, so no buffer is made for them"
+      )
       return None
     if shape.bytes <= 0:
       return None
     label = ins.name + ("{" + ",".join(map(str, index)) + "}" if index else "")
-    entry = {"id": len(self.buffers), "name": label, "size": shape.bytes, "def": def_op,
-             "uses": [], "kind": kind}
+    entry = {
+      "id": len(self.buffers),
+      "name": label,
+      "size": shape.bytes,
+      "def": def_op,
+      "uses": [],
+      "kind": kind,
+    }
     if isinstance(written, int) and def_op is not None:
       entry["def_bytes"] = min(written, shape.bytes)
     self.buffers.append(entry)
@@ -212,8 +247,10 @@ class _Conversion:
     self._mark_outputs()
     self._record_uses()
     self._check_not_empty()
-    return Workload.from_dict({"name": self.name, "source": source, "ops": self.ops,
-                               "buffers": self.buffers}, where=self.name)
+    return Workload.from_dict(
+      {"name": self.name, "source": source, "ops": self.ops, "buffers": self.buffers},
+      where=self.name,
+    )
 
   def _mark_outputs(self) -> None:
     """The activations the ROOT resolves to are the program's outputs; a parameter stays one."""
@@ -230,11 +267,14 @@ class _Conversion:
 
   def _check_not_empty(self) -> None:
     if not self.ops:
-      raise WorkloadError(f"{self.name}: the ENTRY computation '{self.entry.name}' has no ops "
-                          "(it only forwards its parameters or constants)")
+      raise WorkloadError(
+        f"{self.name}: the ENTRY computation '{self.entry.name}' has no ops "
+        "(it only forwards its parameters or constants)"
+      )
     if not self.buffers:
-      raise WorkloadError(f"{self.name}: the ENTRY computation '{self.entry.name}' has no "
-                          "non-empty buffers")
+      raise WorkloadError(
+        f"{self.name}: the ENTRY computation '{self.entry.name}' has no non-empty buffers"
+      )
 
 
 def _flatten(value: Any) -> Iterator[int]:

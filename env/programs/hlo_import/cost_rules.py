@@ -15,26 +15,85 @@ from typing import Any
 import numpy as np
 
 from malloczero.common.errors import WorkloadError
-from malloczero.env.programs.hlo_import.hlo import (Array, Computation, Instr, Shape, attr,
-                                                    comp_names, int_list, leaves, shape_bytes,
-                                                    shape_elements)
+from malloczero.env.programs.hlo_import.hlo import (
+  Array,
+  Computation,
+  Instr,
+  Shape,
+  attr,
+  comp_names,
+  int_list,
+  leaves,
+  shape_bytes,
+  shape_elements,
+)
 from malloczero.env.programs.hlo_import.notes import Notes
 
 # Collectives: they move data between devices, they compute nothing the workload counts.
-_COLLECTIVES = frozenset({
-    "all-gather", "all-gather-start", "all-gather-done", "all-reduce", "all-reduce-start",
-    "all-reduce-done", "all-to-all", "all-to-all-start", "all-to-all-done", "reduce-scatter",
-    "reduce-scatter-start", "reduce-scatter-done", "collective-permute",
-    "collective-permute-start", "collective-permute-done", "collective-broadcast",
-    "ragged-all-to-all", "send", "send-done", "recv", "recv-done"})
+_COLLECTIVES = frozenset(
+  {
+    "all-gather",
+    "all-gather-start",
+    "all-gather-done",
+    "all-reduce",
+    "all-reduce-start",
+    "all-reduce-done",
+    "all-to-all",
+    "all-to-all-start",
+    "all-to-all-done",
+    "reduce-scatter",
+    "reduce-scatter-start",
+    "reduce-scatter-done",
+    "collective-permute",
+    "collective-permute-start",
+    "collective-permute-done",
+    "collective-broadcast",
+    "ragged-all-to-all",
+    "send",
+    "send-done",
+    "recv",
+    "recv-done",
+  }
+)
 # Ops that only move data: 0 flops.
-_DATA_MOVEMENT = _COLLECTIVES | frozenset({
-    "parameter", "constant", "get-tuple-element", "bitcast", "tuple", "copy-start",
-    "copy-done", "add-dependency", "opt-barrier", "domain", "after-all", "broadcast", "reshape",
-    "dynamic-reshape", "transpose", "copy", "slice", "dynamic-slice", "dynamic-update-slice",
-    "concatenate", "pad", "iota", "reverse", "gather", "bitcast-convert", "get-dimension-size",
-    "set-dimension-size", "partition-id", "replica-id", "infeed", "outfeed", "async-done",
-    "async-update", "rng-get-and-update-state"})
+_DATA_MOVEMENT = _COLLECTIVES | frozenset(
+  {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "bitcast",
+    "tuple",
+    "copy-start",
+    "copy-done",
+    "add-dependency",
+    "opt-barrier",
+    "domain",
+    "after-all",
+    "broadcast",
+    "reshape",
+    "dynamic-reshape",
+    "transpose",
+    "copy",
+    "slice",
+    "dynamic-slice",
+    "dynamic-update-slice",
+    "concatenate",
+    "pad",
+    "iota",
+    "reverse",
+    "gather",
+    "bitcast-convert",
+    "get-dimension-size",
+    "set-dimension-size",
+    "partition-id",
+    "replica-id",
+    "infeed",
+    "outfeed",
+    "async-done",
+    "async-update",
+    "rng-get-and-update-state",
+  }
+)
 # Ops that read only an output-sized part of operand 0 (HloCostAnalysis::HandleSlice,
 # HandleDynamicSlice, HandleGather).
 _PARTIAL_READS = frozenset({"slice", "dynamic-slice", "gather"})
@@ -52,8 +111,10 @@ class FlopCounter:
   def computation(self, name: str, user: Instr) -> float:
     """Flops of computation `name`, which instruction `user` calls."""
     if name not in self.comps:
-      raise WorkloadError(f"{self.where}: {user.at}instruction '{user.name}' calls "
-                          f"unknown computation '{name}' (is the module truncated?)")
+      raise WorkloadError(
+        f"{self.where}: {user.at}instruction '{user.name}' calls "
+        f"unknown computation '{name}' (is the module truncated?)"
+      )
     if name in self.memo:
       return self.memo[name]
     if name in self.active:
@@ -82,8 +143,10 @@ class FlopCounter:
         return (body + cond) * _trip_count(attrs)
       if op == "conditional":
         branches = comp_names(attr(attrs, "branch_computations")) or [
-            c for key in ("true_computation", "false_computation")
-            for c in comp_names(attr(attrs, key))]
+          c
+          for key in ("true_computation", "false_computation")
+          for c in comp_names(attr(attrs, key))
+        ]
         return max((self.computation(c, ins) for c in branches), default=0.0)
       if op == "dot":
         lhs = operand(0)
@@ -95,9 +158,11 @@ class FlopCounter:
         flops = _custom_call_flops(ins, [operand(k) for k in range(len(ins.operands))])
         if flops == 0.0:
           target = attr(attrs, "custom_call_target") or "?"
-          self.notes.warn(f"custom-call '{target}'", ins.name,
-                          "its cost is unknown: 0 flops, and its operands and results are "
-                          "charged whole")
+          self.notes.warn(
+            f"custom-call '{target}'",
+            ins.name,
+            "its cost is unknown: 0 flops, and its operands and results are charged whole",
+          )
         return flops
       if op == "reduce":
         n = max(1, len(ins.operands) // 2)
@@ -111,9 +176,11 @@ class FlopCounter:
     except WorkloadError:
       raise
     except (IndexError, AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
-      raise WorkloadError(f"{self.where}: {ins.at}cannot count the flops of "
-                          f"'{ins.name}' ({op}): malformed shapes or attributes "
-                          f"({type(e).__name__})") from None
+      raise WorkloadError(
+        f"{self.where}: {ins.at}cannot count the flops of "
+        f"'{ins.name}' ({op}): malformed shapes or attributes "
+        f"({type(e).__name__})"
+      ) from None
 
 
 def _trip_count(attrs: str) -> int:
@@ -141,15 +208,28 @@ def _conv_flops(ins: Instr, lhs: Shape, kernel: Shape) -> float:
     in_l, k_l, out_l = m.groups()
     spatial = sorted(c for c in k_l if c.isdigit())
     window = _window(ins.attrs, len(spatial))
-    if (len(in_l) == len(lhs.dims) and len(k_l) == len(kernel.dims) == len(in_l)
-        and len(out_l) == len(out.dims) and window is not None
-        and all(c in in_l and c in out_l for c in spatial + ["b", "f"]) and "i" in k_l):
-      total = 2.0 * out.dims[out_l.index("b")] * out.dims[out_l.index("f")] * kernel.dims[
-          k_l.index("i")]
+    if (
+      len(in_l) == len(lhs.dims)
+      and len(k_l) == len(kernel.dims) == len(in_l)
+      and len(out_l) == len(out.dims)
+      and window is not None
+      and all(c in in_l and c in out_l for c in spatial + ["b", "f"])
+      and "i" in k_l
+    ):
+      total = (
+        2.0 * out.dims[out_l.index("b")] * out.dims[out_l.index("f")] * kernel.dims[k_l.index("i")]
+      )
       for d, c in enumerate(spatial):
         size, stride, (pad_lo, _), lhs_dil, rhs_dil = (w[d] for w in window)
-        total *= _valid_taps(lhs.dims[in_l.index(c)], out.dims[out_l.index(c)],
-                             kernel.dims[k_l.index(c)], stride, pad_lo, lhs_dil, rhs_dil)
+        total *= _valid_taps(
+          lhs.dims[in_l.index(c)],
+          out.dims[out_l.index(c)],
+          kernel.dims[k_l.index(c)],
+          stride,
+          pad_lo,
+          lhs_dil,
+          rhs_dil,
+        )
       return total
   o_index = len(kernel.dims) - 1
   if m and "o" in m.group(2) and len(m.group(2)) == len(kernel.dims):
@@ -163,17 +243,28 @@ def _window(attrs: str, rank: int) -> list[list[Any]] | None:
   if text is None:
     return [[1] * rank, [1] * rank, [(0, 0)] * rank, [1] * rank, [1] * rank] if rank == 0 else None
   fields = dict(f.split("=", 1) for f in text.split() if "=" in f)
+
   def ints(key: str, default: int) -> list[int]:
     return [int(x) for x in fields[key].split("x")] if key in fields else [default] * rank
-  pads = ([tuple(int(v) for v in p.split("_")) for p in fields["pad"].split("x")]
-          if "pad" in fields else [(0, 0)] * rank)
-  result = [ints("size", 1), ints("stride", 1), pads, ints("lhs_dilate", 1),
-            ints("rhs_dilate", 1)]
+
+  pads = (
+    [tuple(int(v) for v in p.split("_")) for p in fields["pad"].split("x")]
+    if "pad" in fields
+    else [(0, 0)] * rank
+  )
+  result = [ints("size", 1), ints("stride", 1), pads, ints("lhs_dilate", 1), ints("rhs_dilate", 1)]
   return result if all(len(r) == rank for r in result) else None
 
 
-def _valid_taps(in_size: int, out_size: int, kernel_size: int, stride: int, pad_lo: int,
-                lhs_dil: int, rhs_dil: int) -> int:
+def _valid_taps(
+  in_size: int,
+  out_size: int,
+  kernel_size: int,
+  stride: int,
+  pad_lo: int,
+  lhs_dil: int,
+  rhs_dil: int,
+) -> int:
   """Number of (output position, kernel tap) pairs of one spatial dimension that read a real
   input element."""
   o = np.arange(out_size, dtype=np.int64) * stride - pad_lo
@@ -211,8 +302,9 @@ def operand_bytes(ins: Instr, k: int, comps: dict[str, Computation]) -> int | No
   return None
 
 
-def _called_parameter_bytes(ins: Instr, k: int, comps: dict[str, Computation],
-                            depth: int) -> int | None:
+def _called_parameter_bytes(
+  ins: Instr, k: int, comps: dict[str, Computation], depth: int
+) -> int | None:
   """Bytes a fusion or call reads of its operand k: what its computation reads of
   `parameter(k)` (the CPU backend wraps fusions in calls, so both are followed)."""
   called = _fused_computation(ins, comps)
@@ -235,8 +327,9 @@ def _fused_parameter(fused: Computation, k: int) -> Instr | None:
   return None
 
 
-def _fused_parameter_bytes(fused: Computation, name: str, comps: dict[str, Computation],
-                           depth: int) -> int | None:
+def _fused_parameter_bytes(
+  fused: Computation, name: str, comps: dict[str, Computation], depth: int
+) -> int | None:
   """Bytes a fusion reads of the operand bound to fused instruction `name`, when every use of
   it inside the fusion reads only part of it (slices, dynamic slices and gathers read their
   output's size of operand 0, an in-place dynamic-update-slice nothing of operand 0; bitcasts
@@ -249,8 +342,11 @@ def _fused_parameter_bytes(fused: Computation, name: str, comps: dict[str, Compu
       if operand != name:
         continue
       if user.opcode in ("bitcast", "fusion", "call"):
-        sub = (_fused_parameter_bytes(fused, user.name, comps, depth) if user.opcode == "bitcast"
-               else _called_parameter_bytes(user, k, comps, depth))
+        sub = (
+          _fused_parameter_bytes(fused, user.name, comps, depth)
+          if user.opcode == "bitcast"
+          else _called_parameter_bytes(user, k, comps, depth)
+        )
         if sub is None:
           return None
         total += sub
@@ -267,8 +363,10 @@ def result_bytes(ins: Instr, comps: dict[str, Computation], entry: Computation) 
   """Bytes an op writes of its result when XLA charges less than all of it (a value tree
   shaped like the result, None for all of it): a dynamic-update-slice, or a fusion whose root
   (or a root tuple's element) is one, writes only the update in place."""
+
   def update_bytes(dus: Instr, comp: Computation) -> int | None:
     return shape_bytes(comp.by_name[dus.operands[1]].shape) if len(dus.operands) > 1 else None
+
   if ins.opcode == "dynamic-update-slice":
     return update_bytes(ins, entry)
   if ins.opcode != "fusion":
@@ -280,8 +378,10 @@ def result_bytes(ins: Instr, comps: dict[str, Computation], entry: Computation) 
   if root.opcode == "dynamic-update-slice":
     return update_bytes(root, fused)
   if root.opcode == "tuple":
-    return tuple(update_bytes(fused.by_name[o], fused)
-                 if fused.by_name[o].opcode == "dynamic-update-slice" else None
-                 for o in root.operands)
+    return tuple(
+      update_bytes(fused.by_name[o], fused)
+      if fused.by_name[o].opcode == "dynamic-update-slice"
+      else None
+      for o in root.operands
+    )
   return None
-

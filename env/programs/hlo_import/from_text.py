@@ -18,19 +18,24 @@ from malloczero.env.programs.hlo_import.text_parser import parse_text
 from malloczero.env.programs.hlo_import.xla_proto import parse_with_xla, xla_reason
 from malloczero.env.workload import Workload
 
+
 def parse_module(text: str, where: str, notes: Notes, use_xla: bool = True) -> Module:
   """XLA's own parser when it accepts the text, else the hand-written one (with a note)."""
   check_text(text, where)
   reason = parse_with_xla(text, where) if use_xla else "not asked for"
   if isinstance(reason, Module):
     if not re.search(r"^\s*ENTRY\b", text, re.M):
-      notes.note(f"no computation is marked ENTRY: XLA takes the last one, "
-                 f"'{reason.entry.name}', as the program (is the text truncated?)")
+      notes.note(
+        f"no computation is marked ENTRY: XLA takes the last one, "
+        f"'{reason.entry.name}', as the program (is the text truncated?)"
+      )
     return reason
   module = parse_text(text, where)
-  notes.note(f"XLA's parser refused the module ({reason}); read it with the hand-written "
-             "parser, which reads shapes, operands and the attributes used here the same way "
-             "but checks less")
+  notes.note(
+    f"XLA's parser refused the module ({reason}); read it with the hand-written "
+    "parser, which reads shapes, operands and the attributes used here the same way "
+    "but checks less"
+  )
   return module
 
 
@@ -39,14 +44,16 @@ class HloImport:
   """What `import_hlo_text` made of a module: the workload, whether the input module was
   scheduled and whether it was compiled here first, and one-line notes for the user (which
   parser read it, what compiling did, one warning per kind of approximation)."""
+
   workload: Workload
   scheduled: bool
   compiled: bool
   notes: tuple[str, ...]
 
 
-def import_hlo_text(text: str, name: str, source: str = "xla-hlo",
-                    compile: bool | None = None) -> HloImport:
+def import_hlo_text(
+  text: str, name: str, source: str = "xla-hlo", compile: bool | None = None
+) -> HloImport:
   """Converts HLO text to a `Workload`, compiling it on the CPU first when it is not scheduled.
 
   `compile=None` compiles an unscheduled module (its print order is not a schedule, and it has
@@ -66,19 +73,26 @@ def import_hlo_text(text: str, name: str, source: str = "xla-hlo",
     except WorkloadError as e:
       if compile:
         raise
-      notes.note(f"the module is not scheduled and XLA could not compile it on the CPU "
-                 f"({getattr(e, 'reason', e)}); kept its print order as the schedule, without "
-                 "XLA's fusion")
+      notes.note(
+        f"the module is not scheduled and XLA could not compile it on the CPU "
+        f"({getattr(e, 'reason', e)}); kept its print order as the schedule, without "
+        "XLA's fusion"
+      )
     else:
       module, compiled = parse_module(optimised, name, notes), True
-      what = ("was scheduled; compiled it again" if was_scheduled else
-              "was not scheduled: compiled it")
-      notes.note(f"the module {what} with XLA on the CPU in {seconds:.1f} s ({before} ops "
-                 f"before, {len(ops_of(module))} after fusion and scheduling)"
-                 + ("" if was_scheduled else "; --no-compile keeps the print order"))
+      what = (
+        "was scheduled; compiled it again" if was_scheduled else "was not scheduled: compiled it"
+      )
+      notes.note(
+        f"the module {what} with XLA on the CPU in {seconds:.1f} s ({before} ops "
+        f"before, {len(ops_of(module))} after fusion and scheduling)"
+        + ("" if was_scheduled else "; --no-compile keeps the print order")
+      )
   elif not was_scheduled:
-    notes.note("the module is not scheduled: its print order is taken as the schedule and "
-               "nothing is fused (--compile lets XLA optimise and schedule it first)")
+    notes.note(
+      "the module is not scheduled: its print order is taken as the schedule and "
+      "nothing is fused (--compile lets XLA optimise and schedule it first)"
+    )
   if compiled:
     source += ", compiled with XLA on the CPU"
   workload = convert_module(module, name, source, notes)
@@ -103,15 +117,18 @@ def compile_hlo_on_cpu(text: str, name: str) -> tuple[str, float]:
   from elsewhere (TensorFlow, torch-xla, an unoptimised dump). Raises a one-line `WorkloadError`
   (its `reason` attribute without the module's name) when XLA cannot."""
   import time
+
   start = time.perf_counter()
   try:
     import jax  # Lazy, as in the rest of the package: only compiling needs JAX.
     from jaxlib import xla_client
+
     module = xla_client._xla.hlo_module_from_text(text)
     mlir = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
     cpu = jax.devices("cpu")[0]
-    executable = cpu.client.compile_and_load(mlir, xla_client.DeviceList((cpu,)),
-                                             xla_client.CompileOptions())
+    executable = cpu.client.compile_and_load(
+      mlir, xla_client.DeviceList((cpu,)), xla_client.CompileOptions()
+    )
     optimised = executable.hlo_modules()[0].to_string()
   except Exception as e:  # XLA's parser, converter or compiler refused: one line.
     reason = xla_reason(e)
@@ -119,4 +136,3 @@ def compile_hlo_on_cpu(text: str, name: str) -> tuple[str, float]:
     error.reason = reason
     raise error from None
   return optimised, time.perf_counter() - start
-

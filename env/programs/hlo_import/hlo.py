@@ -18,12 +18,38 @@ from malloczero.common.errors import WorkloadError
 
 # Element sizes in bits (sub-byte types are rounded up to whole bytes per buffer).
 _DTYPE_BITS = {
-    "pred": 8, "s1": 1, "u1": 1, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8,
-    "s16": 16, "u16": 16, "s32": 32, "u32": 32, "s64": 64, "u64": 64,
-    "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128,
-    "f4e2m1fn": 4, "f8e8m0fnu": 8, "f8e3m4": 8, "f8e4m3": 8, "f8e4m3fn": 8, "f8e4m3b11fnuz": 8,
-    "f8e4m3fnuz": 8, "f8e5m2": 8, "f8e5m2fnuz": 8,
-    "token": 0, "opaque": 0,
+  "pred": 8,
+  "s1": 1,
+  "u1": 1,
+  "s2": 2,
+  "u2": 2,
+  "s4": 4,
+  "u4": 4,
+  "s8": 8,
+  "u8": 8,
+  "s16": 16,
+  "u16": 16,
+  "s32": 32,
+  "u32": 32,
+  "s64": 64,
+  "u64": 64,
+  "f16": 16,
+  "bf16": 16,
+  "f32": 32,
+  "f64": 64,
+  "c64": 64,
+  "c128": 128,
+  "f4e2m1fn": 4,
+  "f8e8m0fnu": 8,
+  "f8e3m4": 8,
+  "f8e4m3": 8,
+  "f8e4m3fn": 8,
+  "f8e4m3b11fnuz": 8,
+  "f8e4m3fnuz": 8,
+  "f8e5m2": 8,
+  "f8e5m2fnuz": 8,
+  "token": 0,
+  "opaque": 0,
 }
 
 
@@ -31,6 +57,7 @@ _DTYPE_BITS = {
 class Array:
   """An array shape. An element type the importer does not know, or an unbounded dynamic
   dimension (stored as -1), makes it unsizable: it then has no elements and no bytes."""
+
   dtype: str
   dims: tuple[int, ...]
 
@@ -68,8 +95,9 @@ def leaves(shape: Shape) -> Iterator[tuple[tuple[int, ...], Array]]:
 
 def shape_elements(shape: Shape) -> int:
   """Elements of a shape's sizable leaves, tokens and opaque leaves left out."""
-  return sum(leaf.elements for _, leaf in leaves(shape)
-             if leaf.sizable and _DTYPE_BITS[leaf.dtype] > 0)
+  return sum(
+    leaf.elements for _, leaf in leaves(shape) if leaf.sizable and _DTYPE_BITS[leaf.dtype] > 0
+  )
 
 
 def shape_bytes(shape: Shape) -> int:
@@ -96,6 +124,7 @@ def skip_braces(s: str, i: int) -> int:
 class Instr:
   """One HLO instruction; `attrs` is the text after its operand list, as the text format prints
   it."""
+
   name: str
   shape: Shape
   opcode: str
@@ -114,6 +143,7 @@ class Instr:
 @dataclasses.dataclass
 class Computation:
   """One HLO computation: its instructions in order (the ENTRY's in schedule order)."""
+
   name: str
   is_entry: bool
   instrs: list[Instr]
@@ -134,10 +164,11 @@ class Computation:
 @dataclasses.dataclass
 class Module:
   """A parsed HLO module: its computations by name, the ENTRY one, and how it was read."""
+
   comps: dict[str, Computation]
   entry: Computation  # Its instructions in schedule order (print order if unscheduled).
-  scheduled: bool      # `is_scheduled=true` / a schedule for the ENTRY computation.
-  parser: str          # "xla" (XLA's own parser) or "text" (the hand-written fallback).
+  scheduled: bool  # `is_scheduled=true` / a schedule for the ENTRY computation.
+  parser: str  # "xla" (XLA's own parser) or "text" (the hand-written fallback).
 
 
 def check_text(text: Any, where: str) -> None:
@@ -156,11 +187,14 @@ def check_operands(module: Module, where: str) -> None:
       for operand in ins.operands:
         if operand not in seen:
           later = "is defined after its use" if operand in comp.by_name else "is not defined"
-          raise WorkloadError(f"{where}: {ins.at}instruction '{ins.name}' uses unknown "
-                              f"operand '{operand}' (it {later} in computation '{comp.name}')")
+          raise WorkloadError(
+            f"{where}: {ins.at}instruction '{ins.name}' uses unknown "
+            f"operand '{operand}' (it {later} in computation '{comp.name}')"
+          )
       if ins.name in seen:
-        raise WorkloadError(f"{where}: {ins.at}instruction '{ins.name}' is defined "
-                            f"twice in computation '{comp.name}'")
+        raise WorkloadError(
+          f"{where}: {ins.at}instruction '{ins.name}' is defined twice in computation '{comp.name}'"
+        )
       seen.add(ins.name)
 
 
@@ -171,12 +205,12 @@ def attr(attrs: str, key: str) -> str | None:
     return None
   i = m.end()
   if attrs.startswith("{", i):
-    return attrs[i + 1:skip_braces(attrs, i) - 1]
+    return attrs[i + 1 : skip_braces(attrs, i) - 1]
   if attrs.startswith('"', i):
     j = i + 1
     while j < len(attrs) and attrs[j] != '"':
       j += 2 if attrs[j] == "\\" else 1
-    return attrs[i + 1:j]
+    return attrs[i + 1 : j]
   m2 = re.compile(r"[^,\s]*").match(attrs, i)
   return m2.group(0)
 
@@ -189,4 +223,3 @@ def int_list(value: str | None) -> list[int]:
 def comp_names(value: str | None) -> list[str]:
   """The computation names in an attribute value (`%body, %cond` -> ['body', 'cond'])."""
   return [x.strip().lstrip("%") for x in (value or "").split(",") if x.strip()]
-

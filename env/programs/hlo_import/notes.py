@@ -29,7 +29,8 @@ class Notes:
     warnings = []
     for kind, (instructions, what) in self.kinds.items():
       count = len(instructions)
-      warnings.append(f"warning: {kind} ({count} instruction{'s' if count != 1 else ''}, e.g. "
-                      f"'{min(instructions)}'): {what}")
+      warnings.append(
+        f"warning: {kind} ({count} instruction{'s' if count != 1 else ''}, e.g. "
+        f"'{min(instructions)}'): {what}"
+      )
     return self.lines + warnings
-

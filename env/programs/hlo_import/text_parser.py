@@ -11,8 +11,16 @@ from __future__ import annotations
 import re
 
 from malloczero.common.errors import WorkloadError
-from malloczero.env.programs.hlo_import.hlo import (Array, Computation, Instr, Module, Shape,
-                                                    check_operands, check_text, skip_braces)
+from malloczero.env.programs.hlo_import.hlo import (
+  Array,
+  Computation,
+  Instr,
+  Module,
+  Shape,
+  check_operands,
+  check_text,
+  skip_braces,
+)
 
 _IDENT = re.compile(r"[A-Za-z0-9_.\-]+")
 _COMMENT = re.compile(r"/\*.*?\*/")
@@ -109,7 +117,7 @@ def _parse_instr(line: str, lineno: int) -> Instr:
   opcode = op.group(1)
   open_paren = op.end() - 1
   close = _matching_paren(line, open_paren)
-  inner = line[open_paren + 1:close]
+  inner = line[open_paren + 1 : close]
   operands = []
   if opcode not in ("constant", "parameter"):
     for part in _split_top_level(inner):
@@ -118,8 +126,9 @@ def _parse_instr(line: str, lineno: int) -> Instr:
         raise ValueError(f"cannot read operand '{part}'")
       operands.append(token)
   number = int(inner) if opcode == "parameter" and inner.strip().isdigit() else -1
-  return Instr(m.group(2), shape, opcode, operands, line[close + 1:], bool(m.group(1)), lineno,
-               number)
+  return Instr(
+    m.group(2), shape, opcode, operands, line[close + 1 :], bool(m.group(1)), lineno, number
+  )
 
 
 def parse_text(text: str, where: str) -> Module:
@@ -144,11 +153,13 @@ def parse_text(text: str, where: str) -> Module:
       continue
     if stripped == "}":
       if not current.instrs:
-        raise WorkloadError(f"{where}: line {current.line}: computation '{current.name}' has "
-                            "no instructions")
+        raise WorkloadError(
+          f"{where}: line {current.line}: computation '{current.name}' has no instructions"
+        )
       if current.name in comps:
-        raise WorkloadError(f"{where}: line {current.line}: computation '{current.name}' is "
-                            "defined twice")
+        raise WorkloadError(
+          f"{where}: line {current.line}: computation '{current.name}' is defined twice"
+        )
       comps[current.name] = current
       current = None
       continue
@@ -156,18 +167,21 @@ def parse_text(text: str, where: str) -> Module:
       current.instrs.append(_parse_instr(line, lineno))
     except ValueError as e:
       snippet = stripped if len(stripped) <= 80 else stripped[:77] + "..."
-      raise WorkloadError(f"{where}: line {lineno}: unparseable HLO instruction ({e}): "
-                          f"{snippet}") from None
+      raise WorkloadError(
+        f"{where}: line {lineno}: unparseable HLO instruction ({e}): {snippet}"
+      ) from None
   if current is not None:
-    raise WorkloadError(f"{where}: truncated HLO: computation '{current.name}' (line "
-                        f"{current.line}) is not closed by '}}'")
+    raise WorkloadError(
+      f"{where}: truncated HLO: computation '{current.name}' (line "
+      f"{current.line}) is not closed by '}}'"
+    )
   entries = [c for c in comps.values() if c.is_entry]
   if not entries:
-    raise WorkloadError(f"{where}: no ENTRY computation in the HLO text (is it truncated, or "
-                        "not an HLO module?)")
+    raise WorkloadError(
+      f"{where}: no ENTRY computation in the HLO text (is it truncated, or not an HLO module?)"
+    )
   if len(entries) > 1:
     raise WorkloadError(f"{where}: more than one ENTRY computation in the HLO text")
   module = Module(comps, entries[0], scheduled, "text")
   check_operands(module, where)
   return module
-

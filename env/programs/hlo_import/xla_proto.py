@@ -14,17 +14,51 @@ import re
 from typing import Any
 
 from malloczero.common.errors import WorkloadError
-from malloczero.env.programs.hlo_import.hlo import (Array, Computation, Instr, Module, Shape,
-                                                    check_operands)
+from malloczero.env.programs.hlo_import.hlo import (
+  Array,
+  Computation,
+  Instr,
+  Module,
+  Shape,
+  check_operands,
+)
 
 # xla::PrimitiveType numbers (xla_data.proto) -> the element type names of the text format.
 # Numbers TensorFlow 2.8's copy of the proto does not know yet still arrive as plain ints.
 _PRIMITIVE_TYPES = {
-    1: "pred", 2: "s8", 3: "s16", 4: "s32", 5: "s64", 6: "u8", 7: "u16", 8: "u32", 9: "u64",
-    10: "f16", 11: "f32", 12: "f64", 15: "c64", 16: "bf16", 18: "c128", 14: "opaque",
-    17: "token", 19: "f8e5m2", 20: "f8e4m3fn", 21: "s4", 22: "u4", 23: "f8e4m3b11fnuz",
-    24: "f8e5m2fnuz", 25: "f8e4m3fnuz", 26: "s2", 27: "u2", 28: "f8e4m3", 29: "f8e3m4",
-    30: "s1", 31: "u1", 32: "f4e2m1fn", 33: "f8e8m0fnu"}
+  1: "pred",
+  2: "s8",
+  3: "s16",
+  4: "s32",
+  5: "s64",
+  6: "u8",
+  7: "u16",
+  8: "u32",
+  9: "u64",
+  10: "f16",
+  11: "f32",
+  12: "f64",
+  15: "c64",
+  16: "bf16",
+  18: "c128",
+  14: "opaque",
+  17: "token",
+  19: "f8e5m2",
+  20: "f8e4m3fn",
+  21: "s4",
+  22: "u4",
+  23: "f8e4m3b11fnuz",
+  24: "f8e5m2fnuz",
+  25: "f8e4m3fnuz",
+  26: "s2",
+  27: "u2",
+  28: "f8e4m3",
+  29: "f8e3m4",
+  30: "s1",
+  31: "u1",
+  32: "f4e2m1fn",
+  33: "f8e8m0fnu",
+}
 _TUPLE_TYPE = 13
 _PB2_FILES = ("compiler/xla/xla_data_pb2.py", "compiler/xla/service/hlo_pb2.py")
 
@@ -40,6 +74,7 @@ def hlo_module_proto() -> Any:
   import ast
   import importlib.util
   import os
+
   from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
   spec = importlib.util.find_spec("tensorflow")  # Finds the package without importing it.
@@ -53,8 +88,11 @@ def hlo_module_proto() -> Any:
         tree = ast.parse(f.read())
     except (OSError, SyntaxError, ValueError) as e:
       raise LookupError(f"cannot read TensorFlow's {rel}: {e}") from None
-    found = [node.value for node in ast.walk(tree)
-             if isinstance(node, ast.keyword) and node.arg == "serialized_pb"]
+    found = [
+      node.value
+      for node in ast.walk(tree)
+      if isinstance(node, ast.keyword) and node.arg == "serialized_pb"
+    ]
     if not found:
       raise LookupError(f"TensorFlow's {rel} has no serialized descriptor")
     value = found[0].args[0] if isinstance(found[0], ast.Call) and found[0].args else found[0]
@@ -62,7 +100,8 @@ def hlo_module_proto() -> Any:
     data = data.encode("latin-1") if isinstance(data, str) else data  # `_b(...)` of py2/3 pb2.
     pool.Add(descriptor_pb2.FileDescriptorProto.FromString(data))
   return message_factory.MessageFactory(pool).GetPrototype(
-      pool.FindMessageTypeByName("xla.HloModuleProto"))
+    pool.FindMessageTypeByName("xla.HloModuleProto")
+  )
 
 
 def parse_with_xla(text: str, where: str) -> Module | str:
@@ -70,6 +109,7 @@ def parse_with_xla(text: str, where: str) -> Module | str:
   serialises. Returns the module, or a one-line reason why XLA's parser could not be used."""
   try:
     from jaxlib import xla_client  # Lazy: `import malloczero` loads neither jaxlib nor TF.
+
     module = xla_client._xla.hlo_module_from_text(text)
     data = module.as_serialized_hlo_module_proto()
   except ImportError as e:
@@ -89,8 +129,7 @@ def xla_reason(error: Exception) -> str:
   """XLA's error on one line: its first `error:` line (where XLA's parser says what it
   expected), else its first line."""
   lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-  line = next((ln for ln in lines if " error: " in ln), lines[0] if lines else
-              type(error).__name__)
+  line = next((ln for ln in lines if " error: " in ln), lines[0] if lines else type(error).__name__)
   m = re.match(r"was parsing (\d+):(\d+): error: (.*)", line)
   if m:
     line = f"line {m.group(1)} column {m.group(2)}: {m.group(3)}"
@@ -124,10 +163,19 @@ def _proto_attrs(ins: Any, comp_names: dict[int, str]) -> str:
   if ins.HasField("window") and ins.window.dimensions:
     w = ins.window.dimensions
     field = lambda f: "x".join(str(f(d)) for d in w)
-    parts.append("window={size=" + field(lambda d: d.size) + " stride=" + field(lambda d: d.stride)
-                 + " pad=" + field(lambda d: f"{d.padding_low}_{d.padding_high}")
-                 + " lhs_dilate=" + field(lambda d: d.base_dilation or 1)
-                 + " rhs_dilate=" + field(lambda d: d.window_dilation or 1) + "}")
+    parts.append(
+      "window={size="
+      + field(lambda d: d.size)
+      + " stride="
+      + field(lambda d: d.stride)
+      + " pad="
+      + field(lambda d: f"{d.padding_low}_{d.padding_high}")
+      + " lhs_dilate="
+      + field(lambda d: d.base_dilation or 1)
+      + " rhs_dilate="
+      + field(lambda d: d.window_dilation or 1)
+      + "}"
+    )
   if ins.HasField("convolution_dimension_numbers"):
     parts.append("dim_labels=" + _dim_labels(ins.convolution_dimension_numbers))
   if ins.custom_call_target:
@@ -139,16 +187,26 @@ def _proto_attrs(ins: Any, comp_names: dict[int, str]) -> str:
 
 def _dim_labels(d: Any) -> str:
   """`dim_labels` (for example `b01f_01io->b01f`) of ConvolutionDimensionNumbers."""
+
   def labels(named: dict[int, str], spatial: Any) -> str:
     out = dict(named)
     out.update({dim: str(i) for i, dim in enumerate(spatial)})
     return "".join(out.get(i, "?") for i in range(len(out)))
-  return (labels({d.input_batch_dimension: "b", d.input_feature_dimension: "f"},
-                 d.input_spatial_dimensions) + "_"
-          + labels({d.kernel_input_feature_dimension: "i", d.kernel_output_feature_dimension: "o"},
-                   d.kernel_spatial_dimensions) + "->"
-          + labels({d.output_batch_dimension: "b", d.output_feature_dimension: "f"},
-                   d.output_spatial_dimensions))
+
+  return (
+    labels(
+      {d.input_batch_dimension: "b", d.input_feature_dimension: "f"}, d.input_spatial_dimensions
+    )
+    + "_"
+    + labels(
+      {d.kernel_input_feature_dimension: "i", d.kernel_output_feature_dimension: "o"},
+      d.kernel_spatial_dimensions,
+    )
+    + "->"
+    + labels(
+      {d.output_batch_dimension: "b", d.output_feature_dimension: "f"}, d.output_spatial_dimensions
+    )
+  )
 
 
 def _module_from_proto(proto: Any, where: str) -> Module:
@@ -163,18 +221,29 @@ def _module_from_proto(proto: Any, where: str) -> Module:
     if scheduled:
       ids = proto.schedule.sequences[c.id].instruction_ids
       if sorted(ids) != sorted(by_id):
-        raise WorkloadError(f"{where}: the schedule of '{c.name}' does not list each of its "
-                            "instructions once")
+        raise WorkloadError(
+          f"{where}: the schedule of '{c.name}' does not list each of its instructions once"
+        )
       order = [by_id[i] for i in ids]
     instrs = []
     for i in order:
       missing = [o for o in i.operand_ids if o not in by_id]
       if missing:
-        raise WorkloadError(f"{where}: instruction '{i.name}' uses an operand that is not in "
-                            f"computation '{c.name}'")
-      instrs.append(Instr(i.name, _proto_shape(i.shape), i.opcode,
-                          [by_id[o].name for o in i.operand_ids], _proto_attrs(i, comp_names),
-                          i.id == c.root_id, 0, int(i.parameter_number)))
+        raise WorkloadError(
+          f"{where}: instruction '{i.name}' uses an operand that is not in computation '{c.name}'"
+        )
+      instrs.append(
+        Instr(
+          i.name,
+          _proto_shape(i.shape),
+          i.opcode,
+          [by_id[o].name for o in i.operand_ids],
+          _proto_attrs(i, comp_names),
+          i.id == c.root_id,
+          0,
+          int(i.parameter_number),
+        )
+      )
     comps[c.name] = Computation(c.name, is_entry, instrs, 0)
     if is_entry:
       entry = (comps[c.name], scheduled)
@@ -183,4 +252,3 @@ def _module_from_proto(proto: Any, where: str) -> Module:
   module = Module(comps, entry[0], entry[1], "xla")
   check_operands(module, where)
   return module
-
