@@ -47,6 +47,7 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
   assert report["learner_small_batch"] == 256 and report["learner_small_unroll"] == 5
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_commands_keep_compiled_programs_in_the_users_cache_unless_told_otherwise(tmp_path):
   """The cache goes under XDG_CACHE_HOME, also when JAX was imported first; a
   JAX_COMPILATION_CACHE_DIR the user set wins, and an empty one leaves the cache off."""
@@ -211,6 +212,7 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
   assert load_params(str(checkpoint))  # A real, loadable parameter tree.
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_train_rejects_bad_flags_in_one_line():
   cases = (
     (("train", "--config", "huge"), 2),
@@ -293,6 +295,7 @@ def test_import_hlo_round_trip_and_malformed_text(tmp_path):
   assert bad.stderr.count("\n") == 1
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_import_hlo_compiles_an_unscheduled_module_unless_told_not_to(tmp_path):
   from malloczero.env import load_workload
 

@@ -369,6 +369,7 @@ def reference_evaluate(workload, hardware, alloc):
   return sum(op_time) + reference_stalls(idle, starts, dones, work).sum()
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 @given(st.data())
 def test_evaluation_equals_plain_loops_on_random_programs_with_evictions(data):
   from hypothesis import assume

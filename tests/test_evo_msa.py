@@ -92,6 +92,7 @@ def test_with_skip_below_it_changes_only_decisions_worth_deciding():
   assert mapping.estimated_time_s <= info["msa_time_s"]
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_without_an_evaluation_budget_it_searches_until_its_time_limit():
   """evo-msa's budget is its time limit: it used to stop at evo's 120 decodes with most of its
   time left."""

@@ -44,6 +44,7 @@ def make_game(workload, hardware):
     assume(False)  # Nothing to place (every buffer too big or useless): not a game.
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 @given(st.data())
 def test_rewards_sum_to_normalised_time_saved_and_mapping_validates(data):
   workload = data.draw(workloads())
@@ -67,6 +68,7 @@ def test_rewards_sum_to_normalised_time_saved_and_mapping_validates(data):
   fraction=st.sampled_from([0.1, 0.25, 0.5]),
   preset=st.sampled_from(["tpu-v4i-like", "nnpi-like"]),
 )
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_each_reward_is_the_exact_cost_model_decrease(seed, fraction, preset):
   workload = random_workload(seed, num_ops=30)
   hardware = contended(PRESETS[preset], workload, fraction)

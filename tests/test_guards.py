@@ -69,6 +69,7 @@ def test_the_lock_of_a_killed_process_blocks_nothing(tmp_path):
     assert (tmp_path / "train.lock").read_text() == f"{os.getpid()}\n"
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_a_launcher_waits_for_node_processes_then_refuses_naming_them(tmp_path):
   nodes = _holder(tmp_path, "nodes")
   assert lock_holders(WorkDir(str(tmp_path)).nodes_lock) == [nodes.pid]

@@ -153,6 +153,7 @@ def test_value_targets_hand_computed():
     value_targets(jnp.asarray(rewards), jnp.asarray(valid), jnp.asarray(bootstrap), 3, 3)
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_value_transform_keeps_small_values_in_float32():
   """Rewards of 1e-7..1e-3 (most of this game's) survive encoding and decoding: h and its
   inverse, and the two-hot target decoded back. rlax's forms lost them (1e-6 -> -6.1e-6)."""
@@ -344,6 +345,7 @@ def test_save_restore_round_trip(tmp_path, batch):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_restore_errors_are_one_line(tmp_path, batch):
   learner = MuZeroLearner(NETWORKS, CONFIG, lambda: batch)
   with pytest.raises(MalloczeroError, match="no learner checkpoint"):

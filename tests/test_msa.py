@@ -467,6 +467,7 @@ def test_a_work_directorys_cached_msa_speedups_of_the_old_msa_are_computed_again
 # ----------------------------------------------------------------------------- properties
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_every_msa_mapping_validates_and_only_copy_stalls_can_cost_time(data):

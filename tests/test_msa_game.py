@@ -83,6 +83,7 @@ def test_msas_slot_is_the_msa_solver_on_a_contended_random_program(preset):
   assert same_allocations(game.allocations(), expected)
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_rewards_sum_to_the_time_saved_and_every_mapping_validates(data):

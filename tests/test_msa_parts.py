@@ -635,6 +635,7 @@ def xla_fold(def_benefit: float, use_benefits: list[float]) -> float:
   return benefit
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 @given(st.data())
 def test_memory_boundedness_equals_xlas_sequential_fold(data):
   w = data.draw(workloads())

@@ -235,6 +235,7 @@ def test_evict_and_prefetch_is_a_keep_then_an_evicting_prefetch_and_later_starts
   assert (fetched["start"], fetched["prefetch_done"]) == (7, 16)
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_msas_choice_equals_the_solver_on_random_workloads_for_any_number_of_starts(data):
@@ -267,6 +268,7 @@ def test_default_memory_at_every_step_is_all_slow(name):
 # ------------------------------------------------------------------ (c) every option is legal
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_any_legal_option_at_every_step_gives_a_mapping_the_validator_accepts(data):

@@ -74,6 +74,7 @@ def test_pack_finds_the_only_packing_that_bestfit_misses():
   assert describe(result.info).startswith("; packed every request")
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_pack_packs_every_small_random_instance_that_can_be_packed():
   """Against brute force on 150 random instances whose live bytes never exceed capacity: the
   search is complete, so it packs each one that has a packing."""
@@ -118,6 +119,7 @@ def test_pack_out_of_time_returns_no_worse_than_bestfit_and_says_it_found_no_pac
   assert "no full packing found in the time limit" in describe(result.info)
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_pack_places_every_buffer_of_challenge_instance_a(capsys):
   """Instance A: msa, bestfit and CP-SAT place 76% of its bytes x time, evo 88% in 60 s."""
   assert (

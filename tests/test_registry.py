@@ -69,6 +69,7 @@ def test_every_option_of_every_solver_is_a_flag_of_solve_and_reaches_the_solver(
     assert solver in help_text
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_every_baseline_solves_through_its_record():
   workload, hardware = _entry()
   for name in SOLVERS:

@@ -98,6 +98,7 @@ def test_generated_inputs_are_deterministic_and_load(tmp_path):
   assert abs(w.num_buffers - 1000) <= 2 and w == xla_like_workload(1000, seed=1)
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_bench_scale_measures_each_input_in_its_own_process():
   from malloczero.launch.bench import bench_scale
 

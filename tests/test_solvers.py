@@ -46,6 +46,7 @@ def program(buffers, flops):
   )
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 @pytest.mark.parametrize("preset", ["tpu-v4i-like", "nnpi-like"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_solver_mapping_validates(preset, seed):
@@ -268,6 +269,7 @@ def test_unknown_solver_is_a_one_line_error():
     solve(w, contended(PRESETS["tpu-v4i-like"], w, 0.3), "magic")
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_cli_solve_writes_a_valid_mapping_and_a_plot(tmp_path):
   csv = tmp_path / "prog.csv"
   csv.write_text("id,lower,upper,size\n0,0,4,300\n1,1,3,500\n2,3,6,400\n3,2,5,200\n")

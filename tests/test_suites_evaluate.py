@@ -62,6 +62,7 @@ def _cli(*args):
   )
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_cli_suite_list_and_show():
   listing = _cli("suite", "list")
   assert listing.returncode == 0 and "tiny" in listing.stdout and "default" in listing.stdout

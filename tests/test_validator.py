@@ -162,6 +162,7 @@ def _cli(*args):
   )
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_cli_validate_accepts_and_rejects(tmp_path, mapping):
   wpath, good, bad = tmp_path / "w.json", tmp_path / "good.json", tmp_path / "bad.json"
   save_workload(WORKLOAD, wpath)
@@ -187,6 +188,7 @@ def test_cli_validate_accepts_and_rejects(tmp_path, mapping):
   assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_cli_validate_minimalloc_csv(tmp_path):
   csv = tmp_path / "p.csv"
   csv.write_text("id,lower,upper,size\n0,0,4,300\n1,1,3,500\n2,3,6,400\n")
