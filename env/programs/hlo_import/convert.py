@@ -14,29 +14,19 @@ from typing import Any, Iterator
 
 from malloczero.common.errors import WorkloadError
 from malloczero.env.programs.hlo_import.cost_rules import FlopCounter, operand_bytes, result_bytes
-from malloczero.env.programs.hlo_import.hlo import Instr, Module, Shape, attr, int_list, shape_bytes
+from malloczero.env.programs.hlo_import.hlo import (
+  NON_OPS,
+  Instr,
+  Module,
+  Shape,
+  attr,
+  int_list,
+  shape_bytes,
+)
 from malloczero.env.programs.hlo_import.notes import Notes
 from malloczero.env.workload import Workload
 
 SMALL_CONSTANT_BYTES = 64  # ENTRY constants up to this size are ignored (immediates).
-
-# Instructions that are not ops: they alias existing buffers or create none.
-_NON_OPS = frozenset(
-  {
-    "parameter",
-    "constant",
-    "get-tuple-element",
-    "bitcast",
-    "tuple",
-    "copy-start",
-    "copy-done",
-    "add-dependency",
-    "opt-barrier",
-    "domain",
-    "after-all",
-    "async-update",
-  }
-)
 
 
 def _is_async_start(op: str) -> bool:
@@ -49,7 +39,7 @@ def _is_async_done(op: str) -> bool:
 
 def ops_of(module: Module) -> list[Instr]:
   """The ENTRY instructions that become ops."""
-  return [ins for ins in module.entry.instrs if ins.opcode not in _NON_OPS]
+  return [ins for ins in module.entry.instrs if ins.opcode not in NON_OPS]
 
 
 def convert_module(module: Module, name: str, source: str, notes: Notes) -> Workload:
@@ -80,12 +70,12 @@ class _Conversion:
     """Converts the next ENTRY instruction in schedule order."""
     op = ins.opcode
     if (
-      op in _NON_OPS
+      op in NON_OPS
       and op not in ("parameter", "constant", "tuple", "after-all")
       and (not ins.operands)
     ):
       raise WorkloadError(f"{self.name}: {ins.at}'{ins.name}' ({op}) needs an operand")
-    if op in _NON_OPS:
+    if op in NON_OPS:
       self.values[ins.name] = self._non_op(ins)
     elif _is_async_done(op) and ins.operands and ins.operands[0] in self.pending:
       self._async_done(ins)

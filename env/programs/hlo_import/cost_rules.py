@@ -16,6 +16,7 @@ import numpy as np
 
 from malloczero.common.errors import WorkloadError
 from malloczero.env.programs.hlo_import.hlo import (
+  NON_OPS,
   Array,
   Computation,
   Instr,
@@ -56,43 +57,35 @@ _COLLECTIVES = frozenset(
   }
 )
 # Ops that only move data: 0 flops.
-_DATA_MOVEMENT = _COLLECTIVES | frozenset(
-  {
-    "parameter",
-    "constant",
-    "get-tuple-element",
-    "bitcast",
-    "tuple",
-    "copy-start",
-    "copy-done",
-    "add-dependency",
-    "opt-barrier",
-    "domain",
-    "after-all",
-    "broadcast",
-    "reshape",
-    "dynamic-reshape",
-    "transpose",
-    "copy",
-    "slice",
-    "dynamic-slice",
-    "dynamic-update-slice",
-    "concatenate",
-    "pad",
-    "iota",
-    "reverse",
-    "gather",
-    "bitcast-convert",
-    "get-dimension-size",
-    "set-dimension-size",
-    "partition-id",
-    "replica-id",
-    "infeed",
-    "outfeed",
-    "async-done",
-    "async-update",
-    "rng-get-and-update-state",
-  }
+_DATA_MOVEMENT = (
+  _COLLECTIVES
+  | NON_OPS
+  | frozenset(
+    {
+      "broadcast",
+      "reshape",
+      "dynamic-reshape",
+      "transpose",
+      "copy",
+      "slice",
+      "dynamic-slice",
+      "dynamic-update-slice",
+      "concatenate",
+      "pad",
+      "iota",
+      "reverse",
+      "gather",
+      "bitcast-convert",
+      "get-dimension-size",
+      "set-dimension-size",
+      "partition-id",
+      "replica-id",
+      "infeed",
+      "outfeed",
+      "async-done",
+      "rng-get-and-update-state",
+    }
+  )
 )
 # Ops that read only an output-sized part of operand 0 (HloCostAnalysis::HandleSlice,
 # HandleDynamicSlice, HandleGather).

@@ -52,6 +52,24 @@ _DTYPE_BITS = {
   "opaque": 0,
 }
 
+# Instructions that are not ops: they alias existing buffers or create none.
+NON_OPS = frozenset(
+  {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "bitcast",
+    "tuple",
+    "copy-start",
+    "copy-done",
+    "add-dependency",
+    "opt-barrier",
+    "domain",
+    "after-all",
+    "async-update",
+  }
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Array:
