@@ -153,3 +153,10 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
   """`data` to `path` atomically."""
   with atomic_write(path, "wb") as f:
     f.write(data)
+
+
+def user_cache_dir(*parts: str) -> str:
+  """$XDG_CACHE_HOME/malloczero/PARTS (default ~/.cache/malloczero/PARTS): what malloczero keeps
+  between commands (compiled programs, baseline results); deleting it costs only time."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "malloczero", *parts)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import sys
 
+from malloczero.common.files import user_cache_dir
+
 COMPILATION_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 
 
 def default_compilation_cache_dir() -> str:
   """$XDG_CACHE_HOME/malloczero/jax (default ~/.cache/malloczero/jax)."""
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(base, "malloczero", "jax")
+  return user_cache_dir("jax")
 
 
 def use_compilation_cache() -> None:

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import numpy as np
 
 from malloczero.common.errors import MalloczeroError
-from malloczero.common.files import write_bytes
+from malloczero.common.files import user_cache_dir, write_bytes
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
 from malloczero.env.solvers import SolveResult, get_solver, solve
@@ -41,8 +41,7 @@ def default_cache_dir() -> str:
   ~/.cache/malloczero/baselines)."""
   if os.environ.get(CACHE_DIR_ENV):
     return os.environ[CACHE_DIR_ENV]
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(base, "malloczero", "baselines")
+  return user_cache_dir("baselines")
 
 
 def _plain(value: Any) -> Any:
