@@ -29,7 +29,9 @@ OfferFn = Callable[[str, Sequence[int], float], float]
 @dataclasses.dataclass(frozen=True)
 class EpisodeResult:
   program: str
-  episode_return: float  # Sum of rewards = (slow-only time - final time) / slow-only time.
+  # Sum of rewards: the mapping's advantage over msa's, (T_msa - T) / T_msa, with the msa game's
+  # default reward; (slow-only time - T) / slow-only time with the "time" reward.
+  episode_return: float
   speedup: float  # Slow-only time / final time.
   length: int
 
@@ -73,6 +75,8 @@ class BatchedActor:
     self._writer = writer
     self._search = make_search_fn(networks, config.search)
     self._rng = jax.random.PRNGKey(seed)
+    self._segment_moves = config.actor.segment_moves
+    self._start_rng = np.random.default_rng(seed)
     self._on_episode = on_episode
     self._games = []
     self._programs = []
@@ -95,7 +99,11 @@ class BatchedActor:
 
   def _start_episode(self, slot: int) -> None:
     index, game = self._pool.draw(slot)
-    observation = game.reset().observation
+    if self._segment_moves and hasattr(game, "reset_segment"):
+      start = int(self._start_rng.integers(game.msa_moves))
+      observation = game.reset_segment(start, self._segment_moves).observation
+    else:
+      observation = game.reset().observation
     if slot < len(self._games):
       self._games[slot], self._programs[slot], self._observations[slot] = game, index, observation
       self._actions[slot] = []
@@ -136,7 +144,9 @@ class BatchedActor:
         if self._writer is not None:
           self._writer.end_episode(slot, timestep.observation)
         spec = self._pool.specs[self._programs[slot]]
-        self._maybe_offer(spec.name, self._actions[slot], float(self._returns[slot]))
+        # A short game's moves are only part of its trajectory: offer the whole of it.
+        actions = getattr(game, "played_actions", self._actions[slot])
+        self._maybe_offer(spec.name, actions, float(self._returns[slot]))
         finished.append(
           EpisodeResult(
             spec.name,

@@ -19,14 +19,25 @@ import os
 import time
 from typing import Any, Optional, Sequence, Union
 
-from malloczero.actors.evaluator import compile_searches, play_programs, with_simulations
+import numpy as np
+
+from malloczero.actors.evaluator import (
+  EvaluationResult,
+  compile_searches,
+  play_programs,
+  with_simulations,
+)
 from malloczero.actors.games import GameSpec
 from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import DEFAULT_ATTEMPTS, SearchConfig
 from malloczero.configs.workdir import WorkDir
+from malloczero.env.cost_model import CostModel
 from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware
+from malloczero.env.mapping import Mapping
 from malloczero.env.solvers import SolveResult, solve
+from malloczero.env.solvers.evo_msa import evo_msa
+from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
 from malloczero.learner.checkpoint import (
   CHECKPOINT_FILENAME,
@@ -136,11 +147,18 @@ def solve_with_agent(
   simulations: Optional[int] = None,
   attempts: int = DEFAULT_ATTEMPTS,
   seed: int = 0,
+  search_seconds: float = 0.0,
 ) -> SolveResult:
   """Plays `attempts` trajectories (1 greedy, the rest sampled), adds msa's mapping as one more
-  attempt and keeps the fastest: never slower than msa."""
+  attempt, then searches `search_seconds` guided by the network, and keeps the fastest: never
+  slower than msa."""
   return play_with_agent(
-    agent, [GameSpec(workload.name, workload, hardware)], simulations, attempts, seed
+    agent,
+    [GameSpec(workload.name, workload, hardware)],
+    simulations,
+    attempts,
+    seed,
+    search_seconds=search_seconds,
   )[0]
 
 
@@ -175,12 +193,15 @@ def play_with_agent(
   attempts: int = DEFAULT_ATTEMPTS,
   seed: int = 0,
   msa: Optional[Sequence[SolveResult]] = None,
+  search_seconds: float = 0.0,
 ) -> list[SolveResult]:
   """`solve_with_agent` for several programs in one batch; each result's solve time is the
-  batch's wall time divided evenly among its programs plus that program's msa solve.
+  batch's wall time divided evenly among its programs plus that program's msa solve (and its
+  guided search).
 
   `msa`: msa's results for `specs`, when the caller has solved them already (`evaluate` does, as
-  its reference); otherwise msa is solved here."""
+  its reference); otherwise msa is solved here. `search_seconds`: per program, a search guided
+  by the network (`guided_search`) after the attempts; 0 plays the attempts alone."""
   search = _test_time_search(agent, simulations)
   start = time.perf_counter()
   results = play_programs(
@@ -197,12 +218,23 @@ def play_with_agent(
   if msa is None:
     msa = [solve(spec.workload, spec.hardware, "msa") for spec in specs]
   solved = []
-  for result, baseline in zip(results, msa):
+  for spec, result, baseline in zip(specs, results, msa):
     best_attempt: Union[int, str] = result.best_attempt
     mapping = result.mapping
     # Strictly faster only: on a tie the network's own mapping is kept.
     if baseline.mapping.estimated_time_s < mapping.estimated_time_s:
       best_attempt, mapping = "msa", dataclasses.replace(baseline.mapping, solver="agent")
+    searched: dict[str, Any] = {}
+    if search_seconds > 0 and result.proposals is not None:
+      started = time.perf_counter()
+      found, found_info = guided_search(spec, result, search_seconds, seed)
+      searched = {
+        "guided_speedup": found.speedup,
+        "guided_evaluations": found_info["evaluations"],
+        "guided_s": time.perf_counter() - started,
+      }
+      if found.estimated_time_s < mapping.estimated_time_s:
+        best_attempt, mapping = "guided", found
     info: dict[str, Any] = {
       "requests": result.requests,
       "attempts": attempts,
@@ -216,6 +248,30 @@ def play_with_agent(
       "simulations": search.eval_num_simulations,
       "learner_steps": agent.learner_steps,
       "checkpoint": agent.checkpoint,
+      **searched,
     }
-    solved.append(SolveResult(mapping, share + baseline.solve_time_s, info))
+    solve_time = share + baseline.solve_time_s + searched.get("guided_s", 0.0)
+    solved.append(SolveResult(mapping, solve_time, info))
   return solved
+
+
+def guided_search(
+  spec: GameSpec, played: EvaluationResult, seconds: float, seed: int = 0
+) -> tuple[Mapping, dict[str, Any]]:
+  """evo-msa (env/solvers/evo_msa.py) guided by the network: its first population the agent's
+  attempts (their departures from msa, fastest first), its mutations drawn mostly where the
+  search's policy left msa's move and toward the moves it preferred. Why: the network's play
+  is one trajectory; the decisions it doubts are where a few more full decodes pay."""
+  order = np.argsort([-s for s in played.attempt_speedups], kind="stable")
+  initial = [played.genomes[i] for i in order if played.genomes[i]]
+  model = CostModel(spec.workload, spec.hardware)
+  mapping, info = evo_msa(
+    model,
+    time_limit_s=seconds,
+    seed=seed,
+    initial=initial,
+    proposals=played.proposals,
+    solver="agent",
+  )
+  validate_mapping(spec.workload, spec.hardware, mapping)
+  return mapping, info

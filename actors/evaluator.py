@@ -38,6 +38,11 @@ class EvaluationResult:
   best_attempt: int
   requests: int  # Moves of the greedy trajectory (the requests game: its requests).
   actions: tuple[int, ...] = ()  # The kept trajectory's moves.
+  # The msa game only: each attempt's departures from msa, {(buffer, use): slot} (evo-msa's
+  # genomes, env/solvers/evo_msa.py), and the search's policy `[A]` at every decision any
+  # attempt met, averaged over the attempts that met it (evo-msa's proposals).
+  genomes: tuple[dict, ...] = ()
+  proposals: Optional[dict] = None
 
 
 # Cached: a fresh `make_search_fn` is a new jitted closure, so without this every evaluation (every
@@ -87,7 +92,12 @@ def play_programs(
   sampled = _search_fn(networks, search, False) if attempts > 1 else None
   # games[a * P + p]: attempt a of program p, so the greedy attempts are the first P games.
   num_programs = len(specs)
-  games = [make_game(s.workload, s.hardware, game_config) for _ in range(attempts) for s in specs]
+  firsts = [make_game(s.workload, s.hardware, game_config) for s in specs]
+  games = firsts + [
+    make_game(s.workload, s.hardware, game_config, getattr(first, "reference", None))
+    for _ in range(attempts - 1)
+    for s, first in zip(specs, firsts)
+  ]
   observations = [g.reset().observation for g in games]
   returns = np.zeros(len(games))
   moves: list[list[int]] = [[] for _ in games]
@@ -97,6 +107,10 @@ def play_programs(
   groups = [(greedy, np.arange(num_programs))]
   if sampled is not None:
     groups.append((sampled, np.arange(num_programs, len(games))))
+  # The msa game's decisions, for the agent solver's guided search (actors/agent.py).
+  record = game_config.decisions == "msa"
+  genomes: list[dict] = [{} for _ in games]
+  proposals: list[dict] = [{} for _ in specs]
   while not done.all():
     rng, *keys = jax.random.split(rng, 1 + len(groups))
     for (search_fn, members), key in zip(groups, keys):
@@ -105,8 +119,11 @@ def play_programs(
         continue
       batch = _batch_size(len(active), len(members))
       padded = [observations[i] for i in active] + [observations[active[0]]] * (batch - len(active))
-      actions = np.asarray(search_fn(params, key, stack_observations(padded)).action)
-      for i, action in zip(active, actions):
+      output = jax.device_get(search_fn(params, key, stack_observations(padded)))
+      actions, weights = np.asarray(output.action), np.asarray(output.action_weights)
+      for j, (i, action) in enumerate(zip(active, actions)):
+        if record:
+          _record(games[i], int(action), weights[j], genomes[i], proposals[i % num_programs])
         timestep = games[i].step(int(action))
         moves[i].append(int(action))
         returns[i] += timestep.reward
@@ -132,9 +149,24 @@ def play_programs(
         best_attempt=best,
         requests=copies[0].num_steps,
         actions=tuple(moves[best * num_programs + p]),
+        genomes=tuple(genomes[p::num_programs]) if record else (),
+        proposals=(
+          {key: total / count for key, (total, count) in proposals[p].items()} if record else None
+        ),
       )
     )
   return results
+
+
+def _record(game, action: int, weights: np.ndarray, genome: dict, proposals: dict) -> None:
+  """Notes a move of the msa game before it is played: a departure from msa's slot in the
+  attempt's genome, the search's policy in the program's proposals (summed, with a count)."""
+  decision = game.decision
+  key = (decision.buffer, decision.use)
+  if action != game.msa_action:
+    genome[key] = action
+  total, count = proposals.get(key, (0.0, 0))
+  proposals[key] = (total + weights, count + 1)
 
 
 def compile_searches(

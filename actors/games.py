@@ -51,13 +51,17 @@ class GamePool:
     self._config = game_config
     self._rng = np.random.default_rng(seed)
     self._cache: dict[tuple[int, int], dm_env.Environment] = {}
+    # Per program: the msa game's (msa time, moves), measured by its first game only.
+    self._references: dict[int, tuple[float, int] | None] = {}
     self.num_slots = num_slots
 
   def game(self, slot: int, index: int) -> dm_env.Environment:
     key = (slot, index)
     if key not in self._cache:
       spec = self.specs[index]
-      self._cache[key] = make_game(spec.workload, spec.hardware, self._config)
+      game = make_game(spec.workload, spec.hardware, self._config, self._references.get(index))
+      self._references[index] = getattr(game, "reference", None)
+      self._cache[key] = game
     return self._cache[key]
 
   def draw(self, slot: int) -> tuple[int, dm_env.Environment]:

@@ -34,7 +34,11 @@ class NetworkConfig:
   hidden_dim: int = 256  # Width of the dynamics / prediction MLPs.
   support_size: int = 31  # Bins of the categorical value and reward heads.
   support_limit: float = 3.0  # Support covers [-limit, limit] in signed-hyperbolic space.
-  value_scale: float = 10.0  # Returns and rewards are multiplied by this before encoding.
+  # Returns and rewards are multiplied by this before encoding. With the "advantage" reward
+  # (fractions of msa's time) deviations that matter are worth 1e-3 to 1e-2 and the worst lose
+  # 0.1-0.14 (measured on the default suite's training programs, docs/results): 100 puts 1e-3 at
+  # h = 0.05, 1e-2 at h = 0.41 and the support's end (h = 3) at 0.15.
+  value_scale: float = 100.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,22 +49,29 @@ class SearchConfig:
   eval_num_simulations: int = 32
   max_num_considered_actions: int = 8
   gumbel_scale: float = 1.0
-  # Q-values (raw units: fraction of the all-slow time) of a node's actions are rescaled by
-  # max(their spread, this) before they shape the policy (mctx `qtransform_completed_by_mix_value`
-  # `epsilon`; mctx's own is 1e-8). The learned value's mean error in `make train` runs is
-  # 0.017-0.043 (learner `value_error`); with a floor of 0.02 the searches still turned that
-  # noise into moves (held-out 0.95x msa), with 0.1 they do not (docs/results, ablations).
-  q_spread_floor: float = 0.1
+  # Q-values (raw return units: fractions of msa's time with the "advantage" reward) of a node's
+  # actions are rescaled by max(their spread, this) before they shape the policy (mctx
+  # `qtransform_completed_by_mix_value` `epsilon`; mctx's own is 1e-8): a spread below it is not
+  # stretched, so gaps the model cannot resolve stay small policy changes. 0.01 lets a 1e-3 gap
+  # (a deviation that matters) move a logit by about 0.7. With the "time" reward 0.1 was needed
+  # (values then erred by 0.017-0.043 of the all-slow time).
+  q_spread_floor: float = 0.01
   # Evaluation searches (greedy play, the agent as a solver) add this to the root prior's logit
-  # of msa's own move in the msa game (actors/search.py); 0 leaves the prior to the network.
-  # 2 was chosen on the training programs (docs/results, ablations): there the trained network's
-  # own departures from msa lost more than they won.
-  eval_msa_prior_logit: float = 2.0
+  # of msa's own move in the msa game (actors/search.py). 0, the default, leaves the prior to the
+  # network, so that greedy play is the network's own (msa's mapping is one of the agent
+  # solver's attempts anyway, so it never needs the prior to be at least msa).
+  eval_msa_prior_logit: float = 0.0
 
 
 # Trajectories the trained agent plays per program at test time (the first greedy, the others
 # sampled), keeping the best. Test-time only, so not in SearchConfig: runs never read it.
 DEFAULT_ATTEMPTS = 8
+# Seconds per program of the agent solver's search guided by the network after its attempts
+# (actors/agent.py `guided_search`): `solve` and `evaluate` (half of evo's default time limit, so
+# that the agent's whole solve stays comparable to evo's), and a training run's final evaluation
+# (56 programs on the default suite: about 2 minutes).
+DEFAULT_SEARCH_SECONDS = 5.0
+FINAL_SEARCH_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +130,17 @@ class ReplayConfig:
 class ActorConfig:
   num_games: int = 16  # B games stepped together per actor.
   variable_update_period: int = 50  # Acting steps between parameter pulls.
+  # Short games (env/game/game.py `reset_segment`): the agent decides this many moves from a
+  # uniformly drawn point of msa's own game, msa the rest; 0 plays whole programs. Why: whole
+  # programs of the default suite take 16 to 16,855 moves, so a run completed about 60 games per
+  # 5,000 learner steps and a return mixed thousands of moves. Each short game costs one msa pass
+  # over its program (the prefix and msa's completion), which 64 moves amortise: 16 gave a third
+  # of 64's moves per second (docs/results, "Short games").
+  segment_moves: int = 64
+
+  def __post_init__(self):
+    if self.segment_moves < 0:
+      raise ValueError(f"segment_moves must be >= 0, got {self.segment_moves}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +171,13 @@ class Config:
   max_learner_steps: int = 5_000
   eval_every_steps: int = 1_000  # Learner steps between greedy evaluations of the whole suite.
 
+  def __post_init__(self):
+    if self.actor.segment_moves and (self.game.decisions, self.game.reward) != ("msa", "advantage"):
+      raise ValueError(
+        "short games (segment_moves > 0) need the msa game's 'advantage' reward: their return "
+        "is exact only relative to msa's completion (set segment_moves to 0)"
+      )
+
 
 def tiny() -> Config:
   return Config(
@@ -174,7 +203,7 @@ def tiny() -> Config:
       checkpoint_every_s=30.0,
     ),
     replay=ReplayConfig(max_size=20_000, min_size_to_sample=200, samples_per_insert=2.0),
-    actor=ActorConfig(num_games=8, variable_update_period=20),
+    actor=ActorConfig(num_games=8, variable_update_period=20, segment_moves=8),
     distributed=DistributedConfig(
       replay_checkpoint_every_s=20.0,
       counter_save_every_s=5.0,

@@ -61,6 +61,16 @@ def positive_int(text: str) -> int:
   return value
 
 
+def non_negative_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected an integer >= 0, got '{text}'") from None
+  if value < 0:
+    raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+  return value
+
+
 def name_value(text: str) -> tuple[str, str]:
   name, sep, value = text.partition("=")
   if not sep or not name or not value:
@@ -118,6 +128,7 @@ def fraction(text: str) -> float:
 # The registry's `check` names (env/solvers/registry.py CHECKS) as flag types.
 FLAG_TYPES: dict[str, Callable[[str], Any]] = {
   "positive": positive_float,
+  "non_negative": non_negative_float,
   "positive_int": positive_int,
   "fraction": fraction,
   "seed": seed,

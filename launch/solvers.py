@@ -12,7 +12,7 @@ import sys
 from typing import Any, Optional
 
 from malloczero.common.errors import MalloczeroError
-from malloczero.configs.config import DEFAULT_ATTEMPTS
+from malloczero.configs.config import DEFAULT_ATTEMPTS, DEFAULT_SEARCH_SECONDS
 from malloczero.env.hardware import Hardware
 from malloczero.env.solvers.registry import BASELINES, Solver, option, seed_option
 from malloczero.env.workload import Workload
@@ -36,6 +36,12 @@ class AgentOptions:
     "trajectories played, the first greedy; the best is kept",
     "positive_int",
   )
+  search_seconds: float = option(
+    DEFAULT_SEARCH_SECONDS,
+    "--search-seconds",
+    "after the attempts, evo-msa guided by the network for this long (0: none)",
+    "non_negative",
+  )
   seed: int = seed_option()
 
 
@@ -53,6 +59,7 @@ def _agent(
   checkpoint: Optional[str] = None,
   simulations: Optional[int] = None,
   attempts: int = DEFAULT_ATTEMPTS,
+  search_seconds: float = DEFAULT_SEARCH_SECONDS,
   seed: int = 0,
 ) -> Any:
   """The checkpoint's networks with test-time search (actors/agent.py `solve_with_agent`)."""
@@ -65,7 +72,13 @@ def _agent(
   agent = load_agent(checkpoint)
   search_notice(agent)
   return solve_with_agent(
-    agent, workload, hardware, simulations=simulations, attempts=attempts, seed=seed
+    agent,
+    workload,
+    hardware,
+    simulations=simulations,
+    attempts=attempts,
+    seed=seed,
+    search_seconds=search_seconds,
   )
 
 

@@ -50,6 +50,7 @@ class AgentUnderTest:
   agent: Agent
   simulations: int
   attempts: int
+  search_seconds: float = 0.0  # Per program: the guided search after the attempts.
 
   def describe(self) -> dict[str, Any]:
     return {
@@ -62,7 +63,10 @@ class AgentUnderTest:
 
 
 def load_agents(
-  checkpoints: Sequence[str], simulations: Optional[int] = None, attempts: int = 1
+  checkpoints: Sequence[str],
+  simulations: Optional[int] = None,
+  attempts: int = 1,
+  search_seconds: float = 0.0,
 ) -> list[AgentUnderTest]:
   """One agent per checkpoint. A single one is labelled `agent`; several are labelled by their
   run directory and learner step (`train-small@5000`) so tables can tell them apart."""
@@ -75,7 +79,7 @@ def load_agents(
       f"{label}#{i + 1}" if labels.count(label) > 1 else label for i, label in enumerate(labels)
     ]
   return [
-    AgentUnderTest(label, a, simulations or a.default_simulations, attempts)
+    AgentUnderTest(label, a, simulations or a.default_simulations, attempts, search_seconds)
     for label, a in zip(labels, agents)
   ]
 
@@ -293,6 +297,7 @@ def evaluate_suite(
         tested.attempts,
         seed,
         msa=[results["msa"] for results in solved],
+        search_seconds=tested.search_seconds,
       )
       progress(f"{tested.label}: all {len(specs)} programs in one batch", len(specs))
     else:
@@ -300,7 +305,13 @@ def evaluate_suite(
       for spec, results in zip(specs, solved):
         progress(f"{spec.name}: {tested.label}", 0)
         played += play_with_agent(
-          tested.agent, [spec], tested.simulations, tested.attempts, seed, msa=[results["msa"]]
+          tested.agent,
+          [spec],
+          tested.simulations,
+          tested.attempts,
+          seed,
+          msa=[results["msa"]],
+          search_seconds=tested.search_seconds,
         )
         progress(f"{spec.name}: {tested.label}", 1)
     for spec, results, result in zip(specs, solved, played):

@@ -14,8 +14,9 @@ import re
 from typing import Any, Callable, Optional
 
 from malloczero.common.files import atomic_write, write_text
-from malloczero.configs.config import Config
+from malloczero.configs.config import FINAL_SEARCH_SECONDS, Config
 from malloczero.configs.workdir import REPORT_STEM, WorkDir
+from malloczero.env.game import return_speedup
 from malloczero.env.programs.suites import SPLITS, get_suite
 from malloczero.system.evaluation import (
   TIE_TOLERANCE,
@@ -385,12 +386,17 @@ def write_final_report(
   config: Config, workdir: str, print_fn: Callable[[str], None] = print
 ) -> dict[str, Any]:
   """Evaluates workdir's checkpoint on every program of the run's suite; returns the report."""
-  agent = load_agents([workdir], simulations=config.search.eval_num_simulations, attempts=1)[0]
+  agent = load_agents(
+    [workdir],
+    simulations=config.search.eval_num_simulations,
+    attempts=1,
+    search_seconds=FINAL_SEARCH_SECONDS,
+  )[0]
   suite = get_suite(config.suite)
   print_fn(
     f"final evaluation of step {agent.agent.learner_steps} on {len(suite.entries)} "
     f"programs ({agent.simulations} simulations, greedy, no noise, msa's mapping one more "
-    f"attempt) beside "
+    f"attempt, then {FINAL_SEARCH_SECONDS:g} s of evo-msa guided by the network) beside "
     f"{', '.join(BASELINES)}"
   )
   evaluation = evaluate_suite(
@@ -488,8 +494,11 @@ def write_program_report(
       speedups[solver] = solve(spec.workload, spec.hardware, solver, **options).speedup
     best = found.get(program.name)
     improved = best is not None and best["source"] != "msa"
-    # A return is the time saved over all-slow, as a fraction of it: speed-up 1 / (1 - return).
-    agent = 1.0 / (1.0 - best["episode_return"]) if improved else speedups["msa"]
+    agent = (
+      return_speedup(config.game, best["episode_return"], speedups["msa"])
+      if improved
+      else speedups["msa"]
+    )
     mapping = files.best_mapping(program.name) if improved else None
     report["programs"].append(
       {

@@ -389,8 +389,21 @@ def test_train_demonstration_and_search_flags_reach_the_config():
   assert config.learner.demonstration_fraction == 0.0 and config.learner.demonstration_batch == 0
   assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
   default = train_config(build_parser().parse_args(["train"]))  # The small preset.
-  assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.1
-  assert default.search.eval_msa_prior_logit == 2.0
+  assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.01
+  assert default.search.eval_msa_prior_logit == 0.0
+  assert default.game.reward == "advantage" and default.actor.segment_moves == 64
+  timed = train_config(
+    build_parser().parse_args(["train", "--reward", "time", "--segment-moves", "0"])
+  )
+  assert timed.game.reward == "time" and timed.actor.segment_moves == 0
+
+
+def test_short_games_with_the_time_reward_are_a_flag_error(capsys):
+  from malloczero.launch import cli
+
+  code = cli.main(["train", "--reward", "time", "--workdir", "unused"])
+  err = capsys.readouterr().err.strip()
+  assert code == 2 and len(err.splitlines()) == 1 and "segment_moves to 0" in err, err
 
 
 def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscribed(

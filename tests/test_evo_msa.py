@@ -57,7 +57,7 @@ def test_finds_a_faster_trajectory_than_msa_and_the_game_replays_it():
   assert taken == len(deviations)
   assert same_allocations(game.allocations(), mapping.to_arrays(workload))
   assert game.total_time == pytest.approx(mapping.estimated_time_s, rel=1e-9)
-  assert total == pytest.approx(1 - mapping.estimated_time_s / game.normaliser, rel=1e-9)
+  assert total == pytest.approx(1 - mapping.estimated_time_s / game.msa_time, rel=1e-9)
 
 
 def test_a_deviation_to_slot_0_leaves_that_use_in_default_memory():
@@ -103,3 +103,40 @@ def test_without_an_evaluation_budget_it_searches_until_its_time_limit():
   assert 0.5 < result.solve_time_s <= 1.5 + 0.5
   msa = solve(workload, hardware, "msa")
   assert result.mapping.estimated_time_s <= msa.mapping.estimated_time_s
+
+
+def test_an_initial_genome_is_decoded_first_and_kept_when_it_is_the_best():
+  """The agent solver's guided search starts from the agent's trajectories: a known faster
+  genome given as `initial` is decoded right after msa, and with no more budget it is the
+  result."""
+  workload, hardware = tiny("tiny-vgg-b1-infer@tpu-v4i-like:25%")
+  model = CostModel(workload, hardware)
+  found, info = evo_msa(model, evaluations=40, seed=0)
+  genome = {(b, u): slot for b, u, slot in info["deviations"]}
+  again, again_info = evo_msa(model, evaluations=2, initial=[genome], solver="agent")
+  assert again_info["evaluations"] == 2 and again.solver == "agent"
+  assert again.estimated_time_s == pytest.approx(found.estimated_time_s, rel=1e-12)
+
+
+def test_proposals_steer_the_mutations_to_the_decisions_and_slots_they_favour():
+  """A guide sure of one decision and one slot there: most mutations change that decision to
+  that slot; a quarter of the picks stay uniform, so the others are still tried."""
+  import numpy as np
+
+  from malloczero.env.solvers.evo_msa import UNIFORM_SHARE, mutate
+
+  workload, hardware = tiny("tiny-gpt-b1-infer@tpu-v4i-like:25%")
+  _, _, choices, _ = decode(CostModel(workload, hardware), {})
+  buffer, use, slots, msa_slot = next(c for c in choices if len(c[2]) >= 3)
+  wanted = int(slots[slots != msa_slot][-1])
+  policy = np.zeros(10)
+  policy[wanted] = 0.9
+  policy[msa_slot] = 0.1
+  proposals = {(b, u): np.eye(10)[m] for b, u, _, m in choices}  # Sure of msa elsewhere.
+  proposals[(buffer, use)] = policy
+  rng = np.random.default_rng(0)
+  children = [mutate({}, choices, rng, proposals) for _ in range(400)]
+  hits = np.mean([child.get((buffer, use)) == wanted for child in children])
+  assert hits > 1 - UNIFORM_SHARE - 0.1
+  unguided = [mutate({}, choices, rng) for _ in range(400)]
+  assert np.mean([child.get((buffer, use)) == wanted for child in unguided]) < 0.2

@@ -1,8 +1,10 @@
 """mallocGame on msa's decision points (env/game/game.py): the heuristic is a policy in the game.
 
-What must hold: playing msa's slot at every step gives the `msa` solver's mapping exactly; every
-reward is the exact decrease of the cost model's program time (copies contending) so the
-rewards sum to the time saved; any legal play gives a mapping the validator accepts; the legal
+What must hold: playing msa's slot at every step gives the `msa` solver's mapping exactly; with
+the "advantage" reward an episode returns exactly the fraction of msa's time it saves (0 for
+msa's own play), with the "time" reward every reward is the exact decrease of the cost model's
+program time (copies contending) so the rewards sum to the time saved; short games replay as
+whole games; any legal play gives a mapping the validator accepts; the legal
 mask, the slots and the observation describe the options msa weighs.
 """
 
@@ -32,6 +34,7 @@ from tests.strategies import counting_actor, hardware_for, workloads
 from tests.test_msa_steps import same_allocations
 
 CONFIG = GameConfig()
+TIME_REWARD = GameConfig(reward="time")
 
 
 def play(game: MsaGame, policy: str, seed: int = 0) -> np.ndarray:
@@ -54,9 +57,9 @@ def tiny_entries():
   return [(e.name, *e.load()) for e in get_suite("tiny").entries]
 
 
-def new_game(workload, hardware) -> MsaGame:
+def new_game(workload, hardware, config: GameConfig = CONFIG) -> MsaGame:
   try:
-    return MsaGame(workload, hardware)
+    return MsaGame(workload, hardware, config)
   except MalloczeroError:
     assume(False)  # msa has nothing to decide (every buffer an output or empty): not a game.
 
@@ -69,6 +72,9 @@ def test_msas_slot_at_every_step_is_the_msa_solver(name, workload, hardware):
   assert same_allocations(game.allocations(), expected)
   report = validate_mapping(workload, hardware, game.mapping("msa"))
   assert report.estimated_time_s == pytest.approx(game.total_time, rel=1e-9)
+  assert game.msa_time == game.total_time and rewards.sum() == 0.0  # The advantage over msa.
+  timed = MsaGame(workload, hardware, TIME_REWARD)
+  rewards = play(timed, "msa")
   assert rewards.sum() == pytest.approx(1 - report.estimated_time_s / game.normaliser, rel=1e-7)
 
 
@@ -89,15 +95,19 @@ def test_msas_slot_is_the_msa_solver_on_a_contended_random_program(preset):
 def test_rewards_sum_to_the_time_saved_and_every_mapping_validates(data):
   workload = data.draw(workloads())
   hardware = data.draw(hardware_for(workload))
-  game = new_game(workload, hardware)
+  config = data.draw(st.sampled_from([CONFIG, TIME_REWARD]))
+  game = new_game(workload, hardware, config)
   policy = data.draw(st.sampled_from(["random", "msa", "default"]))
   rewards = play(game, policy, seed=data.draw(st.integers(0, 1000)))
   model = CostModel(workload, hardware)
   report = validate_mapping(workload, hardware, game.mapping(policy))
   assert game.total_time == pytest.approx(report.estimated_time_s, rel=1e-9)
+  reference = model.slow_only_time if config.reward == "time" else game.msa_time
   assert rewards.sum() == pytest.approx(
-    1 - report.estimated_time_s / model.slow_only_time, rel=1e-7, abs=1e-12
+    1 - report.estimated_time_s / reference, rel=1e-7, abs=1e-12
   )
+  if config.reward == "advantage":  # Every reward but the last is 0: C is measured at the end.
+    assert not rewards[:-1].any()
   if policy == "default":
     assert len(game.allocations()) == 0 and np.all(rewards == 0.0)
 
@@ -110,7 +120,7 @@ def test_each_reward_is_the_exact_cost_model_decrease(seed, preset):
   evictions and stalls included)."""
   workload = random_workload(seed, num_ops=40)
   hardware = contended(PRESETS[preset], workload, 0.25)
-  game = MsaGame(workload, hardware)
+  game = MsaGame(workload, hardware, TIME_REWARD)
   model = CostModel(workload, hardware)
   rng = np.random.default_rng(seed)
   timestep, previous, stalled = game.reset(), model.slow_only_time, False
@@ -139,6 +149,7 @@ def test_uncommit_takes_back_the_buffers_segments_and_copies():
   game = MsaGame(
     workload,
     XLA_HW,
+    TIME_REWARD,
     msa_options=MsaOptions(picker="instruction_count", max_outstanding_evictions=0),
   )
   timestep, total, seen = game.reset(), 0.0, False
@@ -278,7 +289,7 @@ def test_skipping_small_decisions_keeps_rewards_exact_and_msa_reachable(preset):
   hardware = contended(PRESETS[preset], workload, 0.25)
   full = MsaGame(workload, hardware)
   play(full, "msa")
-  config = dataclasses.replace(CONFIG, skip_below=1e-3)
+  config = dataclasses.replace(TIME_REWARD, skip_below=1e-3)
   game = MsaGame(workload, hardware, config)
   threshold = 1e-3 * game.normaliser
   rng = np.random.default_rng(0)
@@ -305,3 +316,38 @@ def test_skip_below_is_checked_and_a_game_with_nothing_worth_deciding_is_refused
   hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
   with pytest.raises(MalloczeroError, match="no decision of msa's is worth 0.9"):
     MsaGame(workload, hardware, dataclasses.replace(CONFIG, skip_below=0.9))
+
+
+@pytest.mark.parametrize("preset", ["tpu-v4i-like", "nnpi-like"])
+def test_short_games_return_their_advantage_and_replay_as_whole_games(preset):
+  """`reset_segment`: msa plays up to `start`, the agent `moves`, msa the rest; the return is the
+  exact advantage over msa of the whole trajectory, which `played_actions` replays."""
+  workload = random_workload(5, num_ops=120)
+  hardware = contended(PRESETS[preset], workload, 0.25)
+  game = MsaGame(workload, hardware)
+  model = CostModel(workload, hardware)
+  msa_time = model.evaluate(msa_allocations(workload, hardware)[0]).total_time_s
+  assert game.msa_time == pytest.approx(msa_time, rel=1e-12) and game.msa_moves > 10
+  rng = np.random.default_rng(1)
+  returns = []
+  for start in (0, game.msa_moves // 2, game.msa_moves - 1):
+    timestep, total, moves = game.reset_segment(start, 4), 0.0, 0
+    while not timestep.last():
+      legal = np.flatnonzero(timestep.observation["legal_actions"])
+      timestep = game.step(rng.choice(legal))
+      total, moves = total + timestep.reward, moves + 1
+    assert moves == min(4, game.msa_moves - start)
+    assert total == pytest.approx(1 - game.total_time / msa_time, rel=1e-9, abs=1e-15)
+    played, time = game.played_actions, game.total_time
+    assert len(played) == game.num_steps
+    timestep, replayed = game.reset(), 0.0
+    for action in played:
+      timestep = game.step(action)
+      replayed += timestep.reward
+    assert timestep.last() and game.total_time == time and replayed == pytest.approx(total)
+    returns.append(total)
+  assert any(r != 0 for r in returns), "random moves should change the mapping somewhere"
+  with pytest.raises(ValueError, match="start < "):
+    game.reset_segment(game.msa_moves, 4)
+  with pytest.raises(ValueError, match="'advantage' reward"):
+    MsaGame(workload, hardware, TIME_REWARD).reset_segment(0, 4)

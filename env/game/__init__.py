@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import dm_env
 
-from malloczero.env.game.config import REQUESTS_GAME, GameConfig, observation_spec
+from malloczero.env.game.config import (
+  REQUESTS_GAME,
+  GameConfig,
+  observation_spec,
+  return_speedup,
+)
 from malloczero.env.game.game import MsaGame
 from malloczero.env.game.observation import FeatureLayout, ObservationLayout, observation_layout
 from malloczero.env.game.requests_game import MallocGame
@@ -14,11 +19,15 @@ from malloczero.env.workload import Workload
 
 
 def make_game(
-  workload: Workload, hardware: Hardware, config: GameConfig = GameConfig()
+  workload: Workload,
+  hardware: Hardware,
+  config: GameConfig = GameConfig(),
+  reference: tuple[float, int] | None = None,
 ) -> dm_env.Environment:
-  """The game `config.decisions` names: `MsaGame` ("msa") or `MallocGame` ("requests")."""
+  """The game `config.decisions` names: `MsaGame` ("msa") or `MallocGame` ("requests").
+  `reference`: an msa game's `reference` for the same pair (spares its msa pass)."""
   if config.decisions == "msa":
-    return MsaGame(workload, hardware, config)
+    return MsaGame(workload, hardware, config, reference=reference)
   return MallocGame(workload, hardware, config)
 
 
@@ -32,4 +41,5 @@ __all__ = [
   "make_game",
   "observation_layout",
   "observation_spec",
+  "return_speedup",
 ]

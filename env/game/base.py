@@ -69,7 +69,7 @@ class GameBase(dm_env.Environment):
     if self._done:
       return self.reset()
     action = self._checked(action, self._step_label())
-    reward = self._play(action) / self.normaliser
+    reward = self._play(action) / self.reward_scale
     if self._finished():
       self._done = True
       return dm_env.termination(reward, self._terminal_observation())
@@ -78,6 +78,21 @@ class GameBase(dm_env.Environment):
   @property
   def done(self) -> bool:
     return self._done
+
+  @property
+  def reward_scale(self) -> float:
+    """What the time `_play` returns is divided by to give the reward: the all-slow time (the
+    "time" reward; the msa game's "advantage" reward divides by msa's own program time)."""
+    return self.normaliser
+
+  def speedup_of_return(self, episode_return: float) -> float:
+    """The speed-up over all-slow of a complete episode that returned `episode_return`."""
+    return self.normaliser / (self.reference_time - self.reward_scale * episode_return)
+
+  @property
+  def reference_time(self) -> float:
+    """The program time a return of 0 stands for: all-slow ("time"), msa's ("advantage")."""
+    return self.normaliser
 
   @property
   def legal_actions(self) -> np.ndarray:

@@ -19,6 +19,7 @@ from malloczero.env.game.observation import (
 )
 
 DECISIONS = ("msa", "requests")
+REWARDS = ("advantage", "time")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,12 @@ class GameConfig:
     offered, at decisions with a single option or whose best option msa estimates to save less
     than this fraction of the all-slow time (most moves cannot matter: docs/design.md,
     "Actions, rewards, episode"); their rewards go to the next move the agent makes.
+  reward: msa game only. "advantage" (the default): an episode's return is the fraction of msa's
+    own program time the mapping saves, `(T_msa - T) / T_msa`, so msa's play returns exactly 0
+    and a return above 0 beats the heuristic (potential-based shaping with msa's completion as
+    the potential, env/game/game.py). "time": each move's reward is the program time it saves
+    over the all-slow time (the return is the fraction of the all-slow time saved), the
+    project's first reward, kept for comparison. The requests game always rewards "time".
   """
 
   num_candidates: int = 16
@@ -44,12 +51,15 @@ class GameConfig:
   decisions: str = "msa"
   max_prefetch_starts: int = 4
   skip_below: float = 0.0
+  reward: str = "advantage"
 
   def __post_init__(self):
     if self.decisions not in DECISIONS:
       raise ValueError(
         f"unknown game decisions '{self.decisions}' (choose from {', '.join(DECISIONS)})"
       )
+    if self.reward not in REWARDS:
+      raise ValueError(f"unknown game reward '{self.reward}' (choose from {', '.join(REWARDS)})")
     for name in ("num_candidates", "occupancy_bins", "max_fast_levels", "max_prefetch_starts"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -93,7 +103,15 @@ class GameConfig:
     return self.layout.lookahead.size
 
 
-REQUESTS_GAME = GameConfig(decisions="requests")
+REQUESTS_GAME = GameConfig(decisions="requests", reward="time")
+
+
+def return_speedup(config: GameConfig, episode_return: float, msa_speedup: float) -> float:
+  """The speed-up over all-slow of a complete game that returned `episode_return`: msa's
+  speed-up / (1 - return) with the msa game's "advantage" reward, 1 / (1 - return) otherwise."""
+  if config.decisions == "msa" and config.reward == "advantage":
+    return msa_speedup / (1.0 - episode_return)
+  return 1.0 / (1.0 - episode_return)
 
 
 def observation_spec(config: GameConfig) -> dict[str, specs.Array]:

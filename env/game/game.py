@@ -20,10 +20,26 @@ is the agent's. Why these decision points rather than the requests game's
 (env/game/requests_game.py): XLA's msa evicts, chooses prefetch start times and keeps a value
 across uses, which a game over whole requests cannot express (docs/msa.md).
 
-Rewards are exact: each step's reward is the decrease of the cost model's program time (copies
+Rewards (`GameConfig.reward`) are exact. "advantage", the default, is potential-based shaping
+(Ng, Harada & Russell 1999) with msa's completion as the potential: C(s) is the program time when
+msa decides every remaining step from state s, a move's reward (C(s_t) - C(s_t+1)) / T_msa. A
+move that is msa's own leaves C unchanged (reward exactly 0) and the episode's return is
+(T_msa - T) / T_msa, the fraction of msa's own time the mapping saves: 0 for msa's play, above 0
+only where the agent beats it, in units the value and reward heads can resolve (a move's
+advantage is typically 1e-5 to 1e-2 of msa's time; the all-slow time's absolute savings are
+100-1000x larger and hid them). C is measured where it is known without extra work: at the
+start (T_msa, one msa pass when the game is built) and at the end, so the whole advantage is
+the last move's reward (msa's decision loop is a generator, so a state cannot be copied to
+complete it from the middle; a completion would cost a replay of the whole prefix).
+"time" rewards each step with the decrease of the cost model's program time (copies
 contending, env/simulator.py) that the step's segment causes, over the all-slow time, the
-undecided buffers being in default memory; so an episode's return is the fractional time saved
-by the final mapping, as in the requests game. Op times update locally (the incidences the
+undecided buffers being in default memory, so an episode's return is the fractional time saved
+by the final mapping, as in the requests game.
+
+Short games (`reset_segment`, Backplay: Salimans & Chen 2018): msa plays the first `start` moves,
+the agent the next `moves`, and msa finishes the program; the return is still exact (msa's
+trajectory has potential T_msa everywhere), and one actor completes many more of these than of
+whole programs, whose longest have 16,855 decisions. Op times update locally (the incidences the
 option moves into fast memory, or back on an uncommit); the copy queue is re-simulated when the
 copies change, and when a stall may shrink (`Placement` explains why moving bytes into fast
 memory can never add one).
@@ -33,6 +49,7 @@ from __future__ import annotations
 
 import bisect
 
+import dm_env
 import numpy as np
 
 from malloczero.common.errors import MalloczeroError
@@ -122,7 +139,10 @@ class MsaGame(GameBase):
     hardware: Hardware,
     config: GameConfig = GameConfig(),
     msa_options: MsaOptions = MsaOptions(),
+    reference: tuple[float, int] | None = None,
   ):
+    """`reference`: another game's `reference` for the same program and settings, which spares
+    the msa pass that measures it."""
     if config.decisions != "msa":
       raise ValueError(
         f"MsaGame plays msa's decisions; the config asks for "
@@ -160,6 +180,7 @@ class MsaGame(GameBase):
     self._skip_threshold = config.skip_below * self.normaliser
     self._kernels = kernels()
     self._reset_state()
+    self._msa_time, self._msa_moves = reference or self._msa_reference()
     if self._decisions.done:
       why = (
         "msa has no decision to make (no buffer to allocate)"
@@ -183,10 +204,80 @@ class MsaGame(GameBase):
   def _play(self, action: int) -> float:
     self._apply(self._option_index[action])
     self._moves += 1
+    self._actions.append(action)
     self._play_skipped_decisions()
+    if self._segment_end is not None and self._moves >= self._segment_end:
+      self._complete_with_msa()
+    if self.config.reward == "advantage":
+      if not self._decisions.done:
+        return 0.0
+      # The cost model's own evaluation, as for msa's time: msa's play returns exactly 0.
+      self.total_time = self.cost_model.evaluate(self._decisions.allocations()).total_time_s
+      return self._msa_time - self.total_time
     saved = self._rewarded_time - self.total_time
     self._rewarded_time = self.total_time
     return saved
+
+  def reset_segment(self, start: int, moves: int) -> dm_env.TimeStep:
+    """A short game: msa plays the first `start` moves, the agent the next `moves` (or fewer,
+    where the program ends first), msa all the rest. The return is the mapping's advantage over
+    msa's, as for a whole game; `played_actions` holds every move of the whole trajectory."""
+    if self.config.reward != "advantage":
+      raise ValueError(
+        "short games need the 'advantage' reward (their return is exact only "
+        "relative to msa's completion)"
+      )
+    if not 0 <= start < self._msa_moves or moves < 1:
+      raise ValueError(
+        f"a short game needs 0 <= start < {self._msa_moves} and moves >= 1, got "
+        f"start {start}, moves {moves}"
+      )
+    self._reset_state()
+    while self._moves < start:
+      self._play_msa_move(fast_forward=self._moves + 1 < start)
+    self._segment_end = start + moves
+    return dm_env.restart(self._observe())
+
+  def _play_msa_move(self, fast_forward: bool = False) -> None:
+    """msa's own move at the current decision (recorded as its slot), as `_play` would.
+
+    fast_forward: the next decision will be answered with msa's move too, so only its options up
+    to msa's own are planned (`MsaAlgorithm.fast_forward`: 3-6x cheaper, the same slot for
+    msa's move). Not with `skip_below`, whose skipped decisions depend on every option."""
+    decision = self._decisions.decision
+    slots = option_slots(decision.options, self.config.max_prefetch_starts)
+    self._actions.append(int(slots[decision.msa_choice]))
+    self._decisions.algorithm.fast_forward = fast_forward and self._skip_threshold <= 0
+    try:
+      self._apply(decision.msa_choice)
+    finally:
+      self._decisions.algorithm.fast_forward = False
+    self._moves += 1
+    self._play_skipped_decisions()
+
+  def _complete_with_msa(self) -> None:
+    """msa decides every remaining step (recorded as slots); the program time is then the cost
+    model's, evaluated once: the incremental timing state is not needed after the last move
+    (1.5-3x cheaper than playing the moves; the observation is not built either)."""
+    if self._skip_threshold > 0:  # Skipped decisions depend on every option: play them out.
+      while not self._decisions.done:
+        self._play_msa_move()
+      return
+    decisions, starts = self._decisions, self.config.max_prefetch_starts
+    decisions.algorithm.fast_forward = True
+    while not decisions.done:
+      decision = decisions.decision
+      self._actions.append(int(option_slots(decision.options, starts)[decision.msa_choice]))
+      decisions.choose(decision.msa_choice)
+      self._moves += 1
+    self.total_time = self.cost_model.evaluate(decisions.allocations()).total_time_s
+
+  def _msa_reference(self) -> tuple[float, int]:
+    """(msa's program time, the moves of msa's own game): one msa pass, then a fresh state."""
+    self._complete_with_msa()
+    reference = self.total_time, self._moves
+    self._reset_state()
+    return reference
 
   def _finished(self) -> bool:
     return self._decisions.done
@@ -197,6 +288,35 @@ class MsaGame(GameBase):
   def decision(self) -> MsaDecision | None:
     """The current decision point (None once the episode is over)."""
     return self._decisions.decision
+
+  @property
+  def reward_scale(self) -> float:
+    return self._msa_time if self.config.reward == "advantage" else self.normaliser
+
+  @property
+  def reference_time(self) -> float:
+    return self._msa_time if self.config.reward == "advantage" else self.normaliser
+
+  @property
+  def msa_time(self) -> float:
+    """msa's own program time on this pair (seconds, copies contending)."""
+    return self._msa_time
+
+  @property
+  def reference(self) -> tuple[float, int]:
+    """(`msa_time`, `msa_moves`), for another game of the same program (`__init__`)."""
+    return self._msa_time, self._msa_moves
+
+  @property
+  def msa_moves(self) -> int:
+    """Moves in msa's own game: the starts `reset_segment` accepts are below it."""
+    return self._msa_moves
+
+  @property
+  def played_actions(self) -> tuple[int, ...]:
+    """Every move of the episode so far as action slots, msa's own in a short game's prefix
+    and completion included: replayed from `reset()` they give the same mapping."""
+    return tuple(self._actions)
 
   @property
   def msa_action(self) -> int:
@@ -248,6 +368,8 @@ class MsaGame(GameBase):
     self._buffer_copies: list[int] = []
     self._buffers_done = 0
     self._moves = 0
+    self._actions: list[int] = []
+    self._segment_end: int | None = None
     # The time the rewards so far account for: what decisions played before the first move
     # save is in the first move's reward, so an episode's rewards still sum to the time saved.
     self._rewarded_time = self.total_time

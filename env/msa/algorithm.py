@@ -225,6 +225,10 @@ class MsaAlgorithm:
     self.analyses, self.heaps = self.allocator.analyses, self.allocator.heaps
     self._use_table: tuple[list[int], np.ndarray, np.ndarray, list[int]] | None = None
     self._counts = dict(kept=0, prefetches=0, evictions=0, default_uses=0, uncommitted_buffers=0)
+    # Set between decisions by a caller that will answer the next ones with msa's own choice
+    # (the game's short-game prefix and msa's completion, env/game/game.py): the next decision
+    # is planned as `steps(msa_only=True)` plans it, its options option 0 and msa's own.
+    self.fast_forward = False
     self.stats: MsaStats | None = None
     # The buffers done and the one being allocated (its segment list, filled as it goes).
     self._rows: list[tuple[int, Segment]] = []
@@ -325,7 +329,7 @@ class MsaAlgorithm:
     for k, (use, incidence) in enumerate(zip(uses.tolist(), incidences.tolist())):
       segment_start = def_op if k == 0 else int(uses[k - 1])
       options, msa_choice, eviction_end = self._segment_options(
-        buffer, segment_start, use, incidence, max_starts, msa_only
+        buffer, segment_start, use, incidence, max_starts, msa_only or self.fast_forward
       )
       option = yield from self._decide(b, use, segment_start, options, msa_choice)
       if not self._commit(buffer, option, use, eviction_end):

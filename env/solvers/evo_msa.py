@@ -74,20 +74,58 @@ def decode(
   return model.evaluate(allocations).total_time_s, allocations, choices, taken
 
 
-def mutate(parent: Genome, choices: list[Choice], rng: np.random.Generator) -> Genome:
+# How a guide's proposals (`Proposals`) are mixed with uniform ones: the share of mutations that
+# ignore the guide, so that decisions the policy is sure of are still tried now and then.
+UNIFORM_SHARE = 0.25
+# {(buffer, use): [A] probabilities over action slots}, e.g. the agent's search policy at each of
+# its moves (actors/agent.py): where the policy leaves msa's slot, and for which slot.
+Proposals = dict[tuple[int, int], np.ndarray]
+
+
+def mutate(
+  parent: Genome,
+  choices: list[Choice],
+  rng: np.random.Generator,
+  proposals: Proposals | None = None,
+) -> Genome:
   """One to four of the parent trajectory's decisions set to another offered slot (msa's slot
-  drops the deviation)."""
+  drops the deviation). With `proposals`, most picks follow them: a decision with the chance
+  that the guide leaves msa's slot there, a slot with the guide's probability among the others
+  offered (`UNIFORM_SHARE` of the picks stay uniform)."""
   child = dict(parent)
+  weights = _decision_weights(choices, proposals) if proposals else None
+  changed: set[int] = set()  # A decision changes once per child: twice could undo the first.
   for _ in range(int(rng.integers(1, 5))):
-    buffer, use, slots, msa_slot = choices[int(rng.integers(len(choices)))]
+    guided = weights is not None and rng.random() >= UNIFORM_SHARE
+    index = int(rng.choice(len(choices), p=weights)) if guided else int(rng.integers(len(choices)))
+    if index in changed:
+      continue
+    changed.add(index)
+    buffer, use, slots, msa_slot = choices[index]
     current = child.get((buffer, use), msa_slot)
     others = slots[slots != current]
-    slot = int(others[rng.integers(len(others))])
+    proposal = proposals.get((buffer, use)) if guided else None
+    if proposal is not None and proposal[others].sum() > 0:
+      slot = int(rng.choice(others, p=proposal[others] / proposal[others].sum()))
+    else:
+      slot = int(others[rng.integers(len(others))])
     if slot == msa_slot:
       child.pop((buffer, use), None)
     else:
       child[(buffer, use)] = slot
   return child
+
+
+def _decision_weights(choices: list[Choice], proposals: Proposals) -> np.ndarray | None:
+  """`[len(choices)]` probabilities of mutating each decision: the guide's chance of leaving
+  msa's slot there (None when the guide never leaves it: then picks are uniform)."""
+  leave = np.zeros(len(choices))
+  for i, (buffer, use, _, msa_slot) in enumerate(choices):
+    proposal = proposals.get((buffer, use))
+    if proposal is not None:
+      leave[i] = max(0.0, 1.0 - float(proposal[msa_slot]))
+  total = leave.sum()
+  return leave / total if total > 0 else None
 
 
 def evo_msa(
@@ -98,6 +136,9 @@ def evo_msa(
   time_limit_s: float | None = None,
   seed: int = 0,
   skip_below: float = 0.0,
+  initial: list[Genome] | None = None,
+  proposals: Proposals | None = None,
+  solver: str = "evo-msa",
   **msa_options: Any,
 ) -> tuple[Mapping, dict[str, Any]]:
   """The best mapping found and an info dict (evaluations; the best genome's deviations from
@@ -105,7 +146,9 @@ def evo_msa(
   the best time per generation; msa's own time).
 
   `evaluations` None: decode until `time_limit_s` (`DEFAULT_EVALUATIONS` when that is None too,
-  so that the call always ends)."""
+  so that the call always ends). `initial`: genomes decoded after msa's own and before any
+  child, joining the first population (the agent's trajectories, actors/agent.py); `proposals`:
+  where and how mutations deviate (`mutate`)."""
   if evaluations is None:
     evaluations = DEFAULT_EVALUATIONS if time_limit_s is None else float("inf")
   options = MsaOptions(**msa_options)
@@ -120,6 +163,18 @@ def evo_msa(
   used, stopped, history = 1, False, [msa_time]
   if not msa_choices:  # msa is offered no choice anywhere: nothing to search.
     evaluations = 1
+  for genome in initial or []:
+    if used >= evaluations or not budget.time_for_another():
+      break
+    child_time, allocations, child_choices, child = budget.decode(
+      decode, model, genome, options, skip_below=skip_below
+    )
+    used += 1
+    if child_time < best_time:
+      best_time, best_genome, best_allocations = child_time, child, allocations
+    genomes.append(child)
+    fitness.append(child_time)
+    trajectories.append(child_choices)
   while used < evaluations and not stopped:
     order = np.argsort(fitness, kind="stable")
     next_genomes = [genomes[i] for i in order[:elite]]
@@ -134,7 +189,7 @@ def evo_msa(
       child_time, allocations, child_choices, child = budget.decode(
         decode,
         model,
-        mutate(genomes[parent], trajectories[parent], rng),
+        mutate(genomes[parent], trajectories[parent], rng, proposals),
         options,
         skip_below=skip_below,
       )
@@ -146,7 +201,7 @@ def evo_msa(
       next_trajectories.append(child_choices)
     genomes, fitness, trajectories = next_genomes, next_fitness, next_trajectories
     history.append(min(fitness))
-  mapping = allocations_mapping(model, best_allocations, "evo-msa")
+  mapping = allocations_mapping(model, best_allocations, solver)
   info = {
     "evaluations": used,
     "deviations_from_msa": len(best_genome),

@@ -24,7 +24,7 @@ from malloczero.env.solvers.evo_msa import evo_msa
 from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa_simple, random_play
 
 # What a flag accepts: checked by the command line's flag types (launch/flags.py).
-CHECKS = ("positive", "positive_int", "fraction", "seed", "path")
+CHECKS = ("positive", "non_negative", "positive_int", "fraction", "seed", "path")
 # What a solver is handed: the cost model (it builds its own segments), a game to play its policy
 # in, or a `Placement` of the requests game's requests; "agent" is the top layer's.
 KINDS = ("model", "game", "placement", "agent")
@@ -207,7 +207,7 @@ BASELINES: dict[str, Solver] = {
       "evolution over deviations from msa's decisions",
       EvoMsaOptions,
       takes_msa_options=True,
-      version=2,
+      version=3,
       segments=True,
     ),
     Solver("cpsat", "placement", cpsat, "OR-Tools CP-SAT over the requests", CpsatOptions),

@@ -17,13 +17,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_dir
-from malloczero.configs.config import DEFAULT_ATTEMPTS
+from malloczero.configs.config import DEFAULT_ATTEMPTS, DEFAULT_SEARCH_SECONDS
 from malloczero.env.programs.suites import SPLITS
 from malloczero.env.solvers.registry import BASELINES, SOLVERS
 from malloczero.launch.flags import (
   add_solver_flags,
   check_msa_options_used,
   console,
+  non_negative_float,
   positive_int,
   solver_options,
 )
@@ -64,6 +65,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     type=positive_int,
     default=DEFAULT_ATTEMPTS,
     help=f"agents: trajectories per program, the first greedy (default {DEFAULT_ATTEMPTS})",
+  )
+  p.add_argument(
+    "--search-seconds",
+    type=non_negative_float,
+    default=DEFAULT_SEARCH_SECONDS,
+    help="agents: seconds per program of evo-msa guided by the network after the attempts "
+    f"(default {DEFAULT_SEARCH_SECONDS:g}; 0: the attempts alone)",
   )
   p.add_argument(
     "--batch-agents",
@@ -109,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
   if args.limit:
     suite = dataclasses.replace(suite, entries=suite.entries[: args.limit])
   # Checkpoints are loaded (and a bad one refused) before any solver runs.
-  agents = load_agents(args.checkpoint or [], args.simulations, args.attempts)
+  agents = load_agents(args.checkpoint or [], args.simulations, args.attempts, args.search_seconds)
   for a in agents:
     search_notice(a.agent)
   out = console()
@@ -117,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     out.print(
       f"{a.label}: {a.agent.checkpoint} (learner step {a.agent.learner_steps}), "
       f"{a.simulations} simulations, best of {a.attempts} trajectories per program"
+      + (f", then {a.search_seconds:g} s of guided search" if a.search_seconds else "")
     )
   title = f"malloczero evaluate: suite '{suite.name}' ({args.split}, {len(suite.entries)} entries)"
   cache = open_cache(args.cache)

@@ -10,7 +10,7 @@ import sys
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_dir
-from malloczero.configs.config import PRESETS, get_config, with_section
+from malloczero.configs.config import PRESETS, get_config
 from malloczero.env.hardware import check_fits, resolve_hardware
 from malloczero.env.workload import load_workload
 from malloczero.launch.flags import (
@@ -18,14 +18,13 @@ from malloczero.launch.flags import (
   add_capacity_flag,
   console,
   flushing_print,
-  fraction,
-  non_negative_float,
   positive_float,
   positive_int,
   say_capacities,
   seed,
 )
 from malloczero.launch.tables import final_evaluation_table, learning_curve_table
+from malloczero.launch.tuning_flags import add_tuning_flags, apply_tuning_flags
 
 LAUNCHES = ("local_mp", "local_mt", "vertex_ai", "single")
 DEFAULT_CONFIG = "small"
@@ -98,37 +97,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     "terminal, each line prefixed with its node",
   )
   p.add_argument("--seed", type=seed, help="override the config's seed (0 to 2**31-1)")
-  p.add_argument(
-    "--skip-below",
-    type=fraction,
-    metavar="FRACTION",
-    help="the game plays msa's own choice at decisions whose best option saves "
-    "less than this fraction of the all-slow time (default: the config's, "
-    f"{defaults.game.skip_below:g})",
-  )
-  p.add_argument(
-    "--demonstrations",
-    type=fraction,
-    metavar="FRACTION",
-    help="share of each learner batch drawn from the best known game per training "
-    "program, msa's own at first (default: the config's, "
-    f"{defaults.learner.demonstration_fraction:g}; 0 turns them off)",
-  )
-  p.add_argument(
-    "--q-spread-floor",
-    type=non_negative_float,
-    metavar="RETURN",
-    help="the search rescales a node's Q-values by at least this spread, in "
-    f"return units (default: the config's, {defaults.search.q_spread_floor:g})",
-  )
-  p.add_argument(
-    "--eval-msa-prior",
-    type=non_negative_float,
-    metavar="LOGIT",
-    help="evaluation searches add this to the root prior's logit of msa's own move "
-    f"(default: the config's, {defaults.search.eval_msa_prior_logit:g}; 0 leaves "
-    "the prior to the network)",
-  )
+  add_tuning_flags(p, defaults)
   p.add_argument("--quiet", action="store_true", help="no periodic log lines")
   p.set_defaults(func=run)
 
@@ -142,14 +111,7 @@ def train_config(args: argparse.Namespace):
     config = dataclasses.replace(config, seed=args.seed)
   if args.eval_every:
     config = dataclasses.replace(config, eval_every_steps=args.eval_every)
-  if args.skip_below is not None:
-    config = with_section(config, "game", skip_below=args.skip_below)
-  if args.demonstrations is not None:
-    config = with_section(config, "learner", demonstration_fraction=args.demonstrations)
-  if args.q_spread_floor is not None:
-    config = with_section(config, "search", q_spread_floor=args.q_spread_floor)
-  if args.eval_msa_prior is not None:
-    config = with_section(config, "search", eval_msa_prior_logit=args.eval_msa_prior)
+  config = apply_tuning_flags(config, args)
   if args.workload:
     config = dataclasses.replace(config, suite=args.suite or "", programs=(_program_file(args),))
   elif args.hardware or args.capacity:
