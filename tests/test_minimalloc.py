@@ -1,5 +1,6 @@
-"""MiniMalloc CSVs at their own scale: the compressed time axis keeps the objective exactly, a
-mapping reads in the CSV's own times, and the solvers handle a real challenge instance."""
+"""MiniMalloc CSVs at their own scale: a buffer is written at `lower` and read at `upper - 1`,
+the compressed time axis keeps the objective exactly, a mapping reads in the CSV's own times,
+and the solvers handle a real challenge instance."""
 
 import json
 import pathlib
@@ -23,8 +24,8 @@ TINY = "id,lower,upper,size\n0,0,7,300\n1,2,3,500\n2,3,10,400\n3,2,7,200\n4,10,1
 
 
 def raw_workload(text: str, name: str) -> Workload:
-  """The CSV read as it was before compression: one zero-flop op per time step, each buffer
-  defined at `lower` and used by every later step of `[lower, upper)`."""
+  """The CSV read without compression: one zero-flop op per time step, each buffer defined at
+  step `lower` and used at step `upper - 1` (only defined when that is the same step)."""
   rows = [list(map(int, line.split(","))) for line in text.strip().splitlines()[1:]]
   num_ops = max(r[2] for r in rows)
   return Workload(
@@ -32,24 +33,27 @@ def raw_workload(text: str, name: str) -> Workload:
     "minimalloc-csv",
     tuple(Op(f"t{t}", 0.0) for t in range(num_ops)),
     tuple(
-      Buffer(i, f"b{i}", size, lo, tuple(range(lo + 1, hi)), "activation")
+      Buffer(i, f"b{i}", size, lo, (hi - 1,) if hi - 1 > lo else (), "activation")
       for i, lo, hi, size in rows
     ),
   )
 
 
-def test_tiny_csv_compresses_to_its_distinct_endpoints():
+def test_tiny_csv_compresses_to_the_steps_where_buffers_are_written_and_read():
   w = workload_from_minimalloc_csv(TINY, name="tiny")
-  assert w.num_ops == 6 - 1  # six distinct endpoints
-  assert [o.weight for o in w.ops] == [2, 1, 4, 3, 6]
-  assert w.time_axis.tolist() == [0, 2, 3, 7, 10, 16]
-  # Buffer 2 lives on [3, 10): ops 2 and 3; its bytes count once per time step.
+  # 0 and each row's lower, lower + 1, upper - 1 and upper: 12 distinct points, 11 ops.
+  assert w.time_axis.tolist() == [0, 1, 2, 3, 4, 6, 7, 9, 10, 11, 15, 16]
+  assert [o.weight for o in w.ops] == [1, 1, 1, 1, 2, 1, 2, 1, 1, 4, 1]
   a = w.arrays
-  assert (a.live_start[2], a.live_end[2]) == (2, 4)
-  assert a.incidence_bytes[a.buffer_incidence_start[2] : a.buffer_incidence_start[3]].tolist() == [
-    400 * 4,
-    400 * 3,
-  ]
+  # Buffer 2 lives on [3, 10): written at op 3 (time 3), read at op 7 (time 9), one step each.
+  assert (a.live_start[2], a.live_end[2]) == (3, 8)
+  lo, hi = a.buffer_incidence_start[2], a.buffer_incidence_start[3]
+  assert a.incidence_op[lo:hi].tolist() == [3, 7]
+  assert a.incidence_bytes[lo:hi].tolist() == [400, 400]
+  # Buffer 1 lives on [2, 3), one step: only written.
+  assert a.incidence_op[a.buffer_incidence_start[1] : a.buffer_incidence_start[2]].tolist() == [2]
+  # Two incidences at most per buffer, whatever the lengths of the ranges.
+  assert len(a.incidence_op) == 2 * w.num_buffers - 1
   assert w.peak_live_bytes == raw_workload(TINY, "tiny").peak_live_bytes == 1000
 
 
@@ -113,16 +117,13 @@ def test_a_time_inside_a_compressed_op_is_a_one_line_error():
   w = workload_from_minimalloc_csv(TINY, name="tiny")
   hw = PRESETS["minimalloc"].with_fast_capacity(800)
   mapping = solve(w, hw, "msa").mapping
-  bad = Mapping.from_dict(
-    dict(
-      mapping.to_dict(),
-      allocations=[dict(mapping.allocations[0], start=mapping.allocations[0]["start"] + 1)],
-    )
-  )
+  first = mapping.allocations[0]
+  inside = next(t for t in range(first["start"], first["end"]) if t not in w.time_axis)
+  bad = Mapping.from_dict(dict(mapping.to_dict(), allocations=[dict(first, start=inside)]))
   with pytest.raises(
     MappingError,
-    match=r"allocation 0: 'start' = \d+ is not an op boundary of "
-    r"'tiny' \(its ops start at times 0, 2, 3, 7, 10, 16\)",
+    match=rf"allocation 0: 'start' = {inside} is not an op boundary of "
+    r"'tiny' \(its ops start at times 0, 1, 2, 3, 4, 6, \.\.\., 16\)",
   ):
     validate_mapping(w, hw, bad)
 
@@ -131,7 +132,7 @@ def test_weighted_ops_round_trip_through_json(tmp_path):
   w = workload_from_minimalloc_csv(TINY, name="tiny")
   path = tmp_path / "tiny.json"
   save_workload(w, path)
-  assert json.loads(path.read_text())["ops"][0] == {"name": "t0", "flops": 0.0, "weight": 2}
+  assert json.loads(path.read_text())["ops"][4] == {"name": "t4", "flops": 0.0, "weight": 2}
   assert load_workload(path) == w
   data = json.loads(path.read_text())
   data["ops"][0]["weight"] = 0
@@ -144,23 +145,25 @@ def test_weighted_ops_round_trip_through_json(tmp_path):
     load_workload(path)
 
 
-def test_real_instance_has_one_op_per_interval_between_distinct_endpoints():
-  """Challenge instance A (MiniMalloc's own header) spans 2**20 time steps in 71 ops."""
+def test_real_instance_has_one_op_per_interval_between_distinct_access_points():
+  """Challenge instance A (MiniMalloc's own header) spans 2**20 time steps in 208 ops."""
   w = load_workload(INSTANCE_A)
   points = set()
   for line in INSTANCE_A.read_text().strip().splitlines()[1:]:
     _, lo, hi, _ = map(int, line.split(","))
-    points |= {lo, hi}
-  assert w.num_ops == len(points | {0}) - 1 == 71
+    points |= {lo, lo + 1, hi - 1, hi}
+  assert w.num_ops == len(points | {0}) - 1 == 208
   assert w.time_axis[-1] == 1 << 20 and w.num_buffers == 154
   assert w.peak_live_bytes <= 1 << 20
 
 
 def test_cpsat_places_everything_on_a_real_instance_with_room():
-  """CP-SAT's model of a compressed challenge instance is small: with the fast memory at 1.25x
-  the instance's peak (room to pack) it places every byte x time."""
+  """CP-SAT's model of a compressed challenge instance is small: with the fast memory at 1.5x
+  the instance's peak (room to pack) it places every buffer. (At 1.25x it found every buffer's
+  place in under a second while a buffer's saving was its bytes x time; weighted by its bytes
+  alone, as a buffer written once and read once is, it places about 145 of 154 in a minute.)"""
   w = load_workload(INSTANCE_A)
-  hw = PRESETS["minimalloc"].with_fast_capacity(w.peak_live_bytes * 5 // 4)
+  hw = PRESETS["minimalloc"].with_fast_capacity(w.peak_live_bytes * 3 // 2)
   result = solve(w, hw, "cpsat", time_limit_s=20.0)
   assert len(result.mapping.allocations) == w.num_buffers
   assert result.mapping.speedup == pytest.approx(1e3, rel=1e-9)  # fast 1000x the slow memory

@@ -17,7 +17,7 @@ from malloczero.launch import cli
 
 
 def _long_ranges_csv(rows: int) -> str:
-  """Every buffer spans about half the ops: rows x ops incidences from a small file."""
+  """Every buffer spans about half the ops: what once made rows x ops incidences."""
   lines = ["id,lower,upper,size"] + [f"{i},{i},{rows + i},64" for i in range(rows)]
   return "\n".join(lines) + "\n"
 
@@ -27,42 +27,59 @@ def test_a_csv_too_big_for_the_memory_is_refused_in_one_line_by_the_cli(
 ):
   path = tmp_path / "wide.csv"
   path.write_text(_long_ranges_csv(3000))
-  monkeypatch.setattr(memory_guard, "available_bytes", lambda: 400 << 20)
+  monkeypatch.setattr(memory_guard, "available_bytes", lambda: 200 << 20)
   code = cli.main(
     ["solve", str(path), "--capacity", "4096", "--solver", "msa", "--out", str(tmp_path / "m.json")]
   )
   err = capsys.readouterr().err.strip()
   assert code != 0 and not (tmp_path / "m.json").exists()
   assert len(err.splitlines()) == 1, err
-  # 3,000 buffers over 5,999 ops, each touching 3,000 of them: the numbers are named.
-  assert "wide: needs about" in err and "3,000 buffers" in err and "5,999 ops" in err
-  assert "9,000,000 incidences" in err and "0.4 GB this machine has available" in err
+  # 3,000 buffers over 5,999 ops, each written once and read once: the numbers are named.
+  assert "wide: needs about 0.3 GB" in err and "3,000 buffers" in err and "5,999 ops" in err
+  assert "6,000 incidences" in err and "0.2 GB this machine has available" in err
 
 
-def test_the_guard_refuses_before_building_the_uses(monkeypatch):
-  monkeypatch.setattr(memory_guard, "available_bytes", lambda: 1 << 30)
-  # 20,000 buffers x ~20,000 ops each: 400 M incidences, far beyond 1 GiB, refused at once
-  # (building them as the workload's uses would take tens of GB).
-  with pytest.raises(InputTooLargeError, match="needs about"):
+def test_the_guard_refuses_before_building_the_ops_and_buffers(monkeypatch):
+  monkeypatch.setattr(memory_guard, "available_bytes", lambda: 100 << 20)
+
+  def built(*args, **kwargs):
+    raise AssertionError("built before the guard")
+
+  monkeypatch.setattr("malloczero.env.workload.Op", built)
+  monkeypatch.setattr("malloczero.env.workload.Buffer", built)
+  with pytest.raises(InputTooLargeError, match="huge: needs about 0.4 GB .*40,000 incidences"):
     workload_from_minimalloc_csv(_long_ranges_csv(20_000), name="huge")
+
+
+def test_a_csv_costs_memory_linear_in_its_rows_not_in_the_lengths_of_their_ranges():
+  """Two incidences per buffer at most, and O(rows) ops, however long the ranges are."""
+  for rows in (50, 500):
+    w = workload_from_minimalloc_csv(_long_ranges_csv(rows), name="long")
+    assert len(w.arrays.incidence_op) == 2 * rows and w.num_ops == 2 * rows - 1
+  short = workload_from_minimalloc_csv(minimalloc_csv_text(2000, seed=1), name="short")
+  assert len(short.arrays.incidence_op) <= 2 * 2000 and short.num_ops <= 4 * 2000
 
 
 def test_what_fits_is_not_refused_and_an_unknown_memory_refuses_nothing(monkeypatch):
   text = _long_ranges_csv(50)
-  need = estimated_bytes(99, 50, 50 * 50)
+  need = estimated_bytes(99, 50, 2 * 50)
   monkeypatch.setattr(memory_guard, "available_bytes", lambda: need)
   assert workload_from_minimalloc_csv(text, name="fits").num_buffers == 50
+  monkeypatch.setattr(memory_guard, "available_bytes", lambda: need - 1)
+  with pytest.raises(InputTooLargeError):
+    workload_from_minimalloc_csv(text, name="fits")
   monkeypatch.setattr(memory_guard, "available_bytes", lambda: None)
-  assert len(workload_from_minimalloc_csv(text, name="fits").arrays.incidence_op) == 50 * 50
+  assert len(workload_from_minimalloc_csv(text, name="fits").arrays.incidence_op) == 2 * 50
 
 
-def test_the_estimate_counts_one_incidence_per_op_a_csv_buffer_touches(monkeypatch):
+def test_the_estimate_counts_one_incidence_per_access_of_a_csv_buffer(monkeypatch):
   seen = []
   monkeypatch.setattr(memory_guard, "check_fits_in_memory", lambda *a: seen.append(a))
   monkeypatch.setattr("malloczero.env.workload.check_fits_in_memory", lambda *a: seen.append(a))
   w = workload_from_minimalloc_csv(_long_ranges_csv(40), name="count")
   incidences = len(w.arrays.incidence_op)
-  assert seen[0] == ("count", w.num_ops, 40, incidences)  # Before the uses are built ...
+  assert incidences == 80
+  assert seen[0] == ("count", w.num_ops, 40, incidences)  # Before the ops and buffers ...
   assert seen[1] == ("count", w.num_ops, 40, incidences)  # ... and before the arrays.
 
 
@@ -105,5 +122,9 @@ def test_bench_scale_measures_each_input_in_its_own_process():
   report = bench_scale(csv_rows=200, xla_buffers=200)
   json.dumps(report)
   for prefix in ("scale_csv_200_rows_msa", "scale_xla_200_buffers_msa"):
+    assert f"{prefix}_failed" not in report and f"{prefix}_refusal" not in report, report
     assert report[f"{prefix}_solve_s"] > 0 and report[f"{prefix}_validate_s"] >= 0
     assert report[f"{prefix}_peak_mb"] > 10 and report[f"{prefix}_speedup_x"] >= 1
+    for phase in ("load", "msa", "validate"):
+      assert report[f"{prefix}_{phase}_s"] >= 0
+      assert 10 < report[f"{prefix}_{phase}_peak_mb"] <= report[f"{prefix}_peak_mb"]

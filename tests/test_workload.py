@@ -45,13 +45,15 @@ def test_json_round_trip(tmp_path_factory, workload):
   assert load_workload(plain) == workload
 
 
-def test_csv_round_trip_and_objective_is_bytes_times_time(tmp_path):
-  text = "id,lower,upper,size\n0,0,3,100\n1,1,2,50\n2,2,5,10\n"
+def test_csv_round_trip_and_objective_is_the_bytes_written_and_read(tmp_path):
+  text = "id,lower,upper,size\n0,0,3,100\n1,1,2,50\n2,2,6,10\n"
   w = workload_from_minimalloc_csv(text, name="mm")
-  # Distinct endpoints 0, 1, 2, 3, 5: four ops, the last one two steps long.
-  assert w.num_ops == 4 and w.source == "minimalloc-csv"
-  assert [o.weight for o in w.ops] == [1, 1, 1, 2] and w.time_axis.tolist() == [0, 1, 2, 3, 5]
-  assert w.arrays.live_start.tolist() == [0, 1, 2] and w.arrays.live_end.tolist() == [3, 2, 4]
+  # Points 0, 1, 2, 3, 5, 6 (0 and each lower, lower + 1, upper - 1, upper): five ops.
+  assert w.num_ops == 5 and w.source == "minimalloc-csv"
+  assert [o.weight for o in w.ops] == [1, 1, 1, 2, 1] and w.time_axis.tolist() == [0, 1, 2, 3, 5, 6]
+  assert w.arrays.live_start.tolist() == [0, 1, 2] and w.arrays.live_end.tolist() == [3, 2, 5]
+  # Written at `lower`, read at `upper - 1`; a buffer of one step is only written.
+  assert [(b.def_op, b.uses) for b in w.buffers] == [(0, (2,)), (1, ()), (2, (4,))]
   assert workload_to_minimalloc_csv(w) == text
   path = tmp_path / "mm.csv"
   path.write_text(text)
@@ -63,9 +65,9 @@ def test_csv_round_trip_and_objective_is_bytes_times_time(tmp_path):
   model = CostModel(w, PRESETS["minimalloc"])
   inv = model.inverse_bandwidth
   saving = build_requests(model).standalone_saving[:, 0]
-  # Saving of each buffer = size x (upper - lower) x (1/bw_slow - 1/bw_fast): bytes x time.
+  # Saving of each buffer = size x accesses x (1/bw_slow - 1/bw_fast), whatever its length.
   assert sorted(saving.tolist()) == pytest.approx(
-    sorted([s * length * (inv[1] - inv[0]) for s, length in ((100, 3), (50, 1), (10, 3))])
+    sorted([s * accesses * (inv[1] - inv[0]) for s, accesses in ((100, 2), (50, 1), (10, 2))])
   )
 
 
