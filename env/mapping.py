@@ -43,7 +43,13 @@ from malloczero.common.files import write_bytes, write_text
 from malloczero.common.strict_json import show_value, unknown_key
 from malloczero.env.cost_model import NO_COPY, Allocations
 from malloczero.env.hardware import Hardware, HardwareError
-from malloczero.env.workload import Workload, finite_number, int_out_of_range, show_int
+from malloczero.env.workload import (
+  MAX_FILE_INT,
+  Workload,
+  finite_number,
+  int_out_of_range,
+  show_int,
+)
 
 ALLOCATION_KEYS = ("request", "buffer", "level", "offset", "start", "end")
 COPY_KINDS = ("prefetch", "eviction")
@@ -232,6 +238,14 @@ def _is_int(value: Any) -> bool:
 def _allocation(a: Any, what: str, fail: Callable[[str], NoReturn]) -> dict[str, Any]:
   """One allocation of a mapping file as a row of plain integers; `fail` reports a problem with
   `what` (the allocation) in one line."""
+  # The common row, plain integers and no copies, as the checks below would return it.
+  plain = lambda v: type(v) is int and -MAX_FILE_INT <= v <= MAX_FILE_INT
+  if (
+    type(a) is dict
+    and len(a) == len(ALLOCATION_KEYS)
+    and all(plain(a.get(k)) for k in ALLOCATION_KEYS)
+  ):
+    return {k: a[k] for k in ALLOCATION_KEYS}
   if not isinstance(a, dict):
     fail(f"{what} is not an object")
   if problem := unknown_key(a, ALLOCATION_KEYS + COPY_KINDS):

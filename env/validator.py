@@ -65,7 +65,9 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
   prefetch_start = mapping.prefetch_starts(workload)
   wa = workload.arrays
   size = np.asarray(hardware.align(wa.sizes[alloc.buffer]), np.int64)
-  for i in range(len(alloc)):
+  # The checks below, one allocation at a time, run only where a test over all of them at once
+  # finds something to say: in order, so the first allocation reported is the same.
+  for i in np.flatnonzero(_suspects(workload, hardware, alloc, prefetch_start, size)).tolist():
     b, level = alloc.buffer[i], alloc.level[i]
     buf = workload.buffers[b]
     what = f"allocation {i} (buffer {buf.id} '{buf.name}')"
@@ -112,6 +114,42 @@ def validate_mapping(workload: Workload, hardware: Hardware, mapping: Mapping) -
         f"reported {key} = {reported!r} but a fresh cost-model evaluation gives {expected!r}"
       )
   return ValidationReport(len(alloc), fresh, model.slow_only_time)
+
+
+def _suspects(
+  workload: Workload,
+  hardware: Hardware,
+  alloc: Allocations,
+  prefetch_start: np.ndarray,
+  size: np.ndarray,
+) -> np.ndarray:
+  """[n] bool: True for every allocation that fails one of `validate_mapping`'s checks of
+  allocations taken one at a time (the buffer's kind, the level, the offset and capacity, the
+  live range, `_check_copies`), so that only these need checking one by one."""
+  wa = workload.arrays
+  kinds = np.array([b.kind for b in workload.buffers])[alloc.buffer]
+  level, offset, s, e = alloc.level, alloc.offset, alloc.start, alloc.end
+  done, ev_start, ev_done = alloc.prefetch_done, alloc.evict_start, alloc.evict_done
+  def_op = wa.def_op[alloc.buffer]
+  capacity = np.array([lv.capacity_bytes for lv in hardware.levels[:-1]] + [0], np.int64)
+  fast = (level >= 0) & (level < hardware.num_fast_levels)
+  activation = kinds == "activation"
+  produced = done == NO_COPY
+  in_live_range = (wa.live_start[alloc.buffer] <= s) & (s < e) & (e <= wa.live_end[alloc.buffer])
+  bad_prefetch = (prefetch_start != s) | (done < s) | (done >= e) | (activation & (s <= def_op))
+  evicted = (ev_start != NO_COPY) | (ev_done != NO_COPY)
+  good_eviction = (def_op < ev_start) & (ev_start <= ev_done) & (ev_done <= e)
+  return (
+    (kinds == "output")
+    | ~fast
+    | (offset < 0)
+    | (offset % hardware.alignment_bytes != 0)
+    | (offset + size > capacity[np.where(fast, level, -1)])
+    | ~in_live_range
+    | (produced & (~activation | (s != def_op)))
+    | (~produced & bad_prefetch)
+    | (evicted & (~produced | ~good_eviction))
+  )
 
 
 def _check_copies(

@@ -1,12 +1,15 @@
 """The validator accepts what the game emits and rejects every kind of broken mapping."""
 
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from malloczero.env import PRESETS, MallocGame, MappingError, save_workload, validate_mapping
 from malloczero.env.mapping import Mapping, load_mapping
@@ -445,3 +448,62 @@ def test_a_prefetch_waits_behind_an_eviction_issued_before_it():
   mapping = _segments(program, XLA_HW, rows)
   report = validate_mapping(program, XLA_HW, mapping)
   assert report.estimated_time_s == pytest.approx(0.024 + 0.024 + 0.1 + 0.356 + 0.024 + 0.24)
+
+
+def _outcome(workload, hw, m: Mapping) -> str:
+  try:
+    validate_mapping(workload, hw, m)
+  except MappingError as e:
+    return str(e)
+  return "valid"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+  st.lists(
+    st.tuples(
+      st.integers(0, 200),
+      st.sampled_from(["buffer", "level", "offset", "start", "end", "prefetch", "eviction"]),
+      st.integers(-2, 45),
+      st.integers(-2, 45),
+    ),
+    min_size=1,
+    max_size=3,
+  )
+)
+def test_the_test_of_all_allocations_at_once_reports_what_one_by_one_does(edits):
+  """`_suspects` picks the allocations checked one by one: with it, the outcome (valid, or the
+  first problem's message) is the one of checking every allocation one by one."""
+  from malloczero.env import validator
+
+  m = _msa_mapping()
+  rows = [dict(a) for a in m.allocations]
+  for index, key, x, y in edits:
+    row = rows[index % len(rows)]
+    if key in ("prefetch", "eviction"):
+      row[key] = {"start": min(x % 41, y % 41), "done": max(x % 41, y % 41)}
+    elif key == "offset":
+      row[key] = x * HARDWARE.alignment_bytes + (y % 3 == 0)
+    else:
+      row[key] = x
+  broken = with_allocations(m, rows)
+  try:
+    broken = Mapping.from_dict(broken.to_dict())  # As a file would give it.
+  except MappingError:
+    assume(False)  # Not a mapping file: refused before any validation.
+  at_once = _outcome(WORKLOAD, HARDWARE, broken)
+  suspects = validator._suspects
+  try:
+    validator._suspects = lambda *args: np.ones(len(broken.allocations), bool)
+    one_by_one = _outcome(WORKLOAD, HARDWARE, broken)
+  finally:
+    validator._suspects = suspects
+  assert at_once == one_by_one
+
+
+@functools.lru_cache(maxsize=1)
+def _msa_mapping() -> Mapping:
+  """msa's mapping of WORKLOAD: prefetches and evictions among its allocations."""
+  from malloczero.env.solvers import solve
+
+  return solve(WORKLOAD, HARDWARE, "msa").mapping
