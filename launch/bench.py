@@ -343,8 +343,10 @@ SCALE_XLA_BUFFERS = 100_000
 
 def _scale_child(kind: str, path: str) -> dict[str, Any]:
   """In the measuring subprocess: loads `path`, solves it with msa (which validates), validates
-  the mapping again as `malloczero validate` does, and reports seconds and peak resident MB. An
-  input the memory guard refuses reports the refusal's one line and how long it took."""
+  the mapping again as `malloczero validate` does, and reports each phase's seconds and the peak
+  resident MB reached by its end (`load_*`, `msa_*`, `validate_*`); `solve_s` is load and msa
+  together, `peak_mb` the whole run's peak. An input the memory guard refuses reports the
+  refusal's one line and how long it took."""
   import resource
 
   from malloczero.common.errors import MalloczeroError
@@ -352,10 +354,14 @@ def _scale_child(kind: str, path: str) -> dict[str, Any]:
   from malloczero.env.validator import validate_mapping
   from malloczero.env.workload import load_workload
 
+  peak_mb = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   started = time.perf_counter()
   report: dict[str, Any] = {}
   try:
     workload = load_workload(path)
+    _ = workload.arrays  # Built lazily: part of loading, not of the solver.
+    report["load_s"] = time.perf_counter() - started
+    report["load_peak_mb"] = peak_mb()
     if kind == "csv":
       machine = PRESETS["minimalloc"]
     else:
@@ -367,16 +373,21 @@ def _scale_child(kind: str, path: str) -> dict[str, Any]:
         ),
       )
     machine = contended(machine, workload, 0.25)
+    solving = time.perf_counter()
     result = solve(workload, machine, "msa")
+    report["msa_s"] = time.perf_counter() - solving
+    report["msa_peak_mb"] = peak_mb()
     report["solve_s"] = time.perf_counter() - started
     checked = time.perf_counter()
     validate_mapping(workload, machine, result.mapping)
     report["validate_s"] = time.perf_counter() - checked
+    report["validate_peak_mb"] = peak_mb()
+    report["total_s"] = time.perf_counter() - started
     report["speedup_x"] = result.mapping.speedup
   except MalloczeroError as e:
     report["refused_s"] = time.perf_counter() - started
     report["refusal"] = str(e)
-  report["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  report["peak_mb"] = peak_mb()
   return report
 
 
