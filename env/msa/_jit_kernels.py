@@ -25,6 +25,8 @@ import numba
 import numpy as np
 
 _INT64_MAX = np.iinfo(np.int64).max
+_RADIX_BITS = 11  # `_by_offset`'s radix sort: digits of 11 bits, three passes for 8 GiB.
+_RADIX = 1 << _RADIX_BITS
 
 
 @numba.njit(cache=True)
@@ -48,6 +50,204 @@ def _live_sorted(starts, ends, offsets, sizes, alive, count, start, end, alignme
     sorted_start[j] = offsets[i]
     used_end[j] = (offsets[i] + sizes[i] + alignment - 1) // alignment * alignment
   return sorted_start, used_end
+
+
+@numba.njit(cache=True)
+def _index_bucket(span, start, end):
+  """The bucket of the time index (`ChunkHeap`) a chunk over `[start, end)` is filed under:
+  its length class c (lengths in [2^c, 2^(c + 1)), measured from its start clamped to
+  `[0, span)`; the last class takes every longer chunk too), then the bucket of width 2^c that
+  holds that start. Class c's buckets begin at 2 span - (2 span >> c)."""
+  key = min(max(start, 0), span - 1)
+  length = max(end - key, 1)
+  c = 0
+  while (length >> (c + 1)) > 0 and (span >> (c + 1)) > 0:
+    c += 1
+  return 2 * span - ((2 * span) >> c) + (key >> c)
+
+
+@numba.njit(cache=True)
+def index_add(head, nxt, span, handle, start, end):
+  """Files chunk `handle` over `[start, end)` first in its bucket's list."""
+  bucket = _index_bucket(span, start, end)
+  nxt[handle] = head[bucket]
+  head[bucket] = handle
+
+
+@numba.njit(cache=True)
+def index_build(starts, ends, alive, count, head, nxt, span):
+  """Files every live chunk of the first `count` into an empty time index over `span` start
+  times (`ChunkHeap` rebuilds it larger when a chunk starts past the last)."""
+  for i in range(count):
+    if alive[i]:
+      index_add(head, nxt, span, i, starts[i], ends[i])
+
+
+@numba.njit(cache=True)
+def index_remove(head, nxt, span, handle, start, end):
+  """Takes chunk `handle` over `[start, end)` out of its bucket's list."""
+  bucket = _index_bucket(span, start, end)
+  previous, i = -1, head[bucket]
+  while i != handle:
+    previous, i = i, nxt[i]
+  if previous < 0:
+    head[bucket] = nxt[i]
+  else:
+    nxt[previous] = nxt[i]
+
+
+@numba.njit(cache=True)
+def _collect(starts, ends, head, nxt, span, start, end, out):
+  """Writes to `out` the handles of the chunks live at some op of `[start, end)` (in no
+  particular order) and returns how many. A chunk of class c that is live after `start` starts
+  after `start + 1 - 2^(c + 1)` and before `end`, so each class is read over those buckets
+  only: about 2 (end - start) + 2 log2(span) bucket heads, and chunks of the length of the ones
+  that are live, most of which are (not a pass over every chunk of the heap)."""
+  last_key = min(max(end - 1, 0), span - 1)
+  classes = 1
+  while (span >> classes) > 0:
+    classes += 1
+  k = 0
+  for c in range(classes):
+    first_key = 0 if c == classes - 1 else max(start + 2 - (2 << c), 0)
+    if first_key > last_key:
+      continue
+    base = 2 * span - ((2 * span) >> c)
+    for bucket in range(base + (first_key >> c), base + (last_key >> c) + 1):
+      i = head[bucket]
+      while i >= 0:
+        if starts[i] < end and start < ends[i]:
+          out[k] = i
+          k += 1
+        i = nxt[i]
+  return k
+
+
+@numba.njit(cache=True)
+def _by_offset(hits, k, offsets, size):
+  """The `k` handles in `hits` sorted by offset, by a stable LSD radix sort of the offsets
+  (numba's sorts cost about five times as much on the thousand or so chunks of a search, and
+  sorting was most of msa's time). Chunks at the same offset are put in handle order (the
+  linear scan's) only for a request of no bytes: between two chunks at one offset the free
+  range ends where the first one starts, so it holds at least one byte for neither order, and
+  the reach after both is the same."""
+  handles = hits[:k].copy()
+  if size <= 0:
+    handles.sort()
+  if k < 2:
+    return handles
+  lowest = offsets[handles[0]]
+  for j in range(k):
+    lowest = min(lowest, offsets[handles[j]])
+  # Radix digits of the offsets above the lowest, without the low bits that all of them share
+  # (the alignment's).
+  keys = np.empty(k, np.int64)
+  common = 0
+  for j in range(k):
+    keys[j] = offsets[handles[j]] - lowest
+    common |= keys[j]
+  if common == 0:
+    return handles
+  shift = 0
+  while (common >> shift) & 1 == 0:
+    shift += 1
+  highest = 0
+  for j in range(k):
+    keys[j] >>= shift
+    highest = max(highest, keys[j])
+  other_keys = np.empty(k, np.int64)
+  other_handles = np.empty(k, np.int64)
+  counts = np.empty(_RADIX, np.int64)
+  digit_shift = 0
+  while (highest >> digit_shift) > 0:
+    counts[:] = 0
+    for j in range(k):
+      counts[(keys[j] >> digit_shift) & (_RADIX - 1)] += 1
+    total = 0
+    for d in range(_RADIX):
+      total, counts[d] = total + counts[d], total
+    for j in range(k):
+      d = (keys[j] >> digit_shift) & (_RADIX - 1)
+      other_keys[counts[d]] = keys[j]
+      other_handles[counts[d]] = handles[j]
+      counts[d] += 1
+    keys, other_keys = other_keys, keys
+    handles, other_handles = other_handles, handles
+    digit_shift += _RADIX_BITS
+  return handles
+
+
+@numba.njit(cache=True)
+def _fit_in(handles, starts, offsets, sizes, alignment, end, size):
+  """`_smallest_fit` over the chunks of the offset-sorted `handles` that start before `end`:
+  the start of the smallest free range between them that holds `size` bytes, the lowest on a
+  tie (the top range is unbounded)."""
+  best_start, best_length = -1, _INT64_MAX
+  reach = 0
+  for j in range(len(handles)):
+    i = handles[j]
+    if starts[i] >= end:
+      continue
+    length = offsets[i] - reach
+    if length >= size and (
+      best_start < 0 or length < best_length or (length == best_length and reach < best_start)
+    ):
+      best_start, best_length = reach, length
+    used_end = (offsets[i] + sizes[i] + alignment - 1) // alignment * alignment
+    if used_end > reach:
+      reach = used_end
+  length = _INT64_MAX - reach
+  if length >= size and (
+    best_start < 0 or length < best_length or (length == best_length and reach < best_start)
+  ):
+    best_start = reach
+  return best_start
+
+
+@numba.njit(cache=True)
+def fits_at_indexed(
+  starts, ends, offsets, sizes, head, nxt, span, scratch, start, end, size, offset, alignment
+):
+  """`fits_at` through the time index. Over offset-sorted used ranges, `[offset, offset +
+  size)` lies in a free range exactly when no live chunk starts below `offset + size` and ends
+  (aligned up) above `offset` (every range before the first chunk at or above `offset + size`
+  must end by `offset`), so no sort is needed (`offset` >= 0, as the caller checks)."""
+  k = _collect(starts, ends, head, nxt, span, start, end, scratch)
+  for j in range(k):
+    i = scratch[j]
+    used_end = (offsets[i] + sizes[i] + alignment - 1) // alignment * alignment
+    if offsets[i] < offset + size and used_end > offset:
+      return False
+  return True
+
+
+@numba.njit(cache=True)
+def _smallest_fit(used_start, used_end, size):
+  """The start of the smallest free range between the offset-sorted used ranges that holds
+  `size` bytes, the lowest on a tie (the top range is unbounded)."""
+  best_start, best_length = -1, _INT64_MAX
+  reach = 0
+  for j in range(len(used_start) + 1):
+    free_start = reach
+    free_end = used_start[j] if j < len(used_start) else _INT64_MAX
+    length = free_end - free_start
+    if length >= size and (
+      best_start < 0 or length < best_length or (length == best_length and free_start < best_start)
+    ):
+      best_start, best_length = free_start, length
+    if j < len(used_start) and used_end[j] > reach:
+      reach = used_end[j]
+  return best_start
+
+
+@numba.njit(cache=True)
+def best_fit_indexed(
+  starts, ends, offsets, sizes, head, nxt, span, scratch, start, end, size, alignment
+):
+  """`best_fit` through the time index."""
+  k = _collect(starts, ends, head, nxt, span, start, end, scratch)
+  handles = _by_offset(scratch, k, offsets, size)
+  return _fit_in(handles, starts, offsets, sizes, alignment, end, size)
 
 
 @numba.njit(cache=True)
@@ -75,19 +275,7 @@ def best_fit(starts, ends, offsets, sizes, alive, count, start, end, size, align
   used_start, used_end = _live_sorted(
     starts, ends, offsets, sizes, alive, count, start, end, alignment
   )
-  best_start, best_length = -1, _INT64_MAX
-  reach = 0
-  for j in range(len(used_start) + 1):
-    free_start = reach
-    free_end = used_start[j] if j < len(used_start) else _INT64_MAX
-    length = free_end - free_start
-    if length >= size and (
-      best_start < 0 or length < best_length or (length == best_length and free_start < best_start)
-    ):
-      best_start, best_length = free_start, length
-    if j < len(used_start) and used_end[j] > reach:
-      reach = used_end[j]
-  return best_start
+  return _smallest_fit(used_start, used_end, size)
 
 
 @numba.njit(cache=True)
@@ -177,6 +365,186 @@ def resource_fits(
   return True
 
 
+# ------------------------------------------------------------------ the copy resource's trees
+# Two segment trees with range add and range minimum (`_tree_*`; the maximum of a value is the
+# minimum of its negation), as arrays `values [2n]` and `adds [2n]` over `n` leaves (a power of
+# two; leaf i at node n + i). Each node's value is the minimum of its children's plus its own
+# pending add; a query pushes the adds on its two boundary paths down first.
+
+
+@numba.njit(cache=True)
+def _tree_apply(values, adds, n, node, amount):
+  values[node] += amount
+  if node < n:
+    adds[node] += amount
+
+
+@numba.njit(cache=True)
+def _tree_rebuild(values, adds, node):
+  """Recomputes the ancestors of `node` from their children."""
+  while node > 1:
+    node >>= 1
+    values[node] = min(values[2 * node], values[2 * node + 1]) + adds[node]
+
+
+@numba.njit(cache=True)
+def _tree_push(values, adds, n, node):
+  """Pushes the pending adds of the ancestors of `node` down, from the root."""
+  height = 0
+  while (1 << height) < n:
+    height += 1
+  for level in range(height, 0, -1):
+    i = node >> level
+    if adds[i] != 0.0:
+      _tree_apply(values, adds, n, 2 * i, adds[i])
+      _tree_apply(values, adds, n, 2 * i + 1, adds[i])
+      adds[i] = 0.0
+
+
+@numba.njit(cache=True)
+def tree_add(values, adds, n, first, last, amount):
+  """Adds `amount` to leaves `first` .. `last` (inclusive; nothing when empty)."""
+  if first > last:
+    return
+  lo, hi = first + n, last + n + 1
+  lo0, hi0 = lo, hi
+  while lo < hi:
+    if lo & 1:
+      _tree_apply(values, adds, n, lo, amount)
+      lo += 1
+    if hi & 1:
+      hi -= 1
+      _tree_apply(values, adds, n, hi, amount)
+    lo >>= 1
+    hi >>= 1
+  _tree_rebuild(values, adds, lo0)
+  _tree_rebuild(values, adds, hi0 - 1)
+
+
+@numba.njit(cache=True)
+def tree_min(values, adds, n, first, last):
+  """The minimum of leaves `first` .. `last` (inclusive; +inf when empty)."""
+  if first > last:
+    return np.inf
+  lo, hi = first + n, last + n + 1
+  _tree_push(values, adds, n, lo)
+  _tree_push(values, adds, n, hi - 1)
+  best = np.inf
+  while lo < hi:
+    if lo & 1:
+      best = min(best, values[lo])
+      lo += 1
+    if hi & 1:
+      hi -= 1
+      best = min(best, values[hi])
+    lo >>= 1
+    hi >>= 1
+  return best
+
+
+@numba.njit(cache=True)
+def tree_set(values, adds, n, leaf, value):
+  """Sets leaf `leaf` to `value`."""
+  node = leaf + n
+  _tree_push(values, adds, n, node)
+  values[node] = value
+  _tree_rebuild(values, adds, node)
+
+
+@numba.njit(cache=True)
+def fenwick_add(tree, key, amount):
+  """Adds `amount` at `key` of a Fenwick tree over keys 0 .. len(tree) - 2."""
+  i = key + 1
+  while i < len(tree):
+    tree[i] += amount
+    i += i & -i
+
+
+@numba.njit(cache=True)
+def fenwick_sum(tree, key):
+  """The sum over keys 0 .. `key` (0.0 when `key` < 0)."""
+  total = 0.0
+  i = min(key + 1, len(tree) - 1)
+  while i > 0:
+    total += tree[i]
+    i -= i & -i
+  return total
+
+
+@numba.njit(cache=True)
+def resource_track(
+  backlog, backlog_adds, n_ops, queue, queue_adds, n_keys, owed, budget_sum, start, end, demand
+):
+  """Records (`demand` > 0) or takes back (< 0) a copy's demand in
+  `AsynchronousCopyResource`'s trees: it arrives at op start + 1 (clamped to the ops), so the
+  backlog of every op from there on grows by it, and every copy behind it in the FIFO order
+  (key > start + 1) owes it too. The copy's own key in `queue` is the caller's to set."""
+  t = len(budget_sum)
+  op = min(max(start + 1, 0), t - 1)
+  tree_add(backlog, backlog_adds, n_ops, op, t - 1, demand)
+  fenwick_add(owed, start + 1, demand)
+  # `queue` holds minus (owed - budget by the deadline): owing more lowers it.
+  tree_add(queue, queue_adds, n_keys, start + 2, len(owed) - 2, -demand)
+
+
+@numba.njit(cache=True)
+def resource_add(
+  budget_sum, backlog, backlog_adds, n_ops, queue, queue_adds, n_keys, owed, start, end, demand
+):
+  """`resource_track` for a copy added with `demand` > 0, and its own key in `queue`: what it
+  owes by its deadline (every copy up to it, itself included) less the budget served by then,
+  negated (`queue` keeps per key the largest over its copies)."""
+  resource_track(
+    backlog, backlog_adds, n_ops, queue, queue_adds, n_keys, owed, budget_sum, start, end, demand
+  )
+  key = start + 1
+  deadline = min(end - 1, len(budget_sum) - 1)
+  behind = budget_sum[deadline] - fenwick_sum(owed, key)
+  tree_set(
+    queue, queue_adds, n_keys, key, min(tree_min(queue, queue_adds, n_keys, key, key), behind)
+  )
+
+
+@numba.njit(cache=True)
+def resource_fits_tree(
+  budget_sum,
+  backlog,
+  backlog_adds,
+  n_ops,
+  queue,
+  queue_adds,
+  n_keys,
+  owed,
+  start,
+  end,
+  resource,
+  relative_tolerance,
+  total,
+):
+  """`AsynchronousCopyResource.has_enough_resource` for a copy that needs resource, in
+  O(log ops) from the trees (copy_resource.py derives the conditions). With B the budget
+  served by op i (`budget_sum`) and S(i) the arrivals minus B up to i (`backlog`), the work
+  served by op i once the copy arrives at op f = start + 1 is B(i) + min(0, min S[.. f - 1],
+  min S[f .. i] + resource). It must cover what the copies up to it owe by its deadline, and
+  what each copy behind it owes by its own: owed_j + resource - B(d_j) <= min(0, min S[..
+  f - 1]) (the largest such, `queue`), as min S[f .. d_j] + resource already covers it (that
+  copy fit when it was added, and nothing added since served less)."""
+  t = len(budget_sum)
+  first = max(start + 1, 0)
+  deadline = min(end - 1, t - 1)
+  if deadline < first:
+    return False
+  tolerance = relative_tolerance * (total + resource)
+  idle = min(0.0, tree_min(backlog, backlog_adds, n_ops, 0, first - 1))
+  served = budget_sum[deadline] + min(
+    idle, tree_min(backlog, backlog_adds, n_ops, first, deadline) + resource
+  )
+  if served < fenwick_sum(owed, start + 1) + resource - tolerance:
+    return False
+  most_owed = -tree_min(queue, queue_adds, n_keys, max(start + 2, 0), len(owed) - 2)
+  return not most_owed + resource - tolerance > idle
+
+
 @numba.njit(cache=True)
 def prefetch_window(
   prefix, copy_elapsed, start, end, use_elapsed_reduction, min_ratio, preferred_ratio, max_elapsed
@@ -251,6 +619,28 @@ def prefetch_starts(prefix, earliest, latest, preferred, end, num_explored):
 
 
 @numba.njit(cache=True)
+def _extension(uses, end_use, count_picker, prefix, max_elapsed, max_count):
+  """`find_best_chunk_candidate`'s candidate uses: (first, last), the first use at or after
+  `end_use` and the last one reachable from it through consecutive uses kept without a copy
+  (the picker's `can_allocate_in_alternate_memory_no_copy`)."""
+  n = len(uses)
+  first = np.searchsorted(uses, end_use, side="left")
+  if first == n:
+    raise ValueError("no use at or after the request's end")
+  last = first
+  while last + 1 < n:
+    u, v = uses[last], uses[last + 1]
+    if count_picker:
+      keep = v - u <= max_count
+    else:
+      keep = max_elapsed > (0.0 if u == v else prefix[v] - prefix[u + 1])
+    if not keep:
+      break
+    last += 1
+  return first, last
+
+
+@numba.njit(cache=True)
 def best_chunk_candidate(
   start,
   end_use,
@@ -272,21 +662,9 @@ def best_chunk_candidate(
   """`chunks.find_best_chunk_candidate` without a preferred offset: (found, offset, end use).
   `h_start` .. `alignment`: `ChunkHeap.kernel_state()`; `count_picker` .. `max_count`: the
   picker's `kernel_state()`, for `can_allocate_in_alternate_memory_no_copy` between
-  consecutive uses."""
-  n = len(uses)
-  first = np.searchsorted(uses, end_use, side="left")
-  if first == n:
-    raise ValueError("no use at or after the request's end")
-  last = first
-  while last + 1 < n:
-    u, v = uses[last], uses[last + 1]
-    if count_picker:
-      keep = v - u <= max_count
-    else:
-      keep = max_elapsed > (0.0 if u == v else prefix[v] - prefix[u + 1])
-    if not keep:
-      break
-    last += 1
+  consecutive uses. Scans every chunk per probe (`best_chunk_candidate_indexed` is the one
+  msa's loop runs)."""
+  first, last = _extension(uses, end_use, count_picker, prefix, max_elapsed, max_count)
   found, best_offset, best_use = False, 0, 0
   # std::lower_bound over uses[first : last + 1] with "the chunk fits" as the predicate.
   lo, count = first, last + 1 - first
@@ -297,6 +675,52 @@ def best_chunk_candidate(
     offset = best_fit(
       h_start, h_end, h_offset, h_size, h_alive, h_count, start, use + 1, size, alignment
     )
+    if offset + size <= max_size:
+      if not found or use > best_use:
+        found, best_offset, best_use = True, offset, use
+      lo = mid + 1
+      count -= step + 1
+    else:
+      count = step
+  return found, best_offset, best_use
+
+
+@numba.njit(cache=True)
+def best_chunk_candidate_indexed(
+  start,
+  end_use,
+  size,
+  uses,
+  max_size,
+  h_start,
+  h_end,
+  h_offset,
+  h_size,
+  alignment,
+  h_head,
+  h_next,
+  h_span,
+  h_scratch,
+  count_picker,
+  prefix,
+  max_elapsed,
+  max_count,
+):
+  """`best_chunk_candidate` through the heap's time index (`h_head` .. `h_scratch`:
+  `ChunkHeap.index_state()`): the chunks live from `start` to the last candidate use are found
+  and sorted by offset once, and each probe of the binary search reads those that start
+  before its end (the chunks live in its interval, as every one ends after `start`)."""
+  first, last = _extension(uses, end_use, count_picker, prefix, max_elapsed, max_count)
+  k = _collect(h_start, h_end, h_head, h_next, h_span, start, uses[last] + 1, h_scratch)
+  handles = _by_offset(h_scratch, k, h_offset, size)
+  found, best_offset, best_use = False, 0, 0
+  # std::lower_bound over uses[first : last + 1] with "the chunk fits" as the predicate.
+  lo, count = first, last + 1 - first
+  while count > 0:
+    step = count // 2
+    mid = lo + step
+    use = uses[mid]
+    offset = _fit_in(handles, h_start, h_offset, h_size, alignment, use + 1, size)
     if offset + size <= max_size:
       if not found or use > best_use:
         found, best_offset, best_use = True, offset, use
@@ -319,13 +743,13 @@ def plan_prefetch_starts(
   max_starts,
   resource,
   check_resource,
-  budget,
-  q_starts,
-  q_ends,
-  demands,
-  arriving,
-  arrived,
-  waiting,
+  served,
+  backlog,
+  backlog_adds,
+  n_ops,
+  queue,
+  queue_adds,
+  n_keys,
   owed,
   rel_tol,
   total,
@@ -333,9 +757,11 @@ def plan_prefetch_starts(
   h_end,
   h_offset,
   h_size,
-  h_alive,
-  h_count,
   alignment,
+  h_head,
+  h_next,
+  h_span,
+  h_scratch,
   count_picker,
   prefix,
   max_elapsed,
@@ -344,11 +770,11 @@ def plan_prefetch_starts(
   """`SegmentAllocator._plan_level_prefetches`' loop (allocate_segment.py; XLA's
   `PrefetchWithResourceConstraints` and `CheckPrefetchFit`): over the picker's `starts` in
   order, skipping those not `allowed` (when `check_allowed`: the FIFO order and
-  outstanding-limit checks, made by the caller), the copy resource (`budget` .. `total`:
+  outstanding-limit checks, made by the caller), the copy resource (`served` .. `total`:
   `AsynchronousCopyResource.kernel_state()`, when `check_resource`), then the chunk (`h_start`
-  .. `max_count`: as `best_chunk_candidate`); the first `max_starts` that pass, as rows (start,
-  offset, end use). A chunk failure caches the start and any start not after it ends the search
-  (XLA's `exclusive_out_of_mem_start`)."""
+  .. `max_count`: as `best_chunk_candidate_indexed`); the first `max_starts` that pass, as rows
+  (start, offset, end use). A chunk failure caches the start and any start not after it ends
+  the search (XLA's `exclusive_out_of_mem_start`)."""
   out = np.empty((max_starts, 3), np.int64)
   k = 0
   out_of_memory, out_of_memory_start = False, 0
@@ -361,14 +787,14 @@ def plan_prefetch_starts(
     if (
       check_resource
       and resource != 0
-      and not resource_fits(
-        budget,
-        q_starts,
-        q_ends,
-        demands,
-        arriving,
-        arrived,
-        waiting,
+      and not resource_fits_tree(
+        served,
+        backlog,
+        backlog_adds,
+        n_ops,
+        queue,
+        queue_adds,
+        n_keys,
         owed,
         start,
         use,
@@ -378,7 +804,7 @@ def plan_prefetch_starts(
       )
     ):
       continue
-    found, offset, end_use = best_chunk_candidate(
+    found, offset, end_use = best_chunk_candidate_indexed(
       start + 1,
       use,
       size,
@@ -388,9 +814,11 @@ def plan_prefetch_starts(
       h_end,
       h_offset,
       h_size,
-      h_alive,
-      h_count,
       alignment,
+      h_head,
+      h_next,
+      h_span,
+      h_scratch,
       count_picker,
       prefix,
       max_elapsed,

@@ -171,13 +171,14 @@ class SegmentAllocator:
       if not picker.can_allocate_in_alternate_memory_no_copy(segment_start, use):
         continue
       # `find_best_chunk_candidate`, jitted (as the prefetch loop's).
-      found, offset, end_use = kernels().best_chunk_candidate(
+      heap = self.heaps[level]
+      found, offset, end_use = kernels().best_chunk_candidate_indexed(
         segment_start,
         use,
         size,
         uses,
         self.capacity[level],
-        *self.heaps[level].kernel_state(),
+        *heap.search_state(),
         *picker.kernel_state(),
       )
       if not found:
@@ -313,7 +314,10 @@ class SegmentAllocator:
     # FIFO order and the outstanding limit depend on the start only: checked here for every
     # start, the loop skips those not allowed (both off by default, as in XLA).
     fifo = self.options.enforce_prefetch_fifo_order
-    check_allowed = fifo or self.prefetch_limit.max_outstanding >= 0
+    check_resource = bool(self.options.use_copy_resource)
+    # A resource whose checks rebuild the queue (`exact`) is checked here too, per start.
+    exact = check_resource and resource != 0 and self.prefetch_resource.exact
+    check_allowed = fifo or self.prefetch_limit.max_outstanding >= 0 or exact
     allowed = _NO_MASK
     if check_allowed:
       allowed = np.ones(len(starts), bool)
@@ -321,7 +325,9 @@ class SegmentAllocator:
         allowed[i] = not (
           (fifo and self.ordering.violates_ordering(start, use))
           or self.prefetch_limit.violates(start + 1, use)
+          or (exact and not self.prefetch_resource.has_enough_resource(start, use, resource))
         )
+      check_resource = check_resource and not exact
     # The loop over starts (resource, chunk, XLA's out-of-memory cache) runs jitted: with every
     # option planned it was most of the decision process's time as Python calls.
     rows = kernels().plan_prefetch_starts(
@@ -334,9 +340,9 @@ class SegmentAllocator:
       self.capacity[level],
       max_starts,
       float(resource),
-      bool(self.options.use_copy_resource),
+      check_resource,
       *self.prefetch_resource.kernel_state(),
-      *self.heaps[level].kernel_state(),
+      *self.heaps[level].search_state(),
       *picker.kernel_state(),
     )
     return [

@@ -24,9 +24,10 @@ Why: the chunk decides which later buffers still fit; msa's answer depends on XL
 Times: this module uses the project's half-open op intervals `[start, end)` for rectangles (XLA's
 `BufferInterval` is inclusive `[start, end]`, i.e. `[start, end + 1)` here);
 `find_best_chunk_candidate` takes XLA-style use times (an allocation reserved "until use u"
-occupies `[start, u + 1)`). Efficient for a few thousand chunks: each query is one pass over
-the chunks live in its interval (`free_chunks` in numpy; `fits_at` and `find_chunk` jitted,
-`_jit_kernels`, as msa's decision process runs them several times a step).
+occupies `[start, u + 1)`). Each query reads only the chunks live in its interval, found
+through a time index (`ChunkHeap`), and sorts them by offset (`fits_at` and `find_chunk`
+jitted, `_jit_kernels`, as msa's decision process runs them several times a step; `free_chunks`
+scans every chunk in numpy, for the tests).
 
 Not modelled, and why: sliced allocations (`max_slices` >= 2, off by default in XLA) and the
 slice-time permutations of `SlicedAllocationFinder`; colocations (`max_colocation_size`: a
@@ -43,6 +44,7 @@ import numpy as np
 from malloczero.env.msa._jit import kernels
 
 _INITIAL_CAPACITY = 64
+_INITIAL_SPAN = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +64,18 @@ class ChunkCandidate:
 class ChunkHeap:
   """The chunks committed in one memory level: rectangles `[start, end)` x `[offset, offset +
   size)`, with XLA's `heap_size` (the highest chunk end ever committed). Removed chunks stay in
-  the arrays, masked out, so handles returned by `add` stay valid."""
+  the arrays, masked out, so handles returned by `add` stay valid.
+
+  A time index finds the chunks live in a query's interval without a pass over all of them
+  (msa's loop queries the heap several times per step, and a program of 100,000 buffers commits
+  about 200,000 chunks): each live chunk is filed by its length class c (a length in [2^c,
+  2^(c + 1))) under the bucket of width 2^c that holds its start, one linked list per bucket.
+  A chunk of class c live after op `start` starts after `start + 1 - 2^(c + 1)`, so a search
+  for `[start, end)` reads, per class, the buckets from there to `end`: mostly chunks that are
+  live, and a few bucket heads per op (`_jit_kernels._collect`). A time tree keeping each
+  node's latest end (an interval tree) cost about five times as much per chunk found, and a
+  search reads about a thousand chunks on XLA-like programs.
+  """
 
   def __init__(self, alignment: int = 1):
     if alignment <= 0:
@@ -75,6 +88,11 @@ class ChunkHeap:
     self._alive = np.zeros(_INITIAL_CAPACITY, bool)
     self._count = 0
     self.heap_size = 0
+    # The time index over start times [0, `_span`): per bucket the first chunk of its list
+    # (-1: none), per chunk the next one; `_scratch` holds a search's hits.
+    self._next = np.full(_INITIAL_CAPACITY, -1, np.int64)
+    self._scratch = np.zeros(_INITIAL_CAPACITY, np.int64)
+    self._reindex(_INITIAL_SPAN)
 
   def __len__(self) -> int:
     return int(self._alive[: self._count].sum())
@@ -82,6 +100,14 @@ class ChunkHeap:
   def align_up(self, value: np.ndarray | int) -> np.ndarray | int:
     a = self.alignment
     return (value + a - 1) // a * a
+
+  def _reindex(self, span: int) -> None:
+    """Rebuilds the time index over start times [0, `span`) (a power of two)."""
+    self._span = span
+    self._head = np.full(2 * span, -1, np.int64)
+    kernels().index_build(
+      self._start, self._end, self._alive, self._count, self._head, self._next, span
+    )
 
   def add(self, start: int, end: int, offset: int, size: int) -> int:
     """Commits a chunk (`CommitChunk`); returns its handle for `remove`."""
@@ -91,7 +117,7 @@ class ChunkHeap:
       raise ValueError(f"negative offset {offset} or size {size}")
     if self._count == len(self._start):
       grow = len(self._start)
-      for name in ("_start", "_end", "_offset", "_size", "_alive"):
+      for name in ("_start", "_end", "_offset", "_size", "_alive", "_next", "_scratch"):
         array = getattr(self, name)
         setattr(self, name, np.concatenate([array, np.zeros(grow, array.dtype)]))
     i = self._count
@@ -99,6 +125,10 @@ class ChunkHeap:
     self._alive[i] = True
     self._count += 1
     self.heap_size = max(self.heap_size, offset + size)
+    if start >= self._span:
+      self._reindex(1 << int(start).bit_length())  # Files this chunk too.
+    else:
+      kernels().index_add(self._head, self._next, self._span, i, int(start), int(end))
     return i
 
   def remove(self, handle: int) -> None:
@@ -106,6 +136,14 @@ class ChunkHeap:
     if not (0 <= handle < self._count and self._alive[handle]):
       raise KeyError(f"no committed chunk {handle}")
     self._alive[handle] = False
+    kernels().index_remove(
+      self._head,
+      self._next,
+      self._span,
+      int(handle),
+      int(self._start[handle]),
+      int(self._end[handle]),
+    )
 
   def chunks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The committed chunks as `[n]` arrays (start, end, offset, size)."""
@@ -118,8 +156,9 @@ class ChunkHeap:
     )
 
   def kernel_state(self) -> tuple:
-    """The heap as the jitted kernels take it (`_jit_kernels.best_chunk_candidate`): start, end,
-    offset, size, alive arrays (the first `count` rows used), count, alignment."""
+    """The heap as the linear-scan kernels take it (`_jit_kernels.best_chunk_candidate`, the
+    game's occupancy): start, end, offset, size, alive arrays (the first `count` rows used),
+    count, alignment."""
     return (
       self._start,
       self._end,
@@ -129,6 +168,17 @@ class ChunkHeap:
       self._count,
       self.alignment,
     )
+
+  def index_state(self) -> tuple:
+    """The time index as the indexed kernels take it after `start`, `end`, `offset` and
+    `size` (`_jit_kernels.best_fit_indexed`): each bucket's first chunk, each chunk's next, the
+    span of start times, the scratch array for the hits."""
+    return (self._head, self._next, self._span, self._scratch)
+
+  def search_state(self) -> tuple:
+    """The heap as `_jit_kernels.best_chunk_candidate_indexed` and `plan_prefetch_starts` take
+    it: start, end, offset, size arrays, the alignment, then `index_state()`."""
+    return (self._start, self._end, self._offset, self._size, self.alignment, *self.index_state())
 
   def overlapping(self, start: int, end: int) -> np.ndarray:
     """`[k]` handles of the committed chunks live at some op of `[start, end)`."""
@@ -156,16 +206,15 @@ class ChunkHeap:
     slice: inside one free range, at an aligned offset)."""
     if offset < 0 or offset % self.alignment:
       return False
-    # `free_chunks` and the test above, as one jitted pass (the per-call numpy overhead was most
-    # of msa's decision time).
+    # `free_chunks` and the test above, as one jitted pass over the chunks live in the interval
+    # (the per-call numpy overhead was most of msa's decision time).
     return bool(
-      kernels().fits_at(
+      kernels().fits_at_indexed(
         self._start,
         self._end,
         self._offset,
         self._size,
-        self._alive,
-        self._count,
+        *self.index_state(),
         int(start),
         int(end),
         int(size),
@@ -186,13 +235,12 @@ class ChunkHeap:
       return int(preferred_offset)
     # The smallest of `free_chunks`' ranges, ties to the lower offset, in one jitted pass.
     return int(
-      kernels().best_fit(
+      kernels().best_fit_indexed(
         self._start,
         self._end,
         self._offset,
         self._size,
-        self._alive,
-        self._count,
+        *self.index_state(),
         int(start),
         int(end),
         int(size),

@@ -62,46 +62,79 @@ class AsyncCopy:
 
 class AsynchronousCopyResource:
   """The copy engine's budget per op `[T]` (XLA: the ops' elapsed times), the copies added so
-  far, and the checks against them."""
+  far, and the checks against them.
+
+  The checks read three trees that adding or removing a copy updates in O(log T)
+  (`_jit_kernels.resource_track`; msa adds tens of thousands of copies on large programs, and
+  rebuilding the queue per copy and reading it from the new copy's start on per check cost
+  O(T + C) each). With B(i) the budget of ops 0 .. i and S(i) the demand arrived by op i less
+  B(i), Lindley's recursion has the work served by op i at B(i) + min(0, min S[.. i]). A new
+  copy (start, end, r) adds r to S from its first op f on, so it is served by its deadline d
+  when B(d) + min(0, min S[.. f - 1], min S[f .. d] + r) covers what the copies up to it owe
+  (theirs and r), and each copy j behind it (a later start) is still served by its deadline
+  d_j when also B(d_j) + min(0, min S[.. f - 1]) covers owed_j + r: the other term, min S[f ..
+  d_j] + r, does, as copy j was served by d_j before (it fit when it was added, and copies
+  added since were checked against it; removing one serves the rest sooner). So a check needs
+  min S over two ranges (`_backlog`: range add, range min), the demand of the copies up to a
+  start (`_owed`: a Fenwick tree over start + 1) and the largest owed_j - B(d_j) behind it
+  (`_queue`: per start + 1, negated, range add, range min). Sums in a tree's order round
+  differently from the op-by-op queue by far less than the tolerance. A copy the trees cannot
+  hold (a negative demand, a start before -1) makes later checks rebuild the queue
+  (`_exact_fits`, the op-by-op computation the trees replace)."""
 
   def __init__(self, initial_resources: Sequence[float] | np.ndarray):
     self.initial_resources = np.asarray(initial_resources, np.float64).copy()  # [T]
     if np.any(self.initial_resources < 0):
       raise ValueError("resources must be >= 0")
+    t = len(self.initial_resources)
     self._budget_sum = float(self.initial_resources.sum())  # For the tolerance.
-    self._copies: list[AsyncCopy] = []  # In start order; ties in the order added.
-    self._refresh()
-
-  def _refresh(self) -> None:
-    """Caches the queue of the copies added so far, for `has_enough_resource`'s fast path:
-    starts, ends, demands `[C]` in order, then `_derive`."""
-    copies = self._copies
-    self._starts = np.array([c.start for c in copies], np.int64)
-    self._ends = np.array([c.end for c in copies], np.int64)
-    self._demands = np.array([c.resource for c in copies], np.float64)
-    self._derive()
-
-  def _derive(self) -> None:
-    """From the ordered starts, ends and demands: owed `[C]` (cumulative demand), arriving,
-    waiting after each op (Lindley's W) and cumulative arrivals `[T]`. O(T + C) jitted work, so
-    that adding or removing one copy does not rebuild the arrays from the Python list."""
-    self._demand_sum = float(self._demands.sum())
-    self._owed, self._arriving, self._waiting, self._arrived = kernels().resource_queue(
-      self.initial_resources, self._starts, self._demands
-    )
+    self._demand_sum = 0.0
+    self._served = np.cumsum(self.initial_resources)  # [T] B(i)
+    self._copies: list[AsyncCopy] = []  # In the order added.
+    self._by_key: dict[int, list[AsyncCopy]] = {}  # Per start + 1, in the order added.
+    self._ordered: list[AsyncCopy] | None = []  # In start order (FIFO); None: to sort again.
+    self._exact = False
+    self._n_ops = _power_of_two(t)
+    self._backlog = np.full(2 * self._n_ops, np.inf)
+    self._backlog[self._n_ops : self._n_ops + t] = -self._served
+    for node in range(self._n_ops - 1, 0, -1):
+      self._backlog[node] = min(self._backlog[2 * node], self._backlog[2 * node + 1])
+    self._backlog_adds = np.zeros(2 * self._n_ops)
+    self._n_keys = _power_of_two(t + 1)
+    self._queue = np.full(2 * self._n_keys, np.inf)
+    self._queue_adds = np.zeros(2 * self._n_keys)
+    self._owed = np.zeros(t + 2)
 
   @property
   def copies(self) -> tuple[AsyncCopy, ...]:
-    return tuple(self._copies)
+    """The copies in FIFO order: by start, ties in the order added."""
+    return tuple(self._fifo())
+
+  def _fifo(self) -> list[AsyncCopy]:
+    if self._ordered is None:
+      self._ordered = sorted(self._copies, key=lambda c: c.start)  # Stable: ties as added.
+    return self._ordered
 
   def _with(self, added: Sequence[AsyncCopy]) -> list[AsyncCopy]:
-    copies = list(self._copies)
+    copies = list(self._fifo())
     for copy in added:
       position = len(copies)
       while position > 0 and copies[position - 1].start > copy.start:
         position -= 1
       copies.insert(position, copy)
     return copies
+
+  def _queue_arrays(self) -> tuple[np.ndarray, ...]:
+    """The op-by-op queue of the copies (`_jit_kernels.resource_queue`): ordered starts, ends,
+    demands `[C]`, then owed `[C]`, arriving, waiting and arrived `[T]`."""
+    copies = self._fifo()
+    starts = np.array([c.start for c in copies], np.int64)
+    ends = np.array([c.end for c in copies], np.int64)
+    demands = np.array([c.resource for c in copies], np.float64)
+    owed, arriving, waiting, arrived = kernels().resource_queue(
+      self.initial_resources, starts, demands
+    )
+    return starts, ends, demands, owed, arriving, waiting, arrived
 
   def _simulate(self, copies: list[AsyncCopy]) -> tuple[np.ndarray, np.ndarray]:
     """(finished `[C]` bool: each copy done by its end, work waiting `[T]` at each op's start
@@ -129,23 +162,14 @@ class AsynchronousCopyResource:
 
   def has_enough_resource(self, start: int, end: int, resource: float) -> bool:
     """`HasEnoughResource`: a copy (start, end, resource) can be added without any copy, it
-    or one it delays, missing its end.
-
-    Only the queue from the new copy's first op on changes, and only the copies queued behind
-    it can be delayed (FIFO), so the check recomputes just that part: O(T - start + copies
-    behind) work on the cached queue, in one jitted pass."""
+    or one it delays, missing its end. O(log T) on the trees (the class docstring)."""
     if resource == 0:
       return True  # As XLA: a copy that needs nothing changes nothing.
+    if self._exact or resource < 0:
+      return self._exact_fits(start, end, resource)
     return bool(
-      kernels().resource_fits(
-        self.initial_resources,
-        self._starts,
-        self._ends,
-        self._demands,
-        self._arriving,
-        self._arrived,
-        self._waiting,
-        self._owed,
+      kernels().resource_fits_tree(
+        *self.kernel_state()[:8],
         int(start),
         int(end),
         float(resource),
@@ -154,18 +178,46 @@ class AsynchronousCopyResource:
       )
     )
 
+  def _exact_fits(self, start: int, end: int, resource: float) -> bool:
+    """`has_enough_resource` on the op-by-op queue, rebuilt (`_jit_kernels.resource_fits`:
+    from the new copy's first op on, and the copies queued behind it)."""
+    starts, ends, demands, owed, arriving, waiting, arrived = self._queue_arrays()
+    return bool(
+      kernels().resource_fits(
+        self.initial_resources,
+        starts,
+        ends,
+        demands,
+        arriving,
+        arrived,
+        waiting,
+        owed,
+        int(start),
+        int(end),
+        float(resource),
+        _RELATIVE_TOLERANCE,
+        float(self._budget_sum + demands.sum()),
+      )
+    )
+
+  @property
+  def exact(self) -> bool:
+    """Whether the checks rebuild the queue (a copy the trees cannot hold was added)."""
+    return self._exact
+
   def kernel_state(self) -> tuple:
-    """The queue as the jitted kernels take it (`_jit_kernels.resource_fits`' arguments but
-    the copy): budgets, ordered starts, ends, demands, arriving, arrived, waiting, owed, the
-    relative tolerance and the budgets' and demands' sum."""
+    """The trees as the jitted kernels take them (`_jit_kernels.resource_fits_tree`'
+    arguments but the copy): the budget served by each op, the backlog tree, its adds and
+    leaf count, the queue tree, its adds and leaf count, the owed Fenwick tree, the relative
+    tolerance and the budgets' and demands' sum. Only while not `exact`."""
     return (
-      self.initial_resources,
-      self._starts,
-      self._ends,
-      self._demands,
-      self._arriving,
-      self._arrived,
-      self._waiting,
+      self._served,
+      self._backlog,
+      self._backlog_adds,
+      self._n_ops,
+      self._queue,
+      self._queue_adds,
+      self._n_keys,
       self._owed,
       _RELATIVE_TOLERANCE,
       self._budget_sum + self._demand_sum,
@@ -177,41 +229,75 @@ class AsynchronousCopyResource:
     finished, _ = self._simulate(self._with(added))
     return bool(finished.all())
 
+  def _in_trees(self, copy: AsyncCopy) -> bool:
+    """Whether the trees hold the copy: a positive demand from start -1 on (a copy that
+    needs nothing changes nothing)."""
+    return copy.resource > 0 and copy.start >= -1
+
   def add_copy(self, copy: AsyncCopy) -> None:
     """`AddCopy`; like XLA (which CHECK-fails) it refuses a copy that does not fit. It goes
     after every copy that starts no later (XLA: the same start keeps the order added)."""
     if not self.has_enough_resource(copy.start, copy.end, copy.resource):
       raise ValueError(f"not enough copy resource for {copy}")
-    position = int(np.searchsorted(self._starts, copy.start, side="right"))
-    self._copies.insert(position, copy)
-    self._starts = _insert(self._starts, position, copy.start)
-    self._ends = _insert(self._ends, position, copy.end)
-    self._demands = _insert(self._demands, position, copy.resource)
-    self._derive()
+    self._copies.append(copy)
+    self._by_key.setdefault(copy.start + 1, []).append(copy)
+    self._ordered = None
+    self._demand_sum += copy.resource
+    if self._in_trees(copy):
+      # It fit, so its deadline is at or after its first op, inside the ops.
+      kernels().resource_add(
+        *self.kernel_state()[:8], int(copy.start), int(copy.end), float(copy.resource)
+      )
+    elif copy.resource != 0:
+      self._exact = True
 
   def remove_copy(self, copy: AsyncCopy) -> None:
-    """`RemoveCopy`: removes the first added copy equal to `copy`."""
+    """`RemoveCopy`: removes a copy equal to `copy` (equal copies are interchangeable)."""
     try:
-      position = self._copies.index(copy)
+      self._copies.remove(copy)
     except ValueError:
       raise KeyError(f"no such copy {copy}") from None
-    del self._copies[position]
-    self._starts = np.delete(self._starts, position)
-    self._ends = np.delete(self._ends, position)
-    self._demands = np.delete(self._demands, position)
-    self._derive()
+    key = copy.start + 1
+    same_start = self._by_key[key]
+    same_start.remove(copy)
+    self._ordered = None
+    self._demand_sum -= copy.resource
+    if not self._in_trees(copy):
+      return
+    k = kernels()
+    k.resource_track(
+      self._backlog,
+      self._backlog_adds,
+      self._n_ops,
+      self._queue,
+      self._queue_adds,
+      self._n_keys,
+      self._owed,
+      self._served,
+      int(copy.start),
+      int(copy.end),
+      -float(copy.resource),
+    )
+    # What the copies left at its start owe: the ones added after it owe less now.
+    owed = k.fenwick_sum(self._owed, key - 1)
+    lowest = np.inf
+    for other in same_start:
+      if self._in_trees(other):
+        owed += other.resource
+        deadline = min(other.end - 1, len(self._served) - 1)
+        lowest = min(lowest, float(self._served[deadline]) - owed)
+    k.tree_set(self._queue, self._queue_adds, self._n_keys, key, lowest)
 
   def current_resources(self) -> np.ndarray:
     """`GetCurrentResources` `[T]`: each op's budget left after the copies."""
-    waiting = np.concatenate([[0.0], self._waiting[:-1]]) + self._arriving
+    _, _, _, _, arriving, waiting, _ = self._queue_arrays()
+    waiting = np.concatenate([[0.0], waiting[:-1]]) + arriving
     return np.maximum(0.0, self.initial_resources - waiting)
 
 
-def _insert(array: np.ndarray, position: int, value: float) -> np.ndarray:
-  """`np.insert` of one value into a 1-d array, without its generic-axis overhead."""
-  out = np.empty(len(array) + 1, array.dtype)
-  out[:position], out[position], out[position + 1 :] = array[:position], value, array[position:]
-  return out
+def _power_of_two(n: int) -> int:
+  """The smallest power of two >= max(n, 1): a tree's leaf count."""
+  return 1 << max(int(n) - 1, 0).bit_length()
 
 
 class OutstandingCopyLimit:
