@@ -7,8 +7,11 @@ more attempt, so the agent as a solver is never slower than the heuristic it sta
 fastest is kept (ties go to the network's play) and msa's solve time is part of the agent's. The
 result's info says which attempt won (`best_attempt`: a trajectory's index or "msa") and keeps
 the network's own greedy play apart (`greedy_speedup`, one attempt without msa's mapping among
-the candidates), so that reports can show what was learned separately from what search and the
-heuristic add. Every mapping it returns has passed the independent validator.
+the candidates, and without msa's move in its prior unless the run's search config puts it
+there), so that reports can show what was learned separately from what search and the
+heuristic add. With `search_seconds`, evo-msa guided by the network searches after the attempts
+(`guided_search`; `best_attempt` "guided" when it wins, `guided_speedup` apart). Every mapping it
+returns has passed the independent validator.
 """
 
 from __future__ import annotations

@@ -67,11 +67,10 @@ class SearchConfig:
 # sampled), keeping the best. Test-time only, so not in SearchConfig: runs never read it.
 DEFAULT_ATTEMPTS = 8
 # Seconds per program of the agent solver's search guided by the network after its attempts
-# (actors/agent.py `guided_search`): `solve` and `evaluate` (half of evo's default time limit, so
-# that the agent's whole solve stays comparable to evo's), and a training run's final evaluation
-# (56 programs on the default suite: about 2 minutes).
+# (actors/agent.py `guided_search`) in `solve` and `evaluate`: half of evo's default time limit,
+# so that the agent's whole solve stays comparable to evo's. A run's final evaluation uses its
+# config's `final_search_seconds`.
 DEFAULT_SEARCH_SECONDS = 5.0
-FINAL_SEARCH_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +169,9 @@ class Config:
   seed: int = 0
   max_learner_steps: int = 5_000
   eval_every_steps: int = 1_000  # Learner steps between greedy evaluations of the whole suite.
+  # The final evaluation's agent: its greedy play, msa's mapping and this many seconds per
+  # program of the guided search (56 programs on the default suite: about 2 minutes).
+  final_search_seconds: float = 2.0
 
   def __post_init__(self):
     if self.actor.segment_moves and (self.game.decisions, self.game.reward) != ("msa", "advantage"):
@@ -212,6 +214,7 @@ def tiny() -> Config:
     ),
     max_learner_steps=400,
     eval_every_steps=100,
+    final_search_seconds=0.25,
   )
 
 

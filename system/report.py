@@ -14,7 +14,7 @@ import re
 from typing import Any, Callable, Optional
 
 from malloczero.common.files import atomic_write, write_text
-from malloczero.configs.config import FINAL_SEARCH_SECONDS, Config
+from malloczero.configs.config import Config
 from malloczero.configs.workdir import REPORT_STEM, WorkDir
 from malloczero.env.game import return_speedup
 from malloczero.env.programs.suites import SPLITS, get_suite
@@ -390,13 +390,13 @@ def write_final_report(
     [workdir],
     simulations=config.search.eval_num_simulations,
     attempts=1,
-    search_seconds=FINAL_SEARCH_SECONDS,
+    search_seconds=config.final_search_seconds,
   )[0]
   suite = get_suite(config.suite)
   print_fn(
     f"final evaluation of step {agent.agent.learner_steps} on {len(suite.entries)} "
     f"programs ({agent.simulations} simulations, greedy, no noise, msa's mapping one more "
-    f"attempt, then {FINAL_SEARCH_SECONDS:g} s of evo-msa guided by the network) beside "
+    f"attempt, then {config.final_search_seconds:g} s of evo-msa guided by the network) beside "
     f"{', '.join(BASELINES)}"
   )
   evaluation = evaluate_suite(

@@ -74,6 +74,25 @@ def test_the_agent_counts_msa_among_its_attempts_so_it_is_never_slower_than_msa(
     assert result.solve_time_s >= info["msa_solve_s"] > 0
 
 
+def test_the_guided_search_starts_from_the_attempts_and_is_timed_in_the_solve(workdir):
+  """`search_seconds`: evo-msa guided by the network after the attempts; the result is the best
+  of the attempts, msa and the search, it validates, and the search's time is in the solve's."""
+  agent = load_agent(str(workdir))
+  specs = [GameSpec(e.name, *e.load()) for e in get_suite("tiny").entries[:3]]
+  results = play_with_agent(agent, specs, simulations=4, attempts=2, search_seconds=0.5)
+  for spec, result in zip(specs, results):
+    info = result.info
+    validate_mapping(spec.workload, spec.hardware, result.mapping)
+    assert info["guided_evaluations"] >= 1 and 0 < info["guided_s"] < 5
+    assert info["guided_speedup"] >= info["msa_speedup"] * (1 - 1e-12)  # evo-msa starts at msa.
+    best = max(info["guided_speedup"], info["search_speedup"], info["msa_speedup"])
+    assert result.mapping.speedup == pytest.approx(best, rel=1e-12)
+    assert (info["best_attempt"] == "guided") == (
+      info["guided_speedup"] > max(info["search_speedup"], info["msa_speedup"])
+    )
+    assert result.solve_time_s >= info["guided_s"] + info["msa_solve_s"]
+
+
 def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   entry, workload, hardware = _program()
   path = os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz")
@@ -96,7 +115,8 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   ]
   out, plot = tmp_path / "map.json", tmp_path / "map.png"
   result = subprocess.run(
-    common + ["--solver", "agent", "--out", str(out), "--plot", str(plot)],
+    common
+    + ["--solver", "agent", "--out", str(out), "--plot", str(plot), "--search-seconds", "0.5"],
     cwd=REPO,
     capture_output=True,
     text=True,
@@ -104,6 +124,7 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   )
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.startswith("agent: ") and f"checkpoint step {STEPS}" in result.stdout
+  assert "guided search" in result.stdout
   assert out.exists() and plot.exists()
   validated = subprocess.run(
     [sys.executable, "-m", "malloczero", "validate", path, str(out), *capacity],
@@ -114,7 +135,11 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   assert validated.returncode == 0, validated.stderr
 
   result = subprocess.run(
-    common + ["--solver", "portfolio"], cwd=REPO, capture_output=True, text=True, timeout=300
+    common + ["--solver", "portfolio", "--search-seconds", "0"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
   )
   assert result.returncode == 0, result.stderr[-2000:]
   assert "greedy alone" in result.stdout and "search alone" in result.stdout

@@ -94,6 +94,8 @@ def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
     "4",
     "--attempts",
     "2",
+    "--search-seconds",
+    "0.2",
     "--out",
     str(out),
   )

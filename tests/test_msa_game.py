@@ -329,9 +329,22 @@ def test_short_games_return_their_advantage_and_replay_as_whole_games(preset):
   msa_time = model.evaluate(msa_allocations(workload, hardware)[0]).total_time_s
   assert game.msa_time == pytest.approx(msa_time, rel=1e-12) and game.msa_moves > 10
   rng = np.random.default_rng(1)
+  whole, msa_slots = MsaGame(workload, hardware, reference=game.reference), []
+  timestep = whole.reset()
+  while not timestep.last():
+    msa_slots.append(whole.msa_action)
+    timestep = whole.step(whole.msa_action)
   returns = []
   for start in (0, game.msa_moves // 2, game.msa_moves - 1):
     timestep, total, moves = game.reset_segment(start, 4), 0.0, 0
+    # The prefix plans only msa's options and simulates the stall once, yet the agent starts
+    # from exactly the state (program time, observation) msa's whole game reaches there.
+    reached = whole.reset()
+    for action in msa_slots[:start]:
+      reached = whole.step(action)
+    assert game.total_time == whole.total_time
+    for key, value in reached.observation.items():
+      np.testing.assert_array_equal(timestep.observation[key], value, err_msg=key)
     while not timestep.last():
       legal = np.flatnonzero(timestep.observation["legal_actions"])
       timestep = game.step(rng.choice(legal))

@@ -233,8 +233,13 @@ class MsaGame(GameBase):
         f"start {start}, moves {moves}"
       )
     self._reset_state()
-    while self._moves < start:
-      self._play_msa_move(fast_forward=self._moves + 1 < start)
+    self._defer_stall = True  # msa's prefix: the stall is simulated once, at its end.
+    try:
+      while self._moves < start:
+        self._play_msa_move(fast_forward=self._moves + 1 < start)
+    finally:
+      self._defer_stall = False
+    self._update_stall()
     self._segment_end = start + moves
     return dm_env.restart(self._observe())
 
@@ -370,6 +375,7 @@ class MsaGame(GameBase):
     self._moves = 0
     self._actions: list[int] = []
     self._segment_end: int | None = None
+    self._defer_stall, self._stall_stale = False, False
     # The time the rewards so far account for: what decisions played before the first move
     # save is in the first move's reward, so an episode's rewards still sum to the time saved.
     self._rewarded_time = self.total_time
@@ -444,7 +450,20 @@ class MsaGame(GameBase):
     self._decisions.choose(index)
     if self._decisions.done or self._decisions.decision.buffer != buffer:
       self._buffers_done += 1
-    if self._num_copies and (self._copies_changed or self._stall_time > 0 or moved_to_slow):
+    if self._defer_stall:  # The stall is a function of the state alone: computed once later.
+      self._stall_stale |= self._copies_changed or self._stall_time > 0 or moved_to_slow
+    elif self._num_copies and (self._copies_changed or self._stall_time > 0 or moved_to_slow):
+      self._update_stall()
+    elif not self._num_copies:
+      self._stall_time = 0.0
+    self._copies_changed = False
+    self.total_time = self._op_time_sum + self._stall_time
+
+  def _update_stall(self) -> None:
+    """The copies' total stall, re-simulated (simulator.total_stall_loop)."""
+    if not self._num_copies:
+      self._stall_time = 0.0
+    else:
       k = self._next_copy
       alive = self._copy_alive[:k]
       idle = np.maximum(self._op_time - self._default_time, 0.0)  # CostModel.idle_time
@@ -452,10 +471,8 @@ class MsaGame(GameBase):
         self._kernels.stall_loop(
           idle, self._copy_start[:k][alive], self._copy_done[:k][alive], self._copy_work[:k][alive]
         )
-      )  # simulator.total_stall_loop
-    elif not self._num_copies:
-      self._stall_time = 0.0
-    self._copies_changed = False
+      )
+    self._stall_stale = False
     self.total_time = self._op_time_sum + self._stall_time
 
   # -------------------------------------------------------------------------- observation

@@ -65,12 +65,20 @@ def _agent_lines(solver: Solver, result) -> None:
   trajectories and its greedy play alone (no msa mapping among them), so that what the network
   learned is never hidden behind msa; the portfolio adds msa's line and which won."""
   info = result.info
-  won = "msa" if info["best_attempt"] == "msa" else f"#{info['best_attempt']}"
+  won = (
+    info["best_attempt"] if isinstance(info["best_attempt"], str) else f"#{info['best_attempt']}"
+  )
+  guided = (
+    f", guided search {info['guided_speedup']:.3f}x ({info['guided_evaluations']} mappings in "
+    f"{info['guided_s']:.1f} s)"
+    if "guided_speedup" in info
+    else ""
+  )
   print(
     solve_line(ALL_SOLVERS["agent"], result) + f" (checkpoint step {info['learner_steps']}, "
-    f"{info['simulations']} simulations, best of {info['attempts']} trajectories and msa: "
-    f"{won}; search alone {info['search_speedup']:.3f}x, greedy alone "
-    f"{info['greedy_speedup']:.3f}x)"
+    f"{info['simulations']} simulations, best of {info['attempts']} trajectories, msa"
+    f"{' and the guided search' if guided else ''}: {won}; search alone "
+    f"{info['search_speedup']:.3f}x, greedy alone {info['greedy_speedup']:.3f}x{guided})"
   )
   if solver.name == "portfolio":
     baseline = info["msa"]
