@@ -507,3 +507,43 @@ def _msa_mapping() -> Mapping:
   from malloczero.env.solvers import solve
 
   return solve(WORKLOAD, HARDWARE, "msa").mapping
+
+
+_VALUES = st.one_of(
+  st.integers(-3, 3), st.sampled_from([2**60, 2**60 + 1, -(2**60) - 1, True, 1.0, "1", None])
+)
+_COPIES = st.one_of(
+  st.none(),
+  st.dictionaries(st.sampled_from(["start", "done", "at"]), _VALUES, max_size=3),
+  st.integers(0, 2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+  st.dictionaries(
+    st.sampled_from(["request", "buffer", "level", "offset", "start", "end", "x"]),
+    _VALUES,
+    min_size=5,
+    max_size=7,
+  ),
+  st.dictionaries(st.sampled_from(["prefetch", "eviction"]), _COPIES, max_size=2),
+)
+def test_a_plain_allocation_is_read_as_the_checks_key_by_key_read_it(row, copies):
+  """`_plain_allocation`, the quick reading of a mapping row, returns nothing or what the
+  checks key by key return (and where they refuse the row, nothing)."""
+  from malloczero.env.mapping import _allocation, _plain_allocation
+
+  a = {**row, **copies}
+
+  def fail(message):
+    raise MappingError(message)
+
+  try:
+    checked = _allocation(a, "allocation 0", fail)
+  except MappingError:
+    checked = None
+  quick = _plain_allocation(a)
+  assert quick is None or quick == checked
+  if all(type(row.get(k)) is int for k in ("request", "buffer", "level", "offset")) and not copies:
+    assert quick == checked  # The common row is read quickly.
