@@ -1,8 +1,11 @@
 """Workload files: round trips and one-line errors for every kind of malformed input."""
 
+import csv
 import gzip
+import io
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given
 
@@ -308,3 +311,27 @@ def test_integers_with_more_digits_than_python_reads_are_one_line_errors(tmp_pat
   ) as info:
     load_workload(path)
   assert "\n" not in str(info.value) and "set_int_max_str_digits" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+  "rows, quick",
+  [
+    (["0,0,3,100", "1,1,2,50"], True),
+    ([" +7 , 007 ,9, 64 ", "8,0,1,1"], True),  # Signs, leading zeros and spaces.
+    (["5,0,1152921504606846976,1"], False),  # 19 digits (2**60): past the quick reading's 18.
+    (['"3",0,"4",8', "4,2,3,8"], True),  # Quoted cells.
+  ],
+)
+def test_the_quick_csv_reading_reads_what_the_line_by_line_one_does(rows, quick):
+  from malloczero.env.workload import CSV_COLUMNS, _csv_columns, _csv_columns_line_by_line
+
+  parsed = list(csv.reader(io.StringIO("\n".join(rows))))
+  col = {k: i for i, k in enumerate(CSV_COLUMNS)}
+  slow = _csv_columns_line_by_line(parsed, col, "t")
+  table = _csv_columns(parsed, col)
+  assert (table is not None) == quick
+  if table is not None:
+    assert all(np.array_equal(table[k], slow[k]) for k in CSV_COLUMNS)
+  text = "id,lower,upper,size\n" + "\n".join(rows) + "\n"
+  w = workload_from_minimalloc_csv(text, name="q")
+  assert [b.id for b in w.buffers] == slow["id"].tolist()
