@@ -27,6 +27,7 @@ import numpy as np
 _INT64_MAX = np.iinfo(np.int64).max
 _RADIX_BITS = 11  # `_by_offset`'s radix sort: digits of 11 bits, three passes for 8 GiB.
 _RADIX = 1 << _RADIX_BITS
+_MIN_BUCKET_SHIFT = 6  # The time index's buckets span at least 64 ops.
 
 
 @numba.njit(cache=True)
@@ -52,150 +53,232 @@ def _live_sorted(starts, ends, offsets, sizes, alive, count, start, end, alignme
   return sorted_start, used_end
 
 
+# ------------------------------------------------------------------ the chunk heap's time index
+# Each bucket's chunks sit together in `pool` `[P, POOL_WIDTH]` (rows `ptr[b]` .. `ptr[b] +
+# size[b]`, room for `room[b]`), one row per chunk: start, end, offset, end rounded up to the
+# alignment, handle. A search streams through them: the linked lists this replaced cost a
+# dependent load per chunk, about 90 ns each once the heap outgrew the caches.
+POOL_START, POOL_END, POOL_OFFSET, POOL_USED_END, POOL_HANDLE = 0, 1, 2, 3, 4
+POOL_WIDTH = 5
+
+
+@numba.njit(cache=True)
+def _index_classes(span):
+  """How many length classes a time index over `span` start times has: 0 .. log2(span)."""
+  classes = 1
+  while (span >> classes) > 0:
+    classes += 1
+  return classes
+
+
+@numba.njit(cache=True)
+def _index_class(span, c):
+  """(first bucket, bucket width as a shift) of length class c: buckets of 2^c ops, but not
+  narrower than 2^_MIN_BUCKET_SHIFT (a short chunk's bucket would hold about one chunk, and a
+  long search would read one bucket per op, each from another place in the pool)."""
+  first = 0
+  for j in range(c):
+    first += max(span >> max(j, _MIN_BUCKET_SHIFT), 1)
+  return first, max(c, _MIN_BUCKET_SHIFT)
+
+
 @numba.njit(cache=True)
 def _index_bucket(span, start, end):
   """The bucket of the time index (`ChunkHeap`) a chunk over `[start, end)` is filed under:
   its length class c (lengths in [2^c, 2^(c + 1)), measured from its start clamped to
-  `[0, span)`; the last class takes every longer chunk too), then the bucket of width 2^c that
-  holds that start. Class c's buckets begin at 2 span - (2 span >> c)."""
+  `[0, span)`; the last class takes every longer chunk too), then the bucket of its class that
+  holds that start (`_index_class`)."""
   key = min(max(start, 0), span - 1)
   length = max(end - key, 1)
   c = 0
   while (length >> (c + 1)) > 0 and (span >> (c + 1)) > 0:
     c += 1
-  return 2 * span - ((2 * span) >> c) + (key >> c)
+  first, shift = _index_class(span, c)
+  return first + (key >> shift)
 
 
 @numba.njit(cache=True)
-def index_add(head, nxt, span, handle, start, end):
-  """Files chunk `handle` over `[start, end)` first in its bucket's list."""
+def index_buckets(span):
+  """How many buckets a time index over `span` start times has."""
+  first, _ = _index_class(span, _index_classes(span))
+  return first
+
+
+@numba.njit(cache=True)
+def index_add(ptr, size, room, pool, used, span, start, end, offset, used_end, handle):
+  """Files a chunk in its bucket; False (and nothing changed) when `pool` has no room for the
+  bucket to grow into (the caller grows it and asks again). A full bucket moves to the end of
+  the pool's used rows (`used[0]`) with twice the room."""
   bucket = _index_bucket(span, start, end)
-  nxt[handle] = head[bucket]
-  head[bucket] = handle
+  if size[bucket] == room[bucket]:
+    grown = max(4, 2 * room[bucket])
+    if used[0] + grown > len(pool):
+      return False
+    first = used[0]
+    for j in range(size[bucket]):
+      for f in range(POOL_WIDTH):
+        pool[first + j, f] = pool[ptr[bucket] + j, f]
+    ptr[bucket], room[bucket] = first, grown
+    used[0] += grown
+  row = ptr[bucket] + size[bucket]
+  pool[row, POOL_START], pool[row, POOL_END], pool[row, POOL_OFFSET] = start, end, offset
+  pool[row, POOL_USED_END], pool[row, POOL_HANDLE] = used_end, handle
+  size[bucket] += 1
+  return True
 
 
 @numba.njit(cache=True)
-def index_build(starts, ends, alive, count, head, nxt, span):
-  """Files every live chunk of the first `count` into an empty time index over `span` start
-  times (`ChunkHeap` rebuilds it larger when a chunk starts past the last)."""
+def index_build(
+  ptr, size, room, pool, used, span, starts, ends, offsets, sizes, alive, count, alignment
+):
+  """Files every live chunk of the first `count` into an empty time index; False when `pool`
+  is too small (`ChunkHeap` rebuilds the index when a chunk starts past its span or the pool
+  is full)."""
   for i in range(count):
     if alive[i]:
-      index_add(head, nxt, span, i, starts[i], ends[i])
+      used_end = (offsets[i] + sizes[i] + alignment - 1) // alignment * alignment
+      if not index_add(
+        ptr, size, room, pool, used, span, starts[i], ends[i], offsets[i], used_end, i
+      ):
+        return False
+  return True
 
 
 @numba.njit(cache=True)
-def index_remove(head, nxt, span, handle, start, end):
-  """Takes chunk `handle` over `[start, end)` out of its bucket's list."""
+def index_remove(ptr, size, pool, span, start, end, handle):
+  """Takes a chunk out of its bucket (the bucket's last row moves into its place)."""
   bucket = _index_bucket(span, start, end)
-  previous, i = -1, head[bucket]
-  while i != handle:
-    previous, i = i, nxt[i]
-  if previous < 0:
-    head[bucket] = nxt[i]
-  else:
-    nxt[previous] = nxt[i]
+  last = ptr[bucket] + size[bucket] - 1
+  for row in range(ptr[bucket], last + 1):
+    if pool[row, POOL_HANDLE] == handle:
+      for f in range(POOL_WIDTH):
+        pool[row, f] = pool[last, f]
+      size[bucket] -= 1
+      return
 
 
 @numba.njit(cache=True)
-def _collect(starts, ends, head, nxt, span, start, end, out):
-  """Writes to `out` the handles of the chunks live at some op of `[start, end)` (in no
-  particular order) and returns how many. A chunk of class c that is live after `start` starts
-  after `start + 1 - 2^(c + 1)` and before `end`, so each class is read over those buckets
-  only: about 2 (end - start) + 2 log2(span) bucket heads, and chunks of the length of the ones
-  that are live, most of which are (not a pass over every chunk of the heap)."""
+def _collect(ptr, size, pool, span, start, end, hits):
+  """Writes the chunks live at some op of `[start, end)` to `hits` `[4, capacity]` (start,
+  offset, used end, handle; in no particular order) and returns how many. A chunk of class c
+  live after `start` starts after `start + 1 - 2^(c + 1)` and before `end`, so each class is
+  read over those buckets only: a bucket head per 2^max(c, 6) ops, and chunks of the length of
+  the ones that are live, most of which are (not a pass over every chunk; the classes shorter
+  than the narrowest bucket read a few more that ended before `start`)."""
   last_key = min(max(end - 1, 0), span - 1)
-  classes = 1
-  while (span >> classes) > 0:
-    classes += 1
+  classes = _index_classes(span)
   k = 0
   for c in range(classes):
     first_key = 0 if c == classes - 1 else max(start + 2 - (2 << c), 0)
     if first_key > last_key:
       continue
-    base = 2 * span - ((2 * span) >> c)
-    for bucket in range(base + (first_key >> c), base + (last_key >> c) + 1):
-      i = head[bucket]
-      while i >= 0:
-        if starts[i] < end and start < ends[i]:
-          out[k] = i
+    base, shift = _index_class(span, c)
+    for bucket in range(base + (first_key >> shift), base + (last_key >> shift) + 1):
+      for row in range(ptr[bucket], ptr[bucket] + size[bucket]):
+        if pool[row, POOL_START] < end and start < pool[row, POOL_END]:
+          hits[0, k] = pool[row, POOL_START]
+          hits[1, k] = pool[row, POOL_OFFSET]
+          hits[2, k] = pool[row, POOL_USED_END]
+          hits[3, k] = pool[row, POOL_HANDLE]
           k += 1
-        i = nxt[i]
   return k
 
 
 @numba.njit(cache=True)
-def _by_offset(hits, k, offsets, size):
-  """The `k` handles in `hits` sorted by offset, by a stable LSD radix sort of the offsets
-  (numba's sorts cost about five times as much on the thousand or so chunks of a search, and
-  sorting was most of msa's time). Chunks at the same offset are put in handle order (the
-  linear scan's) only for a request of no bytes: between two chunks at one offset the free
-  range ends where the first one starts, so it holds at least one byte for neither order, and
-  the reach after both is the same."""
-  handles = hits[:k].copy()
-  if size <= 0:
-    handles.sort()
-  if k < 2:
-    return handles
-  lowest = offsets[handles[0]]
-  for j in range(k):
-    lowest = min(lowest, offsets[handles[j]])
-  # Radix digits of the offsets above the lowest, without the low bits that all of them share
-  # (the alignment's).
-  keys = np.empty(k, np.int64)
-  common = 0
-  for j in range(k):
-    keys[j] = offsets[handles[j]] - lowest
-    common |= keys[j]
-  if common == 0:
-    return handles
-  shift = 0
-  while (common >> shift) & 1 == 0:
-    shift += 1
-  highest = 0
-  for j in range(k):
-    keys[j] >>= shift
-    highest = max(highest, keys[j])
-  other_keys = np.empty(k, np.int64)
-  other_handles = np.empty(k, np.int64)
-  counts = np.empty(_RADIX, np.int64)
-  digit_shift = 0
-  while (highest >> digit_shift) > 0:
-    counts[:] = 0
-    for j in range(k):
-      counts[(keys[j] >> digit_shift) & (_RADIX - 1)] += 1
-    total = 0
-    for d in range(_RADIX):
-      total, counts[d] = total + counts[d], total
-    for j in range(k):
-      d = (keys[j] >> digit_shift) & (_RADIX - 1)
-      other_keys[counts[d]] = keys[j]
-      other_handles[counts[d]] = handles[j]
-      counts[d] += 1
-    keys, other_keys = other_keys, keys
-    handles, other_handles = other_handles, handles
-    digit_shift += _RADIX_BITS
-  return handles
+def _blocked(ptr, size, pool, span, start, end, request, offset):
+  """Whether a chunk live at some op of `[start, end)` starts below `offset + request` and
+  ends (aligned up) above `offset`: `_collect`'s walk, stopping at the first."""
+  last_key = min(max(end - 1, 0), span - 1)
+  classes = _index_classes(span)
+  for c in range(classes):
+    first_key = 0 if c == classes - 1 else max(start + 2 - (2 << c), 0)
+    if first_key > last_key:
+      continue
+    base, shift = _index_class(span, c)
+    for bucket in range(base + (first_key >> shift), base + (last_key >> shift) + 1):
+      for row in range(ptr[bucket], ptr[bucket] + size[bucket]):
+        if (
+          pool[row, POOL_START] < end
+          and start < pool[row, POOL_END]
+          and pool[row, POOL_OFFSET] < offset + request
+          and pool[row, POOL_USED_END] > offset
+        ):
+          return True
+  return False
 
 
 @numba.njit(cache=True)
-def _fit_in(handles, starts, offsets, sizes, alignment, end, size):
-  """`_smallest_fit` over the chunks of the offset-sorted `handles` that start before `end`:
-  the start of the smallest free range between them that holds `size` bytes, the lowest on a
-  tie (the top range is unbounded)."""
+def _by_offset(hits, k, size, sorted_hits):
+  """Writes the first `k` hits (`_collect`'s) to `sorted_hits` sorted by offset, by a stable
+  LSD radix sort of the offsets (numba's sorts cost several times as much on the thousands of
+  chunks a search finds, and sorting was most of msa's time). Chunks at the same offset are put
+  in handle order (the linear scan's) only for a request of no bytes: between two chunks at one
+  offset the free range ends where the first one starts, so it holds at least one byte for
+  neither order, and the reach after both is the same."""
+  order = np.arange(k)
+  if size <= 0:
+    order = np.argsort(hits[3, :k])
+  if k > 1:
+    lowest = hits[1, 0]
+    for j in range(k):
+      lowest = min(lowest, hits[1, j])
+    # Radix digits of the offsets above the lowest, without the low bits all of them share
+    # (the alignment's).
+    keys = np.empty(k, np.int64)
+    common = 0
+    for j in range(k):
+      keys[j] = hits[1, order[j]] - lowest
+      common |= keys[j]
+    shift = 0
+    while common != 0 and (common >> shift) & 1 == 0:
+      shift += 1
+    highest = 0
+    for j in range(k):
+      keys[j] >>= shift
+      highest = max(highest, keys[j])
+    other_keys = np.empty(k, np.int64)
+    other_order = np.empty(k, np.int64)
+    counts = np.empty(_RADIX, np.int64)
+    digit_shift = 0
+    while (highest >> digit_shift) > 0:
+      counts[:] = 0
+      for j in range(k):
+        counts[(keys[j] >> digit_shift) & (_RADIX - 1)] += 1
+      total = 0
+      for d in range(_RADIX):
+        total, counts[d] = total + counts[d], total
+      for j in range(k):
+        d = (keys[j] >> digit_shift) & (_RADIX - 1)
+        other_keys[counts[d]] = keys[j]
+        other_order[counts[d]] = order[j]
+        counts[d] += 1
+      keys, other_keys = other_keys, keys
+      order, other_order = other_order, order
+      digit_shift += _RADIX_BITS
+  for j in range(k):
+    i = order[j]
+    sorted_hits[0, j] = hits[0, i]
+    sorted_hits[1, j] = hits[1, i]
+    sorted_hits[2, j] = hits[2, i]
+
+
+@numba.njit(cache=True)
+def _fit_in(sorted_hits, k, end, size):
+  """`_smallest_fit` over the first `k` offset-sorted hits that start before `end`: the start
+  of the smallest free range between them that holds `size` bytes, the lowest on a tie (the
+  top range is unbounded)."""
   best_start, best_length = -1, _INT64_MAX
   reach = 0
-  for j in range(len(handles)):
-    i = handles[j]
-    if starts[i] >= end:
+  for j in range(k):
+    if sorted_hits[0, j] >= end:
       continue
-    length = offsets[i] - reach
+    length = sorted_hits[1, j] - reach
     if length >= size and (
       best_start < 0 or length < best_length or (length == best_length and reach < best_start)
     ):
       best_start, best_length = reach, length
-    used_end = (offsets[i] + sizes[i] + alignment - 1) // alignment * alignment
-    if used_end > reach:
-      reach = used_end
+    if sorted_hits[2, j] > reach:
+      reach = sorted_hits[2, j]
   length = _INT64_MAX - reach
   if length >= size and (
     best_start < 0 or length < best_length or (length == best_length and reach < best_start)
@@ -205,20 +288,12 @@ def _fit_in(handles, starts, offsets, sizes, alignment, end, size):
 
 
 @numba.njit(cache=True)
-def fits_at_indexed(
-  starts, ends, offsets, sizes, head, nxt, span, scratch, start, end, size, offset, alignment
-):
+def fits_at_indexed(ptr, size_, pool, span, start, end, size, offset):
   """`fits_at` through the time index. Over offset-sorted used ranges, `[offset, offset +
   size)` lies in a free range exactly when no live chunk starts below `offset + size` and ends
   (aligned up) above `offset` (every range before the first chunk at or above `offset + size`
   must end by `offset`), so no sort is needed (`offset` >= 0, as the caller checks)."""
-  k = _collect(starts, ends, head, nxt, span, start, end, scratch)
-  for j in range(k):
-    i = scratch[j]
-    used_end = (offsets[i] + sizes[i] + alignment - 1) // alignment * alignment
-    if offsets[i] < offset + size and used_end > offset:
-      return False
-  return True
+  return not _blocked(ptr, size_, pool, span, start, end, size, offset)
 
 
 @numba.njit(cache=True)
@@ -241,13 +316,11 @@ def _smallest_fit(used_start, used_end, size):
 
 
 @numba.njit(cache=True)
-def best_fit_indexed(
-  starts, ends, offsets, sizes, head, nxt, span, scratch, start, end, size, alignment
-):
-  """`best_fit` through the time index."""
-  k = _collect(starts, ends, head, nxt, span, start, end, scratch)
-  handles = _by_offset(scratch, k, offsets, size)
-  return _fit_in(handles, starts, offsets, sizes, alignment, end, size)
+def best_fit_indexed(ptr, size_, pool, span, hits, sorted_hits, start, end, size):
+  """`best_fit` through the time index (`ptr` .. `sorted_hits`: `ChunkHeap.search_state()`)."""
+  k = _collect(ptr, size_, pool, span, start, end, hits)
+  _by_offset(hits, k, size, sorted_hits)
+  return _fit_in(sorted_hits, k, end, size)
 
 
 @numba.njit(cache=True)
@@ -547,10 +620,93 @@ def resource_fits_tree(
 
 @numba.njit(cache=True)
 def prefetch_window(
-  prefix, copy_elapsed, start, end, use_elapsed_reduction, min_ratio, preferred_ratio, max_elapsed
+  prefix,
+  copy_elapsed,
+  start,
+  end,
+  use_elapsed_reduction,
+  min_ratio,
+  preferred_ratio,
+  max_elapsed,
+  monotone,
 ):
   """`CostAnalysisPrefetchIntervalPicker.window` without a preferred time, for start >= -1:
-  (earliest, latest, preferred); elapsed(s, end) = prefix[end] - prefix[s + 1]."""
+  (earliest, latest, preferred); elapsed(s, end) = prefix[end] - prefix[s + 1]. `monotone`:
+  no op has a negative elapsed time, so elapsed(s, end) never grows with s and each search
+  bisects (the same answers as the scans, which run otherwise)."""
+  if not monotone:
+    return _prefetch_window_scan(
+      prefix,
+      copy_elapsed,
+      start,
+      end,
+      use_elapsed_reduction,
+      min_ratio,
+      preferred_ratio,
+      max_elapsed,
+    )
+  # LatestPrefetchStartTime: the latest s in [start, end) whose overlap (plus the use's saving)
+  # covers min_ratio x the copy (true up to some s, then false).
+  min_interval = min_ratio * copy_elapsed
+  latest = min(start, end) - 1
+  lo, hi = max(start, -1), end - 1
+  if lo <= hi and not min_interval > (prefix[end] - prefix[lo + 1]) + use_elapsed_reduction:
+    while lo < hi:
+      mid = (lo + hi + 1) // 2
+      if not min_interval > (prefix[end] - prefix[mid + 1]) + use_elapsed_reduction:
+        lo = mid
+      else:
+        hi = mid - 1
+    latest = lo
+  # The earliest s in [start, latest) whose overlap is within max_elapsed (false, then true).
+  earliest = start
+  if earliest < latest:
+    earliest = latest
+    lo, hi = start, latest  # hi: none is.
+    while lo < hi:
+      mid = (lo + hi) // 2
+      if not max_elapsed < prefix[end] - prefix[mid + 1]:
+        hi = mid
+      else:
+        lo = mid + 1
+    earliest = lo
+  if earliest > latest:
+    return earliest, latest, earliest
+  if latest <= earliest:
+    return earliest, latest, earliest
+  # PreferredPrefetchStartTime: closest to preferred_ratio x the copy, the earliest on a tie.
+  # The distance never grows up to the last s whose elapsed reaches the target (`below` - 1),
+  # and never shrinks from `below` on: the earliest of the left side's ties, or `below`.
+  preferred_interval = preferred_ratio * copy_elapsed
+  lo, hi = earliest, latest + 1
+  while lo < hi:
+    mid = (lo + hi) // 2
+    if prefix[end] - prefix[mid + 1] < preferred_interval:
+      hi = mid
+    else:
+      lo = mid + 1
+  below = lo
+  if below == earliest:
+    return earliest, latest, earliest
+  left = abs(preferred_interval - (prefix[end] - prefix[below]))  # At s = below - 1.
+  lo, hi = earliest, below - 1
+  while lo < hi:
+    mid = (lo + hi) // 2
+    if abs(preferred_interval - (prefix[end] - prefix[mid + 1])) <= left:
+      hi = mid
+    else:
+      lo = mid + 1
+  preferred = lo
+  if below <= latest and abs(preferred_interval - (prefix[end] - prefix[below + 1])) < left:
+    preferred = below
+  return earliest, latest, preferred
+
+
+@numba.njit(cache=True)
+def _prefetch_window_scan(
+  prefix, copy_elapsed, start, end, use_elapsed_reduction, min_ratio, preferred_ratio, max_elapsed
+):
+  """`prefetch_window` by scanning the ops, for any elapsed times."""
   # LatestPrefetchStartTime: the latest s in [start, end) whose overlap (plus the use's saving)
   # covers min_ratio x the copy.
   min_interval = min_ratio * copy_elapsed
@@ -692,27 +848,24 @@ def best_chunk_candidate_indexed(
   size,
   uses,
   max_size,
-  h_start,
-  h_end,
-  h_offset,
+  h_ptr,
   h_size,
-  alignment,
-  h_head,
-  h_next,
+  h_pool,
   h_span,
-  h_scratch,
+  h_hits,
+  h_sorted,
   count_picker,
   prefix,
   max_elapsed,
   max_count,
 ):
-  """`best_chunk_candidate` through the heap's time index (`h_head` .. `h_scratch`:
-  `ChunkHeap.index_state()`): the chunks live from `start` to the last candidate use are found
+  """`best_chunk_candidate` through the heap's time index (`h_ptr` .. `h_sorted`:
+  `ChunkHeap.search_state()`): the chunks live from `start` to the last candidate use are found
   and sorted by offset once, and each probe of the binary search reads those that start
   before its end (the chunks live in its interval, as every one ends after `start`)."""
   first, last = _extension(uses, end_use, count_picker, prefix, max_elapsed, max_count)
-  k = _collect(h_start, h_end, h_head, h_next, h_span, start, uses[last] + 1, h_scratch)
-  handles = _by_offset(h_scratch, k, h_offset, size)
+  k = _collect(h_ptr, h_size, h_pool, h_span, start, uses[last] + 1, h_hits)
+  _by_offset(h_hits, k, size, h_sorted)
   found, best_offset, best_use = False, 0, 0
   # std::lower_bound over uses[first : last + 1] with "the chunk fits" as the predicate.
   lo, count = first, last + 1 - first
@@ -720,7 +873,7 @@ def best_chunk_candidate_indexed(
     step = count // 2
     mid = lo + step
     use = uses[mid]
-    offset = _fit_in(handles, h_start, h_offset, h_size, alignment, use + 1, size)
+    offset = _fit_in(h_sorted, k, use + 1, size)
     if offset + size <= max_size:
       if not found or use > best_use:
         found, best_offset, best_use = True, offset, use
@@ -753,15 +906,12 @@ def plan_prefetch_starts(
   owed,
   rel_tol,
   total,
-  h_start,
-  h_end,
-  h_offset,
+  h_ptr,
   h_size,
-  alignment,
-  h_head,
-  h_next,
+  h_pool,
   h_span,
-  h_scratch,
+  h_hits,
+  h_sorted,
   count_picker,
   prefix,
   max_elapsed,
@@ -771,7 +921,7 @@ def plan_prefetch_starts(
   `PrefetchWithResourceConstraints` and `CheckPrefetchFit`): over the picker's `starts` in
   order, skipping those not `allowed` (when `check_allowed`: the FIFO order and
   outstanding-limit checks, made by the caller), the copy resource (`served` .. `total`:
-  `AsynchronousCopyResource.kernel_state()`, when `check_resource`), then the chunk (`h_start`
+  `AsynchronousCopyResource.kernel_state()`, when `check_resource`), then the chunk (`h_ptr`
   .. `max_count`: as `best_chunk_candidate_indexed`); the first `max_starts` that pass, as rows
   (start, offset, end use). A chunk failure caches the start and any start not after it ends
   the search (XLA's `exclusive_out_of_mem_start`)."""
@@ -810,15 +960,12 @@ def plan_prefetch_starts(
       size,
       uses,
       max_size,
-      h_start,
-      h_end,
-      h_offset,
+      h_ptr,
       h_size,
-      alignment,
-      h_head,
-      h_next,
+      h_pool,
       h_span,
-      h_scratch,
+      h_hits,
+      h_sorted,
       count_picker,
       prefix,
       max_elapsed,
@@ -846,9 +993,18 @@ def window_starts(
   preferred_ratio,
   max_elapsed,
   num_explored,
+  monotone,
 ):
   """`prefetch_window` then `prefetch_starts`: `begin`'s whole iteration in one call."""
   earliest, latest, preferred = prefetch_window(
-    prefix, copy_elapsed, start, end, use_elapsed_reduction, min_ratio, preferred_ratio, max_elapsed
+    prefix,
+    copy_elapsed,
+    start,
+    end,
+    use_elapsed_reduction,
+    min_ratio,
+    preferred_ratio,
+    max_elapsed,
+    monotone,
   )
   return prefetch_starts(prefix, earliest, latest, preferred, end, num_explored)

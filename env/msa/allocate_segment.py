@@ -171,14 +171,13 @@ class SegmentAllocator:
       if not picker.can_allocate_in_alternate_memory_no_copy(segment_start, use):
         continue
       # `find_best_chunk_candidate`, jitted (as the prefetch loop's).
-      heap = self.heaps[level]
       found, offset, end_use = kernels().best_chunk_candidate_indexed(
         segment_start,
         use,
         size,
         uses,
         self.capacity[level],
-        *heap.search_state(),
+        *self.heaps[level].search_state(),
         *picker.kernel_state(),
       )
       if not found:

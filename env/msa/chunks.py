@@ -43,6 +43,9 @@ import numpy as np
 
 from malloczero.env.msa._jit import kernels
 
+# `_jit_kernels.POOL_WIDTH`, here too so that importing this module does not load numba.
+_POOL_WIDTH = 5
+
 _INITIAL_CAPACITY = 64
 _INITIAL_SPAN = 64
 
@@ -68,13 +71,15 @@ class ChunkHeap:
 
   A time index finds the chunks live in a query's interval without a pass over all of them
   (msa's loop queries the heap several times per step, and a program of 100,000 buffers commits
-  about 200,000 chunks): each live chunk is filed by its length class c (a length in [2^c,
-  2^(c + 1))) under the bucket of width 2^c that holds its start, one linked list per bucket.
-  A chunk of class c live after op `start` starts after `start + 1 - 2^(c + 1)`, so a search
-  for `[start, end)` reads, per class, the buckets from there to `end`: mostly chunks that are
-  live, and a few bucket heads per op (`_jit_kernels._collect`). A time tree keeping each
-  node's latest end (an interval tree) cost about five times as much per chunk found, and a
-  search reads about a thousand chunks on XLA-like programs.
+  about 110,000 chunks): each live chunk is filed by its length class c (a length in [2^c,
+  2^(c + 1))) under the bucket of width 2^c that holds its start. A chunk of class c live after
+  op `start` starts after `start + 1 - 2^(c + 1)`, so a search for `[start, end)` reads, per
+  class, the buckets from there to `end`: mostly chunks that are live, and a few bucket heads
+  per op (`_jit_kernels._collect`). A bucket's chunks sit together in one pool of rows (what a
+  search reads of a chunk), so a search streams through them; what it finds is copied out once
+  and radix-sorted by offset. An interval tree over start times (each node's latest end) cost
+  about five times as much per chunk found, and linked lists per bucket a cache miss per chunk;
+  a search finds a few thousand chunks on XLA-like programs of 100,000 buffers.
   """
 
   def __init__(self, alignment: int = 1):
@@ -88,11 +93,10 @@ class ChunkHeap:
     self._alive = np.zeros(_INITIAL_CAPACITY, bool)
     self._count = 0
     self.heap_size = 0
-    # The time index over start times [0, `_span`): per bucket the first chunk of its list
-    # (-1: none), per chunk the next one; `_scratch` holds a search's hits.
-    self._next = np.full(_INITIAL_CAPACITY, -1, np.int64)
-    self._scratch = np.zeros(_INITIAL_CAPACITY, np.int64)
-    self._reindex(_INITIAL_SPAN)
+    # A search's hits, as found and sorted by offset (`_jit_kernels.best_fit_indexed`).
+    self._hits = np.zeros((4, _INITIAL_CAPACITY), np.int64)
+    self._sorted = np.zeros((3, _INITIAL_CAPACITY), np.int64)
+    self._reindex(_INITIAL_SPAN, _INITIAL_CAPACITY)
 
   def __len__(self) -> int:
     return int(self._alive[: self._count].sum())
@@ -101,13 +105,45 @@ class ChunkHeap:
     a = self.alignment
     return (value + a - 1) // a * a
 
-  def _reindex(self, span: int) -> None:
-    """Rebuilds the time index over start times [0, `span`) (a power of two)."""
+  def _reindex(self, span: int, pool_rows: int) -> None:
+    """Rebuilds the time index over start times [0, `span`) (a power of two), with every live
+    chunk: per bucket its first row in `_pool`, its chunk count and its room; the pool's rows
+    in use (`_pool_used[0]`). The pool doubles until every bucket fits."""
     self._span = span
-    self._head = np.full(2 * span, -1, np.int64)
-    kernels().index_build(
-      self._start, self._end, self._alive, self._count, self._head, self._next, span
-    )
+    buckets = kernels().index_buckets(span)
+    pool_rows = max(int(pool_rows), _INITIAL_CAPACITY)
+    while True:
+      self._ptr = np.zeros(buckets, np.int64)
+      self._fill = np.zeros(buckets, np.int64)
+      self._room = np.zeros(buckets, np.int64)
+      self._pool = np.zeros((pool_rows, _POOL_WIDTH), np.int64)
+      self._pool_used = np.zeros(1, np.int64)
+      if kernels().index_build(
+        self._ptr,
+        self._fill,
+        self._room,
+        self._pool,
+        self._pool_used,
+        span,
+        self._start,
+        self._end,
+        self._offset,
+        self._size,
+        self._alive,
+        self._count,
+        self.alignment,
+      ):
+        return
+      pool_rows *= 2
+
+  def _grow(self) -> None:
+    """Doubles the capacity of the chunk arrays."""
+    grow = len(self._start)
+    for name in ("_start", "_end", "_offset", "_size", "_alive"):
+      array = getattr(self, name)
+      setattr(self, name, np.concatenate([array, np.zeros(grow, array.dtype)]))
+    self._hits = np.zeros((4, 2 * grow), np.int64)
+    self._sorted = np.zeros((3, 2 * grow), np.int64)
 
   def add(self, start: int, end: int, offset: int, size: int) -> int:
     """Commits a chunk (`CommitChunk`); returns its handle for `remove`."""
@@ -116,19 +152,29 @@ class ChunkHeap:
     if offset < 0 or size < 0:
       raise ValueError(f"negative offset {offset} or size {size}")
     if self._count == len(self._start):
-      grow = len(self._start)
-      for name in ("_start", "_end", "_offset", "_size", "_alive", "_next", "_scratch"):
-        array = getattr(self, name)
-        setattr(self, name, np.concatenate([array, np.zeros(grow, array.dtype)]))
+      self._grow()
     i = self._count
     self._start[i], self._end[i], self._offset[i], self._size[i] = start, end, offset, size
     self._alive[i] = True
     self._count += 1
     self.heap_size = max(self.heap_size, offset + size)
     if start >= self._span:
-      self._reindex(1 << int(start).bit_length())  # Files this chunk too.
-    else:
-      kernels().index_add(self._head, self._next, self._span, i, int(start), int(end))
+      self._reindex(1 << int(start).bit_length(), 2 * len(self._pool))  # Files this chunk too.
+    elif not kernels().index_add(
+      self._ptr,
+      self._fill,
+      self._room,
+      self._pool,
+      self._pool_used,
+      self._span,
+      int(start),
+      int(end),
+      int(offset),
+      int(self.align_up(offset + size)),
+      i,
+    ):
+      # The pool is full: rebuilt compact, with room to grow (this chunk filed too).
+      self._reindex(self._span, 4 * self._count)
     return i
 
   def remove(self, handle: int) -> None:
@@ -137,12 +183,13 @@ class ChunkHeap:
       raise KeyError(f"no committed chunk {handle}")
     self._alive[handle] = False
     kernels().index_remove(
-      self._head,
-      self._next,
+      self._ptr,
+      self._fill,
+      self._pool,
       self._span,
-      int(handle),
       int(self._start[handle]),
       int(self._end[handle]),
+      int(handle),
     )
 
   def chunks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -169,16 +216,12 @@ class ChunkHeap:
       self.alignment,
     )
 
-  def index_state(self) -> tuple:
-    """The time index as the indexed kernels take it after `start`, `end`, `offset` and
-    `size` (`_jit_kernels.best_fit_indexed`): each bucket's first chunk, each chunk's next, the
-    span of start times, the scratch array for the hits."""
-    return (self._head, self._next, self._span, self._scratch)
-
   def search_state(self) -> tuple:
-    """The heap as `_jit_kernels.best_chunk_candidate_indexed` and `plan_prefetch_starts` take
-    it: start, end, offset, size arrays, the alignment, then `index_state()`."""
-    return (self._start, self._end, self._offset, self._size, self.alignment, *self.index_state())
+    """The heap as the indexed kernels take it (`_jit_kernels.best_fit_indexed`,
+    `best_chunk_candidate_indexed`, `plan_prefetch_starts`): each bucket's first row and chunk
+    count, the pool of rows, the span of start times, the scratch arrays for a search's
+    hits."""
+    return (self._ptr, self._fill, self._pool, self._span, self._hits, self._sorted)
 
   def overlapping(self, start: int, end: int) -> np.ndarray:
     """`[k]` handles of the committed chunks live at some op of `[start, end)`."""
@@ -210,16 +253,7 @@ class ChunkHeap:
     # (the per-call numpy overhead was most of msa's decision time).
     return bool(
       kernels().fits_at_indexed(
-        self._start,
-        self._end,
-        self._offset,
-        self._size,
-        *self.index_state(),
-        int(start),
-        int(end),
-        int(size),
-        int(offset),
-        self.alignment,
+        *self.search_state()[:4], int(start), int(end), int(size), int(offset)
       )
     )
 
@@ -234,19 +268,7 @@ class ChunkHeap:
     ):
       return int(preferred_offset)
     # The smallest of `free_chunks`' ranges, ties to the lower offset, in one jitted pass.
-    return int(
-      kernels().best_fit_indexed(
-        self._start,
-        self._end,
-        self._offset,
-        self._size,
-        *self.index_state(),
-        int(start),
-        int(end),
-        int(size),
-        self.alignment,
-      )
-    )
+    return int(kernels().best_fit_indexed(*self.search_state(), int(start), int(end), int(size)))
 
   def find_chunk_within(
     self, start: int, end: int, size: int, max_size: int, preferred_offset: int | None = None

@@ -101,6 +101,11 @@ class CostAnalysisPrefetchIntervalPicker:
     self.max_async_copy_elapsed = (
       float(memory_copy_elapsed) * options.max_overlap_to_mem_size_async_copy_ratio
     )
+    # With no negative elapsed time, elapsed(s, e) only shrinks as s grows and only grows as e
+    # does (float subtraction is monotone too), so the searches below can bisect instead of
+    # scanning the ops between (programs of 100,000 buffers have windows of thousands of ops).
+    self.monotone = bool(np.all(self.op_elapsed >= 0))
+    self._prefix_list = self.prefix.tolist()
 
   @classmethod
   def from_cost_analysis(
@@ -138,6 +143,17 @@ class CostAnalysisPrefetchIntervalPicker:
     """`PreferredEvictionEndTime` (retry 0): the first end after `start` whose elapsed time
     covers preferred_ratio x the copy time, else latest_end + 1 (XLA's loop runs past)."""
     target = self.options.preferred_overlap_to_async_copy_ratio * copy_elapsed
+    if self.monotone and -1 <= start < latest_end <= self.num_ops:
+      # The first end whose elapsed time reaches the target, by bisection.
+      prefix, base = self._prefix_list, self._prefix_list[start + 1]
+      lo, hi = start + 1, latest_end + 1  # The answer lies in [lo, hi]; hi: none reaches it.
+      while lo < hi:
+        mid = (lo + hi) // 2
+        if prefix[mid] - base >= target:
+          hi = mid
+        else:
+          lo = mid + 1
+      return lo if lo <= latest_end else max(start + 1, latest_end + 1)
     ends = np.arange(start + 1, latest_end + 1)
     if len(ends):
       ok = (self.prefix[ends] - self.prefix[start + 1]) >= target
@@ -205,6 +221,7 @@ class CostAnalysisPrefetchIntervalPicker:
         float(o.min_overlap_to_async_copy_ratio),
         float(o.preferred_overlap_to_async_copy_ratio),
         self.max_async_copy_elapsed,
+        self.monotone,
       )
       return PrefetchWindow(earliest, latest, preferred)
     latest = self.latest_prefetch_start_time(copy_elapsed, start, end, use_elapsed_reduction)
@@ -259,6 +276,7 @@ class CostAnalysisPrefetchIntervalPicker:
         float(o.preferred_overlap_to_async_copy_ratio),
         self.max_async_copy_elapsed,
         o.num_explored_decreasing_intervals,
+        self.monotone,
       )
     window = self.window(copy_elapsed, start, end, use_elapsed_reduction)
     if window.empty:
