@@ -174,6 +174,9 @@ def muzero_loss(
     "value_target": z[:, 0].mean(),
     "value_prediction": predicted_value.mean(),
     "value_error": jnp.abs(z[:, 0] - predicted_value).mean(),
+    # What the value error is measured against: the typical size of a target (with the advantage
+    # reward, of an advantage over msa); the value resolves advantages only while it is smaller.
+    "value_target_abs": jnp.abs(z[:, 0]).mean(),
     "policy_entropy": safe_div((entropy * root_mask).sum(), root_mask.sum()),
     "legality_accuracy": safe_div((correct * legality_mask).sum(), legality_mask.sum()),
     "priority": priorities.mean(),

@@ -161,7 +161,9 @@ def test_pack_on_tiny_xla_programs_proves_no_full_packing_and_is_no_worse_than_b
 def test_pack_on_an_overfull_csv_searches_what_fits_everywhere_and_beats_bestfit():
   """Instance A in 900,000 bytes (its peak is 2**20): the requests that save least per byte
   leave the overfull sections, the search packs the rest, and the greedy completion of that
-  packing saves more than bestfit."""
+  packing is never slower than bestfit (on a CSV every byte saves the same, a write and a read,
+  so there it ties bestfit's greedy); in 1,000,000 bytes the search's best partial packing,
+  completed greedily, saves far more than bestfit (2.5x less time here)."""
   w = load_workload(INSTANCE_A)
   hw = PRESETS["minimalloc"].with_fast_capacity(900_000)
   result = solve(w, hw, "pack", time_limit_s=SEARCH_LIMIT_S)
@@ -173,7 +175,10 @@ def test_pack_on_an_overfull_csv_searches_what_fits_everywhere_and_beats_bestfit
     f"the {result.info['searched_requests']} requests that fit everywhere were searched "
     "(1 of 1 partitions packed"
   ) in describe(result.info)
-  assert result.mapping.estimated_time_s < solve(w, hw, "bestfit").mapping.estimated_time_s
+  assert result.mapping.estimated_time_s <= solve(w, hw, "bestfit").mapping.estimated_time_s
+  roomier = PRESETS["minimalloc"].with_fast_capacity(1_000_000)
+  packed = solve(w, roomier, "pack", time_limit_s=SEARCH_LIMIT_S).mapping.estimated_time_s
+  assert packed < 0.8 * solve(w, roomier, "bestfit").mapping.estimated_time_s
 
 
 def test_the_search_grows_its_trail_when_it_fills_up():

@@ -33,11 +33,13 @@ def test_the_readme_python_api_example_runs(capsys):
     f"{entry.name}: {namespace['workload'].num_ops} ops, "
     f"{namespace['workload'].num_buffers} buffers"
   )
-  # What the README says about it: the rewards sum to 1 - 1 / speed-up, the game is over, and the
-  # solver's mapping is the validated one.
-  played = namespace["played"]
+  # What the README says about it: the rewards sum to the advantage over msa, (msa's time - its
+  # time) / msa's time, the game is over, and the solver's mapping is the validated one.
+  played, msa = namespace["played"], namespace["result"].mapping
   assert namespace["game"].done and played.speedup > 1
-  assert namespace["episode_return"] == pytest.approx(1 - 1 / played.speedup, rel=1e-6)
+  assert namespace["episode_return"] == pytest.approx(
+    1 - played.estimated_time_s / msa.estimated_time_s, rel=1e-6
+  )
   assert namespace["checked"].speedup == pytest.approx(
     namespace["result"].mapping.speedup, rel=1e-6
   )
