@@ -10,7 +10,9 @@ alignment) so that memory is contended. On 3-level hardware the fraction is for 
 together, shared in the preset's ratio (`Hardware.with_fast_capacity`): `nnpi-like:25%` is SRAM
 25/7% plus LLC 150/7% of peak, so both levels are contended.
 Entries are split into `train` and `heldout` by *model*, so held-out entries measure
-generalisation to programs never trained on.
+generalisation to programs never trained on. A suite marked `evaluation_only` in the manifest
+(`foreign`: Keras models compiled through TensorFlow, made by `scripts/make_foreign_suite.py`)
+has held-out entries only and no train split to train on.
 """
 
 from __future__ import annotations
@@ -58,12 +60,18 @@ class Suite:
   name: str
   description: str
   entries: tuple[SuiteEntry, ...]
+  evaluation_only: bool = False  # Every entry held out: programs to test on, never to train on.
 
   def split(self, split: str) -> "Suite":
     if split == "all":
       return self
     if split not in SPLITS:
       raise MalloczeroError(f"unknown split '{split}' (choose from all, {', '.join(SPLITS)})")
+    if split == "train" and self.evaluation_only:
+      raise MalloczeroError(
+        f"suite '{self.name}' is for evaluation only: it has no train split (evaluate it "
+        "with --split all or heldout; train on another suite)"
+      )
     return dataclasses.replace(self, entries=tuple(e for e in self.entries if e.split == split))
 
 
@@ -96,7 +104,12 @@ def get_suite(name: str) -> Suite:
   if name not in suites:
     raise MalloczeroError(f"unknown suite '{name}' (choose from {', '.join(suites)})")
   data = suites[name]
-  return Suite(name, data["description"], tuple(SuiteEntry(**e) for e in data["entries"]))
+  return Suite(
+    name,
+    data["description"],
+    tuple(SuiteEntry(**e) for e in data["entries"]),
+    evaluation_only=bool(data.get("evaluation_only", False)),
+  )
 
 
 def program_summaries() -> dict[str, dict]:
