@@ -108,8 +108,13 @@ def test_rewards_sum_to_the_time_saved_and_every_mapping_validates(data):
   )
   if config.reward == "advantage":  # Every reward but the last is 0: C is measured at the end.
     assert not rewards[:-1].any()
-  if policy == "default":
-    assert len(game.allocations()) == 0 and np.all(rewards == 0.0)
+  if policy == "default":  # All-slow: nothing saved, so msa's whole advantage is lost.
+    assert len(game.allocations()) == 0
+    assert rewards.sum() == (
+      0.0
+      if config.reward == "time"
+      else pytest.approx(1 - model.slow_only_time / game.msa_time, rel=1e-9)
+    )
 
 
 @pytest.mark.parametrize(
