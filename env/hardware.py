@@ -293,7 +293,8 @@ _NNPI_LIKE = Hardware(
   alignment_bytes=64,
 )
 
-# For MiniMalloc CSV problems: zero-flop ops, so time saved is proportional to bytes x time.
+# For MiniMalloc CSV problems: zero-flop ops, so time saved is the placed buffers' accesses (a
+# write and a read each, env/workload.py).
 _MINIMALLOC = Hardware(
   name="minimalloc",
   levels=(MemoryLevel("fast", 1 * MiB, 1e12), MemoryLevel("slow", 1 << 62, 1e9)),
