@@ -157,50 +157,42 @@ def evo_msa(
   msa_time, best_allocations, msa_choices, _ = budget.decode(
     decode, model, {}, options, skip_below=skip_below
   )
-  best_time, best_genome = msa_time, {}
+  best = {"time": msa_time, "genome": {}, "allocations": best_allocations}
   genomes: list[Genome] = [{}]
   fitness, trajectories = [msa_time], [msa_choices]
   used, stopped, history = 1, False, [msa_time]
   if not msa_choices:  # msa is offered no choice anywhere: nothing to search.
     evaluations = 1
-  for genome in initial or []:
-    if used >= evaluations or not budget.time_for_another():
-      break
+
+  def evaluate(genome: Genome, into: tuple[list, list, list]) -> None:
+    """Decodes `genome` into the population (genomes, fitness, trajectories), keeping the best."""
+    nonlocal used
     child_time, allocations, child_choices, child = budget.decode(
       decode, model, genome, options, skip_below=skip_below
     )
     used += 1
-    if child_time < best_time:
-      best_time, best_genome, best_allocations = child_time, child, allocations
-    genomes.append(child)
-    fitness.append(child_time)
-    trajectories.append(child_choices)
+    if child_time < best["time"]:
+      best.update(time=child_time, genome=child, allocations=allocations)
+    for column, value in zip(into, (child, child_time, child_choices)):
+      column.append(value)
+
+  for genome in initial or []:
+    if used >= evaluations or not budget.time_for_another():
+      break
+    evaluate(genome, (genomes, fitness, trajectories))
   while used < evaluations and not stopped:
     order = np.argsort(fitness, kind="stable")
-    next_genomes = [genomes[i] for i in order[:elite]]
-    next_fitness = [fitness[i] for i in order[:elite]]
-    next_trajectories = [trajectories[i] for i in order[:elite]]
-    while len(next_genomes) < population and used < evaluations:
+    kept = [[column[i] for i in order[:elite]] for column in (genomes, fitness, trajectories)]
+    while len(kept[0]) < population and used < evaluations:
       if not budget.time_for_another():
         stopped = True
         break
       a, b = rng.integers(len(genomes), size=2)
       parent = a if fitness[a] <= fitness[b] else b
-      child_time, allocations, child_choices, child = budget.decode(
-        decode,
-        model,
-        mutate(genomes[parent], trajectories[parent], rng, proposals),
-        options,
-        skip_below=skip_below,
-      )
-      used += 1
-      if child_time < best_time:
-        best_time, best_genome, best_allocations = child_time, child, allocations
-      next_genomes.append(child)
-      next_fitness.append(child_time)
-      next_trajectories.append(child_choices)
-    genomes, fitness, trajectories = next_genomes, next_fitness, next_trajectories
+      evaluate(mutate(genomes[parent], trajectories[parent], rng, proposals), tuple(kept))
+    genomes, fitness, trajectories = kept
     history.append(min(fitness))
+  best_allocations, best_genome = best["allocations"], best["genome"]
   mapping = allocations_mapping(model, best_allocations, solver)
   info = {
     "evaluations": used,
