@@ -14,7 +14,7 @@ import tree
 from malloczero.actors.games import suite_games
 from malloczero.configs.config import get_config
 from malloczero.env import MalloczeroError, make_game, validate_mapping
-from malloczero.env.game import return_speedup
+from malloczero.env.game import GameConfig, return_speedup
 from malloczero.env.mapping import load_mapping
 from malloczero.env.solvers import solve
 from malloczero.learner import MuZeroLearner, make_networks
@@ -59,7 +59,11 @@ def test_heuristic_play_is_the_msa_solver_and_steps_follow_the_replay_layout():
   steps, episode_return = demonstration_steps(game, actions, L, CONFIG.game)
   msa = solve(spec.workload, spec.hardware, "msa")
   assert game.msa_time == pytest.approx(msa.mapping.estimated_time_s, rel=1e-9)
-  assert episode_return == 0.0  # msa's own play: no advantage over msa.
+  slow = game.cost_model.slow_only_time  # The tiny preset's "time" reward: the time saved.
+  assert episode_return == pytest.approx(1.0 - msa.mapping.estimated_time_s / slow, rel=1e-9)
+  advantage = GameConfig(reward="advantage")  # The default reward: no advantage over msa.
+  game = make_game(spec.workload, spec.hardware, advantage)
+  assert demonstration_steps(game, actions, L, advantage)[1] == 0.0
   T = len(actions)
   assert steps.valid.shape == (T + L - 1,)
   np.testing.assert_array_equal(steps.valid, np.r_[np.ones(T), np.zeros(L - 1)])
