@@ -85,15 +85,6 @@ class GameBase(dm_env.Environment):
     "time" reward; the msa game's "advantage" reward divides by msa's own program time)."""
     return self.normaliser
 
-  def speedup_of_return(self, episode_return: float) -> float:
-    """The speed-up over all-slow of a complete episode that returned `episode_return`."""
-    return self.normaliser / (self.reference_time - self.reward_scale * episode_return)
-
-  @property
-  def reference_time(self) -> float:
-    """The program time a return of 0 stands for: all-slow ("time"), msa's ("advantage")."""
-    return self.normaliser
-
   @property
   def legal_actions(self) -> np.ndarray:
     """[A] bool mask of the current step."""

@@ -299,10 +299,6 @@ class MsaGame(GameBase):
     return self._msa_time if self.config.reward == "advantage" else self.normaliser
 
   @property
-  def reference_time(self) -> float:
-    return self._msa_time if self.config.reward == "advantage" else self.normaliser
-
-  @property
   def msa_time(self) -> float:
     """msa's own program time on this pair (seconds, copies contending)."""
     return self._msa_time
