@@ -133,6 +133,7 @@ FLAG_TYPES: dict[str, Callable[[str], Any]] = {
   "fraction": fraction,
   "seed": seed,
   "path": str,
+  "switch": bool,  # Not a type: a "switch" field is a store_true flag (`add_solver_flags`).
 }
 
 CAPACITY_HELP = (
@@ -168,6 +169,9 @@ def add_solver_flags(p: argparse.ArgumentParser, solvers: Iterable[Solver]) -> N
     field = users[0][1]
     meta = field.metadata
     who = ", ".join(solver.name for solver, _ in users)
+    if meta["check"] == "switch":
+      p.add_argument(meta["flag"], dest=name, action="store_true", help=f"{who}: {meta['help']}")
+      continue
     p.add_argument(
       meta["flag"],
       dest=name,

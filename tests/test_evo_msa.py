@@ -2,6 +2,7 @@
 own decision space. It starts from msa, so it is never slower; deviations are decisions of the
 game; its mapping is a trajectory the game can play."""
 
+import numpy as np
 import pytest
 
 from malloczero.env import MsaGame, validate_mapping
@@ -9,7 +10,11 @@ from malloczero.env.cost_model import CostModel
 from malloczero.env.msa.algorithm import msa_allocations
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import solve
-from malloczero.env.solvers.evo_msa import decode, evo_msa
+from malloczero.env.solvers.evo_msa import decode, evo_msa, mutate_with_deferral
+from malloczero.env.solvers.registry import BASELINES
+from malloczero.launch import cli
+from malloczero.launch.flags import solver_options
+from malloczero.system.baseline_cache import BaselineCache
 from tests.test_msa_steps import same_allocations
 
 
@@ -140,3 +145,68 @@ def test_proposals_steer_the_mutations_to_the_decisions_and_slots_they_favour():
   assert hits > 1 - UNIFORM_SHARE - 0.1
   unguided = [mutate({}, choices, rng) for _ in range(400)]
   assert np.mean([child.get((buffer, use)) == wanted for child in unguided]) < 0.2
+
+
+# The defer measurement (docs/results/defer-measurement.md): genomes that also defer buffers.
+
+
+def test_with_defer_one_evaluation_is_msa_and_more_are_never_slower_and_seeded():
+  workload, hardware = tiny("tiny-vgg-b1-infer@tpu-v4i-like:25%")
+  model = CostModel(workload, hardware)
+  first, info = evo_msa(model, evaluations=1, defer=True)
+  expected, _ = msa_allocations(workload, hardware)
+  assert same_allocations(first.to_arrays(workload), expected)
+  assert info["deferred_buffers"] == 0 and info["deferred"] == []
+  searched, info = evo_msa(model, evaluations=40, seed=3, defer=True)
+  assert info["evaluations"] == 40 and searched.estimated_time_s <= info["msa_time_s"]
+  assert info["deferred_buffers"] == len(info["deferred"])
+  validate_mapping(workload, hardware, searched)
+  again, again_info = evo_msa(model, evaluations=40, seed=3, defer=True)
+  assert again_info == info
+  assert same_allocations(again.to_arrays(workload), searched.to_arrays(workload))
+  # The best genome replays: its deviations and deferrals decode to the same time.
+  genome = {(b, u): slot for b, u, slot in info["deviations"]}
+  time_s, _, _, _ = decode(model, genome, deferred=frozenset(info["deferred"]))
+  assert time_s == pytest.approx(searched.estimated_time_s, rel=1e-12)
+
+
+def test_defer_off_searches_exactly_as_before():
+  """Without `defer` no deferral is drawn: the random stream, hence the search, is unchanged,
+  and the info has no deferral counts."""
+  workload, hardware = tiny("tiny-vgg-b1-infer@tpu-v4i-like:25%")
+  model = CostModel(workload, hardware)
+  _, info = evo_msa(model, evaluations=24, seed=0)
+  _, explicit = evo_msa(model, evaluations=24, seed=0, defer=False)
+  assert info == explicit and "deferred_buffers" not in info
+
+
+def test_a_deferral_mutation_toggles_a_buffer_that_offers_a_choice():
+  workload, hardware = tiny("tiny-mlp-b2-train@tpu-v4i-like:25%")
+  model = CostModel(workload, hardware)
+  _, _, choices, _ = decode(model, {})
+  offering = {b for b, _, _, _ in choices}
+  rng = np.random.default_rng(0)
+  deferred_seen: set[int] = set()
+  for _ in range(200):
+    child, deferred = mutate_with_deferral({}, frozenset(), choices, rng)
+    assert deferred <= offering and len(deferred) <= 4
+    assert all((b, u) in {(c[0], c[1]) for c in choices} for b, u in child)
+    deferred_seen |= deferred
+  assert deferred_seen  # Some picks defer (a quarter of them)...
+  undone = [mutate_with_deferral({}, frozenset({-7}), [], rng)[1] for _ in range(50)]
+  assert frozenset() in undone  # ...and a deferral can be undone with no choice left.
+
+
+def test_defer_and_decodes_are_evo_msa_flags_and_keyed_apart_in_the_baseline_cache():
+  args = cli.build_parser().parse_args(["solve", "w.json", "--defer", "--decodes", "5"])
+  options = solver_options(args, BASELINES["evo-msa"])
+  assert options["defer"] is True and options["decodes"] == 5
+  off = solver_options(cli.build_parser().parse_args(["solve", "w.json"]), BASELINES["evo-msa"])
+  assert off["defer"] is False and off["decodes"] is None
+  workload, hardware = tiny("tiny-mlp-b2-train@tpu-v4i-like:25%")
+  cache = BaselineCache(None)
+  key = lambda o: cache.key(workload, hardware, "evo-msa", o)
+  keys = [key(options), key(dict(options, defer=False))]
+  assert cache.path(keys[0]) != cache.path(keys[1])
+  result = solve(workload, hardware, "evo-msa", decodes=3, defer=True, time_limit_s=100.0)
+  assert result.info["evaluations"] == 3 and "deferred_buffers" in result.info

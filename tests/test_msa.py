@@ -9,6 +9,7 @@ XLA's schedule starts with its parameter instructions; here parameters exist at 
 start (-1) and op 0 is the first real op, so XLA's time t is op t - (number of parameters).
 """
 
+import dataclasses
 import json
 
 import numpy as np
@@ -18,7 +19,14 @@ from hypothesis import strategies as st
 
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.hardware import Hardware, MemoryLevel
-from malloczero.env.msa.algorithm import MsaOptions, msa_allocations, msa_mapping
+from malloczero.env.msa.algorithm import (
+  MsaAlgorithm,
+  MsaDecisions,
+  MsaOptions,
+  allocations_mapping,
+  msa_allocations,
+  msa_mapping,
+)
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import SOLVERS, solve
 from malloczero.env.validator import validate_mapping
@@ -385,6 +393,55 @@ def test_three_levels_fill_the_fastest_first_then_the_next():
   assert set(levels) == {"negate0", "negate1", "negate2"}
   assert sorted(levels.values()) in ([0, 0, 1], [0, 1, 1])
   assert all(levels[f"negate{i}"] != levels[f"negate{i + 1}"] for i in range(2))
+
+
+# ----------------------------------------------------------------------------- deferral
+
+
+def two_values_one_fits() -> Workload:
+  """a and b (f32[8,3], 96 B each) both live at op 2, where c reads them: 128 B of alternate
+  memory holds one of them. Nothing else competes (no parameter)."""
+  p = Program(96, [])
+  p.op("a", [])
+  p.op("b", [])
+  p.op("c", ["a", "b"])
+  return p.build(["c"])
+
+
+def test_deferring_the_buffer_msa_allocates_first_gives_its_space_to_the_other():
+  """The measured defer action (docs/results/defer-measurement.md): msa allocates a first and
+  keeps it; deferred, a is allocated after b, which then holds the only chunk, and a stays in
+  default memory. Deferring both keeps msa's relative order, hence msa's result."""
+  w = two_values_one_fits()
+  placed = lambda allocations: {n: segments_of(w, allocations, n) for n in ("a", "b")}
+  msa, _ = msa_allocations(w, XLA_HW)
+  assert [(s["start"], s["end"]) for s in placed(msa)["a"]] == [(0, 3)] and not placed(msa)["b"]
+  a, b = ([x.name for x in w.buffers].index(n) for n in ("a", "b"))
+  deferred = MsaAlgorithm(w, XLA_HW, deferred=frozenset({a})).run()
+  assert not placed(deferred)["a"]
+  assert [(s["start"], s["end"]) for s in placed(deferred)["b"]] == [(1, 3)]
+  validate_mapping(w, XLA_HW, allocations_mapping(CostModel(w, XLA_HW), deferred, "msa"))
+  for both in (frozenset({a, b}), frozenset({b})):
+    assert placed(MsaAlgorithm(w, XLA_HW, deferred=both).run()) == placed(msa)
+
+
+def same_segments(a: Allocations, b: Allocations) -> bool:
+  """Every field of every segment, in allocation order (tests/test_msa_steps.py imports this
+  module, so its `same_allocations` cannot be imported here)."""
+  fields = [f.name for f in dataclasses.fields(Allocations)]
+  return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in fields)
+
+
+def test_deferring_nothing_is_msa_exactly():
+  workload, hardware = get_suite("tiny").entries[0].load()
+  expected, stats = msa_allocations(workload, hardware)
+  decisions = MsaDecisions(workload, hardware, deferred=frozenset())
+  while not decisions.done:
+    decisions.choose(decisions.msa_choice)
+  assert same_segments(decisions.allocations(), expected) and decisions.stats == stats
+  # Deferring every buffer keeps msa's order, hence msa's segments.
+  every = frozenset(range(len(workload.buffers)))
+  assert same_segments(MsaAlgorithm(workload, hardware, deferred=every).run(), expected)
 
 
 # ----------------------------------------------------------------------------- options

@@ -217,10 +217,21 @@ class MsaAlgorithm:
   the `msa` solver (one implementation: the solver is the decision process played by msa).
   `AllocateSegment`'s steps and the state they commit to are `allocator`'s
   (allocate_segment.py); `analyses` and `heaps` are its per-level cost analyses and chunk heaps.
-  Attributes after the loop ends: `stats`."""
+  Attributes after the loop ends: `stats`.
 
-  def __init__(self, workload: Workload, hardware: Hardware, options: MsaOptions = MsaOptions()):
+  deferred: buffer ids allocated after all the others (each group in msa's order). Why: a
+  measurement of what reordering buffers, which `evo` can do and the game cannot, would be worth
+  as a game action (docs/results/defer-measurement.md); empty, the loop is msa's exactly."""
+
+  def __init__(
+    self,
+    workload: Workload,
+    hardware: Hardware,
+    options: MsaOptions = MsaOptions(),
+    deferred: frozenset[int] = frozenset(),
+  ):
     self.workload, self.hardware, self.options = workload, hardware, options
+    self.deferred = frozenset(int(b) for b in deferred)
     self.allocator = SegmentAllocator(workload, hardware, options)
     self.analyses, self.heaps = self.allocator.analyses, self.allocator.heaps
     self._use_table: tuple[list[int], np.ndarray, np.ndarray, list[int]] | None = None
@@ -261,6 +272,10 @@ class MsaAlgorithm:
       raise ValueError(f"max_prefetch_starts must be >= 1, got {max_prefetch_starts}")
     a = self.workload.arrays
     order = buffer_order(self.workload, self.analyses[0].memory_boundedness)
+    if self.deferred:  # msa's order within each group; a stable partition.
+      order = [b for b in order if int(b) not in self.deferred] + [
+        b for b in order if int(b) in self.deferred
+      ]
     self._rows = rows = []
     for b in order:
       b = int(b)
@@ -463,6 +478,7 @@ class MsaDecisions:
   StopIteration carrying the result) is kept inside.
 
   max_prefetch_starts: prefetch options per fast level (the picker's first starts that fit).
+  deferred: buffers allocated after all the others (`MsaAlgorithm`); empty: msa's order.
   """
 
   def __init__(
@@ -471,8 +487,9 @@ class MsaDecisions:
     hardware: Hardware,
     options: MsaOptions = MsaOptions(),
     max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS,
+    deferred: frozenset[int] = frozenset(),
   ):
-    self.algorithm = MsaAlgorithm(workload, hardware, options)
+    self.algorithm = MsaAlgorithm(workload, hardware, options, deferred)
     self._steps = self.algorithm.steps(max_prefetch_starts)
     self._allocations: Allocations | None = None
     self.decision: MsaDecision | None = None

@@ -19,6 +19,14 @@ decode always runs, so there is a mapping). Unlike `evo`, the search has no budg
 default: it runs until the time limit, because a fixed count (evo's 120) ended it on small
 programs long before its time was spent, leaving gains over msa unfound (`evaluations` caps it
 where a test or a caller wants a fixed amount of work).
+
+`defer` (off by default) adds one move the game does not have: a genome also carries a set of
+deferred buffers, which msa's loop allocates after all the others (`MsaDecisions(deferred=)`),
+and `DEFER_SHARE` of the mutation picks toggle one buffer's deferral. Why: `evo`'s lead over
+evo-msa may come from reordering buffers, which the game cannot express; evo-msa with and
+without it, at the same number of decodes, is a measurement of what a defer action would be
+worth before the game gets one (docs/results/defer-measurement.md). msa stays the first genome
+(nothing deferred), so the result is still never slower than msa.
 """
 
 from __future__ import annotations
@@ -47,12 +55,16 @@ def decode(
   options: MsaOptions = MsaOptions(),
   max_prefetch_starts: int = DEFAULT_PREFETCH_STARTS,
   skip_below: float = 0.0,
+  deferred: frozenset[int] = frozenset(),
 ) -> tuple[float, Allocations, list[Choice], Genome]:
   """Plays msa's decisions with the genome's deviations; (program time, segments, the decision
   points that offered a choice, the deviations actually taken: a deviation whose decision no
   longer comes up, or no longer offers its slot, is dropped). With `skip_below`, only the
-  decisions the msa game offers with that setting (`GameConfig.skip_below`) offer a choice."""
-  decisions = MsaDecisions(model.workload, model.hardware, options, max_prefetch_starts)
+  decisions the msa game offers with that setting (`GameConfig.skip_below`) offer a choice.
+  `deferred`: buffers msa's loop allocates after the others (`MsaDecisions`)."""
+  decisions = MsaDecisions(
+    model.workload, model.hardware, options, max_prefetch_starts, deferred=deferred
+  )
   threshold = skip_below * model.slow_only_time
   choices: list[Choice] = []
   taken: Genome = {}
@@ -80,6 +92,9 @@ UNIFORM_SHARE = 0.25
 # {(buffer, use): [A] probabilities over action slots}, e.g. the agent's search policy at each of
 # its moves (actors/agent.py): where the policy leaves msa's slot, and for which slot.
 Proposals = dict[tuple[int, int], np.ndarray]
+# With `defer`, the share of mutation picks that toggle a buffer's deferral rather than change a
+# decision: one in four, so that most of the search stays in the game's own moves.
+DEFER_SHARE = 0.25
 
 
 def mutate(
@@ -87,15 +102,17 @@ def mutate(
   choices: list[Choice],
   rng: np.random.Generator,
   proposals: Proposals | None = None,
+  picks: int | None = None,
 ) -> Genome:
   """One to four of the parent trajectory's decisions set to another offered slot (msa's slot
   drops the deviation). With `proposals`, most picks follow them: a decision with the chance
   that the guide leaves msa's slot there, a slot with the guide's probability among the others
-  offered (`UNIFORM_SHARE` of the picks stay uniform)."""
+  offered (`UNIFORM_SHARE` of the picks stay uniform). `picks`: how many decisions to change
+  (None: one to four, drawn)."""
   child = dict(parent)
   weights = _decision_weights(choices, proposals) if proposals else None
   changed: set[int] = set()  # A decision changes once per child: twice could undo the first.
-  for _ in range(int(rng.integers(1, 5))):
+  for _ in range(int(rng.integers(1, 5)) if picks is None else picks):
     guided = weights is not None and rng.random() >= UNIFORM_SHARE
     index = int(rng.choice(len(choices), p=weights)) if guided else int(rng.integers(len(choices)))
     if index in changed:
@@ -114,6 +131,30 @@ def mutate(
     else:
       child[(buffer, use)] = slot
   return child
+
+
+def mutate_with_deferral(
+  parent: Genome,
+  deferred: frozenset[int],
+  choices: list[Choice],
+  rng: np.random.Generator,
+  proposals: Proposals | None = None,
+) -> tuple[Genome, frozenset[int]]:
+  """One to four picks, each with chance `DEFER_SHARE` a toggle of one buffer's deferral (a
+  buffer with a decision offering a choice in the parent's trajectory, or one deferred now, so
+  that a deferral can always be undone), else a decision changed as `mutate` changes it (none
+  when the trajectory offers no choice)."""
+  picks = int(rng.integers(1, 5))
+  toggles = int((rng.random(picks) < DEFER_SHARE).sum())
+  child_deferred = set(deferred)
+  if toggles:
+    candidates = sorted({buffer for buffer, _, _, _ in choices} | set(deferred))
+    for buffer in rng.choice(candidates, size=min(toggles, len(candidates)), replace=False):
+      child_deferred ^= {int(buffer)}
+  # A trajectory without a choice (every offering buffer deferred away) changes deferrals only.
+  changes = picks - toggles if choices else 0
+  child = mutate(parent, choices, rng, proposals, changes) if changes else parent
+  return dict(child), frozenset(child_deferred)
 
 
 def _decision_weights(choices: list[Choice], proposals: Proposals) -> np.ndarray | None:
@@ -139,6 +180,7 @@ def evo_msa(
   initial: list[Genome] | None = None,
   proposals: Proposals | None = None,
   solver: str = "evo-msa",
+  defer: bool = False,
   **msa_options: Any,
 ) -> tuple[Mapping, dict[str, Any]]:
   """The best mapping found and an info dict (evaluations; the best genome's deviations from
@@ -148,7 +190,8 @@ def evo_msa(
   `evaluations` None: decode until `time_limit_s` (`DEFAULT_EVALUATIONS` when that is None too,
   so that the call always ends). `initial`: genomes decoded after msa's own and before any
   child, joining the first population (the agent's trajectories, actors/agent.py); `proposals`:
-  where and how mutations deviate (`mutate`)."""
+  where and how mutations deviate (`mutate`). `defer`: genomes also defer buffers (the module's
+  docstring); the info then counts the best genome's `deferred_buffers`."""
   if evaluations is None:
     evaluations = DEFAULT_EVALUATIONS if time_limit_s is None else float("inf")
   options = MsaOptions(**msa_options)
@@ -157,41 +200,49 @@ def evo_msa(
   msa_time, best_allocations, msa_choices, _ = budget.decode(
     decode, model, {}, options, skip_below=skip_below
   )
-  best = {"time": msa_time, "genome": {}, "allocations": best_allocations}
-  genomes: list[Genome] = [{}]
-  fitness, trajectories = [msa_time], [msa_choices]
+  best = {"time": msa_time, "genome": {}, "deferred": frozenset(), "allocations": best_allocations}
+  # The population, one entry per column: deviations, deferred buffers, times, trajectories.
+  population_columns: tuple[list, ...] = ([{}], [frozenset()], [msa_time], [msa_choices])
   used, stopped, history = 1, False, [msa_time]
   if not msa_choices:  # msa is offered no choice anywhere: nothing to search.
     evaluations = 1
 
-  def evaluate(genome: Genome, into: tuple[list, list, list]) -> None:
-    """Decodes `genome` into the population (genomes, fitness, trajectories), keeping the best."""
+  def evaluate(genome: Genome, deferred: frozenset[int], into: tuple[list, ...]) -> None:
+    """Decodes a genome into the population (`population_columns`' columns), keeping the best."""
     nonlocal used
     child_time, allocations, child_choices, child = budget.decode(
-      decode, model, genome, options, skip_below=skip_below
+      decode, model, genome, options, skip_below=skip_below, deferred=deferred
     )
     used += 1
     if child_time < best["time"]:
-      best.update(time=child_time, genome=child, allocations=allocations)
-    for column, value in zip(into, (child, child_time, child_choices)):
+      best.update(time=child_time, genome=child, deferred=deferred, allocations=allocations)
+    for column, value in zip(into, (child, deferred, child_time, child_choices)):
       column.append(value)
 
   for genome in initial or []:
     if used >= evaluations or not budget.time_for_another():
       break
-    evaluate(genome, (genomes, fitness, trajectories))
+    evaluate(genome, frozenset(), population_columns)
   while used < evaluations and not stopped:
+    genomes, deferrals, fitness, trajectories = population_columns
     order = np.argsort(fitness, kind="stable")
-    kept = [[column[i] for i in order[:elite]] for column in (genomes, fitness, trajectories)]
+    kept = tuple([column[i] for i in order[:elite]] for column in population_columns)
     while len(kept[0]) < population and used < evaluations:
       if not budget.time_for_another():
         stopped = True
         break
       a, b = rng.integers(len(genomes), size=2)
       parent = a if fitness[a] <= fitness[b] else b
-      evaluate(mutate(genomes[parent], trajectories[parent], rng, proposals), tuple(kept))
-    genomes, fitness, trajectories = kept
-    history.append(min(fitness))
+      if defer:
+        child, child_deferred = mutate_with_deferral(
+          genomes[parent], deferrals[parent], trajectories[parent], rng, proposals
+        )
+      else:
+        child = mutate(genomes[parent], trajectories[parent], rng, proposals)
+        child_deferred = deferrals[parent]
+      evaluate(child, child_deferred, kept)
+    population_columns = kept
+    history.append(min(population_columns[2]))
   best_allocations, best_genome = best["allocations"], best["genome"]
   mapping = allocations_mapping(model, best_allocations, solver)
   info = {
@@ -200,6 +251,11 @@ def evo_msa(
     "deviations": [[b, u, slot] for (b, u), slot in sorted(best_genome.items())],
     "msa_time_s": msa_time,
     "best_time_per_generation_s": history,
+    **(
+      {"deferred_buffers": len(best["deferred"]), "deferred": sorted(best["deferred"])}
+      if defer
+      else {}
+    ),
     **({"stopped_by_time_limit": True} if stopped else {}),
   }
   return mapping, info

@@ -24,7 +24,7 @@ from malloczero.env.solvers.evo_msa import evo_msa
 from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa_simple, random_play
 
 # What a flag accepts: checked by the command line's flag types (launch/flags.py).
-CHECKS = ("positive", "non_negative", "positive_int", "fraction", "seed", "path")
+CHECKS = ("positive", "non_negative", "positive_int", "fraction", "seed", "path", "switch")
 # What a solver is handed: the cost model (it builds its own segments), a game to play its policy
 # in, or a `Placement` of the requests game's requests; "agent" is the top layer's.
 KINDS = ("model", "game", "placement", "agent")
@@ -49,7 +49,9 @@ def option(
       "help": help,
       "check": check,
       "metavar": metavar,
-      "default_help": default_help if default is None else f"{default:g}",
+      "default_help": (
+        default_help if default is None or isinstance(default, bool) else f"{default:g}"
+      ),
     },
   )
 
@@ -96,7 +98,9 @@ class EvoOptions:
 
 @dataclasses.dataclass(frozen=True)
 class EvoMsaOptions:
-  """No `--evaluations`: evo-msa decodes until `--time-limit` (env/solvers/evo_msa.py)."""
+  """Not evo's `--evaluations` (120): evo-msa decodes until `--time-limit` unless `--decodes`
+  caps it (env/solvers/evo_msa.py); a fixed count makes a measurement independent of the
+  machine's load. `defer` is a field, so the baseline cache keys results with it on apart."""
 
   time_limit_s: float = _time_limit()
   seed: int = seed_option()
@@ -107,6 +111,20 @@ class EvoMsaOptions:
     "at least this fraction of the all-slow time (0: any)",
     "fraction",
     metavar="FRACTION",
+  )
+  decodes: Optional[int] = option(
+    None,
+    "--decodes",
+    "full mappings decoded, msa's own included",
+    "positive_int",
+    default_help="until --time-limit",
+  )
+  defer: bool = option(
+    False,
+    "--defer",
+    "genomes also defer buffers after the others (a measurement of a defer action)",
+    "switch",
+    default_help="off",
   )
 
 
@@ -123,6 +141,11 @@ class RandomOptions:
 def _msa(model: Any, time_limit_s: Optional[float] = None, **options: Any) -> tuple[Any, dict]:
   # A time limit is accepted and not needed: msa is one greedy pass.
   return msa_mapping(model, MsaOptions(**options))
+
+
+def _evo_msa(model: Any, decodes: Optional[int] = None, **options: Any) -> tuple[Any, dict]:
+  # `decodes` is evo_msa's `evaluations`, named apart so that it is not evo's flag and default.
+  return evo_msa(model, evaluations=decodes, **options)
 
 
 def _pack(placement: Any, **options: Any) -> dict:
@@ -203,7 +226,7 @@ BASELINES: dict[str, Solver] = {
     Solver(
       "evo-msa",
       "model",
-      evo_msa,
+      _evo_msa,
       "evolution over deviations from msa's decisions",
       EvoMsaOptions,
       takes_msa_options=True,
