@@ -76,6 +76,11 @@ class BatchedActor:
     self._search = make_search_fn(networks, config.search)
     self._rng = jax.random.PRNGKey(seed)
     self._segment_moves = config.actor.segment_moves
+    # With `imitate_gains_only`, each game's steps and msa's move at each (slot `[T]`), held
+    # until its end decides their policy targets (`_write_episode`).
+    self._imitate_gains_only = config.actor.imitate_gains_only
+    self._held: list[list[tuple[Step, int]]] = [[] for _ in range(pool.num_slots)]
+    self.num_departures_unlearned = 0
     self._start_rng = np.random.default_rng(seed)
     self._on_episode = on_episode
     self._games = []
@@ -124,24 +129,28 @@ class BatchedActor:
     finished = []
     for slot, game in enumerate(self._games):
       action = int(output.action[slot])
+      msa_action = game.msa_action if self._imitate_gains_only else -1
       timestep = game.step(action)
       if self._writer is not None:
-        self._writer.append(
-          slot,
-          Step(
-            observation=self._observations[slot],
-            action=np.int32(action),
-            reward=np.float32(timestep.reward),
-            policy=output.action_weights[slot],
-            root_value=output.root_value[slot],
-            valid=np.float32(1.0),
-          ),
+        step = Step(
+          observation=self._observations[slot],
+          action=np.int32(action),
+          reward=np.float32(timestep.reward),
+          policy=output.action_weights[slot],
+          root_value=output.root_value[slot],
+          valid=np.float32(1.0),
         )
+        if self._imitate_gains_only:
+          self._held[slot].append((step, msa_action))
+        else:
+          self._writer.append(slot, step)
       self._returns[slot] += timestep.reward
       self._lengths[slot] += 1
       self._actions[slot].append(action)
       if timestep.last():
         if self._writer is not None:
+          if self._imitate_gains_only:
+            self._write_episode(slot, beat_msa=game.total_time < game.msa_time)
           self._writer.end_episode(slot, timestep.observation)
         spec = self._pool.specs[self._programs[slot]]
         # A short game's moves are only part of its trajectory: offer the whole of it.
@@ -164,6 +173,18 @@ class BatchedActor:
       for result in finished:
         self._on_episode(result)
     return finished
+
+  def _write_episode(self, slot: int, beat_msa: bool) -> None:
+    """Writes a finished game's held steps: as played when it `beat_msa`, else with msa's move
+    as the policy target (one-hot `[A]`) at every step that left it."""
+    for step, msa_action in self._held[slot]:
+      if not beat_msa and int(step.action) != msa_action:
+        policy = np.zeros_like(step.policy)
+        policy[msa_action] = 1.0
+        step = step._replace(policy=policy)
+        self.num_departures_unlearned += 1
+      self._writer.append(slot, step)
+    self._held[slot] = []
 
   def _maybe_offer(self, program: str, actions: list[int], episode_return: float) -> None:
     if self._offer_executor is None:

@@ -136,6 +136,12 @@ class ActorConfig:
   # over its program (the prefix and msa's completion), which 64 moves amortise: 16 gave a third
   # of 64's moves per second (docs/results, "Short games").
   segment_moves: int = 64
+  # Self-imitation of gains only (Oh et al. 2018): a game that ends no faster than msa's mapping
+  # is written with msa's move as the policy target wherever it left msa's move, so the policy
+  # learns a departure from msa only from a game that beat msa. Why: the search's targets follow
+  # value noise larger than the gains over msa, and the departures they teach lose to msa in
+  # greedy play (docs/results). Needs the msa game.
+  imitate_gains_only: bool = False
 
   def __post_init__(self):
     if self.segment_moves < 0:
@@ -178,6 +184,10 @@ class Config:
       raise ValueError(
         "short games (segment_moves > 0) need the msa game's 'advantage' reward: their return "
         "is exact only relative to msa's completion (set segment_moves to 0)"
+      )
+    if self.actor.imitate_gains_only and self.game.decisions != "msa":
+      raise ValueError(
+        "imitate_gains_only needs the msa game: only it knows msa's move at each step"
       )
 
 

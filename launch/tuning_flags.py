@@ -10,7 +10,13 @@ from typing import Any, Callable
 
 from malloczero.configs.config import Config
 from malloczero.env.game.config import REWARDS
-from malloczero.launch.flags import FlagError, fraction, non_negative_float, non_negative_int
+from malloczero.launch.flags import (
+  FlagError,
+  fraction,
+  non_negative_float,
+  non_negative_int,
+  on_off,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +51,15 @@ TUNING_FLAGS = (
     "rest (0: whole programs)",
     non_negative_int,
     "N",
+  ),
+  TuningFlag(
+    "--imitate-gains-only",
+    "actor",
+    "imitate_gains_only",
+    "on: a game no faster than msa's mapping teaches msa's move wherever it left it, so the "
+    "policy learns departures from msa only from games that beat msa",
+    on_off,
+    "{on,off}",
   ),
   TuningFlag(
     "--skip-below",
@@ -84,6 +99,12 @@ TUNING_FLAGS = (
 )
 
 
+def _shown(default: Any) -> str:
+  if isinstance(default, bool):
+    return "on" if default else "off"
+  return f"{default:g}" if isinstance(default, float) else str(default)
+
+
 def add_tuning_flags(parser: argparse.ArgumentParser, defaults: Config) -> None:
   for f in TUNING_FLAGS:
     default = getattr(getattr(defaults, f.section), f.field)
@@ -93,9 +114,7 @@ def add_tuning_flags(parser: argparse.ArgumentParser, defaults: Config) -> None:
       type=f.type,
       metavar=f.metavar,
       choices=f.choices,
-      help=f"{f.help} (default: the config's, {default:g})"
-      if isinstance(default, float)
-      else f"{f.help} (default: the config's, {default})",
+      help=f"{f.help} (default: the config's, {_shown(default)})",
     )
 
 

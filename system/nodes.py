@@ -502,6 +502,8 @@ class ActorNode:
                 "actor_moves": moves,
                 "episodes": actor.num_episodes,
                 "moves_per_s": (moves - reported_moves) / (now - last_report),
+                # Steps written with msa's move as their target (`imitate_gains_only`).
+                "departures_unlearned": actor.num_departures_unlearned,
                 **episodes.summary(),
               }
             )

@@ -395,6 +395,78 @@ def test_actor_offers_exactly_the_games_that_beat_the_best_known(played):
   assert actor.num_offers == len(expected) >= len({r.program for r in results})
 
 
+class PolicyRecordingWriter(RecordingWriter):
+  """Also records the policy target each step is written with."""
+
+  def __init__(self, writer: SequenceWriter):
+    super().__init__(writer)
+    self.policies = {}  # slot -> [policy [A]] of the episode in progress
+    self.finished_policies = []  # in the order episodes ended
+
+  def append(self, slot, step):
+    self.policies.setdefault(slot, []).append(np.asarray(step.policy).copy())
+    super().append(slot, step)
+
+  def end_episode(self, slot, terminal_observation):
+    self.finished_policies.append(self.policies.pop(slot))
+    super().end_episode(slot, terminal_observation)
+
+
+@pytest.mark.slow  # Compiles the search.
+def test_imitate_gains_only_teaches_msa_where_a_game_that_lost_left_it(params):
+  """With `imitate_gains_only`, a game no faster than msa's mapping is written with msa's move
+  (one-hot) as the target of every step that left it and the search's weights elsewhere; a game
+  faster than msa keeps the search's weights at every step (the actor counts its rewrites). msa's
+  move at each step comes from replaying the written actions in a fresh game."""
+  config = dataclasses.replace(
+    CONFIG, actor=dataclasses.replace(CONFIG.actor, imitate_gains_only=True)
+  )
+  num_games = 4
+  server, address = start_server(config, rate_limiter=reverb.rate_limiters.MinSize(1))
+  writer = PolicyRecordingWriter(SequenceWriter(reverb.Client(address), config, num_games))
+  variables = VariableClient(FlakySource(noisy(params, seed=4, scale=1.0)), update_period=1000)
+  results = []
+  actor = BatchedActor(
+    NETWORKS,
+    config,
+    GamePool(TRAIN_SPECS, config.game, num_games, seed=2),
+    variables,
+    writer,
+    seed=0,
+    on_episode=results.append,
+  )
+  try:
+    while len(results) < 2 * num_games:
+      actor.step()
+      assert actor.num_steps < 800, "actor made no progress"
+  finally:
+    actor.close(wait=True)
+    variables.close()
+    writer.close()
+    server.stop()
+  unlearned, outcomes = 0, set()
+  for result, (_, steps), policies in zip(results, writer.finished, writer.finished_policies):
+    game = _game(SPECS_BY_NAME[result.program])
+    game.reset()
+    msa_actions = []
+    for action, _reward in steps:
+      msa_actions.append(game.msa_action)
+      game.step(action)
+    beat_msa = game.total_time < game.msa_time
+    departed = any(action != m for (action, _), m in zip(steps, msa_actions))
+    outcomes.add((beat_msa, departed))
+    for (action, _reward), msa_action, policy in zip(steps, msa_actions, policies):
+      np.testing.assert_allclose(policy.sum(), 1.0, atol=1e-5)
+      one_hot_msa = np.eye(A, dtype=np.float32)[msa_action]
+      if not beat_msa and action != msa_action:
+        np.testing.assert_array_equal(policy, one_hot_msa)
+        unlearned += 1
+  # Every rewrite the actor made is one of those: none in a game that beat msa, none where the
+  # game played msa's move.
+  assert unlearned == actor.num_departures_unlearned > 0
+  assert {(True, True), (False, True)} <= outcomes, "no won and lost games that left msa"
+
+
 # ------------------------------------------------------------------------------ variable client
 
 

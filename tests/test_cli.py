@@ -396,6 +396,20 @@ def test_train_demonstration_and_search_flags_reach_the_config():
     build_parser().parse_args(["train", "--reward", "time", "--segment-moves", "0"])
   )
   assert timed.game.reward == "time" and timed.actor.segment_moves == 0
+  assert not default.actor.imitate_gains_only
+  gains = train_config(build_parser().parse_args(["train", "--imitate-gains-only", "on"]))
+  assert gains.actor.imitate_gains_only and gains.actor.segment_moves == 64
+
+
+def test_imitate_gains_only_takes_on_or_off_in_one_line(capsys):
+  from malloczero.launch import cli
+
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["train", "--imitate-gains-only", "yes", "--workdir", "unused"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert (
+    exit_info.value.code == 2 and len(err) == 1 and "expected 'on' or 'off', got 'yes'" in err[0]
+  ), err
 
 
 def test_short_games_with_the_time_reward_are_a_flag_error(capsys):
