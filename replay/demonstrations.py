@@ -27,6 +27,7 @@ import dataclasses
 import json
 import os
 import threading
+import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -141,6 +142,10 @@ class Demonstrations:
     self._best: dict[str, Demonstration] = {}
     self._steps: dict[str, Step] = {}
     self._lock = threading.RLock()
+    # Replays done by `offer` and their seconds, in all: what demonstrations cost the learner's
+    # process (each replays a whole program).
+    self.num_replays = 0
+    self.replay_seconds = 0.0
     self._zero = tree.map_structure(
       lambda x: np.zeros((sequence_length,) + x.shape, x.dtype), zero_step(config)
     )
@@ -200,9 +205,12 @@ class Demonstrations:
     if episode_return is not None and episode_return <= best:
       return best
     with self._lock:  # One replay at a time: the games are shared.
+      started = time.perf_counter()
       steps, replayed = demonstration_steps(
         self._game(program), actions, self._length, self._config
       )
+      self.num_replays += 1
+      self.replay_seconds += time.perf_counter() - started
       if episode_return is not None and abs(replayed - episode_return) > RETURN_TOLERANCE:
         raise MalloczeroError(
           f"demonstration for '{program}' replays to return {replayed:.9g}, not the "

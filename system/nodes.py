@@ -504,6 +504,7 @@ class ActorNode:
                 "moves_per_s": (moves - reported_moves) / (now - last_report),
                 # Steps written with msa's move as their target (`imitate_gains_only`).
                 "departures_unlearned": actor.num_departures_unlearned,
+                "offers": actor.num_offers,
                 **episodes.summary(),
               }
             )

@@ -105,9 +105,13 @@ def test_offers_keep_only_improvements_and_check_the_return(demonstrations):
   worse, worse_return = _random_actions(game, 1)
   assert worse_return < msa_return
   # A worse game is refused without replaying it; a wrong claimed return is caught on replay.
+  replays = demonstrations.num_replays
+  assert replays >= len(SPECS) and demonstrations.replay_seconds > 0  # msa's, one per program.
   assert demonstrations.offer(spec.name, [0], worse_return, "agent") == msa_return
+  assert demonstrations.num_replays == replays
   with pytest.raises(MalloczeroError, match="replays to return"):
     demonstrations.offer(spec.name, worse, msa_return + 0.5, "agent")
+  assert demonstrations.num_replays == replays + 1
   with pytest.raises(MalloczeroError, match="unknown program"):
     demonstrations.offer("no-such-program", worse, 1.0, "agent")
   assert demonstrations.best()[spec.name].source == "msa"
@@ -229,6 +233,8 @@ def test_learner_mixes_demonstrations_into_batches_and_checkpoints_them(tmp_path
   )
   metrics = learner.step()
   assert metrics["demonstrations_improved"] == 0.0
+  assert metrics["demonstration_replays"] == demonstrations.num_replays >= len(SPECS)
+  assert metrics["demonstration_replay_s"] == demonstrations.replay_seconds > 0
   assert written[0][0].shape == written[0][1].shape == (12,)  # Replay items' priorities only.
   learner.save()
   saved = json.loads((tmp_path / DEMONSTRATIONS_FILENAME).read_text())
