@@ -396,9 +396,9 @@ def test_train_demonstration_and_search_flags_reach_the_config():
     build_parser().parse_args(["train", "--reward", "time", "--segment-moves", "0"])
   )
   assert timed.game.reward == "time" and timed.actor.segment_moves == 0
-  assert not default.actor.imitate_gains_only
-  gains = train_config(build_parser().parse_args(["train", "--imitate-gains-only", "on"]))
-  assert gains.actor.imitate_gains_only and gains.actor.segment_moves == 64
+  assert default.actor.imitate_gains_only
+  whole = train_config(build_parser().parse_args(["train", "--imitate-gains-only", "off"]))
+  assert not whole.actor.imitate_gains_only and whole.actor.segment_moves == 64
 
 
 def test_imitate_gains_only_takes_on_or_off_in_one_line(capsys):
