@@ -179,8 +179,15 @@ class Config:
   # The final evaluation's agent: its greedy play, msa's mapping and this many seconds per
   # program of the guided search (56 programs on the default suite: about 2 minutes).
   final_search_seconds: float = 2.0
+  # Checkpoint selection on training programs only: the learner keeps a checkpoint every
+  # `eval_every_steps` learner steps (the newest this many), and the final evaluation plays the
+  # last `select_checkpoints` of them (the final one included) greedily on the training programs
+  # and reports the one whose geomean is highest (ties: the latest). 1 reports the final one.
+  select_checkpoints: int = 1
 
   def __post_init__(self):
+    if self.select_checkpoints < 1:
+      raise ValueError(f"select_checkpoints must be at least 1, got {self.select_checkpoints}")
     if self.actor.segment_moves and (self.game.decisions, self.game.reward) != ("msa", "advantage"):
       raise ValueError(
         "short games (segment_moves > 0) need the msa game's 'advantage' reward: their return "

@@ -74,6 +74,16 @@ class WorkDir:
     return os.path.join(self.checkpoints, CHECKPOINT_FILENAME)
 
   @property
+  def candidates(self) -> str:
+    """Checkpoints kept every `eval_every_steps` for the final evaluation's selection."""
+    return self._path("candidates")
+
+  @property
+  def selection(self) -> str:
+    """Which candidate the final evaluation chose, and each one's training-program geomean."""
+    return os.path.join(self.candidates, "selection.json")
+
+  @property
   def replay_checkpoints(self) -> str:
     return os.path.join(self.checkpoints, "replay")
 

@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import time
 import zipfile
 from typing import Any, NamedTuple
@@ -38,6 +39,8 @@ from malloczero.learner.networks import MuZeroNetworks, Params
 
 __all__ = [
   "CHECKPOINT_FILENAME",
+  "candidate_checkpoints",
+  "candidate_file",
   "check_params_fit",
   "checkpoint_configs",
   "checkpoint_file",
@@ -322,6 +325,23 @@ def check_params_fit(networks: MuZeroNetworks, params: Params, path: str) -> Non
   }
   template = jax.eval_shape(networks.init, jax.random.PRNGKey(0), example)
   _check_same_structure(template, params, "parameters", checkpoint_file(path))
+
+
+_CANDIDATE = re.compile(r"learner_state_(\d+)\.npz")
+
+
+def candidate_file(directory: str, steps: int) -> str:
+  """The checkpoint a learner keeps at `steps` for selection; `candidate_checkpoints` lists them."""
+  return os.path.join(directory, f"learner_state_{steps:09d}.npz")
+
+
+def candidate_checkpoints(directory: str) -> list[tuple[int, str]]:
+  """[(learner step, file)] of the checkpoints a learner kept for selection in `directory`
+  (`candidate_file` names them), oldest first; none if the directory does not exist."""
+  if not os.path.isdir(directory):
+    return []
+  found = [(_CANDIDATE.fullmatch(name), name) for name in os.listdir(directory)]
+  return sorted((int(m.group(1)), os.path.join(directory, name)) for m, name in found if m)
 
 
 def checkpoint_steps(path: str) -> int:

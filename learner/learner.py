@@ -25,7 +25,14 @@ import optax
 from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import Config, LearnerConfig
 from malloczero.env.game import observation_spec
-from malloczero.learner.checkpoint import CHECKPOINT_FILENAME, restore_state, save_state, to_numpy
+from malloczero.learner.checkpoint import (
+  CHECKPOINT_FILENAME,
+  candidate_checkpoints,
+  candidate_file,
+  restore_state,
+  save_state,
+  to_numpy,
+)
 from malloczero.learner.losses import muzero_loss
 from malloczero.learner.networks import MuZeroNetworks, Observation, Params
 from malloczero.replay.demonstrations import Demonstrations
@@ -185,6 +192,9 @@ class MuZeroLearner:
     demonstrations: the best trajectory per training program (replay/demonstrations.py); each
       batch then holds `learner.demonstration_batch` windows of them after the sampled items
       (fitted to their exact returns), and they are saved and restored with the checkpoint.
+    candidates_dir: with `config.select_checkpoints` above 1, where a checkpoint is kept every
+      `config.eval_every_steps` steps for the final evaluation's selection (the newest
+      `select_checkpoints` of them; older ones are deleted).
   """
 
   def __init__(
@@ -197,8 +207,10 @@ class MuZeroLearner:
     checkpoint_dir: Optional[str] = None,
     logger: Any = None,
     demonstrations: Optional[Demonstrations] = None,
+    candidates_dir: Optional[str] = None,
   ):
     self._networks = networks
+    self._candidates_dir = candidates_dir if config.select_checkpoints > 1 else None
     self._config = config
     self._demonstrations = demonstrations
     if hasattr(sample_fn, "__next__"):
@@ -274,6 +286,8 @@ class MuZeroLearner:
     result["learner_steps_per_s"] = 1.0 / max(elapsed, 1e-9)
     if self._checkpoint_dir and now - self._last_save >= self._config.learner.checkpoint_every_s:
       self.save()
+    if self._candidates_dir and self._num_steps % self._config.eval_every_steps == 0:
+      self._keep_candidate()
     if self._logger is not None:
       self._logger.write(result)
     return result
@@ -340,6 +354,15 @@ class MuZeroLearner:
       self._demonstrations.save(os.path.dirname(file))
     self._last_save = time.monotonic()
     return file
+
+  def _keep_candidate(self) -> None:
+    """Saves this step's state for the final evaluation's selection; keeps the newest
+    `select_checkpoints` such checkpoints."""
+    with self._lock:
+      state, num_steps = self._state, self._num_steps
+    save_state(candidate_file(self._candidates_dir, num_steps), state, num_steps, self._networks)
+    for _, stale in candidate_checkpoints(self._candidates_dir)[: -self._config.select_checkpoints]:
+      os.remove(stale)
 
   def restore(self, path: str) -> None:
     """Loads the training state from a checkpoint file or a directory holding one.

@@ -108,6 +108,7 @@ def make_learner(
     seed=config.seed,
     checkpoint_dir=workdir.checkpoints,
     demonstrations=demonstrations,
+    candidates_dir=workdir.candidates,
   )
   if demonstrations is not None:
     # In the background: replaying msa on every program takes tens of seconds, and the actors

@@ -385,9 +385,13 @@ def _draw_pictures(
 def write_final_report(
   config: Config, workdir: str, print_fn: Callable[[str], None] = print
 ) -> dict[str, Any]:
-  """Evaluates workdir's checkpoint on every program of the run's suite; returns the report."""
+  """Evaluates workdir's checkpoint (the one chosen on training programs, with
+  `config.select_checkpoints` above 1: system/selection.py) on every program of the run's suite;
+  returns the report."""
+  from malloczero.system.selection import select_checkpoint
+
   agent = load_agents(
-    [workdir],
+    [select_checkpoint(config, workdir, print_fn)],
     simulations=config.search.eval_num_simulations,
     attempts=1,
     search_seconds=config.final_search_seconds,

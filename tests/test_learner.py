@@ -345,6 +345,25 @@ def test_save_restore_round_trip(tmp_path, batch):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # Compiles its own SGD step.
+def test_learner_keeps_the_newest_candidates_for_selection(tmp_path, batch):
+  import dataclasses
+
+  from malloczero.learner.checkpoint import candidate_checkpoints, checkpoint_steps
+
+  config = dataclasses.replace(CONFIG, eval_every_steps=2, select_checkpoints=3)
+  learner = MuZeroLearner(NETWORKS, config, lambda: batch, candidates_dir=str(tmp_path / "c"))
+  for _ in range(7):
+    learner.step()
+  kept = candidate_checkpoints(str(tmp_path / "c"))
+  assert [steps for steps, _ in kept] == [2, 4, 6]
+  for _ in range(2):
+    learner.step()
+  kept = candidate_checkpoints(str(tmp_path / "c"))
+  assert [steps for steps, _ in kept] == [4, 6, 8]  # The oldest is deleted.
+  assert [checkpoint_steps(file) for _, file in kept] == [4, 6, 8]
+
+
 @pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_restore_errors_are_one_line(tmp_path, batch):
   learner = MuZeroLearner(NETWORKS, CONFIG, lambda: batch)

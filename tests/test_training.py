@@ -24,7 +24,15 @@ from malloczero.learner.checkpoint import CHECKPOINT_FILENAME
 from malloczero.system import single_process
 from malloczero.system.evaluation import geomean
 from malloczero.system.single_process import train_single_process
-from tests.trained import CONFIG, STEPS, cached_make_networks, checkpoint_steps, read_csv, train
+from tests.trained import (
+  CONFIG,
+  EVAL_EVERY,
+  STEPS,
+  cached_make_networks,
+  checkpoint_steps,
+  read_csv,
+  train,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -124,6 +132,59 @@ def test_resume_continues_from_checkpoint(trained, tmp_path):
     assert os.path.getsize(os.path.join(workdir, name)) > 0
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     assert json.load(f)["name"] == "tiny"
+
+
+def test_checkpoint_selection_keeps_the_fastest_on_training_programs(trained, tmp_path):
+  """The final evaluation reports, of the kept checkpoints, the one whose greedy play is fastest
+  on the training programs, the latest of equals; what it measured is in selection.json."""
+  import jax
+
+  from malloczero.configs.workdir import WorkDir
+  from malloczero.learner.checkpoint import (
+    candidate_checkpoints,
+    candidate_file,
+    restore_state,
+    save_state,
+  )
+  from malloczero.learner.learner import make_initial_state
+  from malloczero.system.report import write_final_report
+  from malloczero.system.selection import select_checkpoint
+
+  workdir = str(tmp_path / "run")  # A copy: the shared run stays as it was trained.
+  shutil.copytree(trained["workdir"], workdir)
+  files = WorkDir(workdir)
+  assert [steps for steps, _ in candidate_checkpoints(files.candidates)] == [EVAL_EVERY, STEPS]
+  networks = cached_make_networks(CONFIG.network, CONFIG.game)
+  untrained = make_initial_state(networks, CONFIG, jax.random.PRNGKey(1))
+  final, _ = restore_state(files.learner_state, untrained)
+  earlier = candidate_file(files.candidates, EVAL_EVERY)
+
+  def selection():
+    with open(files.selection, encoding="utf-8") as f:
+      return json.load(f)
+
+  # Equal parameters at steps 50 and 100: a tie, which goes to the latest.
+  save_state(earlier, final, EVAL_EVERY, networks)
+  lines = []
+  assert select_checkpoint(CONFIG, workdir, lines.append) == files.learner_state
+  tie = selection()
+  assert [r["learner_steps"] for r in tie["candidates"]] == [EVAL_EVERY, STEPS]
+  earlier_score, final_score = (r["train_greedy_geomean"] for r in tie["candidates"])
+  assert earlier_score == final_score
+  assert tie["selected_steps"] == STEPS and tie["split"] == "train"
+  assert tie["programs"] == len(suite_games("tiny", "train"))
+  assert len(lines) == 1 and lines[0].startswith("checkpoint selection on the")
+
+  # The final checkpoint untrained: the trained one of step 50 is chosen and reported.
+  save_state(files.learner_state, untrained, STEPS, networks)
+  assert select_checkpoint(CONFIG, workdir, lines.append) == earlier
+  chosen = selection()
+  trained_score, untrained_score = (r["train_greedy_geomean"] for r in chosen["candidates"])
+  assert chosen["selected_steps"] == EVAL_EVERY and trained_score > untrained_score
+  report = write_final_report(CONFIG, workdir, lines.append)
+  (agent,) = report["agents"]
+  assert (agent["learner_steps"], agent["checkpoint"]) == (EVAL_EVERY, earlier)
+  assert f"learner step {EVAL_EVERY}" in report["title"]
 
 
 def test_corrupt_checkpoint_fails_with_one_line_and_is_kept(trained, tmp_path, monkeypatch):

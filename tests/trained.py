@@ -30,12 +30,16 @@ from malloczero.system.training import LearningCurve
 # The learning curve of this run measures the network itself: with msa's move in the evaluation
 # prior (the default), greedy play is msa's wherever the network is unsure, the untrained network
 # included, so the curve could not show what was learnt (that prior has its own test).
+STEPS = 100
+EVAL_EVERY = 50
+# The learner keeps a checkpoint every EVAL_EVERY steps for the final evaluation's selection
+# (system/selection.py): the run leaves those of steps 50 and 100.
 CONFIG = dataclasses.replace(
   get_config("tiny"),
   search=dataclasses.replace(get_config("tiny").search, eval_msa_prior_logit=0.0),
+  eval_every_steps=EVAL_EVERY,
+  select_checkpoints=2,
 )
-STEPS = 100
-EVAL_EVERY = 50
 
 cached_make_networks = functools.lru_cache(maxsize=None)(make_networks)
 

@@ -90,6 +90,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     help="learner steps between greedy evaluations (default: the config's)",
   )
   p.add_argument(
+    "--select-checkpoints",
+    type=positive_int,
+    metavar="N",
+    help="the final evaluation reports, of the last N checkpoints (one kept every --eval-every "
+    "learner steps), the one whose greedy play is fastest on the training programs; 1: the "
+    "final one (default: the config's; small: 3)",
+  )
+  p.add_argument(
     "--node-output",
     default="files",
     choices=("files", "terminal"),
@@ -111,6 +119,8 @@ def train_config(args: argparse.Namespace):
     config = dataclasses.replace(config, seed=args.seed)
   if args.eval_every:
     config = dataclasses.replace(config, eval_every_steps=args.eval_every)
+  if args.select_checkpoints:
+    config = dataclasses.replace(config, select_checkpoints=args.select_checkpoints)
   config = apply_tuning_flags(config, args)
   if args.workload:
     config = dataclasses.replace(config, suite=args.suite or "", programs=(_program_file(args),))
@@ -234,9 +244,12 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
     out.print(f"  {what}: {path}")
   files = WorkDir(result.workdir)
   if result.report is not None:
+    # The reported checkpoint: the final one, or the one chosen on the training programs.
+    (agent,) = result.report["agents"]
+    reported = agent["checkpoint"] if agent["checkpoint"] != files.learner_state else result.workdir
     out.print(
       f"  compare with evo and CP-SAT too: malloczero evaluate --suite {config.suite} "
-      f"--checkpoint {result.workdir} --out {files.evaluation}"
+      f"--checkpoint {reported} --out {files.evaluation}"
     )
   if config.programs and result.ok and result.learner_steps > 0:
     from malloczero.system.report import write_program_report
