@@ -28,9 +28,7 @@ from malloczero.system.training import baseline_speedups
 __all__ = ["select_checkpoint"]
 
 
-def select_checkpoint(
-  config: Config, workdir: str, print_fn: Callable[[str], None] = print
-) -> str:
+def select_checkpoint(config: Config, workdir: str, print_fn: Callable[[str], None] = print) -> str:
   """The checkpoint file the final evaluation should report: the run's final checkpoint and the
   newest `config.select_checkpoints - 1` kept before it, each played greedily once (the
   evaluation search, `config.search.eval_num_simulations` simulations) on the training
