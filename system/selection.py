@@ -21,7 +21,12 @@ from malloczero.actors.games import program_specs
 from malloczero.common.files import write_text
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
-from malloczero.learner.checkpoint import candidate_checkpoints, checkpoint_steps
+from malloczero.learner.checkpoint import (
+  candidate_checkpoints,
+  check_params_fit,
+  checkpoint_steps,
+  load_params,
+)
 from malloczero.system.evaluation import geomean
 from malloczero.system.training import baseline_speedups
 
@@ -44,14 +49,16 @@ def select_checkpoint(config: Config, workdir: str, print_fn: Callable[[str], No
   if not kept or not specs:
     return final
   msa = geomean(baseline_speedups(specs, workdir, config.seed)["msa"][s.name] for s in specs)
+  # One run's checkpoints share its networks and search settings: built once, the evaluation
+  # search compiles once (a fresh `make_networks` per checkpoint would compile it again).
+  agent = load_agent(final)
+  search = with_simulations(agent.search, config.search.eval_num_simulations)
   rows: list[dict[str, Any]] = []
   for steps, file in [*kept, (final_steps, final)]:
     start = time.perf_counter()
-    agent = load_agent(file)
-    search = with_simulations(agent.search, config.search.eval_num_simulations)
-    results = play_programs(
-      agent.networks, agent.params, search, agent.game, specs, seed=config.seed
-    )
+    params = agent.params if file == final else load_params(file)
+    check_params_fit(agent.networks, params, file)
+    results = play_programs(agent.networks, params, search, agent.game, specs, seed=config.seed)
     speedup = geomean(r.greedy_speedup for r in results)
     rows.append(
       {
