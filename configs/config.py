@@ -91,11 +91,18 @@ class LearnerConfig:
   # Share of each batch drawn from the best known trajectory per training program, msa's play at
   # first (replay/demonstrations.py); 0 turns demonstrations off.
   demonstration_fraction: float = 0.25
+  # Share of those windows placed so that the policy is fitted at a step where the demonstration
+  # leaves msa's move (replay/demonstrations.py `Demonstrations.sample`); the rest are uniform.
+  demonstration_departures: float = 0.0
 
   def __post_init__(self):
     if not 0.0 <= self.demonstration_fraction < 1.0:
       raise ValueError(
         f"demonstration_fraction must be in [0, 1), got {self.demonstration_fraction}"
+      )
+    if not 0.0 <= self.demonstration_departures <= 1.0:
+      raise ValueError(
+        f"demonstration_departures must be in [0, 1], got {self.demonstration_departures}"
       )
 
   @property

@@ -125,6 +125,10 @@ def fraction(text: str) -> float:
   return _float_flag(text, "a fraction in [0, 1)", lambda value: 0.0 <= value < 1.0)
 
 
+def probability(text: str) -> float:
+  return _float_flag(text, "a probability in [0, 1]", lambda value: 0.0 <= value <= 1.0)
+
+
 def on_off(text: str) -> bool:
   if text not in ("on", "off"):
     raise argparse.ArgumentTypeError(f"expected 'on' or 'off', got '{text}'")

@@ -16,6 +16,7 @@ from malloczero.launch.flags import (
   non_negative_float,
   non_negative_int,
   on_off,
+  probability,
 )
 
 
@@ -77,6 +78,15 @@ TUNING_FLAGS = (
     "share of each learner batch drawn from the best known game per training program, msa's "
     "own at first (0 turns them off)",
     fraction,
+    "FRACTION",
+  ),
+  TuningFlag(
+    "--demonstration-departures",
+    "learner",
+    "demonstration_departures",
+    "share of demonstration windows placed on a step where the demonstration leaves msa's move "
+    "(the rest start uniformly)",
+    probability,
     "FRACTION",
   ),
   TuningFlag(

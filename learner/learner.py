@@ -283,6 +283,7 @@ class MuZeroLearner:
       result["demonstrations_improved"] = float(self._demonstrations.num_improved())
       result["demonstration_replays"] = float(self._demonstrations.num_replays)
       result["demonstration_replay_s"] = self._demonstrations.replay_seconds
+      result["demonstration_departures"] = float(self._demonstrations.num_departures())
     result["learner_steps_per_s"] = 1.0 / max(elapsed, 1e-9)
     if self._checkpoint_dir and now - self._last_save >= self._config.learner.checkpoint_every_s:
       self.save()

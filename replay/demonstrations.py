@@ -69,23 +69,28 @@ def heuristic_actions(game) -> Optional[list[int]]:
 
 def demonstration_steps(
   game, actions: Sequence[int], sequence_length: int, config: GameConfig
-) -> tuple[Step, float]:
+) -> tuple[Step, float, np.ndarray]:
   """Replays `actions` in a fresh episode of `game`.
 
   Returns:
-    (steps, episode return): steps with leaves `[T + L - 1, ...]` (T = len(actions) real steps,
-    the terminal state, L - 2 padding steps), laid out as the actors' replay writer lays them out.
+    (steps, episode return, departures): steps with leaves `[T + L - 1, ...]` (T =
+    len(actions) real steps, the terminal state, L - 2 padding steps), laid out as the actors'
+    replay writer lays them out; departures `[D]`, the steps whose move is not msa's own (none in
+    a game that does not know msa's move).
 
   Raises:
     MalloczeroError: an action is illegal, or the game ends before or after the moves do.
   """
   timestep = game.reset()
-  observations, rewards = [], []
+  knows_msa = config.decisions == "msa"
+  observations, rewards, departures = [], [], []
   for action in actions:
     if timestep.last():
       raise MalloczeroError(
         f"demonstration for '{game.workload.name}' has more moves than the game"
       )
+    if knows_msa and int(action) != game.msa_action:
+      departures.append(len(observations))
     observations.append(timestep.observation)
     timestep = game.step(int(action))
     rewards.append(float(timestep.reward))
@@ -110,7 +115,8 @@ def demonstration_steps(
   stacked = tree.map_structure(
     lambda s, *xs: np.stack([np.asarray(x, s.dtype) for x in xs]), zero, *steps
   )
-  return stacked, float(returns_to_go[0]) if num_real else 0.0
+  episode_return = float(returns_to_go[0]) if num_real else 0.0
+  return stacked, episode_return, np.asarray(departures, np.int64)
 
 
 class Demonstrations:
@@ -124,12 +130,18 @@ class Demonstrations:
     sequence_length: int,
     seed: int = 0,
     on_improve: Optional[Callable[[Demonstration, object], None]] = None,
+    departure_share: float = 0.0,
+    unroll_steps: int = 0,
   ):
     """Args:
     specs: the training programs (`actors.games.GameSpec`: name, workload, hardware).
     config: the game they are played in.
     sequence_length: L, steps per sampled window.
     seed: seeds the sampling.
+    departure_share: the share of windows drawn, for a program whose demonstration leaves
+      msa's move somewhere, so that a departure lies among the window's first `unroll_steps` + 1
+      steps (those with a policy target); the rest start uniformly.
+    unroll_steps: K, the learner's unroll.
     on_improve: called with each newly kept demonstration and the game at its end (e.g. to
       write the mapping: system/builder.py `write_best_mapping`).
     """
@@ -137,10 +149,15 @@ class Demonstrations:
     self._specs = {spec.name: spec for spec in specs}
     self._config = config
     self._length = sequence_length
+    if not 0.0 <= departure_share <= 1.0:
+      raise ValueError(f"departure_share must be in [0, 1], got {departure_share}")
+    self._departure_share = departure_share
+    self._unroll_steps = unroll_steps
     self._rng = np.random.default_rng(seed)
     self._games: dict[str, object] = {}
     self._best: dict[str, Demonstration] = {}
     self._steps: dict[str, Step] = {}
+    self._departures: dict[str, np.ndarray] = {}
     self._lock = threading.RLock()
     # Replays done by `offer` and their seconds, in all: what demonstrations cost the learner's
     # process (each replays a whole program).
@@ -156,6 +173,11 @@ class Demonstrations:
   def best(self) -> dict[str, Demonstration]:
     with self._lock:
       return dict(self._best)
+
+  def num_departures(self) -> int:
+    """Steps, over every program's demonstration, whose move is not msa's own."""
+    with self._lock:
+      return sum(len(d) for d in self._departures.values())
 
   def num_improved(self) -> int:
     """Programs whose demonstration is no longer msa's own play."""
@@ -206,7 +228,7 @@ class Demonstrations:
       return best
     with self._lock:  # One replay at a time: the games are shared.
       started = time.perf_counter()
-      steps, replayed = demonstration_steps(
+      steps, replayed, departures = demonstration_steps(
         self._game(program), actions, self._length, self._config
       )
       self.num_replays += 1
@@ -222,6 +244,7 @@ class Demonstrations:
           program, tuple(int(a) for a in actions), replayed, source
         )
         self._steps[program] = steps
+        self._departures[program] = departures
         if self._on_improve is not None:
           self._on_improve(self._best[program], self._game(program))
       return self._best[program].episode_return
@@ -229,8 +252,12 @@ class Demonstrations:
   def sample(self, batch_size: int) -> tuple[Step, np.ndarray]:
     """`batch_size` windows of L steps: (steps with leaves `[N, L, ...]`, weights `[N]`).
 
-    Programs are drawn uniformly, then a start step uniformly within the demonstration. With no
-    demonstration held yet, the windows are padding with weight 0."""
+    Programs are drawn uniformly, then a start step: with probability `departure_share`, where
+    the program's demonstration departs from msa's move, one that puts a departure drawn
+    uniformly among the window's first K + 1 steps; otherwise uniformly within the
+    demonstration. A departure is a handful of a program's thousands of steps, so uniform
+    windows would fit the policy to it a few times a run against msa's move everywhere else.
+    With no demonstration held yet, the windows are padding with weight 0."""
     with self._lock:
       programs = list(self._steps)
       if not programs:
@@ -239,7 +266,12 @@ class Demonstrations:
       windows = []
       for index in self._rng.integers(len(programs), size=batch_size):
         steps = self._steps[programs[index]]
-        start = int(self._rng.integers(steps.valid.shape[0] - self._length + 1))
+        departures = self._departures[programs[index]]
+        if len(departures) and self._rng.random() < self._departure_share:
+          departure = int(self._rng.choice(departures))
+          start = int(self._rng.integers(max(departure - self._unroll_steps, 0), departure + 1))
+        else:
+          start = int(self._rng.integers(steps.valid.shape[0] - self._length + 1))
         windows.append(tree.map_structure(lambda x: x[start : start + self._length], steps))
     stacked = tree.map_structure(lambda *xs: np.stack(xs), *windows)
     return stacked, np.ones(batch_size, np.float32)

@@ -82,7 +82,13 @@ def make_demonstrations(
     return None
   on_improve = functools.partial(write_best_mapping, workdir.best) if workdir is not None else None
   return Demonstrations(
-    specs, config.game, config.learner.sequence_length, seed=config.seed, on_improve=on_improve
+    specs,
+    config.game,
+    config.learner.sequence_length,
+    seed=config.seed,
+    on_improve=on_improve,
+    departure_share=config.learner.demonstration_departures,
+    unroll_steps=config.learner.unroll_steps,
   )
 
 

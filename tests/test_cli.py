@@ -222,6 +222,7 @@ def test_train_rejects_bad_flags_in_one_line():
     (("train", "--suite", "nope"), 1),
     (("train", "--hardware", "tpu-v4i-like"), 1),
     (("train", "--demonstrations", "1"), 2),
+    (("train", "--demonstration-departures", "1.5"), 2),
     (("train", "--q-spread-floor", "-1"), 2),
     (("train", "--q-spread-floor", "inf"), 2),
     (("train", "--eval-msa-prior", "-2"), 2),
@@ -383,10 +384,13 @@ def test_train_demonstration_and_search_flags_reach_the_config():
       "0.3",
       "--eval-msa-prior",
       "0",
+      "--demonstration-departures",
+      "1",
     ]
   )
   config = train_config(args)
   assert config.learner.demonstration_fraction == 0.0 and config.learner.demonstration_batch == 0
+  assert config.learner.demonstration_departures == 1.0
   assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
   default = train_config(build_parser().parse_args(["train"]))  # The small preset.
   assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.01

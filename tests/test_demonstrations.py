@@ -56,7 +56,8 @@ def test_heuristic_play_is_the_msa_solver_and_steps_follow_the_replay_layout():
   spec = SPECS[0]
   game = make_game(spec.workload, spec.hardware, CONFIG.game)
   actions = heuristic_actions(game)
-  steps, episode_return = demonstration_steps(game, actions, L, CONFIG.game)
+  steps, episode_return, departures = demonstration_steps(game, actions, L, CONFIG.game)
+  assert departures.size == 0  # msa's own play never leaves msa's move.
   msa = solve(spec.workload, spec.hardware, "msa")
   assert game.msa_time == pytest.approx(msa.mapping.estimated_time_s, rel=1e-9)
   slow = game.cost_model.slow_only_time  # The tiny preset's "time" reward: the time saved.
@@ -193,6 +194,54 @@ def test_samples_are_windows_of_the_demonstrations(demonstrations):
   assert len(found) == len(SPECS)  # Programs are drawn uniformly: all appear in 64 draws.
   empty, weights = Demonstrations(SPECS, CONFIG.game, L).sample(4)
   assert empty.valid.shape == (4, L) and not empty.valid.any() and not weights.any()
+
+
+def _one_departure(game, at: int) -> tuple[list[int], int]:
+  """msa's play of `game` with one other legal move at the first step from `at` that has one:
+  (moves, the step that departs)."""
+  timestep, actions, departure = game.reset(), [], -1
+  while not timestep.last():
+    action = game.msa_action
+    others = np.flatnonzero(timestep.observation["legal_actions"]) != action
+    if departure < 0 and len(actions) >= at and others.any():
+      action = int(np.flatnonzero(timestep.observation["legal_actions"])[others][0])
+      departure = len(actions)
+    actions.append(action)
+    timestep = game.step(action)
+  return actions, departure
+
+
+def test_windows_can_be_placed_on_the_departures_from_msa():
+  """With `departure_share` 1, every window of a demonstration that leaves msa's move once has
+  that step among its first K + 1 (the steps fitted with a policy target); with 0 they start
+  anywhere."""
+  spec = SPECS[0]
+  game = make_game(spec.workload, spec.hardware, CONFIG.game)
+  actions, departure = _one_departure(game, at=len(heuristic_actions(game)) // 2)
+  assert departure > K
+  full, _, departures = demonstration_steps(game, actions, L, CONFIG.game)
+  np.testing.assert_array_equal(departures, [departure])
+
+  def starts(share: float) -> set[int]:
+    demos = Demonstrations([spec], CONFIG.game, L, seed=0, departure_share=share, unroll_steps=K)
+    demos.offer(spec.name, actions, None, "agent")  # Kept: nothing is held before it.
+    assert demos.num_departures() == 1
+    steps, _ = demos.sample(64)
+    found = set()
+    for b in range(64):
+      window = steps.observation["candidates"][b]
+      found |= {
+        s
+        for s in range(len(actions))
+        if np.array_equal(full.observation["candidates"][s : s + L], window)
+      }
+    return found
+
+  placed = starts(1.0)
+  assert placed and placed <= set(range(departure - K, departure + 1))
+  assert not starts(0.0) <= set(range(departure - K, departure + 1))
+  with pytest.raises(ValueError, match="departure_share"):
+    Demonstrations([spec], CONFIG.game, L, departure_share=1.5)
 
 
 @pytest.mark.slow  # Compiles the search or the learner step.
