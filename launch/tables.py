@@ -73,8 +73,7 @@ def final_evaluation_table(result: DistributedResult) -> Table:
   from malloczero.system.report import summary_rows
   from malloczero.system.training import BASELINES
 
-  (agent,) = result.report["agents"]
-  reported = agent["learner_steps"]
+  reported = result.reported_agent["learner_steps"]
   chosen = "" if reported == result.learner_steps else " (chosen on the training programs)"
   table = Table(
     title=f"final evaluation at learner step {reported}{chosen}: geomean speed-up over all-slow"

@@ -129,6 +129,15 @@ class DistributedResult:
     return f"{self.status}: {self.failure}" if self.failure else self.status
 
   @property
+  def reported_agent(self) -> Optional[dict[str, Any]]:
+    """The final report's one agent entry (its `checkpoint` and `learner_steps`: the final
+    checkpoint, or the one chosen on the training programs), or None without a report."""
+    if self.report is None:
+      return None
+    (agent,) = self.report["agents"]
+    return agent
+
+  @property
   def exit_status(self) -> int:
     """The command's exit status: 0 when it stopped as asked, 130 interrupted, 1 failed."""
     return {"failed": 1, "interrupted": 130}.get(self.status, 0)

@@ -246,8 +246,8 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
   files = WorkDir(result.workdir)
   if result.report is not None:
     # The reported checkpoint: the final one, or the one chosen on the training programs.
-    (agent,) = result.report["agents"]
-    reported = agent["checkpoint"] if agent["checkpoint"] != files.learner_state else result.workdir
+    checkpoint = result.reported_agent["checkpoint"]
+    reported = checkpoint if checkpoint != files.learner_state else result.workdir
     out.print(
       f"  compare with evo and CP-SAT too: malloczero evaluate --suite {config.suite} "
       f"--checkpoint {reported} --out {files.evaluation}"
