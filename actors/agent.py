@@ -186,7 +186,9 @@ def compile_agent(
 
 
 def _test_time_search(agent: Agent, simulations: Optional[int]) -> SearchConfig:
-  return with_simulations(agent.search, simulations or agent.default_simulations)
+  return with_simulations(
+    agent.search, agent.default_simulations if simulations is None else simulations
+  )
 
 
 def play_with_agent(

@@ -57,7 +57,11 @@ def make_search_fn(
   """`search(params, rng, observation [B, ...]) -> SearchOutput`.
 
   Training mode samples root actions with Gumbel noise (exploration); evaluation mode uses
-  `eval_num_simulations` and no noise, so its choice is the deterministic, greedy one.
+  `eval_num_simulations` and no noise, so its choice is the deterministic, greedy one. With 0
+  simulations there is no search: the move is the network's policy alone (its legal argmax in
+  evaluation mode, a sample from it with Gumbel noise otherwise), `action_weights` the policy
+  and `root_value` the network's value, so that the network's own play can be reported apart
+  from what the search adds (`evaluate --simulations 0`).
   """
   net_config = networks.config
   num_simulations = search.eval_num_simulations if evaluation else search.num_simulations
@@ -88,11 +92,10 @@ def make_search_fn(
     prior_logits = prediction.policy_logits
     if msa_bias:
       prior_logits = prior_logits + msa_bias * msa_action_mask(observation, networks.game)
-    root = mctx.RootFnOutput(
-      prior_logits=prior_logits,
-      value=logits_to_scalar(prediction.value_logits, net_config),
-      embedding=latent,
-    )
+    root_value = logits_to_scalar(prediction.value_logits, net_config)
+    if num_simulations == 0:
+      return _policy_alone(rng, prior_logits, observation["legal_actions"], root_value)
+    root = mctx.RootFnOutput(prior_logits=prior_logits, value=root_value, embedding=latent)
     output = mctx.gumbel_muzero_policy(
       params,
       rng,
@@ -108,6 +111,15 @@ def make_search_fn(
       action=output.action.astype(jnp.int32),
       action_weights=output.action_weights,
       root_value=output.search_tree.summary().value,
+    )
+
+  def _policy_alone(rng, prior_logits, legal, root_value):
+    logits = jnp.where(legal, prior_logits, -jnp.inf)
+    noise = gumbel_scale * jax.random.gumbel(rng, logits.shape, logits.dtype)
+    return SearchOutput(
+      action=jnp.argmax(logits + noise, axis=-1).astype(jnp.int32),
+      action_weights=jax.nn.softmax(logits, axis=-1),
+      root_value=root_value,
     )
 
   return jax.jit(search_fn) if jit else search_fn

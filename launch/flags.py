@@ -140,6 +140,7 @@ FLAG_TYPES: dict[str, Callable[[str], Any]] = {
   "positive": positive_float,
   "non_negative": non_negative_float,
   "positive_int": positive_int,
+  "non_negative_int": non_negative_int,
   "fraction": fraction,
   "seed": seed,
   "path": str,

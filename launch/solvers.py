@@ -26,8 +26,8 @@ class AgentOptions:
   simulations: Optional[int] = option(
     None,
     "--simulations",
-    "search simulations per move",
-    "positive_int",
+    "search simulations per move (0: the network's policy alone, no search)",
+    "non_negative_int",
     default_help="twice the run's evaluation search",
   )
   attempts: int = option(

@@ -18,7 +18,7 @@ from malloczero.actors.variable_client import VariableClient
 from malloczero.configs.config import get_config
 from malloczero.env import make_game, validate_mapping
 from malloczero.learner.learner import make_initial_state
-from malloczero.learner.networks import make_networks
+from malloczero.learner.networks import logits_to_scalar, make_networks
 from malloczero.replay import TABLE_NAME, SequenceWriter, start_server
 
 CONFIG = get_config("tiny")
@@ -145,6 +145,37 @@ def test_evaluation_search_is_deterministic_and_legal(params, observations):
       np.testing.assert_array_equal(output.action, outputs[0].action)
       np.testing.assert_array_equal(output.action_weights, outputs[0].action_weights)
       np.testing.assert_array_equal(output.root_value, outputs[0].root_value)
+
+
+@pytest.mark.slow  # Compiles the search or the learner step.
+def test_zero_simulations_play_the_networks_policy_alone(params, observations):
+  """With 0 simulations evaluation plays the legal argmax of the network's prior, with the
+  prior over legal moves as the weights and the network's value as the root value; training
+  mode samples legal moves from it."""
+  legal = observations["legal_actions"]
+  alone = dataclasses.replace(CONFIG.search, num_simulations=0, eval_num_simulations=0)
+  p = noisy(params, 7, scale=3.0)
+  latent = NETWORKS.represent(p, observations)
+  prediction = jax.device_get(NETWORKS.predict(p, latent))
+  logits = np.where(legal, np.asarray(prediction.policy_logits, np.float64), -np.inf)
+  prior = np.exp(logits - logits.max(-1, keepdims=True))
+  prior /= prior.sum(-1, keepdims=True)
+  evaluation = make_search_fn(NETWORKS, alone, evaluation=True)
+  greedy = jax.device_get(evaluation(p, jax.random.PRNGKey(0), observations))
+  check_search_output(greedy, legal)
+  np.testing.assert_array_equal(greedy.action, logits.argmax(-1))
+  np.testing.assert_allclose(greedy.action_weights, prior, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(
+    greedy.root_value, logits_to_scalar(prediction.value_logits, NETWORKS.config), rtol=1e-5
+  )
+  sampling = make_search_fn(NETWORKS, alone)
+  moves = set()
+  for key in range(8):
+    # The initial parameters: a flat prior, where sampling must vary (the noisy one is peaked).
+    sampled = jax.device_get(sampling(params, jax.random.PRNGKey(key), observations))
+    check_search_output(sampled, legal)
+    moves.update(enumerate(sampled.action.tolist()))
+  assert len(moves) > legal.shape[0], "sampling from the policy never varied a move"
 
 
 @pytest.mark.slow  # Compiles the search or the learner step.

@@ -150,12 +150,13 @@ def test_missing_or_incompatible_checkpoint_is_a_one_line_error(trained, tmp_pat
   metadata, arrays = read_checkpoint(trained / "checkpoints" / CHECKPOINT_FILENAME)
   metadata["network_config"]["latent_dim"] = 96  # Networks these parameters do not fit.
   write_checkpoint(str(tmp_path / "bad" / "checkpoints" / CHECKPOINT_FILENAME), metadata, arrays)
-  cases = {
-    "no learner checkpoint": ("--checkpoint", str(tmp_path / "nowhere")),
-    "does not match": ("--checkpoint", str(trained), str(tmp_path / "bad")),
-    "--simulations needs --checkpoint": ("--simulations", "8"),
-  }
-  for message, args in cases.items():
+  cases = (
+    ("no learner checkpoint", ("--checkpoint", str(tmp_path / "nowhere"))),
+    ("does not match", ("--checkpoint", str(trained), str(tmp_path / "bad"))),
+    ("--simulations needs --checkpoint", ("--simulations", "8")),
+    ("--simulations needs --checkpoint", ("--simulations", "0")),  # 0 is a setting too.
+  )
+  for message, args in cases:
     result = _cli(
       "evaluate", "--suite", "tiny", "--solvers", "msa", *args, "--out", str(tmp_path / "never")
     )

@@ -24,7 +24,16 @@ from malloczero.env.solvers.evo_msa import evo_msa
 from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa_simple, random_play
 
 # What a flag accepts: checked by the command line's flag types (launch/flags.py).
-CHECKS = ("positive", "non_negative", "positive_int", "fraction", "seed", "path", "switch")
+CHECKS = (
+  "positive",
+  "non_negative",
+  "positive_int",
+  "non_negative_int",
+  "fraction",
+  "seed",
+  "path",
+  "switch",
+)
 # What a solver is handed: the cost model (it builds its own segments), a game to play its policy
 # in, or a `Placement` of the requests game's requests; "agent" is the top layer's.
 KINDS = ("model", "game", "placement", "agent")

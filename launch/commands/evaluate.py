@@ -25,6 +25,7 @@ from malloczero.launch.flags import (
   check_msa_options_used,
   console,
   non_negative_float,
+  non_negative_int,
   positive_int,
   solver_options,
 )
@@ -57,8 +58,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
   )
   p.add_argument(
     "--simulations",
-    type=positive_int,
-    help="agents: search simulations per move (default: twice the run's evaluation search)",
+    type=non_negative_int,
+    help="agents: search simulations per move (default: twice the run's evaluation search; 0: "
+    "the network's policy alone, no search)",
   )
   p.add_argument(
     "--attempts",
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     )
   check_msa_options_used(args, [BASELINES[s] for s in solvers + ["msa"]])
   for flag in ("simulations", "batch_agents"):
-    if getattr(args, flag) and not args.checkpoint:
+    if getattr(args, flag) not in (None, False) and not args.checkpoint:
       raise MalloczeroError(f"--{flag.replace('_', '-')} needs --checkpoint DIR")
   from malloczero.env.programs.suites import get_suite
   from malloczero.launch.solvers import search_notice
