@@ -106,8 +106,10 @@ def run(args: argparse.Namespace) -> int:
       f"(choose from {', '.join(SOLVERS)})"
     )
   check_msa_options_used(args, [BASELINES[s] for s in solvers + ["msa"]])
-  for flag in ("simulations", "batch_agents"):
-    if getattr(args, flag) not in (None, False) and not args.checkpoint:
+  # A --simulations of 0 is a setting too (0 == False, so `in (None, False)` would miss it).
+  given = {"simulations": args.simulations is not None, "batch_agents": args.batch_agents}
+  for flag, was_given in given.items():
+    if was_given and not args.checkpoint:
       raise MalloczeroError(f"--{flag.replace('_', '-')} needs --checkpoint DIR")
   from malloczero.env.programs.suites import get_suite
   from malloczero.launch.solvers import search_notice
