@@ -83,6 +83,10 @@ class Agent:
     """Test-time search is wider than training's: twice the evaluation search."""
     return 2 * self.search.eval_num_simulations
 
+  def test_time_simulations(self, simulations: Optional[int]) -> int:
+    """`simulations` as asked (0, the policy alone, included), or the default when None."""
+    return self.default_simulations if simulations is None else simulations
+
 
 def find_checkpoint(path: str) -> str:
   """A training work directory, its checkpoints/ folder, or the checkpoint file -> the file."""
@@ -186,9 +190,7 @@ def compile_agent(
 
 
 def _test_time_search(agent: Agent, simulations: Optional[int]) -> SearchConfig:
-  return with_simulations(
-    agent.search, agent.default_simulations if simulations is None else simulations
-  )
+  return with_simulations(agent.search, agent.test_time_simulations(simulations))
 
 
 def play_with_agent(

@@ -79,13 +79,7 @@ def load_agents(
       f"{label}#{i + 1}" if labels.count(label) > 1 else label for i, label in enumerate(labels)
     ]
   return [
-    AgentUnderTest(
-      label,
-      a,
-      a.default_simulations if simulations is None else simulations,
-      attempts,
-      search_seconds,
-    )
+    AgentUnderTest(label, a, a.test_time_simulations(simulations), attempts, search_seconds)
     for label, a in zip(labels, agents)
   ]
 

@@ -202,10 +202,10 @@ def _one_departure(game, at: int) -> tuple[list[int], int]:
   timestep, actions, departure = game.reset(), [], -1
   while not timestep.last():
     action = game.msa_action
-    others = np.flatnonzero(timestep.observation["legal_actions"]) != action
-    if departure < 0 and len(actions) >= at and others.any():
-      action = int(np.flatnonzero(timestep.observation["legal_actions"])[others][0])
-      departure = len(actions)
+    legal = np.flatnonzero(timestep.observation["legal_actions"])
+    others = legal[legal != action]
+    if departure < 0 and len(actions) >= at and others.size:
+      action, departure = int(others[0]), len(actions)
     actions.append(action)
     timestep = game.step(action)
   return actions, departure

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
       f"(choose from {', '.join(SOLVERS)})"
     )
   check_msa_options_used(args, [BASELINES[s] for s in solvers + ["msa"]])
-  # A --simulations of 0 is a setting too (0 == False, so `in (None, False)` would miss it).
+  # A --simulations of 0 (the policy alone) is a setting too: test for None, not falsiness.
   given = {"simulations": args.simulations is not None, "batch_agents": args.batch_agents}
   for flag, was_given in given.items():
     if was_given and not args.checkpoint:
