@@ -2,16 +2,17 @@
 
 `solve_with_agent` plays `attempts` copies of one program in a single batch (the evaluation loop
 of actors/evaluator.py): the first with the greedy search (no noise), the others sampling root
-actions with Gumbel noise, all with `simulations` simulations per move. msa's own mapping is one
-more attempt, so the agent as a solver is never slower than the heuristic it starts from; the
-fastest is kept (ties go to the network's play) and msa's solve time is part of the agent's. The
-result's info says which attempt won (`best_attempt`: a trajectory's index or "msa") and keeps
-the network's own greedy play apart (`greedy_speedup`, one attempt without msa's mapping among
-the candidates, and without msa's move in its prior unless the run's search config puts it
-there), so that reports can show what was learned separately from what search and the
-heuristic add. With `search_seconds`, evo-msa guided by the network searches after the attempts
-(`guided_search`; `best_attempt` "guided" when it wins, `guided_speedup` apart). Every mapping it
-returns has passed the independent validator.
+actions with Gumbel noise, all with `simulations` simulations per move, and one more played by
+the network's policy alone (no search). msa's own mapping is one more attempt, so the agent as a
+solver is never slower than the heuristic it starts from; the fastest is kept (ties go to the
+network's play) and msa's solve time is part of the agent's. The result's info says which
+attempt won (`best_attempt`: a trajectory's index or "msa") and keeps the network's own play
+apart, so that reports can show what was learned separately from what search and the heuristic
+add: `greedy_speedup`, one greedy attempt with the search, and `policy_speedup`, the policy
+alone; neither has msa's mapping among its candidates, nor msa's move in its prior unless the
+run's search config puts it there. With `search_seconds`, evo-msa guided by the network searches
+after the attempts (`guided_search`; `best_attempt` "guided" when it wins, `guided_speedup`
+apart). Every mapping it returns has passed the independent validator.
 """
 
 from __future__ import annotations
@@ -156,9 +157,9 @@ def solve_with_agent(
   seed: int = 0,
   search_seconds: float = 0.0,
 ) -> SolveResult:
-  """Plays `attempts` trajectories (1 greedy, the rest sampled), adds msa's mapping as one more
-  attempt, then searches `search_seconds` guided by the network, and keeps the fastest: never
-  slower than msa."""
+  """Plays `attempts` trajectories (1 greedy, the rest sampled) and the policy's alone, adds msa's
+  mapping as one more attempt, then searches `search_seconds` guided by the network, and keeps
+  the fastest: never slower than msa."""
   return play_with_agent(
     agent,
     [GameSpec(workload.name, workload, hardware)],
@@ -186,6 +187,7 @@ def compile_agent(
     spec,
     num_programs,
     attempts,
+    policy_alone=True,
   )
 
 
@@ -220,6 +222,7 @@ def play_with_agent(
     attempts=attempts,
     seed=seed,
     solver_name="agent",
+    policy_alone=True,
   )
   share = (time.perf_counter() - start) / max(1, len(specs))
   if msa is None:
@@ -247,6 +250,7 @@ def play_with_agent(
       "attempts": attempts,
       "best_attempt": best_attempt,
       "greedy_speedup": result.greedy_speedup,
+      "policy_speedup": result.policy_speedup,
       "search_speedup": result.speedup,
       "attempt_speedups": list(result.attempt_speedups),
       "msa_speedup": baseline.mapping.speedup,

@@ -3,7 +3,9 @@
 One loop serves every evaluation: the learning curve of a training run, the final report, the
 `evaluate` command and the agent solver. `play_programs` plays `attempts` copies of each program
 in one batch: the first copy with the greedy evaluation search (no noise), the others sampling
-root actions with Gumbel noise; it keeps each program's fastest complete trajectory.
+root actions with Gumbel noise, and optionally one more copy played by the network's policy
+alone (the legal argmax of its prior, no search); it keeps each program's fastest complete
+trajectory.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ class EvaluationResult:
   time_s: float  # The kept mapping's estimated program time.
   mapping: Mapping  # The kept mapping; it has passed the validator.
   greedy_speedup: float  # The greedy trajectory's speed-up (equal to `speedup` if attempts=1).
-  attempt_speedups: tuple[float, ...]  # [attempts], the greedy trajectory first.
+  # [attempts], the greedy trajectory first; with `policy_alone`, [attempts + 1] when the greedy
+  # search has simulations (the policy's trajectory last).
+  attempt_speedups: tuple[float, ...]
   best_attempt: int
   requests: int  # Moves of the greedy trajectory (the requests game: its requests).
   actions: tuple[int, ...] = ()  # The kept trajectory's moves.
@@ -43,6 +47,9 @@ class EvaluationResult:
   # attempt met, averaged over the attempts that met it (evo-msa's proposals).
   genomes: tuple[dict, ...] = ()
   proposals: Optional[dict] = None
+  # With `policy_alone`: the trajectory of the network's policy alone (no search, no noise),
+  # the network's own play apart from search as well as from msa.
+  policy_speedup: Optional[float] = None
 
 
 # Cached: a fresh `make_search_fn` is a new jitted closure, so without this every evaluation (every
@@ -79,23 +86,30 @@ def play_programs(
   attempts: int = 1,
   seed: int = 0,
   solver_name: str = "muzero",
+  policy_alone: bool = False,
 ) -> list[EvaluationResult]:
   """Plays `attempts` trajectories of every spec, all in one batch; one result per spec.
 
   As games end, the search runs on the unfinished ones only (padded to a few fixed batch
   sizes, `_batch_size`). Sampled attempts use `search.num_simulations`, the greedy one
-  `search.eval_num_simulations`.
+  `search.eval_num_simulations`. `policy_alone`: one more attempt played by the network's
+  policy alone (`policy_speedup`); where the greedy search has no simulations, the greedy
+  attempt is that play already and no game is added.
   """
   if attempts < 1:
     raise ValueError(f"attempts must be at least 1, got {attempts}")
   greedy = _search_fn(networks, search, True)
   sampled = _search_fn(networks, search, False) if attempts > 1 else None
-  # games[a * P + p]: attempt a of program p, so the greedy attempts are the first P games.
+  policy = None
+  if policy_alone and search.eval_num_simulations > 0:
+    policy = _search_fn(networks, with_simulations(search, 0), True)
+  # games[a * P + p]: attempt a of program p, so the greedy attempts are the first P games (and
+  # the policy's, when played, the last P).
   num_programs = len(specs)
   firsts = [make_game(s.workload, s.hardware, game_config) for s in specs]
   games = firsts + [
     make_game(s.workload, s.hardware, game_config, getattr(first, "reference", None))
-    for _ in range(attempts - 1)
+    for _ in range(attempts - 1 + (policy is not None))
     for s, first in zip(specs, firsts)
   ]
   observations = [g.reset().observation for g in games]
@@ -106,13 +120,16 @@ def play_programs(
   params = jax.device_put(params)
   groups = [(greedy, np.arange(num_programs))]
   if sampled is not None:
-    groups.append((sampled, np.arange(num_programs, len(games))))
+    groups.append((sampled, np.arange(num_programs, num_programs * attempts)))
+  if policy is not None:
+    groups.append((policy, np.arange(num_programs * attempts, len(games))))
   # The msa game's decisions, for the agent solver's guided search (actors/agent.py).
   record = game_config.decisions == "msa"
   genomes: list[dict] = [{} for _ in games]
   proposals: list[dict] = [{} for _ in specs]
   while not done.all():
-    rng, *keys = jax.random.split(rng, 1 + len(groups))
+    # One key per possible group, so that a group's keys do not depend on which others play.
+    rng, *keys = jax.random.split(rng, 4)
     for (search_fn, members), key in zip(groups, keys):
       active = members[~done[members]]
       if not len(active):
@@ -122,8 +139,15 @@ def play_programs(
       output = jax.device_get(search_fn(params, key, stack_observations(padded)))
       actions, weights = np.asarray(output.action), np.asarray(output.action_weights)
       for j, (i, action) in enumerate(zip(active, actions)):
-        if record:
-          _record(games[i], int(action), weights[j], genomes[i], proposals[i % num_programs])
+        if record:  # The proposals are the search's: the policy's own play adds no weights.
+          searched = i < num_programs * attempts
+          _record(
+            games[i],
+            int(action),
+            weights[j],
+            genomes[i],
+            proposals[i % num_programs] if searched else None,
+          )
         timestep = games[i].step(int(action))
         moves[i].append(int(action))
         returns[i] += timestep.reward
@@ -137,6 +161,9 @@ def play_programs(
     mapping = copies[best].mapping(solver_name)
     validate_mapping(spec.workload, spec.hardware, mapping)
     slow = copies[0].cost_model.slow_only_time
+    policy_speedup = None
+    if policy_alone:
+      policy_speedup = slow / times[-1] if policy is not None else slow / times[0]
     results.append(
       EvaluationResult(
         spec.name,
@@ -153,18 +180,23 @@ def play_programs(
         proposals=(
           {key: total / count for key, (total, count) in proposals[p].items()} if record else None
         ),
+        policy_speedup=policy_speedup,
       )
     )
   return results
 
 
-def _record(game, action: int, weights: np.ndarray, genome: dict, proposals: dict) -> None:
+def _record(
+  game, action: int, weights: np.ndarray, genome: dict, proposals: Optional[dict]
+) -> None:
   """Notes a move of the msa game before it is played: a departure from msa's slot in the
   attempt's genome, the search's policy in the program's proposals (summed, with a count)."""
   decision = game.decision
   key = (decision.buffer, decision.use)
   if action != game.msa_action:
     genome[key] = action
+  if proposals is None:
+    return
   total, count = proposals.get(key, (0.0, 0))
   proposals[key] = (total + weights, count + 1)
 
@@ -177,6 +209,7 @@ def compile_searches(
   spec: GameSpec,
   num_programs: int = 1,
   attempts: int = 1,
+  policy_alone: bool = False,
 ) -> float:
   """Compiles the searches `play_programs` will call for this batch shape (and the smaller
   batches it moves to as games finish), so that the play it times afterwards is play alone;
@@ -184,12 +217,14 @@ def compile_searches(
   start = time.perf_counter()
   observation = make_game(spec.workload, spec.hardware, game_config).reset().observation
   rng = jax.random.PRNGKey(0)
-  batches = [(True, num_programs)] + (
-    [(False, num_programs * (attempts - 1))] if attempts > 1 else []
-  )
-  for evaluation, full in batches:
+  batches = [(search, True, num_programs)]
+  if attempts > 1:
+    batches.append((search, False, num_programs * (attempts - 1)))
+  if policy_alone and search.eval_num_simulations > 0:
+    batches.append((with_simulations(search, 0), True, num_programs))
+  for config, evaluation, full in batches:
     for size in sorted({_batch_size(n, full) for n in (1, 4, 16, full)}):
-      output = _search_fn(networks, search, evaluation)(
+      output = _search_fn(networks, config, evaluation)(
         params, rng, stack_observations([observation] * size)
       )
       jax.block_until_ready(output.action)

@@ -83,6 +83,7 @@ def final_evaluation_table(result: DistributedResult) -> Table:
     "programs",
     "agent",
     "agent greedy",
+    "agent policy",
     *BASELINES,
     "agent vs msa",
     "wins/ties/losses",

@@ -103,8 +103,10 @@ class SolverOutcome:
   vs_msa: float  # msa time / time: above 1 is faster than msa.
   gap: Optional[float] = None  # To CP-SAT's proven lower bound; only where CP-SAT ran.
   # Agents only: the network's own greedy trajectory (one attempt, msa's mapping not among the
-  # candidates), so that learning is not hidden behind search and msa.
+  # candidates), so that learning is not hidden behind search and msa; and its policy's alone
+  # (one attempt, no search either).
   greedy_speedup: Optional[float] = None
+  policy_speedup: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +158,8 @@ class ProgramRow:
         row["cpsat_bound_ms"] = self.cpsat.bound_ms
       if outcome.greedy_speedup is not None:
         row[f"{label}_greedy_speedup"] = outcome.greedy_speedup
+      if outcome.policy_speedup is not None:
+        row[f"{label}_policy_speedup"] = outcome.policy_speedup
     for label, outcome in self.outcomes.items():
       row[f"{label}_vs_msa"] = outcome.vs_msa
       if outcome.gap is not None:
@@ -178,9 +182,15 @@ class SolverSummary:
   worst_vs_msa: Optional[float] = None
   mean_gap: Optional[float] = None  # Only where CP-SAT ran.
   # Agents only: their greedy play alone (SolverOutcome.greedy_speedup), geomean speed-up and
-  # geomean ratio to msa.
+  # geomean ratio to msa; the same for their policy alone (SolverOutcome.policy_speedup), with
+  # its wins / ties / losses against msa.
   geomean_greedy_speedup: Optional[float] = None
   greedy_vs_msa: Optional[float] = None
+  geomean_policy_speedup: Optional[float] = None
+  policy_vs_msa: Optional[float] = None
+  policy_wins: Optional[int] = None
+  policy_ties: Optional[int] = None
+  policy_losses: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,7 +263,8 @@ def evaluate_suite(
   With `batch_agents` each agent plays all programs in one batch (far faster; its solve time per
   program is then the batch's time shared evenly), otherwise one program at a time. An agent's
   candidates include msa's mapping (actors/agent.py), the reference solved here, whose solve time
-  counts in the agent's; its greedy play alone is reported apart (`greedy_speedup`).
+  counts in the agent's; its greedy play alone (`greedy_speedup`) and its policy's alone
+  (`policy_speedup`, no search) are reported apart.
   """
   started = time.monotonic()
   solvers = ["msa"] + [s for s in solvers if s != "msa"]
@@ -363,6 +374,7 @@ def _program_row(
       msa_ms / time_ms,
       gap,
       result.info["greedy_speedup"] if label in agents else None,
+      result.info.get("policy_speedup") if label in agents else None,
     )
   return ProgramRow(
     entry.name,
@@ -394,27 +406,51 @@ def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
       solvers[name] = SolverSummary(speedup, solve_s)
       continue
     ratios = [o.vs_msa for o in outcomes]
-    greedy = None
-    if outcomes[0].greedy_speedup is not None:
-      greedy = [o.greedy_speedup for o in outcomes]
-      greedy_vs_msa = geomean([g / r.outcomes["msa"].speedup for g, r in zip(greedy, rows)])
+    greedy = _own_play([o.greedy_speedup for o in outcomes], rows)
+    policy = _own_play([o.policy_speedup for o in outcomes], rows)
+    wins, ties, losses = _wins_ties_losses(ratios)
     solvers[name] = SolverSummary(
       speedup,
       solve_s,
       geomean_vs_msa=geomean(ratios),
-      wins=sum(v > 1 + TIE_TOLERANCE for v in ratios),
-      ties=sum(abs(v - 1) <= TIE_TOLERANCE for v in ratios),
-      losses=sum(v < 1 - TIE_TOLERANCE for v in ratios),
+      wins=wins,
+      ties=ties,
+      losses=losses,
       best_vs_msa=max(ratios),
       worst_vs_msa=min(ratios),
       mean_gap=(sum(o.gap for o in outcomes) / len(rows) if outcomes[0].gap is not None else None),
-      geomean_greedy_speedup=None if greedy is None else geomean(greedy),
-      greedy_vs_msa=None if greedy is None else greedy_vs_msa,
+      geomean_greedy_speedup=None if greedy is None else greedy[0],
+      greedy_vs_msa=None if greedy is None else greedy[1],
+      geomean_policy_speedup=None if policy is None else policy[0],
+      policy_vs_msa=None if policy is None else policy[1],
+      policy_wins=None if policy is None else policy[2][0],
+      policy_ties=None if policy is None else policy[2][1],
+      policy_losses=None if policy is None else policy[2][2],
     )
   cpsat_optimal = (
     sum(r.cpsat.status == "optimal" for r in rows) if rows[0].cpsat is not None else None
   )
   return SplitSummary(len(rows), solvers, cpsat_optimal)
+
+
+def _own_play(
+  speedups: Sequence[Optional[float]], rows: Sequence[ProgramRow]
+) -> Optional[tuple[float, float, tuple[int, int, int]]]:
+  """An agent's own play (greedy or policy alone) over `rows`: geomean speed-up, geomean ratio to
+  msa and wins / ties / losses against msa; None where it was not played."""
+  if any(s is None for s in speedups):
+    return None
+  ratios = [s / r.outcomes["msa"].speedup for s, r in zip(speedups, rows)]
+  return geomean(speedups), geomean(ratios), _wins_ties_losses(ratios)
+
+
+def _wins_ties_losses(ratios: Sequence[float]) -> tuple[int, int, int]:
+  """Programs faster than msa beyond TIE_TOLERANCE, within it, slower beyond it."""
+  return (
+    sum(v > 1 + TIE_TOLERANCE for v in ratios),
+    sum(abs(v - 1) <= TIE_TOLERANCE for v in ratios),
+    sum(v < 1 - TIE_TOLERANCE for v in ratios),
+  )
 
 
 def best_agent(evaluation: SuiteEvaluation) -> AgentUnderTest:

@@ -75,8 +75,9 @@ def columns(evaluation: SuiteEvaluation) -> list[Column]:
     cols.append((f"{name} time", _outcome(name, "time_ms"), _ms))
     if name != "msa":
       cols.append((f"{name} vs msa", _outcome(name, "vs_msa"), _x))
-    if name in agents:  # The network's own greedy play, apart from search and msa's mapping.
+    if name in agents:  # The network's own play (greedy search; policy alone), apart from msa.
       cols.append((f"{name} greedy", _outcome(name, "greedy_speedup"), _x))
+      cols.append((f"{name} policy", _outcome(name, "policy_speedup"), _x))
     if has_bound and name in agents:
       cols.append((f"{name} gap", _outcome(name, "gap"), _percent))
   if has_bound:
@@ -104,6 +105,7 @@ def console_columns(evaluation: SuiteEvaluation) -> list[Column]:
   cols += [(name, _outcome(name, "speedup"), _x) for name in evaluation.names]
   cols += [(f"{name} vs msa", _outcome(name, "vs_msa"), _x) for name in agents]
   cols += [(f"{name} greedy", _outcome(name, "greedy_speedup"), _x) for name in agents]
+  cols += [(f"{name} policy", _outcome(name, "policy_speedup"), _x) for name in agents]
   if has_bound:
     cols += [
       ("CP-SAT", lambda r: None if r.cpsat is None else r.cpsat.status, lambda v: v.split(" ")[0])
@@ -115,7 +117,8 @@ def console_columns(evaluation: SuiteEvaluation) -> list[Column]:
 
 def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]]:
   """Per split and solver: geomean speed-up, vs msa, wins / ties / losses, an agent's greedy play
-  alone (speed-up and vs msa), total solve time."""
+  alone (speed-up and vs msa) and its policy's alone (also wins / ties / losses), total solve
+  time."""
   header = [
     "split",
     "solver",
@@ -127,6 +130,9 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
     "worst vs msa",
     "greedy speed-up",
     "greedy vs msa",
+    "policy speed-up",
+    "policy vs msa",
+    "policy W/T/L",
     "solve s",
   ]
   body = []
@@ -147,6 +153,15 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
         if figures.geomean_greedy_speedup is None
         else [_x(figures.geomean_greedy_speedup), _x(figures.greedy_vs_msa)]
       )
+      policy = (
+        ["-", "-", "-"]
+        if figures.geomean_policy_speedup is None
+        else [
+          _x(figures.geomean_policy_speedup),
+          _x(figures.policy_vs_msa),
+          f"{figures.policy_wins}/{figures.policy_ties}/{figures.policy_losses}",
+        ]
+      )
       body.append(
         [
           split,
@@ -155,6 +170,7 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
           _x(figures.geomean_speedup),
           *versus,
           *greedy,
+          *policy,
           f"{figures.total_solve_s:.1f}",
         ]
       )
@@ -170,7 +186,13 @@ def quality_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str
   splits = [s for s in SPLITS if s in evaluation.summary]
   header = ["checkpoint", "learner steps", "simulations", "attempts"]
   for split in splits:
-    header += [f"{split} speed-up", f"{split} vs msa", f"{split} W/T/L", f"{split} greedy"]
+    header += [
+      f"{split} speed-up",
+      f"{split} vs msa",
+      f"{split} W/T/L",
+      f"{split} greedy",
+      f"{split} policy",
+    ]
   header += ["mean solve s"]
   body = []
   overall = evaluation.summary["all"]
@@ -183,6 +205,7 @@ def quality_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str
         _x(figures.geomean_vs_msa),
         _wins_ties_losses(figures),
         _x(figures.geomean_greedy_speedup),
+        _x(figures.geomean_policy_speedup),
       ]
     line.append(f"{overall.solvers[a.label].total_solve_s / overall.entries:.2f}")
     body.append(line)
@@ -225,8 +248,10 @@ def markdown(evaluation: SuiteEvaluation, title: str, pictures: list[tuple[str, 
       "of `attempts` trajectories (the first greedy, the rest sampled with Gumbel noise) "
       "and msa's own mapping is kept, so an agent never loses to msa; msa's solve time "
       "is in the agent's. `greedy` is the network's own greedy trajectory alone (one "
-      "attempt, msa's mapping not a candidate): what it learned, apart from search and "
-      "msa. Every mapping has passed the independent validator.",
+      "attempt with the search, msa's mapping not a candidate) and `policy` its policy's "
+      "alone (the argmax of its prior at every move, no search): what it learned, apart "
+      "from msa and, for `policy`, from search too; the policy's trajectory is one more "
+      "attempt of the agent. Every mapping has passed the independent validator.",
       "",
       *_markdown_table(
         ["label", "checkpoint", "learner steps", "simulations", "attempts", "compile s"],
@@ -424,7 +449,9 @@ def write_final_report(
       figures = s.solvers["agent"]
       print_fn(
         f"  {split}: agent {figures.geomean_speedup:.3f}x (greedy alone "
-        f"{figures.geomean_greedy_speedup:.3f}x, {figures.greedy_vs_msa:.3f}x msa), "
+        f"{figures.geomean_greedy_speedup:.3f}x, {figures.greedy_vs_msa:.3f}x msa; policy alone "
+        f"{figures.geomean_policy_speedup:.3f}x, {figures.policy_vs_msa:.4f}x msa, W/T/L "
+        f"{figures.policy_wins}/{figures.policy_ties}/{figures.policy_losses}), "
         + ", ".join(f"{b} {s.solvers[b].geomean_speedup:.3f}x" for b in BASELINES)
         + f"; vs msa {figures.geomean_vs_msa:.3f}x (wins {figures.wins}, ties "
         f"{figures.ties}, losses {figures.losses} of {s.entries})"
@@ -440,8 +467,8 @@ def _random_seed(seed: int) -> Callable[[str], dict]:
 def summary_rows(
   report: dict[str, Any], label: str = "agent", baselines: Optional[tuple[str, ...]] = None
 ) -> list[list[str]]:
-  """Console table of a final report: per split, the agent's geomean and its greedy play's alone,
-  the baselines' geomeans, the agent's ratio to msa and W/T/L.
+  """Console table of a final report: per split, the agent's geomean, its greedy play's alone and
+  its policy's alone, the baselines' geomeans, the agent's ratio to msa and W/T/L.
 
   `report` is the report's JSON (`write_final_report`'s result), so it reads the files' flat keys.
   """
@@ -456,6 +483,7 @@ def summary_rows(
           str(s["entries"]),
           _x(s[f"{label}_geomean_speedup"]),
           _x(s[f"{label}_geomean_greedy_speedup"]),
+          _x(s[f"{label}_geomean_policy_speedup"]),
           *(_x(s[f"{b}_geomean_speedup"]) for b in baselines),
           _x(s[f"{label}_geomean_vs_msa"]),
           f"{s[f'{label}_wins']}/{s[f'{label}_ties']}/{s[f'{label}_losses']}",

@@ -634,6 +634,37 @@ def test_play_programs_keeps_each_programs_fastest_attempt(params):
 
 
 @pytest.mark.slow  # Compiles the search or the learner step.
+def test_the_policy_alone_is_one_more_attempt_played_as_with_zero_simulations(params):
+  """`policy_alone`: per program one more trajectory, the policy's own (no search): the one that
+  a search of 0 simulations plays greedily, kept last among the attempts and counted in the
+  fastest; where the greedy search has 0 simulations already, no game is added."""
+  specs = ALL_SPECS[:3]
+  noisy_params = noisy(params, 11, scale=0.5)
+  search = dataclasses.replace(CONFIG.search, num_simulations=4, eval_num_simulations=4)
+  alone = dataclasses.replace(search, num_simulations=0, eval_num_simulations=0)
+  results = play_programs(
+    NETWORKS, noisy_params, search, CONFIG.game, specs, attempts=2, seed=5, policy_alone=True
+  )
+  policy = play_programs(NETWORKS, noisy_params, alone, CONFIG.game, specs, seed=9)
+  without = play_programs(NETWORKS, noisy_params, search, CONFIG.game, specs, attempts=2, seed=5)
+  assert {len(p.actions) for p in policy} != {0}
+  for result, played, plain in zip(results, policy, without):
+    assert len(result.attempt_speedups) == 3
+    assert result.policy_speedup == result.attempt_speedups[-1]
+    assert result.policy_speedup == pytest.approx(played.greedy_speedup, rel=1e-12)
+    assert result.speedup == pytest.approx(max(result.attempt_speedups), rel=1e-12)
+    # The searched attempts are the ones played without the policy's game beside them.
+    assert result.attempt_speedups[:2] == pytest.approx(plain.attempt_speedups, rel=1e-12)
+    assert plain.policy_speedup is None
+  for result, played in zip(
+    play_programs(NETWORKS, noisy_params, alone, CONFIG.game, specs, seed=9, policy_alone=True),
+    policy,
+  ):
+    assert len(result.attempt_speedups) == 1
+    assert result.policy_speedup == result.greedy_speedup == played.greedy_speedup
+
+
+@pytest.mark.slow  # Compiles the search or the learner step.
 def test_greedy_play_does_not_depend_on_the_batch_it_shares_as_games_finish(params):
   """The msa game's episodes differ in length, so the batch shrinks as games end
   (`_batch_size`): each program's greedy trajectory is the one it gets when played alone."""

@@ -43,14 +43,17 @@ def test_agent_keeps_the_best_of_its_trajectories_and_its_mapping_validates(work
   result = solve_with_agent(agent, workload, hardware, simulations=4, attempts=3)
   validate_mapping(workload, hardware, result.mapping)
   speedups = result.info["attempt_speedups"]
-  assert len(speedups) == 3 and result.info["search_speedup"] == pytest.approx(max(speedups))
+  # The 3 searched attempts, then the policy's alone.
+  assert len(speedups) == 4 and result.info["search_speedup"] == pytest.approx(max(speedups))
+  assert result.info["policy_speedup"] == speedups[-1]
   assert result.mapping.speedup == pytest.approx(max(max(speedups), result.info["msa_speedup"]))
-  assert result.mapping.speedup >= result.info["greedy_speedup"]
+  assert result.mapping.speedup >= max(result.info["greedy_speedup"], speedups[-1])
 
 
 def test_the_agent_counts_msa_among_its_attempts_so_it_is_never_slower_than_msa(workdir):
   """On every tiny program: msa's mapping is one more attempt, the info says which attempt won,
-  the network's greedy play is kept apart, and msa's solve time is in the agent's."""
+  the network's greedy play and its policy's are kept apart, and msa's solve time is in the
+  agent's."""
   agent = load_agent(str(workdir))
   entries = get_suite("tiny").entries
   specs = [GameSpec(e.name, *e.load()) for e in entries]
@@ -62,6 +65,8 @@ def test_the_agent_counts_msa_among_its_attempts_so_it_is_never_slower_than_msa(
     info = result.info
     assert info["msa_speedup"] == pytest.approx(msa.mapping.speedup, rel=1e-12)
     assert info["greedy_speedup"] == info["attempt_speedups"][0]
+    assert info["policy_speedup"] == info["attempt_speedups"][-1]
+    assert len(info["attempt_speedups"]) == 3
     assert info["search_speedup"] == pytest.approx(max(info["attempt_speedups"]))
     if info["best_attempt"] == "msa":
       assert info["search_speedup"] < info["msa_speedup"]
@@ -143,6 +148,7 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   )
   assert result.returncode == 0, result.stderr[-2000:]
   assert "greedy alone" in result.stdout and "search alone" in result.stdout
+  assert "policy alone" in result.stdout and "best of 3 trajectories" in result.stdout
   lines = result.stdout.splitlines()
   assert lines[0].startswith("agent: ") and lines[1].startswith("msa: ")
   assert lines[2].startswith("portfolio: ")

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from malloczero.configs.workdir import CHECKPOINT_FILENAME
@@ -57,8 +58,8 @@ def test_agent_rows_are_its_validated_mappings_and_agree_with_the_baselines(trai
     assert checked.estimated_time_s * 1e3 == pytest.approx(agent.time_ms, rel=1e-9)
     assert agent.speedup == pytest.approx(row.slow_only_ms / agent.time_ms)
     assert agent.vs_msa == pytest.approx(msa.time_ms / agent.time_ms)
-    # Keeping the best of two trajectories never loses to the greedy one.
-    assert agent.speedup >= agent.greedy_speedup * (1 - 1e-12)
+    # Keeping the best of its trajectories never loses to the greedy one nor to the policy's.
+    assert agent.speedup >= max(agent.greedy_speedup, agent.policy_speedup) * (1 - 1e-12)
     # No mapping beats CP-SAT's proven lower bound.
     assert agent.time_ms >= row.cpsat.bound_ms * (1 - 1e-6) and agent.gap >= 0
   for split, summary in evaluation.summary.items():
@@ -67,6 +68,12 @@ def test_agent_rows_are_its_validated_mappings_and_agree_with_the_baselines(trai
     assert summary.entries == len(rows)
     assert figures.wins == sum(r.outcomes["agent"].vs_msa > 1 + 1e-6 for r in rows)
     assert figures.wins + figures.ties + figures.losses == len(rows)
+    # The policy alone, against msa per program.
+    policy = [r.outcomes["agent"].policy_speedup / r.outcomes["msa"].speedup for r in rows]
+    assert figures.policy_vs_msa == pytest.approx(float(np.exp(np.mean(np.log(policy)))))
+    assert figures.policy_wins == sum(v > 1 + 1e-6 for v in policy)
+    assert figures.policy_losses == sum(v < 1 - 1e-6 for v in policy)
+    assert figures.policy_wins + figures.policy_ties + figures.policy_losses == len(rows)
   assert set(evaluation.summary) == {"all", "train", "heldout"}
 
 
@@ -127,6 +134,7 @@ def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
     "loses to msa",
   ):
     assert heading in markdown
+  assert "policy W/T/L" in markdown and f"{labels[0]} policy" in markdown
   assert "checkpoints by quality" in result.stdout
   # Every agent mapping on disk passes the command-line validator.
   for entry in get_suite("tiny").entries:

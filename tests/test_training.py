@@ -185,6 +185,14 @@ def test_checkpoint_selection_keeps_the_fastest_on_training_programs(trained, tm
   (agent,) = report["agents"]
   assert (agent["learner_steps"], agent["checkpoint"]) == (EVAL_EVERY, earlier)
   assert f"learner step {EVAL_EVERY}" in report["title"]
+  # The network's own play in the final report: its greedy search's and its policy's alone.
+  for split in ("train", "heldout"):
+    figures = report["summary"][split]
+    assert figures["agent_geomean_speedup"] >= figures["agent_geomean_policy_speedup"]
+    assert (
+      sum(figures[f"agent_policy_{n}"] for n in ("wins", "ties", "losses")) == (figures["entries"])
+    )
+  assert any("policy alone" in line for line in lines)
 
 
 def test_corrupt_checkpoint_fails_with_one_line_and_is_kept(trained, tmp_path, monkeypatch):

@@ -62,8 +62,9 @@ def solve_line(solver: Solver, result) -> str:
 
 def _agent_lines(solver: Solver, result) -> None:
   """The agent's line says which attempt won and, apart, the best of the network's own
-  trajectories and its greedy play alone (no msa mapping among them), so that what the network
-  learned is never hidden behind msa; the portfolio adds msa's line and which won."""
+  trajectories, its greedy play alone and its policy's alone (no msa mapping among them), so that
+  what the network learned is never hidden behind msa or search; the portfolio adds msa's line
+  and which won."""
   info = result.info
   won = (
     info["best_attempt"] if isinstance(info["best_attempt"], str) else f"#{info['best_attempt']}"
@@ -76,9 +77,10 @@ def _agent_lines(solver: Solver, result) -> None:
   )
   print(
     solve_line(ALL_SOLVERS["agent"], result) + f" (checkpoint step {info['learner_steps']}, "
-    f"{info['simulations']} simulations, best of {info['attempts']} trajectories, msa"
+    f"{info['simulations']} simulations, best of {len(info['attempt_speedups'])} trajectories, msa"
     f"{' and the guided search' if guided else ''}: {won}; search alone "
-    f"{info['search_speedup']:.3f}x, greedy alone {info['greedy_speedup']:.3f}x{guided})"
+    f"{info['search_speedup']:.3f}x, greedy alone {info['greedy_speedup']:.3f}x, policy alone "
+    f"{info['policy_speedup']:.3f}x{guided})"
   )
   if solver.name == "portfolio":
     baseline = info["msa"]
