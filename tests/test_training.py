@@ -189,9 +189,8 @@ def test_checkpoint_selection_keeps_the_fastest_on_training_programs(trained, tm
   for split in ("train", "heldout"):
     figures = report["summary"][split]
     assert figures["agent_geomean_speedup"] >= figures["agent_geomean_policy_speedup"]
-    assert (
-      sum(figures[f"agent_policy_{n}"] for n in ("wins", "ties", "losses")) == (figures["entries"])
-    )
+    outcomes = [figures[f"agent_policy_{n}"] for n in ("wins", "ties", "losses")]
+    assert sum(outcomes) == figures["entries"]
   assert any("policy alone" in line for line in lines)
 
 
