@@ -163,7 +163,7 @@ def play_programs(
     slow = copies[0].cost_model.slow_only_time
     policy_speedup = None
     if policy_alone:
-      policy_speedup = slow / times[-1] if policy is not None else slow / times[0]
+      policy_speedup = float(slow / (times[-1] if policy is not None else times[0]))
     results.append(
       EvaluationResult(
         spec.name,

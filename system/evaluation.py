@@ -446,10 +446,10 @@ def _own_play(
 
 def _wins_ties_losses(ratios: Sequence[float]) -> tuple[int, int, int]:
   """Programs faster than msa beyond TIE_TOLERANCE, within it, slower beyond it."""
-  return (
-    sum(v > 1 + TIE_TOLERANCE for v in ratios),
-    sum(abs(v - 1) <= TIE_TOLERANCE for v in ratios),
-    sum(v < 1 - TIE_TOLERANCE for v in ratios),
+  return (  # Python ints whatever the ratios' type: they go into JSON.
+    sum(int(v > 1 + TIE_TOLERANCE) for v in ratios),
+    sum(int(abs(v - 1) <= TIE_TOLERANCE) for v in ratios),
+    sum(int(v < 1 - TIE_TOLERANCE) for v in ratios),
   )
 
 
