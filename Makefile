@@ -11,6 +11,9 @@ STAMP := $(VENV)/.malloczero-installed
 # pip warns about every missing local mirror folder on these machines; keep real errors visible.
 PIP_QUIET := 2>&1 | { grep -v -e "is ignored: it is neither a file nor a directory" || true; }
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist): the CI machine's 2 cores. The Launchpad launches run in turn on one
+# worker (tests/test_program.py); the shared tiny training run is trained once (tests/conftest.py).
+TEST_WORKERS ?= 2
 # make train: the Launchpad program (one process per node, 2 actors) with the small config on the
 # default suite, stopping itself after 9 minutes of training plus the final evaluation (~10 min).
 TRAIN_ARGS ?= --launch local_mp --config small --num-actors 2 --max-seconds 540
@@ -36,11 +39,11 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 test: setup
-	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 test-fast: setup
-	@rc=0; $(PY) -m pytest -m "not slow" $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "test-fast: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 train: setup

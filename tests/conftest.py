@@ -34,15 +34,18 @@ hypothesis.settings.load_profile(
 def trained_run(tmp_path_factory):
   """The tiny training run every test that needs a trained checkpoint shares, built once per test
   session (about a minute on 2 CPU cores; tests/trained.py): a dict with its `workdir` (a str,
-  named `run`), the trainer's `result`, its LearningCurve `curve`, `baselines`, `learner_log`,
-  `curve_rows` and `checkpoint_steps`, read right after training.
+  named `run`), the trainer's `result`, its learning curve's last evaluation `latest`,
+  `baselines`, `learner_log`, `curve_rows` and `checkpoint_steps`, read right after training.
 
   The work directory is shared: a test that changes a checkpoint copies the directory first. Its
   checkpoints are checked unchanged at the end of the session."""
   from tests import trained  # Loads JAX, Reverb and Launchpad: only when a test needs the run.
 
-  workdir = str(tmp_path_factory.mktemp("trained") / "run")
-  run = trained.train_tiny_run(workdir)
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    run = _shared_across_workers(tmp_path_factory, trained.train_tiny_run)
+  else:
+    run = trained.train_tiny_run(str(tmp_path_factory.mktemp("trained") / "run"))
+  workdir = run["workdir"]
   digests = trained.checkpoint_digests(workdir)
   yield run
   after = trained.checkpoint_digests(workdir)
@@ -52,3 +55,22 @@ def trained_run(tmp_path_factory):
   assert not changed, (
     f"a test changed the shared trained run's {changed}: copy {workdir} before changing it"
   )
+
+
+def _shared_across_workers(tmp_path_factory, train_tiny_run) -> dict:
+  """Under pytest-xdist (`make test`), the first worker to need the run trains it in the
+  directory all workers share and saves what it returned; the others wait on a lock and read it,
+  so the run is trained once per session, not once per worker. The file is this session's own
+  (a temporary directory of this test run), never an input from elsewhere."""
+  import fcntl
+  import pickle
+
+  shared = tmp_path_factory.getbasetemp().parent / "trained"
+  shared.mkdir(exist_ok=True)
+  saved = shared / "run.pkl"
+  with open(shared / "lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not saved.exists():
+      run = train_tiny_run(str(shared / "run"))
+      saved.write_bytes(pickle.dumps(run))
+    return pickle.loads(saved.read_bytes())

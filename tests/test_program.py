@@ -26,6 +26,9 @@ from malloczero.system.program import build_program, check_workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_TIMEOUT_S = 420
+# Under pytest-xdist (`make test` runs 2 workers) these launches of a whole program run on one
+# worker, one at a time: two programs of 7 node processes each would starve each other's nodes.
+LAUNCHES_IN_TURN = pytest.mark.xdist_group("launchpad")
 
 
 _LAUNCHES: list["_Launch"] = []
@@ -150,6 +153,7 @@ class _Launch:
 
 
 @pytest.mark.slow
+@LAUNCHES_IN_TURN
 def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_path):
   workdir = tmp_path / "run"
 
@@ -322,6 +326,7 @@ def test_single_process_train_refuses_another_configuration_and_keeps_its_config
 
 
 @pytest.mark.slow
+@LAUNCHES_IN_TURN
 def test_local_mt_runs_every_node_as_a_thread_and_finishes(tmp_path):
   workdir = tmp_path / "mt"
   result = subprocess.run(
@@ -355,6 +360,7 @@ def test_local_mt_runs_every_node_as_a_thread_and_finishes(tmp_path):
 
 
 @pytest.mark.slow
+@LAUNCHES_IN_TURN
 def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
   """A killed learner stops the whole program: exit 1, its last checkpoint intact, no orphans.
   With --node-output terminal through a pipe, node lines reach the console, uncoloured."""
@@ -433,6 +439,7 @@ def test_counter_file_is_aligned_with_the_checkpoint_step(tmp_path):
 
 
 @pytest.mark.slow
+@LAUNCHES_IN_TURN
 def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_killed(tmp_path):
   """A second train on a directory in use is refused; SIGKILL of the launcher stops every node
   (each saving what it owns) and the same command then resumes."""

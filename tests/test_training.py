@@ -79,9 +79,9 @@ def test_agent_beats_untrained_and_random_baseline(trained):
 
 
 def test_final_evaluation_mappings_are_valid(trained):
-  curve, rows = trained["curve"], trained["curve_rows"]
-  assert set(curve.latest) == {"train", "heldout"}
-  for split, results in curve.latest.items():
+  latest, rows = trained["latest"], trained["curve_rows"]
+  assert set(latest) == {"train", "heldout"}
+  for split, results in latest.items():
     specs = suite_games("tiny", split)
     assert [r.program for r in results] == [s.name for s in specs]
     for spec, r in zip(specs, results):

@@ -101,7 +101,7 @@ def train_tiny_run(workdir: str) -> dict:
   return dict(
     workdir=workdir,
     result=result,
-    curve=curve,
+    latest=curve.latest,  # The LearningCurve's last evaluation, {split: [EvaluationResult]}.
     baselines=baselines,
     learner_log=read_csv(os.path.join(workdir, "logs", "learner", "logs.csv")),
     curve_rows=read_csv(os.path.join(workdir, "learning_curve.csv")),
