@@ -374,7 +374,7 @@ def _program_row(
       msa_ms / time_ms,
       gap,
       result.info["greedy_speedup"] if label in agents else None,
-      result.info.get("policy_speedup") if label in agents else None,
+      result.info["policy_speedup"] if label in agents else None,
     )
   return ProgramRow(
     entry.name,
@@ -409,6 +409,7 @@ def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
     greedy = _own_play([o.greedy_speedup for o in outcomes], rows)
     policy = _own_play([o.policy_speedup for o in outcomes], rows)
     wins, ties, losses = _wins_ties_losses(ratios)
+    policy_wins, policy_ties, policy_losses = (None,) * 3 if policy is None else policy[2]
     solvers[name] = SolverSummary(
       speedup,
       solve_s,
@@ -423,9 +424,9 @@ def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
       greedy_vs_msa=None if greedy is None else greedy[1],
       geomean_policy_speedup=None if policy is None else policy[0],
       policy_vs_msa=None if policy is None else policy[1],
-      policy_wins=None if policy is None else policy[2][0],
-      policy_ties=None if policy is None else policy[2][1],
-      policy_losses=None if policy is None else policy[2][2],
+      policy_wins=policy_wins,
+      policy_ties=policy_ties,
+      policy_losses=policy_losses,
     )
   cpsat_optimal = (
     sum(r.cpsat.status == "optimal" for r in rows) if rows[0].cpsat is not None else None
