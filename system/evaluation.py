@@ -192,6 +192,14 @@ class SolverSummary:
   policy_ties: Optional[int] = None
   policy_losses: Optional[int] = None
 
+  def record(self) -> str:
+    """Its wins / ties / losses against msa, as the tables show them ("7/20/13")."""
+    return f"{self.wins}/{self.ties}/{self.losses}"
+
+  def policy_record(self) -> str:
+    """`record` of an agent's policy alone."""
+    return f"{self.policy_wins}/{self.policy_ties}/{self.policy_losses}"
+
 
 @dataclasses.dataclass(frozen=True)
 class SplitSummary:

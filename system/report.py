@@ -21,7 +21,6 @@ from malloczero.env.programs.suites import SPLITS, get_suite
 from malloczero.system.evaluation import (
   TIE_TOLERANCE,
   ProgramRow,
-  SolverSummary,
   SuiteEvaluation,
   best_agent,
   evaluate_suite,
@@ -144,7 +143,7 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
       else:
         versus = [
           _x(figures.geomean_vs_msa),
-          _wins_ties_losses(figures),
+          figures.record(),
           _x(figures.best_vs_msa),
           _x(figures.worst_vs_msa),
         ]
@@ -159,7 +158,7 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
         else [
           _x(figures.geomean_policy_speedup),
           _x(figures.policy_vs_msa),
-          f"{figures.policy_wins}/{figures.policy_ties}/{figures.policy_losses}",
+          figures.policy_record(),
         ]
       )
       body.append(
@@ -175,10 +174,6 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
         ]
       )
   return header, body
-
-
-def _wins_ties_losses(figures: SolverSummary) -> str:
-  return f"{figures.wins}/{figures.ties}/{figures.losses}"
 
 
 def quality_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]]:
@@ -203,7 +198,7 @@ def quality_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str
       line += [
         _x(figures.geomean_speedup),
         _x(figures.geomean_vs_msa),
-        _wins_ties_losses(figures),
+        figures.record(),
         _x(figures.geomean_greedy_speedup),
         _x(figures.geomean_policy_speedup),
       ]
@@ -451,7 +446,7 @@ def write_final_report(
         f"  {split}: agent {figures.geomean_speedup:.3f}x (greedy alone "
         f"{figures.geomean_greedy_speedup:.3f}x, {figures.greedy_vs_msa:.3f}x msa; policy alone "
         f"{figures.geomean_policy_speedup:.3f}x, {figures.policy_vs_msa:.4f}x msa, W/T/L "
-        f"{figures.policy_wins}/{figures.policy_ties}/{figures.policy_losses}), "
+        f"{figures.policy_record()}), "
         + ", ".join(f"{b} {s.solvers[b].geomean_speedup:.3f}x" for b in BASELINES)
         + f"; vs msa {figures.geomean_vs_msa:.3f}x (wins {figures.wins}, ties "
         f"{figures.ties}, losses {figures.losses} of {s.entries})"
