@@ -17,7 +17,7 @@ from malloczero.env.mapping import load_mapping
 from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
 from malloczero.env.validator import validate_mapping
 from malloczero.system.evaluation import evaluate_suite, load_agents
-from malloczero.system.report import mapping_file
+from malloczero.system.report import mapping_file, split_table
 from tests.trained import STEPS, read_checkpoint, write_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,6 +75,16 @@ def test_agent_rows_are_its_validated_mappings_and_agree_with_the_baselines(trai
     assert figures.policy_losses == sum(v < 1 - 1e-6 for v in policy)
     assert figures.policy_wins + figures.policy_ties + figures.policy_losses == len(rows)
   assert set(evaluation.summary) == {"all", "train", "heldout"}
+  # The split table shows both records as the counts above, "W/T/L".
+  header, body = split_table(evaluation)
+  for line in body:
+    if line[1] == "agent":
+      figures = evaluation.summary[line[0]].solvers["agent"]
+      record = f"{figures.wins}/{figures.ties}/{figures.losses}"
+      assert line[header.index("wins/ties/losses")] == record
+      assert line[header.index("policy W/T/L")] == (
+        f"{figures.policy_wins}/{figures.policy_ties}/{figures.policy_losses}"
+      )
 
 
 def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
