@@ -13,7 +13,8 @@ only place its names are spelt. It lives beside the configs because every layer 
   checkpoints/counter.json         the counter node's counts (distributed runs)
   baselines.json                   msa / greedy / bestfit / random speed-ups of the programs, with
                                    each baseline's version (a changed baseline is recomputed)
-  learning_curve.csv / .png        greedy evaluation of the agent against learner steps
+  learning_curve.csv / .png        greedy evaluation of the agent against learner steps (its
+                                   evaluation search, and its policy alone)
   logs/<label>/logs.csv            Acme CSV logs: learner, actor(s), evaluator
   tensorboard/<label>/             TensorBoard events (distributed runs)
   nodes/<name>.log                 each local_mp node's output

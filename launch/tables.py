@@ -50,20 +50,24 @@ def learning_curve_table(result: TrainingResult, config: Config) -> Table:
   """A single-process run's greedy evaluations against the baselines (system/single_process.py)."""
   table = Table(
     title=f"learning curve (greedy search, {config.search.eval_num_simulations} "
-    "simulations): geomean speed-up over all-slow"
+    "simulations, and the policy alone): geomean speed-up over all-slow; at least msa on"
   )
   baselines = list(next(iter(result.baselines.values())))
-  for column in ("learner steps", "elapsed", "split", "muzero", *baselines, "beats msa"):
+  columns = ("learner steps", "elapsed", "split", "muzero", "policy", *baselines)
+  for column in (*columns, "muzero >= msa", "policy >= msa"):
     table.add_column(column, justify="left" if column == "split" else "right")
   for row in result.curve:
-    split = row["split"]
+    split, programs = row["split"], row["programs"]
+    policy = row.get("policy_geomean_speedup")
     table.add_row(
       str(row["learner_steps"]),
       f"{float(row['elapsed_s']):.0f} s",
       split,
       f"{float(row['geomean_speedup']):.3f}x",
+      f"{float(policy):.3f}x" if policy not in (None, "") else "-",
       *(f"{result.baselines[split][b]:.3f}x" for b in baselines),
-      f"{row['beats_msa']}/{row['programs']}",
+      f"{row['beats_msa']}/{programs}",
+      f"{row['policy_beats_msa']}/{programs}" if policy not in (None, "") else "-",
     )
   return table
 

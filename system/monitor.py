@@ -191,9 +191,12 @@ def summary_line(
     )
   if evaluation is not None:
     split = evaluation["split"]
+    policy = evaluation.get("policy_geomean_speedup")
     line += (
       f" | eval @{evaluation['learner_steps']} {split} "
-      f"{float(evaluation['geomean_speedup']):.3f}x (msa {msa.get(split, float('nan')):.3f}x)"
+      f"{float(evaluation['geomean_speedup']):.3f}x"
+      + (f", policy {float(policy):.3f}x" if policy else "")
+      + f" (msa {msa.get(split, float('nan')):.3f}x)"
     )
   return line
 

@@ -526,8 +526,9 @@ class ActorNode:
 
 class EvaluatorNode:
   """Every `eval_every_steps` learner steps, plays the held-out programs greedily (evaluation
-  search: more simulations, no noise) with the latest parameters; appends to the learning curve
-  (workdir/learning_curve.csv, .png) and logs the geomean speed-up and its ratio to msa's."""
+  search: more simulations, no noise; and the policy alone) with the latest parameters; appends
+  to the learning curve (workdir/learning_curve.csv, .png) and logs both geomean speed-ups and
+  their ratios to msa's."""
 
   def __init__(self, config: Config, context: NodeContext, learner: Any, counter: Any):
     start_node(context, "evaluator")
@@ -571,13 +572,16 @@ class EvaluatorNode:
             "geomean_speedup": row["geomean_speedup"],
             "vs_msa": row["geomean_speedup"] / msa,
             "beats_msa": row["beats_msa"],
+            "policy_geomean_speedup": row["policy_geomean_speedup"],
+            "policy_vs_msa": row["policy_geomean_speedup"] / msa,
+            "policy_beats_msa": row["policy_beats_msa"],
           }
         )
         say(
           "evaluator",
-          f"step {int(steps)}: {split} geomean speed-up "
-          f"{row['geomean_speedup']:.3f} (msa {msa:.3f}), beats msa on {row['beats_msa']} of "
-          f"{row['programs']}",
+          f"step {int(steps)}: {split} geomean speed-up {row['geomean_speedup']:.3f} "
+          f"(policy alone {row['policy_geomean_speedup']:.3f}, msa {msa:.3f}), at least msa on "
+          f"{row['beats_msa']} (policy {row['policy_beats_msa']}) of {row['programs']}",
         )
         next_step = (int(steps) // every + 1) * every
     finally:

@@ -234,7 +234,8 @@ def _step_and_loss(row: dict[str, str]) -> Optional[tuple[int, float]]:
 def plot_learning_curves(
   workdirs: dict[str, str], references: dict[str, dict[str, float]], path: str, title: str
 ) -> Optional[str]:
-  """From each run's logs: the evaluated speed-up (learning_curve.csv) and the learner's loss
+  """From each run's logs: the evaluated speed-up (learning_curve.csv: the evaluation search's,
+  and the policy alone's where the curve has it) and the learner's loss
   (logs/learner/logs.csv) against learner steps. `references` is {split: {solver: geomean}},
   drawn as horizontal lines. Returns None (and draws nothing) when no run has logs."""
   curves = {label: _read_csv(WorkDir(d).learning_curve_csv) for label, d in workdirs.items()}
@@ -255,6 +256,22 @@ def plot_learning_curves(
           color=SPLIT_COLOURS[split],
           markersize=4,
           label=f"{label} ({split})",
+        )
+      policy = [
+        (int(r["learner_steps"]), float(r["policy_geomean_speedup"]))
+        for r in rows
+        if r["split"] == split and r.get("policy_geomean_speedup")
+      ]
+      if policy:  # The network's policy alone: hollow markers, thin line.
+        top.plot(
+          *zip(*sorted(policy)),
+          styles[i % len(styles)],
+          color=SPLIT_COLOURS[split],
+          markersize=5,
+          markerfacecolor="none",
+          linewidth=0.8,
+          alpha=0.8,
+          label=f"{label} ({split}, policy alone)",
         )
   for split, solvers in references.items():
     for solver, style in zip(solvers, ("--", (0, (5, 1, 1, 1)), ":", "-.")):

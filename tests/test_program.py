@@ -421,6 +421,14 @@ def test_summary_line_names_the_replay_wait_and_has_no_nan_or_negative_rates():
   # A resumed run at step 600 is not 'waiting' on a restored table and shows its step.
   resumed = RunSample(3.0, 600, 0, 0, 5000, 0, 0, 2)
   assert "learner 600/2000 (starting" in summary_line(resumed, None, 2000, 2, None, {}, 1000, 600)
+  # The last evaluation: the search's and the policy's speed-ups, or the search's alone for a
+  # curve written before it had the policy's column.
+  evaluation = {"learner_steps": "1000", "split": "heldout", "geomean_speedup": "1.7"}
+  msa = {"heldout": 1.682}
+  line = summary_line(stepping, ready, 400, 2, dict(evaluation, policy_geomean_speedup="1.68"), msa)
+  assert line.endswith(" | eval @1000 heldout 1.700x, policy 1.680x (msa 1.682x)")
+  line = summary_line(stepping, ready, 400, 2, dict(evaluation, policy_geomean_speedup=""), msa)
+  assert line.endswith(" | eval @1000 heldout 1.700x (msa 1.682x)")
 
 
 def test_counter_file_is_aligned_with_the_checkpoint_step(tmp_path):
