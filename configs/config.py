@@ -94,6 +94,10 @@ class LearnerConfig:
   # Share of those windows placed so that the policy is fitted at a step where the demonstration
   # leaves msa's move (replay/demonstrations.py `Demonstrations.sample`); the rest are uniform.
   demonstration_departures: float = 0.0
+  # Share of the items sampled from replay whose policy targets at states 0..K are searched
+  # again with the learner's current parameters before each step (learner/reanalyse.py; MuZero
+  # Reanalyse); self-imitation targets and demonstrations keep theirs. 0 turns it off.
+  reanalyse_fraction: float = 0.0
 
   def __post_init__(self):
     if not 0.0 <= self.demonstration_fraction < 1.0:
@@ -104,6 +108,8 @@ class LearnerConfig:
       raise ValueError(
         f"demonstration_departures must be in [0, 1], got {self.demonstration_departures}"
       )
+    if not 0.0 <= self.reanalyse_fraction <= 1.0:
+      raise ValueError(f"reanalyse_fraction must be in [0, 1], got {self.reanalyse_fraction}")
 
   @property
   def demonstration_batch(self) -> int:
@@ -114,6 +120,11 @@ class LearnerConfig:
   def replay_batch(self) -> int:
     """Items sampled from replay per batch: the rest of `batch_size`."""
     return self.batch_size - self.demonstration_batch
+
+  @property
+  def reanalyse_batch(self) -> int:
+    """Items of each batch's replay share whose policy targets are searched again."""
+    return int(round(self.reanalyse_fraction * self.replay_batch))
 
   @property
   def sequence_length(self) -> int:

@@ -90,6 +90,16 @@ TUNING_FLAGS = (
     "FRACTION",
   ),
   TuningFlag(
+    "--reanalyse",
+    "learner",
+    "reanalyse_fraction",
+    "share of the items sampled from replay whose policy targets the learner searches again "
+    "with its current parameters (MuZero Reanalyse; self-imitation targets and demonstrations "
+    "keep theirs)",
+    probability,
+    "FRACTION",
+  ),
+  TuningFlag(
     "--q-spread-floor",
     "search",
     "q_spread_floor",

@@ -35,6 +35,7 @@ from malloczero.learner.checkpoint import (
 )
 from malloczero.learner.losses import muzero_loss
 from malloczero.learner.networks import MuZeroNetworks, Observation, Params
+from malloczero.learner.reanalyse import ReanalyseFn, make_reanalyse_fn
 from malloczero.replay.demonstrations import Demonstrations
 from malloczero.replay.types import Batch, Step
 
@@ -173,6 +174,11 @@ def make_sgd_step(
   return jax.jit(sgd_step)
 
 
+# Cached like `make_sgd_step`: learners built with the same networks and search share one
+# compiled reanalyse.
+make_reanalyse = functools.lru_cache(maxsize=8)(make_reanalyse_fn)
+
+
 # ------------------------------------------------------------------------------ the learner
 
 
@@ -195,6 +201,10 @@ class MuZeroLearner:
     candidates_dir: with `config.select_checkpoints` above 1, where a checkpoint is kept every
       `config.eval_every_steps` steps for the final evaluation's selection (the newest
       `select_checkpoints` of them; older ones are deleted).
+
+  With `learner.reanalyse_fraction` above 0, the first `learner.reanalyse_batch` sampled items
+  of each batch get fresh policy targets at states 0..K from a search with the current
+  parameters before the step (learner/reanalyse.py).
   """
 
   def __init__(
@@ -224,6 +234,10 @@ class MuZeroLearner:
     self._checkpoint_dir = checkpoint_dir
     self._logger = logger
     self._sgd_step = make_sgd_step(networks, config)
+    self._reanalyse: Optional[ReanalyseFn] = None
+    if config.learner.reanalyse_batch:
+      self._reanalyse = make_reanalyse(networks, config.search)
+    self._reanalyse_rng = jax.random.PRNGKey(seed + 1)
     self._lock = threading.Lock()  # Guards _state swaps against get_variables/save in threads.
     self._state = make_initial_state(networks, config, jax.random.PRNGKey(seed))
     self._num_steps = 0
@@ -259,6 +273,9 @@ class MuZeroLearner:
     )
     steps, exact_values = batch.steps, None
     num_sampled = len(weights)
+    reanalysed: dict[str, float] = {}
+    if self._reanalyse is not None:
+      steps, reanalysed = self._reanalysed(steps)
     num_demonstrations = self._config.learner.demonstration_batch
     if self._demonstrations is not None and num_demonstrations:
       demo_steps, demo_weights = self._demonstrations.sample(num_demonstrations)
@@ -279,6 +296,7 @@ class MuZeroLearner:
     self._last_step_end = now
     result = {k: float(v) for k, v in metrics.items()}
     result["learner_steps"] = float(self._num_steps)
+    result.update(reanalysed)
     if self._demonstrations is not None:
       result["demonstrations_improved"] = float(self._demonstrations.num_improved())
       result["demonstration_replays"] = float(self._demonstrations.num_replays)
@@ -292,6 +310,32 @@ class MuZeroLearner:
     if self._logger is not None:
       self._logger.write(result)
     return result
+
+  def _reanalysed(self, steps: Step) -> tuple[Step, dict[str, float]]:
+    """The sampled steps with the first `reanalyse_batch` items' policy targets at states 0..K
+    searched again with the current parameters, and what that changed: the share of those
+    states reanalysed and the mean total variation of their targets."""
+    rows, states = self._config.learner.reanalyse_batch, self._config.learner.unroll_steps + 1
+    head = lambda x: x[:rows, :states]
+    self._reanalyse_rng, key = jax.random.split(self._reanalyse_rng)
+    output = self._reanalyse(
+      self._state.params,
+      key,
+      jax.tree_util.tree_map(head, steps.observation),
+      head(steps.policy),
+      head(steps.action),
+      head(steps.valid),
+    )
+    fresh, replaced, shift = jax.device_get(output)
+    policy = np.array(steps.policy, np.float32)
+    policy[:rows, :states] = fresh
+    real = max(float(np.sum(head(steps.valid) > 0)), 1.0)
+    count = float(replaced.sum())
+    metrics = {
+      "reanalysed_share": count / real,
+      "reanalyse_policy_shift": float(shift.sum()) / max(count, 1.0),
+    }
+    return steps._replace(policy=policy), metrics
 
   def run(self, num_steps: Optional[int] = None) -> dict[str, float]:
     """Runs `num_steps` steps (default: up to `config.max_learner_steps`), saves if it has a

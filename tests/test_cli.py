@@ -223,6 +223,7 @@ def test_train_rejects_bad_flags_in_one_line():
     (("train", "--hardware", "tpu-v4i-like"), 1),
     (("train", "--demonstrations", "1"), 2),
     (("train", "--demonstration-departures", "1.5"), 2),
+    (("train", "--reanalyse", "1.5"), 2),
     (("train", "--q-spread-floor", "-1"), 2),
     (("train", "--q-spread-floor", "inf"), 2),
     (("train", "--eval-msa-prior", "-2"), 2),
@@ -386,15 +387,19 @@ def test_train_demonstration_and_search_flags_reach_the_config():
       "0",
       "--demonstration-departures",
       "1",
+      "--reanalyse",
+      "0.5",
     ]
   )
   config = train_config(args)
+  # tiny: 32 items a batch, all from replay with no demonstrations; half of them reanalysed.
+  assert config.learner.reanalyse_fraction == 0.5 and config.learner.reanalyse_batch == 16
   assert config.learner.demonstration_fraction == 0.0 and config.learner.demonstration_batch == 0
   assert config.learner.demonstration_departures == 1.0
   assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
   default = train_config(build_parser().parse_args(["train"]))  # The small preset.
   assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.01
-  assert default.search.eval_msa_prior_logit == 0.0
+  assert default.search.eval_msa_prior_logit == 0.0 and default.learner.reanalyse_batch == 0
   assert default.game.reward == "advantage" and default.actor.segment_moves == 64
   timed = train_config(
     build_parser().parse_args(["train", "--reward", "time", "--segment-moves", "0"])

@@ -226,6 +226,78 @@ def test_loss_uses_n_step_targets_with_target_network_bootstrap(batch):
   np.testing.assert_allclose(metrics["value_target"], expected.mean(), atol=2e-3)
 
 
+# ------------------------------------------------------------------------------ reanalyse
+
+
+def _with_self_imitation_target(steps: Step, row: int, state: int) -> Step:
+  """The steps with a self-imitation target at (row, state): one-hot on a legal move other than
+  the one played, as an actor writes msa's move where a game that lost to msa left it."""
+  legal = np.flatnonzero(steps.observation["legal_actions"][row, state])
+  other = int(legal[legal != steps.action[row, state]][0])
+  policy = np.array(steps.policy)
+  policy[row, state] = np.eye(policy.shape[-1])[other]
+  return steps._replace(policy=policy)
+
+
+def test_reanalyse_searches_real_states_and_keeps_self_imitation_targets(batch):
+  from malloczero.actors.search import make_search_fn
+  from malloczero.learner.reanalyse import make_reanalyse_fn, self_imitation_targets
+
+  params = learner_lib.make_initial_state(NETWORKS, CONFIG, jax.random.PRNGKey(0)).params
+  head = lambda x: np.asarray(x)[:8, : K + 1]
+  steps = jax.tree_util.tree_map(head, batch.steps)
+  assert steps.valid.min() == 0  # Some items end inside the unroll.
+  steps = _with_self_imitation_target(steps, 0, 1)
+  imitation = np.asarray(self_imitation_targets(steps.policy, steps.action))
+  assert imitation.sum() == 1 and imitation[0, 1]
+  key = jax.random.PRNGKey(3)
+  out = jax.device_get(
+    make_reanalyse_fn(NETWORKS, CONFIG.search)(
+      params, key, steps.observation, steps.policy, steps.action, steps.valid
+    )
+  )
+  np.testing.assert_array_equal(out.reanalysed, (steps.valid > 0) & ~imitation)
+  kept = ~out.reanalysed
+  np.testing.assert_array_equal(out.policy[kept], steps.policy[kept])
+  assert np.all(out.shift[kept] == 0)
+  # The fresh targets are the actors' training search on the same states with the same key.
+  flat = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), steps.observation)
+  search = make_search_fn(NETWORKS, CONFIG.search)(params, key, flat)
+  expected = np.asarray(search.action_weights).reshape(out.policy.shape)
+  np.testing.assert_allclose(out.policy[out.reanalysed], expected[out.reanalysed], atol=1e-6)
+  fresh = out.policy[out.reanalysed]
+  np.testing.assert_allclose(fresh.sum(-1), 1.0, rtol=1e-5)
+  assert np.all(fresh[~steps.observation["legal_actions"][out.reanalysed]] == 0)
+  # An untrained search is not the stored policy wherever there is a choice.
+  choice = out.reanalysed & (steps.observation["legal_actions"].sum(-1) > 1)
+  assert choice.any() and np.all(out.shift[choice] > 0)
+  assert np.all(out.shift[out.reanalysed & ~choice] < 1e-6)
+
+
+def test_learner_reanalyses_the_first_sampled_items_only(batch):
+  import dataclasses
+
+  config = dataclasses.replace(
+    CONFIG, learner=dataclasses.replace(CONFIG.learner, reanalyse_fraction=0.25)
+  )
+  rows = config.learner.reanalyse_batch
+  assert 0 < rows < config.learner.replay_batch
+  learner = MuZeroLearner(NETWORKS, config, lambda: batch, seed=0)
+  stored = _with_self_imitation_target(batch.steps, 0, 1)
+  steps, metrics = learner._reanalysed(stored)
+  changed = np.any(steps.policy != stored.policy, axis=-1)  # [B, L]
+  assert changed[:rows, : K + 1].any() and not changed[0, 1]
+  assert not changed[rows:].any() and not changed[:, K + 1 :].any()
+  real = stored.valid[:rows, : K + 1] > 0
+  assert not changed[:rows, : K + 1][~real].any()
+  # Every real state but the self-imitation target was searched again.
+  assert metrics["reanalysed_share"] == pytest.approx((real.sum() - 1) / real.sum())
+  assert metrics["reanalyse_policy_shift"] > 0
+  history = [learner.step() for _ in range(2)]
+  assert all(0 < m["reanalysed_share"] <= 1 for m in history)
+  assert all(np.isfinite(m["loss"]) for m in history)
+
+
 def test_importance_weights():
   w = importance_weights(np.array([0.1, 0.2, 0.4]), 0.5)
   np.testing.assert_allclose(w, [1.0, 0.5**0.5, 0.25**0.5], rtol=1e-6)
