@@ -24,7 +24,6 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from malloczero.actors.search import make_search_fn
 from malloczero.configs.config import SearchConfig
 from malloczero.learner.networks import MuZeroNetworks, Observation, Params
 
@@ -55,6 +54,9 @@ def make_reanalyse_fn(networks: MuZeroNetworks, search: SearchConfig) -> Reanaly
   """Jitted `(params, rng, observation [R, T, ...], policy [R, T, A], action [R, T], valid
   [R, T]) -> ReanalyseOutput`: the actors' training search (`search.num_simulations`, Gumbel
   noise) run on all R x T states at once."""
+  # Imported here: actors.search imports the learner package, which imports this module.
+  from malloczero.actors.search import make_search_fn
+
   search_fn = make_search_fn(networks, search, evaluation=False, jit=False)
 
   def reanalyse(params, rng, observation, policy, action, valid):

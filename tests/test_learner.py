@@ -448,3 +448,16 @@ def test_restore_errors_are_one_line(tmp_path, batch):
   assert "\n" not in str(error.value)
   with pytest.raises(MalloczeroError, match="no checkpoint path"):
     learner.save()
+
+
+@pytest.mark.parametrize(
+  "module", ["malloczero.actors.search", "malloczero.learner.reanalyse", "malloczero.system.nodes"]
+)
+def test_each_agent_module_imports_first_in_a_fresh_process(module):
+  """The learner imports the actors' search (reanalyse) and the search the learner's networks: a
+  process whose first import is either must not meet a partly initialised module."""
+  import subprocess
+  import sys
+
+  done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]
