@@ -35,7 +35,7 @@ from malloczero.learner.checkpoint import (
 )
 from malloczero.learner.losses import muzero_loss
 from malloczero.learner.networks import MuZeroNetworks, Observation, Params
-from malloczero.learner.reanalyse import ReanalyseFn, make_reanalyse_fn
+from malloczero.learner.reanalyse import ReanalyseFn, SearchFn, make_reanalyse_fn
 from malloczero.replay.demonstrations import Demonstrations
 from malloczero.replay.types import Batch, Step
 
@@ -174,11 +174,6 @@ def make_sgd_step(
   return jax.jit(sgd_step)
 
 
-# Cached like `make_sgd_step`: learners built with the same networks and search share one
-# compiled reanalyse.
-make_reanalyse = functools.lru_cache(maxsize=8)(make_reanalyse_fn)
-
-
 # ------------------------------------------------------------------------------ the learner
 
 
@@ -203,8 +198,8 @@ class MuZeroLearner:
       `select_checkpoints` of them; older ones are deleted).
 
   With `learner.reanalyse_fraction` above 0, the first `learner.reanalyse_batch` sampled items
-  of each batch get fresh policy targets at states 0..K from a search with the current
-  parameters before the step (learner/reanalyse.py).
+  of each batch get fresh policy targets at states 0..K from `reanalyse_search` (the actors'
+  training search, unjitted) with the current parameters before the step (learner/reanalyse.py).
   """
 
   def __init__(
@@ -218,6 +213,7 @@ class MuZeroLearner:
     logger: Any = None,
     demonstrations: Optional[Demonstrations] = None,
     candidates_dir: Optional[str] = None,
+    reanalyse_search: Optional[SearchFn] = None,
   ):
     self._networks = networks
     self._candidates_dir = candidates_dir if config.select_checkpoints > 1 else None
@@ -236,7 +232,9 @@ class MuZeroLearner:
     self._sgd_step = make_sgd_step(networks, config)
     self._reanalyse: Optional[ReanalyseFn] = None
     if config.learner.reanalyse_batch:
-      self._reanalyse = make_reanalyse(networks, config.search)
+      if reanalyse_search is None:
+        raise ValueError("reanalyse_fraction > 0 needs the search to reanalyse with")
+      self._reanalyse = make_reanalyse_fn(reanalyse_search)
     self._reanalyse_rng = jax.random.PRNGKey(seed + 1)
     self._lock = threading.Lock()  # Guards _state swaps against get_variables/save in threads.
     self._state = make_initial_state(networks, config, jax.random.PRNGKey(seed))

@@ -18,14 +18,13 @@ What keeps its stored target:
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
 
-from malloczero.configs.config import SearchConfig
-from malloczero.learner.networks import MuZeroNetworks, Observation, Params
+from malloczero.learner.networks import Observation, Params
 
 # A stored target at least this peaked on a move other than the one played is a self-imitation
 # target (a search's own weights put at most about 1 - 1e-3 on one move of several legal ones).
@@ -37,6 +36,11 @@ class ReanalyseOutput(NamedTuple):
   reanalysed: chex.Array  # [R, T] bool: the states whose target the search replaced.
   shift: chex.Array  # [R, T]: total variation between stored and fresh targets (0 if kept).
 
+
+# The actors' training search, unjitted: `(params, rng, observation [N, ...])` -> an output with
+# `action_weights [N, A]` (actors/search.py `make_search_fn(..., evaluation=False, jit=False)`;
+# the system's builder passes it in, as the learner does not import the actors).
+SearchFn = Callable[[Params, chex.PRNGKey, Observation], Any]
 
 ReanalyseFn = Callable[
   [Params, chex.PRNGKey, Observation, chex.Array, chex.Array, chex.Array], ReanalyseOutput
@@ -50,14 +54,10 @@ def self_imitation_targets(policy: chex.Array, action: chex.Array) -> chex.Array
   return (policy.max(-1) >= ONE_HOT) & (played < ONE_HOT)
 
 
-def make_reanalyse_fn(networks: MuZeroNetworks, search: SearchConfig) -> ReanalyseFn:
+def make_reanalyse_fn(search_fn: SearchFn) -> ReanalyseFn:
   """Jitted `(params, rng, observation [R, T, ...], policy [R, T, A], action [R, T], valid
-  [R, T]) -> ReanalyseOutput`: the actors' training search (`search.num_simulations`, Gumbel
-  noise) run on all R x T states at once."""
-  # Imported here: actors.search imports the learner package, which imports this module.
-  from malloczero.actors.search import make_search_fn
-
-  search_fn = make_search_fn(networks, search, evaluation=False, jit=False)
+  [R, T]) -> ReanalyseOutput`: `search_fn` (the actors' training search: its simulations and
+  Gumbel noise) run on all R x T states at once."""
 
   def reanalyse(params, rng, observation, policy, action, valid):
     rows, length = valid.shape

@@ -19,6 +19,7 @@ from acme.utils import loggers
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult, OfferFn
 from malloczero.actors.games import GamePool, GameSpec, program_specs
+from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient, VariableSource
 from malloczero.configs.config import ActorConfig, Config
 from malloczero.configs.workdir import WorkDir
@@ -115,6 +116,11 @@ def make_learner(
     checkpoint_dir=workdir.checkpoints,
     demonstrations=demonstrations,
     candidates_dir=workdir.candidates,
+    reanalyse_search=(
+      make_search_fn(networks, config.search, evaluation=False, jit=False)
+      if config.learner.reanalyse_batch
+      else None
+    ),
   )
   if demonstrations is not None:
     # In the background: replaying msa on every program takes tens of seconds, and the actors

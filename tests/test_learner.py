@@ -252,7 +252,7 @@ def test_reanalyse_searches_real_states_and_keeps_self_imitation_targets(batch):
   assert imitation.sum() == 1 and imitation[0, 1]
   key = jax.random.PRNGKey(3)
   out = jax.device_get(
-    make_reanalyse_fn(NETWORKS, CONFIG.search)(
+    make_reanalyse_fn(make_search_fn(NETWORKS, CONFIG.search, jit=False))(
       params, key, steps.observation, steps.policy, steps.action, steps.valid
     )
   )
@@ -282,7 +282,12 @@ def test_learner_reanalyses_the_first_sampled_items_only(batch):
   )
   rows = config.learner.reanalyse_batch
   assert 0 < rows < config.learner.replay_batch
-  learner = MuZeroLearner(NETWORKS, config, lambda: batch, seed=0)
+  from malloczero.actors.search import make_search_fn
+
+  with pytest.raises(ValueError, match="needs the search"):
+    MuZeroLearner(NETWORKS, config, lambda: batch, seed=0)
+  search = make_search_fn(NETWORKS, config.search, jit=False)
+  learner = MuZeroLearner(NETWORKS, config, lambda: batch, seed=0, reanalyse_search=search)
   stored = _with_self_imitation_target(batch.steps, 0, 1)
   steps, metrics = learner._reanalysed(stored)
   changed = np.any(steps.policy != stored.policy, axis=-1)  # [B, L]
