@@ -459,8 +459,9 @@ def test_restore_errors_are_one_line(tmp_path, batch):
   "module", ["malloczero.actors.search", "malloczero.learner.reanalyse", "malloczero.system.nodes"]
 )
 def test_each_agent_module_imports_first_in_a_fresh_process(module):
-  """The learner imports the actors' search (reanalyse) and the search the learner's networks: a
-  process whose first import is either must not meet a partly initialised module."""
+  """The actors' search imports the learner's networks, and reanalyse takes that search from the
+  system's builder: a process whose first import is any of them must not meet a partly
+  initialised module."""
   import subprocess
   import sys
 
