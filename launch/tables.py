@@ -58,16 +58,16 @@ def learning_curve_table(result: TrainingResult, config: Config) -> Table:
     table.add_column(column, justify="left" if column == "split" else "right")
   for row in result.curve:
     split, programs = row["split"], row["programs"]
-    policy = row.get("policy_geomean_speedup")
+    policy = row.get("policy_geomean_speedup") or None  # Empty in curves written before it.
     table.add_row(
       str(row["learner_steps"]),
       f"{float(row['elapsed_s']):.0f} s",
       split,
       f"{float(row['geomean_speedup']):.3f}x",
-      f"{float(policy):.3f}x" if policy not in (None, "") else "-",
+      f"{float(policy):.3f}x" if policy else "-",
       *(f"{result.baselines[split][b]:.3f}x" for b in baselines),
       f"{row['beats_msa']}/{programs}",
-      f"{row['policy_beats_msa']}/{programs}" if policy not in (None, "") else "-",
+      f"{row['policy_beats_msa']}/{programs}" if policy else "-",
     )
   return table
 

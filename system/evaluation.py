@@ -416,7 +416,7 @@ def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
     ratios = [o.vs_msa for o in outcomes]
     greedy = _own_play([o.greedy_speedup for o in outcomes], rows)
     policy = _own_play([o.policy_speedup for o in outcomes], rows)
-    wins, ties, losses = _wins_ties_losses(ratios)
+    wins, ties, losses = wins_ties_losses(ratios)
     policy_wins, policy_ties, policy_losses = (None,) * 3 if policy is None else policy[2]
     solvers[name] = SolverSummary(
       speedup,
@@ -450,10 +450,10 @@ def _own_play(
   if any(s is None for s in speedups):
     return None
   ratios = [s / r.outcomes["msa"].speedup for s, r in zip(speedups, rows)]
-  return geomean(speedups), geomean(ratios), _wins_ties_losses(ratios)
+  return geomean(speedups), geomean(ratios), wins_ties_losses(ratios)
 
 
-def _wins_ties_losses(ratios: Sequence[float]) -> tuple[int, int, int]:
+def wins_ties_losses(ratios: Sequence[float]) -> tuple[int, int, int]:
   """Programs faster than msa beyond TIE_TOLERANCE, within it, slower beyond it."""
   return (  # Python ints whatever the ratios' type: they go into JSON.
     sum(int(v > 1 + TIE_TOLERANCE) for v in ratios),

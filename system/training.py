@@ -26,7 +26,7 @@ from malloczero.configs.workdir import WorkDir
 from malloczero.env.solvers.registry import BASELINES as BASELINES_REGISTRY
 from malloczero.learner.networks import MuZeroNetworks
 from malloczero.system.baseline_cache import BaselineCache, open_cache
-from malloczero.system.evaluation import TIE_TOLERANCE, geomean
+from malloczero.system.evaluation import geomean, wins_ties_losses
 
 _log = logging.getLogger("malloczero.training")
 
@@ -244,8 +244,10 @@ class LearningCurve:
 
 
 def _at_least_msa(speedups: dict[str, float], msa: dict[str, float]) -> int:
-  """How many programs' speed-ups are at least msa's (ties within `TIE_TOLERANCE` count)."""
-  return sum(speedup / msa[program] >= 1 - TIE_TOLERANCE for program, speedup in speedups.items())
+  """How many programs' speed-ups are at least msa's: its wins and ties, as the evaluation
+  counts them."""
+  wins, ties, _ = wins_ties_losses([speedup / msa[p] for p, speedup in speedups.items()])
+  return wins + ties
 
 
 class Stopwatch:
