@@ -9,7 +9,9 @@ the parts are in system/loops.py.
 
 from __future__ import annotations
 
+import csv
 import functools
+import io
 import os
 import threading
 from typing import Any, Callable, Optional, Sequence
@@ -21,6 +23,7 @@ from malloczero.actors.actor import BatchedActor, EpisodeResult, OfferFn
 from malloczero.actors.games import GamePool, GameSpec, program_specs
 from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient, VariableSource
+from malloczero.common.files import write_text
 from malloczero.configs.config import ActorConfig, Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.env.validator import validate_mapping
@@ -183,6 +186,37 @@ def make_evaluator(
   )
 
 
+class ResumableCSVLogger(loggers.CSVLogger):
+  """Acme's CSV logger (one row per write, the columns fixed at the first write), for a log that a
+  resumed run appends to: its rows follow the columns of the file's header, and fields the header
+  lacks (a flag turned on at the resume, such as `--reanalyse`) become new columns, the file
+  rewritten once with them (earlier rows blank there). Acme's own logger writes such rows under
+  the old header, every column after a new one shifted."""
+
+  def write(self, data: loggers.LoggingData) -> None:
+    # pylint: disable=protected-access  # Acme's writer is made at the first write; made here.
+    if self._writer is None and self._file_owner and self._file.tell() > 0:
+      self._writer = self._appending_writer(sorted(data.keys()))
+    super().write(data)
+
+  def _appending_writer(self, keys: list[str]) -> csv.DictWriter:
+    path = self._file.name
+    self._file.close()
+    with open(path, encoding="utf-8", newline="") as f:
+      reader = csv.DictReader(f)
+      fields, rows = list(reader.fieldnames or []), list(reader)
+    added = [k for k in keys if k not in fields]
+    if added:
+      fields += added
+      text = io.StringIO()
+      writer = csv.DictWriter(text, fields, restval="")
+      writer.writeheader()
+      writer.writerows(rows)
+      write_text(path, text.getvalue())
+    self._file = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+    return csv.DictWriter(self._file, fieldnames=fields, extrasaction="ignore", restval="")
+
+
 def make_logger(
   workdir: WorkDir,
   label: str,
@@ -195,7 +229,7 @@ def make_logger(
   """Acme's logger for one part of a run: CSV rows in `workdir.log_csv(label)`; with `print_fn`,
   console lines at most every `print_every_s`; with `tensorboard`, events stepped by `steps_key`.
   A `time_delta` drops rows written sooner than that after the last one."""
-  targets: list[loggers.Logger] = [loggers.CSVLogger(workdir.root, label=label, add_uid=False)]
+  targets: list[loggers.Logger] = [ResumableCSVLogger(workdir.root, label=label, add_uid=False)]
   if print_fn is not None:
     targets.append(loggers.TerminalLogger(label=label, print_fn=print_fn, time_delta=print_every_s))
   if tensorboard:

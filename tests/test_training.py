@@ -9,6 +9,7 @@ instead of compiling them again (the networks are pure functions of their config
 changes nothing else).
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -126,14 +127,24 @@ def test_demonstrations_hold_each_training_programs_best_known_game(trained):
 
 
 def test_resume_continues_from_checkpoint(trained, tmp_path):
+  """The resumed run also turns reanalyse on, as `train --reanalyse` at a resume would: the
+  builder gives the learner the actors' search, and the learner's log gains its columns."""
   workdir = str(tmp_path / "run")  # A copy: the shared run stays as it was trained.
   shutil.copytree(trained["workdir"], workdir)
-  result, _ = train(workdir, RESUMED_STEPS)
+  reanalysing = dataclasses.replace(
+    CONFIG, learner=dataclasses.replace(CONFIG.learner, reanalyse_fraction=0.5)
+  )
+  result, _ = train(workdir, RESUMED_STEPS, reanalysing)
   assert result.learner_steps == RESUMED_STEPS == checkpoint_steps(workdir)
   log = read_csv(os.path.join(workdir, "logs", "learner", "logs.csv"))
   steps = [int(float(r["learner_steps"])) for r in log]
-  # The learner went on from step STEPS + 1, not from 1.
+  # The learner went on from step STEPS + 1, not from 1, and every row kept its columns: the
+  # earlier rows are blank in the new ones, the resumed rows reanalysed part of their batches.
   assert steps == list(range(1, RESUMED_STEPS + 1))
+  assert [r["loss"] for r in log[:STEPS]] == [r["loss"] for r in trained["learner_log"]]
+  assert {r["reanalysed_share"] for r in log[:STEPS]} == {""}
+  shares = [float(r["reanalysed_share"]) for r in log[STEPS:]]
+  assert all(0.0 <= share <= 1.0 for share in shares) and max(shares) > 0.0, shares
   rows = read_csv(os.path.join(workdir, "learning_curve.csv"))
   before = trained["curve_rows"]
   assert rows[: len(before)] == before

@@ -70,7 +70,7 @@ def write_checkpoint(file, metadata, arrays):
   np.savez(file, metadata=np.frombuffer(json.dumps(metadata).encode(), np.uint8), **arrays)
 
 
-def train(workdir, max_learner_steps):
+def train(workdir, max_learner_steps, config=CONFIG):
   """Runs the trainer and returns (result, the LearningCurve it used)."""
   curves = []
 
@@ -83,7 +83,7 @@ def train(workdir, max_learner_steps):
     patch.setattr(single_process, "make_networks", cached_make_networks)
     patch.setattr(builder, "LearningCurve", RecordingCurve)
     result = train_single_process(
-      CONFIG,
+      config,
       workdir,
       max_learner_steps=max_learner_steps,
       eval_every_steps=EVAL_EVERY,
