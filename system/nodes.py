@@ -536,16 +536,12 @@ class EvaluatorNode:
     self._learner, self._counter = learner, counter
 
   def run(self) -> None:
-    from malloczero.actors.games import program_specs
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_evaluator
-    from malloczero.system.training import Stopwatch
+    from malloczero.system.training import Stopwatch, evaluator_split
 
     config = self._config
-    split = "heldout" if config.distributed.heldout_only_evaluator else "train"
-    specs = program_specs(config, split)
-    if not specs:  # `train --workload` alone: its programs are all training programs.
-      split, specs = "train", program_specs(config, "train")
+    split, specs = evaluator_split(config)
     networks = make_networks(config.network, config.game)
     curve = make_evaluator(
       networks, config, self._context.files, {split: specs}, offer=self._learner.offer_demonstration

@@ -60,6 +60,7 @@ from malloczero.system.nodes import (
 from malloczero.system.training import (
   baseline_speedups,
   check_workdir,
+  complete_learning_curve,
   refuse_finished,
   save_config,
 )
@@ -423,6 +424,8 @@ def _launch_training(
     f"program stopped ({result.describe()}) at learner step {steps}; checkpoint in "
     f"{files.checkpoints}"
   )
+  if final_report and result.ok and steps > 0:
+    complete_learning_curve(config, workdir, steps, monitor.elapsed, print_fn)
   if final_report and result.ok and steps > 0 and config.suite:
     from malloczero.system.report import write_final_report
 

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -241,6 +241,49 @@ class LearningCurve:
       " hollow markers: the policy alone)",
     )
     return path
+
+
+def evaluator_split(config: Config) -> tuple[str, list[GameSpec]]:
+  """The split the distributed evaluator's curve follows and its programs: the held-out ones
+  (the training ones with `distributed.heldout_only_evaluator` off, or in a run that has no
+  held-out programs, as `train --workload`)."""
+  from malloczero.actors.games import program_specs
+
+  split = "heldout" if config.distributed.heldout_only_evaluator else "train"
+  specs = program_specs(config, split)
+  if not specs:
+    split, specs = "train", program_specs(config, "train")
+  return split, specs
+
+
+def complete_learning_curve(
+  config: Config,
+  workdir: str,
+  learner_steps: int,
+  elapsed_s: float,
+  print_fn: Callable[[str], None] = print,
+) -> Optional[dict[str, Any]]:
+  """Evaluates the checkpoint of a distributed run that stopped at `learner_steps` for its
+  learning curve when the evaluator had not (the run stops at its step limit while the evaluator
+  waits for that step or still plays an earlier one), so that the curve ends with the network the
+  run ends with, as a single-process run's does; the new row, or None when the curve already
+  ends there."""
+  from malloczero.learner.checkpoint import load_params
+  from malloczero.learner.networks import make_networks
+
+  split, specs = evaluator_split(config)
+  curve = LearningCurve(make_networks(config.network, config.game), config, workdir, {split: specs})
+  evaluated = [int(r["learner_steps"]) for r in curve.rows if r["split"] == split]
+  if evaluated and max(evaluated) >= learner_steps:
+    return None
+  print_fn(
+    "the evaluator stopped "
+    + (f"at step {max(evaluated)}" if evaluated else "before its first evaluation")
+    + f": evaluating step {learner_steps} on the {split} programs for the learning curve"
+  )
+  params = load_params(WorkDir(workdir).checkpoints)
+  (row,) = curve.evaluate(params, learner_steps, elapsed_s)
+  return row
 
 
 def _at_least_msa(speedups: dict[str, float], msa: dict[str, float]) -> int:

@@ -3,6 +3,7 @@ Vertex AI program built (not launched) for 64 actors."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
@@ -194,6 +195,12 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   ):
     assert (workdir / name).exists(), name
   assert list((workdir / "tensorboard" / "learner").iterdir()), "no TensorBoard events"
+  # The evaluator (every 1,000 steps) never reached step 600: the launcher played it after the
+  # nodes stopped, so the curve ends with the network the run ends with.
+  curve = list(csv.DictReader((workdir / "learning_curve.csv").open()))
+  assert [int(r["learner_steps"]) for r in curve][-1] == 600, curve
+  assert curve[-1]["split"] == "heldout" and curve[-1]["policy_geomean_speedup"], curve
+  assert "evaluating step 600 on the heldout programs for the learning curve" in output
   assert os.listdir(workdir / "checkpoints" / "replay"), "no replay checkpoint"
   assert run.orphans() == []
   saved_digest = params_digest(load_params(str(checkpoint)))
@@ -357,6 +364,8 @@ def test_local_mt_runs_every_node_as_a_thread_and_finishes(tmp_path):
   assert "finished: learner steps 0 -> 100" in result.stdout
   assert checkpoint_steps(str(workdir / "checkpoints")) == 100
   assert (workdir / "report.json").exists()
+  curve = list(csv.DictReader((workdir / "learning_curve.csv").open()))
+  assert curve and int(curve[-1]["learner_steps"]) == 100, curve
 
 
 @pytest.mark.slow
