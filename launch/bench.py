@@ -232,17 +232,23 @@ def learner_updates_per_s(config: Any, num_updates: int = 20, num_batches: int =
   """Learner SGD steps per second on in-memory random batches (no Reverb), after compilation.
 
   Goes through `MuZeroLearner.step()`, so host-to-device transfer, importance weights and the
-  metrics' device-to-host copy are included; sampling from replay is not."""
+  metrics' device-to-host copy are included (and reanalyse, where the config has it on);
+  sampling from replay is not."""
   from malloczero.learner.fakes import random_batch
   from malloczero.learner.learner import MuZeroLearner
   from malloczero.learner.networks import make_networks
+  from malloczero.system.builder import make_reanalyse_search
 
   batch_size = config.learner.batch_size
   batches = [random_batch(config, batch_size, seed) for seed in range(num_batches)]
   counter = iter(range(1 << 62))
   networks = make_networks(config.network, config.game)
   learner = MuZeroLearner(
-    networks, config, lambda: batches[next(counter) % num_batches], seed=config.seed
+    networks,
+    config,
+    lambda: batches[next(counter) % num_batches],
+    seed=config.seed,
+    reanalyse_search=make_reanalyse_search(networks, config),
   )
   learner.step()  # Compiles.
   learner.step()

@@ -96,6 +96,14 @@ def make_demonstrations(
   )
 
 
+def make_reanalyse_search(networks: MuZeroNetworks, config: Config) -> Optional[Callable]:
+  """The search the learner reanalyses with (the actors' training search, unjitted: the learner
+  jits it in its own step), or None with reanalyse off."""
+  if not config.learner.reanalyse_batch:
+    return None
+  return make_search_fn(networks, config.search, evaluation=False, jit=False)
+
+
 def make_learner(
   networks: MuZeroNetworks,
   config: Config,
@@ -119,11 +127,7 @@ def make_learner(
     checkpoint_dir=workdir.checkpoints,
     demonstrations=demonstrations,
     candidates_dir=workdir.candidates,
-    reanalyse_search=(
-      make_search_fn(networks, config.search, evaluation=False, jit=False)
-      if config.learner.reanalyse_batch
-      else None
-    ),
+    reanalyse_search=make_reanalyse_search(networks, config),
   )
   if demonstrations is not None:
     # In the background: replaying msa on every program takes tens of seconds, and the actors
