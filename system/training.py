@@ -283,6 +283,10 @@ def complete_learning_curve(
   )
   params = load_params(WorkDir(workdir).checkpoints)
   (row,) = curve.evaluate(params, learner_steps, elapsed_s)
+  print_fn(
+    f"  step {learner_steps}: {split} geomean speed-up {row['geomean_speedup']:.3f} (policy "
+    f"alone {row['policy_geomean_speedup']:.3f}, msa {curve.baseline_geomean('msa', split):.3f})"
+  )
   return row
 
 

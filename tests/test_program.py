@@ -201,6 +201,7 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   assert [int(r["learner_steps"]) for r in curve][-1] == 600, curve
   assert curve[-1]["split"] == "heldout" and curve[-1]["policy_geomean_speedup"], curve
   assert "evaluating step 600 on the heldout programs for the learning curve" in output
+  assert f"step 600: heldout geomean speed-up {float(curve[-1]['geomean_speedup']):.3f}" in output
   assert os.listdir(workdir / "checkpoints" / "replay"), "no replay checkpoint"
   assert run.orphans() == []
   saved_digest = params_digest(load_params(str(checkpoint)))
