@@ -399,8 +399,7 @@ def test_train_demonstration_and_search_flags_reach_the_config():
   assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
   default = train_config(build_parser().parse_args(["train"]))  # The small preset.
   assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.01
-  # small: 64 items a batch, 48 from replay, a quarter of those reanalysed.
-  assert default.search.eval_msa_prior_logit == 0.0 and default.learner.reanalyse_batch == 12
+  assert default.search.eval_msa_prior_logit == 0.0 and default.learner.reanalyse_batch == 0
   assert default.game.reward == "advantage" and default.actor.segment_moves == 64
   timed = train_config(
     build_parser().parse_args(["train", "--reward", "time", "--segment-moves", "0"])
