@@ -58,7 +58,7 @@ def learning_curve_table(result: TrainingResult, config: Config) -> Table:
     table.add_column(column, justify="left" if column == "split" else "right")
   for row in result.curve:
     split, programs = row["split"], row["programs"]
-    policy = row.get("policy_geomean_speedup") or None  # Empty in curves written before it.
+    policy = row.get("policy_geomean_speedup")  # Empty in curves written before it.
     table.add_row(
       str(row["learner_steps"]),
       f"{float(row['elapsed_s']):.0f} s",

@@ -29,6 +29,7 @@ from malloczero.configs.workdir import WorkDir
 from malloczero.env.validator import validate_mapping
 from malloczero.learner.learner import MuZeroLearner
 from malloczero.learner.networks import MuZeroNetworks
+from malloczero.learner.reanalyse import SearchFn
 from malloczero.replay import Sampler, SequenceWriter, make_table
 from malloczero.replay.demonstrations import Demonstration, Demonstrations
 from malloczero.system.training import LearningCurve
@@ -96,7 +97,7 @@ def make_demonstrations(
   )
 
 
-def make_reanalyse_search(networks: MuZeroNetworks, config: Config) -> Optional[Callable]:
+def make_reanalyse_search(networks: MuZeroNetworks, config: Config) -> Optional[SearchFn]:
   """The search the learner reanalyses with (the actors' training search, unjitted: the learner
   jits it in its own step), or None with reanalyse off."""
   if not config.learner.reanalyse_batch:

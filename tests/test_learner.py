@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tree
 
+from malloczero.actors.search import make_search_fn
 from malloczero.configs.config import get_config
 from malloczero.env import PRESETS, MalloczeroError, make_game
 from malloczero.env.programs.synthetic import contended, random_workload
@@ -240,7 +241,6 @@ def _with_self_imitation_target(steps: Step, row: int, state: int) -> Step:
 
 
 def test_reanalyse_searches_real_states_and_keeps_self_imitation_targets(batch):
-  from malloczero.actors.search import make_search_fn
   from malloczero.learner.reanalyse import make_reanalyse_fn, self_imitation_targets
 
   params = learner_lib.make_initial_state(NETWORKS, CONFIG, jax.random.PRNGKey(0)).params
@@ -282,8 +282,6 @@ def test_learner_reanalyses_the_first_sampled_items_only(batch):
   )
   rows = config.learner.reanalyse_batch
   assert 0 < rows < config.learner.replay_batch
-  from malloczero.actors.search import make_search_fn
-
   with pytest.raises(ValueError, match="needs the search"):
     MuZeroLearner(NETWORKS, config, lambda: batch, seed=0)
   search = make_search_fn(NETWORKS, config.search, jit=False)
