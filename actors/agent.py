@@ -76,7 +76,8 @@ class Agent:
       f"{WorkDir.of_checkpoint(self.checkpoint).config}): using the default search settings "
       f"(evaluation search {s.eval_num_simulations} simulations, "
       f"{s.max_num_considered_actions} considered actions, Gumbel scale {s.gumbel_scale:g}, "
-      f"Q spread floor {s.q_spread_floor:g}, msa prior logit {s.eval_msa_prior_logit:g})"
+      f"Q spread floor {s.eval_q_spread_floor:g} ({s.q_spread_floor:g} in the sampled attempts), "
+      f"msa prior logit {s.eval_msa_prior_logit:g})"
     )
 
   @property

@@ -57,7 +57,8 @@ def make_search_fn(
   """`search(params, rng, observation [B, ...]) -> SearchOutput`.
 
   Training mode samples root actions with Gumbel noise (exploration); evaluation mode uses
-  `eval_num_simulations` and no noise, so its choice is the deterministic, greedy one. With 0
+  `eval_num_simulations`, `eval_q_spread_floor` and no noise, so its choice is the deterministic,
+  greedy one. With 0
   simulations there is no search: the move is the network's policy alone (its legal argmax in
   evaluation mode, a sample from it with Gumbel noise otherwise), `action_weights` the policy
   and `root_value` the network's value, so that the network's own play can be reported apart
@@ -68,9 +69,8 @@ def make_search_fn(
   gumbel_scale = 0.0 if evaluation else search.gumbel_scale
   # mctx rescales each node's completed Q-values to [0, 1] by their spread; a spread below the
   # floor is not stretched, so differences the model cannot resolve stay small policy changes.
-  qtransform = functools.partial(
-    mctx.qtransform_completed_by_mix_value, epsilon=max(search.q_spread_floor, 1e-8)
-  )
+  floor = search.eval_q_spread_floor if evaluation else search.q_spread_floor
+  qtransform = functools.partial(mctx.qtransform_completed_by_mix_value, epsilon=max(floor, 1e-8))
 
   def recurrent_fn(params, rng, action, latent):
     del rng

@@ -56,6 +56,12 @@ class SearchConfig:
   # (a deviation that matters) move a logit by about 0.7. With the "time" reward 0.1 was needed
   # (values then erred by 0.017-0.043 of the all-slow time).
   q_spread_floor: float = 0.01
+  # The same floor for evaluation searches (greedy play: the learning curve, the final report, the
+  # agent solver's first attempt). Trained networks' values err by 0.57-0.80 of |z| (docs/results
+  # 3.14), and every loss of the greedy search to msa came from Q gaps below 0.1 (3.15): at 0.1
+  # greedy play leaves the policy's move only for gaps the value can tell apart. Training keeps
+  # the lower floor, where small gaps must still shape the policy targets.
+  eval_q_spread_floor: float = 0.1
   # Evaluation searches (greedy play, the agent as a solver) add this to the root prior's logit
   # of msa's own move in the msa game (actors/search.py). 0, the default, leaves the prior to the
   # network, so that greedy play is the network's own (msa's mapping is one of the agent
@@ -235,11 +241,16 @@ def tiny() -> Config:
     # steps (train geomean 1.196 and 0.988 from 1.04-1.06 in two runs; the tiny programs'
     # deviations lose up to half of msa's time, where the default suite's lose at most 14%).
     game=GameConfig(reward="time"),
-    # Floor 0.02: the tiny programs' 20-60 decisions each carry far larger Q gaps than the
-    # default suite's; at 0.1 the 100-step test run (tests/trained.py) learnt too little in
-    # one of three runs (train geomean 1.075, 1.272, 1.320 from 1.041), at 0.02 1.363-1.538.
+    # Floor 0.02 for both searches: the tiny programs' 20-60 decisions each carry far larger Q
+    # gaps than the default suite's; at 0.1 the 100-step test run (tests/trained.py) learnt too
+    # little in one of three runs (train geomean 1.075, 1.272, 1.320 from 1.041), at 0.02
+    # 1.363-1.538.
     search=SearchConfig(
-      num_simulations=8, eval_num_simulations=16, max_num_considered_actions=4, q_spread_floor=0.02
+      num_simulations=8,
+      eval_num_simulations=16,
+      max_num_considered_actions=4,
+      q_spread_floor=0.02,
+      eval_q_spread_floor=0.02,
     ),
     learner=LearnerConfig(
       batch_size=32,

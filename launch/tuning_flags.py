@@ -108,6 +108,15 @@ TUNING_FLAGS = (
     "RETURN",
   ),
   TuningFlag(
+    "--eval-q-spread-floor",
+    "search",
+    "eval_q_spread_floor",
+    "the same floor for evaluation searches (greedy play: the learning curve, the final report, "
+    "the agent solver's first attempt)",
+    non_negative_float,
+    "RETURN",
+  ),
+  TuningFlag(
     "--eval-msa-prior",
     "search",
     "eval_msa_prior_logit",

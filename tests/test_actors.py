@@ -212,6 +212,26 @@ def test_evaluation_msa_prior_plays_msa_when_large_and_training_search_ignores_i
   np.testing.assert_array_equal(plain.action_weights, with_bias.action_weights)
 
 
+@pytest.mark.slow  # Compiles the search.
+def test_evaluation_q_spread_floor_hands_greedy_play_to_the_policy_and_spares_training(params):
+  """A huge `eval_q_spread_floor` flattens every Q gap, so the greedy search plays the policy's
+  own mapping on every tiny program; at the training floor the same network's search departs
+  from it somewhere; training searches are unchanged by the evaluation floor."""
+  noisy_params = noisy(params, 5)
+  flat = dataclasses.replace(CONFIG.search, eval_q_spread_floor=1e4)
+  results = play_programs(NETWORKS, noisy_params, flat, CONFIG.game, ALL_SPECS, policy_alone=True)
+  for spec, result in zip(ALL_SPECS, results):
+    assert result.greedy_speedup == pytest.approx(result.policy_speedup, rel=1e-12), spec.name
+  sharp = play_programs(
+    NETWORKS, noisy_params, CONFIG.search, CONFIG.game, ALL_SPECS, policy_alone=True
+  )
+  assert any(r.greedy_speedup != pytest.approx(r.policy_speedup, rel=1e-12) for r in sharp)
+  observation = stack_observations([_game(ALL_SPECS[0]).reset().observation])
+  plain = make_search_fn(NETWORKS, CONFIG.search)(noisy_params, jax.random.PRNGKey(0), observation)
+  with_floor = make_search_fn(NETWORKS, flat)(noisy_params, jax.random.PRNGKey(0), observation)
+  np.testing.assert_array_equal(plain.action_weights, with_floor.action_weights)
+
+
 # ------------------------------------------------------------------------------ batched actor
 
 

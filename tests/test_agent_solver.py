@@ -280,5 +280,6 @@ def test_corrupt_or_missing_run_config_is_one_line_in_solve_and_evaluate(workdir
     assert notices[0].startswith("malloczero: notice: no config.json beside the checkpoint")
     assert (
       "using the default search settings (evaluation search 32 simulations, 8 considered "
-      "actions, Gumbel scale 1, Q spread floor 0.01, msa prior logit 0)" in notices[0]
+      "actions, Gumbel scale 1, Q spread floor 0.1 (0.01 in the sampled attempts), msa prior "
+      "logit 0)" in notices[0]
     )

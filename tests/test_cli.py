@@ -383,6 +383,8 @@ def test_train_demonstration_and_search_flags_reach_the_config():
       "0",
       "--q-spread-floor",
       "0.3",
+      "--eval-q-spread-floor",
+      "0.2",
       "--eval-msa-prior",
       "0",
       "--demonstration-departures",
@@ -397,9 +399,11 @@ def test_train_demonstration_and_search_flags_reach_the_config():
   assert config.learner.demonstration_fraction == 0.0 and config.learner.demonstration_batch == 0
   assert config.learner.demonstration_departures == 1.0
   assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
+  assert config.search.eval_q_spread_floor == 0.2
   default = train_config(build_parser().parse_args(["train"]))  # The small preset.
   assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.01
   assert default.search.eval_msa_prior_logit == 0.0 and default.learner.reanalyse_batch == 0
+  assert default.search.eval_q_spread_floor == 0.1
   assert default.game.reward == "advantage" and default.actor.segment_moves == 64
   timed = train_config(
     build_parser().parse_args(["train", "--reward", "time", "--segment-moves", "0"])
