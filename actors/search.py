@@ -58,11 +58,10 @@ def make_search_fn(
 
   Training mode samples root actions with Gumbel noise (exploration); evaluation mode uses
   `eval_num_simulations`, `eval_q_spread_floor` and no noise, so its choice is the deterministic,
-  greedy one. With 0
-  simulations there is no search: the move is the network's policy alone (its legal argmax in
-  evaluation mode, a sample from it with Gumbel noise otherwise), `action_weights` the policy
-  and `root_value` the network's value, so that the network's own play can be reported apart
-  from what the search adds (`evaluate --simulations 0`).
+  greedy one. With 0 simulations there is no search: the move is the network's policy alone (its
+  legal argmax in evaluation mode, a sample from it with Gumbel noise otherwise), `action_weights`
+  the policy and `root_value` the network's value, so that the network's own play can be
+  reported apart from what the search adds (`evaluate --simulations 0`).
   """
   net_config = networks.config
   num_simulations = search.eval_num_simulations if evaluation else search.num_simulations

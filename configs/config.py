@@ -281,8 +281,8 @@ def small() -> Config:
   # Self-imitation of gains only: at 3 seeds of `make train` it took held-out greedy play from
   # 1.001 +- 0.005 to 1.024 +- 0.001 x msa, training programs 0.996 +- 0.006 to 0.999 +- 0.001
   # (docs/results 3.10). Reanalyse stays off: its greedy search's losses on training programs
-  # (3.14) went with the evaluation floor, but the held-out departure its policy keeps was kept
-  # in 5 of 12 runs, 1 of the 6 with that floor (3.14, 3.16), against 0 of 3 without it.
+  # (3.14) went with the evaluation floor, but its policy kept the held-out departure it is for
+  # in 5 of 12 runs against 1 of 6 without it, within chance (docs/results 3.14, 3.16).
   return Config(
     network=NetworkConfig(d_model=32, num_layers=1, num_heads=2, latent_dim=64, hidden_dim=128),
     actor=ActorConfig(imitate_gains_only=True),
