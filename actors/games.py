@@ -35,6 +35,24 @@ def program_specs(config, split: str = "train") -> list[GameSpec]:
   return specs
 
 
+def training_specs(config) -> list[GameSpec]:
+  """What a run's actors play and its demonstrations cover: the training programs
+  (`program_specs`), plus each training suite entry at every fraction of `capacity_variants`
+  other than its own (named as suite entries are). Reports, the learning curve and checkpoint
+  selection keep to `program_specs`, so a run's figures compare with runs without variants."""
+  specs = program_specs(config, "train")
+  if not config.capacity_variants:
+    return specs
+  names = {s.name for s in specs}
+  for entry in get_suite(config.suite).split("train").entries:
+    for fraction in config.capacity_variants:
+      variant = entry.at_capacity(fraction)
+      if variant.name not in names:
+        names.add(variant.name)
+        specs.append(GameSpec(variant.name, *variant.load()))
+  return specs
+
+
 class GamePool:
   """Hands each of `num_slots` batch slots a fresh game on a uniformly drawn program.
 

@@ -208,10 +208,20 @@ class Config:
   # last `select_checkpoints` of them (the final one included) greedily on the training programs
   # and reports the one whose geomean is highest (ties: the latest). 1 reports the final one.
   select_checkpoints: int = 1
+  # Actors also play every training suite entry at these fractions of its program's peak live
+  # bytes (actors/games.py `training_specs`): more situations of contention per program, to
+  # measure whether the network's play then transfers to held-out programs. () plays the suite's
+  # entries alone.
+  capacity_variants: tuple[float, ...] = ()
 
   def __post_init__(self):
     if self.select_checkpoints < 1:
       raise ValueError(f"select_checkpoints must be at least 1, got {self.select_checkpoints}")
+    for fraction in self.capacity_variants:
+      if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"capacity variants must be fractions in (0, 1], got {fraction:g}")
+    if self.capacity_variants and not self.suite:
+      raise ValueError("capacity variants vary a suite's entries: train on a suite")
     if self.actor.segment_moves and (self.game.decisions, self.game.reward) != ("msa", "advantage"):
       raise ValueError(
         "short games (segment_moves > 0) need the msa game's 'advantage' reward: their return "

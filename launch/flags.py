@@ -129,6 +129,17 @@ def probability(text: str) -> float:
   return _float_flag(text, "a probability in [0, 1]", lambda value: 0.0 <= value <= 1.0)
 
 
+def fractions_list(text: str) -> tuple[float, ...]:
+  """Comma-separated fractions in (0, 1], each once."""
+  values = tuple(
+    _float_flag(part.strip(), "a fraction in (0, 1]", lambda value: 0.0 < value <= 1.0)
+    for part in text.split(",")
+  )
+  if len(set(values)) != len(values):
+    raise argparse.ArgumentTypeError(f"a fraction is repeated in '{text}'")
+  return values
+
+
 def on_off(text: str) -> bool:
   if text not in ("on", "off"):
     raise argparse.ArgumentTypeError(f"expected 'on' or 'off', got '{text}'")

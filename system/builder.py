@@ -20,7 +20,7 @@ import reverb
 from acme.utils import loggers
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult, OfferFn
-from malloczero.actors.games import GamePool, GameSpec, program_specs
+from malloczero.actors.games import GamePool, GameSpec, training_specs
 from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient, VariableSource
 from malloczero.common.files import write_text
@@ -156,7 +156,7 @@ def make_actor(
   """The batched self-play actor on the suite's train programs, writing into replay; a replay
   write blocked by the rate limiter gives up once `should_stop()`. With `offer` (the learner's
   `offer_demonstration`), games faster than the best known are offered as demonstrations."""
-  pool = GamePool(program_specs(config, "train"), config.game, config.actor.num_games, seed=seed)
+  pool = GamePool(training_specs(config), config.game, config.actor.num_games, seed=seed)
   writer = SequenceWriter(replay, config, config.actor.num_games, should_stop=should_stop)
   return BatchedActor(
     networks,

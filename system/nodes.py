@@ -353,7 +353,7 @@ class LearnerNode:
     self, config: Config, context: NodeContext, replay: reverb.Client, counter: Any, max_steps: int
   ):
     start_node(context, "learner")
-    from malloczero.actors.games import program_specs
+    from malloczero.actors.games import training_specs
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_learner, make_sampler
 
@@ -367,7 +367,7 @@ class LearnerNode:
       config,
       self._sampler,
       context.files,
-      program_specs(config, "train"),
+      training_specs(config),
     )
     if self._learner.num_steps:
       from malloczero.learner.checkpoint import params_digest

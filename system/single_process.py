@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 import portpicker
 import reverb
 
-from malloczero.actors.games import program_specs
+from malloczero.actors.games import program_specs, training_specs
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.learner.networks import make_networks
@@ -117,7 +117,7 @@ def _train(
   port = portpicker.pick_unused_port()
   address = f"localhost:{port}"
   sampler = builder.make_sampler(address, config)
-  learner = builder.make_learner(networks, config, sampler, files, train_specs)
+  learner = builder.make_learner(networks, config, sampler, files, training_specs(config))
   server = builder.make_replay_server(config, port=port)
   learner_logger = builder.make_logger(files, "learner", print_fn, log_every_s)
   curve = builder.make_evaluator(

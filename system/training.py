@@ -64,6 +64,7 @@ def _comparable(config_dict: dict[str, Any]) -> dict[str, Any]:
     "game": config_dict.get("game"),
     "suite": config_dict.get("suite"),
     "programs": config_dict.get("programs", []),
+    "capacity_variants": config_dict.get("capacity_variants", []),
     "sequence": (learner.get("unroll_steps"), learner.get("td_steps")),
   }
 
@@ -93,9 +94,9 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
     if _comparable(previous) != _comparable(current):
       raise MalloczeroError(
         f"{workdir} holds a run of config '{previous.get('name')}' on suite "
-        f"'{previous.get('suite')}' with other networks, game settings or --workload "
-        "programs; resume it with the same --config, --suite and --workload (--hardware, "
-        "--capacity), or use another --workdir"
+        f"'{previous.get('suite')}' with other networks, game settings, --workload "
+        "programs or capacity variants; resume it with the same --config, --suite, "
+        "--capacity-variants and --workload (--hardware, --capacity), or use another --workdir"
       )
   if os.path.isdir(files.checkpoints) and os.path.exists(files.learner_state):
     return checkpoint_steps(files.checkpoints)

@@ -12,7 +12,7 @@ import reverb
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult, stack_observations
 from malloczero.actors.evaluator import evaluate_params, play_programs
-from malloczero.actors.games import GamePool, suite_games
+from malloczero.actors.games import GamePool, program_specs, suite_games, training_specs
 from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient
 from malloczero.configs.config import get_config
@@ -697,3 +697,26 @@ def test_greedy_play_does_not_depend_on_the_batch_it_shares_as_games_finish(para
     (alone,) = play_programs(NETWORKS, noisy_params, search, CONFIG.game, [spec], seed=2)
     assert alone.requests == result.requests
     assert alone.speedup == pytest.approx(result.speedup, rel=1e-12)
+
+
+def test_capacity_variants_add_each_training_entry_at_the_other_fractions():
+  """Actors play every training entry at each variant fraction of its program's peak, named as
+  suite entries are; an entry's own fraction is not added twice, and what reports evaluate
+  (`program_specs`) is the suite's own entries."""
+  config = dataclasses.replace(CONFIG, capacity_variants=(0.25, 0.5))
+  own = program_specs(config, "train")
+  specs = training_specs(config)
+  assert [s.name for s in own] == [s.name for s in TRAIN_SPECS]
+  assert [s.name for s in specs[: len(own)]] == [s.name for s in own]
+  # tiny's training entries are all at 25%: each comes once more, at 50%.
+  assert [s.name for s in specs[len(own) :]] == [s.name.replace(":25%", ":50%") for s in own]
+  for variant, entry in zip(specs[len(own) :], own):
+    assert variant.workload is entry.workload
+    doubled = 2 * entry.hardware.fast_capacity_bytes
+    slack = 2 * len(entry.hardware.levels) * entry.hardware.alignment_bytes
+    assert abs(variant.hardware.fast_capacity_bytes - doubled) <= slack, variant.name
+  assert [s.name for s in training_specs(CONFIG)] == [s.name for s in own]
+  with pytest.raises(ValueError, match=r"fractions in \(0, 1\]"):
+    dataclasses.replace(CONFIG, capacity_variants=(0.0,))
+  with pytest.raises(ValueError, match="train on a suite"):
+    dataclasses.replace(CONFIG, suite="", capacity_variants=(0.5,))

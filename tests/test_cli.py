@@ -401,6 +401,9 @@ def test_train_demonstration_and_search_flags_reach_the_config():
   assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
   assert config.search.eval_q_spread_floor == 0.2
   default = train_config(build_parser().parse_args(["train"]))  # The small preset.
+  assert default.capacity_variants == ()
+  varied = train_config(build_parser().parse_args(["train", "--capacity-variants", "0.1,0.5"]))
+  assert varied.capacity_variants == (0.1, 0.5)
   assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.01
   assert default.search.eval_msa_prior_logit == 0.0 and default.learner.reanalyse_batch == 0
   assert default.search.eval_q_spread_floor == 0.1
@@ -553,9 +556,25 @@ def test_a_workload_run_resumes_only_with_the_same_program(tmp_path):
   save_config(first, str(tmp_path))
   assert check_workdir(config("20000"), str(tmp_path)) is None
   with pytest.raises(
-    MalloczeroError, match="with other networks, game settings or --workload programs"
+    MalloczeroError, match="with other networks, game settings, --workload programs or capacity"
   ):
     check_workdir(config("40000"), str(tmp_path))
+
+
+def test_a_run_resumes_only_with_the_same_capacity_variants(tmp_path):
+  """Capacity variants change the programs actors play and demonstrations cover: a resume with
+  others is refused before anything runs, one with the same ones goes on."""
+  import dataclasses
+
+  from malloczero.configs.config import get_config
+  from malloczero.env import MalloczeroError
+  from malloczero.system.training import check_workdir, save_config
+
+  varied = dataclasses.replace(get_config("tiny"), capacity_variants=(0.5,))
+  save_config(varied, str(tmp_path))
+  assert check_workdir(varied, str(tmp_path)) is None
+  with pytest.raises(MalloczeroError, match="capacity variants"):
+    check_workdir(get_config("tiny"), str(tmp_path))
 
 
 def test_flag_values_only_a_command_can_judge_are_flag_errors(tmp_path, capsys):
@@ -570,6 +589,11 @@ def test_flag_values_only_a_command_can_judge_are_flag_errors(tmp_path, capsys):
       "expected a finite positive number, got inf",
     ),
     (["train", "--max-seconds", "inf"], "expected a finite positive number, got inf"),
+    (["train", "--capacity-variants", "0.1,1.5"], "expected a fraction in (0, 1], got 1.5"),
+    (
+      ["train", "--workload", workload, "--hardware", "nnpi-like", "--capacity-variants", "0.5"],
+      "capacity variants vary a suite's entries: train on a suite",
+    ),
     (
       ["import-hlo", "x.hlo", "--out", str(tmp_path / "w.json"), "--compile", "--no-compile"],
       "given twice",

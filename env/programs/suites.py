@@ -54,6 +54,15 @@ class SuiteEntry:
     workload = self.workload()
     return workload, self.hardware_for(workload)
 
+  def at_capacity(self, capacity_fraction: float) -> "SuiteEntry":
+    """The same program and hardware at another fraction of the program's peak, named as the
+    suite names its entries (`program@hardware:25%`)."""
+    return dataclasses.replace(
+      self,
+      name=f"{self.program}@{self.hardware}:{capacity_fraction * 100:g}%",
+      capacity_fraction=float(capacity_fraction),
+    )
+
 
 @dataclasses.dataclass(frozen=True)
 class Suite:

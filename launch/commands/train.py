@@ -15,9 +15,11 @@ from malloczero.env.hardware import check_fits, resolve_hardware
 from malloczero.env.workload import load_workload
 from malloczero.launch.flags import (
   HARDWARE_CHOICES,
+  FlagError,
   add_capacity_flag,
   console,
   flushing_print,
+  fractions_list,
   positive_float,
   positive_int,
   say_capacities,
@@ -99,6 +101,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     "minutes on the default suite on 2 cores)",
   )
   p.add_argument(
+    "--capacity-variants",
+    type=fractions_list,
+    metavar="F,F,...",
+    help="actors also play every training suite entry at these fractions of its program's peak "
+    "live bytes, e.g. 0.1,0.25,0.5 (reports keep to the suite's own entries; default: none)",
+  )
+  p.add_argument(
     "--node-output",
     default="files",
     choices=("files", "terminal"),
@@ -129,6 +138,11 @@ def train_config(args: argparse.Namespace):
     raise MalloczeroError(
       "--hardware and --capacity describe a --workload's fast memory; give the workload file too"
     )
+  if args.capacity_variants:
+    try:
+      config = dataclasses.replace(config, capacity_variants=args.capacity_variants)
+    except ValueError as e:
+      raise FlagError(str(e)) from None
   if config.suite:
     from malloczero.env.programs.suites import get_suite
 
