@@ -158,7 +158,11 @@ class Demonstrations:
     self._best: dict[str, Demonstration] = {}
     self._steps: dict[str, Step] = {}
     self._departures: dict[str, np.ndarray] = {}
+    # `_lock` guards what the learner samples (the held demonstrations); `_replay_lock` the
+    # games, which a replay steps through a whole program (seconds on the largest): held apart,
+    # the learner samples while an actor's offer or msa's own play is being replayed.
     self._lock = threading.RLock()
+    self._replay_lock = threading.Lock()
     # Replays done by `offer` and their seconds, in all: what demonstrations cost the learner's
     # process (each replays a whole program).
     self.num_replays = 0
@@ -199,7 +203,7 @@ class Demonstrations:
     """Offers msa's own play of every program; returns how many programs it was offered for."""
     offered = 0
     for program in self._specs:
-      with self._lock:  # The games are shared with `offer`.
+      with self._replay_lock:  # The games are shared with `offer`.
         actions = heuristic_actions(self._game(program))
       if actions is not None:
         self.offer(program, actions, None, "msa")
@@ -226,28 +230,31 @@ class Demonstrations:
     best = self.best_return(program)
     if episode_return is not None and episode_return <= best:
       return best
-    with self._lock:  # One replay at a time: the games are shared.
+    with self._replay_lock:  # One replay at a time: the games are shared.
+      game = self._game(program)
       started = time.perf_counter()
-      steps, replayed, departures = demonstration_steps(
-        self._game(program), actions, self._length, self._config
-      )
-      self.num_replays += 1
-      self.replay_seconds += time.perf_counter() - started
+      steps, replayed, departures = demonstration_steps(game, actions, self._length, self._config)
+      with self._lock:
+        self.num_replays += 1
+        self.replay_seconds += time.perf_counter() - started
       if episode_return is not None and abs(replayed - episode_return) > RETURN_TOLERANCE:
         raise MalloczeroError(
           f"demonstration for '{program}' replays to return {replayed:.9g}, not the "
           f"{episode_return:.9g} offered (was it played with another game config?)"
         )
-      known = self._best.get(program)
-      if known is None or replayed > known.episode_return:
-        self._best[program] = Demonstration(
-          program, tuple(int(a) for a in actions), replayed, source
-        )
-        self._steps[program] = steps
-        self._departures[program] = departures
-        if self._on_improve is not None:
-          self._on_improve(self._best[program], self._game(program))
-      return self._best[program].episode_return
+      with self._lock:
+        known = self._best.get(program)
+        improved = known is None or replayed > known.episode_return
+        if improved:
+          self._best[program] = Demonstration(
+            program, tuple(int(a) for a in actions), replayed, source
+          )
+          self._steps[program] = steps
+          self._departures[program] = departures
+        best = self._best[program]
+      if improved and self._on_improve is not None:
+        self._on_improve(best, game)  # The game stands at the replay's end until released.
+      return best.episode_return
 
   def sample(self, batch_size: int) -> tuple[Step, np.ndarray]:
     """`batch_size` windows of L steps: (steps with leaves `[N, L, ...]`, weights `[N]`).

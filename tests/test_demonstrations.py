@@ -4,6 +4,7 @@ sampled into learner batches beside replay items and fitted to their exact retur
 import dataclasses
 import functools
 import json
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -160,6 +161,27 @@ def test_a_better_game_replaces_msas_and_is_saved_and_restored(tmp_path):
   (tmp_path / DEMONSTRATIONS_FILENAME).write_text('[{"program": 1}]')
   with pytest.raises(MalloczeroError, match="demonstrations file .* is unusable"):
     Demonstrations(SPECS, CONFIG.game, L).restore(str(tmp_path))
+
+
+def test_the_learner_samples_while_a_demonstration_is_replayed():
+  """A replay steps through a whole program (seconds on the largest), and the learner's batches
+  must not wait for it: `on_improve` runs at a replay's end with its game still held, and a
+  sample taken meanwhile from another thread (the learner's) comes back."""
+  returned = []
+
+  def sample_meanwhile(demonstration, game):
+    sampled = []
+    learner = threading.Thread(target=lambda: sampled.append(demos.sample(4)))
+    learner.start()
+    learner.join(timeout=30)
+    returned.append(not learner.is_alive() and len(sampled) == 1)
+    if sampled:
+      steps, weights = sampled[0]
+      assert weights.tolist() == [1.0] * 4 and steps.valid.shape[:2] == (4, L)
+
+  demos = Demonstrations(SPECS[:2], CONFIG.game, L, seed=0, on_improve=sample_meanwhile)
+  assert demos.add_heuristic() == 2
+  assert returned == [True, True]
 
 
 def test_samples_are_windows_of_the_demonstrations(demonstrations):
