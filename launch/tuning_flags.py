@@ -16,6 +16,7 @@ from malloczero.launch.flags import (
   non_negative_float,
   non_negative_int,
   on_off,
+  positive_int,
   probability,
 )
 
@@ -98,6 +99,15 @@ TUNING_FLAGS = (
     "keep theirs)",
     probability,
     "FRACTION",
+  ),
+  TuningFlag(
+    "--lr-decay-steps",
+    "learner",
+    "decay_steps",
+    "learner steps after the warm-up over which the learning rate falls (cosine) to a tenth of "
+    "its peak, where it stays",
+    positive_int,
+    "N",
   ),
   TuningFlag(
     "--q-spread-floor",

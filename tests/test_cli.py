@@ -391,9 +391,12 @@ def test_train_demonstration_and_search_flags_reach_the_config():
       "1",
       "--reanalyse",
       "0.5",
+      "--lr-decay-steps",
+      "5000",
     ]
   )
   config = train_config(args)
+  assert config.learner.decay_steps == 5000
   # tiny: 32 items a batch, all from replay with no demonstrations; half of them reanalysed.
   assert config.learner.reanalyse_fraction == 0.5 and config.learner.reanalyse_batch == 16
   assert config.learner.demonstration_fraction == 0.0 and config.learner.demonstration_batch == 0
@@ -401,7 +404,7 @@ def test_train_demonstration_and_search_flags_reach_the_config():
   assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
   assert config.search.eval_q_spread_floor == 0.2
   default = train_config(build_parser().parse_args(["train"]))  # The small preset.
-  assert default.capacity_variants == ()
+  assert default.capacity_variants == () and default.learner.decay_steps == 10_000
   varied = train_config(build_parser().parse_args(["train", "--capacity-variants", "0.1,0.5"]))
   assert varied.capacity_variants == (0.1, 0.5)
   assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.01
