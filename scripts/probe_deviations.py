@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""Scores checkpoints' networks against the exact advantages of deviations from msa
+(system/deviation_probe.py), per split of a suite: one table row per checkpoint and split.
+
+  .venv/bin/python scripts/probe_deviations.py --checkpoint runs/a runs/b --suite default
+  .venv/bin/python scripts/probe_deviations.py --checkpoint runs/a --decisions 4 --untrained
+
+The exact advantages cost one msa pass per legal move probed and are computed once for all the
+checkpoints, which must share a game config. `--untrained` adds a row for freshly initialised
+networks of the first checkpoint's configs (what chance looks like with these scores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--checkpoint", nargs="+", required=True, help="training work directories")
+  parser.add_argument("--suite", default="default")
+  parser.add_argument("--split", default="all", choices=("train", "heldout", "all"))
+  parser.add_argument("--decisions", type=int, default=12, help="decisions probed per program")
+  parser.add_argument("--min-gap", type=float, default=None, help="advantage gap that is ranked")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--untrained", action="store_true", help="add untrained networks' row")
+  parser.add_argument("--out", help="write the rows as JSON here")
+  args = parser.parse_args()
+  if args.decisions < 1:
+    parser.error("--decisions must be at least 1")
+
+  import jax
+  import numpy as np
+
+  from malloczero.actors.agent import load_agent
+  from malloczero.actors.games import suite_games
+  from malloczero.common.errors import MalloczeroError
+  from malloczero.system import deviation_probe as probe
+
+  min_gap = probe.DEFAULT_MIN_GAP if args.min_gap is None else args.min_gap
+  try:
+    agents = [load_agent(path) for path in args.checkpoint]
+    splits = ("train", "heldout") if args.split == "all" else (args.split,)
+    specs = {split: suite_games(args.suite, split) for split in splits}
+  except MalloczeroError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  game = agents[0].game
+  if any(agent.game != game for agent in agents):
+    print("error: the checkpoints were trained with different game configs", file=sys.stderr)
+    return 2
+
+  rng = np.random.default_rng(args.seed)
+  probed = {}
+  started = time.perf_counter()
+  for split in splits:
+    probed[split] = []
+    for i, spec in enumerate(specs[split], 1):
+      probed[split] += probe.probe_program(spec, split, game, args.decisions, rng)
+      print(
+        f"  {split} {i}/{len(specs[split])} {spec.name}: {len(probed[split])} decisions "
+        f"({time.perf_counter() - started:.0f} s)",
+        file=sys.stderr,
+      )
+
+  scorers = [(agent.checkpoint, agent.networks, agent.params) for agent in agents]
+  if args.untrained:
+    networks = agents[0].networks
+    first = probed[splits[0]][0].observation
+    params = networks.init(jax.random.PRNGKey(args.seed), {k: v[None] for k, v in first.items()})
+    scorers.append(("untrained", networks, params))
+  rows = []
+  for label, networks, params in scorers:
+    for split in splits:
+      prior, q = probe.network_scores(networks, params, probed[split])
+      summary = probe.summarise(probed[split], prior, q, min_gap)
+      rows.append({"checkpoint": label, "split": split, **summary})
+
+  columns = (
+    "decisions gainful best_gain gain_is_option0 pairs deviation_pairs "
+    "prior_is_msa prior_pairwise prior_pairwise_deviations prior_finds_gain prior_pick_gain "
+    "prior_pick_elsewhere model_is_msa model_pairwise model_pairwise_deviations "
+    "model_finds_gain model_pick_gain model_pick_elsewhere model_error advantage_abs"
+  ).split()
+  print("| checkpoint | split | " + " | ".join(columns) + " |")
+  print("|---|---|" + "---|" * len(columns))
+  for row in rows:
+    cells = [f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in columns]
+    print(f"| {row['checkpoint']} | {row['split']} | " + " | ".join(cells) + " |")
+  if args.out:
+    with open(args.out, "w", encoding="utf-8") as f:
+      json.dump({"min_gap": min_gap, "seed": args.seed, "rows": rows}, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,213 @@
+"""Does a network know which deviations from msa pay? Its scores against exact advantages.
+
+At decisions sampled along msa's own trajectory of a program, every legal move is played once
+and msa finishes the program (`MsaGame.reset_segment(step, 1)`: a one-move short game), so each
+move's *exact* advantage over msa is known: (msa's time - the mapping's time) / msa's time, 0
+for msa's own move. A network scores the same moves two ways at that state:
+
+  prior   its policy logits (what greedy play without search follows);
+  model   its one-step model's Q: the predicted reward of the move plus the predicted value of
+          the state the dynamics reach (what the search's Q-values are built from).
+
+`summarise` compares both with the exact advantages: how often the prior's argmax is msa's move,
+pairwise ranking accuracy over pairs of moves whose advantages differ by at least a threshold
+(0.5 is chance), and what the prior's argmax would earn where a deviation pays. Why: the network's
+own play ties msa on almost every program (docs/results section 3), and this tells apart a
+network that ranks deviations but is held back (by its prior, the search or the evaluation floor)
+from one that cannot tell a gainful deviation from a losing one, on training programs (fitted) and
+held-out ones (generalisation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from malloczero.actors.games import GameSpec
+from malloczero.env.game import GameConfig, make_game
+from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar
+
+# Pairs of moves whose exact advantages differ by less than this are not ranked: 1e-3 of msa's
+# time is where deviations start to matter (docs/results 3.0).
+DEFAULT_MIN_GAP = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbedDecision:
+  """One decision of msa's trajectory with the exact advantage of each legal move."""
+
+  program: str
+  split: str
+  step: int  # The move's index in msa's own game.
+  msa_action: int
+  actions: np.ndarray  # [n] the legal action slots.
+  advantages: np.ndarray  # [n] exact advantage over msa of each, msa finishing (msa's is 0).
+  observation: dict[str, np.ndarray]  # The game's observation at the decision.
+
+
+def probe_program(
+  spec: GameSpec, split: str, config: GameConfig, decisions: int, rng: np.random.Generator
+) -> list[ProbedDecision]:
+  """Up to `decisions` decisions of `spec`'s msa trajectory that offer more than one legal move,
+  drawn uniformly without replacement, each with every legal move's exact advantage."""
+  game = make_game(spec.workload, spec.hardware, dataclasses.replace(config, reward="advantage"))
+  msa_time = game.msa_time
+  legal_counts = []
+  timestep = game.reset()
+  while not timestep.last():
+    legal_counts.append(int(timestep.observation["legal_actions"].sum()))
+    timestep = game.step(game.msa_action)
+  choices = np.flatnonzero(np.asarray(legal_counts) > 1)
+  steps = np.sort(rng.choice(choices, size=min(decisions, len(choices)), replace=False))
+  probed = []
+  for step in steps.tolist():
+    observation = game.reset_segment(step, 1).observation
+    msa_action = game.msa_action
+    actions = np.flatnonzero(observation["legal_actions"])
+    advantages = []
+    for action in actions.tolist():
+      if action == msa_action:
+        advantages.append(0.0)
+        continue
+      game.reset_segment(step, 1)
+      game.step(action)
+      advantages.append((msa_time - game.total_time) / msa_time)
+    probed.append(
+      ProbedDecision(
+        spec.name,
+        split,
+        step,
+        msa_action,
+        actions,
+        np.asarray(advantages),
+        {k: np.asarray(v) for k, v in observation.items()},
+      )
+    )
+  return probed
+
+
+def network_scores(
+  networks: MuZeroNetworks, params: Params, probed: Sequence[ProbedDecision], batch: int = 64
+) -> tuple[np.ndarray, np.ndarray]:
+  """(prior logits `[N, A]`, model Q `[N, A]`) of every action at each probed decision."""
+
+  @jax.jit
+  def score(params, observation):
+    latent = networks.represent(params, observation)  # [B, D]
+    prior = networks.predict(params, latent).policy_logits  # [B, A]
+    batch_size, num_actions = prior.shape
+    actions = jnp.tile(jnp.arange(num_actions), batch_size)  # [B * A]
+    next_latent, reward_logits = networks.dynamics(
+      params, jnp.repeat(latent, num_actions, axis=0), actions
+    )
+    value_logits = networks.predict(params, next_latent).value_logits
+    q = logits_to_scalar(reward_logits, networks.config) + logits_to_scalar(
+      value_logits, networks.config
+    )
+    return prior, q.reshape(batch_size, num_actions)
+
+  priors, qs = [], []
+  for begin in range(0, len(probed), batch):
+    chunk = probed[begin : begin + batch]
+    padded = list(chunk) + [chunk[-1]] * (batch - len(chunk))  # One compiled shape.
+    observation = {k: np.stack([p.observation[k] for p in padded]) for k in padded[0].observation}
+    prior, q = score(params, observation)
+    priors.append(np.asarray(prior)[: len(chunk)])
+    qs.append(np.asarray(q)[: len(chunk)])
+  return np.concatenate(priors), np.concatenate(qs)
+
+
+def _pairwise(scores: np.ndarray, advantages: np.ndarray, min_gap: float) -> tuple[float, int]:
+  """(pairs ranked as the advantages rank them, a tie counting half; pairs) over the pairs whose
+  advantages are at least `min_gap` apart."""
+  ranked = advantages[:, None] - advantages[None, :] >= min_gap
+  score_gap = scores[:, None] - scores[None, :]
+  agree = np.where(score_gap > 0, 1.0, np.where(score_gap == 0, 0.5, 0.0))
+  return float(np.sum(agree * ranked)), int(np.sum(ranked))
+
+
+def summarise(
+  probed: Sequence[ProbedDecision],
+  prior: np.ndarray,
+  q: np.ndarray,
+  min_gap: float = DEFAULT_MIN_GAP,
+) -> dict[str, Any]:
+  """The network's scores against the exact advantages, over `probed` (one split, say).
+
+  Args:
+    probed: the decisions, N of them.
+    prior, q: `network_scores` of them, `[N, A]` each.
+    min_gap: advantages closer than this are not told apart.
+
+  Returns:
+    A dict: `decisions`; `gainful`, the decisions where some move beats msa's by at least
+    `min_gap`; `best_gain`, the best move's mean advantage there; `gain_is_option0`, the share
+    of those whose best move is action 0 (default memory, the eviction or the uncommit: msa
+    allocated where it should not have); `pairs`, the move pairs at least `min_gap` apart, and
+    `deviation_pairs`, those without msa's move; `model_error`, the mean |Q - advantage| over
+    every legal move, against `advantage_abs`, the mean |advantage|. Then for the prior and the
+    model's Q (keys prefixed `prior_` and `model_`): `is_msa`, the share of decisions whose
+    argmax is msa's move; `pairwise`, the share of `pairs` ranked as the advantages rank them
+    (a tie counts half: 0.5 is chance); `pairwise_deviations`, the same over `deviation_pairs`
+    (are the deviations ranked among themselves?); `finds_gain`, the share of the `gainful`
+    decisions whose argmax beats msa's by at least `min_gap`; `pick_gain`, the argmax's mean
+    advantage there; `pick_elsewhere`, its mean advantage at the other decisions (0 for msa's
+    move, below 0 where it leaves msa for nothing)."""
+  gainful = np.array([p.advantages.max() >= min_gap for p in probed], bool)  # [N]
+  summary: dict[str, Any] = {
+    "decisions": len(probed),
+    "gainful": int(gainful.sum()),
+    "best_gain": _mean([p.advantages.max() for p, g in zip(probed, gainful) if g]),
+    "gain_is_option0": _mean(
+      [p.actions[np.argmax(p.advantages)] == 0 for p, g in zip(probed, gainful) if g]
+    ),
+    "pairs": sum(_pairwise(p.advantages, p.advantages, min_gap)[1] for p in probed),
+    "deviation_pairs": sum(
+      _pairwise(p.advantages[o], p.advantages[o], min_gap)[1]
+      for p, o in zip(probed, _deviations(probed))
+    ),
+    "model_error": _mean(
+      np.concatenate([np.abs(v[p.actions] - p.advantages) for p, v in zip(probed, q)])
+    ),
+    "advantage_abs": _mean(np.concatenate([np.abs(p.advantages) for p in probed])),
+  }
+  for name, scores in (("prior", prior), ("model", q)):
+    picks = [p.advantages[np.argmax(s[p.actions])] for p, s in zip(probed, scores)]
+    is_msa = [p.actions[np.argmax(s[p.actions])] == p.msa_action for p, s in zip(probed, scores)]
+    ranked = [_pairwise(s[p.actions], p.advantages, min_gap) for p, s in zip(probed, scores)]
+    ranked_deviations = [
+      _pairwise(s[p.actions][o], p.advantages[o], min_gap)
+      for p, s, o in zip(probed, scores, _deviations(probed))
+    ]
+    summary.update(
+      {
+        f"{name}_is_msa": _mean(is_msa),
+        f"{name}_pairwise": _ratio(ranked),
+        f"{name}_pairwise_deviations": _ratio(ranked_deviations),
+        f"{name}_finds_gain": _mean([pick >= min_gap for pick, g in zip(picks, gainful) if g]),
+        f"{name}_pick_gain": _mean([pick for pick, g in zip(picks, gainful) if g]),
+        f"{name}_pick_elsewhere": _mean([pick for pick, g in zip(picks, gainful) if not g]),
+      }
+    )
+  return summary
+
+
+def _deviations(probed: Sequence[ProbedDecision]) -> list[np.ndarray]:
+  """Per decision, `[n]` True for the legal moves that are not msa's."""
+  return [p.actions != p.msa_action for p in probed]
+
+
+def _mean(values: Any) -> float:
+  values = np.asarray(values, np.float64)
+  return float(values.mean()) if values.size else float("nan")
+
+
+def _ratio(counts: Sequence[tuple[float, int]]) -> float:
+  """(agreeing, total) pairs summed over decisions -> their share."""
+  total = sum(n for _, n in counts)
+  return sum(a for a, _ in counts) / total if total else float("nan")

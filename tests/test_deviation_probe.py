@@ -1,0 +1,143 @@
+"""The deviation probe (system/deviation_probe.py): exact advantages, the networks' scores of the
+same moves, and their summary; the script that prints them for checkpoints."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from malloczero.actors.games import suite_games
+from malloczero.configs.config import get_config
+from malloczero.env.cost_model import CostModel
+from malloczero.env.game import make_game
+from malloczero.env.solvers.evo_msa import decode
+from malloczero.system.deviation_probe import (
+  ProbedDecision,
+  network_scores,
+  probe_program,
+  summarise,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GAME = get_config("small").game
+
+
+@pytest.fixture(scope="module")
+def probed():
+  spec = suite_games("tiny", "train")[0]
+  return spec, probe_program(spec, "train", GAME, 4, np.random.default_rng(0))
+
+
+def test_advantages_are_msa_finishing_after_one_changed_move(probed):
+  spec, decisions = probed
+  assert len(decisions) == 4
+  steps = [d.step for d in decisions]
+  assert steps == sorted(set(steps))
+  model = CostModel(spec.workload, spec.hardware)
+  msa_time = decode(model, {}, max_prefetch_starts=GAME.max_prefetch_starts)[0]
+  game = make_game(spec.workload, spec.hardware, GAME)
+  for d in decisions:
+    assert len(d.actions) > 1 and d.msa_action in d.actions
+    assert d.observation["legal_actions"][d.actions].all()
+    game.reset_segment(d.step, 1)
+    key = (game.decision.buffer, game.decision.use)
+    for action, advantage in zip(d.actions, d.advantages):
+      if action == d.msa_action:
+        assert advantage == 0.0
+        continue
+      time_s = decode(model, {key: int(action)}, max_prefetch_starts=GAME.max_prefetch_starts)[0]
+      assert advantage == pytest.approx((msa_time - time_s) / msa_time, rel=1e-9, abs=1e-12)
+
+
+def test_network_scores_are_the_prior_and_the_model_one_step_q(probed):
+  import jax
+
+  from malloczero.learner.networks import logits_to_scalar, make_networks
+
+  _, decisions = probed
+  networks = make_networks(get_config("small").network, GAME)
+  one = {k: v[None] for k, v in decisions[0].observation.items()}
+  params = networks.init(jax.random.PRNGKey(1), one)
+  prior, q = network_scores(networks, params, decisions, batch=3)  # A padded second batch.
+  assert prior.shape == q.shape == (len(decisions), GAME.num_actions)
+  for i, d in enumerate(decisions):
+    obs = {k: v[None] for k, v in d.observation.items()}
+    latent = networks.represent(params, obs)
+    expected_prior = networks.predict(params, latent).policy_logits[0]
+    np.testing.assert_allclose(prior[i], expected_prior, atol=1e-5)
+    action = int(d.actions[-1])
+    next_latent, reward_logits = networks.dynamics(params, latent, np.array([action]))
+    value = logits_to_scalar(networks.predict(params, next_latent).value_logits, networks.config)
+    expected = logits_to_scalar(reward_logits, networks.config) + value
+    assert q[i, action] == pytest.approx(float(expected[0]), abs=1e-6)
+
+
+def _decision(actions, advantages, msa_action):
+  return ProbedDecision("p", "train", 0, msa_action, np.array(actions), np.array(advantages), {})
+
+
+def test_summary_counts_ranks_and_picks():
+  decisions = [
+    # A gainful decision: move 0 beats msa's move 1 by 0.05; move 2 loses.
+    _decision([0, 1, 2], [0.05, 0.0, -0.02], msa_action=1),
+    # Nothing pays: msa's move is best.
+    _decision([0, 1], [-0.01, 0.0], msa_action=1),
+  ]
+  prior = np.array([[0.0, 1.0, 0.5, 0.0], [0.0, 1.0, 0.0, 0.0]])  # msa's move everywhere.
+  q = np.array([[0.04, 0.0, 0.0, 9.0], [0.0, 0.0, 0.0, 9.0]])  # Finds the gain; a tie below.
+  s = summarise(decisions, prior, q, min_gap=1e-3)
+  assert (s["decisions"], s["gainful"], s["pairs"], s["deviation_pairs"]) == (2, 1, 4, 1)
+  assert s["best_gain"] == pytest.approx(0.05) and s["gain_is_option0"] == 1.0
+  # Prior: (0 over 1) wrong, (0 over 2) wrong, (1 over 2) right, (1 over 0) right.
+  assert s["prior_is_msa"] == 1.0 and s["prior_pairwise"] == pytest.approx(0.5)
+  assert s["prior_pairwise_deviations"] == 0.0  # It puts move 2 above move 0.
+  assert (s["prior_finds_gain"], s["prior_pick_gain"], s["prior_pick_elsewhere"]) == (0, 0, 0)
+  # Model: right, right, a tie (half), a tie (half); action 3 is not legal, so never picked, and
+  # the argmax of a tie is the first move (0), so it is never msa's.
+  assert s["model_is_msa"] == 0.0 and s["model_pairwise"] == pytest.approx(3 / 4)
+  assert s["model_finds_gain"] == 1.0 and s["model_pick_gain"] == pytest.approx(0.05)
+  assert s["model_pick_elsewhere"] == pytest.approx(-0.01)
+  errors = [0.01, 0.0, 0.02, 0.01, 0.0]
+  assert s["model_error"] == pytest.approx(np.mean(errors))
+  assert s["advantage_abs"] == pytest.approx(np.mean([0.05, 0.0, 0.02, 0.01, 0.0]))
+
+
+def _script(*args):
+  return subprocess.run(
+    [sys.executable, os.path.join(REPO, "scripts", "probe_deviations.py"), *args],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=REPO,
+  )
+
+
+@pytest.mark.slow
+def test_the_script_scores_a_checkpoint_and_untrained_networks(trained_run, tmp_path):
+  out = tmp_path / "probe.json"
+  result = _script(
+    "--checkpoint", trained_run["workdir"], "--suite", "tiny", "--decisions", "2", "--untrained",
+    "--out", str(out),
+  )  # fmt: skip
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert [(r["checkpoint"] == "untrained", r["split"]) for r in rows] == [
+    (False, "train"),
+    (False, "heldout"),
+    (True, "train"),
+    (True, "heldout"),
+  ]
+  for row in rows:
+    assert row["decisions"] > 0 and 0.0 <= row["prior_is_msa"] <= 1.0
+    assert f"| {row['split']} | {row['decisions']} |" in result.stdout
+  # The untrained prior is flat (a zero-initialised output layer): every pair ties.
+  assert rows[2]["prior_pairwise"] == 0.5
+
+
+def test_the_script_refuses_a_missing_checkpoint_in_one_line(tmp_path):
+  result = _script("--checkpoint", str(tmp_path / "nothing"))
+  assert result.returncode == 2
+  assert result.stderr.count("\n") == 1 and "no learner checkpoint" in result.stderr
