@@ -297,6 +297,26 @@ def restore_state(path: str, template: NamedTuple) -> tuple[Any, int]:
   return state, checkpoint.steps
 
 
+def replace_params(source: str, destination: str, params: Params) -> str:
+  """Writes a copy of the checkpoint `source` (a file or a directory holding one) to
+  `destination` (the same) with `params` as its parameters and target parameters; its step,
+  optimizer state and configs are the source's. For networks fitted outside a training run
+  (scripts/fit_deviations.py), so that `evaluate` and `solve --solver agent` load them as they
+  load a run's. Returns the file written."""
+  checkpoint = _read(source)
+  params = to_numpy(params)
+  _check_same_structure(checkpoint.trees["params"], params, "parameters", checkpoint.file)
+  return _write(
+    checkpoint_file(destination),
+    {"params": params, "target_params": params},
+    checkpoint.opt_state_leaves,
+    checkpoint.rng,
+    checkpoint.steps,
+    checkpoint.metadata["network_config"],
+    checkpoint.metadata["game_config"],
+  )
+
+
 def load_params(path: str, which: str = "params") -> Params:
   """Network parameters (numpy) from a checkpoint file or a directory holding one, without
   building a learner; `which` is 'params' or 'target_params'."""

@@ -4,10 +4,12 @@
 
   .venv/bin/python scripts/probe_deviations.py --checkpoint runs/a runs/b --suite default
   .venv/bin/python scripts/probe_deviations.py --checkpoint runs/a --decisions 4 --untrained
+  .venv/bin/python scripts/probe_deviations.py --checkpoint runs/c --load probed.npz
 
 The exact advantages cost one msa pass per legal move probed and are computed once for all the
-checkpoints, which must share a game config. `--untrained` adds a row for freshly initialised
-networks of the first checkpoint's configs (what chance looks like with these scores).
+checkpoints, which must share a game config (`--save` keeps them for later runs: `--load`).
+`--untrained` adds a row for freshly initialised networks of the first checkpoint's configs
+(what chance looks like with these scores).
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ def main() -> int:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--untrained", action="store_true", help="add untrained networks' row")
   parser.add_argument("--out", help="write the rows as JSON here")
+  parser.add_argument("--save", help="write the probed decisions here (.npz)")
+  parser.add_argument("--load", help="score the decisions of an earlier --save instead")
   args = parser.parse_args()
   if args.decisions < 1:
     parser.error("--decisions must be at least 1")
 
   import jax
-  import numpy as np
 
   from malloczero.actors.agent import load_agent
   from malloczero.actors.games import suite_games
@@ -56,18 +59,21 @@ def main() -> int:
     print("error: the checkpoints were trained with different game configs", file=sys.stderr)
     return 2
 
-  rng = np.random.default_rng(args.seed)
-  probed = {}
-  started = time.perf_counter()
-  for split in splits:
-    probed[split] = []
-    for i, spec in enumerate(specs[split], 1):
-      probed[split] += probe.probe_program(spec, split, game, args.decisions, rng)
-      print(
-        f"  {split} {i}/{len(specs[split])} {spec.name}: {len(probed[split])} decisions "
-        f"({time.perf_counter() - started:.0f} s)",
-        file=sys.stderr,
-      )
+  if args.load:
+    try:
+      loaded = probe.load_probed(args.load)
+    except (OSError, ValueError, KeyError) as e:
+      print(f"error: cannot read probed decisions from {args.load}: {e}", file=sys.stderr)
+      return 2
+    probed = {split: [p for p in loaded if p.split == split] for split in splits}
+  else:
+    probed = probe_suite(probe, specs, game, args.decisions, args.seed)
+  missing = [split for split in splits if not probed[split]]
+  if missing:
+    print(f"error: no decisions probed in the {' or '.join(missing)} split", file=sys.stderr)
+    return 2
+  if args.save:
+    probe.save_probed(args.save, [p for split in splits for p in probed[split]])
 
   scorers = [(agent.checkpoint, agent.networks, agent.params) for agent in agents]
   if args.untrained:
@@ -97,6 +103,22 @@ def main() -> int:
     with open(args.out, "w", encoding="utf-8") as f:
       json.dump({"min_gap": min_gap, "seed": args.seed, "rows": rows}, f, indent=1)
   return 0
+
+
+def probe_suite(probe, specs, game, decisions, seed):
+  """{split: decisions probed}, with progress on stderr."""
+  probed = {}
+  started = time.perf_counter()
+  for split, split_specs in specs.items():
+    probed[split] = []
+    for i, spec in enumerate(split_specs, 1):
+      probed[split] += probe.probe_program(spec, split, game, decisions, seed)
+      print(
+        f"  {split} {i}/{len(split_specs)} {spec.name}: {len(probed[split])} decisions "
+        f"({time.perf_counter() - started:.0f} s)",
+        file=sys.stderr,
+      )
+  return probed
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ held-out ones (generalisation).
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,10 +52,12 @@ class ProbedDecision:
 
 
 def probe_program(
-  spec: GameSpec, split: str, config: GameConfig, decisions: int, rng: np.random.Generator
+  spec: GameSpec, split: str, config: GameConfig, decisions: int, seed: int = 0
 ) -> list[ProbedDecision]:
   """Up to `decisions` decisions of `spec`'s msa trajectory that offer more than one legal move,
-  drawn uniformly without replacement, each with every legal move's exact advantage."""
+  drawn uniformly without replacement, each with every legal move's exact advantage. The draw
+  depends on `seed` and the program's name only, not on which programs are probed with it."""
+  rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
   game = make_game(spec.workload, spec.hardware, dataclasses.replace(config, reward="advantage"))
   msa_time = game.msa_time
   legal_counts = []
@@ -86,6 +89,50 @@ def probe_program(
         actions,
         np.asarray(advantages),
         {k: np.asarray(v) for k, v in observation.items()},
+      )
+    )
+  return probed
+
+
+def save_probed(path: str, probed: Sequence[ProbedDecision]) -> None:
+  """Writes decisions to an `.npz` of plain arrays (no pickled objects), `load_probed`'s input:
+  the exact advantages cost one msa pass per move, the scores of a new network none."""
+  width = max(len(p.actions) for p in probed)
+  actions = np.full((len(probed), width), -1, np.int64)
+  advantages = np.zeros((len(probed), width), np.float64)
+  for i, p in enumerate(probed):
+    actions[i, : len(p.actions)] = p.actions
+    advantages[i, : len(p.actions)] = p.advantages
+  arrays = {
+    "program": np.array([p.program for p in probed]),
+    "split": np.array([p.split for p in probed]),
+    "step": np.array([p.step for p in probed], np.int64),
+    "msa_action": np.array([p.msa_action for p in probed], np.int64),
+    "actions": actions,
+    "advantages": advantages,
+  }
+  for key in probed[0].observation:
+    arrays[f"observation/{key}"] = np.stack([p.observation[key] for p in probed])
+  np.savez_compressed(path, **arrays)
+
+
+def load_probed(path: str) -> list[ProbedDecision]:
+  """`save_probed`'s decisions."""
+  with np.load(path, allow_pickle=False) as f:
+    a = {k: f[k] for k in f.files}
+  keys = [k.split("/", 1)[1] for k in a if k.startswith("observation/")]
+  probed = []
+  for i in range(len(a["step"])):
+    legal = a["actions"][i] >= 0
+    probed.append(
+      ProbedDecision(
+        str(a["program"][i]),
+        str(a["split"][i]),
+        int(a["step"][i]),
+        int(a["msa_action"][i]),
+        a["actions"][i][legal],
+        a["advantages"][i][legal],
+        {k: a[f"observation/{k}"][i] for k in keys},
       )
     )
   return probed

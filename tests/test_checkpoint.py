@@ -21,6 +21,7 @@ from malloczero.learner.checkpoint import (
   checkpoint_configs,
   checkpoint_steps,
   load_params,
+  replace_params,
   restore_state,
   save_state,
 )
@@ -77,6 +78,20 @@ def _damaged(saved, tmp_path, edit):
   file = str(tmp_path / "damaged" / CHECKPOINT_FILENAME)
   write_checkpoint(file, metadata, arrays)
   return file
+
+
+def test_replaced_params_keep_the_rest_of_the_checkpoint(saved, state, tmp_path):
+  fitted = jax.tree_util.tree_map(lambda x: x + 1, state.params)
+  file = replace_params(saved, str(tmp_path / "fitted" / CHECKPOINT_FILENAME), fitted)
+  assert _leaves_equal(load_params(file), fitted)
+  assert _leaves_equal(load_params(file, "target_params"), fitted)
+  assert checkpoint_steps(file) == 7 and checkpoint_configs(file) == checkpoint_configs(saved)
+  restored, steps = restore_state(file, state)
+  assert steps == 7 and _leaves_equal(restored.opt_state, state.opt_state)
+  wrong = {"other": np.zeros(3, np.float32)}
+  with pytest.raises(MalloczeroError, match="parameters differ"):
+    replace_params(saved, str(tmp_path / "wrong" / CHECKPOINT_FILENAME), wrong)
+  assert not (tmp_path / "wrong").exists()
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -16,8 +17,10 @@ from malloczero.env.game import make_game
 from malloczero.env.solvers.evo_msa import decode
 from malloczero.system.deviation_probe import (
   ProbedDecision,
+  load_probed,
   network_scores,
   probe_program,
+  save_probed,
   summarise,
 )
 
@@ -28,7 +31,7 @@ GAME = get_config("small").game
 @pytest.fixture(scope="module")
 def probed():
   spec = suite_games("tiny", "train")[0]
-  return spec, probe_program(spec, "train", GAME, 4, np.random.default_rng(0))
+  return spec, probe_program(spec, "train", GAME, 4, seed=0)
 
 
 def test_advantages_are_msa_finishing_after_one_changed_move(probed):
@@ -36,6 +39,8 @@ def test_advantages_are_msa_finishing_after_one_changed_move(probed):
   assert len(decisions) == 4
   steps = [d.step for d in decisions]
   assert steps == sorted(set(steps))
+  # The draw is the program's and the seed's alone.
+  assert [d.step for d in probe_program(spec, "heldout", GAME, 4, seed=0)] == steps
   model = CostModel(spec.workload, spec.hardware)
   msa_time = decode(model, {}, max_prefetch_starts=GAME.max_prefetch_starts)[0]
   game = make_game(spec.workload, spec.hardware, GAME)
@@ -53,8 +58,6 @@ def test_advantages_are_msa_finishing_after_one_changed_move(probed):
 
 
 def test_network_scores_are_the_prior_and_the_model_one_step_q(probed):
-  import jax
-
   from malloczero.learner.networks import logits_to_scalar, make_networks
 
   _, decisions = probed
@@ -73,6 +76,21 @@ def test_network_scores_are_the_prior_and_the_model_one_step_q(probed):
     value = logits_to_scalar(networks.predict(params, next_latent).value_logits, networks.config)
     expected = logits_to_scalar(reward_logits, networks.config) + value
     assert q[i, action] == pytest.approx(float(expected[0]), abs=1e-6)
+
+
+def test_saved_decisions_load_as_they_were(probed, tmp_path):
+  _, decisions = probed
+  path = str(tmp_path / "probed.npz")
+  save_probed(path, decisions)
+  loaded = load_probed(path)
+  assert len(loaded) == len(decisions)
+  for a, b in zip(loaded, decisions):
+    assert (a.program, a.split, a.step, a.msa_action) == (b.program, b.split, b.step, b.msa_action)
+    np.testing.assert_array_equal(a.actions, b.actions)
+    np.testing.assert_array_equal(a.advantages, b.advantages)
+    assert a.observation.keys() == b.observation.keys()
+    for key in a.observation:
+      np.testing.assert_array_equal(a.observation[key], b.observation[key])
 
 
 def _decision(actions, advantages, msa_action):
@@ -117,13 +135,20 @@ def _script(*args):
 
 @pytest.mark.slow
 def test_the_script_scores_a_checkpoint_and_untrained_networks(trained_run, tmp_path):
-  out = tmp_path / "probe.json"
+  out, saved = tmp_path / "probe.json", tmp_path / "probed.npz"
   result = _script(
     "--checkpoint", trained_run["workdir"], "--suite", "tiny", "--decisions", "2", "--untrained",
-    "--out", str(out),
+    "--out", str(out), "--save", str(saved),
   )  # fmt: skip
   assert result.returncode == 0, result.stderr[-2000:]
   rows = json.loads(out.read_text())["rows"]
+  # The saved decisions score the same without a single msa pass.
+  again = _script(
+    "--checkpoint", trained_run["workdir"], "--suite", "tiny", "--load", str(saved), "--untrained",
+    "--out", str(tmp_path / "again.json"),
+  )  # fmt: skip
+  assert again.returncode == 0 and "decisions (" not in again.stderr, again.stderr[-2000:]
+  assert json.loads((tmp_path / "again.json").read_text())["rows"] == rows
   assert [(r["checkpoint"] == "untrained", r["split"]) for r in rows] == [
     (False, "train"),
     (False, "heldout"),
@@ -137,7 +162,50 @@ def test_the_script_scores_a_checkpoint_and_untrained_networks(trained_run, tmp_
   assert rows[2]["prior_pairwise"] == 0.5
 
 
-def test_the_script_refuses_a_missing_checkpoint_in_one_line(tmp_path):
+@pytest.mark.slow
+def test_the_script_refuses_bad_input_in_one_line(trained_run, tmp_path):
   result = _script("--checkpoint", str(tmp_path / "nothing"))
   assert result.returncode == 2
   assert result.stderr.count("\n") == 1 and "no learner checkpoint" in result.stderr
+  (tmp_path / "garbage.npz").write_text("garbage")
+  result = _script("--checkpoint", trained_run["workdir"], "--load", str(tmp_path / "garbage.npz"))
+  assert result.returncode == 2
+  assert result.stderr.count("\n") == 1 and "cannot read probed decisions" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_fit_script_fits_the_prior_to_training_decisions(trained_run, tmp_path):
+  probed = [
+    d
+    for split in ("train", "heldout")
+    for spec in suite_games("tiny", split)[:2]
+    for d in probe_program(spec, split, GAME, 3, seed=0)
+  ]
+  path, out = str(tmp_path / "probed.npz"), tmp_path / "fit.json"
+  save_probed(path, probed)
+  result = subprocess.run(
+    [
+      sys.executable, os.path.join(REPO, "scripts", "fit_deviations.py"), "--probed", path,
+      "--checkpoint", trained_run["workdir"], "--steps", "40", "--batch", "8",
+      "--report-every", "20", "--out", str(out), "--save-checkpoint", str(tmp_path / "fitted"),
+    ],
+    capture_output=True, text=True, timeout=600, cwd=REPO,
+  )  # fmt: skip
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert [(r["step"], r["split"]) for r in rows] == [
+    (step, split) for step in (0, 20, 40) for split in ("train", "heldout")
+  ]
+  train_rows = [r for r in rows if r["split"] == "train"]
+  assert train_rows[0]["prior_pairwise"] == 0.5  # Fresh: a flat prior, every pair a tie.
+  assert train_rows[-1]["loss"] < train_rows[0]["loss"]  # It fits the training decisions.
+  assert train_rows[-1]["decisions"] == sum(d.split == "train" for d in probed)
+  # The fitted network loads as a run's: the source run's configs and search settings, its own
+  # parameters.
+  from malloczero.actors.agent import load_agent
+
+  fitted, source = load_agent(str(tmp_path / "fitted")), load_agent(trained_run["workdir"])
+  assert (fitted.game, fitted.search) == (source.game, source.search)
+  assert fitted.config_file is not None
+  leaves = lambda params: jax.tree_util.tree_leaves(params)
+  assert not all(np.array_equal(a, b) for a, b in zip(leaves(fitted.params), leaves(source.params)))

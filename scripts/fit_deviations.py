@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""Can the network's observation tell which deviations from msa pay? A supervised test.
+
+Fits the project's network (its representation and policy head), by supervision alone, to the
+exact advantages of the training programs' probed decisions (`scripts/probe_deviations.py
+--save`), then scores its prior on the held-out programs' decisions with
+`system/deviation_probe.py`'s summary. The target at a decision is softmax(advantage /
+temperature) over its legal moves, msa's move's advantage raised by `--msa-margin`: msa's move
+where nothing pays, the gainful move where one does. Why: trained agents put msa's move first at
+every probed decision and rank the deviations among themselves at chance, on training programs
+too (docs/results 3.19); a network fitted directly to exact advantages tells whether the
+observation can express which deviations pay, apart from the reinforcement-learning signal.
+`--save-checkpoint` writes the fitted network where `malloczero evaluate` plays it.
+
+  .venv/bin/python scripts/fit_deviations.py --probed probed.npz --checkpoint runs/a
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--probed", required=True, help="decisions from probe_deviations --save")
+  parser.add_argument("--checkpoint", required=True, help="whose network and game configs")
+  parser.add_argument("--init", choices=("fresh", "checkpoint"), default="fresh")
+  parser.add_argument("--steps", type=int, default=3000)
+  parser.add_argument("--batch", type=int, default=64)
+  parser.add_argument("--learning-rate", type=float, default=1e-3)
+  parser.add_argument("--temperature", type=float, default=1e-3)
+  parser.add_argument(
+    "--msa-margin",
+    type=float,
+    default=0.0,
+    help="added to msa's move's advantage in the targets: deviate only where a move beats msa's "
+    "by more (a whole game makes hundreds of decisions, and small losses add up)",
+  )
+  parser.add_argument("--report-every", type=int, default=500)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--out", help="write the rows as JSON here")
+  parser.add_argument(
+    "--save-checkpoint",
+    metavar="DIR",
+    help="write the fitted network as a run's work directory (DIR/checkpoints/, the source "
+    "run's config.json) for `malloczero evaluate --checkpoint DIR`",
+  )
+  args = parser.parse_args()
+  if min(args.steps, args.batch, args.report_every) < 1 or args.temperature <= 0:
+    parser.error("--steps, --batch, --report-every and --temperature must be positive")
+  if args.msa_margin < 0:
+    parser.error("--msa-margin must be at least 0")
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+
+  from malloczero.actors.agent import load_agent
+  from malloczero.common.errors import MalloczeroError
+  from malloczero.configs.workdir import WorkDir
+  from malloczero.learner.checkpoint import replace_params
+  from malloczero.learner.networks import ILLEGAL_LOGIT
+  from malloczero.system import deviation_probe as probe
+
+  try:
+    agent = load_agent(args.checkpoint)
+    probed = probe.load_probed(args.probed)
+  except (MalloczeroError, OSError, ValueError, KeyError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  train = [p for p in probed if p.split == "train"]
+  heldout = [p for p in probed if p.split == "heldout"]
+  if not train or not heldout:
+    print(f"error: {args.probed} needs decisions of both splits", file=sys.stderr)
+    return 2
+  networks = agent.networks
+  num_actions = agent.game.num_actions
+
+  def targets(decisions):
+    """`[N, A]` softmax((advantage + the margin for msa's move) / temperature) over the legal
+    moves, `[N, A]` legal masks."""
+    target = np.zeros((len(decisions), num_actions), np.float32)
+    legal = np.zeros((len(decisions), num_actions), bool)
+    for i, p in enumerate(decisions):
+      scores = p.advantages + args.msa_margin * (p.actions == p.msa_action)
+      z = (scores - scores.max()) / args.temperature
+      target[i, p.actions] = np.exp(z) / np.exp(z).sum()
+      legal[i, p.actions] = True
+    return target, legal
+
+  def stacked(decisions):
+    return {k: np.stack([p.observation[k] for p in decisions]) for k in decisions[0].observation}
+
+  observations = stacked(train)
+  target, legal = targets(train)
+
+  def loss_fn(params, observation, target, legal):
+    logits = networks.predict(params, networks.represent(params, observation)).policy_logits
+    logits = jnp.where(legal, logits, ILLEGAL_LOGIT)
+    return -jnp.mean(jnp.sum(target * jax.nn.log_softmax(logits), -1))
+
+  optimiser = optax.adam(args.learning_rate)
+  mean_loss = jax.jit(loss_fn)
+
+  def split_loss(params, decisions, chunk=256):
+    """The loss over all of `decisions` (in chunks: the encoder's activations are large)."""
+    total = 0.0
+    for begin in range(0, len(decisions), chunk):
+      part = decisions[begin : begin + chunk]
+      total += len(part) * float(mean_loss(params, stacked(part), *targets(part)))
+    return total / len(decisions)
+
+  @jax.jit
+  def update(params, opt_state, observation, target, legal):
+    loss, grads = jax.value_and_grad(loss_fn)(params, observation, target, legal)
+    updates, opt_state = optimiser.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  if args.init == "checkpoint":
+    params = agent.params
+  else:
+    first = {k: v[:1] for k, v in observations.items()}
+    params = networks.init(jax.random.PRNGKey(args.seed), first)
+  opt_state = optimiser.init(params)
+  rng = np.random.default_rng(args.seed)
+  rows, started = [], time.perf_counter()
+
+  def report(step):
+    for split, decisions in (("train", train), ("heldout", heldout)):
+      loss = split_loss(params, decisions)
+      prior, _ = probe.network_scores(networks, params, decisions)
+      summary = probe.summarise(decisions, prior, prior)
+      rows.append({"step": step, "split": split, "loss": loss, **summary})
+      print(
+        f"step {step:5d} {split:7s} loss {loss:.4f} prior: is_msa {summary['prior_is_msa']:.3f} "
+        f"pairwise {summary['prior_pairwise']:.3f} deviations "
+        f"{summary['prior_pairwise_deviations']:.3f} finds_gain {summary['prior_finds_gain']:.3f}"
+        f" pick_gain {summary['prior_pick_gain']:.4f} elsewhere "
+        f"{summary['prior_pick_elsewhere']:.5f} ({time.perf_counter() - started:.0f} s)",
+        flush=True,
+      )
+
+  report(0)
+  for step in range(1, args.steps + 1):
+    index = rng.integers(len(train), size=args.batch)
+    batch = {k: v[index] for k, v in observations.items()}
+    params, opt_state, _ = update(params, opt_state, batch, target[index], legal[index])
+    if step % args.report_every == 0 or step == args.steps:
+      report(step)
+  if args.out:
+    with open(args.out, "w", encoding="utf-8") as f:
+      json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+  if args.save_checkpoint:
+    target = WorkDir(args.save_checkpoint)
+    replace_params(agent.checkpoint, target.learner_state, params)
+    if agent.config_file is not None:
+      shutil.copyfile(agent.config_file, target.config)
+    print(f"fitted network: {target.learner_state}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
