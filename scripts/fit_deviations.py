@@ -13,6 +13,7 @@ observation can express which deviations pay, apart from the reinforcement-learn
 `--save-checkpoint` writes the fitted network where `malloczero evaluate` plays it.
 
   .venv/bin/python scripts/fit_deviations.py --probed probed.npz --checkpoint runs/a
+  .venv/bin/python scripts/fit_deviations.py --probed probed.npz on.npz --checkpoint runs/a
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--probed", required=True, help="decisions from probe_deviations --save")
+  parser.add_argument(
+    "--probed", nargs="+", required=True, help="decisions from probe_deviations --save"
+  )
   parser.add_argument("--checkpoint", required=True, help="whose network and game configs")
   parser.add_argument("--init", choices=("fresh", "checkpoint"), default="fresh")
   parser.add_argument("--steps", type=int, default=3000)
@@ -72,14 +75,14 @@ def main() -> int:
 
   try:
     agent = load_agent(args.checkpoint)
-    probed = probe.load_probed(args.probed)
+    probed = [p for path in args.probed for p in probe.load_probed(path)]
   except (MalloczeroError, OSError, ValueError, KeyError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   train = [p for p in probed if p.split == "train"]
   heldout = [p for p in probed if p.split == "heldout"]
   if not train or not heldout:
-    print(f"error: {args.probed} needs decisions of both splits", file=sys.stderr)
+    print(f"error: {' '.join(args.probed)}: decisions of both splits are needed", file=sys.stderr)
     return 2
   networks = agent.networks
   num_actions = agent.game.num_actions

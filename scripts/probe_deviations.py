@@ -5,6 +5,7 @@
   .venv/bin/python scripts/probe_deviations.py --checkpoint runs/a runs/b --suite default
   .venv/bin/python scripts/probe_deviations.py --checkpoint runs/a --decisions 4 --untrained
   .venv/bin/python scripts/probe_deviations.py --checkpoint runs/c --load probed.npz
+  .venv/bin/python scripts/probe_deviations.py --checkpoint runs/f --trajectory runs/f --save on.npz
 
 The exact advantages cost one msa pass per legal move probed and are computed once for all the
 checkpoints, which must share a game config (`--save` keeps them for later runs: `--load`).
@@ -35,6 +36,11 @@ def main() -> int:
   parser.add_argument("--out", help="write the rows as JSON here")
   parser.add_argument("--save", help="write the probed decisions here (.npz)")
   parser.add_argument("--load", help="score the decisions of an earlier --save instead")
+  parser.add_argument(
+    "--trajectory",
+    metavar="CHECKPOINT",
+    help="probe along this network's own trajectory (its policy alone) instead of msa's",
+  )
   args = parser.parse_args()
   if args.decisions < 1:
     parser.error("--decisions must be at least 1")
@@ -67,7 +73,18 @@ def main() -> int:
       return 2
     probed = {split: [p for p in loaded if p.split == split] for split in splits}
   else:
-    probed = probe_suite(probe, specs, game, args.decisions, args.seed)
+    policy = None
+    if args.trajectory:
+      try:
+        guide = load_agent(args.trajectory)
+      except MalloczeroError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+      if guide.game != game:
+        print("error: --trajectory's network plays another game config", file=sys.stderr)
+        return 2
+      policy = probe.greedy_policy(guide.networks, guide.params)
+    probed = probe_suite(probe, specs, game, args.decisions, args.seed, policy)
   missing = [split for split in splits if not probed[split]]
   if missing:
     print(f"error: no decisions probed in the {' or '.join(missing)} split", file=sys.stderr)
@@ -105,14 +122,18 @@ def main() -> int:
   return 0
 
 
-def probe_suite(probe, specs, game, decisions, seed):
-  """{split: decisions probed}, with progress on stderr."""
+def probe_suite(probe, specs, game, decisions, seed, policy=None):
+  """{split: decisions probed} along msa's trajectories (or `policy`'s), with progress on
+  stderr."""
   probed = {}
   started = time.perf_counter()
   for split, split_specs in specs.items():
     probed[split] = []
     for i, spec in enumerate(split_specs, 1):
-      probed[split] += probe.probe_program(spec, split, game, decisions, seed)
+      if policy is None:
+        probed[split] += probe.probe_program(spec, split, game, decisions, seed)
+      else:
+        probed[split] += probe.probe_policy_trajectory(spec, split, game, decisions, policy, seed)
       print(
         f"  {split} {i}/{len(split_specs)} {spec.name}: {len(probed[split])} decisions "
         f"({time.perf_counter() - started:.0f} s)",

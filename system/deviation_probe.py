@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -31,6 +31,7 @@ import numpy as np
 
 from malloczero.actors.games import GameSpec
 from malloczero.env.game import GameConfig, make_game
+from malloczero.env.solvers.evo_msa import decode
 from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar
 
 # Pairs of moves whose exact advantages differ by less than this are not ranked: 1e-3 of msa's
@@ -89,6 +90,86 @@ def probe_program(
         actions,
         np.asarray(advantages),
         {k: np.asarray(v) for k, v in observation.items()},
+      )
+    )
+  return probed
+
+
+# A policy for `probe_policy_trajectory`: an observation -> the legal action slot it plays.
+Policy = Callable[[dict[str, np.ndarray]], int]
+
+
+def greedy_policy(networks: MuZeroNetworks, params: Params) -> Policy:
+  """A network's policy alone: the legal argmax of its prior (what `evaluate --simulations 0`
+  plays, ties to the first legal slot)."""
+
+  @jax.jit
+  def prior(observation):
+    return networks.predict(params, networks.represent(params, observation)).policy_logits[0]
+
+  def act(observation: dict[str, np.ndarray]) -> int:
+    logits = np.asarray(prior({k: np.asarray(v)[None] for k, v in observation.items()}))
+    legal = np.flatnonzero(observation["legal_actions"])
+    return int(legal[np.argmax(logits[legal])])
+
+  return act
+
+
+def probe_policy_trajectory(
+  spec: GameSpec,
+  split: str,
+  config: GameConfig,
+  decisions: int,
+  policy: Policy,
+  seed: int = 0,
+) -> list[ProbedDecision]:
+  """`probe_program` along the trajectory `policy` plays instead of msa's: at a drawn step the
+  earlier moves are the policy's, each legal move is played there and msa finishes the program
+  (evo-msa's `decode`, the policy's departures before the step as its genome). A move's advantage
+  is over msa's move at that step after the same moves (so msa's is 0), in fractions of msa's own
+  program time. Why: a policy's departures lead to states msa's trajectory never visits, and a
+  prior fitted on msa's states alone loses there over whole games (docs/results 3.20); these are
+  the states to fit it on next (DAgger, Ross et al. 2011)."""
+  rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+  game = make_game(spec.workload, spec.hardware, dataclasses.replace(config, reward="advantage"))
+  msa_time, model = game.msa_time, game.cost_model
+  keys, moves, msa_moves, observations = [], [], [], []
+  timestep = game.reset()
+  while not timestep.last():
+    observations.append({k: np.asarray(v) for k, v in timestep.observation.items()})
+    keys.append((game.decision.buffer, game.decision.use))
+    msa_moves.append(game.msa_action)
+    moves.append(int(policy(timestep.observation)))
+    timestep = game.step(moves[-1])
+  legal_counts = [int(o["legal_actions"].sum()) for o in observations]
+  choices = np.flatnonzero(np.asarray(legal_counts) > 1)
+  steps = np.sort(rng.choice(choices, size=min(decisions, len(choices)), replace=False))
+
+  def program_time(genome: dict[tuple[int, int], int]) -> float:
+    return decode(
+      model, genome, max_prefetch_starts=config.max_prefetch_starts, skip_below=config.skip_below
+    )[0]
+
+  probed = []
+  for step in steps.tolist():
+    prefix = {keys[i]: moves[i] for i in range(step) if moves[i] != msa_moves[i]}
+    with_msa = program_time(prefix)
+    actions = np.flatnonzero(observations[step]["legal_actions"])
+    advantages = [
+      0.0
+      if action == msa_moves[step]
+      else (with_msa - program_time({**prefix, keys[step]: int(action)})) / msa_time
+      for action in actions.tolist()
+    ]
+    probed.append(
+      ProbedDecision(
+        spec.name,
+        split,
+        step,
+        msa_moves[step],
+        actions,
+        np.asarray(advantages),
+        observations[step],
       )
     )
   return probed

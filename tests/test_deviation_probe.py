@@ -19,6 +19,7 @@ from malloczero.system.deviation_probe import (
   ProbedDecision,
   load_probed,
   network_scores,
+  probe_policy_trajectory,
   probe_program,
   save_probed,
   summarise,
@@ -55,6 +56,65 @@ def test_advantages_are_msa_finishing_after_one_changed_move(probed):
         continue
       time_s = decode(model, {key: int(action)}, max_prefetch_starts=GAME.max_prefetch_starts)[0]
       assert advantage == pytest.approx((msa_time - time_s) / msa_time, rel=1e-9, abs=1e-12)
+
+
+def _msa_move(observation):
+  from malloczero.actors.search import msa_action_mask
+
+  batched = {k: np.asarray(v)[None] for k, v in observation.items()}
+  return int(np.argmax(msa_action_mask(batched, GAME)[0]))
+
+
+def test_msa_as_the_policy_probes_msa_trajectory(probed):
+  spec, decisions = probed
+  along = probe_policy_trajectory(spec, "train", GAME, 4, _msa_move, seed=0)
+  assert [(d.step, d.msa_action) for d in along] == [(d.step, d.msa_action) for d in decisions]
+  for a, b in zip(along, decisions):
+    np.testing.assert_array_equal(a.actions, b.actions)
+    np.testing.assert_allclose(a.advantages, b.advantages, rtol=1e-9, atol=1e-12)
+    for key in a.observation:
+      np.testing.assert_array_equal(a.observation[key], b.observation[key])
+
+
+def test_advantages_along_a_departing_trajectory_are_the_games_own():
+  """A policy that leaves msa's move at its first real choice: later probes start from that
+  departure's states, and their advantages match the incremental game played to the end."""
+  spec = suite_games("tiny", "train")[0]
+  departed = []  # The step of the departure, once made.
+
+  def policy(observation):
+    msa = _msa_move(observation)
+    legal = np.flatnonzero(observation["legal_actions"])
+    if not departed and len(legal) > 1:
+      departed.append(len(played))
+      return int(legal[legal != msa][0])
+    return msa
+
+  played = []
+  along = probe_policy_trajectory(spec, "train", GAME, 3, policy, seed=0)
+  game = make_game(spec.workload, spec.hardware, GAME)
+  departed.clear()
+  timestep = game.reset()
+  while not timestep.last():
+    played.append(policy(timestep.observation))
+    timestep = game.step(played[-1])
+
+  def finished_with_msa(step, action):
+    game.reset()
+    for move in played[:step]:
+      game.step(move)
+    timestep = game.step(action)
+    while not timestep.last():
+      timestep = game.step(game.msa_action)
+    return game.total_time
+
+  after = [d for d in along if d.step > departed[0]]
+  assert len(along) == 3 and after  # Some probes start after the departure.
+  for d in after:
+    with_msa = finished_with_msa(d.step, d.msa_action)
+    for action, advantage in zip(d.actions, d.advantages):
+      expected = (with_msa - finished_with_msa(d.step, int(action))) / game.msa_time
+      assert advantage == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
 def test_network_scores_are_the_prior_and_the_model_one_step_q(probed):
@@ -149,6 +209,13 @@ def test_the_script_scores_a_checkpoint_and_untrained_networks(trained_run, tmp_
   )  # fmt: skip
   assert again.returncode == 0 and "decisions (" not in again.stderr, again.stderr[-2000:]
   assert json.loads((tmp_path / "again.json").read_text())["rows"] == rows
+  # Along the network's own trajectory: as many decisions per program, other states.
+  along = _script(
+    "--checkpoint", trained_run["workdir"], "--suite", "tiny", "--decisions", "2",
+    "--trajectory", trained_run["workdir"], "--save", str(tmp_path / "along.npz"),
+  )  # fmt: skip
+  assert along.returncode == 0, along.stderr[-2000:]
+  assert len(load_probed(str(tmp_path / "along.npz"))) == len(load_probed(str(saved)))
   assert [(r["checkpoint"] == "untrained", r["split"]) for r in rows] == [
     (False, "train"),
     (False, "heldout"),
@@ -171,6 +238,9 @@ def test_the_script_refuses_bad_input_in_one_line(trained_run, tmp_path):
   result = _script("--checkpoint", trained_run["workdir"], "--load", str(tmp_path / "garbage.npz"))
   assert result.returncode == 2
   assert result.stderr.count("\n") == 1 and "cannot read probed decisions" in result.stderr
+  result = _script("--checkpoint", trained_run["workdir"], "--trajectory", str(tmp_path / "none"))
+  assert result.returncode == 2
+  assert result.stderr.count("\n") == 1 and "no learner checkpoint" in result.stderr
 
 
 @pytest.mark.slow
@@ -182,10 +252,13 @@ def test_the_fit_script_fits_the_prior_to_training_decisions(trained_run, tmp_pa
     for d in probe_program(spec, split, GAME, 3, seed=0)
   ]
   path, out = str(tmp_path / "probed.npz"), tmp_path / "fit.json"
-  save_probed(path, probed)
+  save_probed(path, [d for d in probed if d.split == "heldout"])
+  train_path = str(tmp_path / "train.npz")  # Several files: their decisions together.
+  save_probed(train_path, [d for d in probed if d.split == "train"])
   result = subprocess.run(
     [
       sys.executable, os.path.join(REPO, "scripts", "fit_deviations.py"), "--probed", path,
+      train_path,
       "--checkpoint", trained_run["workdir"], "--steps", "40", "--batch", "8",
       "--report-every", "20", "--out", str(out), "--save-checkpoint", str(tmp_path / "fitted"),
     ],
