@@ -56,7 +56,8 @@ def main() -> int:
   try:
     agents = [load_agent(path) for path in args.checkpoint]
     splits = ("train", "heldout") if args.split == "all" else (args.split,)
-    specs = {split: suite_games(args.suite, split) for split in splits}
+    # Loaded decisions carry their observations: the programs are needed only to probe.
+    specs = {} if args.load else {split: suite_games(args.suite, split) for split in splits}
   except MalloczeroError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
