@@ -11,11 +11,14 @@ for msa's own move. A network scores the same moves two ways at that state:
 
 `summarise` compares both with the exact advantages: how often the prior's argmax is msa's move,
 pairwise ranking accuracy over pairs of moves whose advantages differ by at least a threshold
-(0.5 is chance), and what the prior's argmax would earn where a deviation pays. Why: the network's
-own play ties msa on almost every program (docs/results section 3), and this tells apart a
-network that ranks deviations but is held back (by its prior, the search or the evaluation floor)
-from one that cannot tell a gainful deviation from a losing one, on training programs (fitted) and
-held-out ones (generalisation).
+(0.5 is chance), and what the prior's argmax would earn where a deviation pays (the model's
+error is in the advantage's units only for networks trained with the "advantage" reward).
+`probe_policy_trajectory` draws the decisions along a policy's own trajectory instead.
+
+Why: the network's own play ties msa on almost every program (docs/results section 3), and this
+tells apart a network that ranks deviations but is held back (by its prior, the search or the
+evaluation floor) from one that cannot tell a gainful deviation from a losing one, on training
+programs (fitted) and held-out ones (generalisation).
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ DEFAULT_MIN_GAP = 1e-3
 
 @dataclasses.dataclass(frozen=True)
 class ProbedDecision:
-  """One decision of msa's trajectory with the exact advantage of each legal move."""
+  """One decision of a probed trajectory (msa's, or a policy's) with the exact advantage of each
+  legal move."""
 
   program: str
   split: str
-  step: int  # The move's index in msa's own game.
+  step: int  # The move's index in the trajectory probed.
   msa_action: int
   actions: np.ndarray  # [n] the legal action slots.
   advantages: np.ndarray  # [n] exact advantage over msa of each, msa finishing (msa's is 0).
