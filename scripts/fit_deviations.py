@@ -66,6 +66,7 @@ def main() -> int:
   import numpy as np
   import optax
 
+  from malloczero.actors.actor import stack_observations
   from malloczero.actors.agent import load_agent
   from malloczero.common.errors import MalloczeroError
   from malloczero.configs.workdir import WorkDir
@@ -99,10 +100,7 @@ def main() -> int:
       legal[i, p.actions] = True
     return target, legal
 
-  def stacked(decisions):
-    return {k: np.stack([p.observation[k] for p in decisions]) for k in decisions[0].observation}
-
-  observations = stacked(train)
+  observations = stack_observations([p.observation for p in train])
   target, legal = targets(train)
 
   def loss_fn(params, observation, target, legal):
@@ -118,7 +116,8 @@ def main() -> int:
     total = 0.0
     for begin in range(0, len(decisions), chunk):
       part = decisions[begin : begin + chunk]
-      total += len(part) * float(mean_loss(params, stacked(part), *targets(part)))
+      observation = stack_observations([p.observation for p in part])
+      total += len(part) * float(mean_loss(params, observation, *targets(part)))
     return total / len(decisions)
 
   @jax.jit

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from malloczero.actors.actor import stack_observations
 from malloczero.actors.games import GameSpec
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.solvers.evo_msa import decode
@@ -56,13 +57,21 @@ class ProbedDecision:
   observation: dict[str, np.ndarray]  # The game's observation at the decision.
 
 
+def _draw_steps(program: str, legal_counts: Sequence[int], decisions: int, seed: int) -> list[int]:
+  """Up to `decisions` of a trajectory's steps that offer more than one legal move, drawn
+  uniformly without replacement, sorted; the draw depends on `seed` and the program's name only,
+  not on which programs are probed with it."""
+  rng = np.random.default_rng([seed, zlib.crc32(program.encode())])
+  choices = np.flatnonzero(np.asarray(legal_counts) > 1)
+  return np.sort(rng.choice(choices, size=min(decisions, len(choices)), replace=False)).tolist()
+
+
 def probe_program(
   spec: GameSpec, split: str, config: GameConfig, decisions: int, seed: int = 0
 ) -> list[ProbedDecision]:
   """Up to `decisions` decisions of `spec`'s msa trajectory that offer more than one legal move,
   drawn uniformly without replacement, each with every legal move's exact advantage. The draw
   depends on `seed` and the program's name only, not on which programs are probed with it."""
-  rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
   game = make_game(spec.workload, spec.hardware, dataclasses.replace(config, reward="advantage"))
   msa_time = game.msa_time
   legal_counts = []
@@ -70,10 +79,9 @@ def probe_program(
   while not timestep.last():
     legal_counts.append(int(timestep.observation["legal_actions"].sum()))
     timestep = game.step(game.msa_action)
-  choices = np.flatnonzero(np.asarray(legal_counts) > 1)
-  steps = np.sort(rng.choice(choices, size=min(decisions, len(choices)), replace=False))
+  steps = _draw_steps(spec.name, legal_counts, decisions, seed)
   probed = []
-  for step in steps.tolist():
+  for step in steps:
     observation = game.reset_segment(step, 1).observation
     msa_action = game.msa_action
     actions = np.flatnonzero(observation["legal_actions"])
@@ -134,7 +142,6 @@ def probe_policy_trajectory(
   program time. Why: a policy's departures lead to states msa's trajectory never visits, and a
   prior fitted on msa's states alone loses there over whole games (docs/results 3.20); these are
   the states to fit it on next (DAgger, Ross et al. 2011)."""
-  rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
   game = make_game(spec.workload, spec.hardware, dataclasses.replace(config, reward="advantage"))
   msa_time, model = game.msa_time, game.cost_model
   keys, moves, msa_moves, observations = [], [], [], []
@@ -146,8 +153,7 @@ def probe_policy_trajectory(
     moves.append(int(policy(timestep.observation)))
     timestep = game.step(moves[-1])
   legal_counts = [int(o["legal_actions"].sum()) for o in observations]
-  choices = np.flatnonzero(np.asarray(legal_counts) > 1)
-  steps = np.sort(rng.choice(choices, size=min(decisions, len(choices)), replace=False))
+  steps = _draw_steps(spec.name, legal_counts, decisions, seed)
 
   def program_time(genome: dict[tuple[int, int], int]) -> float:
     return decode(
@@ -155,7 +161,7 @@ def probe_policy_trajectory(
     )[0]
 
   probed = []
-  for step in steps.tolist():
+  for step in steps:
     prefix = {keys[i]: moves[i] for i in range(step) if moves[i] != msa_moves[i]}
     with_msa = program_time(prefix)
     actions = np.flatnonzero(observations[step]["legal_actions"])
@@ -196,8 +202,8 @@ def save_probed(path: str, probed: Sequence[ProbedDecision]) -> None:
     "actions": actions,
     "advantages": advantages,
   }
-  for key in probed[0].observation:
-    arrays[f"observation/{key}"] = np.stack([p.observation[key] for p in probed])
+  for key, stacked in stack_observations([p.observation for p in probed]).items():
+    arrays[f"observation/{key}"] = stacked
   np.savez_compressed(path, **arrays)
 
 
@@ -247,8 +253,7 @@ def network_scores(
   for begin in range(0, len(probed), batch):
     chunk = probed[begin : begin + batch]
     padded = list(chunk) + [chunk[-1]] * (batch - len(chunk))  # One compiled shape.
-    observation = {k: np.stack([p.observation[k] for p in padded]) for k in padded[0].observation}
-    prior, q = score(params, observation)
+    prior, q = score(params, stack_observations([p.observation for p in padded]))
     priors.append(np.asarray(prior)[: len(chunk)])
     qs.append(np.asarray(q)[: len(chunk)])
   return np.concatenate(priors), np.concatenate(qs)

@@ -117,6 +117,7 @@ def test_advantages_along_a_departing_trajectory_are_the_games_own():
       assert advantage == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.slow  # Compiles the networks' scoring.
 def test_network_scores_are_the_prior_and_the_model_one_step_q(probed):
   from malloczero.learner.networks import logits_to_scalar, make_networks
 
