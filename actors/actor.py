@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from malloczero.actors.games import GamePool
+from malloczero.actors.prober import Prober
 from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient
 from malloczero.configs.config import Config
@@ -24,6 +25,8 @@ _log = logging.getLogger("malloczero.actors")
 # `offer(program, actions, episode_return) -> best return known for the program`: the learner's
 # `offer_demonstration` (replay/demonstrations.py).
 OfferFn = Callable[[str, Sequence[int], float], float]
+# `offer_probe(observation, advantages [A]) -> probes stored`: the learner's `offer_probe`.
+OfferProbeFn = Callable[[dict[str, np.ndarray], np.ndarray], int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +51,9 @@ class BatchedActor:
   a finished game that earned more than the best return known for its program is offered as a
   demonstration, in a background thread so that acting does not wait for the learner's replay
   of it; the answer (the best return now known) updates what counts as better.
+
+  With `prober` and `offer_probe`, `config.actor.probe_share` of the actor's time goes to
+  probing decisions (actors/prober.py), each sent to the learner in the same background thread.
   """
 
   def __init__(
@@ -60,6 +66,8 @@ class BatchedActor:
     seed: int = 0,
     on_episode: Callable[[EpisodeResult], None] | None = None,
     offer: OfferFn | None = None,
+    prober: Prober | None = None,
+    offer_probe: OfferProbeFn | None = None,
   ):
     self._pool = pool
     self._offer = offer
@@ -67,10 +75,15 @@ class BatchedActor:
     self._offers: list[tuple[str, concurrent.futures.Future]] = []
     self._offer_executor = (
       concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="offers")
-      if offer is not None
+      if offer is not None or offer_probe is not None
       else None
     )
     self.num_offers = 0
+    self._prober = prober if offer_probe is not None else None
+    self._offer_probe = offer_probe
+    self._probe_share = config.actor.probe_share
+    self._probe_sends: list[concurrent.futures.Future] = []
+    self._acting_s = self._probing_s = 0.0
     self._client = variable_client
     self._writer = writer
     self._search = make_search_fn(networks, config.search)
@@ -120,8 +133,45 @@ class BatchedActor:
     self._returns[slot] = 0.0
     self._lengths[slot] = 0
 
+  @property
+  def num_probes(self) -> int:
+    """Decisions probed and sent to the learner."""
+    return self._prober.num_probes if self._prober is not None else 0
+
+  @property
+  def probing_share(self) -> float:
+    """The share of acting and probing time spent probing so far."""
+    return self._probing_s / max(self._acting_s + self._probing_s, 1e-9)
+
   def step(self) -> list[EpisodeResult]:
-    """One move in every game; returns the episodes that finished with it."""
+    """One move in every game (and probes while they are below their share of the actor's
+    time); returns the episodes that finished with it."""
+    started = time.perf_counter()
+    finished = self._act()
+    self._acting_s += time.perf_counter() - started
+    if self._prober is not None:
+      self._probe_while_due()
+    return finished
+
+  def _probe_while_due(self) -> None:
+    share = self._probe_share
+    while self._probing_s < share / (1.0 - share) * self._acting_s:
+      started = time.perf_counter()
+      probe = self._prober.probe()
+      self._probing_s += time.perf_counter() - started
+      if probe is None:
+        continue
+      for sent in [f for f in self._probe_sends if f.done()]:
+        self._probe_sends.remove(sent)
+        try:
+          sent.result()
+        except Exception as e:  # pylint: disable=broad-except  # Learner busy or stopping.
+          _log.warning("probe offer failed: %s", e)
+      self._probe_sends.append(
+        self._offer_executor.submit(self._offer_probe, probe.observation, probe.advantages)
+      )
+
+  def _act(self) -> list[EpisodeResult]:
     self._client.update()
     self._rng, key = jax.random.split(self._rng)
     batch = stack_observations(self._observations)
@@ -187,7 +237,7 @@ class BatchedActor:
     self._held[slot] = []
 
   def _maybe_offer(self, program: str, actions: list[int], episode_return: float) -> None:
-    if self._offer_executor is None:
+    if self._offer is None:
       return
     still_waiting = []
     for name, future in self._offers:  # Answers so far: the best returns the learner knows.

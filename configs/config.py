@@ -104,6 +104,16 @@ class LearnerConfig:
   # again with the learner's current parameters before each step (learner/reanalyse.py; MuZero
   # Reanalyse); self-imitation targets and demonstrations keep theirs. 0 turns it off.
   reanalyse_fraction: float = 0.0
+  # With probes on (`ActorConfig.probe_share`), each batch also fits the policy's cross-entropy
+  # to softmax(exact advantage over msa / `probe_temperature`) at this many decisions drawn from
+  # the newest `probe_capacity` the actors probed (actors/prober.py), weighted by
+  # `probe_loss_weight`. The temperature: 1e-3 of msa's time is where deviations start to
+  # matter; fitted offline so, a fresh network beat msa on 9-12 of 16 held-out programs with no
+  # search (docs/results 3.20).
+  probe_batch: int = 64
+  probe_temperature: float = 1e-3
+  probe_loss_weight: float = 1.0
+  probe_capacity: int = 20_000
 
   def __post_init__(self):
     if not 0.0 <= self.demonstration_fraction < 1.0:
@@ -116,6 +126,10 @@ class LearnerConfig:
       )
     if not 0.0 <= self.reanalyse_fraction <= 1.0:
       raise ValueError(f"reanalyse_fraction must be in [0, 1], got {self.reanalyse_fraction}")
+    if self.probe_batch < 1 or self.probe_capacity < 1:
+      raise ValueError("probe_batch and probe_capacity must be at least 1")
+    if not self.probe_temperature > 0 or not self.probe_loss_weight >= 0:
+      raise ValueError("probe_temperature must be > 0 and probe_loss_weight >= 0")
 
   @property
   def demonstration_batch(self) -> int:
@@ -167,10 +181,17 @@ class ActorConfig:
   # greedy play (docs/results 3.9-3.10). Needs the msa game; on in the `small` preset. A game's
   # steps are held until it ends (64 with short games; a whole program's without).
   imitate_gains_only: bool = False
+  # Share of each actor's time spent probing decisions (actors/prober.py: every legal move of a
+  # decision of msa's trajectory played once, msa finishing), which the learner fits
+  # (`LearnerConfig.probe_batch`); 0 turns probes off. About 0.3 s per decision on the default
+  # suite.
+  probe_share: float = 0.0
 
   def __post_init__(self):
     if self.segment_moves < 0:
       raise ValueError(f"segment_moves must be >= 0, got {self.segment_moves}")
+    if not 0.0 <= self.probe_share < 1.0:
+      raise ValueError(f"probe_share must be in [0, 1), got {self.probe_share}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +248,8 @@ class Config:
         "short games (segment_moves > 0) need the msa game's 'advantage' reward: their return "
         "is exact only relative to msa's completion (set segment_moves to 0)"
       )
+    if self.actor.probe_share and self.game.decisions != "msa":
+      raise ValueError("probes need the msa game: only it knows msa's move at each step")
     if self.actor.imitate_gains_only and self.game.decisions != "msa":
       raise ValueError(
         "imitate_gains_only needs the msa game: only it knows msa's move at each step"

@@ -101,6 +101,16 @@ TUNING_FLAGS = (
     "FRACTION",
   ),
   TuningFlag(
+    "--probes",
+    "actor",
+    "probe_share",
+    "share of each actor's time spent probing decisions of msa's game (every legal move played "
+    "once, msa the rest), whose exact advantages over msa the learner fits the policy to (0 "
+    "turns probes off)",
+    fraction,
+    "SHARE",
+  ),
+  TuningFlag(
     "--lr-decay-steps",
     "learner",
     "decay_steps",

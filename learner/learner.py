@@ -33,10 +33,11 @@ from malloczero.learner.checkpoint import (
   save_state,
   to_numpy,
 )
-from malloczero.learner.losses import muzero_loss
+from malloczero.learner.losses import muzero_loss, probe_policy_loss
 from malloczero.learner.networks import MuZeroNetworks, Observation, Params
 from malloczero.learner.reanalyse import ReanalyseFn, SearchFn, make_reanalyse_fn
 from malloczero.replay.demonstrations import Demonstrations
+from malloczero.replay.probes import ProbeStore
 from malloczero.replay.types import Batch, Step
 
 _log = logging.getLogger("malloczero.learner")
@@ -135,9 +136,10 @@ def importance_weights(probabilities: np.ndarray, exponent: float) -> np.ndarray
 def make_sgd_step(
   networks: MuZeroNetworks, config: Config
 ) -> Callable[..., tuple[TrainingState, dict[str, chex.Array], chex.Array]]:
-  """Jitted `(state, steps [B, L, ...], importance_weights [B], exact_values [B] bool = None)`
-  -> `(state, metrics, priorities [B])`; metrics and priorities are those of the parameters the
-  step started from. `exact_values` marks demonstration items (learner/losses.py)."""
+  """Jitted `(state, steps [B, L, ...], importance_weights [B], exact_values [B] bool = None,
+  probes = None)` -> `(state, metrics, priorities [B])`; metrics and priorities are those of the
+  parameters the step started from. `exact_values` marks demonstration items, `probes` is
+  (observations `[P, ...]`, exact advantages `[P, A]`) of probed decisions (learner/losses.py)."""
   learner_config = config.learner
   optimizer = make_optimizer(learner_config)
   schedule = learning_rate_schedule(learner_config)
@@ -148,11 +150,18 @@ def make_sgd_step(
     steps: Step,
     weights: chex.Array,
     exact_values: Optional[chex.Array] = None,
+    probes: Optional[tuple[dict[str, chex.Array], chex.Array]] = None,
   ):
     def loss_fn(params):
       loss, metrics, priorities = muzero_loss(
         networks, params, state.target_params, steps, weights, learner_config, exact_values
       )
+      if probes is not None:
+        probe_loss, probe_metrics = probe_policy_loss(
+          networks, params, *probes, learner_config.probe_temperature
+        )
+        loss = loss + learner_config.probe_loss_weight * probe_loss
+        metrics = dict(metrics, **probe_metrics, loss=loss)
       return loss, (metrics, priorities)
 
     (_, (metrics, priorities)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -196,6 +205,9 @@ class MuZeroLearner:
     candidates_dir: with `config.select_checkpoints` above 1, where a checkpoint is kept every
       `config.eval_every_steps` steps for the final evaluation's selection (the newest
       `select_checkpoints` of them; older ones are deleted).
+    probes: probed decisions (replay/probes.py) the actors offer (`offer_probe`); once it holds
+      any, each batch also fits the policy at `learner.probe_batch` of them, and they are saved
+      and restored with the checkpoint.
 
   With `learner.reanalyse_fraction` above 0, the first `learner.reanalyse_batch` sampled items
   of each batch get fresh policy targets at states 0..K from `reanalyse_search` (the actors'
@@ -214,11 +226,13 @@ class MuZeroLearner:
     demonstrations: Optional[Demonstrations] = None,
     candidates_dir: Optional[str] = None,
     reanalyse_search: Optional[SearchFn] = None,
+    probes: Optional[ProbeStore] = None,
   ):
     self._networks = networks
     self._candidates_dir = candidates_dir if config.select_checkpoints > 1 else None
     self._config = config
     self._demonstrations = demonstrations
+    self._probes = probes
     if hasattr(sample_fn, "__next__"):
       iterator = sample_fn
       self._sample = lambda: next(iterator)
@@ -280,7 +294,10 @@ class MuZeroLearner:
       steps = jax.tree_util.tree_map(lambda a, b: np.concatenate([a, b]), steps, demo_steps)
       weights = np.concatenate([weights, demo_weights])
       exact_values = np.arange(len(weights)) >= num_sampled
-    state, metrics, priorities = self._sgd_step(self._state, steps, weights, exact_values)
+    probes = None
+    if self._probes is not None and len(self._probes):
+      probes = self._probes.sample(self._config.learner.probe_batch)
+    state, metrics, priorities = self._sgd_step(self._state, steps, weights, exact_values, probes)
     metrics, priorities = jax.device_get((metrics, priorities))
     priorities = priorities[:num_sampled]
     with self._lock:
@@ -300,6 +317,8 @@ class MuZeroLearner:
       result["demonstration_replays"] = float(self._demonstrations.num_replays)
       result["demonstration_replay_s"] = self._demonstrations.replay_seconds
       result["demonstration_departures"] = float(self._demonstrations.num_departures())
+    if self._probes is not None:
+      result["probes"] = float(len(self._probes))
     result["learner_steps_per_s"] = 1.0 / max(elapsed, 1e-9)
     if self._checkpoint_dir and now - self._last_save >= self._config.learner.checkpoint_every_s:
       self.save()
@@ -395,6 +414,8 @@ class MuZeroLearner:
     file = save_state(path, state, num_steps, self._networks)
     if self._demonstrations is not None:
       self._demonstrations.save(os.path.dirname(file))
+    if self._probes is not None:
+      self._probes.save(os.path.dirname(file))
     self._last_save = time.monotonic()
     return file
 
@@ -416,8 +437,11 @@ class MuZeroLearner:
       self._state = state
       self._num_steps = num_steps
       self._numpy_params = None
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
     if self._demonstrations is not None:
-      self._demonstrations.restore(path if os.path.isdir(path) else os.path.dirname(path))
+      self._demonstrations.restore(directory)
+    if self._probes is not None:
+      self._probes.restore(directory)
 
   def offer_demonstration(
     self, program: str, actions: Sequence[int], episode_return: float
@@ -429,3 +453,11 @@ class MuZeroLearner:
     if self._demonstrations is None:
       return float("inf")
     return self._demonstrations.offer(program, actions, episode_return, "agent")
+
+  def offer_probe(self, observation: dict[str, np.ndarray], advantages: np.ndarray) -> int:
+    """A decision an actor probed (actors/prober.py): its observation and each action slot's
+    exact advantage over msa `[A]`; returns the number of probes stored (0 when this learner
+    keeps none). Raises ValueError for one whose shapes are not this run's."""
+    if self._probes is None:
+      return 0
+    return self._probes.add(observation, advantages)

@@ -32,7 +32,13 @@ import jax.numpy as jnp
 import optax
 
 from malloczero.configs.config import LearnerConfig
-from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar, scalar_to_probs
+from malloczero.learner.networks import (
+  ILLEGAL_LOGIT,
+  MuZeroNetworks,
+  Params,
+  logits_to_scalar,
+  scalar_to_probs,
+)
 from malloczero.replay.targets import priority, value_targets
 from malloczero.replay.types import Step
 
@@ -182,3 +188,43 @@ def muzero_loss(
     "priority": priorities.mean(),
   }
   return loss, metrics, priorities
+
+
+def advantage_targets(advantages: chex.Array, legal: chex.Array, temperature: float) -> chex.Array:
+  """`[N, A]` exact advantages over msa and legal masks -> `[N, A]` policy targets:
+  softmax(advantage / temperature) over the legal moves, 0 elsewhere."""
+  scores = jnp.where(legal, advantages / temperature, -jnp.inf)
+  return jax.nn.softmax(scores, axis=-1)
+
+
+def probe_policy_loss(
+  networks: MuZeroNetworks,
+  params: Params,
+  observation: dict[str, chex.Array],
+  advantages: chex.Array,
+  temperature: float,
+) -> tuple[chex.Array, dict[str, chex.Array]]:
+  """The policy's cross-entropy to `advantage_targets` at probed decisions (actors/prober.py).
+
+  Args:
+    observation: the decisions' observations, leaves `[P, ...]`.
+    advantages: `[P, A]` each move's exact advantage over msa (0 at illegal slots).
+    temperature: of the targets' softmax, in advantage units.
+
+  Returns:
+    (mean loss, metrics): among them what the policy's legal argmax would earn there
+    (`probe_pick_advantage`) against the best move (`probe_best_advantage`).
+  """
+  legal = observation["legal_actions"] > 0
+  advantages = advantages.astype(jnp.float32)
+  logits = networks.predict(params, networks.represent(params, observation)).policy_logits
+  logits = jnp.where(legal, logits, ILLEGAL_LOGIT)
+  target = advantage_targets(advantages, legal, temperature)
+  loss = _cross_entropy(logits, target).mean()
+  pick = jnp.take_along_axis(advantages, jnp.argmax(logits, -1)[:, None], -1)[:, 0]
+  best = jnp.max(jnp.where(legal, advantages, -jnp.inf), -1)
+  return loss, {
+    "probe_policy_loss": loss,
+    "probe_pick_advantage": pick.mean(),
+    "probe_best_advantage": best.mean(),
+  }

@@ -19,8 +19,9 @@ from typing import Any, Callable, Optional, Sequence
 import reverb
 from acme.utils import loggers
 
-from malloczero.actors.actor import BatchedActor, EpisodeResult, OfferFn
+from malloczero.actors.actor import BatchedActor, EpisodeResult, OfferFn, OfferProbeFn
 from malloczero.actors.games import GamePool, GameSpec, training_specs
+from malloczero.actors.prober import Prober
 from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient, VariableSource
 from malloczero.common.files import write_text
@@ -32,6 +33,7 @@ from malloczero.learner.networks import MuZeroNetworks
 from malloczero.learner.reanalyse import SearchFn
 from malloczero.replay import Sampler, SequenceWriter, make_table
 from malloczero.replay.demonstrations import Demonstration, Demonstrations
+from malloczero.replay.probes import ProbeStore
 from malloczero.system.training import LearningCurve
 
 # How long one learner sample may wait on the replay's rate limiter before the learner re-checks
@@ -105,6 +107,13 @@ def make_reanalyse_search(networks: MuZeroNetworks, config: Config) -> Optional[
   return make_search_fn(networks, config.search, evaluation=False, jit=False)
 
 
+def make_probe_store(config: Config) -> Optional[ProbeStore]:
+  """The learner's store of probed decisions, or None with probes off."""
+  if not config.actor.probe_share:
+    return None
+  return ProbeStore(config.game, config.learner.probe_capacity, seed=config.seed)
+
+
 def make_learner(
   networks: MuZeroNetworks,
   config: Config,
@@ -129,6 +138,7 @@ def make_learner(
     demonstrations=demonstrations,
     candidates_dir=workdir.candidates,
     reanalyse_search=make_reanalyse_search(networks, config),
+    probes=make_probe_store(config),
   )
   if demonstrations is not None:
     # In the background: replaying msa on every program takes tens of seconds, and the actors
@@ -152,10 +162,13 @@ def make_actor(
   should_stop: Callable[[], bool],
   on_episode: Callable[[EpisodeResult], None],
   offer: Optional[OfferFn] = None,
+  offer_probe: Optional[OfferProbeFn] = None,
 ) -> BatchedActor:
   """The batched self-play actor on the suite's train programs, writing into replay; a replay
   write blocked by the rate limiter gives up once `should_stop()`. With `offer` (the learner's
-  `offer_demonstration`), games faster than the best known are offered as demonstrations."""
+  `offer_demonstration`), games faster than the best known are offered as demonstrations; with
+  probes on and `offer_probe` (the learner's), it probes decisions of the same programs for the
+  learner (actors/prober.py)."""
   pool = GamePool(training_specs(config), config.game, config.actor.num_games, seed=seed)
   writer = SequenceWriter(replay, config, config.actor.num_games, should_stop=should_stop)
   return BatchedActor(
@@ -167,6 +180,8 @@ def make_actor(
     seed=seed,
     on_episode=on_episode,
     offer=offer if config.learner.demonstration_batch else None,
+    prober=Prober(pool.specs, config.game, seed=seed + 1) if config.actor.probe_share else None,
+    offer_probe=offer_probe if config.actor.probe_share else None,
   )
 
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from malloczero.actors.actor import stack_observations
 from malloczero.actors.games import GameSpec
+from malloczero.actors.prober import one_move_advantages
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.solvers.evo_msa import decode
 from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar
@@ -73,7 +74,6 @@ def probe_program(
   drawn uniformly without replacement, each with every legal move's exact advantage. The draw
   depends on `seed` and the program's name only, not on which programs are probed with it."""
   game = make_game(spec.workload, spec.hardware, dataclasses.replace(config, reward="advantage"))
-  msa_time = game.msa_time
   legal_counts = []
   timestep = game.reset()
   while not timestep.last():
@@ -82,17 +82,8 @@ def probe_program(
   steps = _draw_steps(spec.name, legal_counts, decisions, seed)
   probed = []
   for step in steps:
-    observation = game.reset_segment(step, 1).observation
-    msa_action = game.msa_action
+    observation, advantages, msa_action = one_move_advantages(game, step)
     actions = np.flatnonzero(observation["legal_actions"])
-    advantages = []
-    for action in actions.tolist():
-      if action == msa_action:
-        advantages.append(0.0)
-        continue
-      game.reset_segment(step, 1)
-      game.step(action)
-      advantages.append((msa_time - game.total_time) / msa_time)
     probed.append(
       ProbedDecision(
         spec.name,
@@ -100,8 +91,8 @@ def probe_program(
         step,
         msa_action,
         actions,
-        np.asarray(advantages),
-        {k: np.asarray(v) for k, v in observation.items()},
+        advantages[actions],
+        observation,
       )
     )
   return probed

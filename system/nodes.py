@@ -389,6 +389,9 @@ class LearnerNode:
   def offer_demonstration(self, program: str, actions: list[int], episode_return: float) -> float:
     return self._learner.offer_demonstration(program, actions, episode_return)
 
+  def offer_probe(self, observation: dict[str, Any], advantages: Any) -> int:
+    return self._learner.offer_probe(observation, advantages)
+
   def run(self) -> None:
     from malloczero.system.loops import run_learner
 
@@ -473,6 +476,7 @@ class ActorNode:
       should_stop=stop.is_set,
       on_episode=episodes.add,
       offer=self._learner.offer_demonstration,
+      offer_probe=self._learner.offer_probe,
     )
     logger = node_logger(self._context, self._name, steps_key="actor_moves")
     retry_until_answered(variables.update_and_wait, self._name, "the learner")
@@ -505,6 +509,8 @@ class ActorNode:
                 # Steps written with msa's move as their target (`imitate_gains_only`).
                 "departures_unlearned": actor.num_departures_unlearned,
                 "offers": actor.num_offers,
+                "probes": actor.num_probes,
+                "probing_share": actor.probing_share,
                 **episodes.summary(),
               }
             )
@@ -517,7 +523,8 @@ class ActorNode:
       say(
         self._name,
         f"stopped after {actor.num_steps * actor.num_games} moves "
-        f"({actor.num_offers} games offered as demonstrations)",
+        f"({actor.num_offers} games offered as demonstrations, {actor.num_probes} decisions "
+        "probed)",
       )
 
 

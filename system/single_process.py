@@ -140,6 +140,7 @@ def _train(
     should_stop=stop.is_set,
     on_episode=episodes.add,
     offer=learner.offer_demonstration,
+    offer_probe=learner.offer_probe,
   )
   clock = Stopwatch()
   failure: list[BaseException] = []
@@ -176,7 +177,12 @@ def _train(
           next_eval += eval_every_steps
         if time.monotonic() - last_log > log_every_s and episodes:
           actor_logger.write(
-            {"actor_steps": actor.num_steps, "episodes": actor.num_episodes, **episodes.summary()}
+            {
+              "actor_steps": actor.num_steps,
+              "episodes": actor.num_episodes,
+              "probes": actor.num_probes,
+              **episodes.summary(),
+            }
           )
           last_log = time.monotonic()
   finally:

@@ -1,0 +1,106 @@
+"""The learner's store of probed decisions (actors/prober.py), sampled into every batch.
+
+A probe is one decision with the exact advantage of every legal move over msa: the learner fits
+its policy there to softmax(advantage / temperature) (learner/losses.py `probe_policy_loss`).
+The store is a ring of `capacity` decisions (the oldest replaced first), sampled uniformly, and
+saved with the learner's checkpoint as a plain `.npz` (arrays only, loaded without pickle): a
+probe costs one msa pass per legal move, so a resumed run keeps them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional
+
+import numpy as np
+
+from malloczero.common.errors import MalloczeroError
+from malloczero.common.files import atomic_write
+from malloczero.env.game import GameConfig, observation_spec
+
+PROBES_FILENAME = "probes.npz"
+
+
+class ProbeStore:
+  """Probed decisions of one game config: observations, advantages `[A]`, legal masks `[A]`."""
+
+  def __init__(self, config: GameConfig, capacity: int, seed: int = 0):
+    if capacity < 1:
+      raise ValueError(f"the probe store needs a capacity of at least 1, got {capacity}")
+    self._spec = observation_spec(config)
+    self._capacity = capacity
+    self._observations = {
+      k: np.zeros((capacity,) + s.shape, s.dtype) for k, s in self._spec.items()
+    }
+    self._advantages = np.zeros((capacity, config.num_actions), np.float32)
+    self._size = 0
+    self._next = 0
+    self.num_added = 0
+    self._rng = np.random.default_rng(seed)
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return self._size
+
+  def add(self, observation: dict[str, np.ndarray], advantages: np.ndarray) -> int:
+    """Stores one decision (replacing the oldest when full); returns the number stored.
+
+    Raises ValueError when its shapes are not the game config's."""
+    advantages = np.asarray(advantages, np.float32)
+    if advantages.shape != self._advantages.shape[1:] or set(observation) != set(self._spec):
+      raise ValueError("a probe whose shapes are not this run's game's")
+    with self._lock:
+      row = self._next
+      for key, spec in self._spec.items():
+        value = np.asarray(observation[key])
+        if value.shape != spec.shape:
+          raise ValueError(f"a probe's {key} has shape {value.shape}, not {spec.shape}")
+        self._observations[key][row] = value
+      self._advantages[row] = advantages
+      self._next = (row + 1) % self._capacity
+      self._size = min(self._size + 1, self._capacity)
+      self.num_added += 1
+      return self._size
+
+  def sample(self, n: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """`n` decisions drawn uniformly with replacement: (observations `[n, ...]`, advantages
+    `[n, A]`). The store must not be empty."""
+    with self._lock:
+      if not self._size:
+        raise ValueError("no probes to sample")
+      rows = self._rng.integers(self._size, size=n)
+      return {k: v[rows] for k, v in self._observations.items()}, self._advantages[rows]
+
+  def save(self, directory: str) -> None:
+    with self._lock:
+      arrays = {f"observation/{k}": v[: self._size] for k, v in self._observations.items()}
+      arrays["advantages"] = self._advantages[: self._size]
+      arrays["next"] = np.int64(self._next)
+      arrays["num_added"] = np.int64(self.num_added)
+    with atomic_write(os.path.join(directory, PROBES_FILENAME), "wb", fsync=True) as f:
+      np.savez(f, **arrays)
+
+  def restore(self, directory: str) -> Optional[int]:
+    """Loads the probes saved in `directory`, if any; returns how many (None: no file).
+
+    Raises MalloczeroError (one line) for a file that is not this run's probes."""
+    path = os.path.join(directory, PROBES_FILENAME)
+    if not os.path.exists(path):
+      return None
+    try:
+      with np.load(path, allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+      size = len(arrays["advantages"])
+      expected = {f"observation/{k}" for k in self._spec} | {"advantages", "next", "num_added"}
+      if set(arrays) != expected or size > self._capacity:
+        raise ValueError("unexpected contents")
+      with self._lock:
+        for key, spec in self._spec.items():
+          self._observations[key][:size] = arrays[f"observation/{key}"].astype(spec.dtype)
+        self._advantages[:size] = arrays["advantages"]
+        self._size, self._next = size, int(arrays["next"]) % self._capacity
+        self.num_added = int(arrays["num_added"])
+    except (ValueError, KeyError, OSError) as e:
+      raise MalloczeroError(f"{path}: not this run's probed decisions ({e})") from None
+    return size
