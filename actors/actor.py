@@ -25,8 +25,9 @@ _log = logging.getLogger("malloczero.actors")
 # `offer(program, actions, episode_return) -> best return known for the program`: the learner's
 # `offer_demonstration` (replay/demonstrations.py).
 OfferFn = Callable[[str, Sequence[int], float], float]
-# `offer_probe(observation, advantages [A]) -> probes stored`: the learner's `offer_probe`.
-OfferProbeFn = Callable[[dict[str, np.ndarray], np.ndarray], int]
+# `offer_probe(observation, advantages [A]) -> probes stored`: the learner's `offer_probe`, called
+# with nested lists.
+OfferProbeFn = Callable[[dict[str, list], list], int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,8 +168,10 @@ class BatchedActor:
           sent.result()
         except Exception as e:  # pylint: disable=broad-except  # Learner busy or stopping.
           _log.warning("probe offer failed: %s", e)
+      # As lists: Launchpad's courier times out on numpy arrays as call arguments.
+      observation = {k: v.tolist() for k, v in probe.observation.items()}
       self._probe_sends.append(
-        self._offer_executor.submit(self._offer_probe, probe.observation, probe.advantages)
+        self._offer_executor.submit(self._offer_probe, observation, probe.advantages.tolist())
       )
 
   def _act(self) -> list[EpisodeResult]:

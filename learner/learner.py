@@ -454,10 +454,11 @@ class MuZeroLearner:
       return float("inf")
     return self._demonstrations.offer(program, actions, episode_return, "agent")
 
-  def offer_probe(self, observation: dict[str, np.ndarray], advantages: np.ndarray) -> int:
+  def offer_probe(self, observation: dict[str, Any], advantages: Any) -> int:
     """A decision an actor probed (actors/prober.py): its observation and each action slot's
-    exact advantage over msa `[A]`; returns the number of probes stored (0 when this learner
-    keeps none). Raises ValueError for one whose shapes are not this run's."""
+    exact advantage over msa `[A]` (arrays or nested lists); returns the number of probes stored
+    (0 when this learner keeps none). Raises ValueError for one whose shapes are not this
+    run's."""
     if self._probes is None:
       return 0
     return self._probes.add(observation, advantages)

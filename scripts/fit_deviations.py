@@ -62,7 +62,6 @@ def main() -> int:
     parser.error("--msa-margin must be at least 0")
 
   import jax
-  import jax.numpy as jnp
   import numpy as np
   import optax
 
@@ -71,7 +70,7 @@ def main() -> int:
   from malloczero.common.errors import MalloczeroError
   from malloczero.configs.workdir import WorkDir
   from malloczero.learner.checkpoint import replace_params
-  from malloczero.learner.networks import ILLEGAL_LOGIT
+  from malloczero.learner.losses import probe_policy_loss
   from malloczero.system import deviation_probe as probe
 
   try:
@@ -88,25 +87,19 @@ def main() -> int:
   networks = agent.networks
   num_actions = agent.game.num_actions
 
-  def targets(decisions):
-    """`[N, A]` softmax((advantage + the margin for msa's move) / temperature) over the legal
-    moves, `[N, A]` legal masks."""
-    target = np.zeros((len(decisions), num_actions), np.float32)
-    legal = np.zeros((len(decisions), num_actions), bool)
+  def advantages(decisions):
+    """`[N, A]` each legal move's exact advantage, msa's move's raised by the margin (0 at
+    illegal slots, which the observations' legal masks exclude from the targets)."""
+    table = np.zeros((len(decisions), num_actions), np.float32)
     for i, p in enumerate(decisions):
-      scores = p.advantages + args.msa_margin * (p.actions == p.msa_action)
-      z = (scores - scores.max()) / args.temperature
-      target[i, p.actions] = np.exp(z) / np.exp(z).sum()
-      legal[i, p.actions] = True
-    return target, legal
+      table[i, p.actions] = p.advantages + args.msa_margin * (p.actions == p.msa_action)
+    return table
 
   observations = stack_observations([p.observation for p in train])
-  target, legal = targets(train)
+  train_advantages = advantages(train)
 
-  def loss_fn(params, observation, target, legal):
-    logits = networks.predict(params, networks.represent(params, observation)).policy_logits
-    logits = jnp.where(legal, logits, ILLEGAL_LOGIT)
-    return -jnp.mean(jnp.sum(target * jax.nn.log_softmax(logits), -1))
+  def loss_fn(params, observation, advantage):
+    return probe_policy_loss(networks, params, observation, advantage, args.temperature)[0]
 
   optimiser = optax.adam(args.learning_rate)
   mean_loss = jax.jit(loss_fn)
@@ -117,12 +110,12 @@ def main() -> int:
     for begin in range(0, len(decisions), chunk):
       part = decisions[begin : begin + chunk]
       observation = stack_observations([p.observation for p in part])
-      total += len(part) * float(mean_loss(params, observation, *targets(part)))
+      total += len(part) * float(mean_loss(params, observation, advantages(part)))
     return total / len(decisions)
 
   @jax.jit
-  def update(params, opt_state, observation, target, legal):
-    loss, grads = jax.value_and_grad(loss_fn)(params, observation, target, legal)
+  def update(params, opt_state, observation, advantage):
+    loss, grads = jax.value_and_grad(loss_fn)(params, observation, advantage)
     updates, opt_state = optimiser.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
@@ -154,7 +147,7 @@ def main() -> int:
   for step in range(1, args.steps + 1):
     index = rng.integers(len(train), size=args.batch)
     batch = {k: v[index] for k, v in observations.items()}
-    params, opt_state, _ = update(params, opt_state, batch, target[index], legal[index])
+    params, opt_state, _ = update(params, opt_state, batch, train_advantages[index])
     if step % args.report_every == 0 or step == args.steps:
       report(step)
   if args.out:

@@ -158,8 +158,9 @@ class _Launch:
 def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_path):
   workdir = tmp_path / "run"
 
-  # 1. A tiny run with 2 actors; actor_1's process is killed once the learner is stepping.
-  run = _Launch(workdir, "--max-steps", "600", "--eval-every", "1000")
+  # 1. A tiny run with 2 actors that also probe decisions for the learner; actor_1's process is
+  # killed once the learner is stepping.
+  run = _Launch(workdir, "--max-steps", "600", "--eval-every", "1000", "--probes", "0.3")
   run.wait_until(
     lambda: run.learner_steps() >= 1 and "actor_1" in run.node_processes(),
     "the learner stepping with both actors live",
@@ -203,6 +204,10 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   assert "evaluating step 600 on the heldout programs for the learning curve" in output
   assert f"step 600: heldout geomean speed-up {float(curve[-1]['geomean_speedup']):.3f}" in output
   assert os.listdir(workdir / "checkpoints" / "replay"), "no replay checkpoint"
+  # The actors' probes reached the learner over courier and were kept with its checkpoint.
+  learner_rows = list(csv.DictReader((workdir / "logs" / "learner" / "logs.csv").open()))
+  assert float(learner_rows[-1]["probes"]) > 0 and learner_rows[-1]["probe_policy_loss"]
+  assert (workdir / "checkpoints" / "probes.npz").exists()
   assert run.orphans() == []
   saved_digest = params_digest(load_params(str(checkpoint)))
   # The console, read through a pipe: launcher lines only (node output is in nodes/*.log), no
@@ -216,7 +221,7 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
 
   # 2. The same command resumes: learner parameters, step and replay come back; SIGTERM to the
   # launcher stops every node, and the learner saves its step before exiting.
-  run = _Launch(workdir, "--max-steps", "100000", "--eval-every", "1000")
+  run = _Launch(workdir, "--max-steps", "100000", "--eval-every", "1000", "--probes", "0.3")
   run.wait_until(lambda: run.learner_steps() >= 620, "the resumed learner stepping")
   run.process.send_signal(signal.SIGTERM)
   code, output = run.finish()
@@ -240,7 +245,7 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   # anything starts.
   for args, message in (
     (("--config", "small", "--suite", "tiny"), "holds a run of config"),
-    (("--config", "tiny", "--max-steps", "600"), "raise --max-steps"),
+    (("--config", "tiny", "--max-steps", "600", "--probes", "0.3"), "raise --max-steps"),
   ):
     result = subprocess.run(
       [sys.executable, "-m", "malloczero", "train", *args, "--workdir", str(workdir)],

@@ -1,0 +1,219 @@
+"""Probes in the training loop: actors play every legal move of a decision of msa's game (msa
+finishing), the learner fits its policy to the exact advantages (actors/prober.py,
+replay/probes.py, learner/losses.py `probe_policy_loss`)."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from malloczero.actors.actor import BatchedActor
+from malloczero.actors.games import GamePool, suite_games
+from malloczero.actors.prober import Prober, one_move_advantages
+from malloczero.actors.variable_client import VariableClient
+from malloczero.common.errors import MalloczeroError
+from malloczero.configs.config import get_config, small, with_section
+from malloczero.env.game import make_game
+from malloczero.env.solvers.evo_msa import decode
+from malloczero.learner import MuZeroLearner, make_networks
+from malloczero.learner.fakes import random_batch
+from malloczero.learner.losses import advantage_targets, probe_policy_loss
+from malloczero.replay.probes import PROBES_FILENAME, ProbeStore
+
+CONFIG = with_section(get_config("tiny"), "actor", probe_share=0.5)
+GAME = CONFIG.game
+NETWORKS = make_networks(CONFIG.network, GAME)
+SPECS = suite_games("tiny", "train")
+
+
+@pytest.fixture(scope="module")
+def probes():
+  prober = Prober(SPECS, GAME, seed=3)
+  found = [prober.probe() for _ in range(12)]
+  return prober, [p for p in found if p is not None]
+
+
+def test_probes_hold_each_legal_moves_exact_advantage(probes):
+  prober, found = probes
+  assert len(found) >= 10 and prober.num_probes == len(found)
+  specs = {s.name: s for s in SPECS}
+  config = dataclasses.replace(GAME, reward="advantage")
+  for probe in found[:4]:
+    spec = specs[probe.program]
+    game = make_game(spec.workload, spec.hardware, config)
+    legal = probe.observation["legal_actions"] > 0
+    assert legal.sum() > 1 and legal[probe.msa_action]
+    assert probe.advantages[probe.msa_action] == 0.0 and not probe.advantages[~legal].any()
+    # Independently: msa's trajectory's decision keys, then evo-msa's decode of the genome that
+    # departs at the probed step only.
+    keys, timestep = [], game.reset()
+    while not timestep.last():
+      keys.append((game.decision.buffer, game.decision.use))
+      timestep = game.step(game.msa_action)
+    for action in np.flatnonzero(legal):
+      if action == probe.msa_action:
+        continue
+      time = decode(
+        game.cost_model,
+        {keys[probe.step]: int(action)},
+        max_prefetch_starts=config.max_prefetch_starts,
+        skip_below=config.skip_below,
+      )[0]
+      expected = (game.msa_time - time) / game.msa_time
+      assert probe.advantages[action] == pytest.approx(expected, abs=1e-6)
+  # The same seed probes the same decisions.
+  again = Prober(SPECS, GAME, seed=3)
+  first = again.probe()
+  assert (first.program, first.step) == (found[0].program, found[0].step)
+  np.testing.assert_array_equal(first.advantages, found[0].advantages)
+  assert any(p.advantages.max() > 0 for p in found) or any(p.advantages.min() < 0 for p in found)
+
+
+def test_one_move_advantages_needs_the_advantage_reward():
+  spec = SPECS[0]
+  game = make_game(spec.workload, spec.hardware, GAME)  # The tiny preset's "time" reward.
+  with pytest.raises(ValueError, match="advantage"):
+    one_move_advantages(game, 0)
+
+
+def test_probe_store_ring_sample_save_and_restore(tmp_path, probes):
+  _, found = probes
+  store = ProbeStore(GAME, capacity=4, seed=0)
+  with pytest.raises(ValueError, match="no probes"):
+    store.sample(2)
+  for probe in found[:6]:
+    store.add(probe.observation, probe.advantages)
+  assert len(store) == 4 and store.num_added == 6
+  observations, advantages = store.sample(32)
+  assert advantages.shape == (32, GAME.num_actions)
+  # Only the newest four are kept.
+  kept = {p.advantages.tobytes() for p in found[2:6]}
+  assert {row.tobytes() for row in advantages} <= kept
+  for key, value in observations.items():
+    assert value.shape == (32,) + found[0].observation[key].shape
+  store.save(str(tmp_path))
+  restored = ProbeStore(GAME, capacity=4, seed=0)
+  assert restored.restore(str(tmp_path)) == 4 and restored.num_added == 6
+  np.testing.assert_array_equal(restored.sample(32)[1], advantages)  # Same rows, same seed.
+  assert ProbeStore(GAME, capacity=4).restore(str(tmp_path / "none")) is None
+  with pytest.raises(ValueError, match="shape"):
+    store.add(found[0].observation, found[0].advantages[:-1])
+  (tmp_path / PROBES_FILENAME).write_bytes(b"not an npz")
+  with pytest.raises(MalloczeroError) as error:
+    ProbeStore(GAME, capacity=4).restore(str(tmp_path))
+  assert "\n" not in str(error.value) and "probed decisions" in str(error.value)
+
+
+def test_advantage_targets_are_a_sharp_softmax_over_legal_moves():
+  advantages = np.array([[0.0, 0.002, -0.01, 0.5]], np.float32)
+  legal = np.array([[True, True, True, False]])
+  target = np.asarray(advantage_targets(advantages, legal, 1e-3))
+  expected = np.exp([0.0, 2.0, -10.0]) / np.exp([0.0, 2.0, -10.0]).sum()
+  np.testing.assert_allclose(target[0, :3], expected, rtol=1e-5)
+  assert target[0, 3] == 0.0  # Illegal, however large its advantage.
+
+
+@pytest.mark.slow  # Compiles its own update.
+def test_probe_loss_teaches_the_best_move(probes):
+  """A few hundred steps on the probes alone: the loss falls and the policy's legal argmax
+  earns the best advantage at every probed decision."""
+  import optax
+
+  _, found = probes
+  store = ProbeStore(GAME, capacity=64)
+  for probe in found:
+    store.add(probe.observation, probe.advantages)
+  observations = {k: np.stack([p.observation[k] for p in found]) for k in found[0].observation}
+  advantages = np.stack([p.advantages for p in found])
+  params = NETWORKS.init(jax.random.PRNGKey(0), {k: v[:1] for k, v in observations.items()})
+  optimiser = optax.adam(3e-3)
+  state = optimiser.init(params)
+
+  @jax.jit
+  def update(params, state):
+    (loss, metrics), grads = jax.value_and_grad(
+      lambda p: probe_policy_loss(NETWORKS, p, observations, advantages, 1e-3), has_aux=True
+    )(params)
+    updates, state = optimiser.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, metrics
+
+  first = None
+  for _ in range(300):
+    params, state, metrics = update(params, state)
+    first = first or float(metrics["probe_policy_loss"])
+  assert float(metrics["probe_policy_loss"]) < 0.5 * first
+  assert float(metrics["probe_pick_advantage"]) == pytest.approx(
+    float(metrics["probe_best_advantage"]), abs=1e-4
+  )
+
+
+class _Params:
+  """A variable source holding fixed parameters."""
+
+  def __init__(self, params):
+    self._params = params
+
+  def get_variables(self):
+    return self._params
+
+
+def test_actor_probes_its_share_and_offers_them(probes):
+  params = NETWORKS.init(
+    jax.random.PRNGKey(1), {k: v[None] for k, v in probes[1][0].observation.items()}
+  )
+  offered = []
+  pool = GamePool(SPECS, GAME, 2, seed=0)
+  actor = BatchedActor(
+    NETWORKS,
+    CONFIG,
+    pool,
+    VariableClient(_Params(params), 10),
+    prober=Prober(SPECS, GAME, seed=5),
+    offer_probe=lambda observation, advantages: offered.append((observation, advantages)),
+  )
+  for _ in range(6):
+    actor.step()
+  actor.close(wait=True)
+  assert actor.num_probes >= 1 and len(offered) == actor.num_probes
+  # After every step probing has caught up with its share of the time.
+  assert actor.probing_share >= 0.5 * (1 - 1e-9)
+  # As plain lists (courier passes no numpy arguments), which the learner's store takes.
+  observation, advantages = offered[0]
+  assert isinstance(advantages, list) and len(advantages) == GAME.num_actions
+  assert all(isinstance(v, list) for v in observation.values())
+  store = ProbeStore(GAME, capacity=4)
+  assert store.add(observation, advantages) == 1
+  np.testing.assert_array_equal(store.sample(1)[1][0], np.asarray(advantages, np.float32))
+
+
+@pytest.mark.slow  # Compiles the SGD step with and without probes.
+def test_learner_fits_probes_beside_its_batches_and_keeps_them(tmp_path, probes):
+  _, found = probes
+  store = ProbeStore(GAME, CONFIG.learner.probe_capacity)
+  batch = random_batch(CONFIG, CONFIG.learner.batch_size)
+  learner = MuZeroLearner(
+    NETWORKS, CONFIG, lambda: batch, checkpoint_dir=str(tmp_path), probes=store
+  )
+  assert "probe_policy_loss" not in learner.step()  # No probes yet.
+  for probe in found:
+    assert learner.offer_probe(probe.observation, probe.advantages) == len(store)
+  metrics = learner.step()
+  assert metrics["probes"] == len(found) and metrics["probe_policy_loss"] > 0
+  learner.save()
+  resumed_store = ProbeStore(GAME, CONFIG.learner.probe_capacity)
+  resumed = MuZeroLearner(
+    NETWORKS, CONFIG, lambda: batch, checkpoint_dir=str(tmp_path), probes=resumed_store
+  )
+  assert resumed.num_steps == 2 and len(resumed_store) == len(found)
+  without = MuZeroLearner(NETWORKS, CONFIG, lambda: batch)
+  assert without.offer_probe(found[0].observation, found[0].advantages) == 0
+
+
+def test_probes_need_the_msa_game_and_a_share_below_one():
+  with pytest.raises(ValueError, match="msa game"):
+    with_section(with_section(small(), "game", decisions="requests"), "actor", probe_share=0.3)
+  with pytest.raises(ValueError, match="probe_share"):
+    with_section(small(), "actor", probe_share=1.0)
+  with pytest.raises(ValueError, match="probe_batch"):
+    with_section(small(), "learner", probe_batch=0)
