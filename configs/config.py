@@ -92,6 +92,10 @@ class LearnerConfig:
   max_grad_norm: float = 5.0
   target_update_period: int = 100
   value_loss_weight: float = 0.25
+  # Weight of the policy's cross-entropy to replay's and demonstrations' targets (the search's
+  # action weights, self-imitation's, the demonstrations' moves); with probes on, 0 leaves the
+  # policy to the probes' exact advantages alone.
+  policy_loss_weight: float = 1.0
   legality_loss_weight: float = 1.0
   checkpoint_every_s: float = 120.0
   # Share of each batch drawn from the best known trajectory per training program, msa's play at
@@ -128,6 +132,8 @@ class LearnerConfig:
       raise ValueError(f"reanalyse_fraction must be in [0, 1], got {self.reanalyse_fraction}")
     if self.probe_batch < 1 or self.probe_capacity < 1:
       raise ValueError("probe_batch and probe_capacity must be at least 1")
+    if self.policy_loss_weight < 0:
+      raise ValueError(f"policy_loss_weight must be >= 0, got {self.policy_loss_weight}")
     if not self.probe_temperature > 0 or not self.probe_loss_weight >= 0:
       raise ValueError("probe_temperature must be > 0 and probe_loss_weight >= 0")
 

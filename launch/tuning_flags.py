@@ -111,6 +111,15 @@ TUNING_FLAGS = (
     "SHARE",
   ),
   TuningFlag(
+    "--policy-loss-weight",
+    "learner",
+    "policy_loss_weight",
+    "weight of the policy's fit to replay's and demonstrations' targets (with --probes, 0 "
+    "leaves the policy to the probes' exact advantages)",
+    non_negative_float,
+    "WEIGHT",
+  ),
+  TuningFlag(
     "--lr-decay-steps",
     "learner",
     "decay_steps",

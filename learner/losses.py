@@ -78,8 +78,8 @@ def muzero_loss(
     target_params: parameters of the target network, used only for bootstrap values.
     steps: a `Step` with leaves `[B, L, ...]`, `L >= K + n + 1`.
     importance_weights: `[B]` per-item loss weights (prioritised replay correction).
-    config: uses `unroll_steps`, `td_steps`, `discount`, `value_loss_weight` and
-      `legality_loss_weight`.
+    config: uses `unroll_steps`, `td_steps`, `discount`, `value_loss_weight`,
+      `policy_loss_weight` and `legality_loss_weight`.
     exact_values: `[B]` bool, items whose stored `root_value`s are exact returns to go
       (demonstrations): their bootstrap values are those instead of the target network's.
 
@@ -155,7 +155,7 @@ def muzero_loss(
   per_item = (
     config.value_loss_weight * value_loss
     + reward_loss
-    + policy_loss
+    + config.policy_loss_weight * policy_loss
     + config.legality_loss_weight * legality_loss
   )  # [B]
   loss = jnp.mean(importance_weights.astype(jnp.float32) * per_item)

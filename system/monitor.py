@@ -34,6 +34,7 @@ class RunSample:
   inserts: int  # Items inserted into replay since the server started.
   samples: int  # Items sampled from replay since the server started.
   live_actors: int
+  probes: int = 0  # Decisions the actors probed for the learner (actors/prober.py).
 
 
 class Monitor:
@@ -133,6 +134,7 @@ class Monitor:
       inserts,
       samples,
       self.live_actors(),
+      int(counts.get("actor_probes", 0)),
     )
 
   def last_evaluation(self) -> Optional[dict[str, str]]:
@@ -178,7 +180,9 @@ def summary_line(
   line = (
     f"[{sample.elapsed_s:5.0f} s] {learner} | actors {sample.live_actors}/{num_actors}: "
     f"{sample.actor_moves:,} moves ({rate('actor_moves'):,.0f}/s), "
-    f"{sample.episodes} games | replay {sample.replay_items:,} items"
+    f"{sample.episodes} games"
+    + (f", {sample.probes:,} probes" if sample.probes else "")
+    + f" | replay {sample.replay_items:,} items"
   )
   if (
     previous is not None

@@ -481,7 +481,7 @@ class ActorNode:
     logger = node_logger(self._context, self._name, steps_key="actor_moves")
     retry_until_answered(variables.update_and_wait, self._name, "the learner")
     say(self._name, f"playing {actor.num_games} games of {actor.num_programs} programs")
-    reported_moves = reported_episodes = 0
+    reported_moves = reported_episodes = reported_probes = 0
     last_report = time.monotonic()
     try:
       while not stop.is_set():
@@ -495,6 +495,7 @@ class ActorNode:
               **{
                 "actor_moves": moves - reported_moves,
                 "actor_episodes": actor.num_episodes - reported_episodes,
+                "actor_probes": actor.num_probes - reported_probes,
                 f"{self._name}_moves": moves - reported_moves,
               }
             )
@@ -516,6 +517,7 @@ class ActorNode:
             )
             episodes.clear()
           reported_moves, reported_episodes, last_report = moves, actor.num_episodes, now
+          reported_probes = actor.num_probes
     finally:
       actor.close()
       variables.close()

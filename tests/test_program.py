@@ -208,6 +208,7 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   learner_rows = list(csv.DictReader((workdir / "logs" / "learner" / "logs.csv").open()))
   assert float(learner_rows[-1]["probes"]) > 0 and learner_rows[-1]["probe_policy_loss"]
   assert (workdir / "checkpoints" / "probes.npz").exists()
+  assert re.search(r"games, [\d,]+ probes \| replay", output), output[-3000:]
   assert run.orphans() == []
   saved_digest = params_digest(load_params(str(checkpoint)))
   # The console, read through a pipe: launcher lines only (node output is in nodes/*.log), no
