@@ -54,7 +54,7 @@ class BatchedActor:
   of it; the answer (the best return now known) updates what counts as better.
 
   With `prober` and `offer_probe`, `config.actor.probe_share` of the actor's time goes to
-  probing decisions (actors/prober.py), each sent to the learner in the same background thread.
+  probing decisions (actors/prober.py), each sent to the learner in a background thread.
   """
 
   def __init__(
@@ -76,7 +76,13 @@ class BatchedActor:
     self._offers: list[tuple[str, concurrent.futures.Future]] = []
     self._offer_executor = (
       concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="offers")
-      if offer is not None or offer_probe is not None
+      if offer is not None
+      else None
+    )
+    # Its own thread: a probe's send must not wait behind a demonstration the learner replays.
+    self._probe_executor = (
+      concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="probes")
+      if offer_probe is not None
       else None
     )
     self.num_offers = 0
@@ -171,7 +177,7 @@ class BatchedActor:
       # As lists: Launchpad's courier times out on numpy arrays as call arguments.
       observation = {k: v.tolist() for k, v in probe.observation.items()}
       self._probe_sends.append(
-        self._offer_executor.submit(self._offer_probe, observation, probe.advantages.tolist())
+        self._probe_executor.submit(self._offer_probe, observation, probe.advantages.tolist())
       )
 
   def _act(self) -> list[EpisodeResult]:
@@ -240,7 +246,7 @@ class BatchedActor:
     self._held[slot] = []
 
   def _maybe_offer(self, program: str, actions: list[int], episode_return: float) -> None:
-    if self._offer is None:
+    if self._offer_executor is None:
       return
     still_waiting = []
     for name, future in self._offers:  # Answers so far: the best returns the learner knows.
@@ -261,10 +267,11 @@ class BatchedActor:
     )
 
   def close(self, wait: bool = False) -> None:
-    """Stops the offer thread: with `wait`, after every offer was answered; otherwise offers not
-    sent yet are dropped (at a stop the learner may be gone)."""
-    if self._offer_executor is not None:
-      self._offer_executor.shutdown(wait=wait, cancel_futures=not wait)
+    """Stops the offer and probe threads: with `wait`, after every offer and probe was answered;
+    otherwise those not sent yet are dropped (at a stop the learner may be gone)."""
+    for executor in (self._offer_executor, self._probe_executor):
+      if executor is not None:
+        executor.shutdown(wait=wait, cancel_futures=not wait)
 
   def run(self, should_stop: Callable[[], bool], num_steps: int | None = None) -> None:
     steps = 0
