@@ -111,6 +111,14 @@ TUNING_FLAGS = (
     "SHARE",
   ),
   TuningFlag(
+    "--probe-batch",
+    "learner",
+    "probe_batch",
+    "probed decisions the learner fits beside each batch, with --probes",
+    positive_int,
+    "N",
+  ),
+  TuningFlag(
     "--policy-loss-weight",
     "learner",
     "policy_loss_weight",

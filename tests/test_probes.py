@@ -217,3 +217,26 @@ def test_probes_need_the_msa_game_and_a_share_below_one():
     with_section(small(), "actor", probe_share=1.0)
   with pytest.raises(ValueError, match="probe_batch"):
     with_section(small(), "learner", probe_batch=0)
+
+
+@pytest.mark.parametrize(
+  "flags, message",
+  [
+    (("--probes", "1"), "--probes: expected a fraction in [0, 1)"),
+    (("--probes", "0.3", "--probe-batch", "0"), "--probe-batch: expected a positive integer"),
+    (("--policy-loss-weight", "-1"), "--policy-loss-weight"),
+  ],
+)
+def test_probe_flags_are_checked_in_one_line(flags, message, tmp_path):
+  import subprocess
+  import sys
+
+  result = subprocess.run(
+    [sys.executable, "-m", "malloczero", "train", "--config", "tiny", *flags],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+  assert message in result.stderr, result.stderr
