@@ -43,14 +43,20 @@ def one_move_advantages(game, step: int) -> tuple[dict[str, np.ndarray], np.ndar
   exact advantage of every action slot `[A]` float64 (0 at illegal ones and at msa's move), msa's
   move). Leaves the game at an arbitrary state."""
   observation = {k: np.asarray(v) for k, v in game.reset_segment(step, 1).observation.items()}
+  return observation, *_advantages_here(game, step, observation["legal_actions"])
+
+
+def _advantages_here(game, step: int, legal: np.ndarray) -> tuple[np.ndarray, int]:
+  """`one_move_advantages` for a game just reset to decision `step` (`reset_segment(step, 1)`),
+  whose legal mask is `legal`: (advantages `[A]`, msa's move)."""
   msa_action, msa_time = game.msa_action, game.msa_time
-  advantages = np.zeros(observation["legal_actions"].shape, np.float64)
-  for action in np.flatnonzero(observation["legal_actions"]).tolist():
+  advantages = np.zeros(legal.shape, np.float64)
+  for action in np.flatnonzero(legal).tolist():
     if action != msa_action:
       game.reset_segment(step, 1)
       game.step(action)
       advantages[action] = (msa_time - game.total_time) / msa_time
-  return observation, advantages, msa_action
+  return advantages, msa_action
 
 
 class Prober:
@@ -70,7 +76,6 @@ class Prober:
     self._games: dict[int, object] = {}
     self._rng = np.random.default_rng(seed)
     self.num_probes = 0
-    self.num_moves = 0  # Legal moves played out (each one msa completion).
 
   def _game(self, index: int):
     if index not in self._games:
@@ -85,11 +90,10 @@ class Prober:
     game = self._game(index)
     for _ in range(MAX_DRAWS):
       step = int(self._rng.integers(game.msa_moves))
-      legal = game.reset_segment(step, 1).observation["legal_actions"]
-      if legal.sum() > 1:
-        observation, advantages, msa_action = one_move_advantages(game, step)
+      observation = {k: np.asarray(v) for k, v in game.reset_segment(step, 1).observation.items()}
+      if observation["legal_actions"].sum() > 1:
+        advantages, msa_action = _advantages_here(game, step, observation["legal_actions"])
         self.num_probes += 1
-        self.num_moves += int(legal.sum())
         return Probe(
           self._specs[index].name, step, observation, advantages.astype(np.float32), msa_action
         )

@@ -50,12 +50,15 @@ class ProbeStore:
     advantages = np.asarray(advantages, np.float32)
     if advantages.shape != self._advantages.shape[1:] or set(observation) != set(self._spec):
       raise ValueError("a probe whose shapes are not this run's game's")
+    # Every shape is checked before anything is written: a full ring's next row is its oldest
+    # probe, which a half-written one would corrupt.
+    values = {key: np.asarray(observation[key]) for key in self._spec}
+    for key, spec in self._spec.items():
+      if values[key].shape != spec.shape:
+        raise ValueError(f"a probe's {key} has shape {values[key].shape}, not {spec.shape}")
     with self._lock:
       row = self._next
-      for key, spec in self._spec.items():
-        value = np.asarray(observation[key])
-        if value.shape != spec.shape:
-          raise ValueError(f"a probe's {key} has shape {value.shape}, not {spec.shape}")
+      for key, value in values.items():
         self._observations[key][row] = value
       self._advantages[row] = advantages
       self._next = (row + 1) % self._capacity

@@ -99,6 +99,16 @@ def test_probe_store_ring_sample_save_and_restore(tmp_path, probes):
   assert ProbeStore(GAME, capacity=4).restore(str(tmp_path / "none")) is None
   with pytest.raises(ValueError, match="shape"):
     store.add(found[0].observation, found[0].advantages[:-1])
+  # A probe refused for its last observation field's shape leaves the full ring as it was.
+  last = list(found[0].observation)[-1]
+  bad = dict(found[0].observation, **{last: found[0].observation[last][:-1]})
+  with pytest.raises(ValueError, match=f"{last} has shape"):
+    store.add(bad, found[0].advantages)
+  assert store.num_added == 6
+  (kept_observations, kept), (saved_observations, saved) = store.sample(32), restored.sample(32)
+  np.testing.assert_array_equal(kept, saved)  # Both stores at their second draw: the same rows.
+  for key, value in kept_observations.items():
+    np.testing.assert_array_equal(value, saved_observations[key])
   (tmp_path / PROBES_FILENAME).write_bytes(b"not an npz")
   with pytest.raises(MalloczeroError) as error:
     ProbeStore(GAME, capacity=4).restore(str(tmp_path))
