@@ -168,6 +168,7 @@ class _Params:
     return self._params
 
 
+@pytest.mark.slow  # Compiles the actors' search.
 def test_actor_probes_its_share_and_offers_them(probes):
   params = NETWORKS.init(
     jax.random.PRNGKey(1), {k: v[None] for k, v in probes[1][0].observation.items()}
