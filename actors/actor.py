@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from malloczero.actors.games import GamePool
-from malloczero.actors.prober import Prober
+from malloczero.actors.prober import Prober, greedy_policies
 from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient
 from malloczero.configs.config import Config
@@ -89,6 +89,9 @@ class BatchedActor:
     self._prober = prober if offer_probe is not None else None
     self._offer_probe = offer_probe
     self._probe_share = config.actor.probe_share
+    # The network's policy alone, for probes along its own trajectory (compiled on first use).
+    on_policy = self._prober is not None and self._prober.on_policy > 0
+    self._greedy = greedy_policies(networks) if on_policy else None
     self._probe_sends: list[concurrent.futures.Future] = []
     self._acting_s = self._probing_s = 0.0
     self._client = variable_client
@@ -146,6 +149,11 @@ class BatchedActor:
     return self._prober.num_probes if self._prober is not None else 0
 
   @property
+  def num_on_policy_probes(self) -> int:
+    """Of `num_probes`, those drawn along the network's own trajectory."""
+    return self._prober.num_on_policy if self._prober is not None else 0
+
+  @property
   def probing_share(self) -> float:
     """The share of acting and probing time spent probing so far."""
     return self._probing_s / max(self._acting_s + self._probing_s, 1e-9)
@@ -164,7 +172,8 @@ class BatchedActor:
     share = self._probe_share
     while self._probing_s < share / (1.0 - share) * self._acting_s:
       started = time.perf_counter()
-      probe = self._prober.probe()
+      policy = self._greedy(self._client.params) if self._greedy is not None else None
+      probe = self._prober.probe(policy)
       self._probing_s += time.perf_counter() - started
       if probe is None:
         continue

@@ -11,17 +11,28 @@ times the mean |advantage| (docs/results 3.19), so search targets built from the
 Q-values rank deviations at chance. Fitted to exact advantages offline, the same network beats
 msa on 9-12 of 16 held-out programs with no search (docs/results 3.20). A probe costs one msa
 pass per legal move, about 0.3 s per decision on the default suite.
+
+With a policy (`Prober.probe(policy)`), a share of the probes is drawn along that policy's own
+trajectory instead: its moves from the program's start up to the drawn step, then every legal
+move there with msa finishing, each relative to msa's move at that state. Why: a prior fitted on
+msa's states alone leaves msa's trajectory at its first departure, into states it never saw,
+and loses over whole games what it gains at single decisions (docs/results 3.20-3.21); probing
+the states the current network reaches and aggregating them is DAgger (Ross, Gordon & Bagnell
+2011, Algorithm 3.1), here with the network of the moment as the rolled-out policy.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
+import jax
 import numpy as np
 
 from malloczero.actors.games import GameSpec
 from malloczero.env.game import GameConfig, make_game
+from malloczero.env.solvers.evo_msa import Genome, decode
+from malloczero.learner.networks import MuZeroNetworks, Params
 
 # Draws of a step before the prober gives up on a program whose decisions offer one legal move.
 MAX_DRAWS = 16
@@ -36,6 +47,52 @@ class Probe:
   observation: dict[str, np.ndarray]  # The game's observation there.
   advantages: np.ndarray  # float32 [A]: each legal slot's exact advantage, 0 at illegal slots.
   msa_action: int
+  on_policy: bool = False  # Drawn along the policy's own trajectory rather than msa's.
+
+
+# An observation -> the legal action slot a policy plays there.
+Policy = Callable[[dict[str, np.ndarray]], int]
+
+
+def greedy_policies(networks: MuZeroNetworks) -> Callable[[Params], Policy]:
+  """params -> the network's policy alone with them: the legal argmax of its prior (what
+  `evaluate --simulations 0` plays, ties to the first legal slot). Compiled once, for any
+  params of the same shapes."""
+
+  @jax.jit
+  def prior(params: Params, observation: dict) -> jax.Array:
+    return networks.predict(params, networks.represent(params, observation)).policy_logits[0]
+
+  def with_params(params: Params) -> Policy:
+    def act(observation: dict[str, np.ndarray]) -> int:
+      logits = np.asarray(prior(params, {k: np.asarray(v)[None] for k, v in observation.items()}))
+      legal = np.flatnonzero(observation["legal_actions"])
+      return int(legal[np.argmax(logits[legal])])
+
+    return act
+
+  return with_params
+
+
+def advantages_after(game, departures: Genome, legal: np.ndarray, msa_action: int) -> np.ndarray:
+  """At the decision `game` (an msa game) is at, reached by msa's moves with `departures`
+  ({(buffer, use): slot}) instead: each legal slot's exact advantage `[A]` float64 over msa's
+  move there, msa finishing the program, in fractions of msa's own program time (0 at illegal
+  slots and at msa's move). One full msa pass (evo-msa's `decode`) per legal move."""
+  config, model, decision = game.config, game.cost_model, game.decision
+  key = (decision.buffer, decision.use)
+
+  def program_time(genome: Genome) -> float:
+    return decode(
+      model, genome, max_prefetch_starts=config.max_prefetch_starts, skip_below=config.skip_below
+    )[0]
+
+  with_msa = program_time(departures)
+  advantages = np.zeros(legal.shape, np.float64)
+  for action in np.flatnonzero(legal).tolist():
+    if action != msa_action:
+      advantages[action] = (with_msa - program_time({**departures, key: action})) / game.msa_time
+  return advantages
 
 
 def one_move_advantages(game, step: int) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
@@ -61,21 +118,33 @@ def _advantages_here(game, step: int, legal: np.ndarray) -> tuple[np.ndarray, in
 
 class Prober:
   """Probes decisions of the programs `specs`: each probe a uniformly drawn program, then a
-  uniformly drawn step of msa's trajectory that offers more than one legal move.
+  uniformly drawn step of msa's trajectory that offers more than one legal move, or, for the
+  share `on_policy` of the probes given a policy, a step of that policy's own trajectory.
 
   Its games are its own, built on first use (with the "advantage" reward whatever `config`'s:
   the advantage is relative to msa's completion)."""
 
-  def __init__(self, specs: Sequence[GameSpec], config: GameConfig, seed: int = 0):
+  def __init__(
+    self, specs: Sequence[GameSpec], config: GameConfig, seed: int = 0, on_policy: float = 0.0
+  ):
     if config.decisions != "msa":
       raise ValueError("probes need the msa game: only it knows msa's move")
     if not specs:
       raise ValueError("no programs to probe")
+    if not 0.0 <= on_policy <= 1.0:
+      raise ValueError(f"on_policy must be in [0, 1], got {on_policy}")
+    self._on_policy = on_policy
     self._specs = list(specs)
     self._config = dataclasses.replace(config, reward="advantage")
     self._games: dict[int, object] = {}
     self._rng = np.random.default_rng(seed)
     self.num_probes = 0
+    self.num_on_policy = 0
+
+  @property
+  def on_policy(self) -> float:
+    """The share of the probes drawn along a given policy's trajectory."""
+    return self._on_policy
 
   def _game(self, index: int):
     if index not in self._games:
@@ -83,11 +152,14 @@ class Prober:
       self._games[index] = make_game(spec.workload, spec.hardware, self._config)
     return self._games[index]
 
-  def probe(self) -> Probe | None:
+  def probe(self, policy: Policy | None = None) -> Probe | None:
     """One decision of a drawn program, or None when `MAX_DRAWS` steps of it offered one legal
-    move each."""
+    move each (on msa's trajectory), or when `policy`'s game ended before the drawn step with
+    no decision of more than one legal move after it."""
     index = int(self._rng.integers(len(self._specs)))
     game = self._game(index)
+    if policy is not None and self._rng.random() < self._on_policy:
+      return self._probe_on_policy(index, policy)
     for _ in range(MAX_DRAWS):
       step = int(self._rng.integers(game.msa_moves))
       observation = {k: np.asarray(v) for k, v in game.reset_segment(step, 1).observation.items()}
@@ -97,4 +169,32 @@ class Prober:
         return Probe(
           self._specs[index].name, step, observation, advantages.astype(np.float32), msa_action
         )
+    return None
+
+  def _probe_on_policy(self, index: int, policy: Policy) -> Probe | None:
+    """The first decision with more than one legal move at or after a uniformly drawn step of
+    `policy`'s own game of program `index`."""
+    game = self._game(index)
+    target = int(self._rng.integers(game.msa_moves))
+    departures: Genome = {}
+    timestep = game.reset()
+    while not timestep.last():
+      observation = {k: np.asarray(v) for k, v in timestep.observation.items()}
+      legal, msa_action = observation["legal_actions"], game.msa_action
+      if game.num_steps >= target and legal.sum() > 1:
+        advantages = advantages_after(game, departures, legal, msa_action)
+        self.num_probes += 1
+        self.num_on_policy += 1
+        return Probe(
+          self._specs[index].name,
+          game.num_steps,
+          observation,
+          advantages.astype(np.float32),
+          msa_action,
+          on_policy=True,
+        )
+      action = policy(observation)
+      if action != msa_action:
+        departures[(game.decision.buffer, game.decision.use)] = action
+      timestep = game.step(action)
     return None

@@ -192,12 +192,19 @@ class ActorConfig:
   # (`LearnerConfig.probe_batch`); 0 turns probes off. About 0.3 s per decision on the default
   # suite.
   probe_share: float = 0.0
+  # Share of the probes drawn along the network's own trajectory (its policy alone from the
+  # program's start, with the actor's parameters of the moment) rather than msa's: the states
+  # its departures reach, where a prior fitted on msa's states alone loses (DAgger; docs/results
+  # 3.21). The rollout costs one network call and one game move per step before the decision.
+  probe_on_policy: float = 0.0
 
   def __post_init__(self):
     if self.segment_moves < 0:
       raise ValueError(f"segment_moves must be >= 0, got {self.segment_moves}")
     if not 0.0 <= self.probe_share < 1.0:
       raise ValueError(f"probe_share must be in [0, 1), got {self.probe_share}")
+    if not 0.0 <= self.probe_on_policy <= 1.0:
+      raise ValueError(f"probe_on_policy must be in [0, 1], got {self.probe_on_policy}")
 
 
 @dataclasses.dataclass(frozen=True)

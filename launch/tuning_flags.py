@@ -111,6 +111,15 @@ TUNING_FLAGS = (
     "SHARE",
   ),
   TuningFlag(
+    "--probes-on-policy",
+    "actor",
+    "probe_on_policy",
+    "share of the probes drawn along the network's own trajectory (its policy alone from the "
+    "program's start) rather than msa's, with --probes",
+    probability,
+    "SHARE",
+  ),
+  TuningFlag(
     "--probe-batch",
     "learner",
     "probe_batch",

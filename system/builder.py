@@ -180,7 +180,11 @@ def make_actor(
     seed=seed,
     on_episode=on_episode,
     offer=offer if config.learner.demonstration_batch else None,
-    prober=Prober(pool.specs, config.game, seed=seed + 1) if config.actor.probe_share else None,
+    prober=(
+      Prober(pool.specs, config.game, seed=seed + 1, on_policy=config.actor.probe_on_policy)
+      if config.actor.probe_share
+      else None
+    ),
     offer_probe=offer_probe if config.actor.probe_share else None,
   )
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -34,9 +34,9 @@ import numpy as np
 
 from malloczero.actors.actor import stack_observations
 from malloczero.actors.games import GameSpec
-from malloczero.actors.prober import one_move_advantages
+from malloczero.actors.prober import Policy, advantages_after, greedy_policies, one_move_advantages
 from malloczero.env.game import GameConfig, make_game
-from malloczero.env.solvers.evo_msa import decode
+from malloczero.env.solvers.evo_msa import Genome
 from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar
 
 # Pairs of moves whose exact advantages differ by less than this are not ranked: 1e-3 of msa's
@@ -98,24 +98,9 @@ def probe_program(
   return probed
 
 
-# A policy for `probe_policy_trajectory`: an observation -> the legal action slot it plays.
-Policy = Callable[[dict[str, np.ndarray]], int]
-
-
 def greedy_policy(networks: MuZeroNetworks, params: Params) -> Policy:
-  """A network's policy alone: the legal argmax of its prior (what `evaluate --simulations 0`
-  plays, ties to the first legal slot)."""
-
-  @jax.jit
-  def prior(observation):
-    return networks.predict(params, networks.represent(params, observation)).policy_logits[0]
-
-  def act(observation: dict[str, np.ndarray]) -> int:
-    logits = np.asarray(prior({k: np.asarray(v)[None] for k, v in observation.items()}))
-    legal = np.flatnonzero(observation["legal_actions"])
-    return int(legal[np.argmax(logits[legal])])
-
-  return act
+  """A network's policy alone with `params` (actors/prober.py `greedy_policies`)."""
+  return greedy_policies(networks)(params)
 
 
 def probe_policy_trajectory(
@@ -134,34 +119,26 @@ def probe_policy_trajectory(
   prior fitted on msa's states alone loses there over whole games (docs/results 3.20); these are
   the states to fit it on next (DAgger, Ross et al. 2011)."""
   game = make_game(spec.workload, spec.hardware, dataclasses.replace(config, reward="advantage"))
-  msa_time, model = game.msa_time, game.cost_model
-  keys, moves, msa_moves, observations = [], [], [], []
+  moves, msa_moves, observations = [], [], []
   timestep = game.reset()
   while not timestep.last():
     observations.append({k: np.asarray(v) for k, v in timestep.observation.items()})
-    keys.append((game.decision.buffer, game.decision.use))
     msa_moves.append(game.msa_action)
     moves.append(int(policy(timestep.observation)))
     timestep = game.step(moves[-1])
   legal_counts = [int(o["legal_actions"].sum()) for o in observations]
   steps = _draw_steps(spec.name, legal_counts, decisions, seed)
-
-  def program_time(genome: dict[tuple[int, int], int]) -> float:
-    return decode(
-      model, genome, max_prefetch_starts=config.max_prefetch_starts, skip_below=config.skip_below
-    )[0]
-
   probed = []
-  for step in steps:
-    prefix = {keys[i]: moves[i] for i in range(step) if moves[i] != msa_moves[i]}
-    with_msa = program_time(prefix)
-    actions = np.flatnonzero(observations[step]["legal_actions"])
-    advantages = [
-      0.0
-      if action == msa_moves[step]
-      else (with_msa - program_time({**prefix, keys[step]: int(action)})) / msa_time
-      for action in actions.tolist()
-    ]
+  departures: Genome = {}
+  game.reset()
+  for step in steps:  # Sorted: the game replays the policy's moves up to each in turn.
+    while game.num_steps < step:
+      if moves[game.num_steps] != msa_moves[game.num_steps]:
+        departures[(game.decision.buffer, game.decision.use)] = moves[game.num_steps]
+      game.step(moves[game.num_steps])
+    legal = observations[step]["legal_actions"]
+    advantages = advantages_after(game, departures, legal, msa_moves[step])
+    actions = np.flatnonzero(legal)
     probed.append(
       ProbedDecision(
         spec.name,
@@ -169,7 +146,7 @@ def probe_policy_trajectory(
         step,
         msa_moves[step],
         actions,
-        np.asarray(advantages),
+        advantages[actions],
         observations[step],
       )
     )

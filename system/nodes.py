@@ -511,6 +511,7 @@ class ActorNode:
                 "departures_unlearned": actor.num_departures_unlearned,
                 "offers": actor.num_offers,
                 "probes": actor.num_probes,
+                "on_policy_probes": actor.num_on_policy_probes,
                 "probing_share": actor.probing_share,
                 **episodes.summary(),
               }
@@ -526,7 +527,7 @@ class ActorNode:
         self._name,
         f"stopped after {actor.num_steps * actor.num_games} moves "
         f"({actor.num_offers} games offered as demonstrations, {actor.num_probes} decisions "
-        "probed)",
+        f"probed, {actor.num_on_policy_probes} of them on its policy's trajectory)",
       )
 
 

@@ -181,6 +181,7 @@ def _train(
               "actor_steps": actor.num_steps,
               "episodes": actor.num_episodes,
               "probes": actor.num_probes,
+              "on_policy_probes": actor.num_on_policy_probes,
               **episodes.summary(),
             }
           )

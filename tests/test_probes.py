@@ -70,6 +70,50 @@ def test_probes_hold_each_legal_moves_exact_advantage(probes):
   assert any(p.advantages.max() > 0 for p in found) or any(p.advantages.min() < 0 for p in found)
 
 
+def _last_legal_slot(observation):
+  """A policy that departs from msa wherever msa's slot is not the last legal one."""
+  return int(np.flatnonzero(observation["legal_actions"])[-1])
+
+
+def test_on_policy_probes_are_exact_after_the_policys_own_moves():
+  prober = Prober(SPECS, GAME, seed=4, on_policy=1.0)
+  found = [p for p in (prober.probe(_last_legal_slot) for _ in range(8)) if p is not None]
+  assert len(found) >= 6 and prober.num_on_policy == prober.num_probes == len(found)
+  assert all(p.on_policy for p in found)
+  specs = {s.name: s for s in SPECS}
+  config = dataclasses.replace(GAME, reward="advantage")
+  departed_before = 0
+  for probe in found[:4]:
+    spec = specs[probe.program]
+    game = make_game(spec.workload, spec.hardware, config)
+    assert probe.advantages[probe.msa_action] == 0.0
+
+    def program_time(action: int) -> tuple[float, int]:
+      """Independently, by the game's own moves: the policy's up to the probed step, `action`
+      there, msa's after; (program time, the policy's departures before the step)."""
+      timestep, departures = game.reset(), 0
+      while game.num_steps < probe.step:
+        departures += _last_legal_slot(timestep.observation) != game.msa_action
+        timestep = game.step(_last_legal_slot(timestep.observation))
+      np.testing.assert_array_equal(
+        timestep.observation["legal_actions"], probe.observation["legal_actions"]
+      )
+      assert game.msa_action == probe.msa_action
+      timestep = game.step(action)
+      while not timestep.last():
+        timestep = game.step(game.msa_action)
+      return game.total_time, departures
+
+    with_msa, departures = program_time(probe.msa_action)
+    departed_before += departures > 0
+    for action in np.flatnonzero(probe.observation["legal_actions"]):
+      expected = (with_msa - program_time(int(action))[0]) / game.msa_time
+      assert probe.advantages[action] == pytest.approx(expected, abs=1e-6)
+  assert departed_before  # Some probed state lies off msa's trajectory.
+  # Without a policy every probe is on msa's trajectory.
+  assert not prober.probe().on_policy and prober.num_on_policy == len(found)
+
+
 def test_one_move_advantages_needs_the_advantage_reward():
   spec = SPECS[0]
   game = make_game(spec.workload, spec.hardware, GAME)  # The tiny preset's "time" reward.
@@ -180,13 +224,15 @@ def test_actor_probes_its_share_and_offers_them(probes):
     CONFIG,
     pool,
     VariableClient(_Params(params), 10),
-    prober=Prober(SPECS, GAME, seed=5),
+    # Along the network's own trajectory, as it plays with the client's parameters.
+    prober=Prober(SPECS, GAME, seed=5, on_policy=1.0),
     offer_probe=lambda observation, advantages: offered.append((observation, advantages)),
   )
   for _ in range(6):
     actor.step()
   actor.close(wait=True)
   assert actor.num_probes >= 1 and len(offered) == actor.num_probes
+  assert actor.num_on_policy_probes == actor.num_probes
   # After every step probing has caught up with its share of the time.
   assert actor.probing_share >= 0.5 * (1 - 1e-9)
   # As plain lists (courier passes no numpy arguments), which the learner's store takes.
@@ -226,6 +272,10 @@ def test_probes_need_the_msa_game_and_a_share_below_one():
     with_section(with_section(small(), "game", decisions="requests"), "actor", probe_share=0.3)
   with pytest.raises(ValueError, match="probe_share"):
     with_section(small(), "actor", probe_share=1.0)
+  with pytest.raises(ValueError, match="probe_on_policy"):
+    with_section(small(), "actor", probe_on_policy=1.5)
+  with pytest.raises(ValueError, match="on_policy"):
+    Prober(SPECS, GAME, on_policy=-0.1)
   with pytest.raises(ValueError, match="probe_batch"):
     with_section(small(), "learner", probe_batch=0)
 
