@@ -25,9 +25,9 @@ _log = logging.getLogger("malloczero.actors")
 # `offer(program, actions, episode_return) -> best return known for the program`: the learner's
 # `offer_demonstration` (replay/demonstrations.py).
 OfferFn = Callable[[str, Sequence[int], float], float]
-# `offer_probe(observation, advantages [A]) -> probes stored`: the learner's `offer_probe`, called
-# with nested lists.
-OfferProbeFn = Callable[[dict[str, list], list], int]
+# `offer_probe(observation, advantages [A], msa_action) -> probes stored`: the learner's
+# `offer_probe`, called with nested lists.
+OfferProbeFn = Callable[[dict[str, list], list, int], int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +186,9 @@ class BatchedActor:
       # As lists: Launchpad's courier times out on numpy arrays as call arguments.
       observation = {k: v.tolist() for k, v in probe.observation.items()}
       self._probe_sends.append(
-        self._probe_executor.submit(self._offer_probe, observation, probe.advantages.tolist())
+        self._probe_executor.submit(
+          self._offer_probe, observation, probe.advantages.tolist(), probe.msa_action
+        )
       )
 
   def _act(self) -> list[EpisodeResult]:

@@ -116,6 +116,9 @@ class LearnerConfig:
   # search (docs/results 3.20).
   probe_batch: int = 64
   probe_temperature: float = 1e-3
+  # Added to msa's move's advantage in the probes' targets (learner/losses.py
+  # `probe_policy_loss`): the policy leaves msa's move where another gains more than this.
+  probe_msa_margin: float = 0.0
   probe_loss_weight: float = 1.0
   probe_capacity: int = 20_000
 
@@ -132,6 +135,8 @@ class LearnerConfig:
       raise ValueError(f"reanalyse_fraction must be in [0, 1], got {self.reanalyse_fraction}")
     if self.probe_batch < 1 or self.probe_capacity < 1:
       raise ValueError("probe_batch and probe_capacity must be at least 1")
+    if self.probe_msa_margin < 0:
+      raise ValueError(f"probe_msa_margin must be at least 0, got {self.probe_msa_margin}")
     if self.policy_loss_weight < 0:
       raise ValueError(f"policy_loss_weight must be >= 0, got {self.policy_loss_weight}")
     if not self.probe_temperature > 0 or not self.probe_loss_weight >= 0:

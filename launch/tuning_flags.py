@@ -128,6 +128,15 @@ TUNING_FLAGS = (
     "N",
   ),
   TuningFlag(
+    "--probe-msa-margin",
+    "learner",
+    "probe_msa_margin",
+    "added to msa's move's advantage in the probes' policy targets: the policy leaves msa's "
+    "move only where another gains more than this (in fractions of msa's time), with --probes",
+    non_negative_float,
+    "MARGIN",
+  ),
+  TuningFlag(
     "--policy-loss-weight",
     "learner",
     "policy_loss_weight",

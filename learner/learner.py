@@ -139,7 +139,8 @@ def make_sgd_step(
   """Jitted `(state, steps [B, L, ...], importance_weights [B], exact_values [B] bool = None,
   probes = None)` -> `(state, metrics, priorities [B])`; metrics and priorities are those of the
   parameters the step started from. `exact_values` marks demonstration items, `probes` is
-  (observations `[P, ...]`, exact advantages `[P, A]`) of probed decisions (learner/losses.py)."""
+  (observations `[P, ...]`, exact advantages `[P, A]`, msa's moves `[P]`) of probed decisions
+  (learner/losses.py)."""
   learner_config = config.learner
   optimizer = make_optimizer(learner_config)
   schedule = learning_rate_schedule(learner_config)
@@ -150,7 +151,7 @@ def make_sgd_step(
     steps: Step,
     weights: chex.Array,
     exact_values: Optional[chex.Array] = None,
-    probes: Optional[tuple[dict[str, chex.Array], chex.Array]] = None,
+    probes: Optional[tuple[dict[str, chex.Array], chex.Array, chex.Array]] = None,
   ):
     def loss_fn(params):
       loss, metrics, priorities = muzero_loss(
@@ -158,7 +159,11 @@ def make_sgd_step(
       )
       if probes is not None:
         probe_loss, probe_metrics = probe_policy_loss(
-          networks, params, *probes, learner_config.probe_temperature
+          networks,
+          params,
+          *probes,
+          learner_config.probe_temperature,
+          learner_config.probe_msa_margin,
         )
         loss = loss + learner_config.probe_loss_weight * probe_loss
         metrics = dict(metrics, **probe_metrics, loss=loss)
@@ -454,11 +459,11 @@ class MuZeroLearner:
       return float("inf")
     return self._demonstrations.offer(program, actions, episode_return, "agent")
 
-  def offer_probe(self, observation: dict[str, Any], advantages: Any) -> int:
-    """A decision an actor probed (actors/prober.py): its observation and each action slot's
-    exact advantage over msa `[A]` (arrays or nested lists); returns the number of probes stored
-    (0 when this learner keeps none). Raises ValueError for one whose shapes are not this
-    run's."""
+  def offer_probe(self, observation: dict[str, Any], advantages: Any, msa_action: int) -> int:
+    """A decision an actor probed (actors/prober.py): its observation, each action slot's exact
+    advantage over msa `[A]` (arrays or nested lists) and msa's move; returns the number of
+    probes stored (0 when this learner keeps none). Raises ValueError for one whose shapes are
+    not this run's."""
     if self._probes is None:
       return 0
-    return self._probes.add(observation, advantages)
+    return self._probes.add(observation, advantages, msa_action)

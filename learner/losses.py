@@ -190,9 +190,18 @@ def muzero_loss(
   return loss, metrics, priorities
 
 
-def advantage_targets(advantages: chex.Array, legal: chex.Array, temperature: float) -> chex.Array:
+def advantage_targets(
+  advantages: chex.Array,
+  legal: chex.Array,
+  temperature: float,
+  msa_actions: chex.Array | None = None,
+  msa_margin: float = 0.0,
+) -> chex.Array:
   """`[N, A]` exact advantages over msa and legal masks -> `[N, A]` policy targets:
-  softmax(advantage / temperature) over the legal moves, 0 elsewhere."""
+  softmax(advantage / temperature) over the legal moves, 0 elsewhere, msa's moves `[N]` raised
+  by `msa_margin` first."""
+  if msa_actions is not None:
+    advantages = advantages + msa_margin * jax.nn.one_hot(msa_actions, advantages.shape[-1])
   scores = jnp.where(legal, advantages / temperature, -jnp.inf)
   return jax.nn.softmax(scores, axis=-1)
 
@@ -202,14 +211,21 @@ def probe_policy_loss(
   params: Params,
   observation: dict[str, chex.Array],
   advantages: chex.Array,
+  msa_actions: chex.Array,
   temperature: float,
+  msa_margin: float = 0.0,
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
-  """The policy's cross-entropy to `advantage_targets` at probed decisions (actors/prober.py).
+  """The policy's cross-entropy to `advantage_targets` at probed decisions (actors/prober.py),
+  msa's move's advantage raised by `msa_margin` in the targets.
 
   Args:
     observation: the decisions' observations, leaves `[P, ...]`.
     advantages: `[P, A]` each move's exact advantage over msa (0 at illegal slots).
+    msa_actions: `[P]` msa's move at each.
     temperature: of the targets' softmax, in advantage units.
+    msa_margin: a move other than msa's is preferred only where it gains more than this: many
+      moves tie msa's exactly at a decision, and a whole game's departures at ties take it
+      into states no probe was drawn from.
 
   Returns:
     (mean loss, metrics): among them what the policy's legal argmax would earn there
@@ -219,7 +235,7 @@ def probe_policy_loss(
   advantages = advantages.astype(jnp.float32)
   logits = networks.predict(params, networks.represent(params, observation)).policy_logits
   logits = jnp.where(legal, logits, ILLEGAL_LOGIT)
-  target = advantage_targets(advantages, legal, temperature)
+  target = advantage_targets(advantages, legal, temperature, msa_actions, msa_margin)
   loss = _cross_entropy(logits, target).mean()
   pick = jnp.take_along_axis(advantages, jnp.argmax(logits, -1)[:, None], -1)[:, 0]
   best = jnp.max(jnp.where(legal, advantages, -jnp.inf), -1)

@@ -88,18 +88,20 @@ def main() -> int:
   num_actions = agent.game.num_actions
 
   def advantages(decisions):
-    """`[N, A]` each legal move's exact advantage, msa's move's raised by the margin (0 at
-    illegal slots, which the observations' legal masks exclude from the targets)."""
+    """`[N, A]` each legal move's exact advantage (0 at illegal slots, which the observations'
+    legal masks exclude from the targets) and `[N]` msa's moves."""
     table = np.zeros((len(decisions), num_actions), np.float32)
     for i, p in enumerate(decisions):
-      table[i, p.actions] = p.advantages + args.msa_margin * (p.actions == p.msa_action)
-    return table
+      table[i, p.actions] = p.advantages
+    return table, np.asarray([p.msa_action for p in decisions], np.int32)
 
   observations = stack_observations([p.observation for p in train])
   train_advantages = advantages(train)
 
-  def loss_fn(params, observation, advantage):
-    return probe_policy_loss(networks, params, observation, advantage, args.temperature)[0]
+  def loss_fn(params, observation, advantage, msa_actions):
+    return probe_policy_loss(
+      networks, params, observation, advantage, msa_actions, args.temperature, args.msa_margin
+    )[0]
 
   optimiser = optax.adam(args.learning_rate)
   mean_loss = jax.jit(loss_fn)
@@ -110,12 +112,12 @@ def main() -> int:
     for begin in range(0, len(decisions), chunk):
       part = decisions[begin : begin + chunk]
       observation = stack_observations([p.observation for p in part])
-      total += len(part) * float(mean_loss(params, observation, advantages(part)))
+      total += len(part) * float(mean_loss(params, observation, *advantages(part)))
     return total / len(decisions)
 
   @jax.jit
-  def update(params, opt_state, observation, advantage):
-    loss, grads = jax.value_and_grad(loss_fn)(params, observation, advantage)
+  def update(params, opt_state, observation, advantage, msa_actions):
+    loss, grads = jax.value_and_grad(loss_fn)(params, observation, advantage, msa_actions)
     updates, opt_state = optimiser.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
@@ -147,7 +149,9 @@ def main() -> int:
   for step in range(1, args.steps + 1):
     index = rng.integers(len(train), size=args.batch)
     batch = {k: v[index] for k, v in observations.items()}
-    params, opt_state, _ = update(params, opt_state, batch, train_advantages[index])
+    params, opt_state, _ = update(
+      params, opt_state, batch, train_advantages[0][index], train_advantages[1][index]
+    )
     if step % args.report_every == 0 or step == args.steps:
       report(step)
   if args.out:

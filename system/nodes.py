@@ -389,8 +389,8 @@ class LearnerNode:
   def offer_demonstration(self, program: str, actions: list[int], episode_return: float) -> float:
     return self._learner.offer_demonstration(program, actions, episode_return)
 
-  def offer_probe(self, observation: dict[str, Any], advantages: Any) -> int:
-    return self._learner.offer_probe(observation, advantages)
+  def offer_probe(self, observation: dict[str, Any], advantages: Any, msa_action: int) -> int:
+    return self._learner.offer_probe(observation, advantages, msa_action)
 
   def run(self) -> None:
     from malloczero.system.loops import run_learner

@@ -127,29 +127,36 @@ def test_probe_store_ring_sample_save_and_restore(tmp_path, probes):
   with pytest.raises(ValueError, match="no probes"):
     store.sample(2)
   for probe in found[:6]:
-    store.add(probe.observation, probe.advantages)
+    store.add(probe.observation, probe.advantages, probe.msa_action)
   assert len(store) == 4 and store.num_added == 6
-  observations, advantages = store.sample(32)
-  assert advantages.shape == (32, GAME.num_actions)
-  # Only the newest four are kept.
-  kept = {p.advantages.tobytes() for p in found[2:6]}
-  assert {row.tobytes() for row in advantages} <= kept
+  observations, advantages, msa_actions = store.sample(32)
+  assert advantages.shape == (32, GAME.num_actions) and msa_actions.shape == (32,)
+  # Only the newest four are kept, each with its msa move.
+  kept = {(p.advantages.tobytes(), p.msa_action) for p in found[2:6]}
+  assert {(row.tobytes(), int(m)) for row, m in zip(advantages, msa_actions)} <= kept
   for key, value in observations.items():
     assert value.shape == (32,) + found[0].observation[key].shape
   store.save(str(tmp_path))
   restored = ProbeStore(GAME, capacity=4, seed=0)
   assert restored.restore(str(tmp_path)) == 4 and restored.num_added == 6
-  np.testing.assert_array_equal(restored.sample(32)[1], advantages)  # Same rows, same seed.
+  _, restored_advantages, restored_msa = restored.sample(32)  # Same rows, same seed.
+  np.testing.assert_array_equal(restored_advantages, advantages)
+  np.testing.assert_array_equal(restored_msa, msa_actions)
   assert ProbeStore(GAME, capacity=4).restore(str(tmp_path / "none")) is None
   with pytest.raises(ValueError, match="shape"):
-    store.add(found[0].observation, found[0].advantages[:-1])
+    store.add(found[0].observation, found[0].advantages[:-1], 0)
+  with pytest.raises(ValueError, match="msa move"):
+    store.add(found[0].observation, found[0].advantages, GAME.num_actions)
   # A probe refused for its last observation field's shape leaves the full ring as it was.
   last = list(found[0].observation)[-1]
   bad = dict(found[0].observation, **{last: found[0].observation[last][:-1]})
   with pytest.raises(ValueError, match=f"{last} has shape"):
-    store.add(bad, found[0].advantages)
+    store.add(bad, found[0].advantages, found[0].msa_action)
   assert store.num_added == 6
-  (kept_observations, kept), (saved_observations, saved) = store.sample(32), restored.sample(32)
+  (kept_observations, kept, _), (saved_observations, saved, _) = (
+    store.sample(32),
+    restored.sample(32),
+  )
   np.testing.assert_array_equal(kept, saved)  # Both stores at their second draw: the same rows.
   for key, value in kept_observations.items():
     np.testing.assert_array_equal(value, saved_observations[key])
@@ -166,6 +173,10 @@ def test_advantage_targets_are_a_sharp_softmax_over_legal_moves():
   expected = np.exp([0.0, 2.0, -10.0]) / np.exp([0.0, 2.0, -10.0]).sum()
   np.testing.assert_allclose(target[0, :3], expected, rtol=1e-5)
   assert target[0, 3] == 0.0  # Illegal, however large its advantage.
+  # msa's move (slot 0) raised by a margin of 2e-3: it ties the 2e-3 gain.
+  raised = np.asarray(advantage_targets(advantages, legal, 1e-3, np.array([0]), 2e-3))
+  expected = np.exp([2.0, 2.0, -10.0]) / np.exp([2.0, 2.0, -10.0]).sum()
+  np.testing.assert_allclose(raised[0, :3], expected, rtol=1e-5)
 
 
 @pytest.mark.slow  # Compiles its own update.
@@ -175,11 +186,9 @@ def test_probe_loss_teaches_the_best_move(probes):
   import optax
 
   _, found = probes
-  store = ProbeStore(GAME, capacity=64)
-  for probe in found:
-    store.add(probe.observation, probe.advantages)
   observations = {k: np.stack([p.observation[k] for p in found]) for k in found[0].observation}
   advantages = np.stack([p.advantages for p in found])
+  msa_actions = np.array([p.msa_action for p in found])
   params = NETWORKS.init(jax.random.PRNGKey(0), {k: v[:1] for k, v in observations.items()})
   optimiser = optax.adam(3e-3)
   state = optimiser.init(params)
@@ -187,7 +196,8 @@ def test_probe_loss_teaches_the_best_move(probes):
   @jax.jit
   def update(params, state):
     (loss, metrics), grads = jax.value_and_grad(
-      lambda p: probe_policy_loss(NETWORKS, p, observations, advantages, 1e-3), has_aux=True
+      lambda p: probe_policy_loss(NETWORKS, p, observations, advantages, msa_actions, 1e-3),
+      has_aux=True,
     )(params)
     updates, state = optimiser.update(grads, state, params)
     return optax.apply_updates(params, updates), state, metrics
@@ -226,7 +236,9 @@ def test_actor_probes_its_share_and_offers_them(probes):
     VariableClient(_Params(params), 10),
     # Along the network's own trajectory, as it plays with the client's parameters.
     prober=Prober(SPECS, GAME, seed=5, on_policy=1.0),
-    offer_probe=lambda observation, advantages: offered.append((observation, advantages)),
+    offer_probe=lambda observation, advantages, msa_action: offered.append(
+      (observation, advantages, msa_action)
+    ),
   )
   for _ in range(6):
     actor.step()
@@ -236,11 +248,11 @@ def test_actor_probes_its_share_and_offers_them(probes):
   # After every step probing has caught up with its share of the time.
   assert actor.probing_share >= 0.5 * (1 - 1e-9)
   # As plain lists (courier passes no numpy arguments), which the learner's store takes.
-  observation, advantages = offered[0]
+  observation, advantages, msa_action = offered[0]
   assert isinstance(advantages, list) and len(advantages) == GAME.num_actions
   assert all(isinstance(v, list) for v in observation.values())
   store = ProbeStore(GAME, capacity=4)
-  assert store.add(observation, advantages) == 1
+  assert store.add(observation, advantages, msa_action) == 1
   np.testing.assert_array_equal(store.sample(1)[1][0], np.asarray(advantages, np.float32))
 
 
@@ -254,7 +266,7 @@ def test_learner_fits_probes_beside_its_batches_and_keeps_them(tmp_path, probes)
   )
   assert "probe_policy_loss" not in learner.step()  # No probes yet.
   for probe in found:
-    assert learner.offer_probe(probe.observation, probe.advantages) == len(store)
+    assert learner.offer_probe(probe.observation, probe.advantages, probe.msa_action) == len(store)
   metrics = learner.step()
   assert metrics["probes"] == len(found) and metrics["probe_policy_loss"] > 0
   learner.save()
@@ -264,7 +276,7 @@ def test_learner_fits_probes_beside_its_batches_and_keeps_them(tmp_path, probes)
   )
   assert resumed.num_steps == 2 and len(resumed_store) == len(found)
   without = MuZeroLearner(NETWORKS, CONFIG, lambda: batch)
-  assert without.offer_probe(found[0].observation, found[0].advantages) == 0
+  assert without.offer_probe(found[0].observation, found[0].advantages, found[0].msa_action) == 0
 
 
 def test_probes_need_the_msa_game_and_a_share_below_one():
@@ -278,6 +290,8 @@ def test_probes_need_the_msa_game_and_a_share_below_one():
     Prober(SPECS, GAME, on_policy=-0.1)
   with pytest.raises(ValueError, match="probe_batch"):
     with_section(small(), "learner", probe_batch=0)
+  with pytest.raises(ValueError, match="probe_msa_margin"):
+    with_section(small(), "learner", probe_msa_margin=-1e-3)
 
 
 @pytest.mark.parametrize(
@@ -286,6 +300,8 @@ def test_probes_need_the_msa_game_and_a_share_below_one():
     (("--probes", "1"), "--probes: expected a fraction in [0, 1)"),
     (("--probes", "0.3", "--probe-batch", "0"), "--probe-batch: expected a positive integer"),
     (("--policy-loss-weight", "-1"), "--policy-loss-weight"),
+    (("--probes-on-policy", "1.5"), "--probes-on-policy"),
+    (("--probe-msa-margin", "-0.001"), "--probe-msa-margin"),
   ],
 )
 def test_probe_flags_are_checked_in_one_line(flags, message, tmp_path):
