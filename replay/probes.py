@@ -105,11 +105,16 @@ class ProbeStore:
       expected |= {"advantages", "msa_actions", "next", "num_added"}
       if set(arrays) != expected or size > self._capacity:
         raise ValueError("unexpected contents")
+      msa_actions = arrays["msa_actions"]
+      if msa_actions.shape != (size,) or not np.all(
+        (0 <= msa_actions) & (msa_actions < self._advantages.shape[1])
+      ):
+        raise ValueError("msa moves outside the action slots")
       with self._lock:
         for key, spec in self._spec.items():
           self._observations[key][:size] = arrays[f"observation/{key}"].astype(spec.dtype)
         self._advantages[:size] = arrays["advantages"]
-        self._msa_actions[:size] = arrays["msa_actions"]
+        self._msa_actions[:size] = msa_actions
         self._size, self._next = size, int(arrays["next"]) % self._capacity
         self.num_added = int(arrays["num_added"])
     except (ValueError, KeyError, OSError) as e:

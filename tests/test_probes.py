@@ -160,6 +160,12 @@ def test_probe_store_ring_sample_save_and_restore(tmp_path, probes):
   np.testing.assert_array_equal(kept, saved)  # Both stores at their second draw: the same rows.
   for key, value in kept_observations.items():
     np.testing.assert_array_equal(value, saved_observations[key])
+  # A file whose msa moves lie outside the action slots is refused in one line.
+  with np.load(tmp_path / PROBES_FILENAME) as f:
+    arrays = {k: f[k] for k in f.files}
+  np.savez(tmp_path / PROBES_FILENAME, **dict(arrays, msa_actions=arrays["msa_actions"] + 99))
+  with pytest.raises(MalloczeroError, match="msa moves"):
+    ProbeStore(GAME, capacity=4).restore(str(tmp_path))
   (tmp_path / PROBES_FILENAME).write_bytes(b"not an npz")
   with pytest.raises(MalloczeroError) as error:
     ProbeStore(GAME, capacity=4).restore(str(tmp_path))
