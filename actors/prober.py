@@ -43,7 +43,7 @@ class Probe:
   """One decision with the exact advantage of every legal move."""
 
   program: str
-  step: int  # The decision's index in msa's trajectory of the program.
+  step: int  # The decision's index in the trajectory probed (msa's, or the policy's).
   observation: dict[str, np.ndarray]  # The game's observation there.
   advantages: np.ndarray  # float32 [A]: each legal slot's exact advantage, 0 at illegal slots.
   msa_action: int
