@@ -159,7 +159,7 @@ class Prober:
     index = int(self._rng.integers(len(self._specs)))
     game = self._game(index)
     if policy is not None and self._rng.random() < self._on_policy:
-      return self._probe_on_policy(index, policy)
+      return self._probe_on_policy(index, game, policy)
     for _ in range(MAX_DRAWS):
       step = int(self._rng.integers(game.msa_moves))
       observation = {k: np.asarray(v) for k, v in game.reset_segment(step, 1).observation.items()}
@@ -171,16 +171,15 @@ class Prober:
         )
     return None
 
-  def _probe_on_policy(self, index: int, policy: Policy) -> Probe | None:
+  def _probe_on_policy(self, index: int, game, policy: Policy) -> Probe | None:
     """The first decision with more than one legal move at or after a uniformly drawn step of
-    `policy`'s own game of program `index`."""
-    game = self._game(index)
+    `policy`'s own game of program `index` (`game`, its msa game)."""
     target = int(self._rng.integers(game.msa_moves))
     departures: Genome = {}
     timestep = game.reset()
     while not timestep.last():
-      observation = {k: np.asarray(v) for k, v in timestep.observation.items()}
-      legal, msa_action = observation["legal_actions"], game.msa_action
+      observation, msa_action = timestep.observation, game.msa_action
+      legal = observation["legal_actions"]
       if game.num_steps >= target and legal.sum() > 1:
         advantages = advantages_after(game, departures, legal, msa_action)
         self.num_probes += 1
@@ -188,7 +187,7 @@ class Prober:
         return Probe(
           self._specs[index].name,
           game.num_steps,
-          observation,
+          {k: np.asarray(v) for k, v in observation.items()},
           advantages.astype(np.float32),
           msa_action,
           on_policy=True,

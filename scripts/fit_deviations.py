@@ -96,7 +96,7 @@ def main() -> int:
     return table, np.asarray([p.msa_action for p in decisions], np.int32)
 
   observations = stack_observations([p.observation for p in train])
-  train_advantages = advantages(train)
+  train_advantages, train_msa_actions = advantages(train)
 
   def loss_fn(params, observation, advantage, msa_actions):
     return probe_policy_loss(
@@ -150,7 +150,7 @@ def main() -> int:
     index = rng.integers(len(train), size=args.batch)
     batch = {k: v[index] for k, v in observations.items()}
     params, opt_state, _ = update(
-      params, opt_state, batch, train_advantages[0][index], train_advantages[1][index]
+      params, opt_state, batch, train_advantages[index], train_msa_actions[index]
     )
     if step % args.report_every == 0 or step == args.steps:
       report(step)

@@ -49,6 +49,7 @@ def main() -> int:
 
   from malloczero.actors.agent import load_agent
   from malloczero.actors.games import suite_games
+  from malloczero.actors.prober import greedy_policies
   from malloczero.common.errors import MalloczeroError
   from malloczero.system import deviation_probe as probe
 
@@ -84,7 +85,7 @@ def main() -> int:
       if guide.game != game:
         print("error: --trajectory's network plays another game config", file=sys.stderr)
         return 2
-      policy = probe.greedy_policy(guide.networks, guide.params)
+      policy = greedy_policies(guide.networks)(guide.params)
     probed = probe_suite(probe, specs, game, args.decisions, args.seed, policy)
   missing = [split for split in splits if not probed[split]]
   if missing:

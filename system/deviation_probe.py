@@ -34,7 +34,7 @@ import numpy as np
 
 from malloczero.actors.actor import stack_observations
 from malloczero.actors.games import GameSpec
-from malloczero.actors.prober import Policy, advantages_after, greedy_policies, one_move_advantages
+from malloczero.actors.prober import Policy, advantages_after, one_move_advantages
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.solvers.evo_msa import Genome
 from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar
@@ -96,11 +96,6 @@ def probe_program(
       )
     )
   return probed
-
-
-def greedy_policy(networks: MuZeroNetworks, params: Params) -> Policy:
-  """A network's policy alone with `params` (actors/prober.py `greedy_policies`)."""
-  return greedy_policies(networks)(params)
 
 
 def probe_policy_trajectory(
