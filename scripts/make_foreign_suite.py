@@ -38,7 +38,7 @@ from malloczero.env.workload import save_workload  # noqa: E402
 
 SUITE = "foreign"
 FRONT_END = "tensorflow-keras"
-# Every program meets both machines at a quarter of its peak live bytes (issue 23, item 5).
+# Every program meets both machines at a quarter of its peak live bytes.
 CONFIGS = (("tpu-v4i-like", 0.25), ("nnpi-like", 0.25))
 
 
