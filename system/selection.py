@@ -1,4 +1,4 @@
-"""Checkpoint selection on training programs only (issue: the agent learns what msa misses).
+"""Checkpoint selection on training programs only.
 
 Greedy play drifts between evaluations of one run: on the default suite a run's held-out curve
 alternates between msa's geomean and a program's 1.49x gain from one evaluation to the next
