@@ -204,6 +204,7 @@ def play_with_agent(
   seed: int = 0,
   msa: Optional[Sequence[SolveResult]] = None,
   search_seconds: float = 0.0,
+  time_limit: Optional[float] = None,
 ) -> list[SolveResult]:
   """`solve_with_agent` for several programs in one batch; each result's solve time is the
   batch's wall time divided evenly among its programs plus that program's msa solve (and its
@@ -211,7 +212,10 @@ def play_with_agent(
 
   `msa`: msa's results for `specs`, when the caller has solved them already (`evaluate` does, as
   its reference); otherwise msa is solved here. `search_seconds`: per program, a search guided
-  by the network (`guided_search`) after the attempts; 0 plays the attempts alone."""
+  by the network (`guided_search`) after the attempts; 0 plays the attempts alone.
+  `time_limit`: per program, a limit on the whole solve in place of `search_seconds`: the
+  guided search gets what the attempts and msa left of it (none when they used it all), so that
+  the agent can be compared with a baseline at the baseline's time limit."""
   search = _test_time_search(agent, simulations)
   start = time.perf_counter()
   results = play_programs(
@@ -236,10 +240,14 @@ def play_with_agent(
     if baseline.mapping.estimated_time_s < mapping.estimated_time_s:
       best_attempt, mapping = "msa", dataclasses.replace(baseline.mapping, solver="agent")
     searched: dict[str, Any] = {}
-    if search_seconds > 0 and result.proposals is not None:
+    seconds = search_seconds
+    if time_limit is not None:
+      seconds = time_limit - share - baseline.solve_time_s
+    if seconds > 0 and result.proposals is not None:
       started = time.perf_counter()
-      found, found_info = guided_search(spec, result, search_seconds, seed)
+      found, found_info = guided_search(spec, result, seconds, seed)
       searched = {
+        "guided_budget_s": seconds,
         "guided_speedup": found.speedup,
         "guided_evaluations": found_info["evaluations"],
         "guided_s": time.perf_counter() - started,
@@ -273,13 +281,15 @@ def guided_search(
   """evo-msa (env/solvers/evo_msa.py) guided by the network: its first population the agent's
   attempts (their departures from msa, fastest first), its mutations drawn mostly where the
   search's policy left msa's move and toward the moves it preferred. Why: the network's play
-  is one trajectory; the decisions it doubts are where a few more full decodes pay."""
+  is one trajectory; the decisions it doubts are where a few more full decodes pay. `seconds`
+  include building the cost model, as a baseline's time limit includes building its model."""
+  started = time.perf_counter()
   order = np.argsort([-s for s in played.attempt_speedups], kind="stable")
   initial = [played.genomes[i] for i in order if played.genomes[i]]
   model = CostModel(spec.workload, spec.hardware)
   mapping, info = evo_msa(
     model,
-    time_limit_s=seconds,
+    time_limit_s=max(0.0, seconds - (time.perf_counter() - started)),
     seed=seed,
     initial=initial,
     proposals=played.proposals,

@@ -51,6 +51,7 @@ class AgentUnderTest:
   simulations: int
   attempts: int
   search_seconds: float = 0.0  # Per program: the guided search after the attempts.
+  time_limit: Optional[float] = None  # Per program, the whole solve (`play_with_agent`).
 
   def describe(self) -> dict[str, Any]:
     return {
@@ -67,6 +68,7 @@ def load_agents(
   simulations: Optional[int] = None,
   attempts: int = 1,
   search_seconds: float = 0.0,
+  time_limit: Optional[float] = None,
 ) -> list[AgentUnderTest]:
   """One agent per checkpoint. A single one is labelled `agent`; several are labelled by their
   run directory and learner step (`train-small@5000`) so tables can tell them apart."""
@@ -79,7 +81,9 @@ def load_agents(
       f"{label}#{i + 1}" if labels.count(label) > 1 else label for i, label in enumerate(labels)
     ]
   return [
-    AgentUnderTest(label, a, a.test_time_simulations(simulations), attempts, search_seconds)
+    AgentUnderTest(
+      label, a, a.test_time_simulations(simulations), attempts, search_seconds, time_limit
+    )
     for label, a in zip(labels, agents)
   ]
 
@@ -317,6 +321,7 @@ def evaluate_suite(
         seed,
         msa=[results["msa"] for results in solved],
         search_seconds=tested.search_seconds,
+        time_limit=tested.time_limit,
       )
       progress(f"{tested.label}: all {len(specs)} programs in one batch", len(specs))
     else:
@@ -331,6 +336,7 @@ def evaluate_suite(
           seed,
           msa=[results["msa"]],
           search_seconds=tested.search_seconds,
+          time_limit=tested.time_limit,
         )
         progress(f"{spec.name}: {tested.label}", 1)
     for spec, results, result in zip(specs, solved, played):

@@ -98,6 +98,27 @@ def test_the_guided_search_starts_from_the_attempts_and_is_timed_in_the_solve(wo
     assert result.solve_time_s >= info["guided_s"] + info["msa_solve_s"]
 
 
+def test_a_time_limit_gives_the_guided_search_what_the_attempts_and_msa_left(workdir):
+  """`time_limit`, per program: the guided search runs for what is left of it after the
+  attempts and msa (no search when nothing is left)."""
+  agent = load_agent(str(workdir))
+  specs = [GameSpec(e.name, *e.load()) for e in get_suite("tiny").entries[:2]]
+  before = play_with_agent(agent, specs, simulations=4, attempts=1)
+  spent = max(r.solve_time_s for r in before)
+  limit = spent + 1.0
+  results = play_with_agent(agent, specs, simulations=4, attempts=1, time_limit=limit)
+  for spec, result in zip(specs, results):
+    info = result.info
+    validate_mapping(spec.workload, spec.hardware, result.mapping)
+    assert info["guided_evaluations"] >= 1 and info["guided_budget_s"] > 0
+    # The solve before the search (attempts, msa) and the search's budget make up the limit.
+    before_search = result.solve_time_s - info["guided_s"]
+    assert before_search + info["guided_budget_s"] == pytest.approx(limit, rel=1e-9)
+  none_left = play_with_agent(agent, specs, simulations=4, attempts=1, time_limit=1e-3)
+  for result in none_left:
+    assert "guided_s" not in result.info and result.info["best_attempt"] != "guided"
+
+
 def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   entry, workload, hardware = _program()
   path = os.path.join(WORKLOAD_DIR, f"{entry.program}.json.gz")

@@ -173,6 +173,7 @@ def test_missing_or_incompatible_checkpoint_is_a_one_line_error(trained, tmp_pat
     ("does not match", ("--checkpoint", str(trained), str(tmp_path / "bad"))),
     ("--simulations needs --checkpoint", ("--simulations", "8")),
     ("--simulations needs --checkpoint", ("--simulations", "0")),  # 0 is a setting too.
+    ("--agent-time-limit needs --checkpoint", ("--agent-time-limit", "10")),
   )
   for message, args in cases:
     result = _cli(

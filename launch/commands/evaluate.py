@@ -26,6 +26,7 @@ from malloczero.launch.flags import (
   console,
   non_negative_float,
   non_negative_int,
+  positive_float,
   positive_int,
   solver_options,
 )
@@ -76,6 +77,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f"(default {DEFAULT_SEARCH_SECONDS:g}; 0: the attempts alone)",
   )
   p.add_argument(
+    "--agent-time-limit",
+    type=positive_float,
+    metavar="SECONDS",
+    help="agents: per program, a limit on the whole solve (the attempts, msa and the guided "
+    "search, which gets what is left of it), in place of --search-seconds: the agent at a "
+    "baseline's --time-limit",
+  )
+  p.add_argument(
     "--batch-agents",
     action="store_true",
     help="agents: play all programs in one batch (faster; per-program solve times "
@@ -107,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
     )
   check_msa_options_used(args, [BASELINES[s] for s in solvers + ["msa"]])
   # A --simulations of 0 (the policy alone) is a setting too: test for None, not falsiness.
-  given = {"simulations": args.simulations is not None, "batch_agents": args.batch_agents}
+  given = {
+    "simulations": args.simulations is not None,
+    "batch_agents": args.batch_agents,
+    "agent_time_limit": args.agent_time_limit is not None,
+  }
   for flag, was_given in given.items():
     if was_given and not args.checkpoint:
       raise MalloczeroError(f"--{flag.replace('_', '-')} needs --checkpoint DIR")
@@ -121,7 +134,13 @@ def run(args: argparse.Namespace) -> int:
   if args.limit:
     suite = dataclasses.replace(suite, entries=suite.entries[: args.limit])
   # Checkpoints are loaded (and a bad one refused) before any solver runs.
-  agents = load_agents(args.checkpoint or [], args.simulations, args.attempts, args.search_seconds)
+  agents = load_agents(
+    args.checkpoint or [],
+    args.simulations,
+    args.attempts,
+    args.search_seconds,
+    args.agent_time_limit,
+  )
   for a in agents:
     search_notice(a.agent)
   out = console()
@@ -129,7 +148,13 @@ def run(args: argparse.Namespace) -> int:
     out.print(
       f"{a.label}: {a.agent.checkpoint} (learner step {a.agent.learner_steps}), "
       f"{a.simulations} simulations, best of {a.attempts} trajectories per program"
-      + (f", then {a.search_seconds:g} s of guided search" if a.search_seconds else "")
+      + (
+        f", then guided search up to {a.time_limit:g} s per program in all"
+        if a.time_limit is not None
+        else f", then {a.search_seconds:g} s of guided search"
+        if a.search_seconds
+        else ""
+      )
     )
   title = f"malloczero evaluate: suite '{suite.name}' ({args.split}, {len(suite.entries)} entries)"
   cache = open_cache(args.cache)
