@@ -157,10 +157,12 @@ def solve_with_agent(
   attempts: int = DEFAULT_ATTEMPTS,
   seed: int = 0,
   search_seconds: float = 0.0,
+  time_limit: Optional[float] = None,
 ) -> SolveResult:
   """Plays `attempts` trajectories (1 greedy, the rest sampled) and the policy's alone, adds msa's
-  mapping as one more attempt, then searches `search_seconds` guided by the network, and keeps
-  the fastest: never slower than msa."""
+  mapping as one more attempt, then searches `search_seconds` guided by the network (or what
+  `time_limit` leaves, as in `play_with_agent`), and keeps the fastest: never slower than
+  msa."""
   return play_with_agent(
     agent,
     [GameSpec(workload.name, workload, hardware)],
@@ -168,6 +170,7 @@ def solve_with_agent(
     attempts,
     seed,
     search_seconds=search_seconds,
+    time_limit=time_limit,
   )[0]
 
 

@@ -42,6 +42,16 @@ class AgentOptions:
     "after the attempts, evo-msa guided by the network for this long (0: none)",
     "non_negative",
   )
+  agent_time_limit: Optional[float] = option(
+    None,
+    "--agent-time-limit",
+    "per program, a limit on the whole solve (the attempts, msa and the guided search, which "
+    "gets what is left of it), in place of --search-seconds: the agent at a baseline's "
+    "--time-limit",
+    "positive",
+    metavar="SECONDS",
+    default_help="none: --search-seconds decides",
+  )
   seed: int = seed_option()
 
 
@@ -60,6 +70,7 @@ def _agent(
   simulations: Optional[int] = None,
   attempts: int = DEFAULT_ATTEMPTS,
   search_seconds: float = DEFAULT_SEARCH_SECONDS,
+  agent_time_limit: Optional[float] = None,
   seed: int = 0,
 ) -> Any:
   """The checkpoint's networks with test-time search (actors/agent.py `solve_with_agent`)."""
@@ -79,6 +90,7 @@ def _agent(
     attempts=attempts,
     seed=seed,
     search_seconds=search_seconds,
+    time_limit=agent_time_limit,
   )
 
 

@@ -150,7 +150,7 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   )
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.startswith("agent: ") and f"checkpoint step {STEPS}" in result.stdout
-  assert "guided search" in result.stdout
+  assert "guided search" in result.stdout and " s of its 0.5 s)" in result.stdout
   assert out.exists() and plot.exists()
   validated = subprocess.run(
     [sys.executable, "-m", "malloczero", "validate", path, str(out), *capacity],
@@ -160,8 +160,10 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   )
   assert validated.returncode == 0, validated.stderr
 
+  # A limit on the whole solve replaces --search-seconds: the attempts and msa use all of this
+  # one, so no guided search runs, though --search-seconds alone would give it 5 s.
   result = subprocess.run(
-    common + ["--solver", "portfolio", "--search-seconds", "0"],
+    common + ["--solver", "portfolio", "--search-seconds", "5", "--agent-time-limit", "1e-3"],
     cwd=REPO,
     capture_output=True,
     text=True,
@@ -172,6 +174,7 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   assert "policy alone" in result.stdout and "best of 3 trajectories" in result.stdout
   lines = result.stdout.splitlines()
   assert lines[0].startswith("agent: ") and lines[1].startswith("msa: ")
+  assert "guided search" not in lines[0]
   assert lines[2].startswith("portfolio: ")
   msa = solve(workload, hardware, "msa").mapping.speedup
   won = float(lines[2].split("(")[1].split("x")[0])

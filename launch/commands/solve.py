@@ -71,7 +71,7 @@ def _agent_lines(solver: Solver, result) -> None:
   )
   guided = (
     f", guided search {info['guided_speedup']:.3f}x ({info['guided_evaluations']} mappings in "
-    f"{info['guided_s']:.1f} s)"
+    f"{info['guided_s']:.1f} s of its {info['guided_budget_s']:.1f} s)"
     if "guided_speedup" in info
     else ""
   )
