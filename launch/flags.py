@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Collection, Iterable, Optional, Sequence
 
 from rich.console import Console
 
@@ -183,11 +183,16 @@ def say_capacities(capacities: Optional[Sequence[Capacity]], hw: Hardware) -> No
     print(f"fast memory (--capacity): {describe_fast_levels(hw)}")
 
 
-def add_solver_flags(p: argparse.ArgumentParser, solvers: Iterable[Solver]) -> None:
+def add_solver_flags(
+  p: argparse.ArgumentParser, solvers: Iterable[Solver], skip: Collection[str] = ()
+) -> None:
   """One flag per options field of `solvers` (a field several solvers share is one flag, with
-  one default), and `--msa-option` for those that take msa's options."""
+  one default), but for the fields named in `skip` (a command that defines them otherwise), and
+  `--msa-option` for those that take msa's options."""
   solvers = list(solvers)
   for name, users in option_fields(solvers).items():
+    if name in skip:
+      continue
     field = users[0][1]
     meta = field.metadata
     who = ", ".join(solver.name for solver, _ in users)

@@ -17,19 +17,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_dir
-from malloczero.configs.config import DEFAULT_ATTEMPTS, DEFAULT_SEARCH_SECONDS
 from malloczero.env.programs.suites import SPLITS
 from malloczero.env.solvers.registry import BASELINES, SOLVERS
 from malloczero.launch.flags import (
   add_solver_flags,
   check_msa_options_used,
   console,
-  non_negative_float,
-  non_negative_int,
-  positive_float,
   positive_int,
   solver_options,
 )
+from malloczero.launch.solvers import AGENT, search_notice
 from malloczero.launch.tables import print_evaluation_tables
 
 if TYPE_CHECKING:  # The evaluation loads the whole agent stack: imported when the command runs.
@@ -58,33 +55,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     help="comma-separated baselines (default msa,greedy,evo,cpsat; msa always runs)",
   )
   p.add_argument(
-    "--simulations",
-    type=non_negative_int,
-    help="agents: search simulations per move (default: twice the run's evaluation search; 0: "
-    "the network's policy alone, no search)",
-  )
-  p.add_argument(
-    "--attempts",
-    type=positive_int,
-    default=DEFAULT_ATTEMPTS,
-    help=f"agents: trajectories per program, the first greedy (default {DEFAULT_ATTEMPTS})",
-  )
-  p.add_argument(
-    "--search-seconds",
-    type=non_negative_float,
-    default=DEFAULT_SEARCH_SECONDS,
-    help="agents: seconds per program of evo-msa guided by the network after the attempts "
-    f"(default {DEFAULT_SEARCH_SECONDS:g}; 0: the attempts alone)",
-  )
-  p.add_argument(
-    "--agent-time-limit",
-    type=positive_float,
-    metavar="SECONDS",
-    help="agents: per program, a limit on the whole solve (the attempts, msa and the guided "
-    "search, which gets what is left of it), in place of --search-seconds: the agent at a "
-    "baseline's --time-limit",
-  )
-  p.add_argument(
     "--batch-agents",
     action="store_true",
     help="agents: play all programs in one batch (faster; per-program solve times "
@@ -102,6 +72,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     "solver version and options",
   )
   add_solver_flags(p, BASELINES.values())
+  # The agents' flags are `solve --solver agent`'s; here --checkpoint takes several and --seed is
+  # the baselines' flag, already added.
+  add_solver_flags(p, [AGENT], skip=("checkpoint", "seed"))
   p.set_defaults(func=run)
 
 
@@ -125,7 +98,6 @@ def run(args: argparse.Namespace) -> int:
     if was_given and not args.checkpoint:
       raise MalloczeroError(f"--{flag.replace('_', '-')} needs --checkpoint DIR")
   from malloczero.env.programs.suites import get_suite
-  from malloczero.launch.solvers import search_notice
   from malloczero.system.baseline_cache import open_cache
   from malloczero.system.evaluation import load_agents
   from malloczero.system.report import write_report
