@@ -164,3 +164,46 @@ def test_the_picker_bisects_to_the_starts_and_ends_its_scans_find(
   bisected = picker.preferred_eviction_end_time(copy_elapsed, start, end)
   picker.monotone = False
   assert bisected == picker.preferred_eviction_end_time(copy_elapsed, start, end)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+  st.lists(
+    st.tuples(
+      st.sampled_from(["add", "add", "remove", "query"]),
+      st.integers(-1, 3000),  # start
+      st.sampled_from([1, 30, 300, 3000]),  # longest length
+      st.integers(0, 1 << 20),  # length, offset slot, size (drawn from it)
+    ),
+    min_size=1,
+    max_size=120,
+  ),
+  st.sampled_from([1, 8, 64]),
+)
+def test_the_live_lists_answer_as_the_scan_as_chunks_come_and_go(operations, alignment):
+  """Searches between commits and removals, over spans of many blocks: the live lists' unions
+  (edges, starts, level runs; brought up to date at each search) give the scan's best fit and
+  chunk candidate."""
+  k = kernels()
+  heap = ChunkHeap(alignment)
+  handles = []
+  for kind, start, longest, draw in operations:
+    length = 1 + draw % longest
+    if kind == "add":
+      handles.append(heap.add(start, start + length, (draw % 61) * 4 * alignment, 1 + draw % 300))
+    elif kind == "remove" and handles:
+      heap.remove(handles.pop(draw % len(handles)))
+    elif kind == "query":
+      if handles and draw % 2:  # Where a chunk ends or starts: the edges of liveness.
+        chunk = handles[draw % len(handles)]
+        start = int((heap._end if draw % 4 == 1 else heap._start)[chunk])
+      start, size = max(start, 0), 1 + draw % 400
+      assert k.best_fit_indexed(*heap.search_state(), start, start + length, size) == (
+        k.best_fit(*heap.kernel_state()[:6], start, start + length, size, alignment)
+      )
+      uses = np.array([start + length, start + 2 * length, start + 5 * length], np.int64)
+      picker = (True, np.zeros(1, np.float64), 0.0, 10 * length)
+      args = (start, start + length, size, uses, 61 * 4 * alignment + 150)
+      assert k.best_chunk_candidate_indexed(
+        *args, *heap.search_state(), *picker
+      ) == k.best_chunk_candidate(*args, *heap.kernel_state(), *picker)

@@ -80,6 +80,16 @@ class ChunkHeap:
   and radix-sorted by offset. An interval tree over start times (each node's latest end) cost
   about five times as much per chunk found, and linked lists per bucket a cache miss per chunk;
   a search finds a few thousand chunks on XLA-like programs of 100,000 buffers.
+
+  Best fit reads only the union of those chunks' address ranges, so a best-fit search goes
+  through live lists of unions kept beside the index (`_jit_kernels`' "live lists"): per block
+  of 128 ops, the union of the chunks live across it from before, the few that end inside it
+  and the chunks that start in it; per aligned run of blocks, the union of the chunks that start
+  in it. Each union is brought up to date when a search reads it, from the chunks committed
+  since; a removal sends the unions that held the chunk to be built again. A search then merges
+  a few hundred intervals where it sorted a few thousand chunks (msa at 100,000 buffers: 8.1 s
+  of chunk searches became 3.4 s, the same decisions). The index answers what the lists cannot
+  (a request of no bytes, whose ties need handle order; an interval before op 0).
   """
 
   def __init__(self, alignment: int = 1):
@@ -93,9 +103,11 @@ class ChunkHeap:
     self._alive = np.zeros(_INITIAL_CAPACITY, bool)
     self._count = 0
     self.heap_size = 0
-    # A search's hits, as found and sorted by offset (`_jit_kernels.best_fit_indexed`).
+    # A search's hits, as found and sorted by offset (`_jit_kernels.best_fit_indexed`); the
+    # unions it merges (`_jit_kernels._live_fit`).
     self._hits = np.zeros((4, _INITIAL_CAPACITY), np.int64)
     self._sorted = np.zeros((3, _INITIAL_CAPACITY), np.int64)
+    self._work = np.zeros((3, _INITIAL_CAPACITY, 2), np.int64)
     self._reindex(_INITIAL_SPAN, _INITIAL_CAPACITY)
 
   def __len__(self) -> int:
@@ -133,8 +145,55 @@ class ChunkHeap:
         self._count,
         self.alignment,
       ):
-        return
+        break
       pool_rows *= 2
+    self._relist(span)
+
+  def _relist(self, span: int) -> None:
+    """Rebuilds the live lists (`_jit_kernels`' "live lists") over start times `[0, span)`:
+    every live chunk filed in its block's starts, no union built yet."""
+    k = kernels()
+    blocks, levels, lists = k.live_layout(span)
+    self._lists = np.zeros((lists, 4), np.int64)
+    self._lists[:, 3] = -1
+    self._live_meta = np.array([0, 0, 0, 0, blocks, levels], np.int64)
+    self._rows2 = np.zeros((max(_INITIAL_CAPACITY, 4 * self._count), 2), np.int64)
+    self._rows4 = np.zeros((max(_INITIAL_CAPACITY, 2 * self._count), 4), np.int64)
+    for i in np.flatnonzero(self._alive[: self._count]):
+      self._file_starts(int(i))
+
+  def _file_starts(self, i: int) -> None:
+    """Files chunk i in its block's starts (the rows compacted, grown if need be, when full)."""
+    args = (
+      int(self._start[i]),
+      int(self._end[i]),
+      int(self._offset[i]),
+      int(self.align_up(int(self._offset[i]) + int(self._size[i]))),
+    )
+    while not kernels().live_add(self._lists, self._rows4, self._live_meta, *args):
+      self._compact_lists()
+
+  def _compact_lists(self) -> None:
+    """Called when a list found no room in its rows: the lists of each kind of rows copied
+    together, into twice the rows while they and the room asked for would fill more than
+    half."""
+    blocks = int(self._live_meta[4])
+    for rows_name, used, full, first, last in (
+      ("_rows4", 0, 2, 0, 2 * blocks),
+      ("_rows2", 1, 3, 2 * blocks, len(self._lists)),
+    ):
+      if not self._live_meta[full]:
+        continue
+      lengths = self._lists[first:last, 1]
+      needed = int((lengths + np.maximum(lengths // 4, 8)).sum() + self._live_meta[full])
+      rows = getattr(self, rows_name)
+      size = len(rows)
+      while needed > size // 2:
+        size *= 2
+      new_rows = np.zeros((size, rows.shape[1]), np.int64)
+      self._live_meta[used] = kernels().live_compact(self._lists, first, last, rows, new_rows)
+      self._live_meta[full] = 0
+      setattr(self, rows_name, new_rows)
 
   def _grow(self) -> None:
     """Doubles the capacity of the chunk arrays."""
@@ -144,6 +203,7 @@ class ChunkHeap:
       setattr(self, name, np.concatenate([array, np.zeros(grow, array.dtype)]))
     self._hits = np.zeros((4, 2 * grow), np.int64)
     self._sorted = np.zeros((3, 2 * grow), np.int64)
+    self._work = np.zeros((3, 2 * grow, 2), np.int64)
 
   def add(self, start: int, end: int, offset: int, size: int) -> int:
     """Commits a chunk (`CommitChunk`); returns its handle for `remove`."""
@@ -175,6 +235,8 @@ class ChunkHeap:
     ):
       # The pool is full: rebuilt compact, with room to grow (this chunk filed too).
       self._reindex(self._span, 4 * self._count)
+    else:
+      self._file_starts(i)
     return i
 
   def remove(self, handle: int) -> None:
@@ -182,13 +244,16 @@ class ChunkHeap:
     if not (0 <= handle < self._count and self._alive[handle]):
       raise KeyError(f"no committed chunk {handle}")
     self._alive[handle] = False
-    kernels().index_remove(
-      self._ptr,
-      self._fill,
-      self._pool,
-      self._span,
-      int(self._start[handle]),
-      int(self._end[handle]),
+    start, end, offset = int(self._start[handle]), int(self._end[handle]), self._offset[handle]
+    kernels().index_remove(self._ptr, self._fill, self._pool, self._span, start, end, handle)
+    kernels().live_remove(
+      self._lists,
+      self._rows4,
+      self._live_meta,
+      start,
+      end,
+      int(offset),
+      int(self.align_up(int(offset) + int(self._size[handle]))),
       int(handle),
     )
 
@@ -219,9 +284,25 @@ class ChunkHeap:
   def search_state(self) -> tuple:
     """The heap as the indexed kernels take it (`_jit_kernels.best_fit_indexed`,
     `best_chunk_candidate_indexed`, `plan_prefetch_starts`): each bucket's first row and chunk
-    count, the pool of rows, the span of start times, the scratch arrays for a search's
-    hits."""
-    return (self._ptr, self._fill, self._pool, self._span, self._hits, self._sorted)
+    count, the pool of rows, the span of start times, the scratch arrays for a search's hits;
+    the live lists (lists, rows4, rows2, meta); the chunks (`kernel_state()`); the unions'
+    scratch. Lists that found no room are given it first."""
+    if self._live_meta[2] or self._live_meta[3]:
+      self._compact_lists()
+    return (
+      self._ptr,
+      self._fill,
+      self._pool,
+      self._span,
+      self._hits,
+      self._sorted,
+      self._lists,
+      self._rows4,
+      self._rows2,
+      self._live_meta,
+      *self.kernel_state(),
+      self._work,
+    )
 
   def overlapping(self, start: int, end: int) -> np.ndarray:
     """`[k]` handles of the committed chunks live at some op of `[start, end)`."""
