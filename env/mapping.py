@@ -96,26 +96,37 @@ class Mapping:
       raise MappingError("internal: allocations without their prefetches cannot be written")
     ids = np.array([b.id for b in workload.buffers], np.int64)
     axis = workload.time_axis
+    on_axis = lambda ops: axis[ops].tolist()
+    prefetched = (allocations.prefetch_done != NO_COPY).tolist()
+    evicted = (allocations.evict_start != NO_COPY).tolist()
+    # Columns as Python ints first: indexing arrays per row was most of a large mapping's time.
+    columns = zip(
+      np.asarray(request).tolist(),
+      ids[allocations.buffer].tolist(),
+      allocations.level.tolist(),
+      allocations.offset.tolist(),
+      on_axis(allocations.start),
+      on_axis(allocations.end),
+      on_axis(allocations.prefetch_done),
+      on_axis(allocations.evict_start),
+      on_axis(allocations.evict_done),
+      prefetched,
+      evicted,
+    )
     rows = []
-    for i in range(len(allocations)):
+    for r, buffer, level, offset, start, end, done, evict_start, evict_done, p, e in columns:
       row: dict[str, Any] = {
-        "request": int(request[i]),
-        "buffer": int(ids[allocations.buffer[i]]),
-        "level": int(allocations.level[i]),
-        "offset": int(allocations.offset[i]),
-        "start": int(axis[allocations.start[i]]),
-        "end": int(axis[allocations.end[i]]),
+        "request": r,
+        "buffer": buffer,
+        "level": level,
+        "offset": offset,
+        "start": start,
+        "end": end,
       }
-      if allocations.prefetch_done[i] != NO_COPY:
-        row["prefetch"] = {
-          "start": int(axis[allocations.start[i]]),
-          "done": int(axis[allocations.prefetch_done[i]]),
-        }
-      if allocations.evict_start[i] != NO_COPY:
-        row["eviction"] = {
-          "start": int(axis[allocations.evict_start[i]]),
-          "done": int(axis[allocations.evict_done[i]]),
-        }
+      if p:
+        row["prefetch"] = {"start": start, "done": done}
+      if e:
+        row["eviction"] = {"start": evict_start, "done": evict_done}
       rows.append(row)
     return cls(
       workload.name, hardware, solver, tuple(rows), float(estimated_time_s), float(slow_only_time_s)

@@ -58,39 +58,15 @@ class Requests:
 def build_requests(model: CostModel) -> Requests:
   workload, hw = model.workload, model.hardware
   a = workload.arrays
-  ref_prefix = model.reference_prefix
-  rows: list[tuple[int, int, int, int]] = []  # (buffer, start, end, first_use)
-  incidences: list[np.ndarray] = []
-  incidence_bytes: list[np.ndarray] = []  # What each served op moves of the buffer (x its weight).
-  for b in range(workload.num_buffers):
-    if a.is_output[b]:
-      continue
-    lo, hi = a.buffer_incidence_start[b], a.buffer_incidence_start[b + 1]
-    ops, moved = a.incidence_op[lo:hi], a.incidence_bytes[lo:hi]
-    if not a.is_prefetched[b]:
-      rows.append((b, int(a.live_start[b]), int(a.live_end[b]), int(a.live_start[b])))
-      incidences.append(ops)
-      incidence_bytes.append(moved)
-      continue
-    if len(ops) == 0:
-      continue
-    # Latest start s with reference time of [s, use) >= copy time; 0 if impossible.
-    targets = ref_prefix[ops] - model.copy_time[b]
-    window_start = np.maximum(np.searchsorted(ref_prefix, targets, side="right") - 1, 0)
-    group_first = 0
-    for i in range(1, len(ops) + 1):
-      if i == len(ops) or window_start[i] > ops[i - 1]:
-        rows.append((b, int(window_start[group_first]), int(ops[i - 1]) + 1, int(ops[group_first])))
-        incidences.append(ops[group_first:i])
-        incidence_bytes.append(moved[group_first:i])
-        group_first = i
-  if not rows:
+  buffer, start, end, first_use, counts = _request_rows(model)
+  if not len(buffer):
     return _empty_requests(hw.num_fast_levels)
-  buffer, start, end, first_use = (np.array(c, np.int64) for c in zip(*rows))
-  counts = np.array([len(x) for x in incidences], np.int64)
   inc_start = np.concatenate([[0], np.cumsum(counts)])
-  inc_op = np.concatenate(incidences).astype(np.int64)
-  inc_bytes = np.concatenate(incidence_bytes).astype(np.float64)
+  served = ~a.is_output[
+    np.repeat(np.arange(workload.num_buffers), np.diff(a.buffer_incidence_start))
+  ]
+  inc_op = a.incidence_op[served].astype(np.int64)
+  inc_bytes = a.incidence_bytes[served].astype(np.float64)
   size = np.asarray(hw.align(a.sizes[buffer]), np.int64)
   exposed = model.exposed_copy_time(buffer, start, first_use)
   saving = _standalone_saving(model, inc_op, inc_bytes, inc_start) - exposed[:, None]
@@ -103,11 +79,9 @@ def build_requests(model: CostModel) -> Requests:
   order = np.lexsort((buffer, -(axis[end] - axis[start]), -size, -boundedness))
   order = order[keep[order]]
   counts_kept = counts[order]
-  gather = (
-    np.concatenate([np.arange(inc_start[r], inc_start[r + 1]) for r in order])
-    if len(order)
-    else np.zeros(0, np.int64)
-  )
+  # Each kept request's incidences, in the new order: [inc_start[r], inc_start[r + 1]) per r.
+  gather = np.repeat(inc_start[order] - np.cumsum(counts_kept) + counts_kept, counts_kept)
+  gather += np.arange(len(gather))
   return Requests(
     buffer=buffer[order],
     start=start[order],
@@ -121,6 +95,45 @@ def build_requests(model: CostModel) -> Requests:
     incidence_bytes=inc_bytes[gather],
     standalone_saving=saving[order],
   )
+
+
+def _request_rows(
+  model: CostModel,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """The requests before filtering, by buffer then window, as `[R]` arrays: buffer, start, end,
+  first use, incidence count (the incidences being the buffer's, in order, those of outputs and
+  of unread parameters left out). An activation's one request spans its live range; a
+  parameter's incidences are grouped where a use's window starts after the previous use."""
+  a = model.workload.arrays
+  num_buffers = model.workload.num_buffers
+  bounds = a.buffer_incidence_start
+  per_buffer = np.diff(bounds)
+  owner = np.repeat(np.arange(num_buffers), per_buffer)  # [E] each incidence's buffer
+  ops = a.incidence_op.astype(np.int64)
+  # Latest start s with reference time of [s, use) >= copy time; 0 if impossible.
+  ref_prefix = model.reference_prefix
+  targets = ref_prefix[ops] - model.copy_time[owner]
+  window_start = np.maximum(np.searchsorted(ref_prefix, targets, side="right") - 1, 0)
+  prefetched = a.is_prefetched[owner] & ~a.is_output[owner]
+  first_of_buffer = np.zeros(len(ops), bool)
+  first_of_buffer[bounds[:-1][per_buffer > 0]] = True
+  opens = first_of_buffer.copy()
+  opens[1:] |= window_start[1:] > ops[:-1]
+  group_first = np.flatnonzero(prefetched & opens)  # [G] each group's first incidence
+  group_last = np.flatnonzero(prefetched & np.append(opens[1:], True))  # [G] and its last
+  activation = np.flatnonzero(~a.is_output & ~a.is_prefetched)
+  # Rows in buffer order, a buffer's groups in incidence order.
+  keys = np.concatenate([bounds[activation], group_first])
+  row_order = np.argsort(keys, kind="stable")
+  live_start = a.live_start.astype(np.int64)
+  columns = (
+    np.concatenate([activation, owner[group_first]]),
+    np.concatenate([live_start[activation], window_start[group_first]]),
+    np.concatenate([a.live_end.astype(np.int64)[activation], ops[group_last] + 1]),
+    np.concatenate([live_start[activation], ops[group_first]]),
+    np.concatenate([per_buffer[activation], group_last - group_first + 1]),
+  )
+  return tuple(np.asarray(c, np.int64)[row_order] for c in columns)
 
 
 def _standalone_saving(

@@ -480,6 +480,31 @@ def live_add(lists, rows4, meta, start, end, offset, used_end):
 
 
 @numba.njit(cache=True)
+def heap_add(
+  ptr, size, room, pool, used, span, lists, rows4, meta, start, end, offset, used_end, handle
+):
+  """`index_add` then `live_add`, one call per committed chunk: 0 when both filed it, 1 when
+  the pool was full (nothing filed), 2 when `rows4` was (filed in the index only)."""
+  if not index_add(ptr, size, room, pool, used, span, start, end, offset, used_end, handle):
+    return 1
+  if not live_add(lists, rows4, meta, start, end, offset, used_end):
+    return 2
+  return 0
+
+
+@numba.njit(cache=True)
+def live_add_all(lists, rows4, meta, starts, ends, offsets, sizes, alive, first, count, alignment):
+  """`live_add` for every live chunk from handle `first` on: the handle it stopped at, `rows4`
+  being full (`count` when all are filed)."""
+  for i in range(first, count):
+    if alive[i]:
+      used_end = (offsets[i] + sizes[i] + alignment - 1) // alignment * alignment
+      if not live_add(lists, rows4, meta, starts[i], ends[i], offsets[i], used_end):
+        return i
+  return count
+
+
+@numba.njit(cache=True)
 def live_remove(lists, rows4, meta, start, end, offset, used_end, handle):
   """Takes a removed chunk out of its block's starts (a row equal to its own: equal rows read
   alike), and sends the unions that have seen it to be built again."""
@@ -1261,42 +1286,69 @@ def _prefetch_window_scan(
   return earliest, latest, preferred
 
 
+# What `_next_start` returns once a window's starts are used up.
+NO_START = -(1 << 62)
+
+
+@numba.njit(cache=True)
+def _first_start(earliest, latest, preferred, state):
+  """Sets `state` [3] (next later start, next earlier start, whether the later side is next) to
+  a window's first: XLA's `Begin` calls `Next` once, taking the preferred start from the later
+  side, and the earlier side yields it again."""
+  state[0], state[1] = preferred + 1, preferred
+  state[2] = 0 if preferred >= earliest else 1
+  if earliest > latest:
+    state[0], state[1] = latest + 1, earliest - 1
+
+
+@numba.njit(cache=True)
+def _next_start(prefix, earliest, latest, end, num_explored, state):
+  """The next start `PrefetchIntervalIterator` yields (XLA's `Next`), or `NO_START` once it is
+  `Done`: alternately one later and one earlier than the preferred start; once the later side is
+  used up, the earlier side thinned to steps of at least 1/`num_explored` of the window's
+  elapsed time. elapsed(s, end) = prefix[end] - prefix[s + 1] (every s < end); `prefix` is read
+  only while earlier starts remain."""
+  increasing, decreasing = state[0], state[1]
+  if increasing > latest and decreasing < earliest:
+    return NO_START
+  if state[2]:
+    time = increasing
+    state[0] = increasing + 1
+    if decreasing >= earliest:
+      state[2] = 0
+    return time
+  time = decreasing
+  decreasing -= 1
+  if decreasing >= earliest:
+    target = 0.0
+    if increasing > latest:
+      target = (prefix[end] - prefix[time + 1]) + (
+        prefix[end] - prefix[earliest + 1]
+      ) / num_explored
+    while decreasing >= earliest and prefix[end] - prefix[decreasing + 1] < target:
+      decreasing -= 1
+  state[1] = decreasing
+  if increasing <= latest:
+    state[2] = 1
+  return time
+
+
 @numba.njit(cache=True)
 def prefetch_starts(prefix, earliest, latest, preferred, end, num_explored):
   """Every start `PrefetchIntervalIterator` yields for a window (none when empty), in its order
-  (XLA's `Next` until `Done`): the preferred start, then alternately one later and one earlier; once
-  the later side is used up, the earlier side thinned to steps of at least 1/`num_explored` of
-  the window's elapsed time. elapsed(s, end) = prefix[end] - prefix[s + 1] (every s < end)."""
+  (XLA's `Next` until `Done`, `_next_start`)."""
   if earliest > latest:
     return np.zeros(0, np.int64)
   out = np.empty(latest - earliest + 1, np.int64)
+  state = np.empty(3, np.int64)
+  _first_start(earliest, latest, preferred, state)
   k = 0
-  increasing = decreasing = preferred
-  use_increasing = True
-  first = True  # XLA's Begin calls Next once: that start is yielded again by the earlier side.
-  while first or not (increasing > latest and decreasing < earliest):
-    if use_increasing:
-      time = increasing
-      increasing += 1
-      if decreasing >= earliest:
-        use_increasing = False
-    else:
-      time = decreasing
-      decreasing -= 1
-      target = 0.0
-      if increasing > latest:
-        target = (prefix[end] - prefix[time + 1]) + (
-          prefix[end] - prefix[earliest + 1]
-        ) / num_explored
-      while decreasing >= earliest and prefix[end] - prefix[decreasing + 1] < target:
-        decreasing -= 1
-      if increasing <= latest:
-        use_increasing = True
-    if not first:
-      out[k] = time
-      k += 1
-    first = False
-  return out[:k]
+  while True:
+    time = _next_start(prefix, earliest, latest, end, num_explored, state)
+    if time == NO_START:
+      return out[:k]
+    out[k] = time
+    k += 1
 
 
 @numba.njit(cache=True)
@@ -1451,7 +1503,10 @@ def best_chunk_candidate_indexed(
 
 @numba.njit(cache=True)
 def plan_prefetch_starts(
-  starts,
+  earliest,
+  latest,
+  preferred,
+  num_explored,
   check_allowed,
   allowed,
   use,
@@ -1495,9 +1550,11 @@ def plan_prefetch_starts(
   max_count,
 ):
   """`SegmentAllocator._plan_level_prefetches`' loop (allocate_segment.py; XLA's
-  `PrefetchWithResourceConstraints` and `CheckPrefetchFit`): over the picker's `starts` in
-  order, skipping those not `allowed` (when `check_allowed`: the FIFO order and
-  outstanding-limit checks, made by the caller), the copy resource (`served` .. `total`:
+  `PrefetchWithResourceConstraints` and `CheckPrefetchFit`): over the picker's starts for the
+  window (`earliest`, `latest`, `preferred`, `num_explored`: `prefetch_starts`' order, each made
+  only when the loop gets to it), skipping those not `allowed` (by position; when
+  `check_allowed`: the FIFO order and outstanding-limit checks, made by the caller), the copy
+  resource (`served` .. `total`:
   `AsynchronousCopyResource.kernel_state()`, when `check_resource`), then the chunk (`h_ptr`
   .. `max_count`: as `best_chunk_candidate_indexed`); the first `max_starts` that pass, as rows
   (start, offset, end use). A chunk failure caches the start and any start not after it ends
@@ -1505,8 +1562,14 @@ def plan_prefetch_starts(
   out = np.empty((max_starts, 3), np.int64)
   k = 0
   out_of_memory, out_of_memory_start = False, 0
-  for i in range(len(starts)):
-    start = starts[i]
+  state = np.empty(3, np.int64)
+  _first_start(earliest, latest, preferred, state)
+  i = -1
+  while True:
+    start = _next_start(prefix, earliest, latest, use, num_explored, state)
+    if start == NO_START:
+      break
+    i += 1
     if out_of_memory and start <= out_of_memory_start:
       break  # An earlier start holds the chunk longer: it cannot fit either.
     if check_allowed and not allowed[i]:

@@ -120,6 +120,11 @@ from malloczero.env.msa.decision import (  # noqa: F401 (re-exported)
 from malloczero.env.msa.settings import COPY_BUDGETS, PICKERS, MsaOptions  # noqa: F401
 from malloczero.env.workload import PROGRAM_START, Workload
 
+# The options that allocate nothing: immutable, so made once (a step makes a few options, and
+# msa's loop makes hundreds of thousands of steps on a large program).
+_DEFAULT = MsaOption("default")
+_UNCOMMIT = MsaOption("uncommit")
+
 
 @dataclasses.dataclass(frozen=True)
 class MsaStats:
@@ -296,17 +301,14 @@ class MsaAlgorithm:
 
   @staticmethod
   def _to_allocations(rows: list[tuple[int, Segment]]) -> Allocations:
-    col = lambda f: np.array([f(b, s) for b, s in rows], np.int64)
-    return Allocations(
-      buffer=col(lambda b, s: b),
-      level=col(lambda b, s: s.level),
-      offset=col(lambda b, s: s.offset),
-      start=col(lambda b, s: s.start),
-      end=col(lambda b, s: s.end),
-      prefetch_done=col(lambda b, s: s.prefetch_done),
-      evict_start=col(lambda b, s: s.evict_start),
-      evict_done=col(lambda b, s: s.evict_done),
-    )
+    table = np.array(
+      [
+        (b, s.level, s.offset, s.start, s.end, s.prefetch_done, s.evict_start, s.evict_done)
+        for b, s in rows
+      ],
+      np.int64,
+    ).reshape(len(rows), 8)
+    return Allocations(*(np.ascontiguousarray(column) for column in table.T))
 
   def _uses(self, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
     """The buffer's use ops `[U]` (sorted, the definition excluded), their incidences, and the
@@ -318,11 +320,10 @@ class MsaAlgorithm:
     def_incidence = def_incidences[b]
     return ops[lo:hi], incidences[lo:hi], None if def_incidence < 0 else def_incidence
 
-  def _decide(
-    self, b: int, use: int, segment_start: int, options: list[MsaOption], msa_choice: int
-  ) -> Generator[MsaDecision, int, MsaOption]:
-    """Yields the decision point; the option sent back."""
-    choice = yield MsaDecision(b, use, segment_start, tuple(options), msa_choice)
+  @staticmethod
+  def _chosen(options: list[MsaOption], choice: int) -> MsaOption:
+    """The option sent back for a decision (`MsaDecision`, yielded by the caller itself: one
+    generator fewer per step)."""
     if not isinstance(choice, (int, np.integer)) or not 0 <= choice < len(options):
       raise ValueError(f"option {choice!r} out of range: {len(options)} options")
     return options[int(choice)]
@@ -341,14 +342,16 @@ class MsaAlgorithm:
         return []
       return (yield from self._unread_value_step(b, size, def_op, def_incidence))
     buffer = _Buffer(b, size, def_op, uses, def_incidence, self._open[1])
-    for k, (use, incidence) in enumerate(zip(uses.tolist(), incidences.tolist())):
-      segment_start = def_op if k == 0 else int(uses[k - 1])
+    segment_start = def_op  # Then each previous use.
+    for use, incidence in zip(uses.tolist(), incidences.tolist()):
       options, msa_choice, eviction_end = self._segment_options(
         buffer, segment_start, use, incidence, max_starts, msa_only or self.fast_forward
       )
-      option = yield from self._decide(b, use, segment_start, options, msa_choice)
+      choice = yield MsaDecision(b, use, segment_start, tuple(options), msa_choice)
+      option = self._chosen(options, choice)
       if not self._commit(buffer, option, use, eviction_end):
         return []
+      segment_start = use
     pending = buffer.pending
     self._counts["kept"] += pending.kept
     self._counts["default_uses"] += pending.default_uses
@@ -360,11 +363,12 @@ class MsaAlgorithm:
     self, b: int, size: int, def_op: int, def_incidence: int | None
   ) -> Generator[MsaDecision, int, list[Segment]]:
     """A value nothing reads: its definition alone, one segment ending where it starts."""
-    options = [MsaOption("default")]
+    options = [_DEFAULT]
     keep = self.allocator.plan_keep(None, size, def_op, def_op, np.array([def_op]), def_incidence)
     if keep is not None:
       options.append(keep)
-    option = yield from self._decide(b, def_op, def_op, options, len(options) - 1)
+    choice = yield MsaDecision(b, def_op, def_op, tuple(options), len(options) - 1)
+    option = self._chosen(options, choice)
     if option.kind == "keep":
       self._counts["kept"] += 1
       return [self.allocator.apply_keep(None, option, def_op, Pending())]
@@ -398,10 +402,10 @@ class MsaAlgorithm:
     # 2. Evict when the fast copy is the only one; XLA uncommits the buffer if it cannot.
     needs_eviction = buffer.needs_eviction
     eviction_end = allocator.plan_eviction(prev, buffer.b, size, use) if needs_eviction else None
-    options = [MsaOption("default")]
+    options = [_DEFAULT]
     prefetches: list[MsaOption] = []
     if needs_eviction and eviction_end is None:
-      options = [MsaOption("uncommit")]
+      options = [_UNCOMMIT]
     else:
       if needs_eviction:
         options = [

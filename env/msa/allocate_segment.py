@@ -102,7 +102,10 @@ class SegmentAllocator:
     self.eviction_limit = OutstandingCopyLimit(options.max_outstanding_evictions)
     self.ordering = AsynchronousCopyOrdering()
     self._next_copy_id = 0
-    self._copy_elapsed_cache: dict[int, float] = {}
+    # Per buffer and per incidence, as Python floats: several plans a step read them, and numpy
+    # scalars cost more to read and add one at a time.
+    self._copy_elapsed = self.analyses[0].async_copy_elapsed(workload.arrays.sizes).tolist()
+    self._reductions = [analysis.use_elapsed_reduction.tolist() for analysis in self.analyses]
 
   def _pickers_and_budgets(self) -> tuple[list, np.ndarray]:
     """One prefetch interval picker per fast level, and what each op lends the copy resources
@@ -308,8 +311,8 @@ class SegmentAllocator:
     picker = self.pickers[level]
     copy_elapsed = self.copy_elapsed(b)
     resource = self.copy_resource(b)
-    reduction = float(self.analyses[level].use_elapsed_reduction[incidence])
-    starts = picker.start_time_array(copy_elapsed, earliest, use, reduction)
+    reduction = self._reductions[level][incidence]
+    window = picker.start_window(copy_elapsed, earliest, use, reduction)
     # FIFO order and the outstanding limit depend on the start only: checked here for every
     # start, the loop skips those not allowed (both off by default, as in XLA).
     fifo = self.options.enforce_prefetch_fifo_order
@@ -319,6 +322,7 @@ class SegmentAllocator:
     check_allowed = fifo or self.prefetch_limit.max_outstanding >= 0 or exact
     allowed = _NO_MASK
     if check_allowed:
+      starts = picker.start_time_array(copy_elapsed, earliest, use, reduction)
       allowed = np.ones(len(starts), bool)
       for i, start in enumerate(starts.tolist()):
         allowed[i] = not (
@@ -330,7 +334,7 @@ class SegmentAllocator:
     # The loop over starts (resource, chunk, XLA's out-of-memory cache) runs jitted: with every
     # option planned it was most of the decision process's time as Python calls.
     rows = kernels().plan_prefetch_starts(
-      starts,
+      *window,
       check_allowed,
       allowed,
       use,
@@ -394,13 +398,8 @@ class SegmentAllocator:
   # ------------------------------------------------------------------ helpers
 
   def copy_elapsed(self, b: int) -> float:
-    """`GetAsyncCopyElapsed` of the buffer (the picker's copy time), computed once per buffer
-    (several plans a step ask for it)."""
-    elapsed = self._copy_elapsed_cache.get(b)
-    if elapsed is None:
-      elapsed = float(self.analyses[0].async_copy_elapsed(int(self.workload.arrays.sizes[b])))
-      self._copy_elapsed_cache[b] = elapsed
-    return elapsed
+    """`GetAsyncCopyElapsed` of the buffer (the picker's copy time)."""
+    return self._copy_elapsed[b]
 
   def copy_resource(self, b: int) -> float:
     """What a copy of the buffer charges the copy resource."""
@@ -414,6 +413,5 @@ class SegmentAllocator:
 
   def saving(self, level: int, *incidences: int | None) -> float:
     """msa's estimate of the seconds fast memory at `level` saves at these incidences."""
-    return float(
-      sum(self.analyses[level].use_elapsed_reduction[i] for i in incidences if i is not None)
-    )
+    reductions = self._reductions[level]
+    return float(sum([reductions[i] for i in incidences if i is not None]))

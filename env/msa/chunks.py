@@ -159,8 +159,24 @@ class ChunkHeap:
     self._live_meta = np.array([0, 0, 0, 0, blocks, levels], np.int64)
     self._rows2 = np.zeros((max(_INITIAL_CAPACITY, 4 * self._count), 2), np.int64)
     self._rows4 = np.zeros((max(_INITIAL_CAPACITY, 2 * self._count), 4), np.int64)
-    for i in np.flatnonzero(self._alive[: self._count]):
-      self._file_starts(int(i))
+    filed = 0
+    while True:
+      filed = k.live_add_all(
+        self._lists,
+        self._rows4,
+        self._live_meta,
+        self._start,
+        self._end,
+        self._offset,
+        self._size,
+        self._alive,
+        filed,
+        self._count,
+        self.alignment,
+      )
+      if filed == self._count:
+        break
+      self._compact_lists()
 
   def _file_starts(self, i: int) -> None:
     """Files chunk i in its block's starts (the rows compacted, grown if need be, when full)."""
@@ -220,23 +236,28 @@ class ChunkHeap:
     self.heap_size = max(self.heap_size, offset + size)
     if start >= self._span:
       self._reindex(1 << int(start).bit_length(), 2 * len(self._pool))  # Files this chunk too.
-    elif not kernels().index_add(
+      return i
+    filed = kernels().heap_add(
       self._ptr,
       self._fill,
       self._room,
       self._pool,
       self._pool_used,
       self._span,
+      self._lists,
+      self._rows4,
+      self._live_meta,
       int(start),
       int(end),
       int(offset),
       int(self.align_up(offset + size)),
       i,
-    ):
+    )
+    if filed == 1:
       # The pool is full: rebuilt compact, with room to grow (this chunk filed too).
       self._reindex(self._span, 4 * self._count)
-    else:
-      self._file_starts(i)
+    elif filed == 2:
+      self._file_starts(i)  # Its block's starts had no room: given room, then filed.
     return i
 
   def remove(self, handle: int) -> None:

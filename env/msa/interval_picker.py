@@ -210,20 +210,7 @@ class CostAnalysisPrefetchIntervalPicker:
     from max_ratio (never past latest), preferred from preferred_ratio (or `preferred_time` when
     given and not after latest)."""
     if preferred_time is None and start >= -1:
-      # The three searches below as one jitted pass (numpy's per-call overhead was most of it).
-      o = self.options
-      earliest, latest, preferred = kernels().prefetch_window(
-        self.prefix,
-        float(copy_elapsed),
-        int(start),
-        int(end),
-        float(use_elapsed_reduction),
-        float(o.min_overlap_to_async_copy_ratio),
-        float(o.preferred_overlap_to_async_copy_ratio),
-        self.max_async_copy_elapsed,
-        self.monotone,
-      )
-      return PrefetchWindow(earliest, latest, preferred)
+      return PrefetchWindow(*self._jitted_window(copy_elapsed, start, end, use_elapsed_reduction))
     latest = self.latest_prefetch_start_time(copy_elapsed, start, end, use_elapsed_reduction)
     earliest = start
     if earliest < latest:
@@ -237,6 +224,24 @@ class CostAnalysisPrefetchIntervalPicker:
     else:
       preferred = self.preferred_prefetch_start_time(copy_elapsed, earliest, latest, end)
     return PrefetchWindow(earliest, latest, preferred)
+
+  def _jitted_window(
+    self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float
+  ) -> tuple[int, int, int]:
+    """`window`'s three searches as one jitted pass (numpy's per-call overhead was most of
+    it), for start >= -1 and no preferred time: (earliest, latest, preferred)."""
+    o = self.options
+    return kernels().prefetch_window(
+      self.prefix,
+      float(copy_elapsed),
+      int(start),
+      int(end),
+      float(use_elapsed_reduction),
+      float(o.min_overlap_to_async_copy_ratio),
+      float(o.preferred_overlap_to_async_copy_ratio),
+      self.max_async_copy_elapsed,
+      self.monotone,
+    )
 
   def begin(
     self,
@@ -289,6 +294,18 @@ class CostAnalysisPrefetchIntervalPicker:
       int(end),
       self.options.num_explored_decreasing_intervals,
     )
+
+  def start_window(
+    self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0
+  ) -> tuple[int, int, int, int]:
+    """What `start_time_array` walks, for `_jit_kernels.plan_prefetch_starts` to walk as far
+    as it needs: the window's earliest, latest and preferred starts, and the earlier side's
+    thinning (`num_explored_decreasing_intervals`)."""
+    explored = self.options.num_explored_decreasing_intervals
+    if start >= -1:
+      return (*self._jitted_window(copy_elapsed, start, end, use_elapsed_reduction), explored)
+    window = self.window(copy_elapsed, start, end, use_elapsed_reduction)
+    return window.earliest, window.latest, window.preferred, explored
 
   def kernel_state(self) -> tuple:
     """The picker as the jitted kernels take it (`_jit_kernels.best_chunk_candidate`, for
@@ -429,6 +446,14 @@ class InstructionCountPrefetchIntervalPicker:
     more than `min_overlap_count` ops remain before the use."""
     first = self.preferred_prefetch_start_time(copy_elapsed, start, end, end)
     return np.arange(first, end - self.min_overlap_count, dtype=np.int64)
+
+  def start_window(
+    self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0
+  ) -> tuple[int, int, int, int]:
+    """As `CostAnalysisPrefetchIntervalPicker.start_window`: a window whose preferred start is
+    its earliest walks up one op at a time, as `start_time_array`."""
+    first = self.preferred_prefetch_start_time(copy_elapsed, start, end, end)
+    return first, end - self.min_overlap_count - 1, first, 1
 
   def kernel_state(self) -> tuple:
     """As `CostAnalysisPrefetchIntervalPicker.kernel_state`: keeping without a copy is bounded
