@@ -242,7 +242,19 @@ def _fail(where: str, message: str) -> None:
 
 
 def _is_int(x: Any) -> bool:
-  return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+  return type(x) is int or (isinstance(x, (int, np.integer)) and not isinstance(x, bool))
+
+
+def _plain_op_indices(uses: Any) -> bool:
+  """Whether `uses` is a list of Python ints within the file limit, each larger than the one
+  before: what nearly every buffer of a file has, checked at once (the checks one value at a
+  time, with their messages, run on a list that is not)."""
+  return (
+    type(uses) is list
+    and all(type(u) is int for u in uses)
+    and (not uses or (-MAX_FILE_INT <= uses[0] and uses[-1] <= MAX_FILE_INT))
+    and all(map(int.__lt__, uses, uses[1:]))
+  )
 
 
 def show_int(value: int) -> str:
@@ -304,10 +316,11 @@ def _parse_workload(data: Any, where: str) -> Workload:
   if not isinstance(raw_buffers, list):
     _fail(where, f"'buffers' must be a list, got {type(raw_buffers).__name__}")
   ops = []
+  op_keys = frozenset(OP_KEYS)
   for t, op in enumerate(raw_ops):
-    if not isinstance(op, Mapping):
+    if type(op) is not dict and not isinstance(op, Mapping):
       _fail(where, f"op {t}: expected an object, got {type(op).__name__}")
-    if problem := unknown_key(op, OP_KEYS):
+    if not op_keys.issuperset(op) and (problem := unknown_key(op, OP_KEYS)):
       _fail(where, f"op {t}: {problem}")
     op_name = op.get("name", f"op{t}")
     flops = op.get("flops", 0.0)
@@ -327,10 +340,11 @@ def _parse_workload(data: Any, where: str) -> Workload:
       )
     ops.append(Op(op_name, float(flops), int(weight)))
   buffers = []
+  buffer_keys = frozenset(BUFFER_KEYS)
   for i, b in enumerate(raw_buffers):
-    if not isinstance(b, Mapping):
+    if type(b) is not dict and not isinstance(b, Mapping):
       _fail(where, f"buffer #{i}: expected an object, got {type(b).__name__}")
-    if problem := unknown_key(b, BUFFER_KEYS):
+    if not buffer_keys.issuperset(b) and (problem := unknown_key(b, BUFFER_KEYS)):
       _fail(where, f"buffer #{i}: {problem}")
     for key in ("id", "size", "uses", "kind"):
       if key not in b:
@@ -358,16 +372,25 @@ def _parse_workload(data: Any, where: str) -> Workload:
       _fail(
         where, f"{label} ('{bname}'): 'def' must be an op index or null, got {show_value(def_op)}"
       )
-    if not isinstance(uses, list) or not all(_is_int(u) for u in uses):
+    plain_uses = _plain_op_indices(uses)
+    if not plain_uses and (not isinstance(uses, list) or not all(_is_int(u) for u in uses)):
       _fail(
         where, f"{label} ('{bname}'): 'uses' must be a list of op indices, got {show_value(uses)}"
       )
     if not isinstance(kind, str):
       _fail(where, f"{label} ('{bname}'): 'kind' must be a string, got {show_value(kind)}")
-    for key, value in (("size", size), ("def", def_op), *(("uses", u) for u in uses)):
+    checked = (
+      ("size", size),
+      ("def", def_op),
+      *(() if plain_uses else (("uses", u) for u in uses)),
+    )
+    for key, value in checked:
       if problem := int_out_of_range(value, key):
         _fail(where, f"{label} ('{bname}'): {problem}")
-    if (k := next((k for k in range(1, len(uses)) if uses[k - 1] >= uses[k]), None)) is not None:
+    unsorted_at = (
+      None if plain_uses else next((k for k in range(1, len(uses)) if uses[k - 1] >= uses[k]), None)
+    )
+    if (k := unsorted_at) is not None:
       _fail(
         where,
         f"{label} ('{bname}'): 'uses' must be sorted with each op once, got "
@@ -404,7 +427,7 @@ def _parse_workload(data: Any, where: str) -> Workload:
         bname,
         int(size),
         int(def_op),
-        tuple(int(u) for u in uses),
+        tuple(uses) if plain_uses else tuple(int(u) for u in uses),
         kind,
         *_normal_access_bytes(use_bytes, def_bytes, int(size)),
       )

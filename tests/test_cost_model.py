@@ -13,6 +13,7 @@ from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.requests import build_requests
 from malloczero.env.simulator import Copies, simulate_copies, total_stall_loop
 from malloczero.env.workload import Workload, workload_from_ops
+from tests.strategies import hardware_for, workloads
 
 # Round numbers: fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s.
 HW = Hardware(
@@ -75,6 +76,43 @@ def test_requests_window_hides_the_copy():
   # Request order: memory-boundedness (saving / sqrt(size)) descending.
   bounded = requests.standalone_saving[:, 0] / np.sqrt(requests.size)
   assert np.all(np.diff(bounded) <= 0)
+
+
+@given(st.data())
+def test_requests_follow_the_grouping_rule_buffer_by_buffer(data):
+  """Each request serves a run of its buffer's incidences: an activation all of them over its
+  live range; a parameter a group of uses, a new group starting exactly where a use's window
+  (the latest start that hides its copy) starts after the previous use."""
+  workload = data.draw(workloads())
+  model = CostModel(workload, data.draw(hardware_for(workload)))
+  requests = build_requests(model)
+  a = workload.arrays
+  served = {}
+  for r in range(len(requests)):
+    b = int(requests.buffer[r])
+    assert not a.is_output[b]
+    ops, moved = requests.ops(r)
+    lo, hi = a.buffer_incidence_start[b], a.buffer_incidence_start[b + 1]
+    mine = a.incidence_op[lo:hi].tolist()
+    first = mine.index(int(ops[0]))
+    assert ops.tolist() == mine[first : first + len(ops)]
+    np.testing.assert_array_equal(moved, a.incidence_bytes[lo + first : lo + first + len(ops)])
+    assert requests.first_use[r] == (ops[0] if a.is_prefetched[b] else a.live_start[b])
+    if not a.is_prefetched[b]:
+      assert len(ops) == len(mine)
+      assert (requests.start[r], requests.end[r]) == (a.live_start[b], a.live_end[b])
+      continue
+    prefix = model.reference_prefix
+    window = lambda op: max(
+      int(np.searchsorted(prefix, prefix[op] - model.copy_time[b], side="right")) - 1, 0
+    )
+    assert (requests.start[r], requests.end[r]) == (window(ops[0]), ops[-1] + 1)
+    joins = [window(mine[i]) <= mine[i - 1] for i in range(1, len(mine))]
+    assert first == 0 or not joins[first - 1]  # It starts a group ...
+    assert all(joins[first : first + len(ops) - 1])  # ... joined by its next uses ...
+    assert first + len(ops) == len(mine) or not joins[first + len(ops) - 1]  # ... up to the next.
+    assert (b, first) not in served
+    served[b, first] = len(ops)
 
 
 @given(seed=st.integers(0, 1000))

@@ -24,7 +24,9 @@ from malloczero.env.msa import (
   buffer_order,
   find_best_chunk_candidate,
 )
+from malloczero.env.msa._jit import kernels
 from malloczero.env.msa.buffer_order import latest_use_times
+from malloczero.env.msa.copy_resource import AsynchronousCopyResource
 from malloczero.env.msa.interval_picker import PrefetchIntervalIterator
 from malloczero.env.workload import Workload
 from tests.strategies import hardware_for, workloads
@@ -449,6 +451,74 @@ def test_picker_jitted_window_and_starts_match_the_reference(
   assert picker.start_times(copy, start, end, reduction) == list(
     PrefetchIntervalIterator(picker, window, end)
   )
+
+
+def every_start_the_prefetch_loop_walks(
+  picker, copy: float, start: int, end: int, reduction: float
+):
+  """The starts `plan_prefetch_starts` tries, in its order: on an empty heap with the copy
+  resource unchecked every start passes, so it returns them all (up to a large `max_starts`)."""
+  rows = kernels().plan_prefetch_starts(
+    *picker.start_window(copy, start, end, reduction),
+    False,
+    np.zeros(0, bool),
+    end,
+    1,
+    np.array([end]),
+    1 << 40,
+    10_000,
+    0.0,
+    False,
+    *AsynchronousCopyResource(np.ones(end + 1)).kernel_state(),
+    *ChunkHeap(1).search_state(),
+    *picker.kernel_state(),
+  )
+  return rows[:, 0].tolist()
+
+
+@given(
+  st.lists(st.floats(0.0, 10.0), min_size=2, max_size=40),
+  st.floats(0.01, 20.0),
+  st.floats(0.0, 5.0),
+  st.floats(0.1, 2.0),
+  st.floats(1.0, 4.0),
+  st.floats(0.0, 50.0),
+  st.integers(1, 10),
+  st.data(),
+)
+def test_the_prefetch_loop_makes_the_pickers_starts_as_it_goes(
+  elapsed, copy, reduction, min_ratio, preferred_ratio, memory_copy, explored, data
+):
+  """The jitted prefetch loop makes each start only when it gets to it (from the picker's
+  `start_window`); walked to the end, those are the picker's whole sequence, in order."""
+  picker = CostAnalysisPrefetchIntervalPicker(
+    np.array(elapsed),
+    memory_copy,
+    PrefetchIntervalOptions(min_ratio, preferred_ratio, 1.0, explored),
+  )
+  end = data.draw(st.integers(1, len(elapsed) - 1))
+  start = data.draw(st.integers(-1, end))
+  expected = picker.start_times(copy, start, end, reduction)
+  assert every_start_the_prefetch_loop_walks(picker, copy, start, end, reduction) == expected
+
+
+@pytest.mark.parametrize("explored, tried", [(1, 9), (2, 10), (5, 12)])
+def test_the_prefetch_loop_thins_the_earlier_starts_as_the_picker(explored, tried):
+  """A long window, its later side used up first: the earlier side thinned to 1/`explored` of
+  its elapsed time (of the window's 37 starts, `tried` are)."""
+  picker = CostAnalysisPrefetchIntervalPicker(
+    np.ones(40), 50.0, PrefetchIntervalOptions(0.5, 1.5, 1.0, explored)
+  )
+  expected = picker.start_times(4.0, 0, 39)
+  assert len(expected) == tried
+  assert every_start_the_prefetch_loop_walks(picker, 4.0, 0, 39, 0.0) == expected
+
+
+@pytest.mark.parametrize("start, end", [(0, 22), (-1, 5), (3, 5), (10, 11), (0, 1)])
+def test_the_prefetch_loop_walks_the_instruction_count_pickers_starts(start, end):
+  picker = InstructionCountPrefetchIntervalPicker(2, 10)
+  expected = picker.start_times(0.0, start, end)
+  assert every_start_the_prefetch_loop_walks(picker, 0.0, start, end, 0.0) == expected
 
 
 # ----------------------------------------------------------------------------- chunks
