@@ -27,6 +27,7 @@ import numpy as np
 _INT64_MAX = np.iinfo(np.int64).max
 _RADIX_BITS = 8  # `_by_offset`'s radix digits: bytes (as many passes as 11 bits, fewer counts).
 _RADIX = 1 << _RADIX_BITS
+_INSERTION_SORT_MAX = 48  # `_offset_order` sorts this many hits or fewer by insertion.
 _MIN_BUCKET_SHIFT = 6  # The time index's buckets span at least 64 ops.
 
 
@@ -218,7 +219,17 @@ def _offset_order(hits, k, size):
   order = np.arange(k)
   if size <= 0:
     order = np.argsort(hits[3, :k])
-  if k > 1:
+  if 1 < k <= _INSERTION_SORT_MAX:
+    # Few hits: a stable insertion sort, without the radix passes' fixed cost.
+    for j in range(1, k):
+      moving = order[j]
+      key = hits[1, moving]
+      i = j - 1
+      while i >= 0 and hits[1, order[i]] > key:
+        order[i + 1] = order[i]
+        i -= 1
+      order[i + 1] = moving
+  elif k > 1:
     lowest = hits[1, 0]
     for j in range(k):
       lowest = min(lowest, hits[1, j])

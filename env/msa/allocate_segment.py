@@ -411,7 +411,9 @@ class SegmentAllocator:
     self._next_copy_id += 1
     return AsyncCopy(exclusive_start, end, resource, self._next_copy_id)
 
-  def saving(self, level: int, *incidences: int | None) -> float:
-    """msa's estimate of the seconds fast memory at `level` saves at these incidences."""
+  def saving(self, level: int, incidence: int | None, def_incidence: int | None = None) -> float:
+    """msa's estimate of the seconds fast memory at `level` saves at these incidences (the
+    use's and, for a value produced in place, its definition's)."""
     reductions = self._reductions[level]
-    return float(sum([reductions[i] for i in incidences if i is not None]))
+    saved = 0.0 if incidence is None else reductions[incidence]
+    return saved if def_incidence is None else saved + reductions[def_incidence]
