@@ -71,6 +71,7 @@ import gzip
 import io
 import itertools
 import json
+import math
 import os
 import re
 from typing import Any, Iterator, Mapping, Sequence
@@ -296,6 +297,60 @@ def _one_line(text: str) -> bool:
   return text.isprintable()
 
 
+def _plain_op(op: Any, known: frozenset[str], t: int) -> Op | None:
+  """Op `t` when it is what nearly every op of a file is (known keys; a printable name, a
+  finite float or small int of flops >= 0 and a small int weight >= 1, each where given), in
+  one pass; else None, and the checks one key at a time, with their messages, judge it."""
+  if type(op) is not dict or not known.issuperset(op):
+    return None
+  name = op.get("name", None)
+  if name is None:
+    if "name" in op:
+      return None
+    name = f"op{t}"
+  flops, weight = op.get("flops", 0.0), op.get("weight", 1)
+  if not (
+    type(name) is str
+    and name.isprintable()
+    and (type(flops) is float or (type(flops) is int and flops <= MAX_FILE_INT))
+    and 0.0 <= flops < math.inf
+    and type(weight) is int
+    and 1 <= weight <= MAX_FILE_INT
+  ):
+    return None
+  return Op(name, float(flops), weight)
+
+
+def _plain_buffer(b: Any, known: frozenset[str]) -> Buffer | None:
+  """As `_plain_op`, a buffer: known keys, a small int id >= 0, small ints of size and
+  definition (or no definition), a printable name where given, a kind string and plain uses
+  (`_plain_op_indices`), without per-access bytes."""
+  if type(b) is not dict or not known.issuperset(b) or "use_bytes" in b or "def_bytes" in b:
+    return None
+  bid, size, def_op, kind = b.get("id"), b.get("size"), b.get("def"), b.get("kind")
+  name = b.get("name", None)
+  if name is None:
+    if "name" in b:
+      return None
+    name = f"b{bid}"
+  if def_op is None:
+    def_op = PROGRAM_START
+  if not (
+    type(bid) is int
+    and 0 <= bid <= MAX_FILE_INT
+    and type(size) is int
+    and -MAX_FILE_INT <= size <= MAX_FILE_INT
+    and type(def_op) is int
+    and -MAX_FILE_INT <= def_op <= MAX_FILE_INT
+    and type(kind) is str
+    and type(name) is str
+    and name.isprintable()
+    and _plain_op_indices(b.get("uses"))
+  ):
+    return None
+  return Buffer(bid, name, size, def_op, tuple(b["uses"]), kind)
+
+
 def _parse_workload(data: Any, where: str) -> Workload:
   if not isinstance(data, Mapping):
     _fail(where, f"expected a JSON object at the top level, got {type(data).__name__}")
@@ -318,6 +373,9 @@ def _parse_workload(data: Any, where: str) -> Workload:
   ops = []
   op_keys = frozenset(OP_KEYS)
   for t, op in enumerate(raw_ops):
+    if (plain_op := _plain_op(op, op_keys, t)) is not None:
+      ops.append(plain_op)
+      continue
     if type(op) is not dict and not isinstance(op, Mapping):
       _fail(where, f"op {t}: expected an object, got {type(op).__name__}")
     if not op_keys.issuperset(op) and (problem := unknown_key(op, OP_KEYS)):
@@ -342,6 +400,9 @@ def _parse_workload(data: Any, where: str) -> Workload:
   buffers = []
   buffer_keys = frozenset(BUFFER_KEYS)
   for i, b in enumerate(raw_buffers):
+    if (plain_buffer := _plain_buffer(b, buffer_keys)) is not None:
+      buffers.append(plain_buffer)
+      continue
     if type(b) is not dict and not isinstance(b, Mapping):
       _fail(where, f"buffer #{i}: expected an object, got {type(b).__name__}")
     if not buffer_keys.issuperset(b) and (problem := unknown_key(b, BUFFER_KEYS)):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 
+import malloczero.env.workload as workload_module
 from malloczero.env import WorkloadError, load_workload, save_workload
 from malloczero.env.workload import (
   Workload,
@@ -335,3 +336,68 @@ def test_the_quick_csv_reading_reads_what_the_line_by_line_one_does(rows, quick)
   text = "id,lower,upper,size\n" + "\n".join(rows) + "\n"
   w = workload_from_minimalloc_csv(text, name="q")
   assert [b.id for b in w.buffers] == slow["id"].tolist()
+
+
+@given(workloads())
+def test_the_one_pass_checks_load_what_the_one_key_checks_load(workload):
+  """Ops and buffers that pass the one-pass checks (`_plain_op`, `_plain_buffer`) load equal to
+  what the checks one key at a time make of them."""
+  data = json.loads(json.dumps(workload.to_dict()))
+  for t, op in enumerate(data["ops"]):
+    plain = workload_module._plain_op(op, frozenset(workload_module.OP_KEYS), t)
+    assert plain is None or plain == workload.ops[t]
+  for i, buffer in enumerate(data["buffers"]):
+    plain = workload_module._plain_buffer(buffer, frozenset(workload_module.BUFFER_KEYS))
+    assert plain is None or plain == workload.buffers[i]
+  assert Workload.from_dict(data) == workload
+
+
+@pytest.mark.parametrize(
+  "change",
+  [
+    {"id": True},
+    {"id": -1},
+    {"id": 1.0},
+    {"id": 1 << 61},
+    {"size": 64.0},
+    {"size": -(1 << 61)},
+    {"def": 1.5},
+    {"name": None},
+    {"name": "two\nlines"},
+    {"kind": 3},
+    {"uses": [3, 2]},
+    {"uses": [2, 2]},
+    {"uses": [1, True]},
+    {"uses": [1 << 61]},
+    {"uses": (1, 2)},
+    {"use_bytes": [8]},
+    {"def_bytes": 8},
+    {"extra": 1},
+  ],
+)
+def test_the_one_pass_checks_leave_anything_unusual_to_the_one_key_checks(change):
+  plain = {"id": 1, "size": 64, "def": 0, "uses": [1], "kind": "activation"}
+  keys = frozenset(workload_module.BUFFER_KEYS)
+  assert workload_module._plain_buffer(plain, keys) is not None
+  assert workload_module._plain_buffer({**plain, **change}, keys) is None
+
+
+@pytest.mark.parametrize(
+  "op",
+  [
+    {"flops": float("nan")},
+    {"flops": float("inf")},
+    {"flops": -1.0},
+    {"flops": True},
+    {"flops": 1 << 61},
+    {"weight": 0},
+    {"weight": 2.0},
+    {"name": None},
+    {"name": "tab\there"},
+    {"other": 1},
+  ],
+)
+def test_the_one_pass_op_check_leaves_anything_unusual_to_the_one_key_checks(op):
+  keys = frozenset(workload_module.OP_KEYS)
+  assert workload_module._plain_op({"name": "a", "flops": 1.0, "weight": 2}, keys, 0) is not None
+  assert workload_module._plain_op({"name": "a", "flops": 1.0, "weight": 2, **op}, keys, 0) is None
