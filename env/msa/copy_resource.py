@@ -100,8 +100,11 @@ class AsynchronousCopyResource:
     self._n_ops = _power_of_two(t)
     self._backlog = np.full(2 * self._n_ops, np.inf)
     self._backlog[self._n_ops : self._n_ops + t] = -self._served
-    for node in range(self._n_ops - 1, 0, -1):
-      self._backlog[node] = min(self._backlog[2 * node], self._backlog[2 * node + 1])
+    width = self._n_ops  # Each level of internal nodes [width // 2, width), from the leaves up.
+    while width > 1:
+      children = self._backlog[width : 2 * width]
+      self._backlog[width // 2 : width] = np.minimum(children[0::2], children[1::2])
+      width //= 2
     self._backlog_adds = np.zeros(2 * self._n_ops)
     self._n_keys = _power_of_two(t + 1)
     self._queue = np.full(2 * self._n_keys, np.inf)
