@@ -421,6 +421,29 @@ def test_picker_yields_each_start_once_within_its_window(
   assert not any(rule(s) for s in range(window.latest + 1, end))
 
 
+def every_start_the_prefetch_loop_walks(
+  picker, copy: float, start: int, end: int, reduction: float
+):
+  """The starts `plan_prefetch_starts` tries, in its order: on an empty heap with the copy
+  resource unchecked every start passes, so it returns them all (up to a large `max_starts`)."""
+  rows = kernels().plan_prefetch_starts(
+    *picker.start_window(copy, start, end, reduction),
+    False,
+    np.zeros(0, bool),
+    end,
+    1,
+    np.array([end]),
+    1 << 40,
+    10_000,
+    0.0,
+    False,
+    *AsynchronousCopyResource(np.ones(end + 1)).kernel_state(),
+    *ChunkHeap(1).search_state(),
+    *picker.kernel_state(),
+  )
+  return rows[:, 0].tolist()
+
+
 @given(
   st.lists(st.floats(0.0, 10.0), min_size=1, max_size=40),
   st.floats(0.01, 20.0),
@@ -448,57 +471,9 @@ def test_picker_jitted_window_and_starts_match_the_reference(
   assert window.latest == latest
   # The numpy path: a preferred time past the latest is ignored, so it recomputes the window.
   assert picker.window(copy, start, end, reduction, preferred_time=end + 1) == window
-  assert picker.start_times(copy, start, end, reduction) == list(
-    PrefetchIntervalIterator(picker, window, end)
-  )
-
-
-def every_start_the_prefetch_loop_walks(
-  picker, copy: float, start: int, end: int, reduction: float
-):
-  """The starts `plan_prefetch_starts` tries, in its order: on an empty heap with the copy
-  resource unchecked every start passes, so it returns them all (up to a large `max_starts`)."""
-  rows = kernels().plan_prefetch_starts(
-    *picker.start_window(copy, start, end, reduction),
-    False,
-    np.zeros(0, bool),
-    end,
-    1,
-    np.array([end]),
-    1 << 40,
-    10_000,
-    0.0,
-    False,
-    *AsynchronousCopyResource(np.ones(end + 1)).kernel_state(),
-    *ChunkHeap(1).search_state(),
-    *picker.kernel_state(),
-  )
-  return rows[:, 0].tolist()
-
-
-@given(
-  st.lists(st.floats(0.0, 10.0), min_size=2, max_size=40),
-  st.floats(0.01, 20.0),
-  st.floats(0.0, 5.0),
-  st.floats(0.1, 2.0),
-  st.floats(1.0, 4.0),
-  st.floats(0.0, 50.0),
-  st.integers(1, 10),
-  st.data(),
-)
-def test_the_prefetch_loop_makes_the_pickers_starts_as_it_goes(
-  elapsed, copy, reduction, min_ratio, preferred_ratio, memory_copy, explored, data
-):
-  """The jitted prefetch loop makes each start only when it gets to it (from the picker's
-  `start_window`); walked to the end, those are the picker's whole sequence, in order."""
-  picker = CostAnalysisPrefetchIntervalPicker(
-    np.array(elapsed),
-    memory_copy,
-    PrefetchIntervalOptions(min_ratio, preferred_ratio, 1.0, explored),
-  )
-  end = data.draw(st.integers(1, len(elapsed) - 1))
-  start = data.draw(st.integers(-1, end))
-  expected = picker.start_times(copy, start, end, reduction)
+  expected = list(PrefetchIntervalIterator(picker, window, end))
+  assert picker.start_times(copy, start, end, reduction) == expected
+  # msa's prefetch loop makes them one at a time as it goes, in the same order.
   assert every_start_the_prefetch_loop_walks(picker, copy, start, end, reduction) == expected
 
 

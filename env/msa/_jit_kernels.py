@@ -1643,31 +1643,3 @@ def plan_prefetch_starts(
     if k == max_starts:
       break
   return out[:k]
-
-
-@numba.njit(cache=True)
-def window_starts(
-  prefix,
-  copy_elapsed,
-  start,
-  end,
-  use_elapsed_reduction,
-  min_ratio,
-  preferred_ratio,
-  max_elapsed,
-  num_explored,
-  monotone,
-):
-  """`prefetch_window` then `prefetch_starts`: `begin`'s whole iteration in one call."""
-  earliest, latest, preferred = prefetch_window(
-    prefix,
-    copy_elapsed,
-    start,
-    end,
-    use_elapsed_reduction,
-    min_ratio,
-    preferred_ratio,
-    max_elapsed,
-    monotone,
-  )
-  return prefetch_starts(prefix, earliest, latest, preferred, end, num_explored)

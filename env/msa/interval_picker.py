@@ -267,33 +267,12 @@ class CostAnalysisPrefetchIntervalPicker:
   def start_time_array(
     self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0
   ) -> np.ndarray:
-    """`start_times` as an int64 array, generated in one jitted pass (`begin`'s iteration:
-    msa's decision process asks for them at every prefetch it plans)."""
-    if start >= -1:
-      o = self.options
-      return kernels().window_starts(
-        self.prefix,
-        float(copy_elapsed),
-        int(start),
-        int(end),
-        float(use_elapsed_reduction),
-        float(o.min_overlap_to_async_copy_ratio),
-        float(o.preferred_overlap_to_async_copy_ratio),
-        self.max_async_copy_elapsed,
-        o.num_explored_decreasing_intervals,
-        self.monotone,
-      )
-    window = self.window(copy_elapsed, start, end, use_elapsed_reduction)
-    if window.empty:
-      return np.zeros(0, np.int64)
-    return kernels().prefetch_starts(
-      self.prefix,
-      window.earliest,
-      window.latest,
-      window.preferred,
-      int(end),
-      self.options.num_explored_decreasing_intervals,
+    """`start_times` as an int64 array, generated jitted (`begin`'s iteration: msa's
+    decision process asks for them where it checks each start before its prefetch loop)."""
+    earliest, latest, preferred, explored = self.start_window(
+      copy_elapsed, start, end, use_elapsed_reduction
     )
+    return kernels().prefetch_starts(self.prefix, earliest, latest, preferred, int(end), explored)
 
   def start_window(
     self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0
