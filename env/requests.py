@@ -58,13 +58,10 @@ class Requests:
 def build_requests(model: CostModel) -> Requests:
   workload, hw = model.workload, model.hardware
   a = workload.arrays
-  buffer, start, end, first_use, counts = _request_rows(model)
+  (buffer, start, end, first_use, counts), served = _request_rows(model)
   if not len(buffer):
     return _empty_requests(hw.num_fast_levels)
   inc_start = np.concatenate([[0], np.cumsum(counts)])
-  served = ~a.is_output[
-    np.repeat(np.arange(workload.num_buffers), np.diff(a.buffer_incidence_start))
-  ]
   inc_op = a.incidence_op[served].astype(np.int64)
   inc_bytes = a.incidence_bytes[served].astype(np.float64)
   size = np.asarray(hw.align(a.sizes[buffer]), np.int64)
@@ -99,11 +96,12 @@ def build_requests(model: CostModel) -> Requests:
 
 def _request_rows(
   model: CostModel,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-  """The requests before filtering, by buffer then window, as `[R]` arrays: buffer, start, end,
-  first use, incidence count (the incidences being the buffer's, in order, those of outputs and
-  of unread parameters left out). An activation's one request spans its live range; a
-  parameter's incidences are grouped where a use's window starts after the previous use."""
+) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+  """The requests before filtering, by buffer then window, as `[R]` arrays (buffer, start, end,
+  first use, incidence count), and which incidences they serve `[E]` (in order, each request's
+  a run of its buffer's: all but those of outputs). An activation's one request spans its live
+  range; a parameter's incidences are grouped where a use's window starts after the previous
+  use."""
   a = model.workload.arrays
   num_buffers = model.workload.num_buffers
   bounds = a.buffer_incidence_start
@@ -133,7 +131,8 @@ def _request_rows(
     np.concatenate([live_start[activation], ops[group_first]]),
     np.concatenate([per_buffer[activation], group_last - group_first + 1]),
   )
-  return tuple(np.asarray(c, np.int64)[row_order] for c in columns)
+  served = ~a.is_output[owner]
+  return tuple(np.asarray(c, np.int64)[row_order] for c in columns), served
 
 
 def _standalone_saving(

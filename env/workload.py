@@ -376,9 +376,9 @@ def _parse_workload(data: Any, where: str) -> Workload:
     if (plain_op := _plain_op(op, op_keys, t)) is not None:
       ops.append(plain_op)
       continue
-    if type(op) is not dict and not isinstance(op, Mapping):
+    if not isinstance(op, Mapping):
       _fail(where, f"op {t}: expected an object, got {type(op).__name__}")
-    if not op_keys.issuperset(op) and (problem := unknown_key(op, OP_KEYS)):
+    if problem := unknown_key(op, OP_KEYS):
       _fail(where, f"op {t}: {problem}")
     op_name = op.get("name", f"op{t}")
     flops = op.get("flops", 0.0)
@@ -403,9 +403,9 @@ def _parse_workload(data: Any, where: str) -> Workload:
     if (plain_buffer := _plain_buffer(b, buffer_keys)) is not None:
       buffers.append(plain_buffer)
       continue
-    if type(b) is not dict and not isinstance(b, Mapping):
+    if not isinstance(b, Mapping):
       _fail(where, f"buffer #{i}: expected an object, got {type(b).__name__}")
-    if not buffer_keys.issuperset(b) and (problem := unknown_key(b, BUFFER_KEYS)):
+    if problem := unknown_key(b, BUFFER_KEYS):
       _fail(where, f"buffer #{i}: {problem}")
     for key in ("id", "size", "uses", "kind"):
       if key not in b:
@@ -433,25 +433,16 @@ def _parse_workload(data: Any, where: str) -> Workload:
       _fail(
         where, f"{label} ('{bname}'): 'def' must be an op index or null, got {show_value(def_op)}"
       )
-    plain_uses = _plain_op_indices(uses)
-    if not plain_uses and (not isinstance(uses, list) or not all(_is_int(u) for u in uses)):
+    if not isinstance(uses, list) or not all(_is_int(u) for u in uses):
       _fail(
         where, f"{label} ('{bname}'): 'uses' must be a list of op indices, got {show_value(uses)}"
       )
     if not isinstance(kind, str):
       _fail(where, f"{label} ('{bname}'): 'kind' must be a string, got {show_value(kind)}")
-    checked = (
-      ("size", size),
-      ("def", def_op),
-      *(() if plain_uses else (("uses", u) for u in uses)),
-    )
-    for key, value in checked:
+    for key, value in (("size", size), ("def", def_op), *(("uses", u) for u in uses)):
       if problem := int_out_of_range(value, key):
         _fail(where, f"{label} ('{bname}'): {problem}")
-    unsorted_at = (
-      None if plain_uses else next((k for k in range(1, len(uses)) if uses[k - 1] >= uses[k]), None)
-    )
-    if (k := unsorted_at) is not None:
+    if (k := next((k for k in range(1, len(uses)) if uses[k - 1] >= uses[k]), None)) is not None:
       _fail(
         where,
         f"{label} ('{bname}'): 'uses' must be sorted with each op once, got "
@@ -488,7 +479,7 @@ def _parse_workload(data: Any, where: str) -> Workload:
         bname,
         int(size),
         int(def_op),
-        tuple(uses) if plain_uses else tuple(int(u) for u in uses),
+        tuple(int(u) for u in uses),
         kind,
         *_normal_access_bytes(use_bytes, def_bytes, int(size)),
       )
