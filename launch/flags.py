@@ -25,10 +25,12 @@ def console(stderr: bool = False) -> Console:
 
 
 def flushing_print(out: Console) -> Callable[[str], None]:
-  """Log lines reach a redirected log file as they happen, not when the buffer fills."""
+  """Log lines reach a redirected log file as they happen, not when the buffer fills, and each
+  stays one line however long (rich would break it at the console's width: a long path made a
+  run's closing line two)."""
 
   def print_fn(text: str) -> None:
-    out.print(text)
+    out.print(text, soft_wrap=True)
     out.file.flush()
 
   return print_fn

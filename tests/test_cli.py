@@ -109,6 +109,21 @@ def test_train_runs_a_tiny_single_process_training_and_reports_its_curve(tmp_pat
     assert json.load(f)["name"] == "tiny"
 
 
+def test_a_log_line_stays_one_line_however_long():
+  """A run's log lines and closing line (`flushing_print`) are never broken at the console's
+  width: a long work directory path once made the closing line two."""
+  import io
+
+  from rich.console import Console
+
+  from malloczero.launch.flags import flushing_print
+
+  out = Console(file=io.StringIO(), width=40)
+  line = "tiny: best mapping found 1.100x (msa 1.000x): 1.100x msa; " + "/d" * 60 + ".json"
+  flushing_print(out)(line)
+  assert out.file.getvalue() == line + "\n"
+
+
 @pytest.mark.slow
 def test_train_workload_keeps_the_fastest_mapping_and_compares_it(tmp_path):
   """`train --workload`: trains on that one program, keeps its fastest mapping found (validated,

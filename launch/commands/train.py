@@ -212,7 +212,7 @@ def _train_single(config, args: argparse.Namespace, workdir: str) -> int:
   if config.programs and result.learner_steps > 0:
     from malloczero.system.report import write_program_report
 
-    write_program_report(config, workdir, out.print)
+    write_program_report(config, workdir, flushing_print(out))
   return 0
 
 
@@ -269,7 +269,7 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
   if config.programs and result.ok and result.learner_steps > 0:
     from malloczero.system.report import write_program_report
 
-    write_program_report(config, result.workdir, out.print)
+    write_program_report(config, result.workdir, flushing_print(out))
   if result.status == "failed":
     print(
       f"malloczero: error: {result.describe()}; the last checkpoint is in {files.checkpoints}",
