@@ -95,6 +95,33 @@ def test_text_xla_refuses_is_read_by_the_fallback_which_says_so():
   assert result.scheduled and not result.compiled
 
 
+# XLA's parser fails a CHECK on a `tuple` instruction given an array shape, which aborts the
+# process it runs in.
+ABORTS_XLAS_PARSER = """HloModule aborts
+
+ENTRY %main (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  %t = f32[4]{0} tuple(%p)
+  ROOT %n = f32[4]{0} negate(%p)
+}
+"""
+
+
+def test_a_module_that_aborts_xlas_parser_is_read_by_the_fallback_and_the_importer_lives_on():
+  result = import_hlo_text(ABORTS_XLAS_PARSER, "aborts")
+  assert [o.name for o in result.workload.ops] == ["n"]
+  parsed, compiling = result.notes
+  assert "\n" not in parsed and "XLA's parser refused" in parsed and "hand-written" in parsed
+  assert "crashed (signal SIGABRT): Check failed" in parsed and "Expected a tuple shape" in parsed
+  # Compiling would parse it again: not here, and the print order is kept with a note.
+  assert not result.compiled and "could not compile" in compiling and "crashed" in compiling
+  with pytest.raises(WorkloadError) as info:
+    import_hlo_text(ABORTS_XLAS_PARSER, "aborts", compile=True)
+  assert "\n" not in str(info.value) and "XLA's parser crashed" in str(info.value)
+  # The parser's process is started again for the next module.
+  assert parse_module(UNSCHEDULED, "next", Notes()).parser == "xla"
+
+
 def test_hlo_pb2_is_read_without_importing_tensorflow():
   """Importing the importer loads no XLA library; reading TensorFlow's hlo_pb2 descriptors
   (about 0.03 s) does not run `tensorflow/__init__.py` (about 1.8 s)."""

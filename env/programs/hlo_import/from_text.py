@@ -15,7 +15,11 @@ from malloczero.env.programs.hlo_import.convert import convert_module, ops_of
 from malloczero.env.programs.hlo_import.hlo import Module, check_text
 from malloczero.env.programs.hlo_import.notes import Notes
 from malloczero.env.programs.hlo_import.text_parser import parse_text
-from malloczero.env.programs.hlo_import.xla_proto import parse_with_xla, xla_reason
+from malloczero.env.programs.hlo_import.xla_proto import (
+  parse_with_xla,
+  serialized_module,
+  xla_reason,
+)
 from malloczero.env.workload import Workload
 
 
@@ -120,11 +124,15 @@ def compile_hlo_on_cpu(text: str, name: str) -> tuple[str, float]:
 
   start = time.perf_counter()
   try:
+    # XLA's parser runs in a child process (a malformed module can abort the process it runs
+    # in); the text was parsed there already when the module was read.
+    proto = serialized_module(text)
+    if isinstance(proto, str):
+      raise ValueError(proto)
     import jax  # Lazy, as in the rest of the package: only compiling needs JAX.
     from jaxlib import xla_client
 
-    module = xla_client._xla.hlo_module_from_text(text)
-    mlir = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
+    mlir = xla_client._xla.mlir.hlo_to_stablehlo(proto)
     cpu = jax.devices("cpu")[0]
     executable = cpu.client.compile_and_load(
       mlir, xla_client.DeviceList((cpu,)), xla_client.CompileOptions()

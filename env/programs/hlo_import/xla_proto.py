@@ -1,16 +1,27 @@
 """The HLO reader that uses XLA's own parser: text -> `HloModuleProto` -> `hlo.Module`.
 
-The installed jaxlib's `hlo_module_from_text` parses the text and serialises the module; the
-proto classes that decode it are built from the descriptors in TensorFlow's generated
-`hlo_pb2.py` / `xla_data_pb2.py` without importing TensorFlow. The proto gives exact shapes,
-operands, attributes and the ENTRY computation's schedule; the attributes the importer reads
-are spelled back as the text format spells them, so that both parsers feed the same code.
+The installed jaxlib's `hlo_module_from_text` parses the text and serialises the module, in a
+child process kept for the next parses: a malformed module can fail a CHECK in XLA's parser,
+which aborts the process it runs in, and here that is a refusal (the hand-written parser reads
+the text instead). The proto classes that decode the module are built from the descriptors in
+TensorFlow's generated `hlo_pb2.py` / `xla_data_pb2.py` without importing TensorFlow. The proto
+gives exact shapes, operands, attributes and the ENTRY computation's schedule; the attributes
+the importer reads are spelled back as the text format spells them, so that both parsers feed
+the same code.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
+import os
 import re
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
 from typing import Any
 
 from malloczero.common.errors import WorkloadError
@@ -104,18 +115,133 @@ def hlo_module_proto() -> Any:
   )
 
 
-def parse_with_xla(text: str, where: str) -> Module | str:
-  """Parses with the installed XLA (`hlo_module_from_text`) and reads the `HloModuleProto` it
-  serialises. Returns the module, or a one-line reason why XLA's parser could not be used."""
-  try:
-    from jaxlib import xla_client  # Lazy: `import malloczero` loads neither jaxlib nor TF.
+# XLA's parser runs in a child process: some malformed modules fail one of its CHECKs (an
+# instruction `tuple(...)` given an array shape, ...), which aborts the process it runs in. The
+# child reads `[length: 8 bytes][text]` requests on stdin and answers each with
+# `[kind: 1 byte][length: 8 bytes][payload]`: `M` and the serialised `HloModuleProto`, `E` and
+# XLA's error, or `I` and why jaxlib cannot be imported. It imports jaxlib only, not this package.
+_PARSER_PROCESS_CODE = r"""
+import struct, sys
+read, write = sys.stdin.buffer.read, sys.stdout.buffer
+try:
+  from jaxlib import xla_client
+except ImportError as e:
+  xla_client, missing = None, str(e).encode()
+while True:
+  header = read(8)
+  if len(header) < 8:
+    break
+  text = read(struct.unpack("<Q", header)[0]).decode("utf-8", "replace")
+  if xla_client is None:
+    kind, payload = b"I", missing
+  else:
+    try:
+      kind = b"M"
+      payload = xla_client._xla.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+    except Exception as e:
+      kind, payload = b"E", str(e).encode("utf-8", "replace")
+  write.write(kind + struct.pack("<Q", len(payload)) + payload)
+  write.flush()
+"""
 
-    module = xla_client._xla.hlo_module_from_text(text)
-    data = module.as_serialized_hlo_module_proto()
-  except ImportError as e:
-    return f"jaxlib is not usable ({e})"
-  except Exception as e:  # XLA refuses the text: say why on one line.
-    return xla_reason(e)
+
+class _ParserProcess:
+  """The child process that runs XLA's parser, started at the first parse and kept for the next
+  ones (starting it costs about 0.3 s; a parse in it, milliseconds). One that crashed is
+  replaced at the next parse; it exits when this process closes its stdin (at exit)."""
+
+  def __init__(self) -> None:
+    self._lock = threading.Lock()
+    self._process: subprocess.Popen | None = None
+    self._stderr: Any = None
+    self._owner = 0
+
+  def parse(self, text: str) -> tuple[str, bytes]:
+    """(kind, payload) as the child answered, or ("C", why it died) when it crashed."""
+    with self._lock:
+      if self._process is None or self._owner != os.getpid():  # A forked copy starts its own.
+        self._stderr = tempfile.TemporaryFile()
+        self._process = subprocess.Popen(
+          [sys.executable, "-c", _PARSER_PROCESS_CODE],
+          stdin=subprocess.PIPE,
+          stdout=subprocess.PIPE,
+          stderr=self._stderr,
+        )
+        if not self._owner:
+          atexit.register(self.close)
+        self._owner = os.getpid()
+      process = self._process
+      data = text.encode("utf-8")
+      try:
+        process.stdin.write(struct.pack("<Q", len(data)) + data)
+        process.stdin.flush()
+        header = process.stdout.read(9)
+        if len(header) == 9:
+          return header[:1].decode(), process.stdout.read(struct.unpack("<Q", header[1:])[0])
+      except BrokenPipeError:
+        pass
+      self._process = None
+      return "C", self._crash_reason(process).encode()
+
+  def close(self) -> None:
+    """Ends the child (it exits when its stdin closes) and closes its pipes and log."""
+    with self._lock:
+      if self._process is not None and self._owner == os.getpid():
+        self._end(self._process)
+      self._process = None
+
+  def _end(self, process: subprocess.Popen) -> tuple[int, str]:
+    """The child's exit status and what it logged, once it has ended."""
+    for pipe in (process.stdin, process.stdout):
+      try:
+        pipe.close()
+      except OSError:  # The child is gone and its pipe could not flush: nothing to keep.
+        pass
+    try:
+      status = process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      process.kill()
+      status = process.wait()
+    self._stderr.seek(0)
+    log = self._stderr.read().decode("utf-8", "replace")
+    self._stderr.close()
+    return status, log
+
+  def _crash_reason(self, process: subprocess.Popen) -> str:
+    """Why the child died: XLA's failed CHECK (its message, as XLA logged it) and the signal."""
+    status, log = self._end(process)
+    lines = log.splitlines()
+    check = next((ln for ln in lines if "Check failed" in ln), "")
+    # Without XLA's log prefix (`F1129 04:45:18.115559   27371 shape.cc:184] `).
+    check = re.sub(r"^.*?\] ", "", check).strip()
+    how = f"signal {signal.Signals(-status).name}" if status < 0 else f"exit status {status}"
+    return f"XLA's parser crashed ({how}){': ' + check if check else ''}"
+
+
+_PARSER = _ParserProcess()
+
+
+@functools.lru_cache(maxsize=4)
+def serialized_module(text: str) -> bytes | str:
+  """The `HloModuleProto` XLA's parser makes of `text`, serialised, or a one-line reason why
+  there is none (XLA refused the text, its parser crashed, jaxlib is not usable). Kept for the
+  last few texts: importing an unscheduled module parses it again to compile it."""
+  kind, payload = _PARSER.parse(text)
+  if kind == "M":
+    return payload
+  message = payload.decode("utf-8", "replace")
+  if kind == "I":
+    return f"jaxlib is not usable ({message})"
+  return xla_reason(message)  # XLA's error, or why its parser crashed.
+
+
+def parse_with_xla(text: str, where: str) -> Module | str:
+  """Parses with the installed XLA (`hlo_module_from_text`, in a child process) and reads the
+  `HloModuleProto` it serialises. Returns the module, or a one-line reason why XLA's parser could
+  not be used."""
+  data = serialized_module(text)
+  if isinstance(data, str):
+    return data
   try:
     proto = hlo_module_proto().FromString(data)
   except LookupError as e:
@@ -125,11 +251,12 @@ def parse_with_xla(text: str, where: str) -> Module | str:
   return _module_from_proto(proto, where)
 
 
-def xla_reason(error: Exception) -> str:
-  """XLA's error on one line: its first `error:` line (where XLA's parser says what it
-  expected), else its first line."""
+def xla_reason(error: Exception | str) -> str:
+  """XLA's error (an exception or its message) on one line: its first `error:` line (where
+  XLA's parser says what it expected), else its first line."""
   lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-  line = next((ln for ln in lines if " error: " in ln), lines[0] if lines else type(error).__name__)
+  fallback = lines[0] if lines else (type(error).__name__ if isinstance(error, Exception) else "")
+  line = next((ln for ln in lines if " error: " in ln), fallback or "no reason given")
   m = re.match(r"was parsing (\d+):(\d+): error: (.*)", line)
   if m:
     line = f"line {m.group(1)} column {m.group(2)}: {m.group(3)}"
