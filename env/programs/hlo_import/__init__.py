@@ -21,14 +21,15 @@ The package, one module per concern:
 Conversion rules
 ----------------
 Parsing
-  XLA's own parser reads the text (`hlo_module_from_text` of the installed jaxlib), and its
+  XLA's own parser reads the text (`hlo_module_from_text` of the installed jaxlib, in a child
+  process: a module that fails one of its CHECKs aborts that process only), and its
   `HloModuleProto` gives exact shapes, operands, attributes and the schedule; the proto classes
   are built from the descriptors in TensorFlow's generated `hlo_pb2.py` / `xla_data_pb2.py`
   without importing TensorFlow. Where XLA's parser refuses the text (an old module with an
-  attribute it no longer knows, ...), a hand-written parser reads it instead and a one-line note
-  says so and why. XLA's parser gives duplicate instruction names a suffix (`.1`), which the
-  fallback does not. XLA's parser takes the last computation as the entry when none is marked
-  ENTRY (a note says so: the text may be truncated).
+  attribute it no longer knows, ...) or crashes on it, a hand-written parser reads it instead
+  and a one-line note says so and why. XLA's parser gives duplicate instruction names a suffix
+  (`.1`), which the fallback does not. XLA's parser takes the last computation as the entry
+  when none is marked ENTRY (a note says so: the text may be truncated).
 
 Schedule and compiling
   A module is scheduled when it says `is_scheduled=true` (the proto then holds a schedule for
