@@ -185,7 +185,7 @@ def test_checkpoint_selection_keeps_the_fastest_on_training_programs(trained, tm
     with open(files.selection, encoding="utf-8") as f:
       return json.load(f)
 
-  # Equal parameters at steps 50 and 100: a tie, which goes to the latest.
+  # Equal parameters at steps EVAL_EVERY and STEPS: a tie, which goes to the latest.
   save_state(earlier, final, EVAL_EVERY, networks)
   lines = []
   assert select_checkpoint(CONFIG, workdir, lines.append) == files.learner_state
@@ -197,7 +197,7 @@ def test_checkpoint_selection_keeps_the_fastest_on_training_programs(trained, tm
   assert tie["programs"] == len(suite_games("tiny", "train"))
   assert len(lines) == 1 and lines[0].startswith("checkpoint selection on the")
 
-  # The final checkpoint untrained: the trained one of step 50 is chosen and reported.
+  # The final checkpoint untrained: the trained one of step EVAL_EVERY is chosen and reported.
   save_state(files.learner_state, untrained, STEPS, networks)
   assert select_checkpoint(CONFIG, workdir, lines.append) == earlier
   chosen = selection()
