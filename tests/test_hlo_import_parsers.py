@@ -122,6 +122,16 @@ def test_a_module_that_aborts_xlas_parser_is_read_by_the_fallback_and_the_import
   assert parse_module(UNSCHEDULED, "next", Notes()).parser == "xla"
 
 
+def test_a_text_that_is_not_valid_unicode_is_read_by_the_fallback():
+  """A lone surrogate (a str from a bytes decoded with `surrogateescape`) cannot reach XLA's
+  parser: the fallback reads the module, and the note says why."""
+  result = import_hlo_text(
+    ABORTS_XLAS_PARSER.replace("HloModule aborts", "HloModule ab\udc80"), "s"
+  )
+  assert [o.name for o in result.workload.ops] == ["n"]
+  assert "XLA's parser refused the module (the text is not valid Unicode" in result.notes[0]
+
+
 def test_hlo_pb2_is_read_without_importing_tensorflow():
   """Importing the importer loads no XLA library; reading TensorFlow's hlo_pb2 descriptors
   (about 0.03 s) does not run `tensorflow/__init__.py` (about 1.8 s)."""

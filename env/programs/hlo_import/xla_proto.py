@@ -156,8 +156,9 @@ class _ParserProcess:
     self._stderr: Any = None
     self._owner = 0
 
-  def parse(self, text: str) -> tuple[str, bytes]:
-    """(kind, payload) as the child answered, or ("C", why it died) when it crashed."""
+  def parse(self, data: bytes) -> tuple[str, bytes]:
+    """(kind, payload) as the child answered for the UTF-8 text `data`, or ("C", why it died)
+    when it crashed."""
     with self._lock:
       if self._process is None or self._owner != os.getpid():  # A forked copy starts its own.
         self._stderr = tempfile.TemporaryFile()
@@ -171,7 +172,6 @@ class _ParserProcess:
           atexit.register(self.close)
         self._owner = os.getpid()
       process = self._process
-      data = text.encode("utf-8")
       try:
         process.stdin.write(struct.pack("<Q", len(data)) + data)
         process.stdin.flush()
@@ -226,7 +226,11 @@ def serialized_module(text: str) -> bytes | str:
   """The `HloModuleProto` XLA's parser makes of `text`, serialised, or a one-line reason why
   there is none (XLA refused the text, its parser crashed, jaxlib is not usable). Kept for the
   last few texts: importing an unscheduled module parses it again to compile it."""
-  kind, payload = _PARSER.parse(text)
+  try:
+    data = text.encode("utf-8")
+  except UnicodeEncodeError as e:  # A lone surrogate, which XLA's parser cannot take either.
+    return f"the text is not valid Unicode ({e.reason} at character {e.start})"
+  kind, payload = _PARSER.parse(data)
   if kind == "M":
     return payload
   message = payload.decode("utf-8", "replace")
