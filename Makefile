@@ -12,7 +12,7 @@ STAMP := $(VENV)/.malloczero-installed
 PIP_QUIET := 2>&1 | { grep -v -e "is ignored: it is neither a file nor a directory" || true; }
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist): the CI machine's 2 cores. The Launchpad launches run in turn on one
-# worker (tests/test_program.py); the shared tiny training run is trained once (tests/conftest.py).
+# worker (tests/test_distributed.py); the shared tiny training run is trained once (tests/conftest.py).
 TEST_WORKERS ?= 2
 # make train: the Launchpad program (one process per node, 2 actors) with the small config on the
 # default suite, stopping itself after 9 minutes of training plus the final evaluation (~10 min).

@@ -1,7 +1,7 @@
 """The trained agent as a solver: a checkpoint's networks with MCTS at test time.
 
 `solve_with_agent` plays `attempts` copies of one program in a single batch (the evaluation loop
-of actors/evaluator.py): the first with the greedy search (no noise), the others sampling root
+of actors/greedy_play.py): the first with the greedy search (no noise), the others sampling root
 actions with Gumbel noise, all with `simulations` simulations per move, and one more played by
 the network's policy alone (no search). msa's own mapping is one more attempt, so the agent as a
 solver is never slower than the heuristic it starts from; the fastest is kept (ties go to the
@@ -25,13 +25,13 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from malloczero.actors.evaluator import (
+from malloczero.actors.games import GameSpec
+from malloczero.actors.greedy_play import (
   EvaluationResult,
   compile_searches,
   play_programs,
   with_simulations,
 )
-from malloczero.actors.games import GameSpec
 from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import DEFAULT_ATTEMPTS, SearchConfig
 from malloczero.configs.workdir import WorkDir

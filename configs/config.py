@@ -214,7 +214,7 @@ class ActorConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
-  """The Launchpad program (system/program.py): node counts and how often state is saved."""
+  """The Launchpad program (system/distributed.py): node counts and how often state is saved."""
 
   num_actors: int = 2
   replay_checkpoint_every_s: float = 180.0  # Reverb table checkpoints (and one at stop).

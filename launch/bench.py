@@ -300,7 +300,7 @@ def bench_distributed(
   import tempfile
 
   from malloczero.configs.config import get_config
-  from malloczero.system.program import launch_training
+  from malloczero.system.distributed import launch_training
 
   config = get_config(config_name)
   workdir = tempfile.mkdtemp(prefix=f"malloczero-bench-{num_actors}-")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import os
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -27,14 +26,14 @@ from malloczero.actors.variable_client import VariableClient, VariableSource
 from malloczero.common.files import write_text
 from malloczero.configs.config import ActorConfig, Config
 from malloczero.configs.workdir import WorkDir
-from malloczero.env.validator import validate_mapping
+from malloczero.evaluation.best_mappings import write_best_mapping
+from malloczero.evaluation.learning_curve import LearningCurve
 from malloczero.learner.learner import MuZeroLearner
 from malloczero.learner.networks import MuZeroNetworks
 from malloczero.learner.reanalyse import SearchFn
 from malloczero.replay import Sampler, SequenceWriter, make_table
-from malloczero.replay.demonstrations import Demonstration, Demonstrations
+from malloczero.replay.demonstrations import Demonstrations
 from malloczero.replay.probes import ProbeStore
-from malloczero.system.training import LearningCurve
 
 # How long one learner sample may wait on the replay's rate limiter before the learner re-checks
 # for a stop. Stopping an in-process server does not wake a sample blocked in the dataset (it reads
@@ -60,23 +59,6 @@ def make_replay_server(
 
 def make_sampler(replay_address: str, config: Config) -> Sampler:
   return Sampler(replay_address, config, rate_limiter_timeout_ms=SAMPLE_TIMEOUT_MS)
-
-
-def write_best_mapping(directory: str, demonstration: Demonstration, game) -> Optional[str]:
-  """Writes the mapping of `game` (at the end of `demonstration`'s replay), validated, to
-  `directory`/<program>.json, and its memory map beside it (.png); returns the JSON's path.
-  msa's own play is a baseline, not a find: it is not written (None)."""
-  if demonstration.source == "msa":
-    return None
-  from malloczero.system.plots import plot_memory_map
-
-  mapping = game.mapping("agent")
-  validate_mapping(game.workload, game.hardware, mapping)
-  os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, f"{demonstration.program}.json")
-  mapping.save(path)
-  plot_memory_map(game.workload, game.hardware, mapping, path[: -len(".json")] + ".png")
-  return path
 
 
 def make_demonstrations(

@@ -1,4 +1,4 @@
-"""The launcher's watch over a running Launchpad program (system/program.py): what it samples
+"""The launcher's watch over a running Launchpad program (system/distributed.py): what it samples
 (counters, replay, live node processes), the summary line it prints, and how it decides that the
 program stopped, failed or ran out of time."""
 

@@ -1,4 +1,4 @@
-"""The nodes of the Launchpad training program (system/program.py), one class per kind.
+"""The nodes of the Launchpad training program (system/distributed.py), one class per kind.
 
 Each class is constructed inside its node (a process under local_mp, a thread under local_mt) from
 picklable arguments: the Config, a `NodeContext`, and Launchpad handles that arrive dereferenced
@@ -49,8 +49,8 @@ class NodeContext:
 
 
 # local_mp: the launcher names each node process's work directory and group in its environment
-# (system/program.py), and with `--node-output files` asks it to write to its log file; read when
-# this module is imported.
+# (system/distributed.py), and with `--node-output files` asks it to write to its log file; read
+# when this module is imported.
 NODE_WORKDIR_ENV = "MALLOCZERO_WORKDIR"
 NODE_GROUP_ENV = "MALLOCZERO_NODE"
 NODE_OUTPUT_ENV = "MALLOCZERO_NODE_OUTPUT"  # "files": the node's output goes to its log file.
@@ -546,9 +546,10 @@ class EvaluatorNode:
     self._learner, self._counter = learner, counter
 
   def run(self) -> None:
+    from malloczero.evaluation.learning_curve import evaluator_split
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_evaluator
-    from malloczero.system.training import Stopwatch, evaluator_split
+    from malloczero.system.training import Stopwatch
 
     config = self._config
     split, specs = evaluator_split(config)

@@ -1,8 +1,8 @@
 """Single-process training: an in-process Reverb server, one batched actor, one learner thread.
 
-Tests and debugging use this; the Launchpad program (system/program.py) places the same classes on
-separate nodes. The actor plays in the calling thread and the learner runs in a second thread; the
-Reverb table's SampleToInsertRatio rate limiter keeps the two in step.
+Tests and debugging use this; the Launchpad program (system/distributed.py) places the same
+classes on separate nodes. The actor plays in the calling thread and the learner runs in a second
+thread; the Reverb table's SampleToInsertRatio rate limiter keeps the two in step.
 """
 
 from __future__ import annotations

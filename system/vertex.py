@@ -31,8 +31,8 @@ import tree
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import Config
+from malloczero.system.distributed import build_program
 from malloczero.system.nodes import NodeContext
-from malloczero.system.program import build_program
 
 VERTEX_MAX_WORKER_POOLS = 4
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

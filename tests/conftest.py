@@ -14,7 +14,7 @@ import pytest
 _COMPILATION_CACHE = tempfile.mkdtemp(prefix="malloczero-tests-jax-cache-")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILATION_CACHE
 atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
-# Baseline results (system/baseline_cache.py) are kept for this test session only, never read
+# Baseline results (evaluation/baseline_cache.py) are kept for this test session only, never read
 # from or left in the user's cache.
 _BASELINE_CACHE = tempfile.mkdtemp(prefix="malloczero-tests-baselines-")
 os.environ["MALLOCZERO_BASELINE_CACHE_DIR"] = _BASELINE_CACHE

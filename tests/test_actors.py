@@ -11,8 +11,8 @@ import pytest
 import reverb
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult, stack_observations
-from malloczero.actors.evaluator import evaluate_params, play_programs
 from malloczero.actors.games import GamePool, program_specs, suite_games, training_specs
+from malloczero.actors.greedy_play import evaluate_params, play_programs
 from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient
 from malloczero.configs.config import get_config

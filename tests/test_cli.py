@@ -463,10 +463,10 @@ def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscrib
   import psutil
 
   from malloczero.launch import cli
-  from malloczero.system import program
+  from malloczero.system import distributed
 
   workdir = tmp_path / "run"
-  too_many = str(program.ACTORS_PER_CORE * len(os.sched_getaffinity(0)) + 1)
+  too_many = str(distributed.ACTORS_PER_CORE * len(os.sched_getaffinity(0)) + 1)
   for launch in ("local_mp", "local_mt"):
     code = cli.main(
       [
@@ -496,17 +496,17 @@ def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscrib
     psutil,
     "virtual_memory",
     lambda: types.SimpleNamespace(
-      available=program.OTHER_NODES_RESIDENT_BYTES + program.ACTOR_RESIDENT_BYTES
+      available=distributed.OTHER_NODES_RESIDENT_BYTES + distributed.ACTOR_RESIDENT_BYTES
     ),
   )
-  assert program.local_actor_limit("local_mp")[0] == 1
-  assert "available memory runs at most 1 actors" in program.local_actor_limit("local_mp")[1]
-  assert program.local_actor_limit("local_mt")[0] == (
-    program.ACTORS_PER_CORE * len(os.sched_getaffinity(0))
+  assert distributed.local_actor_limit("local_mp")[0] == 1
+  assert "available memory runs at most 1 actors" in distributed.local_actor_limit("local_mp")[1]
+  assert distributed.local_actor_limit("local_mt")[0] == (
+    distributed.ACTORS_PER_CORE * len(os.sched_getaffinity(0))
   )
   # --oversubscribe lets the launch go on (to the next check: an impossible --max-steps here).
   workdir.mkdir()
-  monkeypatch.setattr("malloczero.system.program.check_workdir", lambda config, workdir: 10)
+  monkeypatch.setattr("malloczero.system.distributed.check_workdir", lambda config, workdir: 10)
   code = cli.main(
     [
       "train",

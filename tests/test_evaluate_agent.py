@@ -16,8 +16,8 @@ from malloczero.configs.workdir import CHECKPOINT_FILENAME
 from malloczero.env.mapping import load_mapping
 from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
 from malloczero.env.validator import validate_mapping
-from malloczero.system.evaluation import evaluate_suite, load_agents
-from malloczero.system.report import mapping_file, split_table
+from malloczero.evaluation.report import mapping_file, split_table
+from malloczero.evaluation.suite import evaluate_suite, load_agents
 from tests.trained import STEPS, read_checkpoint, write_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

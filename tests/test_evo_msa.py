@@ -12,9 +12,9 @@ from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import solve
 from malloczero.env.solvers.evo_msa import decode, evo_msa, mutate_with_deferral
 from malloczero.env.solvers.registry import BASELINES
+from malloczero.evaluation.baseline_cache import BaselineCache
 from malloczero.launch import cli
 from malloczero.launch.flags import solver_options
-from malloczero.system.baseline_cache import BaselineCache
 from tests.test_msa_steps import same_allocations
 
 

@@ -122,7 +122,7 @@ def _mapped(workload, capacity, hardware="tpu-v4i-like"):
   ],
 )
 def test_memory_map_labels_addresses_in_the_capacity_s_unit(capacity, unit, shown):
-  from malloczero.system.plots import address_unit, memory_map_figure
+  from malloczero.evaluation.plots import address_unit, memory_map_figure
 
   assert address_unit(capacity)[0] == unit
   workload = random_workload(3, 30)
@@ -138,7 +138,7 @@ def test_memory_map_labels_addresses_in_the_capacity_s_unit(capacity, unit, show
 
 
 def test_memory_map_legend_lists_only_the_kinds_drawn(tmp_path):
-  from malloczero.system.plots import memory_map_figure
+  from malloczero.evaluation.plots import memory_map_figure
 
   csv = tmp_path / "prog.csv"  # A MiniMalloc CSV: activations only.
   csv.write_text("id,lower,upper,size\n0,0,4,300\n1,1,3,500\n2,3,6,400\n")

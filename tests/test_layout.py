@@ -4,13 +4,19 @@ only, with no cycles, and the game core needs neither JAX nor Haiku.
 
 The direction (docs/design.md, README "Layout"):
 
-  launch -> system -> actors -> learner -> replay -> configs -> env -> common
+  launch -> research -> system -> evaluation -> actors -> learner -> replay -> configs -> env
+    -> common
 
-A package may import any package to its right, never one to its left; `configs` is readable by
-every package but `env` and imports only `env` and `common`; `env` imports nothing of the agent,
-and `common` (errors, file output, lazy imports) nothing of the project. The root
+A package may import any package to its right, never one to its left. `evaluation` (suite
+evaluations, the learning curve, reports, pictures, console tables) sits below the Launchpad
+wiring that records a learning curve and above the actors it plays with; `research` (analyses of
+trained networks, run by scripts/) sits above the wiring, which never imports it. `configs` is
+readable by every package but `env` and imports only `env` and `common`; `env` imports nothing
+of the agent, and `common` (errors, file output, lazy imports) nothing of the project. The root
 package `malloczero` (its `__init__` re-exports the Python API, `__main__` is the command) sits
-above them all, and no sub-package imports it.
+above them all, and no sub-package imports it. The system draws no picture itself and no
+baseline command loads it (`test_solve_with_a_picture_does_not_load_the_training_system`, the
+one test here that runs code); no module is longer than one concept needs.
 
 Inside `env` the areas import in one direction too (`ENV_ORDER`): the program and machine model
 (the modules at env/'s top level), then programs/, msa/ (the game's rules), game/ and solvers/ (the
@@ -34,11 +40,24 @@ FOLDERS = {
   "replay": "replay",
   "learner": "learner",
   "actors": "actors",
+  "evaluation": "evaluation",
   "system": "system",
+  "research": "research",
   "launch": "launch",
 }
 # Right (imported) to left (importing): a package may import only those of lower rank.
-ORDER = ["common", "env", "configs", "replay", "learner", "actors", "system", "launch"]
+ORDER = [
+  "common",
+  "env",
+  "configs",
+  "replay",
+  "learner",
+  "actors",
+  "evaluation",
+  "system",
+  "research",
+  "launch",
+]
 RANK = {name: rank for rank, name in enumerate(ORDER)}
 # Top-level names that would be the project's folders imported without the package prefix.
 BARE = set(FOLDERS) | {"programs", "solvers", "game", "msa"}
@@ -163,7 +182,7 @@ def test_no_import_cycles_between_sub_packages():
 
 
 def test_env_imports_nothing_of_the_agent_and_its_core_needs_no_jax():
-  agent = {"configs", "replay", "learner", "actors", "system", "launch"}
+  agent = set(ORDER) - {"common", "env"}
   offending = []
   for path in _python_files("env"):
     in_programs = os.path.relpath(path, REPO).startswith(os.path.join("env", "programs") + os.sep)
@@ -285,3 +304,64 @@ def test_pyproject_lists_every_package_folder():
     f"pyproject.toml lists {sorted(set(packages) - set(folders))} without a folder, and "
     f"misses {sorted(set(folders) - set(packages))}"
   )
+
+
+# Presentation and research sit above the wiring: the Launchpad system draws nothing itself and
+# knows nothing of the analyses, so neither can slow or break a training run's imports.
+PLOTTING_AND_RESEARCH = ("matplotlib", "malloczero.evaluation.plots", "malloczero.research")
+
+
+def test_system_imports_no_plotting_or_research_code():
+  offending = [
+    f"{_where(path, line)}: malloczero.system imports {module}"
+    for path in _python_files("system")
+    for line, module, _ in _imports(path)
+    if any(module == m or module.startswith(m + ".") for m in PLOTTING_AND_RESEARCH)
+  ]
+  assert not offending, "\n".join(offending)
+
+
+def test_solve_with_a_picture_does_not_load_the_training_system(tmp_path):
+  """`solve --plot` is a baseline's command: it draws with malloczero.evaluation.plots and never
+  imports malloczero.system (the Launchpad wiring), checked in a fresh interpreter."""
+  import subprocess
+  import sys
+
+  program = tmp_path / "program.csv"
+  program.write_text("id,lower,upper,size\n0,0,4,300\n1,1,3,500\n2,3,6,400\n3,2,5,200\n")
+  script = (
+    "import sys\n"
+    "from malloczero.launch import cli\n"
+    f"code = cli.main(['solve', {str(program)!r}, '--capacity', '800', '--out', "
+    f"{str(tmp_path / 'map.json')!r}, '--plot', {str(tmp_path / 'map.png')!r}])\n"
+    "loaded = sorted(m for m in sys.modules if m.startswith('malloczero.system'))\n"
+    "print('loaded:', loaded)\n"
+    "sys.exit(code or (3 if loaded else 0))\n"
+  )
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
+  assert done.returncode == 0, done.stdout + done.stderr
+  assert "loaded: []" in done.stdout
+  assert (tmp_path / "map.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# A module past these sizes holds more than one concept; the model zoo is a declarative table.
+MAX_SOURCE_LINES = 700
+MAX_COMMAND_LINES = 300
+LONG_BY_NATURE = {os.path.join("env", "programs", "zoo.py")}
+
+
+def test_no_source_file_outgrows_one_concept():
+  offending = []
+  for folder in list(FOLDERS.values()) + ["malloczero", "tests", "scripts"]:
+    for path in _python_files(folder):
+      relative = os.path.relpath(path, REPO)
+      with open(path, encoding="utf-8") as f:
+        lines = sum(1 for _ in f)
+      limit = (
+        MAX_COMMAND_LINES
+        if relative.startswith(os.path.join("launch", "commands") + os.sep)
+        else MAX_SOURCE_LINES
+      )
+      if lines > limit and relative not in LONG_BY_NATURE:
+        offending.append(f"{relative}: {lines} lines (at most {limit})")
+  assert not offending, "split these by concept:\n" + "\n".join(offending)

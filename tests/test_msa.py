@@ -506,7 +506,7 @@ def test_a_work_directorys_cached_msa_speedups_of_the_old_msa_are_computed_again
   """Training compares the agent with msa's speed-ups cached in workdir/baselines.json; a cache
   written before msa became XLA's loop (no version) must not stand for the new msa."""
   from malloczero.actors.games import GameSpec
-  from malloczero.system.training import BASELINE_VERSIONS, baseline_speedups
+  from malloczero.evaluation.baselines import BASELINE_VERSIONS, baseline_speedups
 
   entry = get_suite("tiny").entries[0]
   workload, hardware = entry.load()

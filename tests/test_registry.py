@@ -10,10 +10,10 @@ import pytest
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import registry, solve
 from malloczero.env.solvers.registry import BASELINES, SOLVERS, option_fields
+from malloczero.evaluation.baseline_cache import BaselineCache
 from malloczero.launch import cli
 from malloczero.launch.flags import FlagError, solver_options
 from malloczero.launch.solvers import ALL_SOLVERS
-from malloczero.system.baseline_cache import BaselineCache
 
 
 def _entry():

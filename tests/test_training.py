@@ -21,9 +21,9 @@ import pytest
 from malloczero.actors.games import suite_games
 from malloczero.env import MalloczeroError, validate_mapping
 from malloczero.env.game import return_speedup
+from malloczero.evaluation.suite import TIE_TOLERANCE, geomean
 from malloczero.learner.checkpoint import CHECKPOINT_FILENAME
 from malloczero.system import single_process
-from malloczero.system.evaluation import TIE_TOLERANCE, geomean
 from malloczero.system.single_process import train_single_process
 from tests.trained import (
   CONFIG,
@@ -162,6 +162,8 @@ def test_checkpoint_selection_keeps_the_fastest_on_training_programs(trained, tm
   import jax
 
   from malloczero.configs.workdir import WorkDir
+  from malloczero.evaluation.report import write_final_report
+  from malloczero.evaluation.selection import select_checkpoint
   from malloczero.learner.checkpoint import (
     candidate_checkpoints,
     candidate_file,
@@ -169,8 +171,6 @@ def test_checkpoint_selection_keeps_the_fastest_on_training_programs(trained, tm
     save_state,
   )
   from malloczero.learner.learner import make_initial_state
-  from malloczero.system.report import write_final_report
-  from malloczero.system.selection import select_checkpoint
 
   workdir = str(tmp_path / "run")  # A copy: the shared run stays as it was trained.
   shutil.copytree(trained["workdir"], workdir)

@@ -21,11 +21,11 @@ import os
 import pytest
 
 from malloczero.configs.config import get_config
+from malloczero.evaluation.learning_curve import LearningCurve
 from malloczero.learner.checkpoint import CHECKPOINT_FILENAME
 from malloczero.learner.networks import make_networks
 from malloczero.system import builder, single_process
 from malloczero.system.single_process import train_single_process
-from malloczero.system.training import LearningCurve
 
 # The learning curve of this run measures the network itself: with msa's move in the evaluation
 # prior (the default), greedy play is msa's wherever the network is unsure, the untrained network
@@ -38,7 +38,7 @@ from malloczero.system.training import LearningCurve
 STEPS = 150
 EVAL_EVERY = 75
 # The learner keeps a checkpoint every EVAL_EVERY steps for the final evaluation's selection
-# (system/selection.py): the run leaves those of steps EVAL_EVERY and STEPS.
+# (evaluation/selection.py): the run leaves those of steps EVAL_EVERY and STEPS.
 CONFIG = dataclasses.replace(
   get_config("tiny"),
   search=dataclasses.replace(get_config("tiny").search, eval_msa_prior_logit=0.0),

@@ -1,8 +1,8 @@
 """`malloczero evaluate`: baselines and checkpoints on a suite, with progress and console tables.
 
-The evaluation itself is system/evaluation.py and its files system/report.py, which the final
+The evaluation itself is evaluation/suite.py and its files evaluation/report.py, which the final
 report of a training run shares. Baseline results are reused from the user's cache
-(system/baseline_cache.py) unless `--no-cache`.
+(evaluation/baseline_cache.py) unless `--no-cache`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_dir
 from malloczero.env.programs.suites import SPLITS
 from malloczero.env.solvers.registry import BASELINES, SOLVERS
+from malloczero.evaluation.console import print_evaluation_tables
 from malloczero.launch.flags import (
   add_solver_flags,
   check_msa_options_used,
@@ -27,12 +28,11 @@ from malloczero.launch.flags import (
   solver_options,
 )
 from malloczero.launch.solvers import AGENT, search_notice
-from malloczero.launch.tables import print_evaluation_tables
 
 if TYPE_CHECKING:  # The evaluation loads the whole agent stack: imported when the command runs.
   from malloczero.env.programs.suites import Suite
-  from malloczero.system.baseline_cache import BaselineCache
-  from malloczero.system.evaluation import AgentUnderTest, SuiteEvaluation
+  from malloczero.evaluation.baseline_cache import BaselineCache
+  from malloczero.evaluation.suite import AgentUnderTest, SuiteEvaluation
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -98,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
     if was_given and not args.checkpoint:
       raise MalloczeroError(f"--{flag.replace('_', '-')} needs --checkpoint DIR")
   from malloczero.env.programs.suites import get_suite
-  from malloczero.system.baseline_cache import open_cache
-  from malloczero.system.evaluation import load_agents
-  from malloczero.system.report import write_report
+  from malloczero.evaluation.baseline_cache import open_cache
+  from malloczero.evaluation.report import write_report
+  from malloczero.evaluation.suite import load_agents
 
   suite = get_suite(args.suite).split(args.split)
   if args.limit:
@@ -164,7 +164,7 @@ def run_evaluation(
 ) -> SuiteEvaluation:
   """`evaluate_suite` with a progress bar: one unit per (program, solver or agent). Where the
   output is not a terminal (a log file), each finished unit is a line instead."""
-  from malloczero.system.evaluation import evaluate_suite
+  from malloczero.evaluation.suite import evaluate_suite
 
   solver_count = len(set(solvers) | {"msa"})
   total = len(suite.entries) * (solver_count + len(agents))

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
   if args.out:
     check_output_file(args.out)
   if args.plot:
-    from malloczero.system.plots import check_picture_path
+    from malloczero.evaluation.plots import check_picture_path
 
     check_picture_path(args.plot)
   if solver.kind == "agent" and not args.checkpoint:
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     result.mapping.save(args.out)
     print(f"wrote {args.out}")
   if args.plot:
-    from malloczero.system.plots import plot_memory_map
+    from malloczero.evaluation.plots import plot_memory_map
 
     plot_memory_map(workload, hw, result.mapping, args.plot)
     print(f"wrote {args.plot}")

@@ -13,6 +13,7 @@ from malloczero.common.files import check_output_dir
 from malloczero.configs.config import PRESETS, get_config
 from malloczero.env.hardware import check_fits, resolve_hardware
 from malloczero.env.workload import load_workload
+from malloczero.evaluation.console import final_evaluation_table, learning_curve_table
 from malloczero.launch.flags import (
   HARDWARE_CHOICES,
   FlagError,
@@ -25,7 +26,6 @@ from malloczero.launch.flags import (
   say_capacities,
   seed,
 )
-from malloczero.launch.tables import final_evaluation_table, learning_curve_table
 from malloczero.launch.tuning_flags import add_tuning_flags, apply_tuning_flags
 
 LAUNCHES = ("local_mp", "local_mt", "vertex_ai", "single")
@@ -210,7 +210,7 @@ def _train_single(config, args: argparse.Namespace, workdir: str) -> int:
   for path in (files.learning_curve_png, files.learning_curve_csv, files.learner_state):
     out.print(f"wrote {path}")
   if config.programs and result.learner_steps > 0:
-    from malloczero.system.report import write_program_report
+    from malloczero.evaluation.report import write_program_report
 
     write_program_report(config, workdir, flushing_print(out))
   return 0
@@ -218,7 +218,7 @@ def _train_single(config, args: argparse.Namespace, workdir: str) -> int:
 
 def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
   from malloczero.configs.workdir import WorkDir
-  from malloczero.system.program import launch_training, local_actor_limit
+  from malloczero.system.distributed import launch_training, local_actor_limit
 
   out = console()
   num_actors = args.num_actors or config.distributed.num_actors
@@ -267,7 +267,7 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
       f"--checkpoint {reported} --out {files.evaluation}"
     )
   if config.programs and result.ok and result.learner_steps > 0:
-    from malloczero.system.report import write_program_report
+    from malloczero.evaluation.report import write_program_report
 
     write_program_report(config, result.workdir, flushing_print(out))
   if result.status == "failed":

@@ -40,6 +40,8 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.common.units import human_bytes
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
+from malloczero.evaluation.baselines import baseline_speedups
+from malloczero.evaluation.learning_curve import complete_learning_curve
 from malloczero.system.guards import ProcessId, WorkDirLock
 from malloczero.system.monitor import Monitor, RunSample, final_counts, watch
 from malloczero.system.nodes import (
@@ -57,13 +59,7 @@ from malloczero.system.nodes import (
   align_counter_file,
   read_counts,
 )
-from malloczero.system.training import (
-  baseline_speedups,
-  check_workdir,
-  complete_learning_curve,
-  refuse_finished,
-  save_config,
-)
+from malloczero.system.training import check_workdir, refuse_finished, save_config
 
 LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
 COUNTER_CALL_TIMEOUT_S = 5
@@ -427,7 +423,7 @@ def _launch_training(
   if final_report and result.ok and steps > 0:
     complete_learning_curve(config, workdir, steps, monitor.elapsed, print_fn)
   if final_report and result.ok and steps > 0 and config.suite:
-    from malloczero.system.report import write_final_report
+    from malloczero.evaluation.report import write_final_report
 
     result.report = write_final_report(config, workdir, print_fn)
   return result
@@ -439,7 +435,7 @@ def _msa_geomeans(
   """Computes (and caches in the work directory) the baseline speed-ups of every program before
   the nodes need them; returns msa's geomean per split for the summary line."""
   from malloczero.actors.games import program_specs
-  from malloczero.system.evaluation import geomean
+  from malloczero.evaluation.suite import geomean
 
   specs = {split: program_specs(config, split) for split in ("train", "heldout")}
   if not os.path.exists(WorkDir(workdir).baselines):

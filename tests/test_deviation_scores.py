@@ -1,4 +1,4 @@
-"""The deviation probe (system/deviation_probe.py): exact advantages, the networks' scores of the
+"""The deviation probe (research/deviation_scores.py): exact advantages, the networks' scores of the
 same moves, and their summary; the script that prints them for checkpoints."""
 
 import json
@@ -15,7 +15,7 @@ from malloczero.configs.config import get_config
 from malloczero.env.cost_model import CostModel
 from malloczero.env.game import make_game
 from malloczero.env.solvers.evo_msa import decode
-from malloczero.system.deviation_probe import (
+from malloczero.research.deviation_scores import (
   ProbedDecision,
   load_probed,
   network_scores,

@@ -16,19 +16,19 @@ import time
 from typing import Any, Callable
 
 from malloczero.actors.agent import load_agent
-from malloczero.actors.evaluator import play_programs, with_simulations
 from malloczero.actors.games import program_specs
+from malloczero.actors.greedy_play import play_programs, with_simulations
 from malloczero.common.files import write_text
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
+from malloczero.evaluation.baselines import baseline_speedups
+from malloczero.evaluation.suite import geomean
 from malloczero.learner.checkpoint import (
   candidate_checkpoints,
   check_params_fit,
   checkpoint_steps,
   load_params,
 )
-from malloczero.system.evaluation import geomean
-from malloczero.system.training import baseline_speedups
 
 __all__ = ["select_checkpoint"]
 

@@ -22,7 +22,7 @@ from malloczero.env.mapping import Mapping  # noqa: E402
 from malloczero.env.workload import Workload  # noqa: E402
 
 if TYPE_CHECKING:
-  from malloczero.system.evaluation import ProgramRow
+  from malloczero.evaluation.suite import ProgramRow
 
 SPLIT_COLOURS = {"train": "#4c72b0", "heldout": "#dd8452"}
 KIND_COLOURS = {

@@ -21,9 +21,9 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import get_config
 from malloczero.env.programs.suites import get_suite
 from malloczero.learner.checkpoint import checkpoint_steps, load_params, params_digest
+from malloczero.system.distributed import build_program, check_workdir
 from malloczero.system.monitor import node_name
 from malloczero.system.nodes import NodeContext
-from malloczero.system.program import build_program, check_workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_TIMEOUT_S = 420

@@ -18,7 +18,8 @@ from malloczero.configs.config import Config
 from malloczero.configs.workdir import REPORT_STEM, WorkDir
 from malloczero.env.game import return_speedup
 from malloczero.env.programs.suites import SPLITS, get_suite
-from malloczero.system.evaluation import (
+from malloczero.evaluation.baselines import BASELINES
+from malloczero.evaluation.suite import (
   TIE_TOLERANCE,
   ProgramRow,
   SuiteEvaluation,
@@ -27,7 +28,6 @@ from malloczero.system.evaluation import (
   load_agents,
   run_directory,
 )
-from malloczero.system.training import BASELINES
 
 Formatter = Callable[[Any], str]
 # (header, the value in a row or None where it has none, its formatter) of a per-program table.
@@ -346,7 +346,7 @@ def _draw_pictures(
   evaluation: SuiteEvaluation, out_dir: str, prefix: str, title: str, learning_curves: bool
 ) -> list[tuple[str, str]]:
   """(caption, file name) of each picture drawn."""
-  from malloczero.system.plots import (
+  from malloczero.evaluation.plots import (
     plot_learning_curves,
     plot_memory_maps,
     plot_ratio_bars,
@@ -406,9 +406,9 @@ def write_final_report(
   config: Config, workdir: str, print_fn: Callable[[str], None] = print
 ) -> dict[str, Any]:
   """Evaluates workdir's checkpoint (the one chosen on training programs, with
-  `config.select_checkpoints` above 1: system/selection.py) on every program of the run's suite;
+  `config.select_checkpoints` above 1: evaluation/selection.py) on every program of the run's suite;
   returns the report."""
-  from malloczero.system.selection import select_checkpoint
+  from malloczero.evaluation.selection import select_checkpoint
 
   agent = load_agents(
     [select_checkpoint(config, workdir, print_fn)],

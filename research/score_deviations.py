@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """Scores checkpoints' networks against the exact advantages of deviations from msa
-(system/deviation_probe.py), per split of a suite: one table row per checkpoint and split.
+(research/deviation_scores.py), per split of a suite: one table row per checkpoint and split.
 
-  .venv/bin/python scripts/probe_deviations.py --checkpoint runs/a runs/b --suite default
-  .venv/bin/python scripts/probe_deviations.py --checkpoint runs/a --decisions 4 --untrained
-  .venv/bin/python scripts/probe_deviations.py --checkpoint runs/c --load probed.npz
-  .venv/bin/python scripts/probe_deviations.py --checkpoint runs/f --trajectory runs/f --save on.npz
+  .venv/bin/python scripts/score_deviations.py --checkpoint runs/a runs/b --suite default
+  .venv/bin/python scripts/score_deviations.py --checkpoint runs/a --decisions 4 --untrained
+  .venv/bin/python scripts/score_deviations.py --checkpoint runs/c --load probed.npz
+  .venv/bin/python scripts/score_deviations.py --checkpoint runs/f --trajectory runs/f --save on.npz
 
 The exact advantages cost one msa pass per legal move probed and are computed once for all the
 checkpoints, which must share a game config (`--save` keeps them for later runs: `--load`).
@@ -17,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
+from collections.abc import Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+  """The command (`scripts/score_deviations.py`): parses `argv` (default: sys.argv), prints the
+  table; returns the exit status."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--checkpoint", nargs="+", required=True, help="training work directories")
   parser.add_argument("--suite", default="default")
@@ -41,7 +40,7 @@ def main() -> int:
     metavar="CHECKPOINT",
     help="probe along this network's own trajectory (its policy alone) instead of msa's",
   )
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   if args.decisions < 1:
     parser.error("--decisions must be at least 1")
 
@@ -51,7 +50,7 @@ def main() -> int:
   from malloczero.actors.games import suite_games
   from malloczero.actors.prober import greedy_policies
   from malloczero.common.errors import MalloczeroError
-  from malloczero.system import deviation_probe as probe
+  from malloczero.research import deviation_scores as probe
 
   min_gap = probe.DEFAULT_MIN_GAP if args.min_gap is None else args.min_gap
   try:
@@ -142,7 +141,3 @@ def probe_suite(probe, specs, game, decisions, seed, policy=None):
         file=sys.stderr,
       )
   return probed
-
-
-if __name__ == "__main__":
-  sys.exit(main())

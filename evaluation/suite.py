@@ -1,7 +1,7 @@
 """Suite evaluation: baseline solvers and trained agents on every program of a suite.
 
 The same code makes `malloczero evaluate` and the final report of a training run; the agent's
-play is actors/evaluator.py's, which the training program's evaluator node also uses for the
+play is actors/greedy_play.py's, which the training program's evaluator node also uses for the
 learning curve. Every mapping behind a row has passed the independent validator.
 
 A `ProgramRow` is one program: per baseline solver and agent label a `SolverOutcome` (time,
@@ -28,7 +28,7 @@ from malloczero.configs.workdir import WorkDir
 from malloczero.env.mapping import Mapping
 from malloczero.env.programs.suites import SPLITS, Suite, SuiteEntry
 from malloczero.env.solvers import SolveResult
-from malloczero.system.baseline_cache import BaselineCache
+from malloczero.evaluation.baseline_cache import BaselineCache
 
 # Ratios within this of 1 count as ties with msa.
 TIE_TOLERANCE = 1e-6
@@ -270,7 +270,7 @@ def evaluate_suite(
   cache: Optional[BaselineCache] = None,
 ) -> SuiteEvaluation:
   """Solves every entry with every solver and agent; msa is always run, as the reference.
-  Baselines are solved through `cache` (system/baseline_cache.py; by default nothing is kept).
+  Baselines are solved through `cache` (evaluation/baseline_cache.py; by default nothing is kept).
 
   With `batch_agents` each agent plays all programs in one batch (far faster; its solve time per
   program is then the batch's time shared evenly), otherwise one program at a time. An agent's

@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:  # They load the agent stack: imported where the tables are made.
   from malloczero.configs.config import Config
-  from malloczero.system.evaluation import SuiteEvaluation
-  from malloczero.system.program import DistributedResult
-  from malloczero.system.single_process import TrainingResult
+  from malloczero.evaluation.suite import SuiteEvaluation
+
+
+class TrainingResult(Protocol):
+  """What the learning-curve table reads of a single-process run's result
+  (system/single_process.py `TrainingResult`)."""
+
+  curve: list[dict[str, Any]]
+  baselines: dict[str, dict[str, float]]  # {split: {baseline: geomean speed-up}}
+
+
+class DistributedResult(Protocol):
+  """What the final-evaluation table reads of a distributed run's result
+  (system/distributed.py `DistributedResult`)."""
+
+  learner_steps: int
+  report: Optional[dict[str, Any]]
+
+  @property
+  def reported_agent(self) -> Optional[dict[str, Any]]: ...
 
 
 def _rich_table(title: str, header: list[str], body: list[list[str]], first_wide: int = 0) -> Table:
@@ -29,7 +46,7 @@ def _rich_table(title: str, header: list[str], body: list[list[str]], first_wide
 
 
 def print_evaluation_tables(evaluation: SuiteEvaluation, console: Console, title: str) -> None:
-  from malloczero.system.report import cells, console_columns, quality_table, split_table
+  from malloczero.evaluation.report import cells, console_columns, quality_table, split_table
 
   cols = console_columns(evaluation)
   longest = max((len(r.entry) for r in evaluation.rows), default=5)
@@ -73,9 +90,9 @@ def learning_curve_table(result: TrainingResult, config: Config) -> Table:
 
 
 def final_evaluation_table(result: DistributedResult) -> Table:
-  """A distributed run's final evaluation per split (system/program.py `DistributedResult`)."""
-  from malloczero.system.report import summary_rows
-  from malloczero.system.training import BASELINES
+  """A distributed run's final evaluation per split (system/distributed.py `DistributedResult`)."""
+  from malloczero.evaluation.baselines import BASELINES
+  from malloczero.evaluation.report import summary_rows
 
   reported = result.reported_agent["learner_steps"]
   chosen = "" if reported == result.learner_steps else " (chosen on the training programs)"
