@@ -22,7 +22,7 @@ import numpy as np
 from rich.table import Table
 
 from malloczero.common.files import write_text
-from malloczero.env.game import MallocGame, make_game
+from malloczero.env.game import RequestsGame, make_game
 from malloczero.env.game.game import MsaGame
 from malloczero.env.hardware import PRESETS, Hardware
 from malloczero.env.programs.synthetic import contended, random_workload
@@ -87,7 +87,7 @@ def bench_game(seconds: float, hardware: str = "tpu-v4i-like") -> dict[str, Any]
   report: dict[str, Any] = {"game_program": workload.name, "game_hardware": hardware}
   for prefix, game in (
     ("game", MsaGame(workload, machine)),
-    ("requests_game", MallocGame(workload, machine)),
+    ("requests_game", RequestsGame(workload, machine)),
   ):
     rng = np.random.default_rng(0)
     moves = _random_episode(game, rng)  # warm-up (and numba's first call)
@@ -105,7 +105,7 @@ def bench_game(seconds: float, hardware: str = "tpu-v4i-like") -> dict[str, Any]
 
 def bench_cost_model(seconds: float) -> dict[str, Any]:
   workload = random_workload(11, EVAL_PROGRAM_OPS, num_parameters=500)
-  game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25))
+  game = RequestsGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25))
   _random_episode(game, np.random.default_rng(1))
   allocations, model = game.allocations(), game.cost_model
   evals_per_s, _ = _rate(lambda: (model.evaluate(allocations), 1)[1], seconds)

@@ -28,6 +28,7 @@ Importing this package loads numpy, dm_env and OR-Tools; the agent's entry point
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 from malloczero.configs import Config, get_config
@@ -37,11 +38,11 @@ from malloczero.env import (
   GameConfig,
   Hardware,
   HardwareError,
-  MallocGame,
   MalloczeroError,
   Mapping,
   MappingError,
   MsaGame,
+  RequestsGame,
   Workload,
   WorkloadError,
   load_hardware,
@@ -64,9 +65,21 @@ _LAZY = {
 }
 
 
+# Old name -> new name: kept for one release, each use warned about.
+_RENAMED = {"MallocGame": "RequestsGame"}
+
+
 def __getattr__(name: str) -> Any:
   if name in _LAZY:
     return getattr(importlib.import_module(_LAZY[name]), name)
+  if name in _RENAMED:
+    warnings.warn(
+      f"malloczero.{name} is now malloczero.{_RENAMED[name]}; the old name goes in the next "
+      "release",
+      DeprecationWarning,
+      stacklevel=2,
+    )
+    return globals()[_RENAMED[name]]
   raise AttributeError(f"module 'malloczero' has no attribute '{name}'")
 
 
@@ -77,7 +90,7 @@ __all__ = [
   "GameConfig",
   "Hardware",
   "HardwareError",
-  "MallocGame",
+  "RequestsGame",
   "Mapping",
   "MappingError",
   "MalloczeroError",

@@ -213,7 +213,7 @@ def test_impossible_hardware_is_rejected(tmp_path, mutate, message):
 
 
 def test_unknown_hardware_and_a_program_too_big_for_slow_memory():
-  from malloczero.env.game import MallocGame
+  from malloczero.env.game import RequestsGame
 
   with pytest.raises(HardwareError, match="unknown hardware 'tpu-v9'"):
     load_hardware("tpu-v9")
@@ -221,7 +221,7 @@ def test_unknown_hardware_and_a_program_too_big_for_slow_memory():
     "tiny", (MemoryLevel("fast", 64, 100.0), MemoryLevel("slow", 100, 10.0)), 1.0, 1.0, 1
   )
   with pytest.raises(HardwareError, match="peak live bytes 350 exceed the slow memory"):
-    MallocGame(PROGRAM, tiny_slow)
+    RequestsGame(PROGRAM, tiny_slow)
 
 
 # ------------------------------------------------------------------ copy contention (simulator)
@@ -412,13 +412,13 @@ def reference_evaluate(workload, hardware, alloc):
 def test_evaluation_equals_plain_loops_on_random_programs_with_evictions(data):
   from hypothesis import assume
 
-  from malloczero.env import MallocGame, MalloczeroError
+  from malloczero.env import MalloczeroError, RequestsGame
   from tests.strategies import hardware_for, workloads
 
   workload = data.draw(workloads())
   hardware = data.draw(hardware_for(workload))
   try:
-    game = MallocGame(workload, hardware)
+    game = RequestsGame(workload, hardware)
   except MalloczeroError:
     assume(False)
   rng = np.random.default_rng(data.draw(st.integers(0, 100)))

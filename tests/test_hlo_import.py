@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from malloczero.common.errors import WorkloadError
-from malloczero.env.game import MallocGame
+from malloczero.env.game import RequestsGame
 from malloczero.env.hardware import PRESETS
 from malloczero.env.programs.hlo_import import (
   SMALL_CONSTANT_BYTES,
@@ -363,7 +363,7 @@ def test_json_round_trip(request, tmp_path, case):
 @pytest.mark.parametrize("case", ["mlp_forward", "mlp_step", "cnn_forward"])
 def test_imported_workloads_play_in_the_game(request, case):
   w, _ = request.getfixturevalue(case)
-  game = MallocGame(w, contended(PRESETS["tpu-v4i-like"], w, 0.25))
+  game = RequestsGame(w, contended(PRESETS["tpu-v4i-like"], w, 0.25))
   step = game.reset()
   moves = 0
   while not step.last():

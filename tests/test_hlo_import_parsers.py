@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from malloczero.common.errors import WorkloadError
-from malloczero.env.game import MallocGame
+from malloczero.env.game import RequestsGame
 from malloczero.env.hardware import PRESETS
 from malloczero.env.programs.hlo_import import (
   import_hlo_text,
@@ -442,7 +442,7 @@ def test_partial_and_zero_byte_uses_play_and_validate_with_every_baseline(text):
       # choose with estimates that ignore copy contention, so a prefetch can cost a little.
       assert result.mapping.speedup >= (1.0 if solver in ("greedy", "evo") else 0.9)
     # The game's rewards add up to the speed-up of the mapping it builds, which validates.
-    game = MallocGame(w, hw)
+    game = RequestsGame(w, hw)
     step, total = game.reset(), 0.0
     while not step.last():
       step = game.step(int(np.flatnonzero(game.legal_actions)[-1]))

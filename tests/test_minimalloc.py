@@ -92,11 +92,11 @@ def test_compressed_csv_keeps_the_objective_and_the_mapping_exactly(solver):
 
 def test_the_game_on_a_compressed_csv_plays_exactly_as_on_the_raw_one():
   """Same requests in the same order, same observations and rewards at every step."""
-  from malloczero.env.game import MallocGame
+  from malloczero.env.game import RequestsGame
 
   hw = PRESETS["minimalloc"].with_fast_capacity(800)
   games = [
-    MallocGame(w, hw)
+    RequestsGame(w, hw)
     for w in (raw_workload(TINY, "tiny"), workload_from_minimalloc_csv(TINY, name="tiny"))
   ]
   steps = [g.reset() for g in games]

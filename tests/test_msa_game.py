@@ -20,9 +20,9 @@ from malloczero.env import (
   REQUESTS_GAME,
   GameConfig,
   IllegalActionError,
-  MallocGame,
   MalloczeroError,
   MsaGame,
+  RequestsGame,
   make_game,
   validate_mapping,
 )
@@ -245,12 +245,12 @@ def test_illegal_actions_and_wrong_configs_are_clear_errors():
     game.step(CONFIG.num_actions)
   with pytest.raises(ValueError, match="MsaGame plays msa's decisions"):
     MsaGame(workload, hardware, REQUESTS_GAME)
-  with pytest.raises(ValueError, match="MallocGame plays requests"):
-    MallocGame(workload, hardware, CONFIG)
+  with pytest.raises(ValueError, match="RequestsGame plays requests"):
+    RequestsGame(workload, hardware, CONFIG)
   with pytest.raises(ValueError, match="unknown game decisions 'xla'"):
     GameConfig(decisions="xla")
   assert isinstance(make_game(workload, hardware, CONFIG), MsaGame)
-  assert isinstance(make_game(workload, hardware, REQUESTS_GAME), MallocGame)
+  assert isinstance(make_game(workload, hardware, REQUESTS_GAME), RequestsGame)
   assert CONFIG.num_actions == 2 + 4 * 2 and REQUESTS_GAME.num_actions == 17
 
 

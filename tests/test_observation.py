@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from malloczero.env import PRESETS, GameConfig, MallocGame, observation_layout
+from malloczero.env import PRESETS, GameConfig, RequestsGame, observation_layout
 from malloczero.env.game.observation import msa_observation_layout
 from malloczero.env.programs.synthetic import contended, mlp_training_step
 
@@ -29,7 +29,7 @@ def test_features_tile_each_axis_and_size_the_game_config(levels, decisions):
 
 def test_named_features_hold_what_their_names_say():
   workload = mlp_training_step()
-  game = MallocGame(workload, contended(PRESETS["nnpi-like"], workload, 0.25))
+  game = RequestsGame(workload, contended(PRESETS["nnpi-like"], workload, 0.25))
   layout = game.config.layout
   obs = game.reset().observation
   num_valid = int(obs["legal_actions"].sum()) - 1

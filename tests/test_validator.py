@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from malloczero.env import PRESETS, MallocGame, MappingError, save_workload, validate_mapping
+from malloczero.env import PRESETS, MappingError, RequestsGame, save_workload, validate_mapping
 from malloczero.env.mapping import Mapping, load_mapping
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.workload import Workload
@@ -22,7 +22,7 @@ HARDWARE = contended(PRESETS["tpu-v4i-like"], WORKLOAD, 0.3)
 
 @pytest.fixture(scope="module")
 def mapping() -> Mapping:
-  game = MallocGame(WORKLOAD, HARDWARE)
+  game = RequestsGame(WORKLOAD, HARDWARE)
   ts = game.reset()
   while not ts.last():
     ts = game.step(1 if ts.observation["legal_actions"][1] else 0)  # greedy best fit
@@ -200,7 +200,7 @@ def test_cli_validate_minimalloc_csv(tmp_path):
 
   workload = load_workload(csv)
   hw = PRESETS["minimalloc"].with_fast_capacity(800)
-  game = MallocGame(workload, hw)
+  game = RequestsGame(workload, hw)
   ts = game.reset()
   while not ts.last():
     ts = game.step(1 if ts.observation["legal_actions"][1] else 0)

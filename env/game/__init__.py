@@ -13,7 +13,7 @@ from malloczero.env.game.config import (
 )
 from malloczero.env.game.game import MsaGame
 from malloczero.env.game.observation import FeatureLayout, ObservationLayout, observation_layout
-from malloczero.env.game.requests_game import MallocGame
+from malloczero.env.game.requests_game import RequestsGame
 from malloczero.env.hardware import Hardware
 from malloczero.env.workload import Workload
 
@@ -24,18 +24,18 @@ def make_game(
   config: GameConfig = GameConfig(),
   reference: tuple[float, int] | None = None,
 ) -> dm_env.Environment:
-  """The game `config.decisions` names: `MsaGame` ("msa") or `MallocGame` ("requests").
+  """The game `config.decisions` names: `MsaGame` ("msa") or `RequestsGame` ("requests").
   `reference`: an msa game's `reference` for the same pair (spares its msa pass)."""
   if config.decisions == "msa":
     return MsaGame(workload, hardware, config, reference=reference)
-  return MallocGame(workload, hardware, config)
+  return RequestsGame(workload, hardware, config)
 
 
 __all__ = [
   "REQUESTS_GAME",
   "FeatureLayout",
   "GameConfig",
-  "MallocGame",
+  "RequestsGame",
   "MsaGame",
   "ObservationLayout",
   "make_game",

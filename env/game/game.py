@@ -146,7 +146,7 @@ class MsaGame(GameBase):
     if config.decisions != "msa":
       raise ValueError(
         f"MsaGame plays msa's decisions; the config asks for "
-        f"'{config.decisions}' (env/game/requests_game.py's MallocGame)"
+        f"'{config.decisions}' (env/game/requests_game.py's RequestsGame)"
       )
     self._set_up(workload, hardware, config)
     self.msa_options = msa_options

@@ -29,13 +29,13 @@ from malloczero.env.requests import Requests, build_requests
 from malloczero.env.workload import Workload
 
 
-class MallocGame(GameBase):
+class RequestsGame(GameBase):
   """mallocGame for one (workload, hardware) pair; deterministic, usable from Acme's loops."""
 
   def __init__(self, workload: Workload, hardware: Hardware, config: GameConfig = REQUESTS_GAME):
     if config.decisions != "requests":
       raise ValueError(
-        f"MallocGame plays requests; the config asks for '{config.decisions}' "
+        f"RequestsGame plays requests; the config asks for '{config.decisions}' "
         "(env/game/game.py's MsaGame, or `make_game`)"
       )
     self._set_up(workload, hardware, config)

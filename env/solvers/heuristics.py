@@ -11,7 +11,7 @@ from __future__ import annotations
 import dm_env
 import numpy as np
 
-from malloczero.env.game import MallocGame
+from malloczero.env.game import RequestsGame
 from malloczero.env.placement import Placement
 
 
@@ -83,7 +83,7 @@ def random_play(game: dm_env.Environment, seed: int = 0) -> dict:
   return {"seed": seed}
 
 
-def bestfit_play(game: MallocGame) -> dict:
+def bestfit_play(game: RequestsGame) -> dict:
   """The game's own request order (XLA MSA's memory-boundedness order) with the first candidate
   whenever one exists: best fit in the fastest level that has room. A one-line policy the agent
   must beat; it needs no search and no learning."""

@@ -10,8 +10,8 @@ from malloczero.env import (
   PRESETS,
   REQUESTS_GAME,
   IllegalActionError,
-  MallocGame,
   MalloczeroError,
+  RequestsGame,
   validate_mapping,
 )
 from malloczero.env.cost_model import CostModel
@@ -19,7 +19,7 @@ from malloczero.env.programs.synthetic import contended, mlp_training_step, rand
 from tests.strategies import counting_actor, hardware_for, workloads
 
 
-def play(game: MallocGame, policy: str, seed: int = 0):
+def play(game: RequestsGame, policy: str, seed: int = 0):
   """Plays one episode; returns (rewards, timesteps)."""
   rng = np.random.default_rng(seed)
   ts = game.reset()
@@ -39,7 +39,7 @@ def play(game: MallocGame, policy: str, seed: int = 0):
 
 def make_game(workload, hardware):
   try:
-    return MallocGame(workload, hardware)
+    return RequestsGame(workload, hardware)
   except MalloczeroError:
     assume(False)  # Nothing to place (every buffer too big or useless): not a game.
 
@@ -72,7 +72,7 @@ def test_rewards_sum_to_normalised_time_saved_and_mapping_validates(data):
 def test_each_reward_is_the_exact_cost_model_decrease(seed, fraction, preset):
   workload = random_workload(seed, num_ops=30)
   hardware = contended(PRESETS[preset], workload, fraction)
-  game = MallocGame(workload, hardware)
+  game = RequestsGame(workload, hardware)
   model = CostModel(workload, hardware)
   rng = np.random.default_rng(seed)
   ts = game.reset()
@@ -89,7 +89,7 @@ def test_three_level_hardware_places_in_both_fast_levels():
   workload = random_workload(3, num_ops=80)
   hardware = contended(PRESETS["nnpi-like"], workload, 0.1)
   assert hardware.num_fast_levels == 2
-  game = MallocGame(workload, hardware)
+  game = RequestsGame(workload, hardware)
   levels_seen = set()
   ts = game.reset()
   while not ts.last():
@@ -105,7 +105,7 @@ def test_three_level_hardware_places_in_both_fast_levels():
 
 def test_illegal_action_raises_a_clear_error():
   workload = random_workload(5, num_ops=20)
-  game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.05))
+  game = RequestsGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.05))
   ts = game.reset()
   legal = ts.observation["legal_actions"]
   illegal = np.flatnonzero(~legal)
@@ -123,9 +123,9 @@ def test_illegal_action_raises_a_clear_error():
 def test_observations_match_specs_and_game_is_deterministic():
   workload = mlp_training_step()
   hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
-  first = play(MallocGame(workload, hardware), "random", seed=4)
-  second = play(MallocGame(workload, hardware), "random", seed=4)
-  game = MallocGame(workload, hardware)
+  first = play(RequestsGame(workload, hardware), "random", seed=4)
+  second = play(RequestsGame(workload, hardware), "random", seed=4)
+  game = RequestsGame(workload, hardware)
   spec = game.observation_spec()
   for a, b in zip(first[1], second[1]):
     for key, s in spec.items():
@@ -140,7 +140,7 @@ def test_observations_match_specs_and_game_is_deterministic():
 
 def test_step_after_the_end_starts_a_new_episode():
   workload = random_workload(2, num_ops=10)
-  game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.5))
+  game = RequestsGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.5))
   _, steps = play(game, "random")
   assert game.done
   ts = game.step(0)
@@ -150,7 +150,7 @@ def test_step_after_the_end_starts_a_new_episode():
 def test_candidates_are_free_best_fit_first_and_requests_ordered_by_boundedness():
   workload = random_workload(9, num_ops=60)
   hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
-  game = MallocGame(workload, hardware)
+  game = RequestsGame(workload, hardware)
   req = game.requests
   saving = np.max(req.standalone_saving, axis=1)
   boundedness = saving / np.sqrt(req.size)
@@ -178,7 +178,7 @@ def test_usable_from_acme_environment_loop():
     lambda observation: rng.choice(np.flatnonzero(observation["legal_actions"]))
   )
   workload = random_workload(1, num_ops=25)
-  game = MallocGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25))
+  game = RequestsGame(workload, contended(PRESETS["tpu-v4i-like"], workload, 0.25))
   env_spec = specs.make_environment_spec(game)
   assert env_spec.actions.num_values == REQUESTS_GAME.num_actions
   loop = environment_loop.EnvironmentLoop(game, actor, should_update=False)
@@ -195,7 +195,7 @@ def test_too_many_fast_levels_for_the_observation_is_a_clear_error():
     "deep", tuple(MemoryLevel(f"l{i}", 1 << 30, 10.0 ** (12 - i)) for i in range(4)), 1e12, 1e9, 1
   )
   with pytest.raises(HardwareError, match="3 fast levels"):
-    MallocGame(workload, hw)
+    RequestsGame(workload, hw)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -204,7 +204,7 @@ def test_rewards_stay_exact_while_copies_stall(seed):
   includes the stalls, and the rewards still sum to the simulated time saved."""
   workload = random_workload(seed, num_ops=30)
   hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
-  game = MallocGame(workload, hardware)
+  game = RequestsGame(workload, hardware)
   rewards, _ = play(game, "random", seed=seed)
   evaluation = CostModel(workload, hardware).evaluate(game.allocations())
   assert evaluation.total_stall_s > 0
@@ -213,3 +213,12 @@ def test_rewards_stay_exact_while_copies_stall(seed):
     evaluation.compute_and_memory_s + evaluation.total_stall_s, rel=1e-12
   )
   assert rewards.sum() == pytest.approx(1 - evaluation.total_time_s / game.normaliser, rel=1e-7)
+
+
+def test_the_old_name_of_the_requests_game_still_works_with_a_warning():
+  import malloczero as mz
+
+  with pytest.warns(
+    DeprecationWarning, match="malloczero.MallocGame is now malloczero.RequestsGame"
+  ):
+    assert mz.MallocGame is mz.RequestsGame
