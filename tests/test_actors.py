@@ -1,9 +1,8 @@
-"""Actors: the batched Gumbel MuZero search, the batched actor writing to a real Reverb server, the
-variable client and greedy evaluation, on the tiny suite's real XLA programs."""
+"""Actors: the batched Gumbel MuZero search and the batched actor writing to a real Reverb server,
+on the tiny suite's real XLA programs (greedy play: tests/test_greedy_play.py; the variable
+client: tests/test_variable_client.py)."""
 
 import dataclasses
-import threading
-import time
 
 import jax
 import numpy as np
@@ -11,51 +10,30 @@ import pytest
 import reverb
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult, stack_observations
-from malloczero.actors.games import GamePool, program_specs, suite_games, training_specs
-from malloczero.actors.greedy_play import evaluate_params, play_programs
+from malloczero.actors.games import GamePool
+from malloczero.actors.greedy_play import play_programs
 from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient
-from malloczero.configs.config import get_config
-from malloczero.env import make_game, validate_mapping
-from malloczero.learner.learner import make_initial_state
-from malloczero.learner.networks import logits_to_scalar, make_networks
+from malloczero.env import validate_mapping
+from malloczero.learner.networks import logits_to_scalar
 from malloczero.replay import TABLE_NAME, SequenceWriter, start_server
-
-CONFIG = get_config("tiny")
-NETWORKS = make_networks(CONFIG.network, CONFIG.game)  # Shared: compiled functions are reused.
-A = CONFIG.game.num_actions
-L = CONFIG.learner.sequence_length
-TRAIN_SPECS = suite_games("tiny", "train")
-ALL_SPECS = suite_games("tiny", "all")
-SPECS_BY_NAME = {s.name: s for s in ALL_SPECS}
+from tests.tiny_agent import (
+  ALL_SPECS,
+  CONFIG,
+  NETWORKS,
+  SPECS_BY_NAME,
+  TRAIN_SPECS,
+  A,
+  L,
+  game_of,
+  initial_params,
+  noisy,
+)
 
 
 @pytest.fixture(scope="module")
 def params():
-  return make_initial_state(NETWORKS, CONFIG, jax.random.PRNGKey(0)).params
-
-
-def noisy(params, seed: int, scale: float = 1.0):
-  """Parameters with large random perturbations: peaked priors on arbitrary (often illegal)
-  actions and a legality head that is wrong about them, so masking is really exercised."""
-  leaves, treedef = jax.tree_util.tree_flatten(params)
-  rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_unflatten(
-    treedef,
-    [np.asarray(x) + scale * rng.standard_normal(np.shape(x)).astype(np.float32) for x in leaves],
-  )
-
-
-def _game(spec):
-  return make_game(spec.workload, spec.hardware, CONFIG.game)
-
-
-def _all_default_moves(spec) -> int:
-  game = _game(spec)
-  timestep, moves = game.reset(), 0
-  while not timestep.last():
-    timestep, moves = game.step(0), moves + 1
-  return moves
+  return initial_params()
 
 
 def real_observations():
@@ -65,14 +43,14 @@ def real_observations():
   rng = np.random.default_rng(0)
   observations = []
   for spec in TRAIN_SPECS[:3]:
-    observations.append(_game(spec).reset().observation)
+    observations.append(game_of(spec).reset().observation)
   for spec, moves in ((TRAIN_SPECS[0], 7), (TRAIN_SPECS[2], 15), (TRAIN_SPECS[3], 30)):
-    game = _game(spec)
+    game = game_of(spec)
     obs = game.reset().observation
     for _ in range(moves):
       obs = game.step(int(rng.choice(np.flatnonzero(obs["legal_actions"])))).observation
     observations.append(obs)
-  game = _game(TRAIN_SPECS[4])
+  game = game_of(TRAIN_SPECS[4])
   timestep = game.reset()
   while not timestep.last():
     timestep = game.step(int(rng.choice(np.flatnonzero(timestep.observation["legal_actions"]))))
@@ -194,7 +172,7 @@ def test_evaluation_msa_prior_plays_msa_when_large_and_training_search_ignores_i
   # Without the bias the same network plays otherwise.
   unbiased = play_programs(NETWORKS, noisy_params, CONFIG.search, CONFIG.game, ALL_SPECS)
   assert any(r.speedup != pytest.approx(m, rel=1e-9) for r, m in zip(unbiased, msa))
-  game = _game(ALL_SPECS[0])
+  game = game_of(ALL_SPECS[0])
   timestep, masks, moves = game.reset(), [], []
   while not timestep.last():
     masks.append(
@@ -226,7 +204,7 @@ def test_evaluation_q_spread_floor_hands_greedy_play_to_the_policy_and_spares_tr
     NETWORKS, noisy_params, CONFIG.search, CONFIG.game, ALL_SPECS, policy_alone=True
   )
   assert any(r.greedy_speedup != pytest.approx(r.policy_speedup, rel=1e-12) for r in sharp)
-  observation = stack_observations([_game(ALL_SPECS[0]).reset().observation])
+  observation = stack_observations([game_of(ALL_SPECS[0]).reset().observation])
   plain = make_search_fn(NETWORKS, CONFIG.search)(noisy_params, jax.random.PRNGKey(0), observation)
   with_floor = make_search_fn(NETWORKS, flat)(noisy_params, jax.random.PRNGKey(0), observation)
   np.testing.assert_array_equal(plain.action_weights, with_floor.action_weights)
@@ -409,7 +387,7 @@ def test_actor_writes_one_item_per_step_and_reports_true_episode_results(played)
   # Replaying each episode's actions on a fresh game gives the result's return and speed-up.
   for result, (_slot, steps) in zip(results, writer.finished):
     spec = SPECS_BY_NAME[result.program]
-    game = _game(spec)
+    game = game_of(spec)
     timestep = game.reset()
     rewards = []
     for action, written_reward in steps:
@@ -497,7 +475,7 @@ def test_imitate_gains_only_teaches_msa_where_a_game_that_lost_left_it(params):
     server.stop()
   unlearned, outcomes = 0, set()
   for result, (_, steps), policies in zip(results, writer.finished, writer.finished_policies):
-    game = _game(SPECS_BY_NAME[result.program])
+    game = game_of(SPECS_BY_NAME[result.program])
     game.reset()
     msa_actions = []
     for action, _reward in steps:
@@ -516,207 +494,3 @@ def test_imitate_gains_only_teaches_msa_where_a_game_that_lost_left_it(params):
   # game played msa's move.
   assert unlearned == actor.num_departures_unlearned > 0
   assert {(True, True), (False, True)} <= outcomes, "no won and lost games that left msa"
-
-
-# ------------------------------------------------------------------------------ variable client
-
-
-class BlockingSource:
-  """The first fetch returns at once; later ones wait until the test releases them."""
-
-  def __init__(self):
-    self.release = threading.Event()
-    self.started = threading.Event()
-    self.finished = threading.Event()
-    self.fail = False
-    self.calls = 0
-
-  def get_variables(self):
-    self.calls += 1
-    if self.calls == 1:
-      return {"version": np.int32(1)}
-    self.started.set()
-    assert self.release.wait(30), "the test never released the fetch"
-    self.finished.set()
-    if self.fail:
-      raise RuntimeError("fetch failed")
-    return {"version": np.int32(self.calls)}
-
-
-def _update_until(client, predicate, timeout_s=10.0):
-  deadline = time.monotonic() + timeout_s
-  while not predicate():
-    assert time.monotonic() < deadline, "the fetched parameters never arrived"
-    client.update()
-    time.sleep(0.01)
-
-
-def test_variable_client_update_never_waits_for_the_source():
-  source = BlockingSource()
-  client = VariableClient(source, update_period=1, device_put=False)
-  try:
-    assert int(client.params["version"]) == 1  # The first access waits for parameters.
-    client.update()  # Starts a fetch that blocks in the source...
-    assert source.started.wait(10)
-    assert not source.finished.is_set()  # ...and update() returned while it still does.
-    for _ in range(5):
-      client.update()  # Acting goes on with the old parameters.
-      assert int(client.params["version"]) == 1
-    assert client.num_updates == 1
-    source.release.set()
-    _update_until(client, lambda: int(client.params["version"]) == 2)
-    assert client.num_updates == 2 and client.num_failures == 0 and client.last_error is None
-  finally:
-    source.release.set()
-    client.close()
-
-
-def test_variable_client_survives_a_failing_source():
-  source = BlockingSource()
-  source.fail = True
-  source.release.set()
-  client = VariableClient(source, update_period=1, device_put=False)
-  try:
-    assert int(client.params["version"]) == 1
-    _update_until(client, lambda: client.num_failures >= 3)
-    assert int(client.params["version"]) == 1  # Failed fetches keep the old parameters.
-    assert isinstance(client.last_error, RuntimeError)
-    assert client.num_updates == 1
-    source.fail = False  # The source recovers: fetches resume.
-    _update_until(client, lambda: int(client.params["version"]) > 1)
-    assert client.num_updates == 2
-  finally:
-    client.close()
-
-
-def test_variable_client_fetches_every_update_period_calls():
-  class Counting:
-    calls = 0
-
-    def get_variables(self):
-      Counting.calls += 1
-      return Counting.calls
-
-  client = VariableClient(Counting(), update_period=4, device_put=False)
-  try:
-    assert client.params == 1
-    for _ in range(3):
-      client.update()
-    time.sleep(0.05)
-    assert Counting.calls == 1  # Not due yet.
-    _update_until(client, lambda: client.params == 2)
-  finally:
-    client.close()
-
-
-# ------------------------------------------------------------------------------ evaluation
-
-
-@pytest.mark.slow
-def test_evaluate_params_mappings_are_valid_and_consistent(params):
-  # Perturbed parameters, so that the greedy search places buffers and the mappings checked
-  # below hold real allocations (fresh parameters mostly leave everything in slow memory).
-  results = evaluate_params(NETWORKS, noisy(params, 7, scale=0.5), CONFIG, ALL_SPECS, seed=3)
-  assert [r.program for r in results] == [s.name for s in ALL_SPECS]
-  assert sum(len(r.mapping.allocations) for r in results) > 0
-  for spec, result in zip(ALL_SPECS, results):
-    report = validate_mapping(spec.workload, spec.hardware, result.mapping)
-    slow, final = result.mapping.slow_only_time_s, result.mapping.estimated_time_s
-    assert result.time_s == final
-    assert report.estimated_time_s == pytest.approx(final, rel=1e-6)
-    assert report.slow_only_time_s == pytest.approx(slow, rel=1e-6)
-    assert result.episode_return == pytest.approx((slow - final) / slow, rel=1e-9, abs=1e-12)
-    assert result.speedup == pytest.approx(slow / final, rel=1e-12)
-
-
-@pytest.mark.slow
-def test_play_programs_keeps_each_programs_fastest_attempt(params):
-  """Several programs x several attempts in one batch: per program, the kept mapping is the
-  fastest of its attempts, the greedy attempt comes first, and every mapping validates."""
-  specs = ALL_SPECS[:3]
-  search = dataclasses.replace(CONFIG.search, num_simulations=4, eval_num_simulations=4)
-  results = play_programs(
-    NETWORKS, noisy(params, 11, scale=0.5), search, CONFIG.game, specs, attempts=3, seed=5
-  )
-  assert [r.program for r in results] == [s.name for s in specs]
-  for spec, result in zip(specs, results):
-    assert len(result.attempt_speedups) == 3
-    assert result.speedup == pytest.approx(max(result.attempt_speedups), rel=1e-12)
-    assert result.attempt_speedups[result.best_attempt] == pytest.approx(result.speedup)
-    assert result.greedy_speedup == result.attempt_speedups[0]
-    # Moves of the greedy trajectory: at most every segment's decision (an uncommit skips the
-    # rest of its buffer), which is what always leaving the buffer in default memory plays.
-    assert 1 <= result.requests <= _all_default_moves(spec)
-    checked = validate_mapping(spec.workload, spec.hardware, result.mapping)
-    assert checked.speedup == pytest.approx(result.speedup, rel=1e-6)
-  with pytest.raises(ValueError, match="attempts"):
-    play_programs(NETWORKS, params, search, CONFIG.game, specs, attempts=0)
-
-
-@pytest.mark.slow  # Compiles the search or the learner step.
-def test_the_policy_alone_is_one_more_attempt_played_as_with_zero_simulations(params):
-  """`policy_alone`: per program one more trajectory, the policy's own (no search): the one that
-  a search of 0 simulations plays greedily, kept last among the attempts and counted in the
-  fastest; where the greedy search has 0 simulations already, no game is added."""
-  specs = ALL_SPECS[:3]
-  noisy_params = noisy(params, 11, scale=0.5)
-  search = dataclasses.replace(CONFIG.search, num_simulations=4, eval_num_simulations=4)
-  alone = dataclasses.replace(search, num_simulations=0, eval_num_simulations=0)
-  results = play_programs(
-    NETWORKS, noisy_params, search, CONFIG.game, specs, attempts=2, seed=5, policy_alone=True
-  )
-  policy = play_programs(NETWORKS, noisy_params, alone, CONFIG.game, specs, seed=9)
-  without = play_programs(NETWORKS, noisy_params, search, CONFIG.game, specs, attempts=2, seed=5)
-  assert {len(p.actions) for p in policy} != {0}
-  for result, played, plain in zip(results, policy, without):
-    assert len(result.attempt_speedups) == 3
-    assert result.policy_speedup == result.attempt_speedups[-1]
-    assert result.policy_speedup == pytest.approx(played.greedy_speedup, rel=1e-12)
-    assert result.speedup == pytest.approx(max(result.attempt_speedups), rel=1e-12)
-    # The searched attempts are the ones played without the policy's game beside them.
-    assert result.attempt_speedups[:2] == pytest.approx(plain.attempt_speedups, rel=1e-12)
-    assert plain.policy_speedup is None
-  for result, played in zip(
-    play_programs(NETWORKS, noisy_params, alone, CONFIG.game, specs, seed=9, policy_alone=True),
-    policy,
-  ):
-    assert len(result.attempt_speedups) == 1
-    assert result.policy_speedup == result.greedy_speedup == played.greedy_speedup
-
-
-@pytest.mark.slow  # Compiles the search or the learner step.
-def test_greedy_play_does_not_depend_on_the_batch_it_shares_as_games_finish(params):
-  """The msa game's episodes differ in length, so the batch shrinks as games end
-  (`_batch_size`): each program's greedy trajectory is the one it gets when played alone."""
-  specs = ALL_SPECS[:4]
-  search = dataclasses.replace(CONFIG.search, num_simulations=4, eval_num_simulations=4)
-  noisy_params = noisy(params, 3, scale=0.5)
-  together = play_programs(NETWORKS, noisy_params, search, CONFIG.game, specs, seed=2)
-  assert len({r.requests for r in together}) > 1, "the games should end at different steps"
-  for spec, result in zip(specs, together):
-    (alone,) = play_programs(NETWORKS, noisy_params, search, CONFIG.game, [spec], seed=2)
-    assert alone.requests == result.requests
-    assert alone.speedup == pytest.approx(result.speedup, rel=1e-12)
-
-
-def test_capacity_variants_add_each_training_entry_at_the_other_fractions():
-  """Actors play every training entry at each variant fraction of its program's peak, named as
-  suite entries are; an entry's own fraction is not added twice, and what reports evaluate
-  (`program_specs`) is the suite's own entries."""
-  config = dataclasses.replace(CONFIG, capacity_variants=(0.25, 0.5))
-  own = program_specs(config, "train")
-  specs = training_specs(config)
-  assert [s.name for s in own] == [s.name for s in TRAIN_SPECS]
-  assert [s.name for s in specs[: len(own)]] == [s.name for s in own]
-  # tiny's training entries are all at 25%: each comes once more, at 50%.
-  assert [s.name for s in specs[len(own) :]] == [s.name.replace(":25%", ":50%") for s in own]
-  for variant, entry in zip(specs[len(own) :], own):
-    assert variant.workload is entry.workload
-    doubled = 2 * entry.hardware.fast_capacity_bytes
-    slack = 2 * len(entry.hardware.levels) * entry.hardware.alignment_bytes
-    assert abs(variant.hardware.fast_capacity_bytes - doubled) <= slack, variant.name
-  assert [s.name for s in training_specs(CONFIG)] == [s.name for s in own]
-  with pytest.raises(ValueError, match=r"fractions in \(0, 1\]"):
-    dataclasses.replace(CONFIG, capacity_variants=(0.0,))
-  with pytest.raises(ValueError, match="train on a suite"):
-    dataclasses.replace(CONFIG, suite="", capacity_variants=(0.5,))
