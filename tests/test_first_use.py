@@ -172,7 +172,7 @@ def test_memory_map_legend_lists_only_the_kinds_drawn(tmp_path):
 
 
 def test_bench_table_fits_a_hundred_columns():
-  from malloczero.launch.bench import NOTE, report_table
+  from malloczero.launch.benchmarks import NOTE, report_table
 
   report = {
     "quick": True,

@@ -198,9 +198,9 @@ def test_evaluate_refuses_a_bad_out_before_evaluating(tmp_path, capsys):
 
 
 def test_bench_refuses_a_bad_out_before_measuring(tmp_path, capsys, monkeypatch):
-  from malloczero.launch import bench
+  from malloczero.launch import benchmarks
 
-  monkeypatch.setattr(bench, "run_bench", lambda **_: pytest.fail("measured anyway"))
+  monkeypatch.setattr(benchmarks, "run_bench", lambda **_: pytest.fail("measured anyway"))
   for out, message in (
     (tmp_path / "missing" / "b.json", "does not exist"),
     (tmp_path, "is a directory"),
@@ -213,7 +213,7 @@ def test_bench_refuses_a_bad_out_before_measuring(tmp_path, capsys, monkeypatch)
 
 def test_bench_prints_its_table_even_when_the_write_fails(tmp_path, capsys, monkeypatch):
   """The path was fine when checked and is a directory by the time the figures are in."""
-  from malloczero.launch import bench
+  from malloczero.launch import benchmarks
 
   out = tmp_path / "b.json"
 
@@ -221,7 +221,7 @@ def test_bench_prints_its_table_even_when_the_write_fails(tmp_path, capsys, monk
     out.mkdir()
     return {"game_steps_per_s": 1234.5}
 
-  monkeypatch.setattr(bench, "run_bench", run_bench)
+  monkeypatch.setattr(benchmarks, "run_bench", run_bench)
   code, stdout, err = _run(capsys, "bench", "--no-agent", "--out", out)
   assert code == 1 and "game_steps_per_s" in stdout and "1,234.5" in stdout
   _one_line_error(err, str(out))

@@ -117,7 +117,7 @@ def test_generated_inputs_are_deterministic_and_load(tmp_path):
 
 @pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
 def test_bench_scale_measures_each_input_in_its_own_process():
-  from malloczero.launch.bench import bench_scale
+  from malloczero.launch.benchmarks import bench_scale
 
   report = bench_scale(csv_rows=200, xla_buffers=200)
   json.dumps(report)

@@ -1,4 +1,4 @@
-"""`malloczero bench`: speed of the game, the cost model and the agent (launch/bench.py)."""
+"""`malloczero bench`: speed of the game, the cost model and the agent (launch/benchmarks.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from malloczero.launch.bench import report_table, run_bench, write_report
+  from malloczero.launch.benchmarks import report_table, run_bench, write_report
 
   if args.out:
     check_output_file(args.out)

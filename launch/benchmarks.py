@@ -420,7 +420,7 @@ def _scale_child(kind: str, path: str) -> dict[str, Any]:
 def _measure_in_subprocess(kind: str, path: str) -> dict[str, Any]:
   """`_scale_child` in a fresh interpreter, so that the peak resident memory is its own."""
   code = (
-    "import json, sys; from malloczero.launch.bench import _scale_child; "
+    "import json, sys; from malloczero.launch.benchmarks import _scale_child; "
     "print(json.dumps(_scale_child(sys.argv[1], sys.argv[2])))"
   )
   done = subprocess.run(
