@@ -7,18 +7,18 @@ move. The learner fits the policy to softmax(advantage / temperature) over the l
 such decisions (learner/losses.py `probe_policy_loss`).
 
 Why: a deviation that pays is worth 1e-3 to 1e-2 of msa's time, while the value's error is 1.2-3
-times the mean |advantage| (docs/results 3.19), so search targets built from the model's
-Q-values rank deviations at chance. Fitted to exact advantages offline, the same network beats
-msa on 9-12 of 16 held-out programs with no search (docs/results 3.20). A probe costs one msa
+times the mean |advantage| (docs/results/archive.md 3.19), so search targets built from the
+model's Q-values rank deviations at chance. Fitted to exact advantages offline, the same network
+beats msa on 9-12 of 16 held-out programs with no search (archive 3.20). A probe costs one msa
 pass per legal move, about 0.3 s per decision on the default suite.
 
 With a policy (`Prober.probe(policy)`), a share of the probes is drawn along that policy's own
-trajectory instead: its moves from the program's start up to the drawn step, then every legal
-move there with msa finishing, each relative to msa's move at that state. Why: a prior fitted on
-msa's states alone leaves msa's trajectory at its first departure, into states it never saw,
-and loses over whole games what it gains at single decisions (docs/results 3.20-3.21); probing
-the states the current network reaches and aggregating them is DAgger (Ross, Gordon & Bagnell
-2011, Algorithm 3.1), here with the network of the moment as the rolled-out policy.
+trajectory instead: its moves from the program's start up to the drawn step, then every legal move
+there with msa finishing, each relative to msa's move at that state. Why: a prior fitted on msa's
+states alone leaves msa's trajectory at its first departure, into states it never saw, and loses
+over whole games what it gains at single decisions (docs/results/archive.md 3.20-3.21); probing the
+states the current network reaches and aggregating them is DAgger (Ross, Gordon & Bagnell 2011,
+Algorithm 3.1), here with the network of the moment as the rolled-out policy.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Greedy play drifts between evaluations of one run: on the default suite a run's held-out curve
 alternates between msa's geomean and a program's 1.49x gain from one evaluation to the next
-(docs/results 3.1). The final evaluation therefore reports, among the last few checkpoints the
-learner kept (`Config.select_checkpoints`, one every `eval_every_steps`), the one whose greedy
-play is fastest on the *training* programs. Held-out programs never take part in the choice, so
-the held-out figures stay an honest test.
+(docs/results/archive.md 3.1). The final evaluation therefore reports, among the last few
+checkpoints the learner kept (`Config.select_checkpoints`, one every `eval_every_steps`), the one
+whose greedy play is fastest on the *training* programs. Held-out programs never take part in the
+choice, so the held-out figures stay an honest test.
 """
 
 from __future__ import annotations

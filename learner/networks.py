@@ -62,11 +62,11 @@ class MuZeroNetworks(NamedTuple):
 
 # ------------------------------------------------------------------------------ value transform
 
-# The value transform h (Pohlen et al. 2018, "Observe and Look Further"; rlax.signed_hyperbolic)
-# and the two-hot encoding, written so that float32 keeps the small numbers this game is made of
-# (median reward 2.6e-5 on the default suite, 41% below 1e-5; docs/results): rlax's h computes
-# sqrt(|x| + 1) - 1 and its inverse a difference of two numbers near 500, both cancelling (a
-# perfect two-hot of 1e-6 decoded to -6.1e-6), and rlax's two-hot adds 1e-5 to a denominator.
+# The value transform h (Pohlen et al. 2018, "Observe and Look Further"; rlax.signed_hyperbolic) and
+# the two-hot encoding, written so that float32 keeps the small numbers this game is made of (median
+# reward 2.6e-5 on the default suite, 41% below 1e-5; docs/results/archive.md 3.7): rlax's h
+# computes sqrt(|x| + 1) - 1 and its inverse a difference of two numbers near 500, both cancelling
+# (a perfect two-hot of 1e-6 decoded to -6.1e-6), and rlax's two-hot adds 1e-5 to a denominator.
 TRANSFORM_EPS = 1e-3
 
 

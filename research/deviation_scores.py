@@ -15,9 +15,9 @@ pairwise ranking accuracy over pairs of moves whose advantages differ by at leas
 error is in the advantage's units only for networks trained with the "advantage" reward).
 `probe_policy_trajectory` draws the decisions along a policy's own trajectory instead.
 
-Why: the network's own play ties msa on almost every program (docs/results section 3), and this
-tells apart a network that ranks deviations but is held back (by its prior, the search or the
-evaluation floor) from one that cannot tell a gainful deviation from a losing one, on training
+Why: the network's own play ties msa on almost every program (docs/results/archive.md 3.12-3.18),
+and this tells apart a network that ranks deviations but is held back (by its prior, the search or
+the evaluation floor) from one that cannot tell a gainful deviation from a losing one, on training
 programs (fitted) and held-out ones (generalisation).
 """
 
@@ -40,7 +40,8 @@ from malloczero.env.solvers.evo_msa import Genome
 from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar
 
 # Pairs of moves whose exact advantages differ by less than this are not ranked: 1e-3 of msa's
-# time is where deviations start to matter (docs/results 3.0).
+# time is where deviations start to matter (docs/results/README.md, "What a deviation from msa
+# is worth").
 DEFAULT_MIN_GAP = 1e-3
 
 
@@ -111,8 +112,8 @@ def probe_policy_trajectory(
   (evo-msa's `decode`, the policy's departures before the step as its genome). A move's advantage
   is over msa's move at that step after the same moves (so msa's is 0), in fractions of msa's own
   program time. Why: a policy's departures lead to states msa's trajectory never visits, and a
-  prior fitted on msa's states alone loses there over whole games (docs/results 3.20); these are
-  the states to fit it on next (DAgger, Ross et al. 2011)."""
+  prior fitted on msa's states alone loses there over whole games (docs/results/archive.md
+  3.20); these are the states to fit it on next (DAgger, Ross et al. 2011)."""
   game = make_game(spec.workload, spec.hardware, dataclasses.replace(config, reward="advantage"))
   moves, msa_moves, observations = [], [], []
   timestep = game.reset()

@@ -7,8 +7,9 @@ exact advantages of the training programs' probed decisions (`scripts/score_devi
 temperature) over its legal moves, msa's move's advantage raised by `--msa-margin`: msa's move
 where nothing pays, the gainful move where one does. Why: trained agents put msa's move first at
 every probed decision and rank the deviations among themselves at chance, on training programs
-too (docs/results 3.19); a network fitted directly to exact advantages tells whether the
-observation can express which deviations pay, apart from the reinforcement-learning signal.
+too (docs/results/archive.md 3.19); a network fitted directly to exact advantages tells
+whether the observation can express which deviations pay, apart from the reinforcement-learning
+signal.
 `--save-checkpoint` writes the fitted network where `malloczero evaluate` plays it.
 
   .venv/bin/python scripts/fit_deviations.py --probed probed.npz --checkpoint runs/a
