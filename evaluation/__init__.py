@@ -11,6 +11,7 @@ what shows the results.
   plots.py           pictures: memory maps, speed-up bars, learning curves (matplotlib)
   console.py         the console tables of `evaluate` and `train` (rich)
 
-The Launchpad wiring (malloczero.system) uses the first seven; the pictures and reports are drawn
-from here, so a baseline-only command (`solve --plot`) never loads the training system.
+The Launchpad wiring (malloczero.system) keeps a run's baselines, learning curve, best mappings
+and final report with these modules and draws nothing itself; a baseline-only command (`solve
+--plot`) draws with plots.py and never loads the wiring.
 """
