@@ -33,11 +33,11 @@ from malloczero.learner.checkpoint import (
   save_state,
   to_numpy,
 )
-from malloczero.learner.losses import muzero_loss, probe_policy_loss
+from malloczero.learner.losses import muzero_loss
 from malloczero.learner.networks import MuZeroNetworks, Observation, Params
+from malloczero.learner.probes import ProbeStore, probe_policy_loss
 from malloczero.learner.reanalyse import ReanalyseFn, SearchFn, make_reanalyse_fn
 from malloczero.replay.demonstrations import Demonstrations
-from malloczero.replay.probes import ProbeStore
 from malloczero.replay.types import Batch, Step
 
 _log = logging.getLogger("malloczero.learner")
@@ -140,7 +140,7 @@ def make_sgd_step(
   probes = None)` -> `(state, metrics, priorities [B])`; metrics and priorities are those of the
   parameters the step started from. `exact_values` marks demonstration items, `probes` is
   (observations `[P, ...]`, exact advantages `[P, A]`, msa's moves `[P]`) of probed decisions
-  (learner/losses.py)."""
+  (learner/losses.py, learner/probes/loss.py)."""
   learner_config = config.learner
   optimizer = make_optimizer(learner_config)
   schedule = learning_rate_schedule(learner_config)
@@ -210,9 +210,9 @@ class MuZeroLearner:
     candidates_dir: with `config.select_checkpoints` above 1, where a checkpoint is kept every
       `config.eval_every_steps` steps for the final evaluation's selection (the newest
       `select_checkpoints` of them; older ones are deleted).
-    probes: probed decisions (replay/probes.py) the actors offer (`offer_probe`); once it holds
-      any, each batch also fits the policy at `learner.probe_batch` of them, and they are saved
-      and restored with the checkpoint.
+    probes: probed decisions (learner/probes/store.py) the actors offer (`offer_probe`); once
+      it holds any, each batch also fits the policy at `learner.probe_batch` of them, and they
+      are saved and restored with the checkpoint.
 
   With `learner.reanalyse_fraction` above 0, the first `learner.reanalyse_batch` sampled items
   of each batch get fresh policy targets at states 0..K from `reanalyse_search` (the actors'
@@ -460,10 +460,10 @@ class MuZeroLearner:
     return self._demonstrations.offer(program, actions, episode_return, "agent")
 
   def offer_probe(self, observation: dict[str, Any], advantages: Any, msa_action: int) -> int:
-    """A decision an actor probed (actors/prober.py): its observation, each action slot's exact
-    advantage over msa `[A]` (arrays or nested lists) and msa's move; returns the number of
-    probes stored (0 when this learner keeps none). Raises ValueError for one whose shapes are
-    not this run's."""
+    """A decision an actor probed (learner/probes/prober.py): its observation, each action
+    slot's exact advantage over msa `[A]` (arrays or nested lists) and msa's move; returns the
+    number of probes stored (0 when this learner keeps none). Raises ValueError for one whose
+    shapes are not this run's."""
     if self._probes is None:
       return 0
     return self._probes.add(observation, advantages, msa_action)

@@ -49,8 +49,8 @@ def main() -> int:
 
   from malloczero.actors.agent import load_agent
   from malloczero.actors.games import suite_games
-  from malloczero.actors.prober import greedy_policies
   from malloczero.common.errors import MalloczeroError
+  from malloczero.learner.probes import greedy_policies
   from malloczero.system import deviation_probe as probe
 
   min_gap = probe.DEFAULT_MIN_GAP if args.min_gap is None else args.min_gap
