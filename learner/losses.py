@@ -11,7 +11,7 @@ the K + 1 unrolled states k, fits:
   legal   the game's legal mask at k                                   (real and terminal states)
 
 `v_target` is the target network's value, except for demonstration items (`exact_values`, see
-replay/demonstrations.py), whose stored `root_value` is the exact return still to come. The
+learner/demonstrations/), whose stored `root_value` is the exact return still to come. The
 bootstrap is dropped when state k+n is the terminal state or padding (valid == 0): the
 terminal value is 0 by definition, so only real states bootstrap. The target and the priorities
 sent back to replay are replay/targets.py's, which the actors' replay writer also uses for its

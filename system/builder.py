@@ -27,12 +27,12 @@ from malloczero.common.files import write_text
 from malloczero.configs.config import ActorConfig, Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.env.validator import validate_mapping
+from malloczero.learner.demonstrations import Demonstration, Demonstrations
 from malloczero.learner.learner import MuZeroLearner
 from malloczero.learner.networks import MuZeroNetworks
 from malloczero.learner.probes import Prober, ProbeStore
 from malloczero.learner.reanalyse import SearchFn
 from malloczero.replay import Sampler, SequenceWriter, make_table
-from malloczero.replay.demonstrations import Demonstration, Demonstrations
 from malloczero.system.training import LearningCurve
 
 # How long one learner sample may wait on the replay's rate limiter before the learner re-checks
