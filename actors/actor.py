@@ -13,17 +13,17 @@ import jax
 import numpy as np
 
 from malloczero.actors.games import GamePool
-from malloczero.actors.prober import Prober, greedy_policies
 from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient
 from malloczero.configs.config import Config
 from malloczero.learner.networks import MuZeroNetworks
+from malloczero.learner.probes import Prober, greedy_policies
 from malloczero.replay.types import Step
 
 _log = logging.getLogger("malloczero.actors")
 
 # `offer(program, actions, episode_return) -> best return known for the program`: the learner's
-# `offer_demonstration` (replay/demonstrations.py).
+# `offer_demonstration` (learner/demonstrations/).
 OfferFn = Callable[[str, Sequence[int], float], float]
 # `offer_probe(observation, advantages [A], msa_action) -> probes stored`: the learner's
 # `offer_probe`, called with nested lists.
@@ -54,7 +54,7 @@ class BatchedActor:
   of it; the answer (the best return now known) updates what counts as better.
 
   With `prober` and `offer_probe`, `config.actor.probe_share` of the actor's time goes to
-  probing decisions (actors/prober.py), each sent to the learner in a background thread.
+  probing decisions (learner/probes/), each sent to the learner in a background thread.
   """
 
   def __init__(

@@ -7,7 +7,7 @@ import os
 from typing import Optional
 
 from malloczero.env.validator import validate_mapping
-from malloczero.replay.demonstrations import Demonstration
+from malloczero.learner.demonstrations import Demonstration
 
 
 def write_best_mapping(directory: str, demonstration: Demonstration, game) -> Optional[str]:

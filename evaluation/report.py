@@ -502,7 +502,7 @@ def write_program_report(
   from malloczero.actors.games import GameSpec
   from malloczero.env.solvers import solve
   from malloczero.env.workload import load_workload
-  from malloczero.replay.demonstrations import DEMONSTRATIONS_FILENAME
+  from malloczero.learner.demonstrations import DEMONSTRATIONS_FILENAME
 
   files = WorkDir(workdir)
   try:

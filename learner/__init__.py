@@ -1,6 +1,7 @@
 """malloczero: learner (see docs/design.md): Haiku networks, the MuZero loss, the optax learner and
-its
-checkpoints. Made-up batches for benchmarks and tests are in learner/fakes.py, outside this API."""
+its checkpoints. Made-up batches for benchmarks and tests are in learner/fakes.py, outside this API.
+Two features that reach beyond the learner are each one sub-package, whose docstring says where
+the actors and the learner hook in: learner/probes/ and learner/demonstrations/."""
 
 from malloczero.learner.checkpoint import (
   CHECKPOINT_FILENAME,

@@ -33,11 +33,15 @@ from malloczero.learner.checkpoint import (
   save_state,
   to_numpy,
 )
-from malloczero.learner.losses import muzero_loss, probe_policy_loss
+from malloczero.learner.demonstrations import (
+  Demonstrations,
+  demonstration_metrics,
+  mix_demonstrations,
+)
+from malloczero.learner.losses import muzero_loss
 from malloczero.learner.networks import MuZeroNetworks, Observation, Params
+from malloczero.learner.probes import ProbeStore, probe_policy_loss
 from malloczero.learner.reanalyse import ReanalyseFn, SearchFn, make_reanalyse_fn
-from malloczero.replay.demonstrations import Demonstrations
-from malloczero.replay.probes import ProbeStore
 from malloczero.replay.types import Batch, Step
 
 _log = logging.getLogger("malloczero.learner")
@@ -140,7 +144,7 @@ def make_sgd_step(
   probes = None)` -> `(state, metrics, priorities [B])`; metrics and priorities are those of the
   parameters the step started from. `exact_values` marks demonstration items, `probes` is
   (observations `[P, ...]`, exact advantages `[P, A]`, msa's moves `[P]`) of probed decisions
-  (learner/losses.py)."""
+  (learner/losses.py, learner/probes/loss.py)."""
   learner_config = config.learner
   optimizer = make_optimizer(learner_config)
   schedule = learning_rate_schedule(learner_config)
@@ -204,15 +208,15 @@ class MuZeroLearner:
     checkpoint_dir: where `learner_state.npz` is written (every `checkpoint_every_s` inside
       `step()`, and by `save()`); if it already holds one, the learner resumes from it.
     logger: anything with `write(dict)` (an Acme logger), given every step's metrics.
-    demonstrations: the best trajectory per training program (replay/demonstrations.py); each
+    demonstrations: the best trajectory per training program (learner/demonstrations/); each
       batch then holds `learner.demonstration_batch` windows of them after the sampled items
       (fitted to their exact returns), and they are saved and restored with the checkpoint.
     candidates_dir: with `config.select_checkpoints` above 1, where a checkpoint is kept every
       `config.eval_every_steps` steps for the final evaluation's selection (the newest
       `select_checkpoints` of them; older ones are deleted).
-    probes: probed decisions (replay/probes.py) the actors offer (`offer_probe`); once it holds
-      any, each batch also fits the policy at `learner.probe_batch` of them, and they are saved
-      and restored with the checkpoint.
+    probes: probed decisions (learner/probes/store.py) the actors offer (`offer_probe`); once
+      it holds any, each batch also fits the policy at `learner.probe_batch` of them, and they
+      are saved and restored with the checkpoint.
 
   With `learner.reanalyse_fraction` above 0, the first `learner.reanalyse_batch` sampled items
   of each batch get fresh policy targets at states 0..K from `reanalyse_search` (the actors'
@@ -295,10 +299,9 @@ class MuZeroLearner:
       steps, reanalysed = self._reanalysed(steps)
     num_demonstrations = self._config.learner.demonstration_batch
     if self._demonstrations is not None and num_demonstrations:
-      demo_steps, demo_weights = self._demonstrations.sample(num_demonstrations)
-      steps = jax.tree_util.tree_map(lambda a, b: np.concatenate([a, b]), steps, demo_steps)
-      weights = np.concatenate([weights, demo_weights])
-      exact_values = np.arange(len(weights)) >= num_sampled
+      steps, weights, exact_values = mix_demonstrations(
+        self._demonstrations, num_demonstrations, steps, weights
+      )
     probes = None
     if self._probes is not None and len(self._probes):
       probes = self._probes.sample(self._config.learner.probe_batch)
@@ -318,10 +321,7 @@ class MuZeroLearner:
     result["learner_steps"] = float(self._num_steps)
     result.update(reanalysed)
     if self._demonstrations is not None:
-      result["demonstrations_improved"] = float(self._demonstrations.num_improved())
-      result["demonstration_replays"] = float(self._demonstrations.num_replays)
-      result["demonstration_replay_s"] = self._demonstrations.replay_seconds
-      result["demonstration_departures"] = float(self._demonstrations.num_departures())
+      result.update(demonstration_metrics(self._demonstrations))
     if self._probes is not None:
       result["probes"] = float(len(self._probes))
     result["learner_steps_per_s"] = 1.0 / max(elapsed, 1e-9)
@@ -451,19 +451,19 @@ class MuZeroLearner:
   def offer_demonstration(
     self, program: str, actions: Sequence[int], episode_return: float
   ) -> float:
-    """A game the agent played (an actor's or an evaluation's) (replay/demonstrations.py
-    `Demonstrations.offer`); returns the
-    best return now known for `program` (+inf when this learner keeps no demonstrations, so
-    the actor stops offering)."""
+    """A game the agent played (an actor's or an evaluation's), offered as `program`'s
+    demonstration (learner/demonstrations/store.py `Demonstrations.offer`); returns the best
+    return now known for `program` (+inf when this learner keeps no demonstrations, so the actor
+    stops offering)."""
     if self._demonstrations is None:
       return float("inf")
     return self._demonstrations.offer(program, actions, episode_return, "agent")
 
   def offer_probe(self, observation: dict[str, Any], advantages: Any, msa_action: int) -> int:
-    """A decision an actor probed (actors/prober.py): its observation, each action slot's exact
-    advantage over msa `[A]` (arrays or nested lists) and msa's move; returns the number of
-    probes stored (0 when this learner keeps none). Raises ValueError for one whose shapes are
-    not this run's."""
+    """A decision an actor probed (learner/probes/prober.py): its observation, each action
+    slot's exact advantage over msa `[A]` (arrays or nested lists) and msa's move; returns the
+    number of probes stored (0 when this learner keeps none). Raises ValueError for one whose
+    shapes are not this run's."""
     if self._probes is None:
       return 0
     return self._probes.add(observation, advantages, msa_action)

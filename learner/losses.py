@@ -11,7 +11,7 @@ the K + 1 unrolled states k, fits:
   legal   the game's legal mask at k                                   (real and terminal states)
 
 `v_target` is the target network's value, except for demonstration items (`exact_values`, see
-replay/demonstrations.py), whose stored `root_value` is the exact return still to come. The
+learner/demonstrations/), whose stored `root_value` is the exact return still to come. The
 bootstrap is dropped when state k+n is the terminal state or padding (valid == 0): the
 terminal value is 0 by definition, so only real states bootstrap. The target and the priorities
 sent back to replay are replay/targets.py's, which the actors' replay writer also uses for its
@@ -19,7 +19,8 @@ initial priorities, so both are on one scale. Value and reward losses are still 
 end, with target 0, as in MuZero, so that the model learns that nothing more is to be had there.
 
 Everything is in raw return units (normalised time saved); `scalar_to_probs` scales and
-squashes for the categorical heads.
+squashes for the categorical heads. The policy loss at probed decisions, which the learner's step
+adds to this one, is learner/probes/loss.py's.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import optax
 
 from malloczero.configs.config import LearnerConfig
 from malloczero.learner.networks import (
-  ILLEGAL_LOGIT,
   MuZeroNetworks,
   Params,
   logits_to_scalar,
@@ -52,7 +52,7 @@ def scale_gradient(x: chex.Array, scale: float) -> chex.Array:
   return x * scale + jax.lax.stop_gradient(x) * (1.0 - scale)
 
 
-def _cross_entropy(logits: chex.Array, target_probs: chex.Array) -> chex.Array:
+def cross_entropy(logits: chex.Array, target_probs: chex.Array) -> chex.Array:
   """`[..., C]` logits and target distributions -> `[...]` cross-entropies."""
   return -jnp.sum(target_probs * jax.nn.log_softmax(logits), axis=-1)
 
@@ -127,12 +127,12 @@ def muzero_loss(
   reward_logits = jnp.swapaxes(reward_logits, 0, 1)  # [B, K, S]
 
   # Value: every unrolled state, target 0 at and past the terminal.
-  value_loss = _cross_entropy(value_logits, scalar_to_probs(z, net_cfg)).mean(-1)  # [B]
+  value_loss = cross_entropy(value_logits, scalar_to_probs(z, net_cfg)).mean(-1)  # [B]
 
   # Reward: every dynamics step; the terminal state and padding carry reward 0.
   if k_steps:
     reward_targets = rewards[:, :k_steps] * valid[:, :k_steps]
-    reward_loss = _cross_entropy(reward_logits, scalar_to_probs(reward_targets, net_cfg)).mean(
+    reward_loss = cross_entropy(reward_logits, scalar_to_probs(reward_targets, net_cfg)).mean(
       -1
     )  # [B]
   else:
@@ -142,7 +142,7 @@ def muzero_loss(
   # so that every unroll step carries the same weight.
   policy_mask = valid[:, : k_steps + 1]  # [B, K+1]
   policy_target = steps.policy[:, : k_steps + 1].astype(jnp.float32)
-  policy_ce = _cross_entropy(policy_logits, policy_target)  # [B, K+1]
+  policy_ce = cross_entropy(policy_logits, policy_target)  # [B, K+1]
   policy_loss = (policy_ce * policy_mask).sum(-1) / (k_steps + 1)  # [B]
 
   # Legality: real states and the terminal state; padding has no legal action at all (action 0 is
@@ -188,59 +188,3 @@ def muzero_loss(
     "priority": priorities.mean(),
   }
   return loss, metrics, priorities
-
-
-def advantage_targets(
-  advantages: chex.Array,
-  legal: chex.Array,
-  temperature: float,
-  msa_actions: chex.Array | None = None,
-  msa_margin: float = 0.0,
-) -> chex.Array:
-  """`[N, A]` exact advantages over msa and legal masks -> `[N, A]` policy targets:
-  softmax(advantage / temperature) over the legal moves, 0 elsewhere, msa's moves `[N]` raised
-  by `msa_margin` first."""
-  if msa_actions is not None:
-    advantages = advantages + msa_margin * jax.nn.one_hot(msa_actions, advantages.shape[-1])
-  scores = jnp.where(legal, advantages / temperature, -jnp.inf)
-  return jax.nn.softmax(scores, axis=-1)
-
-
-def probe_policy_loss(
-  networks: MuZeroNetworks,
-  params: Params,
-  observation: dict[str, chex.Array],
-  advantages: chex.Array,
-  msa_actions: chex.Array,
-  temperature: float,
-  msa_margin: float = 0.0,
-) -> tuple[chex.Array, dict[str, chex.Array]]:
-  """The policy's cross-entropy to `advantage_targets` at probed decisions (actors/prober.py),
-  msa's move's advantage raised by `msa_margin` in the targets.
-
-  Args:
-    observation: the decisions' observations, leaves `[P, ...]`.
-    advantages: `[P, A]` each move's exact advantage over msa (0 at illegal slots).
-    msa_actions: `[P]` msa's move at each.
-    temperature: of the targets' softmax, in advantage units.
-    msa_margin: a move other than msa's is preferred only where it gains more than this: many
-      moves tie msa's exactly at a decision, and a whole game's departures at ties take it
-      into states no probe was drawn from.
-
-  Returns:
-    (mean loss, metrics): among them what the policy's legal argmax would earn there
-    (`probe_pick_advantage`) against the best move (`probe_best_advantage`).
-  """
-  legal = observation["legal_actions"] > 0
-  advantages = advantages.astype(jnp.float32)
-  logits = networks.predict(params, networks.represent(params, observation)).policy_logits
-  logits = jnp.where(legal, logits, ILLEGAL_LOGIT)
-  target = advantage_targets(advantages, legal, temperature, msa_actions, msa_margin)
-  loss = _cross_entropy(logits, target).mean()
-  pick = jnp.take_along_axis(advantages, jnp.argmax(logits, -1)[:, None], -1)[:, 0]
-  best = jnp.max(jnp.where(legal, advantages, -jnp.inf), -1)
-  return loss, {
-    "probe_policy_loss": loss,
-    "probe_pick_advantage": pick.mean(),
-    "probe_best_advantage": best.mean(),
-  }

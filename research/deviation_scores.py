@@ -34,10 +34,10 @@ import numpy as np
 
 from malloczero.actors.actor import stack_observations
 from malloczero.actors.games import GameSpec
-from malloczero.actors.prober import Policy, advantages_after, one_move_advantages
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.solvers.evo_msa import Genome
 from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar
+from malloczero.learner.probes import Policy, advantages_after, one_move_advantages
 
 # Pairs of moves whose exact advantages differ by less than this are not ranked: 1e-3 of msa's
 # time is where deviations start to matter (docs/results/README.md, "What a deviation from msa

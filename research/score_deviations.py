@@ -48,8 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   from malloczero.actors.agent import load_agent
   from malloczero.actors.games import suite_games
-  from malloczero.actors.prober import greedy_policies
   from malloczero.common.errors import MalloczeroError
+  from malloczero.learner.probes import greedy_policies
   from malloczero.research import deviation_scores as probe
 
   min_gap = probe.DEFAULT_MIN_GAP if args.min_gap is None else args.min_gap

@@ -20,7 +20,6 @@ from acme.utils import loggers
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult, OfferFn, OfferProbeFn
 from malloczero.actors.games import GamePool, GameSpec, training_specs
-from malloczero.actors.prober import Prober
 from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient, VariableSource
 from malloczero.common.files import write_text
@@ -28,12 +27,12 @@ from malloczero.configs.config import ActorConfig, Config
 from malloczero.configs.workdir import WorkDir
 from malloczero.evaluation.best_mappings import write_best_mapping
 from malloczero.evaluation.learning_curve import LearningCurve
+from malloczero.learner.demonstrations import Demonstrations
 from malloczero.learner.learner import MuZeroLearner
 from malloczero.learner.networks import MuZeroNetworks
+from malloczero.learner.probes import Prober, ProbeStore
 from malloczero.learner.reanalyse import SearchFn
 from malloczero.replay import Sampler, SequenceWriter, make_table
-from malloczero.replay.demonstrations import Demonstrations
-from malloczero.replay.probes import ProbeStore
 
 # How long one learner sample may wait on the replay's rate limiter before the learner re-checks
 # for a stop. Stopping an in-process server does not wake a sample blocked in the dataset (it reads
@@ -150,7 +149,7 @@ def make_actor(
   write blocked by the rate limiter gives up once `should_stop()`. With `offer` (the learner's
   `offer_demonstration`), games faster than the best known are offered as demonstrations; with
   probes on and `offer_probe` (the learner's), it probes decisions of the same programs for the
-  learner (actors/prober.py)."""
+  learner (learner/probes/)."""
   pool = GamePool(training_specs(config), config.game, config.actor.num_games, seed=seed)
   writer = SequenceWriter(replay, config, config.actor.num_games, should_stop=should_stop)
   return BatchedActor(

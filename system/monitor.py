@@ -34,7 +34,7 @@ class RunSample:
   inserts: int  # Items inserted into replay since the server started.
   samples: int  # Items sampled from replay since the server started.
   live_actors: int
-  probes: int = 0  # Decisions the actors probed for the learner (actors/prober.py).
+  probes: int = 0  # Decisions the actors probed for the learner (learner/probes/).
 
 
 class Monitor:

@@ -20,14 +20,14 @@ from malloczero.env.mapping import load_mapping
 from malloczero.env.solvers import solve
 from malloczero.learner import MuZeroLearner, make_networks
 from malloczero.learner import learner as learner_lib
-from malloczero.learner.fakes import random_batch
-from malloczero.replay import PRIORITY_EPSILON
-from malloczero.replay.demonstrations import (
+from malloczero.learner.demonstrations import (
   DEMONSTRATIONS_FILENAME,
   Demonstrations,
   demonstration_steps,
   heuristic_actions,
 )
+from malloczero.learner.fakes import random_batch
+from malloczero.replay import PRIORITY_EPSILON
 from malloczero.system.builder import write_best_mapping
 
 CONFIG = get_config("tiny")

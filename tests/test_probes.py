@@ -1,6 +1,6 @@
 """Probes in the training loop: actors play every legal move of a decision of msa's game (msa
-finishing), the learner fits its policy to the exact advantages (actors/prober.py,
-replay/probes.py, learner/losses.py `probe_policy_loss`)."""
+finishing), the learner fits its policy to the exact advantages (learner/probes/: prober.py,
+store.py, loss.py `probe_policy_loss`)."""
 
 import dataclasses
 
@@ -10,7 +10,6 @@ import pytest
 
 from malloczero.actors.actor import BatchedActor
 from malloczero.actors.games import GamePool, suite_games
-from malloczero.actors.prober import Prober, one_move_advantages
 from malloczero.actors.variable_client import VariableClient
 from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import get_config, small, with_section
@@ -18,8 +17,14 @@ from malloczero.env.game import make_game
 from malloczero.env.solvers.evo_msa import decode
 from malloczero.learner import MuZeroLearner, make_networks
 from malloczero.learner.fakes import random_batch
-from malloczero.learner.losses import advantage_targets, probe_policy_loss
-from malloczero.replay.probes import PROBES_FILENAME, ProbeStore
+from malloczero.learner.probes import (
+  PROBES_FILENAME,
+  Prober,
+  ProbeStore,
+  advantage_targets,
+  one_move_advantages,
+  probe_policy_loss,
+)
 
 CONFIG = with_section(get_config("tiny"), "actor", probe_share=0.5)
 GAME = CONFIG.game

@@ -4,7 +4,7 @@ At a decision of msa's own trajectory of a program, every legal move is played o
 finishes the program (`MsaGame.reset_segment(step, 1)`: a one-move short game), so each move's
 advantage over msa is exact: (msa's time - the mapping's time) / msa's time, 0 for msa's own
 move. The learner fits the policy to softmax(advantage / temperature) over the legal moves at
-such decisions (learner/losses.py `probe_policy_loss`).
+such decisions (learner/probes/loss.py `probe_policy_loss`).
 
 Why: a deviation that pays is worth 1e-3 to 1e-2 of msa's time, while the value's error is 1.2-3
 times the mean |advantage| (docs/results/archive.md 3.19), so search targets built from the
@@ -24,15 +24,30 @@ Algorithm 3.1), here with the network of the moment as the rolled-out policy.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import jax
 import numpy as np
 
-from malloczero.actors.games import GameSpec
+from malloczero.env import Hardware, Workload
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.solvers.evo_msa import Genome, decode
 from malloczero.learner.networks import MuZeroNetworks, Params
+
+
+class ProgramSpec(Protocol):
+  """A program to probe, as the prober reads it: the actors' `GameSpec` is one. Typed by its
+  attributes, since the learner sits below the actors in the layering and may not import them."""
+
+  @property
+  def name(self) -> str: ...
+
+  @property
+  def workload(self) -> Workload: ...
+
+  @property
+  def hardware(self) -> Hardware: ...
+
 
 # Draws of a step before the prober gives up on a program whose decisions offer one legal move.
 MAX_DRAWS = 16
@@ -125,7 +140,7 @@ class Prober:
   the advantage is relative to msa's completion)."""
 
   def __init__(
-    self, specs: Sequence[GameSpec], config: GameConfig, seed: int = 0, on_policy: float = 0.0
+    self, specs: Sequence[ProgramSpec], config: GameConfig, seed: int = 0, on_policy: float = 0.0
   ):
     if config.decisions != "msa":
       raise ValueError("probes need the msa game: only it knows msa's move")

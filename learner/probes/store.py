@@ -1,7 +1,7 @@
-"""The learner's store of probed decisions (actors/prober.py), sampled into every batch.
+"""The learner's store of probed decisions (learner/probes/prober.py), sampled into every batch.
 
 A probe is one decision with the exact advantage of every legal move over msa: the learner fits
-its policy there to softmax(advantage / temperature) (learner/losses.py `probe_policy_loss`).
+its policy there to softmax(advantage / temperature) (learner/probes/loss.py `probe_policy_loss`).
 The store is a ring of `capacity` decisions (the oldest replaced first), sampled uniformly, and
 saved with the learner's checkpoint as a plain `.npz` (arrays only, loaded without pickle): a
 probe costs one msa pass per legal move, so a resumed run keeps them.
