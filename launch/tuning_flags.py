@@ -24,7 +24,7 @@ from malloczero.launch.flags import (
 @dataclasses.dataclass(frozen=True)
 class TuningFlag:
   flag: str  # "--skip-below"
-  section: str  # The Config section it overrides: "game", "learner", "search", "actor".
+  section: str  # The Config section it overrides: "game", "learner", "search", "actor", "probes".
   field: str  # The field of that section.
   help: str  # Ends with the default, which `add_tuning_flags` appends.
   type: Callable[[str], Any] | None = None
@@ -102,8 +102,8 @@ TUNING_FLAGS = (
   ),
   TuningFlag(
     "--probes",
-    "actor",
-    "probe_share",
+    "probes",
+    "share",
     "share of each actor's time spent probing decisions of msa's game (every legal move played "
     "once, msa the rest), whose exact advantages over msa the learner fits the policy to (0 "
     "turns probes off)",
@@ -112,8 +112,8 @@ TUNING_FLAGS = (
   ),
   TuningFlag(
     "--probes-on-policy",
-    "actor",
-    "probe_on_policy",
+    "probes",
+    "on_policy",
     "share of the probes drawn along the network's own trajectory (its policy alone from the "
     "program's start) rather than msa's, with --probes",
     probability,
@@ -121,16 +121,16 @@ TUNING_FLAGS = (
   ),
   TuningFlag(
     "--probe-batch",
-    "learner",
-    "probe_batch",
+    "probes",
+    "batch",
     "probed decisions the learner fits beside each batch, with --probes",
     positive_int,
     "N",
   ),
   TuningFlag(
     "--probe-msa-margin",
-    "learner",
-    "probe_msa_margin",
+    "probes",
+    "msa_margin",
     "added to msa's move's advantage in the probes' policy targets: the policy leaves msa's "
     "move only where another gains more than this (in fractions of msa's time), with --probes",
     non_negative_float,

@@ -109,9 +109,9 @@ def make_reanalyse_search(networks: MuZeroNetworks, config: Config) -> Optional[
 
 def make_probe_store(config: Config) -> Optional[ProbeStore]:
   """The learner's store of probed decisions, or None with probes off."""
-  if not config.actor.probe_share:
+  if not config.probes.share:
     return None
-  return ProbeStore(config.game, config.learner.probe_capacity, seed=config.seed)
+  return ProbeStore(config.game, config.probes.capacity, seed=config.seed)
 
 
 def make_learner(
@@ -181,11 +181,11 @@ def make_actor(
     on_episode=on_episode,
     offer=offer if config.learner.demonstration_batch else None,
     prober=(
-      Prober(pool.specs, config.game, seed=seed + 1, on_policy=config.actor.probe_on_policy)
-      if config.actor.probe_share
+      Prober(pool.specs, config.game, seed=seed + 1, on_policy=config.probes.on_policy)
+      if config.probes.share
       else None
     ),
-    offer_probe=offer_probe if config.actor.probe_share else None,
+    offer_probe=offer_probe if config.probes.share else None,
   )
 
 
