@@ -213,9 +213,9 @@ def make_evaluator(
 class ResumableCSVLogger(loggers.CSVLogger):
   """Acme's CSV logger (one row per write, the columns fixed at the first write), for a log that a
   resumed run appends to: its rows follow the columns of the file's header, and fields the header
-  lacks (a flag turned on at the resume, such as `--reanalyse`) become new columns, the file
-  rewritten once with them (earlier rows blank there). Acme's own logger writes such rows under
-  the old header, every column after a new one shifted."""
+  lacks (a setting turned on at the resume, such as `--set learner.reanalyse_fraction`) become
+  new columns, the file rewritten once with them (earlier rows blank there). Acme's own logger
+  writes such rows under the old header, every column after a new one shifted."""
 
   def write(self, data: loggers.LoggingData) -> None:
     # pylint: disable=protected-access  # Acme's writer is made at the first write; made here.

@@ -89,8 +89,8 @@ def test_train_runs_a_tiny_single_process_training_and_reports_its_curve(tmp_pat
     "tiny",
     "--max-learner-steps",
     "4",
-    "--eval-every",
-    "4",
+    "--set",
+    "eval_every_steps=4",
     "--workdir",
     str(workdir),
     "--quiet",
@@ -147,8 +147,8 @@ def test_train_workload_keeps_the_fastest_mapping_and_compares_it(tmp_path):
     "20000",
     "--max-learner-steps",
     "30",
-    "--eval-every",
-    "15",
+    "--set",
+    "eval_every_steps=15",
     "--workdir",
     str(workdir),
     "--quiet",
@@ -195,8 +195,8 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
       "tiny",
       "--max-learner-steps",
       "100000",
-      "--eval-every",
-      "100000",
+      "--set",
+      "eval_every_steps=100000",
       "--workdir",
       str(workdir),
       "--quiet",
@@ -236,12 +236,12 @@ def test_train_rejects_bad_flags_in_one_line():
     (("train", "--launch", "remote"), 2),
     (("train", "--suite", "nope"), 1),
     (("train", "--hardware", "tpu-v4i-like"), 1),
-    (("train", "--demonstrations", "1"), 2),
-    (("train", "--demonstration-departures", "1.5"), 2),
-    (("train", "--reanalyse", "1.5"), 2),
-    (("train", "--q-spread-floor", "-1"), 2),
-    (("train", "--q-spread-floor", "inf"), 2),
-    (("train", "--eval-msa-prior", "-2"), 2),
+    (("train", "--set", "learner.demonstration_fraction=1"), 2),
+    (("train", "--set", "learner.demonstration_departures=1.5"), 2),
+    (("train", "--set", "learner.reanalyse_fraction=1.5"), 2),
+    (("train", "--set", "search.q_spread_floor=-1"), 2),
+    (("train", "--set", "search.q_spread_floor=inf"), 2),
+    (("train", "--set", "search.eval_msa_prior_logit=-2"), 2),
     (("train", "--workload", "no-such-file.json", "--hardware", "tpu-v4i-like"), 1),
     (
       (
@@ -360,18 +360,23 @@ def test_skip_below_is_a_fraction_checked_before_anything_runs(tmp_path, capsys,
   from malloczero.launch.cli import main
 
   workdir = tmp_path / "run"
-  for args in (
-    ("train", "--launch", "single", "--config", "tiny", "--workdir", str(workdir)),
-    ("solve", "w.json", "--solver", "evo-msa"),
+  train = ("train", "--launch", "single", "--config", "tiny", "--workdir", str(workdir))
+  for args, start in (
+    (
+      (*train, "--set", f"game.skip_below={value}"),
+      f"malloczero: error: --set game.skip_below={value}: game.skip_below: expected a fraction "
+      "in [0, 1)",
+    ),
+    (
+      ("solve", "w.json", "--solver", "evo-msa", "--skip-below", value),
+      "malloczero: error: argument --skip-below: expected a fraction in [0, 1)",
+    ),
   ):
     with pytest.raises(SystemExit) as exit_info:
-      main([*args, "--skip-below", value])
+      main(list(args))
     assert exit_info.value.code == 2, args
     err = capsys.readouterr().err
-    assert (
-      err.startswith("malloczero: error: argument --skip-below: expected a fraction in [0, 1)")
-      and err.count("\n") == 1
-    ), err
+    assert err.startswith(start) and err.count("\n") == 1, err
   assert not workdir.exists()
 
 
@@ -379,7 +384,7 @@ def test_train_skip_below_reaches_the_game_config():
   from malloczero.launch.cli import build_parser
   from malloczero.launch.commands.train import train_config
 
-  args = build_parser().parse_args(["train", "--config", "tiny", "--skip-below", "0.001"])
+  args = build_parser().parse_args(["train", "--config", "tiny", "--set", "game.skip_below=0.001"])
   assert train_config(args).game.skip_below == 0.001
   args = build_parser().parse_args(["train", "--config", "tiny"])
   assert train_config(args).game.skip_below == 0.0
@@ -394,20 +399,20 @@ def test_train_demonstration_and_search_flags_reach_the_config():
       "train",
       "--config",
       "tiny",
-      "--demonstrations",
-      "0",
-      "--q-spread-floor",
-      "0.3",
-      "--eval-q-spread-floor",
-      "0.2",
-      "--eval-msa-prior",
-      "0",
-      "--demonstration-departures",
-      "1",
-      "--reanalyse",
-      "0.5",
-      "--lr-decay-steps",
-      "5000",
+      "--set",
+      "learner.demonstration_fraction=0",
+      "--set",
+      "search.q_spread_floor=0.3",
+      "--set",
+      "search.eval_q_spread_floor=0.2",
+      "--set",
+      "search.eval_msa_prior_logit=0",
+      "--set",
+      "learner.demonstration_departures=1",
+      "--set",
+      "learner.reanalyse_fraction=0.5",
+      "--set",
+      "learner.decay_steps=5000",
     ]
   )
   config = train_config(args)
@@ -420,18 +425,22 @@ def test_train_demonstration_and_search_flags_reach_the_config():
   assert config.search.eval_q_spread_floor == 0.2
   default = train_config(build_parser().parse_args(["train"]))  # The small preset.
   assert default.capacity_variants == () and default.learner.decay_steps == 10_000
-  varied = train_config(build_parser().parse_args(["train", "--capacity-variants", "0.1,0.5"]))
+  varied = train_config(build_parser().parse_args(["train", "--set", "capacity_variants=0.1,0.5"]))
   assert varied.capacity_variants == (0.1, 0.5)
   assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.01
   assert default.search.eval_msa_prior_logit == 0.0 and default.learner.reanalyse_batch == 0
   assert default.search.eval_q_spread_floor == 0.1
   assert default.game.reward == "advantage" and default.actor.segment_moves == 64
   timed = train_config(
-    build_parser().parse_args(["train", "--reward", "time", "--segment-moves", "0"])
+    build_parser().parse_args(
+      ["train", "--set", "game.reward=time", "--set", "actor.segment_moves=0"]
+    )
   )
   assert timed.game.reward == "time" and timed.actor.segment_moves == 0
   assert default.actor.imitate_gains_only
-  whole = train_config(build_parser().parse_args(["train", "--imitate-gains-only", "off"]))
+  whole = train_config(
+    build_parser().parse_args(["train", "--set", "actor.imitate_gains_only=off"])
+  )
   assert not whole.actor.imitate_gains_only and whole.actor.segment_moves == 64
 
 
@@ -439,17 +448,19 @@ def test_imitate_gains_only_takes_on_or_off_in_one_line(capsys):
   from malloczero.launch import cli
 
   with pytest.raises(SystemExit) as exit_info:
-    cli.main(["train", "--imitate-gains-only", "yes", "--workdir", "unused"])
+    cli.main(["train", "--set", "actor.imitate_gains_only=yes", "--workdir", "unused"])
   err = capsys.readouterr().err.strip().splitlines()
   assert (
-    exit_info.value.code == 2 and len(err) == 1 and "expected 'on' or 'off', got 'yes'" in err[0]
+    exit_info.value.code == 2
+    and len(err) == 1
+    and "expected on, off, true or false, got 'yes'" in err[0]
   ), err
 
 
 def test_short_games_with_the_time_reward_are_a_flag_error(capsys):
   from malloczero.launch import cli
 
-  code = cli.main(["train", "--reward", "time", "--workdir", "unused"])
+  code = cli.main(["train", "--set", "game.reward=time", "--workdir", "unused"])
   err = capsys.readouterr().err.strip()
   assert code == 2 and len(err.splitlines()) == 1 and "segment_moves to 0" in err, err
 
@@ -607,9 +618,20 @@ def test_flag_values_only_a_command_can_judge_are_flag_errors(tmp_path, capsys):
       "expected a finite positive number, got inf",
     ),
     (["train", "--max-seconds", "inf"], "expected a finite positive number, got inf"),
-    (["train", "--capacity-variants", "0.1,1.5"], "expected a fraction in (0, 1], got 1.5"),
     (
-      ["train", "--workload", workload, "--hardware", "nnpi-like", "--capacity-variants", "0.5"],
+      ["train", "--set", "capacity_variants=0.1,1.5"],
+      "capacity_variants: expected fractions in (0, 1], each once (F,F,...), got '0.1,1.5'",
+    ),
+    (
+      [
+        "train",
+        "--workload",
+        workload,
+        "--hardware",
+        "nnpi-like",
+        "--set",
+        "capacity_variants=0.5",
+      ],
       "capacity variants vary a suite's entries: train on a suite",
     ),
     (

@@ -303,11 +303,14 @@ def test_probes_need_the_msa_game_and_a_share_below_one():
 @pytest.mark.parametrize(
   "flags, message",
   [
-    (("--probes", "1"), "--probes: expected a fraction in [0, 1)"),
-    (("--probes", "0.3", "--probe-batch", "0"), "--probe-batch: expected a positive integer"),
-    (("--policy-loss-weight", "-1"), "--policy-loss-weight"),
-    (("--probes-on-policy", "1.5"), "--probes-on-policy"),
-    (("--probe-msa-margin", "-0.001"), "--probe-msa-margin"),
+    (("--set", "probes.share=1"), "probes.share: expected a fraction in [0, 1)"),
+    (
+      ("--set", "probes.share=0.3", "--set", "probes.batch=0"),
+      "probes.batch: expected a positive integer",
+    ),
+    (("--set", "learner.policy_loss_weight=-1"), "learner.policy_loss_weight: expected a"),
+    (("--set", "probes.on_policy=1.5"), "probes.on_policy: expected a probability"),
+    (("--set", "probes.msa_margin=-0.001"), "probes.msa_margin: expected a"),
   ],
 )
 def test_probe_flags_are_checked_in_one_line(flags, message, tmp_path):
