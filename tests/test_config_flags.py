@@ -294,3 +294,88 @@ def test_a_work_directory_of_the_older_layout_still_resumes(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(old))
   assert check_workdir(config, str(tmp_path)) is None
   assert read_search_config(str(tmp_path / "config.json")) == config.search
+
+
+def test_train_skip_below_reaches_the_game_config():
+  from malloczero.launch.cli import build_parser
+  from malloczero.launch.commands.train import train_config
+
+  args = build_parser().parse_args(["train", "--config", "tiny", "--set", "game.skip_below=0.001"])
+  assert train_config(args).game.skip_below == 0.001
+  args = build_parser().parse_args(["train", "--config", "tiny"])
+  assert train_config(args).game.skip_below == 0.0
+
+
+def test_train_demonstration_and_search_flags_reach_the_config():
+  from malloczero.launch.cli import build_parser
+  from malloczero.launch.commands.train import train_config
+
+  args = build_parser().parse_args(
+    [
+      "train",
+      "--config",
+      "tiny",
+      "--set",
+      "learner.demonstration_fraction=0",
+      "--set",
+      "search.q_spread_floor=0.3",
+      "--set",
+      "search.eval_q_spread_floor=0.2",
+      "--set",
+      "search.eval_msa_prior_logit=0",
+      "--set",
+      "learner.demonstration_departures=1",
+      "--set",
+      "learner.reanalyse_fraction=0.5",
+      "--set",
+      "learner.decay_steps=5000",
+    ]
+  )
+  config = train_config(args)
+  assert config.learner.decay_steps == 5000
+  # tiny: 32 items a batch, all from replay with no demonstrations; half of them reanalysed.
+  assert config.learner.reanalyse_fraction == 0.5 and config.learner.reanalyse_batch == 16
+  assert config.learner.demonstration_fraction == 0.0 and config.learner.demonstration_batch == 0
+  assert config.learner.demonstration_departures == 1.0
+  assert config.search.q_spread_floor == 0.3 and config.search.eval_msa_prior_logit == 0.0
+  assert config.search.eval_q_spread_floor == 0.2
+  default = train_config(build_parser().parse_args(["train"]))  # The small preset.
+  assert default.capacity_variants == () and default.learner.decay_steps == 10_000
+  varied = train_config(build_parser().parse_args(["train", "--set", "capacity_variants=0.1,0.5"]))
+  assert varied.capacity_variants == (0.1, 0.5)
+  assert default.learner.demonstration_fraction == 0.25 and default.search.q_spread_floor == 0.01
+  assert default.search.eval_msa_prior_logit == 0.0 and default.learner.reanalyse_batch == 0
+  assert default.search.eval_q_spread_floor == 0.1
+  assert default.game.reward == "advantage" and default.actor.segment_moves == 64
+  timed = train_config(
+    build_parser().parse_args(
+      ["train", "--set", "game.reward=time", "--set", "actor.segment_moves=0"]
+    )
+  )
+  assert timed.game.reward == "time" and timed.actor.segment_moves == 0
+  assert default.actor.imitate_gains_only
+  whole = train_config(
+    build_parser().parse_args(["train", "--set", "actor.imitate_gains_only=off"])
+  )
+  assert not whole.actor.imitate_gains_only and whole.actor.segment_moves == 64
+
+
+def test_imitate_gains_only_takes_on_or_off_in_one_line(capsys):
+  from malloczero.launch import cli
+
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["train", "--set", "actor.imitate_gains_only=yes", "--workdir", "unused"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert (
+    exit_info.value.code == 2
+    and len(err) == 1
+    and "expected on, off, true or false, got 'yes'" in err[0]
+  ), err
+
+
+def test_short_games_with_the_time_reward_are_a_flag_error(capsys):
+  from malloczero.launch import cli
+
+  code = cli.main(["train", "--set", "game.reward=time", "--workdir", "unused"])
+  err = capsys.readouterr().err.strip()
+  assert code == 2 and len(err.splitlines()) == 1 and "segment_moves to 0" in err, err
