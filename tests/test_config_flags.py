@@ -161,6 +161,9 @@ def test_values_that_contradict_each_other_are_one_flag_error(capsys):
     capsys, ["train", "--set", "game.reward=time", "--workdir", "unused"]
   )
   assert code == 2 and err.count("\n") == 1 and "set segment_moves to 0" in err, err
+  for empty in (["--set", "suite="], ["--suite", ""]):
+    code, err = _exit_code_and_stderr(capsys, ["train", *empty, "--workdir", "unused"])
+    assert code == 2 and err.count("\n") == 1 and "name a suite or a workload" in err, err
   # Together with the field that needs changing too, in any order, it is accepted: fields are
   # applied at once, not one at a time.
   for order in (("game.reward=time", "actor.segment_moves=0"), ("actor.segment_moves=0",) * 2):

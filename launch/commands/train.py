@@ -95,6 +95,10 @@ def train_config(args: argparse.Namespace):
     raise MalloczeroError(
       "--hardware and --capacity describe a --workload's fast memory; give the workload file too"
     )
+  if not config.suite and not config.programs:
+    raise FlagError(
+      "an empty suite trains on --workload's program alone: name a suite or a workload"
+    )
   if config.suite:
     from malloczero.env.programs.suites import get_suite
 
