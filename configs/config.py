@@ -137,7 +137,7 @@ class LearnerConfig:
     1.0, "non_negative", "weight of the legal-action prediction's loss"
   )
   checkpoint_every_s: float = setting(120.0, "positive", "seconds between learner checkpoints")
-  # replay/demonstrations.py.
+  # The demonstrations, kept and drawn by replay/demonstrations.py.
   demonstration_fraction: float = setting(
     0.25,
     "fraction",
