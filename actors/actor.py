@@ -53,7 +53,7 @@ class BatchedActor:
   demonstration, in a background thread so that acting does not wait for the learner's replay
   of it; the answer (the best return now known) updates what counts as better.
 
-  With `prober` and `offer_probe`, `config.actor.probe_share` of the actor's time goes to
+  With `prober` and `offer_probe`, `config.probes.share` of the actor's time goes to
   probing decisions (learner/probes/), each sent to the learner in a background thread.
   """
 
@@ -88,7 +88,7 @@ class BatchedActor:
     self.num_offers = 0
     self._prober = prober if offer_probe is not None else None
     self._offer_probe = offer_probe
-    self._probe_share = config.actor.probe_share
+    self._probe_share = config.probes.share
     # The network's policy alone, for probes along its own trajectory (compiled on first use).
     on_policy = self._prober is not None and self._prober.on_policy > 0
     self._greedy = greedy_policies(networks) if on_policy else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from malloczero.common.settings import check_settings, setting
 from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware
 
@@ -27,46 +28,70 @@ class ProgramFile:
 class NetworkConfig:
   """Haiku MuZero networks (learner/networks.py)."""
 
-  d_model: int = 64  # Token width of the attention encoder.
-  num_layers: int = 2  # Encoder layers.
-  num_heads: int = 4
-  latent_dim: int = 128  # MuZero hidden state size.
-  hidden_dim: int = 256  # Width of the dynamics / prediction MLPs.
-  support_size: int = 31  # Bins of the categorical value and reward heads.
-  support_limit: float = 3.0  # Support covers [-limit, limit] in signed-hyperbolic space.
-  # Returns and rewards are multiplied by this before encoding. With the "advantage" reward
-  # (fractions of msa's time) deviations that matter are worth 1e-3 to 1e-2 and the worst lose
-  # 0.1-0.14 (measured on the default suite's training programs, docs/results): 100 puts 1e-3 at
-  # h = 0.05, 1e-2 at h = 0.41 and the support's end (h = 3) at 0.15.
-  value_scale: float = 100.0
+  d_model: int = setting(64, "positive_int", "token width of the attention encoder")
+  num_layers: int = setting(2, "positive_int", "encoder layers")
+  num_heads: int = setting(4, "positive_int", "attention heads per encoder layer")
+  latent_dim: int = setting(128, "positive_int", "MuZero hidden state size")
+  hidden_dim: int = setting(256, "positive_int", "width of the dynamics and prediction MLPs")
+  support_size: int = setting(31, "positive_int", "bins of the categorical value and reward heads")
+  support_limit: float = setting(
+    3.0, "positive", "the support covers [-limit, limit] in signed-hyperbolic space"
+  )
+  # With the "advantage" reward (fractions of msa's time) deviations that matter are worth 1e-3
+  # to 1e-2 and the worst lose 0.1-0.14 on the default suite's training programs: 100 puts 1e-3
+  # at h = 0.05, 1e-2 at h = 0.41 and the support's end (h = 3) at 0.15.
+  value_scale: float = setting(
+    100.0, "positive", "returns and rewards are multiplied by this before they are encoded"
+  )
+
+  def __post_init__(self):
+    check_settings(self, "network")
 
 
 @dataclasses.dataclass(frozen=True)
 class SearchConfig:
   """Gumbel MuZero search (mctx) in the actors."""
 
-  num_simulations: int = 16
-  eval_num_simulations: int = 32
-  max_num_considered_actions: int = 8
-  gumbel_scale: float = 1.0
-  # Q-values (raw return units: fractions of msa's time with the "advantage" reward) of a node's
-  # actions are rescaled by max(their spread, this) before they shape the policy (mctx
-  # `qtransform_completed_by_mix_value` `epsilon`; mctx's own is 1e-8): a spread below it is not
-  # stretched, so gaps the model cannot resolve stay small policy changes. 0.01 lets a 1e-3 gap
-  # (a deviation that matters) move a logit by about 0.7. With the "time" reward 0.1 was needed
-  # (values then erred by 0.017-0.043 of the all-slow time).
-  q_spread_floor: float = 0.01
-  # The same floor for evaluation searches (greedy play: the learning curve, the final report, the
-  # agent solver's first attempt). Trained networks' values err by 0.57-0.80 of |z| (docs/results
-  # 3.14), and every loss of the greedy search to msa came from Q gaps below 0.1 (3.15): at 0.1
-  # greedy play leaves the policy's move only for gaps the value can tell apart. Training keeps
-  # the lower floor, where small gaps must still shape the policy targets.
-  eval_q_spread_floor: float = 0.1
-  # Evaluation searches (greedy play, the agent as a solver) add this to the root prior's logit
-  # of msa's own move in the msa game (actors/search.py). 0, the default, leaves the prior to the
-  # network, so that greedy play is the network's own (msa's mapping is one of the agent
-  # solver's attempts anyway, so it never needs the prior to be at least msa).
-  eval_msa_prior_logit: float = 0.0
+  num_simulations: int = setting(
+    16, "non_negative_int", "simulations per move of the actors' training search"
+  )
+  eval_num_simulations: int = setting(
+    32, "non_negative_int", "simulations per move of evaluation searches (greedy play)"
+  )
+  max_num_considered_actions: int = setting(
+    8, "positive_int", "actions the Gumbel search considers at the root"
+  )
+  gumbel_scale: float = setting(1.0, "non_negative", "scale of the root's Gumbel noise")
+  # mctx `qtransform_completed_by_mix_value` `epsilon` (mctx's own is 1e-8): a spread below it is
+  # not stretched, so gaps the model cannot resolve stay small policy changes. 0.01 lets a 1e-3
+  # gap (a deviation that matters) move a logit by about 0.7; the "time" reward, whose values err
+  # by a larger share, needs about 0.1.
+  q_spread_floor: float = setting(
+    0.01,
+    "non_negative",
+    "the search rescales a node's Q-values by at least this spread, in return units",
+  )
+  # Trained networks' values err by most of |z|, and a greedy search loses to msa on Q gaps the
+  # value cannot tell apart: at 0.1 greedy play leaves the policy's move only for gaps it can.
+  # Training keeps the lower floor, where small gaps must still shape the policy targets.
+  eval_q_spread_floor: float = setting(
+    0.1,
+    "non_negative",
+    "the same floor for evaluation searches (greedy play: the learning curve, the final report, "
+    "the agent solver's first attempt)",
+  )
+  # 0, the default, leaves the prior to the network, so that greedy play is the network's own
+  # (msa's mapping is one of the agent solver's attempts anyway, so it never needs the prior to be
+  # at least msa). actors/search.py adds it.
+  eval_msa_prior_logit: float = setting(
+    0.0,
+    "non_negative",
+    "evaluation searches add this to the root prior's logit of msa's own move in the msa game "
+    "(0 leaves the prior to the network)",
+  )
+
+  def __post_init__(self):
+    check_settings(self, "search")
 
 
 # Trajectories the trained agent plays per program at test time (the first greedy, the others
@@ -81,66 +106,61 @@ DEFAULT_SEARCH_SECONDS = 5.0
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-  batch_size: int = 64
-  unroll_steps: int = 5  # K
-  td_steps: int = 10  # n in the n-step value target
-  discount: float = 1.0  # Per-step discount of value targets (mallocGame: undiscounted).
-  learning_rate: float = 1e-3
-  warmup_steps: int = 100
-  decay_steps: int = 10_000  # Cosine decay to 10% after warm-up.
-  weight_decay: float = 1e-4
-  max_grad_norm: float = 5.0
-  target_update_period: int = 100
-  value_loss_weight: float = 0.25
-  # Weight of the policy's cross-entropy to replay's and demonstrations' targets (the search's
-  # action weights, self-imitation's, the demonstrations' moves); with probes on, 0 leaves the
-  # policy to the probes' exact advantages alone.
-  policy_loss_weight: float = 1.0
-  legality_loss_weight: float = 1.0
-  checkpoint_every_s: float = 120.0
-  # Share of each batch drawn from the best known trajectory per training program, msa's play at
-  # first (replay/demonstrations.py); 0 turns demonstrations off.
-  demonstration_fraction: float = 0.25
-  # Share of those windows placed so that the policy is fitted at a step where the demonstration
-  # leaves msa's move (replay/demonstrations.py `Demonstrations.sample`); the rest are uniform.
-  demonstration_departures: float = 0.0
-  # Share of the items sampled from replay whose policy targets at states 0..K are searched
-  # again with the learner's current parameters before each step (learner/reanalyse.py; MuZero
-  # Reanalyse); self-imitation targets and demonstrations keep theirs. 0 turns it off.
-  reanalyse_fraction: float = 0.0
-  # With probes on (`ActorConfig.probe_share`), each batch also fits the policy's cross-entropy
-  # to softmax(exact advantage over msa / `probe_temperature`) at this many decisions drawn from
-  # the newest `probe_capacity` the actors probed (actors/prober.py), weighted by
-  # `probe_loss_weight`. The temperature: 1e-3 of msa's time is where deviations start to
-  # matter; fitted offline so, a fresh network beat msa on 9-12 of 16 held-out programs with no
-  # search (docs/results 3.20).
-  probe_batch: int = 64
-  probe_temperature: float = 1e-3
-  # Added to msa's move's advantage in the probes' targets (learner/losses.py
-  # `probe_policy_loss`): the policy leaves msa's move where another gains more than this.
-  probe_msa_margin: float = 0.0
-  probe_loss_weight: float = 1.0
-  probe_capacity: int = 20_000
+  batch_size: int = setting(64, "positive_int", "items per learner batch")
+  unroll_steps: int = setting(5, "positive_int", "K: steps the dynamics are unrolled")
+  td_steps: int = setting(10, "positive_int", "n of the n-step value target")
+  # mallocGame is undiscounted.
+  discount: float = setting(1.0, "probability", "per-step discount of value targets")
+  learning_rate: float = setting(1e-3, "positive", "peak learning rate")
+  warmup_steps: int = setting(100, "non_negative_int", "learner steps of linear warm-up")
+  decay_steps: int = setting(
+    10_000,
+    "positive_int",
+    "learner steps after the warm-up over which the learning rate falls (cosine) to a tenth of "
+    "its peak, where it stays",
+  )
+  weight_decay: float = setting(1e-4, "non_negative", "AdamW weight decay")
+  max_grad_norm: float = setting(5.0, "positive", "gradients are clipped to this global norm")
+  target_update_period: int = setting(
+    100, "positive_int", "learner steps between copies of the parameters to the target network"
+  )
+  value_loss_weight: float = setting(0.25, "non_negative", "weight of the value loss")
+  # The search's action weights, self-imitation's and the demonstrations' moves; with probes on,
+  # 0 leaves the policy to the probes' exact advantages alone.
+  policy_loss_weight: float = setting(
+    1.0,
+    "non_negative",
+    "weight of the policy's fit to replay's and demonstrations' targets (with probes, 0 leaves "
+    "the policy to the probes' exact advantages)",
+  )
+  legality_loss_weight: float = setting(
+    1.0, "non_negative", "weight of the legal-action prediction's loss"
+  )
+  checkpoint_every_s: float = setting(120.0, "positive", "seconds between learner checkpoints")
+  # The demonstrations, kept and drawn by learner/demonstrations/.
+  demonstration_fraction: float = setting(
+    0.25,
+    "fraction",
+    "share of each learner batch drawn from the best known game per training program, msa's "
+    "own at first (0 turns them off)",
+  )
+  # The rest of the windows start uniformly (learner/demonstrations/store.py `Demonstrations.sample`).
+  demonstration_departures: float = setting(
+    0.0,
+    "probability",
+    "share of demonstration windows placed on a step where the demonstration leaves msa's move",
+  )
+  # MuZero Reanalyse (learner/reanalyse.py): states 0..K searched again with the learner's current
+  # parameters before each step.
+  reanalyse_fraction: float = setting(
+    0.0,
+    "probability",
+    "share of the items sampled from replay whose policy targets the learner searches again "
+    "with its current parameters (self-imitation targets and demonstrations keep theirs)",
+  )
 
   def __post_init__(self):
-    if not 0.0 <= self.demonstration_fraction < 1.0:
-      raise ValueError(
-        f"demonstration_fraction must be in [0, 1), got {self.demonstration_fraction}"
-      )
-    if not 0.0 <= self.demonstration_departures <= 1.0:
-      raise ValueError(
-        f"demonstration_departures must be in [0, 1], got {self.demonstration_departures}"
-      )
-    if not 0.0 <= self.reanalyse_fraction <= 1.0:
-      raise ValueError(f"reanalyse_fraction must be in [0, 1], got {self.reanalyse_fraction}")
-    if self.probe_batch < 1 or self.probe_capacity < 1:
-      raise ValueError("probe_batch and probe_capacity must be at least 1")
-    if self.probe_msa_margin < 0:
-      raise ValueError(f"probe_msa_margin must be at least 0, got {self.probe_msa_margin}")
-    if self.policy_loss_weight < 0:
-      raise ValueError(f"policy_loss_weight must be >= 0, got {self.policy_loss_weight}")
-    if not self.probe_temperature > 0 or not self.probe_loss_weight >= 0:
-      raise ValueError("probe_temperature must be > 0 and probe_loss_weight >= 0")
+    check_settings(self, "learner")
 
   @property
   def demonstration_batch(self) -> int:
@@ -165,100 +185,167 @@ class LearnerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ReplayConfig:
-  max_size: int = 100_000
-  min_size_to_sample: int = 1_000
-  samples_per_insert: float = 4.0
-  samples_per_insert_tolerance: float = 0.5  # Error buffer as a fraction of min size x ratio.
-  priority_exponent: float = 0.6
-  importance_sampling_exponent: float = 0.4
-  prefetch: int = 4
+  max_size: int = setting(100_000, "positive_int", "items the Reverb table holds")
+  min_size_to_sample: int = setting(
+    1_000, "positive_int", "items in the table before the learner samples"
+  )
+  samples_per_insert: float = setting(
+    4.0, "positive", "samples per inserted item the rate limiter aims at"
+  )
+  samples_per_insert_tolerance: float = setting(
+    0.5, "non_negative", "the rate limiter's error buffer, a fraction of min size x ratio"
+  )
+  priority_exponent: float = setting(0.6, "non_negative", "prioritised replay's exponent")
+  importance_sampling_exponent: float = setting(
+    0.4, "non_negative", "exponent of the importance-sampling weights"
+  )
+  prefetch: int = setting(4, "positive_int", "batches the learner's dataset prefetches")
+
+  def __post_init__(self):
+    check_settings(self, "replay")
 
 
 @dataclasses.dataclass(frozen=True)
 class ActorConfig:
-  num_games: int = 16  # B games stepped together per actor.
-  variable_update_period: int = 50  # Acting steps between parameter pulls.
-  # Short games (env/game/game.py `reset_segment`): the agent decides this many moves from a
-  # uniformly drawn point of msa's own game, msa the rest; 0 plays whole programs. Why: whole
-  # programs of the default suite take 16 to 16,855 moves, so a run completed about 60 games per
-  # 5,000 learner steps and a return mixed thousands of moves. Each short game costs one msa pass
-  # over its program (the prefix and msa's completion), which 64 moves amortise: 16 gave a third
-  # of 64's moves per second (docs/results, "Short games").
-  segment_moves: int = 64
-  # Self-imitation of gains only (Oh et al. 2018): a game that ends no faster than msa's mapping
-  # is written with msa's move as the policy target wherever it left msa's move, so the policy
-  # learns a departure from msa only from a game that beat msa. Why: the search's targets follow
-  # value noise larger than the gains over msa, and the departures they teach lose to msa in
-  # greedy play (docs/results 3.9-3.10). Needs the msa game; on in the `small` preset. A game's
-  # steps are held until it ends (64 with short games; a whole program's without).
-  imitate_gains_only: bool = False
-  # Share of each actor's time spent probing decisions (actors/prober.py: every legal move of a
-  # decision of msa's trajectory played once, msa finishing), which the learner fits
-  # (`LearnerConfig.probe_batch`); 0 turns probes off. About 0.3 s per decision on the default
-  # suite.
-  probe_share: float = 0.0
-  # Share of the probes drawn along the network's own trajectory (its policy alone from the
-  # program's start, with the actor's parameters of the moment) rather than msa's: the states
-  # its departures reach, where a prior fitted on msa's states alone loses (DAgger; docs/results
-  # 3.21). The rollout costs one network call and one game move per step before the decision.
-  probe_on_policy: float = 0.0
+  num_games: int = setting(16, "positive_int", "games stepped together per actor (B)")
+  variable_update_period: int = setting(50, "positive_int", "acting steps between parameter pulls")
+  # env/game/game.py `reset_segment`. Whole programs of the default suite take 16 to 16,855
+  # moves, so a run completes few games and a return mixes thousands of moves. Each short game
+  # costs one msa pass over its program (the prefix and msa's completion), which 64 moves
+  # amortise: 16 gave a third of 64's moves per second.
+  segment_moves: int = setting(
+    64,
+    "non_negative_int",
+    "actors play short games: this many moves from a random point of msa's game, msa the rest "
+    "(0: whole programs)",
+  )
+  # Self-imitation of gains only (Oh et al. 2018). The search's targets follow value noise larger
+  # than the gains over msa, and the departures they teach lose to msa in greedy play. Needs the
+  # msa game. A game's steps are held until it ends (64 with short games; a whole program's
+  # without).
+  imitate_gains_only: bool = setting(
+    False,
+    "switch",
+    "on: a game no faster than msa's mapping teaches msa's move wherever it left it, so the "
+    "policy learns departures from msa only from games that beat msa",
+  )
 
   def __post_init__(self):
-    if self.segment_moves < 0:
-      raise ValueError(f"segment_moves must be >= 0, got {self.segment_moves}")
-    if not 0.0 <= self.probe_share < 1.0:
-      raise ValueError(f"probe_share must be in [0, 1), got {self.probe_share}")
-    if not 0.0 <= self.probe_on_policy <= 1.0:
-      raise ValueError(f"probe_on_policy must be in [0, 1], got {self.probe_on_policy}")
+    check_settings(self, "actor")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeConfig:
+  """Probes (learner/probes/): an actor plays every legal move of a decision once, msa
+  finishing, and the learner fits the policy's cross-entropy to softmax(exact advantage over msa
+  / `temperature`) at `batch` decisions of the newest `capacity` beside every batch, weighted by
+  `loss_weight` (learner/probes/loss.py `probe_policy_loss`)."""
+
+  # About 0.3 s per decision on the default suite.
+  share: float = setting(
+    0.0,
+    "fraction",
+    "share of each actor's time spent probing decisions of msa's game (every legal move played "
+    "once, msa the rest), whose exact advantages over msa the learner fits the policy to (0 "
+    "turns probes off)",
+  )
+  # The states the network's departures reach, where a prior fitted on msa's states alone loses
+  # (DAgger). The rollout costs one network call and one game move per step before the decision.
+  on_policy: float = setting(
+    0.0,
+    "probability",
+    "share of the probes drawn along the network's own trajectory (its policy alone from the "
+    "program's start) rather than msa's",
+  )
+  batch: int = setting(64, "positive_int", "probed decisions the learner fits beside each batch")
+  # 1e-3 of msa's time is where deviations start to matter.
+  temperature: float = setting(
+    1e-3, "positive", "temperature of the softmax over the probes' exact advantages"
+  )
+  msa_margin: float = setting(
+    0.0,
+    "non_negative",
+    "added to msa's move's advantage in the probes' policy targets: the policy leaves msa's "
+    "move only where another gains more than this (in fractions of msa's time)",
+  )
+  loss_weight: float = setting(1.0, "non_negative", "weight of the probes' policy loss")
+  capacity: int = setting(20_000, "positive_int", "probed decisions the learner keeps")
+
+  def __post_init__(self):
+    check_settings(self, "probes")
 
 
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
   """The Launchpad program (system/distributed.py): node counts and how often state is saved."""
 
-  num_actors: int = 2
-  replay_checkpoint_every_s: float = 180.0  # Reverb table checkpoints (and one at stop).
-  counter_save_every_s: float = 30.0  # Step counters (and at stop).
-  actor_report_every_s: float = 2.0  # Actor -> counter increments (batched RPCs).
-  summary_every_s: float = 5.0  # Console summary line in the launcher.
-  heldout_only_evaluator: bool = True  # The evaluator node plays only held-out programs.
+  num_actors: int = setting(2, "positive_int", "actor nodes (local_mp and vertex_ai)")
+  replay_checkpoint_every_s: float = setting(
+    180.0, "positive", "seconds between Reverb table checkpoints (and one at stop)"
+  )
+  counter_save_every_s: float = setting(
+    30.0, "positive", "seconds between saves of the step counters (and one at stop)"
+  )
+  actor_report_every_s: float = setting(
+    2.0, "positive", "seconds between an actor's batched counter increments"
+  )
+  summary_every_s: float = setting(
+    5.0, "positive", "seconds between the launcher's console summary lines"
+  )
+  heldout_only_evaluator: bool = setting(
+    True, "switch", "the evaluator node plays only held-out programs"
+  )
+
+  def __post_init__(self):
+    check_settings(self, "distributed")
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  name: str = "small"
-  suite: str = "default"  # "" with `programs`: train on those alone.
-  programs: tuple[ProgramFile, ...] = ()
+  name: str = "small"  # The preset's; set by `train --config`.
+  # "" with `programs`: train on those alone.
+  suite: str = setting("default", "text", "suite whose training programs the run trains on")
+  programs: tuple[ProgramFile, ...] = ()  # Set by `train --workload`.
   game: GameConfig = GameConfig()
   network: NetworkConfig = NetworkConfig()
   search: SearchConfig = SearchConfig()
   learner: LearnerConfig = LearnerConfig()
   replay: ReplayConfig = ReplayConfig()
   actor: ActorConfig = ActorConfig()
+  probes: ProbeConfig = ProbeConfig()
   distributed: DistributedConfig = DistributedConfig()
-  seed: int = 0
-  max_learner_steps: int = 5_000
-  eval_every_steps: int = 1_000  # Learner steps between greedy evaluations of the whole suite.
-  # The final evaluation's agent: its greedy play, msa's mapping and this many seconds per
-  # program of the guided search (56 programs on the default suite: about 2 minutes).
-  final_search_seconds: float = 2.0
+  seed: int = setting(0, "seed", "the run's seed")
+  max_learner_steps: int = setting(5_000, "positive_int", "the run stops at this learner step")
+  eval_every_steps: int = setting(1_000, "positive_int", "learner steps between greedy evaluations")
+  # 56 programs on the default suite: about 2 minutes.
+  final_search_seconds: float = setting(
+    2.0,
+    "non_negative",
+    "the final evaluation's agent: its greedy play, msa's mapping and this many seconds per "
+    "program of the guided search",
+  )
   # Checkpoint selection on training programs only: the learner keeps a checkpoint every
-  # `eval_every_steps` learner steps (the newest this many), and the final evaluation plays the
-  # last `select_checkpoints` of them (the final one included) greedily on the training programs
-  # and reports the one whose geomean is highest (ties: the latest). 1 reports the final one.
-  select_checkpoints: int = 1
-  # Actors also play every training suite entry at these fractions of its program's peak live
-  # bytes (actors/games.py `training_specs`): more situations of contention per program, to
-  # measure whether the network's play then transfers to held-out programs. () plays the suite's
-  # entries alone.
-  capacity_variants: tuple[float, ...] = ()
+  # `eval_every_steps` learner steps (the newest this many), and the final evaluation plays them
+  # greedily on the training programs and reports the one whose geomean is highest (ties: the
+  # latest). Each candidate costs a greedy play of the training programs, about 3 minutes on the
+  # default suite on 2 cores.
+  select_checkpoints: int = setting(
+    1,
+    "positive_int",
+    "the final evaluation reports, of the last N checkpoints (one kept every eval_every_steps), "
+    "the one whose greedy play is fastest on the training programs; 1: the final one",
+  )
+  # actors/games.py `training_specs`: more situations of contention per program, to measure
+  # whether the network's play then transfers to held-out programs.
+  capacity_variants: tuple[float, ...] = setting(
+    (),
+    "unit_fractions",
+    "actors also play every training suite entry at these fractions of its program's peak live "
+    "bytes, e.g. 0.1,0.25,0.5 (reports keep to the suite's own entries; empty: none)",
+  )
 
   def __post_init__(self):
-    if self.select_checkpoints < 1:
-      raise ValueError(f"select_checkpoints must be at least 1, got {self.select_checkpoints}")
-    for fraction in self.capacity_variants:
-      if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"capacity variants must be fractions in (0, 1], got {fraction:g}")
+    check_settings(self)
     if self.capacity_variants and not self.suite:
       raise ValueError("capacity variants vary a suite's entries: train on a suite")
     if self.actor.segment_moves and (self.game.decisions, self.game.reward) != ("msa", "advantage"):
@@ -266,7 +353,7 @@ class Config:
         "short games (segment_moves > 0) need the msa game's 'advantage' reward: their return "
         "is exact only relative to msa's completion (set segment_moves to 0)"
       )
-    if self.actor.probe_share and self.game.decisions != "msa":
+    if self.probes.share and self.game.decisions != "msa":
       raise ValueError("probes need the msa game: only it knows msa's move at each step")
     if self.actor.imitate_gains_only and self.game.decisions != "msa":
       raise ValueError(
@@ -287,15 +374,14 @@ def tiny() -> Config:
       support_size=21,
       value_scale=10.0,
     ),
-    # The "time" reward and whole games: the 100-step test run (tests/trained.py) is calibrated on
-    # them. With the sparse "advantage" reward and 8-move short games it learnt nothing in 100
-    # steps (train geomean 1.196 and 0.988 from 1.04-1.06 in two runs; the tiny programs'
-    # deviations lose up to half of msa's time, where the default suite's lose at most 14%).
+    # The "time" reward and whole games: a dense reward that a short test run (tests/trained.py)
+    # learns from; the sparse "advantage" reward with short games teaches little in so few steps,
+    # and the tiny programs' deviations lose up to half of msa's time, where the default suite's
+    # lose at most 14%.
     game=GameConfig(reward="time"),
     # Floor 0.02 for both searches: the tiny programs' 20-60 decisions each carry far larger Q
-    # gaps than the default suite's; at 0.1 the 100-step test run (tests/trained.py) learnt too
-    # little in one of three runs (train geomean 1.075, 1.272, 1.320 from 1.041), at 0.02
-    # 1.363-1.538.
+    # gaps than the default suite's, and a floor of 0.1 flattens the policy targets of a short
+    # test run too much.
     search=SearchConfig(
       num_simulations=8,
       eval_num_simulations=16,
@@ -329,21 +415,18 @@ def tiny() -> Config:
 
 def small() -> Config:
   # Sized for a 2-core CPU: one search simulation costs about as much as mctx's own bookkeeping.
-  # Probes, and the policy fitted to them alone: at 3 seeds of `make train` they took the
-  # policy's own held-out play from 1.008 +- 0.015 to 1.035 +- 0.038 x msa (training programs
-  # 1.000 to 0.998 +- 0.009) and the agent's from 1.067 +- 0.001 to 1.083 +- 0.008 (training
-  # programs 1.017 to 1.031) (docs/results 3.22). A margin of 1e-3 for msa's move in their
-  # targets keeps the policy from departing at ties, which lost whole long programs: the
-  # policy's own play at least msa on both splits in every seed (docs/results 3.23).
-  # Self-imitation of gains only: at 3 seeds of `make train` it took held-out greedy play from
-  # 1.001 +- 0.005 to 1.024 +- 0.001 x msa, training programs 0.996 +- 0.006 to 0.999 +- 0.001
-  # (docs/results 3.10). Reanalyse stays off: its greedy search's losses on training programs
-  # (3.14) went with the evaluation floor, but its policy kept the held-out departure it is for
-  # in 5 of 12 runs against 1 of 6 without it, within chance (docs/results 3.14, 3.16).
+  # Probes take most of the actors' time, and the policy is fitted to their exact advantages
+  # alone (policy_loss_weight 0): replay's and the demonstrations' targets still train the value,
+  # reward and dynamics. A margin of 1e-3 for msa's move in the probes' targets keeps the policy
+  # from departing from msa at exact ties, where a departure can lose a whole long program.
+  # Self-imitation of gains only: a departure from msa is learnt only from a game that beat msa.
+  # Reanalyse stays off: it costs a search of every item it reanalyses, and its policy was not
+  # measurably better.
   return Config(
     network=NetworkConfig(d_model=32, num_layers=1, num_heads=2, latent_dim=64, hidden_dim=128),
-    learner=LearnerConfig(policy_loss_weight=0.0, probe_msa_margin=1e-3),
-    actor=ActorConfig(imitate_gains_only=True, probe_share=0.6),
+    learner=LearnerConfig(policy_loss_weight=0.0),
+    actor=ActorConfig(imitate_gains_only=True),
+    probes=ProbeConfig(share=0.6, msa_margin=1e-3),
   )
 
 

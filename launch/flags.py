@@ -14,6 +14,7 @@ from typing import Any, Callable, Collection, Iterable, Optional, Sequence
 from rich.console import Console
 
 from malloczero.common.errors import MalloczeroError
+from malloczero.common.settings import MAX_SEED
 from malloczero.env.hardware import PRESETS, Capacity, Hardware, describe_fast_levels
 from malloczero.env.solvers.registry import Solver, option_fields
 
@@ -88,11 +89,6 @@ def capacity(text: str) -> Capacity:
   return (level if sep else None), positive_int(value)
 
 
-# The seeds' consumers: numpy's default_rng takes no negative seed, CP-SAT's random_seed is an int32
-# and jax.random.PRNGKey an int64; derived seeds (seed + 7919 x actor) stay within the last two.
-MAX_SEED = 2**31 - 1
-
-
 def seed(text: str) -> int:
   try:
     value = int(text)
@@ -125,27 +121,6 @@ def non_negative_float(text: str) -> float:
 
 def fraction(text: str) -> float:
   return _float_flag(text, "a fraction in [0, 1)", lambda value: 0.0 <= value < 1.0)
-
-
-def probability(text: str) -> float:
-  return _float_flag(text, "a probability in [0, 1]", lambda value: 0.0 <= value <= 1.0)
-
-
-def fractions_list(text: str) -> tuple[float, ...]:
-  """Comma-separated fractions in (0, 1], each once."""
-  values = tuple(
-    _float_flag(part.strip(), "a fraction in (0, 1]", lambda value: 0.0 < value <= 1.0)
-    for part in text.split(",")
-  )
-  if len(set(values)) != len(values):
-    raise argparse.ArgumentTypeError(f"a fraction is repeated in '{text}'")
-  return values
-
-
-def on_off(text: str) -> bool:
-  if text not in ("on", "off"):
-    raise argparse.ArgumentTypeError(f"expected 'on' or 'off', got '{text}'")
-  return text == "on"
 
 
 # The registry's `check` names (env/solvers/registry.py CHECKS) as flag types.

@@ -166,10 +166,10 @@ def make_sgd_step(
           networks,
           params,
           *probes,
-          learner_config.probe_temperature,
-          learner_config.probe_msa_margin,
+          config.probes.temperature,
+          config.probes.msa_margin,
         )
-        loss = loss + learner_config.probe_loss_weight * probe_loss
+        loss = loss + config.probes.loss_weight * probe_loss
         metrics = dict(metrics, **probe_metrics, loss=loss)
       return loss, (metrics, priorities)
 
@@ -214,9 +214,9 @@ class MuZeroLearner:
     candidates_dir: with `config.select_checkpoints` above 1, where a checkpoint is kept every
       `config.eval_every_steps` steps for the final evaluation's selection (the newest
       `select_checkpoints` of them; older ones are deleted).
-    probes: probed decisions (learner/probes/store.py) the actors offer (`offer_probe`); once
-      it holds any, each batch also fits the policy at `learner.probe_batch` of them, and they
-      are saved and restored with the checkpoint.
+    probes: probed decisions (learner/probes/store.py) the actors offer (`offer_probe`); once it holds
+      any, each batch also fits the policy at `probes.batch` of them, and they are saved
+      and restored with the checkpoint.
 
   With `learner.reanalyse_fraction` above 0, the first `learner.reanalyse_batch` sampled items
   of each batch get fresh policy targets at states 0..K from `reanalyse_search` (the actors'
@@ -304,7 +304,7 @@ class MuZeroLearner:
       )
     probes = None
     if self._probes is not None and len(self._probes):
-      probes = self._probes.sample(self._config.learner.probe_batch)
+      probes = self._probes.sample(self._config.probes.batch)
     state, metrics, priorities = self._sgd_step(self._state, steps, weights, exact_values, probes)
     metrics, priorities = jax.device_get((metrics, priorities))
     priorities = priorities[:num_sampled]

@@ -90,9 +90,9 @@ def make_reanalyse_search(networks: MuZeroNetworks, config: Config) -> Optional[
 
 def make_probe_store(config: Config) -> Optional[ProbeStore]:
   """The learner's store of probed decisions, or None with probes off."""
-  if not config.actor.probe_share:
+  if not config.probes.share:
     return None
-  return ProbeStore(config.game, config.learner.probe_capacity, seed=config.seed)
+  return ProbeStore(config.game, config.probes.capacity, seed=config.seed)
 
 
 def make_learner(
@@ -162,11 +162,11 @@ def make_actor(
     on_episode=on_episode,
     offer=offer if config.learner.demonstration_batch else None,
     prober=(
-      Prober(pool.specs, config.game, seed=seed + 1, on_policy=config.actor.probe_on_policy)
-      if config.actor.probe_share
+      Prober(pool.specs, config.game, seed=seed + 1, on_policy=config.probes.on_policy)
+      if config.probes.share
       else None
     ),
-    offer_probe=offer_probe if config.actor.probe_share else None,
+    offer_probe=offer_probe if config.probes.share else None,
   )
 
 
@@ -194,9 +194,9 @@ def make_evaluator(
 class ResumableCSVLogger(loggers.CSVLogger):
   """Acme's CSV logger (one row per write, the columns fixed at the first write), for a log that a
   resumed run appends to: its rows follow the columns of the file's header, and fields the header
-  lacks (a flag turned on at the resume, such as `--reanalyse`) become new columns, the file
-  rewritten once with them (earlier rows blank there). Acme's own logger writes such rows under
-  the old header, every column after a new one shifted."""
+  lacks (a setting turned on at the resume, such as `--set learner.reanalyse_fraction`) become
+  new columns, the file rewritten once with them (earlier rows blank there). Acme's own logger
+  writes such rows under the old header, every column after a new one shifted."""
 
   def write(self, data: loggers.LoggingData) -> None:
     # pylint: disable=protected-access  # Acme's writer is made at the first write; made here.

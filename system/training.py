@@ -62,8 +62,8 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
       raise MalloczeroError(
         f"{workdir} holds a run of config '{previous.get('name')}' on suite "
         f"'{previous.get('suite')}' with other networks, game settings, --workload "
-        "programs or capacity variants; resume it with the same --config, --suite, "
-        "--capacity-variants and --workload (--hardware, --capacity), or use another --workdir"
+        "programs or capacity variants; resume it with the same --config, --suite, --set "
+        "capacity_variants and --workload (--hardware, --capacity), or use another --workdir"
       )
   if os.path.isdir(files.checkpoints) and os.path.exists(files.learner_state):
     return checkpoint_steps(files.checkpoints)

@@ -160,7 +160,9 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
 
   # 1. A tiny run with 2 actors that also probe decisions for the learner; actor_1's process is
   # killed once the learner is stepping.
-  run = _Launch(workdir, "--max-steps", "600", "--eval-every", "1000", "--probes", "0.3")
+  run = _Launch(
+    workdir, "--max-steps", "600", "--set", "eval_every_steps=1000", "--set", "probes.share=0.3"
+  )
   run.wait_until(
     lambda: run.learner_steps() >= 1 and "actor_1" in run.node_processes(),
     "the learner stepping with both actors live",
@@ -222,7 +224,9 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
 
   # 2. The same command resumes: learner parameters, step and replay come back; SIGTERM to the
   # launcher stops every node, and the learner saves its step before exiting.
-  run = _Launch(workdir, "--max-steps", "100000", "--eval-every", "1000", "--probes", "0.3")
+  run = _Launch(
+    workdir, "--max-steps", "100000", "--set", "eval_every_steps=1000", "--set", "probes.share=0.3"
+  )
   run.wait_until(lambda: run.learner_steps() >= 620, "the resumed learner stepping")
   run.process.send_signal(signal.SIGTERM)
   code, output = run.finish()
@@ -246,7 +250,7 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   # anything starts.
   for args, message in (
     (("--config", "small", "--suite", "tiny"), "holds a run of config"),
-    (("--config", "tiny", "--max-steps", "600", "--probes", "0.3"), "raise --max-steps"),
+    (("--config", "tiny", "--max-steps", "600", "--set", "probes.share=0.3"), "raise --max-steps"),
   ):
     result = subprocess.run(
       [sys.executable, "-m", "malloczero", "train", *args, "--workdir", str(workdir)],
@@ -357,8 +361,8 @@ def test_local_mt_runs_every_node_as_a_thread_and_finishes(tmp_path):
       "2",
       "--max-steps",
       "100",
-      "--eval-every",
-      "1000",
+      "--set",
+      "eval_every_steps=1000",
       "--workdir",
       str(workdir),
     ],
@@ -382,7 +386,13 @@ def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
   With --node-output terminal through a pipe, node lines reach the console, uncoloured."""
   workdir = tmp_path / "run"
   run = _Launch(
-    workdir, "--max-steps", "100000", "--eval-every", "100000", "--node-output", "terminal"
+    workdir,
+    "--max-steps",
+    "100000",
+    "--set",
+    "eval_every_steps=100000",
+    "--node-output",
+    "terminal",
   )
   # The tiny config checkpoints every 30 s: wait for one, so that there is something to keep.
   checkpoint = workdir / "checkpoints" / "learner_state.npz"
@@ -468,7 +478,7 @@ def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_kill
   """A second train on a directory in use is refused; SIGKILL of the launcher stops every node
   (each saving what it owns) and the same command then resumes."""
   workdir = tmp_path / "run"
-  args = ("--max-steps", "100000", "--eval-every", "100000")
+  args = ("--max-steps", "100000", "--set", "eval_every_steps=100000")
   run = _Launch(workdir, *args)
   run.wait_until(
     lambda: run.learner_steps() >= 1 and len(run.node_processes()) == 7,

@@ -247,7 +247,7 @@ def test_illegal_actions_and_wrong_configs_are_clear_errors():
     MsaGame(workload, hardware, REQUESTS_GAME)
   with pytest.raises(ValueError, match="RequestsGame plays requests"):
     RequestsGame(workload, hardware, CONFIG)
-  with pytest.raises(ValueError, match="unknown game decisions 'xla'"):
+  with pytest.raises(ValueError, match="game.decisions must be one of msa, requests, got 'xla'"):
     GameConfig(decisions="xla")
   assert isinstance(make_game(workload, hardware, CONFIG), MsaGame)
   assert isinstance(make_game(workload, hardware, REQUESTS_GAME), RequestsGame)

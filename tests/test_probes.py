@@ -26,7 +26,7 @@ from malloczero.learner.probes import (
   probe_policy_loss,
 )
 
-CONFIG = with_section(get_config("tiny"), "actor", probe_share=0.5)
+CONFIG = with_section(get_config("tiny"), "probes", share=0.5)
 GAME = CONFIG.game
 NETWORKS = make_networks(CONFIG.network, GAME)
 SPECS = suite_games("tiny", "train")
@@ -270,7 +270,7 @@ def test_actor_probes_its_share_and_offers_them(probes):
 @pytest.mark.slow  # Compiles the SGD step with and without probes.
 def test_learner_fits_probes_beside_its_batches_and_keeps_them(tmp_path, probes):
   _, found = probes
-  store = ProbeStore(GAME, CONFIG.learner.probe_capacity)
+  store = ProbeStore(GAME, CONFIG.probes.capacity)
   batch = random_batch(CONFIG, CONFIG.learner.batch_size)
   learner = MuZeroLearner(
     NETWORKS, CONFIG, lambda: batch, checkpoint_dir=str(tmp_path), probes=store
@@ -281,7 +281,7 @@ def test_learner_fits_probes_beside_its_batches_and_keeps_them(tmp_path, probes)
   metrics = learner.step()
   assert metrics["probes"] == len(found) and metrics["probe_policy_loss"] > 0
   learner.save()
-  resumed_store = ProbeStore(GAME, CONFIG.learner.probe_capacity)
+  resumed_store = ProbeStore(GAME, CONFIG.probes.capacity)
   resumed = MuZeroLearner(
     NETWORKS, CONFIG, lambda: batch, checkpoint_dir=str(tmp_path), probes=resumed_store
   )
@@ -292,27 +292,30 @@ def test_learner_fits_probes_beside_its_batches_and_keeps_them(tmp_path, probes)
 
 def test_probes_need_the_msa_game_and_a_share_below_one():
   with pytest.raises(ValueError, match="msa game"):
-    with_section(with_section(small(), "game", decisions="requests"), "actor", probe_share=0.3)
-  with pytest.raises(ValueError, match="probe_share"):
-    with_section(small(), "actor", probe_share=1.0)
-  with pytest.raises(ValueError, match="probe_on_policy"):
-    with_section(small(), "actor", probe_on_policy=1.5)
+    with_section(with_section(small(), "game", decisions="requests"), "probes", share=0.3)
+  with pytest.raises(ValueError, match="probes.share"):
+    with_section(small(), "probes", share=1.0)
+  with pytest.raises(ValueError, match="probes.on_policy"):
+    with_section(small(), "probes", on_policy=1.5)
   with pytest.raises(ValueError, match="on_policy"):
     Prober(SPECS, GAME, on_policy=-0.1)
-  with pytest.raises(ValueError, match="probe_batch"):
-    with_section(small(), "learner", probe_batch=0)
-  with pytest.raises(ValueError, match="probe_msa_margin"):
-    with_section(small(), "learner", probe_msa_margin=-1e-3)
+  with pytest.raises(ValueError, match="probes.batch"):
+    with_section(small(), "probes", batch=0)
+  with pytest.raises(ValueError, match="probes.msa_margin"):
+    with_section(small(), "probes", msa_margin=-1e-3)
 
 
 @pytest.mark.parametrize(
   "flags, message",
   [
-    (("--probes", "1"), "--probes: expected a fraction in [0, 1)"),
-    (("--probes", "0.3", "--probe-batch", "0"), "--probe-batch: expected a positive integer"),
-    (("--policy-loss-weight", "-1"), "--policy-loss-weight"),
-    (("--probes-on-policy", "1.5"), "--probes-on-policy"),
-    (("--probe-msa-margin", "-0.001"), "--probe-msa-margin"),
+    (("--set", "probes.share=1"), "probes.share: expected a fraction in [0, 1)"),
+    (
+      ("--set", "probes.share=0.3", "--set", "probes.batch=0"),
+      "probes.batch: expected a positive integer",
+    ),
+    (("--set", "learner.policy_loss_weight=-1"), "learner.policy_loss_weight: expected a"),
+    (("--set", "probes.on_policy=1.5"), "probes.on_policy: expected a probability"),
+    (("--set", "probes.msa_margin=-0.001"), "probes.msa_margin: expected a"),
   ],
 )
 def test_probe_flags_are_checked_in_one_line(flags, message, tmp_path):

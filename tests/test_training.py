@@ -127,8 +127,9 @@ def test_demonstrations_hold_each_training_programs_best_known_game(trained):
 
 
 def test_resume_continues_from_checkpoint(trained, tmp_path):
-  """The resumed run also turns reanalyse on, as `train --reanalyse` at a resume would: the
-  builder gives the learner the actors' search, and the learner's log gains its columns."""
+  """The resumed run also turns reanalyse on, as `train --set learner.reanalyse_fraction` at a
+  resume would: the builder gives the learner the actors' search, and the learner's log gains
+  its columns."""
   workdir = str(tmp_path / "run")  # A copy: the shared run stays as it was trained.
   shutil.copytree(trained["workdir"], workdir)
   reanalysing = dataclasses.replace(

@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 from dm_env import specs
 
+from malloczero.common.settings import check_settings, setting
 from malloczero.env.game.observation import (
   ObservationLayout,
   msa_observation_layout,
@@ -44,29 +45,36 @@ class GameConfig:
     project's first reward, kept for comparison. The requests game always rewards "time".
   """
 
-  num_candidates: int = 16
-  occupancy_bins: int = 32
-  lookahead: int = 8  # M
-  max_fast_levels: int = 2  # Observation width: hardware may have up to this many fast levels.
-  decisions: str = "msa"
-  max_prefetch_starts: int = 4
-  skip_below: float = 0.0
-  reward: str = "advantage"
+  num_candidates: int = setting(16, "positive_int", "K of the requests game (1 + K actions)")
+  occupancy_bins: int = setting(32, "positive_int", "bins of each fast level's occupancy row")
+  lookahead: int = setting(8, "non_negative_int", "upcoming requests observed (M)")
+  # Observation width: hardware may have up to this many fast levels.
+  max_fast_levels: int = setting(2, "positive_int", "fast levels the observation has room for")
+  decisions: str = setting(
+    "msa",
+    "choice",
+    "msa: a step per decision of XLA's msa loop; requests: a step per request",
+    DECISIONS,
+  )
+  max_prefetch_starts: int = setting(
+    4, "positive_int", "prefetch starts offered per fast level in the msa game"
+  )
+  skip_below: float = setting(
+    0.0,
+    "fraction",
+    "the game plays msa's own choice at decisions whose best option saves less than this "
+    "fraction of the all-slow time",
+  )
+  reward: str = setting(
+    "advantage",
+    "choice",
+    "advantage: a game returns the fraction of msa's time it saves (0 for msa's play); time: "
+    "each move its time saved over the all-slow time (the first reward, for comparison)",
+    REWARDS,
+  )
 
   def __post_init__(self):
-    if self.decisions not in DECISIONS:
-      raise ValueError(
-        f"unknown game decisions '{self.decisions}' (choose from {', '.join(DECISIONS)})"
-      )
-    if self.reward not in REWARDS:
-      raise ValueError(f"unknown game reward '{self.reward}' (choose from {', '.join(REWARDS)})")
-    for name in ("num_candidates", "occupancy_bins", "max_fast_levels", "max_prefetch_starts"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-    if self.lookahead < 0:
-      raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
-    if not 0.0 <= self.skip_below < 1.0:
-      raise ValueError(f"skip_below must be a fraction in [0, 1), got {self.skip_below}")
+    check_settings(self, "game")
 
   @property
   def num_actions(self) -> int:

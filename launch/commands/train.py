@@ -14,19 +14,16 @@ from malloczero.configs.config import PRESETS, get_config
 from malloczero.env.hardware import check_fits, resolve_hardware
 from malloczero.env.workload import load_workload
 from malloczero.evaluation.console import final_evaluation_table, learning_curve_table
+from malloczero.launch.config_flags import add_config_flags, apply_overrides, describe_config
 from malloczero.launch.flags import (
   HARDWARE_CHOICES,
   FlagError,
   add_capacity_flag,
   console,
   flushing_print,
-  fractions_list,
   positive_float,
-  positive_int,
   say_capacities,
-  seed,
 )
-from malloczero.launch.tuning_flags import add_tuning_flags, apply_tuning_flags
 
 LAUNCHES = ("local_mp", "local_mt", "vertex_ai", "single")
 DEFAULT_CONFIG = "small"
@@ -50,20 +47,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     "learner in this process, in-process Reverb",
   )
   p.add_argument(
-    "--num-actors",
-    type=positive_int,
-    help="actor nodes (default: the config's; local_mp and vertex_ai)",
-  )
-  p.add_argument(
     "--oversubscribe",
     action="store_true",
     help="local launches: start --num-actors actors even beyond what this machine's "
     "cores and memory can run",
-  )
-  p.add_argument(
-    "--suite",
-    help="suite to train on (default: the config's; with --workload, "
-    "its training programs are trained on too)",
   )
   p.add_argument(
     "--workload",
@@ -78,35 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     help="checkpoints, logs, the learning curve and the report "
     "(default runs/train-CONFIG); an existing one is resumed",
   )
-  p.add_argument(
-    "--max-steps",
-    "--max-learner-steps",
-    dest="max_steps",
-    type=positive_int,
-    help="stop when the learner reaches this step (default: the config's)",
-  )
   p.add_argument("--max-seconds", type=positive_float, help="stop after this much wall time")
-  p.add_argument(
-    "--eval-every",
-    type=positive_int,
-    help="learner steps between greedy evaluations (default: the config's)",
-  )
-  p.add_argument(
-    "--select-checkpoints",
-    type=positive_int,
-    metavar="N",
-    help="the final evaluation reports, of the last N checkpoints (one kept every --eval-every "
-    "learner steps), the one whose greedy play is fastest on the training programs; 1: the "
-    "final one (default: 1; each candidate costs a greedy play of the training programs, about 3 "
-    "minutes on the default suite on 2 cores)",
-  )
-  p.add_argument(
-    "--capacity-variants",
-    type=fractions_list,
-    metavar="F,F,...",
-    help="actors also play every training suite entry at these fractions of its program's peak "
-    "live bytes, e.g. 0.1,0.25,0.5 (reports keep to the suite's own entries; default: none)",
-  )
   p.add_argument(
     "--node-output",
     default="files",
@@ -114,35 +73,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     help="local_mp: node output to WORKDIR/nodes/*.log (default) or to this "
     "terminal, each line prefixed with its node",
   )
-  p.add_argument("--seed", type=seed, help="override the config's seed (0 to 2**31-1)")
-  add_tuning_flags(p, defaults)
+  add_config_flags(p, defaults)
   p.add_argument("--quiet", action="store_true", help="no periodic log lines")
   p.set_defaults(func=run)
 
 
 def train_config(args: argparse.Namespace):
   """The preset with the flags' overrides, checked before anything starts."""
-  config = get_config(args.config)
-  if args.suite:
-    config = dataclasses.replace(config, suite=args.suite)
-  if args.seed is not None:
-    config = dataclasses.replace(config, seed=args.seed)
-  if args.eval_every:
-    config = dataclasses.replace(config, eval_every_steps=args.eval_every)
-  if args.select_checkpoints:
-    config = dataclasses.replace(config, select_checkpoints=args.select_checkpoints)
-  config = apply_tuning_flags(config, args)
+  config = apply_overrides(get_config(args.config), args.overrides)
   if args.workload:
-    config = dataclasses.replace(config, suite=args.suite or "", programs=(_program_file(args),))
+    # The workload alone unless a suite is named too.
+    suite_given = any(path == "suite" for path, _ in args.overrides or ())
+    program = _program_file(args)
+    try:
+      config = dataclasses.replace(
+        config, suite=config.suite if suite_given else "", programs=(program,)
+      )
+    except ValueError as e:
+      raise FlagError(str(e)) from None
   elif args.hardware or args.capacity:
     raise MalloczeroError(
       "--hardware and --capacity describe a --workload's fast memory; give the workload file too"
     )
-  if args.capacity_variants:
-    try:
-      config = dataclasses.replace(config, capacity_variants=args.capacity_variants)
-    except ValueError as e:
-      raise FlagError(str(e)) from None
+  if not config.suite and not config.programs:
+    raise FlagError(
+      "an empty suite trains on --workload's program alone: name a suite or a workload"
+    )
   if config.suite:
     from malloczero.env.programs.suites import get_suite
 
@@ -164,6 +120,9 @@ def _program_file(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
   config = train_config(args)
+  if args.list_config:
+    print(describe_config(config))
+    return 0
   if config.programs and args.launch == "vertex_ai":
     raise MalloczeroError(
       "train --workload runs locally (--launch local_mp, local_mt or single): "
@@ -174,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from malloczero.system.vertex import launch_vertex_ai
 
     launch_vertex_ai(
-      config, workdir, args.num_actors or config.distributed.num_actors, max_steps=args.max_steps
+      config, workdir, config.distributed.num_actors, max_steps=config.max_learner_steps
     )
     return 0
   check_output_dir(workdir, "--workdir")
@@ -196,9 +155,9 @@ def _train_single(config, args: argparse.Namespace, workdir: str) -> int:
   result = train_single_process(
     config,
     workdir,
-    max_learner_steps=args.max_steps,
+    max_learner_steps=config.max_learner_steps,
     max_seconds=args.max_seconds,
-    eval_every_steps=args.eval_every,
+    eval_every_steps=config.eval_every_steps,
     print_fn=None if args.quiet else flushing_print(out),
   )
   out.print(learning_curve_table(result, config))
@@ -221,7 +180,7 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
   from malloczero.system.distributed import launch_training, local_actor_limit
 
   out = console()
-  num_actors = args.num_actors or config.distributed.num_actors
+  num_actors = config.distributed.num_actors
   limit, why = local_actor_limit(args.launch)
   if num_actors > limit and not args.oversubscribe:
     # Checked before anything is written or started: 1000 actors on 2 cores once spawned 642
@@ -243,7 +202,7 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
     workdir,
     launch=args.launch,
     num_actors=num_actors,
-    max_steps=args.max_steps,
+    max_steps=config.max_learner_steps,
     max_seconds=args.max_seconds,
     node_output=args.node_output,
     print_fn=print_fn,

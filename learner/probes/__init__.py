@@ -13,10 +13,10 @@ The feature's own code is here:
   loss.py    `probe_policy_loss`: the policy's cross-entropy to `advantage_targets`,
              softmax(advantage / temperature) over the legal moves
 
-The config fields that steer it: `actor.probe_share` (the share of each actor's time spent
-probing; 0 turns probes off), `actor.probe_on_policy` (the share drawn along the network's
-trajectory), and `learner.probe_batch`, `probe_capacity`, `probe_temperature`,
-`probe_msa_margin`, `probe_loss_weight` (the learner's side).
+The config fields that steer it, all in the `probes` section (configs/config.py `ProbeConfig`,
+`train --set probes.FIELD=VALUE`): `share` (the share of each actor's time spent probing; 0
+turns probes off), `on_policy` (the share drawn along the network's trajectory), and `batch`,
+`capacity`, `temperature`, `msa_margin`, `loss_weight` (the learner's side).
 
 Where the rest of the system hooks in:
   actors    actors/actor.py `BatchedActor._probe_while_due` probes while below its share of the
@@ -24,7 +24,7 @@ Where the rest of the system hooks in:
             `make_actor` gives the actor its `Prober`
   learner   learner/learner.py `MuZeroLearner.offer_probe` adds a probe to the store (through
             system/nodes.py `LearnerNode.offer_probe` in a Launchpad run), `MuZeroLearner.step`
-            samples `learner.probe_batch` of them, `make_sgd_step` adds `probe_policy_loss` to
+            samples `probes.batch` of them, `make_sgd_step` adds `probe_policy_loss` to
             the MuZero loss, and `MuZeroLearner.save` / `restore` keep the store with the
             checkpoint; system/builder.py `make_probe_store` builds the store
 """

@@ -2,7 +2,7 @@
 legal move's exact advantage over msa (learner/probes/prober.py).
 
 The learner's step (learner/learner.py `make_sgd_step`) adds `probe_policy_loss`, weighted by
-`learner.probe_loss_weight`, to the MuZero loss of each batch once the probe store holds any.
+`probes.loss_weight`, to the MuZero loss of each batch once the probe store holds any.
 """
 
 from __future__ import annotations
