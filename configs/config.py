@@ -144,7 +144,8 @@ class LearnerConfig:
     "share of each learner batch drawn from the best known game per training program, msa's "
     "own at first (0 turns them off)",
   )
-  # The rest of the windows start uniformly (learner/demonstrations/store.py `Demonstrations.sample`).
+  # The rest of the windows start uniformly (learner/demonstrations/store.py
+  # `Demonstrations.sample`).
   demonstration_departures: float = setting(
     0.0,
     "probability",

@@ -214,9 +214,9 @@ class MuZeroLearner:
     candidates_dir: with `config.select_checkpoints` above 1, where a checkpoint is kept every
       `config.eval_every_steps` steps for the final evaluation's selection (the newest
       `select_checkpoints` of them; older ones are deleted).
-    probes: probed decisions (learner/probes/store.py) the actors offer (`offer_probe`); once it holds
-      any, each batch also fits the policy at `probes.batch` of them, and they are saved
-      and restored with the checkpoint.
+    probes: probed decisions (learner/probes/store.py) the actors offer (`offer_probe`); once
+      it holds any, each batch also fits the policy at `probes.batch` of them, and they are
+      saved and restored with the checkpoint.
 
   With `learner.reanalyse_fraction` above 0, the first `learner.reanalyse_batch` sampled items
   of each batch get fresh policy targets at states 0..K from `reanalyse_search` (the actors'
