@@ -82,6 +82,7 @@ from malloczero.common import strict_json
 from malloczero.common.errors import WorkloadError
 from malloczero.common.files import write_bytes
 from malloczero.common.strict_json import show_value, unknown_key
+from malloczero.common.units import show_int, show_power_of_two
 from malloczero.env.memory_guard import check_fits_in_memory
 
 PROGRAM_START = -1
@@ -258,22 +259,14 @@ def _plain_op_indices(uses: Any) -> bool:
   )
 
 
-def show_int(value: int) -> str:
-  """An integer as text; a huge one as its digit count, so that an error stays one short line."""
-  digits = len(str(abs(int(value))))
-  return str(int(value)) if digits <= 30 else f"a {digits}-digit number"
-
-
-def _power_of_two(limit: int) -> str:
-  return f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
-
-
 def int_out_of_range(value: int, field: str, limit: int = MAX_FILE_INT) -> str | None:
   """The one-line complaint about `field` when |value| exceeds `limit`, else None (the caller's
   own checks then judge the sign and the meaning)."""
   if abs(int(value)) <= limit:
     return None
-  return f"'{field}' = {show_int(value)} is beyond the limit of {_power_of_two(limit)} in magnitude"
+  return (
+    f"'{field}' = {show_int(value)} is beyond the limit of {show_power_of_two(limit)} in magnitude"
+  )
 
 
 def _is_number(x: Any) -> bool:
