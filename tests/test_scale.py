@@ -12,7 +12,8 @@ from malloczero.env import memory_guard
 from malloczero.env.memory_guard import InputTooLargeError, estimated_bytes
 from malloczero.env.programs.synthetic import minimalloc_csv_text, xla_like_workload
 from malloczero.env.validator import _any_rectangle_overlap
-from malloczero.env.workload import load_workload, workload_from_minimalloc_csv
+from malloczero.env.workload import workload_from_minimalloc_csv
+from malloczero.env.workload_json import load_workload
 from malloczero.launch import cli
 
 

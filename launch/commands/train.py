@@ -12,7 +12,7 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_dir
 from malloczero.configs.config import PRESETS, get_config
 from malloczero.env.hardware import check_fits, resolve_hardware
-from malloczero.env.workload import load_workload
+from malloczero.env.workload_json import load_workload
 from malloczero.launch.flags import (
   HARDWARE_CHOICES,
   FlagError,
