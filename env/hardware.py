@@ -294,7 +294,7 @@ _NNPI_LIKE = Hardware(
 )
 
 # For MiniMalloc CSV problems: zero-flop ops, so time saved is the placed buffers' accesses (a
-# write and a read each, env/workload.py).
+# write and a read each, env/minimalloc_csv.py).
 _MINIMALLOC = Hardware(
   name="minimalloc",
   levels=(MemoryLevel("fast", 1 * MiB, 1e12), MemoryLevel("slow", 1 << 62, 1e9)),

@@ -1,6 +1,6 @@
 """The workload JSON format (`.json`, or gzipped `.json.gz`), read strictly, and the workload
 files of every format: `load_workload` and `save_workload` choose JSON or MiniMalloc's CSV
-(env/workload.py) by the file's extension.
+(env/minimalloc_csv.py) by the file's extension.
 
 JSON format (docs/design.md)::
 
@@ -39,6 +39,7 @@ from malloczero.common.errors import WorkloadError
 from malloczero.common.files import write_bytes
 from malloczero.common.strict_json import show_value, unknown_key
 from malloczero.common.units import show_int
+from malloczero.env.minimalloc_csv import workload_from_minimalloc_csv, workload_to_minimalloc_csv
 from malloczero.env.workload import (
   MAX_FILE_INT,
   PROGRAM_START,
@@ -50,8 +51,6 @@ from malloczero.env.workload import (
   finite_number,
   int_out_of_range,
   is_int,
-  workload_from_minimalloc_csv,
-  workload_to_minimalloc_csv,
 )
 
 # The keys of a workload file at each level; any other is refused (a misspelt optional key such

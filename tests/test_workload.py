@@ -11,7 +11,7 @@ from hypothesis import given
 
 import malloczero.env.workload_json as workload_json
 from malloczero.env import WorkloadError, load_workload, save_workload
-from malloczero.env.workload import workload_from_minimalloc_csv, workload_to_minimalloc_csv
+from malloczero.env.minimalloc_csv import workload_from_minimalloc_csv, workload_to_minimalloc_csv
 from malloczero.env.workload_json import workload_from_dict, workload_to_dict
 from tests.strategies import workloads
 
@@ -321,7 +321,7 @@ def test_integers_with_more_digits_than_python_reads_are_one_line_errors(tmp_pat
   ],
 )
 def test_the_quick_csv_reading_reads_what_the_line_by_line_one_does(rows, quick):
-  from malloczero.env.workload import CSV_COLUMNS, _csv_columns, _csv_columns_line_by_line
+  from malloczero.env.minimalloc_csv import CSV_COLUMNS, _csv_columns, _csv_columns_line_by_line
 
   parsed = list(csv.reader(io.StringIO("\n".join(rows))))
   col = {k: i for i, k in enumerate(CSV_COLUMNS)}
