@@ -105,6 +105,10 @@ class WorkloadArrays:
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
+  """A program's schedule and buffers, checked when built. Built from a JSON document or plain
+  values by env/workload_json.py (`workload_from_dict`, `workload_from_ops`), read from a file of
+  either format by its `load_workload`."""
+
   name: str
   source: str
   ops: tuple[Op, ...]
