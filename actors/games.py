@@ -11,7 +11,8 @@ import numpy as np
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.hardware import Hardware
 from malloczero.env.programs.suites import get_suite
-from malloczero.env.workload import Workload, load_workload
+from malloczero.env.workload import Workload
+from malloczero.env.workload_json import load_workload
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,8 @@ from malloczero.env.hardware import PRESETS, Hardware, MemoryLevel, load_hardwar
 from malloczero.env.mapping import Mapping, load_mapping
 from malloczero.env.requests import Requests, build_requests
 from malloczero.env.validator import ValidationReport, validate_mapping
-from malloczero.env.workload import Buffer, Op, Workload, load_workload, save_workload
+from malloczero.env.workload import Buffer, Op, Workload
+from malloczero.env.workload_json import load_workload, save_workload
 
 __all__ = [
   "Allocations",

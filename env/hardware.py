@@ -21,8 +21,8 @@ import numpy as np
 from malloczero.common import strict_json
 from malloczero.common.errors import HardwareError, MalloczeroError
 from malloczero.common.strict_json import show_value, unknown_key
-from malloczero.common.units import human_bytes
-from malloczero.env.workload import Workload, show_int
+from malloczero.common.units import human_bytes, show_int
+from malloczero.env.workload import Workload
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 # Capacities and the alignment become int64 arrays and are added to offsets there; the bound keeps
@@ -294,7 +294,7 @@ _NNPI_LIKE = Hardware(
 )
 
 # For MiniMalloc CSV problems: zero-flop ops, so time saved is the placed buffers' accesses (a
-# write and a read each, env/workload.py).
+# write and a read each, env/minimalloc_csv.py).
 _MINIMALLOC = Hardware(
   name="minimalloc",
   levels=(MemoryLevel("fast", 1 * MiB, 1e12), MemoryLevel("slow", 1 << 62, 1e9)),

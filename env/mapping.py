@@ -41,6 +41,7 @@ from malloczero.common import strict_json
 from malloczero.common.errors import MappingError
 from malloczero.common.files import write_bytes, write_text
 from malloczero.common.strict_json import show_value, unknown_key
+from malloczero.common.units import show_int
 from malloczero.env.cost_model import NO_COPY, Allocations
 from malloczero.env.hardware import Hardware, HardwareError
 from malloczero.env.workload import (
@@ -49,7 +50,6 @@ from malloczero.env.workload import (
   collection_paused,
   finite_number,
   int_out_of_range,
-  show_int,
 )
 
 ALLOCATION_KEYS = ("request", "buffer", "level", "offset", "start", "end")

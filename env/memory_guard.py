@@ -6,9 +6,9 @@ program cannot be held; without a guard the kernel's out-of-memory killer ends t
 after minutes, with no message. The estimate is what a solve with validation measured per
 incidence, buffer and op, rounded up: about 180 B per incidence on generated CSVs of 2k to 20k
 rows when a CSV buffer touched every op of its range (peak resident memory of
-`malloczero solve --solver msa`). Since a CSV buffer has two incidences at most (env/workload.py),
-the buffers and ops dominate: a 200k-row CSV (559k ops, 400k incidences) peaked at 0.70 GB
-through load, msa and validation, against an estimate of 1.08 GB.
+`malloczero solve --solver msa`). Since a CSV buffer has two incidences at most
+(env/minimalloc_csv.py), the buffers and ops dominate: a 200k-row CSV (559k ops, 400k
+incidences) peaked at 0.70 GB through load, msa and validation, against an estimate of 1.08 GB.
 """
 
 from __future__ import annotations

@@ -1,27 +1,21 @@
 """Workloads: a compiled program as a schedule of ops and the buffers they read and write.
 
-JSON format (docs/design.md)::
+This module owns the model: ops in schedule order, each with its flops, and buffers, each with a
+size in bytes, a defining op (`PROGRAM_START` for parameters and inputs), the ops that use it
+(sorted, each op once) and a kind (`KINDS`); the checks every workload passes however it was
+built, and the arrays the cost model and the game read. Its files are env/workload_json.py (the
+JSON format, and `load_workload` / `save_workload` for every format) and env/minimalloc_csv.py
+(MiniMalloc's CSV). What every reader of env's files shares is here too: the bound on the
+integers they hold (`MAX_FILE_INT`) with its one-line complaint, finite numbers, and garbage
+collection paused while their objects are built.
 
-  {"name": str, "source": str,
-   "ops": [{"name": str, "flops": number,                  # in schedule order
-            "weight": int}, ...],                           # optional, default 1
-   "buffers": [{"id": int, "name": str, "size": int,         # id >= 0, unique; size in bytes
-                "def": int | null,                           # defining op; null = program start
-                "uses": [int, ...],                          # ops that read it: sorted, unique
-                "kind": "activation" | "parameter" | "input" | "output",
-                "use_bytes": [int, ...],                     # optional, parallel to uses
-                "def_bytes": int}, ...]}                     # optional
-
-`use_bytes[i]` is the number of bytes op `uses[i]` really reads of the buffer, and `def_bytes`
-the number its defining op writes; both default to `size`. They exist because XLA's cost
+A buffer's `use_bytes[i]` is the number of bytes op `uses[i]` really reads of it, and `def_bytes`
+the number its defining op writes; both default to `size` (None). They exist because XLA's cost
 analysis charges some ops less than whole buffers: a gather or a slice reads only the rows it
-fetches from a large table, an in-place dynamic-update-slice writes only its update. They are
-checked on load: `use_bytes` needs the same length as `uses` (strictly increasing, as always,
-so the pairing is unambiguous), and every value an integer `0 <= bytes <= size`; 0 is a
-use that keeps the buffer live without moving data (the done of an asynchronous operation, the
-aliased operand of an in-place update). `def_bytes` needs a defining op and the same bounds.
-Both keys are omitted on save when every value equals `size`, so files without partial
-accesses are unchanged. The cost model and the game charge an incidence its bytes.
+fetches from a large table, an in-place dynamic-update-slice writes only its update. Each is an
+integer `0 <= bytes <= size`; 0 is a use that keeps the buffer live without moving data (the
+done of an asynchronous operation, the aliased operand of an in-place update). `def_bytes` needs
+a defining op. The cost model and the game charge an incidence its bytes.
 
 Live ranges are half-open op intervals: an activation lives on `[def, last_use + 1)`, a
 parameter or input on `[0, last_use + 1)`, and a program output on `[def, T)` because it
@@ -33,55 +27,21 @@ model is `weight` times the time of one step, exactly. The workload's *time axis
 on `[time_axis[t], time_axis[t + 1])`, the cumulative weights: with every weight 1 it is the op
 index itself. Mapping files (env/mapping.py) give allocation windows on this axis, so a mapping
 reads in the program's own time whichever way the schedule was stored.
-
-A MiniMalloc CSV (`id,lower,upper,size`, or MiniMalloc's own header `buffer,start,end,size`)
-states only each buffer's live range `[lower, upper)` and size; MiniMalloc itself asks only for a
-packing (every buffer placed, no two overlapping in time x address). Where its instances come
-from, XLA's memory-space assignment, a live range runs from the instruction that defines a buffer
-to its last use, and a CSV row is read the same way: the buffer is written in time step `lower`,
-read in step `upper - 1` (a buffer of one step is only written), each access moving `size` bytes,
-and live but untouched between the two. So a CSV buffer has at most two incidences, and the
-workload's size is linear in its rows whatever the lengths of their ranges. Placing a buffer in
-fast memory saves the time of those accesses, 2 x size x (1/bw_slow - 1/bw_fast) (once for a
-one-step buffer); a full packing is still the best mapping there is (on the `minimalloc` machine,
-1000x). Earlier versions read a buffer as touched at every step of its range (saving bytes x
-time); that made the incidences grow as buffers x ops (3.4 x 10^8 for 200k rows) and invented
-accesses the format does not state.
-
-Its time axis is compressed: one zero-flop op per elementary interval between consecutive
-distinct points among 0 and every row's `lower`, `lower + 1`, `upper - 1` and `upper`, weighted
-by the interval's length. A buffer's definition and last use are then ops of one step each, so
-the compressed workload costs exactly what the same reading with one op per time step costs;
-the challenge instances (times up to 2**20, about 150-450 buffers) become a few hundred ops
-instead of a million.
-
-Other workloads are not compressed: a program from XLA defines a new result at every op, so no
-two consecutive ops touch the same buffers, and merging ops would also coarsen the points where
-a parameter's prefetch window may start, which changes the game's requests.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import functools
 import gc
-import gzip
-import io
 import itertools
-import json
-import math
-import os
-import re
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, NoReturn
 
 import numpy as np
 
-from malloczero.common import strict_json
 from malloczero.common.errors import WorkloadError
-from malloczero.common.files import write_bytes
-from malloczero.common.strict_json import show_value, unknown_key
+from malloczero.common.units import show_int, show_power_of_two
 from malloczero.env.memory_guard import check_fits_in_memory
 
 PROGRAM_START = -1
@@ -91,11 +51,6 @@ PREFETCHED_KINDS = ("parameter", "input")  # Exist before the program: copied in
 # offsets computed in those arrays, cannot overflow: 2**60 bytes is 1 EiB.
 MAX_FILE_INT = 1 << 60
 MAX_TOTAL_BYTES = 1 << 62
-# The keys of a workload file at each level; any other is refused (a misspelt optional key such
-# as 'use_byte' would otherwise be ignored without a word).
-WORKLOAD_KEYS = ("name", "source", "ops", "buffers")
-OP_KEYS = ("name", "flops", "weight")
-BUFFER_KEYS = ("id", "name", "size", "def", "uses", "kind", "use_bytes", "def_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +105,10 @@ class WorkloadArrays:
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
+  """A program's schedule and buffers, checked when built. Built from a JSON document or plain
+  values by env/workload_json.py (`workload_from_dict`, `workload_from_ops`), read from a file of
+  either format by its `load_workload`."""
+
   name: str
   source: str
   ops: tuple[Op, ...]
@@ -202,364 +161,80 @@ class Workload:
       **{f"{k}s": v for k, v in kinds.items()},
     }
 
-  def to_dict(self) -> dict[str, Any]:
-    buffers = []
-    for b in self.buffers:
-      entry = {
-        "id": b.id,
-        "name": b.name,
-        "size": b.size,
-        "def": None if b.def_op == PROGRAM_START else b.def_op,
-        "uses": list(b.uses),
-        "kind": b.kind,
-      }
-      if b.use_bytes is not None:
-        entry["use_bytes"] = list(b.use_bytes)
-      if b.def_bytes is not None:
-        entry["def_bytes"] = b.def_bytes
-      buffers.append(entry)
-    return {
-      "name": self.name,
-      "source": self.source,
-      "ops": [
-        {"name": o.name, "flops": o.flops, **({"weight": o.weight} if o.weight != 1 else {})}
-        for o in self.ops
-      ],
-      "buffers": buffers,
-    }
 
-  @classmethod
-  def from_dict(cls, data: Any, where: str = "workload") -> "Workload":
-    return _parse_workload(data, where)
+# ----------------------------------------------------------------------------- checks, arrays
 
 
-# ----------------------------------------------------------------------------- parsing
-
-
-def _fail(where: str, message: str) -> None:
+def fail(where: str, message: str) -> NoReturn:
+  """Raises the one-line WorkloadError `where: message`."""
   error = WorkloadError(f"{where}: {message}")
   error.detail = message  # Lets a file loader name the file instead of the workload.
   raise error
 
 
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
+  """Whether `x` is an integer (Python's or numpy's), not a bool."""
   return type(x) is int or (isinstance(x, (int, np.integer)) and not isinstance(x, bool))
-
-
-def _plain_op_indices(uses: Any) -> bool:
-  """Whether `uses` is a list of Python ints within the file limit, each larger than the one
-  before: what nearly every buffer of a file has, checked at once (the checks one value at a
-  time, with their messages, run on a list that is not)."""
-  return (
-    type(uses) is list
-    and all(type(u) is int for u in uses)
-    and (not uses or (-MAX_FILE_INT <= uses[0] and uses[-1] <= MAX_FILE_INT))
-    and all(map(int.__lt__, uses, uses[1:]))
-  )
-
-
-def show_int(value: int) -> str:
-  """An integer as text; a huge one as its digit count, so that an error stays one short line."""
-  digits = len(str(abs(int(value))))
-  return str(int(value)) if digits <= 30 else f"a {digits}-digit number"
-
-
-def _power_of_two(limit: int) -> str:
-  return f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
-
-
-def int_out_of_range(value: int, field: str, limit: int = MAX_FILE_INT) -> str | None:
-  """The one-line complaint about `field` when |value| exceeds `limit`, else None (the caller's
-  own checks then judge the sign and the meaning)."""
-  if abs(int(value)) <= limit:
-    return None
-  return f"'{field}' = {show_int(value)} is beyond the limit of {_power_of_two(limit)} in magnitude"
-
-
-def _is_number(x: Any) -> bool:
-  return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-
-
-def finite_number(x: Any) -> float | None:
-  """`x` as a float when it is a finite number, else None: an integer too large for a float
-  (a JSON integer of 400 digits) is not one, rather than an OverflowError."""
-  if not _is_number(x):
-    return None
-  try:
-    value = float(x)
-  except OverflowError:
-    return None
-  return value if np.isfinite(value) else None
-
-
-def _one_line(text: str) -> bool:
-  """Whether `text` can stand in a one-line message (no line break or other control character)."""
-  return text.isprintable()
-
-
-def _plain_op(op: Any, known: frozenset[str], t: int) -> Op | None:
-  """Op `t` when it is what nearly every op of a file is (known keys; a printable name, a
-  finite float or small int of flops >= 0 and a small int weight >= 1, each where given), in
-  one pass; else None, and the checks one key at a time, with their messages, judge it."""
-  if type(op) is not dict or not known.issuperset(op):
-    return None
-  name = op.get("name", None)
-  if name is None:
-    if "name" in op:
-      return None
-    name = f"op{t}"
-  flops, weight = op.get("flops", 0.0), op.get("weight", 1)
-  if not (
-    type(name) is str
-    and name.isprintable()
-    and (type(flops) is float or (type(flops) is int and flops <= MAX_FILE_INT))
-    and 0.0 <= flops < math.inf
-    and type(weight) is int
-    and 1 <= weight <= MAX_FILE_INT
-  ):
-    return None
-  return Op(name, float(flops), weight)
-
-
-def _plain_buffer(b: Any, known: frozenset[str]) -> Buffer | None:
-  """As `_plain_op`, a buffer: known keys, a small int id >= 0, small ints of size and
-  definition (or no definition), a printable name where given, a kind string and plain uses
-  (`_plain_op_indices`), without per-access bytes."""
-  if type(b) is not dict or not known.issuperset(b) or "use_bytes" in b or "def_bytes" in b:
-    return None
-  bid, size, def_op, kind = b.get("id"), b.get("size"), b.get("def"), b.get("kind")
-  name = b.get("name", None)
-  if name is None:
-    if "name" in b:
-      return None
-    name = f"b{bid}"
-  if def_op is None:
-    def_op = PROGRAM_START
-  if not (
-    type(bid) is int
-    and 0 <= bid <= MAX_FILE_INT
-    and type(size) is int
-    and -MAX_FILE_INT <= size <= MAX_FILE_INT
-    and type(def_op) is int
-    and -MAX_FILE_INT <= def_op <= MAX_FILE_INT
-    and type(kind) is str
-    and type(name) is str
-    and name.isprintable()
-    and _plain_op_indices(b.get("uses"))
-  ):
-    return None
-  return Buffer(bid, name, size, def_op, tuple(b["uses"]), kind)
-
-
-def _parse_workload(data: Any, where: str) -> Workload:
-  if not isinstance(data, Mapping):
-    _fail(where, f"expected a JSON object at the top level, got {type(data).__name__}")
-  if problem := unknown_key(data, WORKLOAD_KEYS):
-    _fail(where, problem)
-  for key in ("ops", "buffers"):
-    if key not in data:
-      _fail(where, f"missing required key '{key}'")
-  name = data.get("name", os.path.splitext(os.path.basename(where))[0])
-  source = data.get("source", "unknown")
-  if not isinstance(name, str) or not isinstance(source, str):
-    _fail(where, "'name' and 'source' must be strings")
-  if not _one_line(name) or not _one_line(source):
-    _fail(where, "'name' and 'source' must be printable text without line breaks")
-  raw_ops, raw_buffers = data["ops"], data["buffers"]
-  if not isinstance(raw_ops, list):
-    _fail(where, f"'ops' must be a list, got {type(raw_ops).__name__}")
-  if not isinstance(raw_buffers, list):
-    _fail(where, f"'buffers' must be a list, got {type(raw_buffers).__name__}")
-  ops = []
-  op_keys = frozenset(OP_KEYS)
-  for t, op in enumerate(raw_ops):
-    if (plain_op := _plain_op(op, op_keys, t)) is not None:
-      ops.append(plain_op)
-      continue
-    if not isinstance(op, Mapping):
-      _fail(where, f"op {t}: expected an object, got {type(op).__name__}")
-    if problem := unknown_key(op, OP_KEYS):
-      _fail(where, f"op {t}: {problem}")
-    op_name = op.get("name", f"op{t}")
-    flops = op.get("flops", 0.0)
-    if not isinstance(op_name, str) or not _one_line(op_name):
-      _fail(where, f"op {t}: 'name' must be a string of printable text, got {show_value(op_name)}")
-    if finite_number(flops) is None or flops < 0:
-      _fail(
-        where,
-        f"op {t} ('{op_name}'): 'flops' must be a finite number >= 0, got {show_value(flops)}",
-      )
-    weight = op.get("weight", 1)
-    if not _is_int(weight) or not 1 <= weight <= MAX_FILE_INT:
-      _fail(
-        where,
-        f"op {t} ('{op_name}'): 'weight' must be an integer from 1 to 2**60, got "
-        f"{show_int(weight) if _is_int(weight) else show_value(weight)}",
-      )
-    ops.append(Op(op_name, float(flops), int(weight)))
-  buffers = []
-  buffer_keys = frozenset(BUFFER_KEYS)
-  for i, b in enumerate(raw_buffers):
-    if (plain_buffer := _plain_buffer(b, buffer_keys)) is not None:
-      buffers.append(plain_buffer)
-      continue
-    if not isinstance(b, Mapping):
-      _fail(where, f"buffer #{i}: expected an object, got {type(b).__name__}")
-    if problem := unknown_key(b, BUFFER_KEYS):
-      _fail(where, f"buffer #{i}: {problem}")
-    for key in ("id", "size", "uses", "kind"):
-      if key not in b:
-        _fail(where, f"buffer #{i}: missing required key '{key}'")
-    bid = b["id"]
-    if not _is_int(bid):
-      _fail(where, f"buffer #{i}: 'id' must be an integer, got {show_value(bid)}")
-    if problem := int_out_of_range(bid, "id"):
-      _fail(where, f"buffer #{i}: {problem}")
-    if bid < 0:
-      _fail(where, f"buffer #{i}: 'id' must be >= 0, got {bid}")
-    label = f"buffer {bid}"
-    size, def_op, uses, kind = b["size"], b.get("def"), b["uses"], b["kind"]
-    bname = b.get("name", f"b{bid}")
-    if not isinstance(bname, str) or not _one_line(bname):
-      _fail(where, f"{label}: 'name' must be a string of printable text, got {show_value(bname)}")
-    if not _is_int(size):
-      _fail(
-        where,
-        f"{label} ('{bname}'): 'size' must be an integer number of bytes, got {show_value(size)}",
-      )
-    if def_op is None:
-      def_op = PROGRAM_START
-    elif not _is_int(def_op):
-      _fail(
-        where, f"{label} ('{bname}'): 'def' must be an op index or null, got {show_value(def_op)}"
-      )
-    if not isinstance(uses, list) or not all(_is_int(u) for u in uses):
-      _fail(
-        where, f"{label} ('{bname}'): 'uses' must be a list of op indices, got {show_value(uses)}"
-      )
-    if not isinstance(kind, str):
-      _fail(where, f"{label} ('{bname}'): 'kind' must be a string, got {show_value(kind)}")
-    for key, value in (("size", size), ("def", def_op), *(("uses", u) for u in uses)):
-      if problem := int_out_of_range(value, key):
-        _fail(where, f"{label} ('{bname}'): {problem}")
-    if (k := next((k for k in range(1, len(uses)) if uses[k - 1] >= uses[k]), None)) is not None:
-      _fail(
-        where,
-        f"{label} ('{bname}'): 'uses' must be sorted with each op once, got "
-        f"{uses[k]} after {uses[k - 1]}",
-      )
-    use_bytes, def_bytes = b.get("use_bytes"), b.get("def_bytes")
-    if use_bytes is not None:
-      if not isinstance(use_bytes, list) or not all(_is_int(x) for x in use_bytes):
-        _fail(
-          where,
-          f"{label} ('{bname}'): 'use_bytes' must be a list of integers, got "
-          f"{show_value(use_bytes)}",
-        )
-      if len(use_bytes) != len(uses):
-        _fail(
-          where,
-          f"{label} ('{bname}'): 'use_bytes' has {len(use_bytes)} entries for {len(uses)} uses",
-        )
-      for x in use_bytes:
-        if problem := int_out_of_range(x, "use_bytes"):
-          _fail(where, f"{label} ('{bname}'): {problem}")
-      use_bytes = tuple(int(x) for x in use_bytes)
-    if def_bytes is not None:
-      if not _is_int(def_bytes):
-        _fail(
-          where, f"{label} ('{bname}'): 'def_bytes' must be an integer, got {show_value(def_bytes)}"
-        )
-      if problem := int_out_of_range(def_bytes, "def_bytes"):
-        _fail(where, f"{label} ('{bname}'): {problem}")
-      def_bytes = int(def_bytes)
-    buffers.append(
-      Buffer(
-        int(bid),
-        bname,
-        int(size),
-        int(def_op),
-        tuple(int(u) for u in uses),
-        kind,
-        *_normal_access_bytes(use_bytes, def_bytes, int(size)),
-      )
-    )
-  try:
-    return Workload(name, source, tuple(ops), tuple(buffers))
-  except WorkloadError as e:
-    raise WorkloadError(f"{where}: {getattr(e, 'detail', e)}") from None
-
-
-def _normal_access_bytes(
-  use_bytes: tuple[int, ...] | None, def_bytes: int | None, size: int
-) -> tuple[tuple[int, ...] | None, int | None]:
-  """None where every access is the whole buffer, so that a file that spells out full sizes
-  loads equal to (and saves as) one that omits them."""
-  if use_bytes is not None and all(x == size for x in use_bytes):
-    use_bytes = None
-  if def_bytes == size:
-    def_bytes = None
-  return use_bytes, def_bytes
 
 
 def _check_workload(w: Workload) -> None:
   """Semantic checks shared by every way of building a workload."""
   where = w.name or "workload"
   if not w.ops:
-    _fail(where, "empty schedule: the workload has no ops")
+    fail(where, "empty schedule: the workload has no ops")
   if not w.buffers:
-    _fail(where, "the workload has no buffers")
+    fail(where, "the workload has no buffers")
   num_ops = len(w.ops)
   for t, op in enumerate(w.ops):
-    if not _is_int(op.weight) or not 1 <= op.weight <= MAX_FILE_INT:
-      _fail(
+    if not is_int(op.weight) or not 1 <= op.weight <= MAX_FILE_INT:
+      fail(
         where,
         f"op {t} ('{op.name}'): 'weight' must be an integer from 1 to 2**60, got {op.weight!r}",
       )
   if sum(op.weight for op in w.ops) > MAX_FILE_INT:
-    _fail(where, "the ops' weights add up to more than 2**60 steps")
+    fail(where, "the ops' weights add up to more than 2**60 steps")
   total_bytes = sum(b.size for b in w.buffers)
   if total_bytes > MAX_TOTAL_BYTES:
-    _fail(
+    fail(
       where, f"the buffers' sizes add up to {show_int(total_bytes)} bytes, above the limit of 2**62"
     )
   seen: set[int] = set()
   for b in w.buffers:
     label = f"buffer {b.id} ('{b.name}')"
     if b.id < 0:
-      _fail(where, f"{label}: buffer ids must be >= 0, got {b.id}")
+      fail(where, f"{label}: buffer ids must be >= 0, got {b.id}")
     if b.id in seen:
-      _fail(where, f"duplicate buffer id {b.id}")
+      fail(where, f"duplicate buffer id {b.id}")
     seen.add(b.id)
     if any(u >= v for u, v in zip(b.uses, b.uses[1:])):
-      _fail(where, f"{label}: 'uses' must be sorted with each op once")
+      fail(where, f"{label}: 'uses' must be sorted with each op once")
     if b.kind not in KINDS:
-      _fail(where, f"{label}: unknown kind '{b.kind}' (expected one of {', '.join(KINDS)})")
+      fail(where, f"{label}: unknown kind '{b.kind}' (expected one of {', '.join(KINDS)})")
     if b.size <= 0:
-      _fail(where, f"{label}: size must be positive, got {b.size}")
+      fail(where, f"{label}: size must be positive, got {b.size}")
     if b.kind in PREFETCHED_KINDS:
       if b.def_op != PROGRAM_START:
-        _fail(where, f"{label}: a {b.kind} exists at program start, so 'def' must be null")
+        fail(where, f"{label}: a {b.kind} exists at program start, so 'def' must be null")
     elif not 0 <= b.def_op < num_ops:
-      _fail(
+      fail(
         where, f"{label}: 'def' refers to unknown op {b.def_op} (the schedule has {num_ops} ops)"
       )
     for u in b.uses:
       if not 0 <= u < num_ops:
-        _fail(where, f"{label}: use at unknown op {u} (the schedule has {num_ops} ops)")
+        fail(where, f"{label}: use at unknown op {u} (the schedule has {num_ops} ops)")
       if u <= b.def_op:
-        _fail(where, f"{label}: used at op {u} before its definition at op {b.def_op}")
+        fail(where, f"{label}: used at op {u} before its definition at op {b.def_op}")
     if b.use_bytes is not None:
       if len(b.use_bytes) != len(b.uses):
-        _fail(where, f"{label}: 'use_bytes' has {len(b.use_bytes)} entries for {len(b.uses)} uses")
+        fail(where, f"{label}: 'use_bytes' has {len(b.use_bytes)} entries for {len(b.uses)} uses")
       bad = next((x for x in b.use_bytes if not 0 <= x <= b.size), None)
       if bad is not None:
-        _fail(where, f"{label}: 'use_bytes' entry {show_int(bad)} is outside 0..size ({b.size})")
+        fail(where, f"{label}: 'use_bytes' entry {show_int(bad)} is outside 0..size ({b.size})")
     if b.def_bytes is not None:
       if b.def_op == PROGRAM_START:
-        _fail(where, f"{label}: 'def_bytes' is given but the buffer has no defining op")
+        fail(where, f"{label}: 'def_bytes' is given but the buffer has no defining op")
       if not 0 <= b.def_bytes <= b.size:
-        _fail(where, f"{label}: 'def_bytes' {show_int(b.def_bytes)} is outside 0..size ({b.size})")
+        fail(where, f"{label}: 'def_bytes' {show_int(b.def_bytes)} is outside 0..size ({b.size})")
 
 
 def _build_arrays(w: Workload) -> WorkloadArrays:
@@ -612,83 +287,33 @@ def _build_arrays(w: Workload) -> WorkloadArrays:
   )
 
 
-# ----------------------------------------------------------------------------- files
+# ----------------------------------------------------------------------------- for file readers
 
 
-# MiniMalloc's own files name the columns buffer,start,end,size; both spellings are read.
-CSV_COLUMNS = {
-  "id": ("id", "buffer"),
-  "lower": ("lower", "start"),
-  "upper": ("upper", "end"),
-  "size": ("size",),
-}
-_CSV_INT = re.compile(r"[-+]?[0-9]+")
-# Longer integers are refused by their length before Python converts them (its own limit, 4300
-# digits, fails in a message about Python's settings); shorter ones by `int_out_of_range`.
-MAX_DIGITS = 100
-
-
-def _csv_text(cells: Sequence[str]) -> str:
-  """CSV cells as a message shows them: escaped (a quoted cell may hold a line break) and short."""
-  return show_value(",".join(cells)).strip("'\"")
-
-
-_CSV_COLUMN = re.compile(r"(?:[-+]?[0-9]{1,18}\n)*")
-
-
-def _csv_columns(
-  rows: Sequence[Sequence[str]], col: dict[str, int]
-) -> dict[str, np.ndarray] | None:
-  """The four columns as int64 arrays when every row is well formed, checked column by column
-  (a 200k-row CSV in a fraction of a second); None when some row is not, and then
-  `_csv_columns_line_by_line` finds the first bad line and says what is wrong with it."""
-  table = {}
-  for key in CSV_COLUMNS:
-    c = col[key]
-    cells = [row[c].strip() if c < len(row) else "" for row in rows]
-    if not _CSV_COLUMN.fullmatch("\n".join(cells) + "\n" if cells else ""):
-      return None
-    try:  # 18 digits at most (the pattern): within int64, but a cell may hold a line break.
-      table[key] = np.fromiter(map(int, cells), np.int64, count=len(cells))
-    except ValueError:
-      return None
-  values = np.stack(list(table.values())) if rows else np.zeros((4, 0), np.int64)
-  lower, upper = table["lower"], table["upper"]
-  if (np.abs(values) > MAX_FILE_INT).any() or (lower < 0).any() or (upper <= lower).any():
+def int_out_of_range(value: int, field: str, limit: int = MAX_FILE_INT) -> str | None:
+  """The one-line complaint about `field` when |value| exceeds `limit`, else None (the caller's
+  own checks then judge the sign and the meaning)."""
+  if abs(int(value)) <= limit:
     return None
-  return table
+  return (
+    f"'{field}' = {show_int(value)} is beyond the limit of {show_power_of_two(limit)} in magnitude"
+  )
 
 
-def _csv_columns_line_by_line(
-  rows: Sequence[Sequence[str]], col: dict[str, int], name: str
-) -> dict[str, np.ndarray]:
-  """`_csv_columns` one line at a time, failing at the first bad line with its reason."""
-  records = []
-  for line, row in enumerate(rows, start=2):
-    cells = [row[col[k]].strip() if col[k] < len(row) else "" for k in CSV_COLUMNS]
-    if not all(_CSV_INT.fullmatch(c) for c in cells):
-      _fail(
-        name, f"CSV line {line}: expected integers for id,lower,upper,size, got {_csv_text(row)}"
-      )
-    for key, cell in zip(CSV_COLUMNS, cells):
-      if len(cell) > MAX_DIGITS:
-        _fail(
-          name,
-          f"CSV line {line}: '{key}' is an integer of {len(cell.lstrip('+-'))} digits, "
-          "too long: no value needs more than 19 digits",
-        )
-    rec = {k: int(c) for k, c in zip(CSV_COLUMNS, cells)}
-    for key in CSV_COLUMNS:
-      if problem := int_out_of_range(rec[key], key):
-        _fail(name, f"CSV line {line}: {problem}")
-    if rec["lower"] < 0 or rec["upper"] <= rec["lower"]:
-      _fail(
-        name,
-        f"CSV line {line}: buffer {rec['id']} needs 0 <= lower < upper, "
-        f"got [{rec['lower']}, {rec['upper']})",
-      )
-    records.append(rec)
-  return {k: np.array([r[k] for r in records], np.int64) for k in CSV_COLUMNS}
+def _is_number(x: Any) -> bool:
+  return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def finite_number(x: Any) -> float | None:
+  """`x` as a float when it is a finite number, else None: an integer too large for a float
+  (a JSON integer of 400 digits) is not one, rather than an OverflowError."""
+  if not _is_number(x):
+    return None
+  try:
+    value = float(x)
+  except OverflowError:
+    return None
+  return value if np.isfinite(value) else None
 
 
 @contextlib.contextmanager
@@ -703,104 +328,3 @@ def collection_paused() -> Iterator[None]:
   finally:
     if enabled:
       gc.enable()
-
-
-def workload_from_minimalloc_csv(text: str, name: str = "minimalloc") -> Workload:
-  """Parses MiniMalloc's `id,lower,upper,size` CSV (half-open `[lower, upper)`) into a workload
-  of one definition (at `lower`) and one use (at `upper - 1`) per buffer, on a time axis
-  compressed to the points where they happen (see the module docstring), so that its size
-  follows the number of rows, not the length of time or of the live ranges."""
-  with collection_paused():
-    return _workload_from_minimalloc_csv(text, name)
-
-
-def _workload_from_minimalloc_csv(text: str, name: str) -> Workload:
-  text = text[len(strict_json.BOM) :] if text.startswith(strict_json.BOM) else text
-  try:
-    rows = [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
-  except csv.Error as e:
-    _fail(name, f"not a readable CSV: {e}")
-  if not rows:
-    _fail(name, "empty CSV: expected a header 'id,lower,upper,size' and one row per buffer")
-  header = [c.strip().lower() for c in rows[0]]
-  col = {}
-  for key, spellings in CSV_COLUMNS.items():
-    found = [header.index(k) for k in spellings if k in header]
-    if not found:
-      _fail(
-        name,
-        "CSV header must contain id,lower,upper,size (or MiniMalloc's "
-        f"buffer,start,end,size); got {_csv_text(header)}",
-      )
-    col[key] = found[0]
-  table = _csv_columns(rows[1:], col) or _csv_columns_line_by_line(rows[1:], col, name)
-  if not len(table["id"]):
-    _fail(name, "CSV has a header but no buffers")
-  ids, lower, upper, sizes = (table[k] for k in CSV_COLUMNS)
-  # Elementary intervals between consecutive distinct points: one op each (module docstring).
-  points = np.unique(np.concatenate([[0], lower, lower + 1, upper - 1, upper]))
-  def_op = np.searchsorted(points, lower).tolist()
-  last_op = np.searchsorted(points, upper - 1).tolist()
-  # A definition and at most one use per buffer: refuse before building the Python objects.
-  check_fits_in_memory(
-    name, len(points) - 1, len(ids), len(ids) + int(np.count_nonzero(upper - 1 > lower))
-  )
-  ops = tuple(
-    Op(f"t{lo}", 0.0, hi - lo) for lo, hi in zip(points[:-1].tolist(), points[1:].tolist())
-  )
-  buffers = tuple(
-    Buffer(i, f"b{i}", size, lo, (last,) if last > lo else (), "activation")
-    for i, size, lo, last in zip(ids.tolist(), sizes.tolist(), def_op, last_op)
-  )
-  return Workload(name, "minimalloc-csv", ops, buffers)
-
-
-def workload_to_minimalloc_csv(w: Workload) -> str:
-  """`id,lower,upper,size` with each buffer's live range on the workload's time axis."""
-  a, axis = w.arrays, w.time_axis
-  lines = ["id,lower,upper,size"]
-  for b, lo, hi in zip(w.buffers, a.live_start, a.live_end):
-    lines.append(f"{b.id},{axis[lo]},{axis[hi]},{b.size}")
-  return "\n".join(lines) + "\n"
-
-
-def load_workload(path: str | os.PathLike) -> Workload:
-  """Loads `.json`, `.json.gz` or MiniMalloc `.csv`; every failure is a one-line WorkloadError."""
-  path = os.fspath(path)
-  base = os.path.basename(path)
-  stem = base.split(".")[0]
-  if not os.path.exists(path):
-    raise WorkloadError(f"{path}: no such workload file")
-  text = strict_json.read_text(path, WorkloadError)
-  if path.endswith(".csv"):
-    try:
-      return workload_from_minimalloc_csv(text, name=stem)
-    except WorkloadError as e:  # Named after the file, not the workload it would have been.
-      raise WorkloadError(f"{path}: {getattr(e, 'detail', e)}") from None
-  with collection_paused():
-    return Workload.from_dict(strict_json.loads(text, path, WorkloadError), where=path)
-
-
-def save_workload(w: Workload, path: str | os.PathLike) -> None:
-  path = os.fspath(path)
-  if path.endswith(".csv"):
-    text = workload_to_minimalloc_csv(w)
-  else:
-    text = json.dumps(w.to_dict(), separators=(",", ":"))
-  data = text.encode("utf-8")
-  write_bytes(path, gzip.compress(data) if path.endswith(".gz") else data)
-
-
-def workload_from_ops(
-  name: str, source: str, op_flops: Sequence[float], buffers: Sequence[dict[str, Any]]
-) -> Workload:
-  """Convenience constructor from plain Python values (importers and generators use it)."""
-  return Workload.from_dict(
-    {
-      "name": name,
-      "source": source,
-      "ops": [{"name": f"op{t}", "flops": f} for t, f in enumerate(op_flops)],
-      "buffers": list(buffers),
-    },
-    where=name,
-  )

@@ -31,6 +31,7 @@ from malloczero.env.mapping import Mapping
 from malloczero.env.solvers import SolveResult, get_solver, solve
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
+from malloczero.env.workload_json import workload_to_dict
 
 CACHE_FORMAT = 1
 CACHE_DIR_ENV = "MALLOCZERO_BASELINE_CACHE_DIR"
@@ -68,7 +69,7 @@ class BaselineCache:
 
   def _program_digest(self, workload: Workload) -> str:
     if self._last is None or self._last[0] is not workload:
-      text = json.dumps(workload.to_dict(), sort_keys=True, default=_plain)
+      text = json.dumps(workload_to_dict(workload), sort_keys=True, default=_plain)
       self._last = (workload, hashlib.sha256(text.encode()).hexdigest())
     return self._last[1]
 

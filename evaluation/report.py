@@ -501,7 +501,7 @@ def write_program_report(
   line each, and workdir/program_report.json."""
   from malloczero.actors.games import GameSpec
   from malloczero.env.solvers import solve
-  from malloczero.env.workload import load_workload
+  from malloczero.env.workload_json import load_workload
   from malloczero.learner.demonstrations import DEMONSTRATIONS_FILENAME
 
   files = WorkDir(workdir)

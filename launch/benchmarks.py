@@ -378,7 +378,7 @@ def _scale_child(kind: str, path: str) -> dict[str, Any]:
   from malloczero.common.errors import MalloczeroError
   from malloczero.env.solvers import solve
   from malloczero.env.validator import validate_mapping
-  from malloczero.env.workload import load_workload
+  from malloczero.env.workload_json import load_workload
 
   peak_mb = _peak_resident_mb
   started = time.perf_counter()
@@ -440,7 +440,7 @@ def bench_scale(
   import tempfile
 
   from malloczero.env.programs.synthetic import minimalloc_csv_text, xla_like_workload
-  from malloczero.env.workload import save_workload
+  from malloczero.env.workload_json import save_workload
 
   report: dict[str, Any] = {}
   with tempfile.TemporaryDirectory(prefix="malloczero-bench-scale-") as tmp:

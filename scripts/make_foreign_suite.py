@@ -34,7 +34,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 from malloczero.common.files import write_text  # noqa: E402
 from malloczero.env.programs.suites import MANIFEST, WORKLOAD_DIR  # noqa: E402
-from malloczero.env.workload import save_workload  # noqa: E402
+from malloczero.env.workload_json import save_workload  # noqa: E402
 
 SUITE = "foreign"
 FRONT_END = "tensorflow-keras"

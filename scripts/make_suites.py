@@ -25,7 +25,7 @@ from malloczero.common.files import write_text  # noqa: E402
 from malloczero.env.programs import import_model, program_name  # noqa: E402
 from malloczero.env.programs.suites import MANIFEST, WORKLOAD_DIR  # noqa: E402
 from malloczero.env.programs.zoo import MODELS  # noqa: E402
-from malloczero.env.workload import load_workload, save_workload  # noqa: E402
+from malloczero.env.workload_json import load_workload, save_workload  # noqa: E402
 
 # Held-out models, one per family where possible: never trained on, to measure generalisation.
 HELDOUT_MODELS = {"default": ("mobilenet", "vit", "gru", "deepfm"), "tiny": ("lstm",)}

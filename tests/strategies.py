@@ -4,7 +4,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from malloczero.env.hardware import Hardware, MemoryLevel
-from malloczero.env.workload import Workload, workload_from_ops
+from malloczero.env.workload import Workload
+from malloczero.env.workload_json import workload_from_ops
 
 
 @st.composite

@@ -12,7 +12,7 @@ from malloczero.env import PRESETS, Hardware, HardwareError, MemoryLevel, load_h
 from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.requests import build_requests
 from malloczero.env.simulator import Copies, simulate_copies, total_stall_loop
-from malloczero.env.workload import Workload, workload_from_ops
+from malloczero.env.workload_json import workload_from_dict, workload_from_ops
 from tests.strategies import hardware_for, workloads
 
 # Round numbers: fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s.
@@ -23,7 +23,7 @@ HW = Hardware(
   copy_bandwidth_bytes_per_s=10.0,
   alignment_bytes=1,
 )
-PROGRAM = Workload.from_dict(
+PROGRAM = workload_from_dict(
   {
     "name": "toy",
     "source": "hand",

@@ -12,7 +12,7 @@ from malloczero.env.hardware import PRESETS
 from malloczero.env.mapping import Mapping
 from malloczero.env.programs.synthetic import random_workload
 from malloczero.env.solvers import solve
-from malloczero.env.workload import load_workload, save_workload
+from malloczero.env.workload_json import load_workload, save_workload
 from malloczero.launch import cli
 
 

@@ -24,7 +24,8 @@ from malloczero.env.programs.hlo_import import (
   workload_from_jax,
 )
 from malloczero.env.programs.synthetic import contended
-from malloczero.env.workload import Workload, load_workload, save_workload
+from malloczero.env.workload import Workload
+from malloczero.env.workload_json import load_workload, save_workload
 from tests.hlo_programs import (
   CNN_CONV_FLOPS,
   CNN_INPUT,

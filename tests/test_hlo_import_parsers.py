@@ -18,7 +18,7 @@ from malloczero.env.programs.hlo_import.convert import convert_module
 from malloczero.env.programs.hlo_import.from_text import parse_module
 from malloczero.env.programs.hlo_import.notes import Notes
 from malloczero.env.programs.synthetic import contended
-from malloczero.env.workload import load_workload, save_workload
+from malloczero.env.workload_json import load_workload, save_workload
 from tests.hlo_programs import (
   CNN_INPUT,
   CNN_PARAMS,

@@ -23,6 +23,7 @@ from malloczero.env import load_hardware, load_mapping, load_workload, validate_
 from malloczero.env.hardware import PRESETS
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.solvers import solve
+from malloczero.env.workload_json import workload_to_dict
 
 WORKLOAD = random_workload(5, num_ops=12)
 HARDWARE = contended(PRESETS["nnpi-like"], WORKLOAD, 0.4)
@@ -229,7 +230,7 @@ def mapping_dict() -> dict:
 @FUZZ
 @given(data=st.data(), compressed=st.booleans())
 def test_workload_loader_survives_mutations(folder, data, compressed):
-  raw = data.draw(mutated_json(WORKLOAD.to_dict()))
+  raw = data.draw(mutated_json(workload_to_dict(WORKLOAD)))
   workload = _one_line_or_result(load_workload, _write(folder, "w.json", raw, compressed))
   if workload is not None:
     workload.summary()

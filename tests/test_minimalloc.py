@@ -12,10 +12,11 @@ from malloczero.env import MappingError, WorkloadError, load_workload, save_work
 from malloczero.env.cost_model import CostModel
 from malloczero.env.hardware import PRESETS
 from malloczero.env.mapping import Mapping
+from malloczero.env.minimalloc_csv import workload_from_minimalloc_csv
 from malloczero.env.requests import build_requests
 from malloczero.env.solvers import solve
 from malloczero.env.validator import validate_mapping
-from malloczero.env.workload import Buffer, Op, Workload, workload_from_minimalloc_csv
+from malloczero.env.workload import Buffer, Op, Workload
 
 DATA = pathlib.Path(__file__).parent / "data"
 INSTANCE_A = DATA / "minimalloc_A.1048576.csv"  # google/minimalloc benchmarks/asplos2024/A

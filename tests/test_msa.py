@@ -31,6 +31,7 @@ from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import SOLVERS, solve
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
+from malloczero.env.workload_json import workload_from_dict
 from tests.strategies import hardware_for, workloads
 from tests.test_msa_parts import XLA_HW, tanh_negate_chains
 
@@ -63,7 +64,7 @@ class Program:
       buffers.append(
         {"id": i, "name": name, "size": self.size, "def": d, "uses": self.uses[name], "kind": kind}
       )
-    return Workload.from_dict(
+    return workload_from_dict(
       {
         "name": "xla-test",
         "source": "hand",
@@ -474,7 +475,7 @@ def test_msa_is_the_registered_solver_and_the_old_one_is_msa_simple():
 
 def test_the_cli_counts_msas_segments_and_buffers_not_requests(tmp_path, capsys):
   """msa's mapping is segments, not the game's requests: `solve` says how many of each."""
-  from malloczero.env.workload import save_workload
+  from malloczero.env.workload_json import save_workload
   from malloczero.launch.cli import main
 
   save_workload(evict_and_prefetch(), tmp_path / "w.json")

@@ -29,6 +29,7 @@ from malloczero.env.msa.buffer_order import latest_use_times
 from malloczero.env.msa.copy_resource import AsynchronousCopyResource
 from malloczero.env.msa.interval_picker import PrefetchIntervalIterator
 from malloczero.env.workload import Workload
+from malloczero.env.workload_json import workload_from_dict
 from tests.strategies import hardware_for, workloads
 
 XLA_HW = Hardware(
@@ -43,7 +44,7 @@ NEGATE, TANH = 12.0, 1200.0  # flops of f32[4,3] negate / tanh
 
 
 def program(ops: list[tuple[str, float]], buffers: list[dict]) -> Workload:
-  return Workload.from_dict(
+  return workload_from_dict(
     {
       "name": "hand",
       "source": "hand",

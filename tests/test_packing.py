@@ -9,11 +9,11 @@ import pytest
 
 from malloczero.env import MalloczeroError, load_workload
 from malloczero.env.hardware import PRESETS
+from malloczero.env.minimalloc_csv import workload_from_minimalloc_csv
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.solvers import solve
 from malloczero.env.solvers.packing import describe
 from malloczero.env.validator import validate_mapping
-from malloczero.env.workload import workload_from_minimalloc_csv
 from malloczero.launch.cli import main
 
 INSTANCE_A = pathlib.Path(__file__).parent / "data" / "minimalloc_A.1048576.csv"

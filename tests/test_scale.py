@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from malloczero.env import memory_guard
 from malloczero.env.memory_guard import InputTooLargeError, estimated_bytes
+from malloczero.env.minimalloc_csv import workload_from_minimalloc_csv
 from malloczero.env.programs.synthetic import minimalloc_csv_text, xla_like_workload
 from malloczero.env.validator import _any_rectangle_overlap
-from malloczero.env.workload import load_workload, workload_from_minimalloc_csv
+from malloczero.env.workload_json import load_workload
 from malloczero.launch import cli
 
 
@@ -45,8 +46,8 @@ def test_the_guard_refuses_before_building_the_ops_and_buffers(monkeypatch):
   def built(*args, **kwargs):
     raise AssertionError("built before the guard")
 
-  monkeypatch.setattr("malloczero.env.workload.Op", built)
-  monkeypatch.setattr("malloczero.env.workload.Buffer", built)
+  monkeypatch.setattr("malloczero.env.minimalloc_csv.Op", built)
+  monkeypatch.setattr("malloczero.env.minimalloc_csv.Buffer", built)
   with pytest.raises(InputTooLargeError, match="huge: needs about 0.4 GB .*40,000 incidences"):
     workload_from_minimalloc_csv(_long_ranges_csv(20_000), name="huge")
 
@@ -76,6 +77,9 @@ def test_the_estimate_counts_one_incidence_per_access_of_a_csv_buffer(monkeypatc
   seen = []
   monkeypatch.setattr(memory_guard, "check_fits_in_memory", lambda *a: seen.append(a))
   monkeypatch.setattr("malloczero.env.workload.check_fits_in_memory", lambda *a: seen.append(a))
+  monkeypatch.setattr(
+    "malloczero.env.minimalloc_csv.check_fits_in_memory", lambda *a: seen.append(a)
+  )
   w = workload_from_minimalloc_csv(_long_ranges_csv(40), name="count")
   incidences = len(w.arrays.incidence_op)
   assert incidences == 80

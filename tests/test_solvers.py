@@ -24,7 +24,7 @@ from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.requests import build_requests
 from malloczero.env.solvers import SOLVERS, solve
 from malloczero.env.solvers.evo import decode
-from malloczero.env.workload import Workload
+from malloczero.env.workload_json import workload_from_dict
 
 HW = Hardware(
   "toy",
@@ -36,7 +36,7 @@ HW = Hardware(
 
 
 def program(buffers, flops):
-  return Workload.from_dict(
+  return workload_from_dict(
     {
       "name": "hand",
       "source": "hand",

@@ -12,9 +12,9 @@ from malloczero.common.errors import HardwareError, MappingError, WorkloadError
 from malloczero.env import load_hardware, load_mapping, load_workload, validate_mapping
 from malloczero.env.hardware import PRESETS
 from malloczero.env.mapping import Mapping
+from malloczero.env.minimalloc_csv import workload_from_minimalloc_csv
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.solvers import solve
-from malloczero.env.workload import workload_from_minimalloc_csv
 from tests.test_workload import GOOD
 
 WORKLOAD = random_workload(5, num_ops=12)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from malloczero.env import PRESETS, MappingError, RequestsGame, save_workload, validate_mapping
 from malloczero.env.mapping import Mapping, load_mapping
 from malloczero.env.programs.synthetic import contended, random_workload
-from malloczero.env.workload import Workload
+from malloczero.env.workload_json import workload_from_dict
 
 WORKLOAD = random_workload(21, num_ops=40)
 HARDWARE = contended(PRESETS["tpu-v4i-like"], WORKLOAD, 0.3)
@@ -401,7 +401,7 @@ def test_copy_times_are_on_the_workload_time_axis(tmp_path):
   like its window, and a copy time inside a weighted op names no op boundary."""
   from tests.test_cost_model import XLA_HW
 
-  program = Workload.from_dict(
+  program = workload_from_dict(
     {
       "name": "weighted",
       "source": "hand",

@@ -9,13 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-import malloczero.env.workload as workload_module
+import malloczero.env.workload_json as workload_json
 from malloczero.env import WorkloadError, load_workload, save_workload
-from malloczero.env.workload import (
-  Workload,
-  workload_from_minimalloc_csv,
-  workload_to_minimalloc_csv,
-)
+from malloczero.env.minimalloc_csv import workload_from_minimalloc_csv, workload_to_minimalloc_csv
+from malloczero.env.workload_json import workload_from_dict, workload_to_dict
 from tests.strategies import workloads
 
 GOOD = {
@@ -31,7 +28,7 @@ GOOD = {
 
 
 def test_live_ranges_and_peak():
-  w = Workload.from_dict(GOOD)
+  w = workload_from_dict(GOOD)
   a = w.arrays
   assert a.live_start.tolist() == [0, 0, 1]
   assert a.live_end.tolist() == [3, 2, 3]  # parameter to last use; output to the end
@@ -221,12 +218,12 @@ def test_partial_accesses_are_charged_and_round_trip(tmp_path):
   data["buffers"][0]["use_bytes"] = [8, 64]  # op 0 reads 8 of w's 64 bytes (a gather), op 2 all
   data["buffers"][1]["def_bytes"] = 4  # op 0 writes 4 of x's 32 bytes
   data["buffers"][2]["use_bytes"] = []
-  w = Workload.from_dict(data)
+  w = workload_from_dict(data)
   a = w.arrays
   assert a.incidence_op.tolist() == [0, 2, 0, 1, 1]
   assert a.incidence_bytes.tolist() == [8, 64, 4, 32, 16]
   assert w.peak_live_bytes == 64 + 32 + 16  # Live ranges do not depend on what is accessed.
-  plain = Workload.from_dict(GOOD)
+  plain = workload_from_dict(GOOD)
   hw = PRESETS["tpu-v4i-like"]
   slow = CostModel(w, hw).slow_memory_time
   assert slow[0] == pytest.approx(CostModel(plain, hw).slow_memory_time[0] * (8 + 4) / (64 + 32))
@@ -247,9 +244,9 @@ def test_partial_accesses_are_charged_and_round_trip(tmp_path):
   full = json.loads(json.dumps(GOOD))
   full["buffers"][0]["use_bytes"] = [64, 64]
   full["buffers"][1]["def_bytes"] = 32
-  assert Workload.from_dict(full) == plain
-  save_workload(Workload.from_dict(full), path)
-  assert json.loads(path.read_text()) == json.loads(json.dumps(plain.to_dict()))
+  assert workload_from_dict(full) == plain
+  save_workload(workload_from_dict(full), path)
+  assert json.loads(path.read_text()) == json.loads(json.dumps(workload_to_dict(plain)))
 
 
 def test_truncated_and_non_json_files(tmp_path):
@@ -324,7 +321,7 @@ def test_integers_with_more_digits_than_python_reads_are_one_line_errors(tmp_pat
   ],
 )
 def test_the_quick_csv_reading_reads_what_the_line_by_line_one_does(rows, quick):
-  from malloczero.env.workload import CSV_COLUMNS, _csv_columns, _csv_columns_line_by_line
+  from malloczero.env.minimalloc_csv import CSV_COLUMNS, _csv_columns, _csv_columns_line_by_line
 
   parsed = list(csv.reader(io.StringIO("\n".join(rows))))
   col = {k: i for i, k in enumerate(CSV_COLUMNS)}
@@ -342,14 +339,14 @@ def test_the_quick_csv_reading_reads_what_the_line_by_line_one_does(rows, quick)
 def test_the_one_pass_checks_load_what_the_one_key_checks_load(workload):
   """Ops and buffers that pass the one-pass checks (`_plain_op`, `_plain_buffer`) load equal to
   what the checks one key at a time make of them."""
-  data = json.loads(json.dumps(workload.to_dict()))
+  data = json.loads(json.dumps(workload_to_dict(workload)))
   for t, op in enumerate(data["ops"]):
-    plain = workload_module._plain_op(op, frozenset(workload_module.OP_KEYS), t)
+    plain = workload_json._plain_op(op, frozenset(workload_json.OP_KEYS), t)
     assert plain is None or plain == workload.ops[t]
   for i, buffer in enumerate(data["buffers"]):
-    plain = workload_module._plain_buffer(buffer, frozenset(workload_module.BUFFER_KEYS))
+    plain = workload_json._plain_buffer(buffer, frozenset(workload_json.BUFFER_KEYS))
     assert plain is None or plain == workload.buffers[i]
-  assert Workload.from_dict(data) == workload
+  assert workload_from_dict(data) == workload
 
 
 @pytest.mark.parametrize(
@@ -377,9 +374,9 @@ def test_the_one_pass_checks_load_what_the_one_key_checks_load(workload):
 )
 def test_the_one_pass_checks_leave_anything_unusual_to_the_one_key_checks(change):
   plain = {"id": 1, "size": 64, "def": 0, "uses": [1], "kind": "activation"}
-  keys = frozenset(workload_module.BUFFER_KEYS)
-  assert workload_module._plain_buffer(plain, keys) is not None
-  assert workload_module._plain_buffer({**plain, **change}, keys) is None
+  keys = frozenset(workload_json.BUFFER_KEYS)
+  assert workload_json._plain_buffer(plain, keys) is not None
+  assert workload_json._plain_buffer({**plain, **change}, keys) is None
 
 
 @pytest.mark.parametrize(
@@ -398,6 +395,6 @@ def test_the_one_pass_checks_leave_anything_unusual_to_the_one_key_checks(change
   ],
 )
 def test_the_one_pass_op_check_leaves_anything_unusual_to_the_one_key_checks(op):
-  keys = frozenset(workload_module.OP_KEYS)
-  assert workload_module._plain_op({"name": "a", "flops": 1.0, "weight": 2}, keys, 0) is not None
-  assert workload_module._plain_op({"name": "a", "flops": 1.0, "weight": 2, **op}, keys, 0) is None
+  keys = frozenset(workload_json.OP_KEYS)
+  assert workload_json._plain_op({"name": "a", "flops": 1.0, "weight": 2}, keys, 0) is not None
+  assert workload_json._plain_op({"name": "a", "flops": 1.0, "weight": 2, **op}, keys, 0) is None

@@ -24,7 +24,8 @@ import os
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.env.hardware import Hardware, load_hardware
-from malloczero.env.workload import Workload, load_workload
+from malloczero.env.workload import Workload
+from malloczero.env.workload_json import load_workload
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 WORKLOAD_DIR = os.path.join(DATA_DIR, "workloads")

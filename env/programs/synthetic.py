@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from malloczero.env.hardware import Hardware
-from malloczero.env.workload import Workload, workload_from_ops
+from malloczero.env.workload import Workload
+from malloczero.env.workload_json import workload_from_ops
 
 
 def random_workload(

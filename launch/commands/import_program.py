@@ -60,7 +60,7 @@ def _describe_import(workload: Workload, out: str, stats: dict | None = None) ->
 def run_import_jax(args: argparse.Namespace) -> int:
   from malloczero.env.programs import import_model
   from malloczero.env.programs.zoo import MODELS
-  from malloczero.env.workload import save_workload
+  from malloczero.env.workload_json import save_workload
 
   if args.model not in MODELS:
     raise MalloczeroError(f"unknown model '{args.model}' (choose from {', '.join(MODELS)})")
@@ -77,7 +77,7 @@ def run_import_jax(args: argparse.Namespace) -> int:
 
 def run_import_hlo(args: argparse.Namespace) -> int:
   from malloczero.env.programs.hlo_import import import_hlo_text
-  from malloczero.env.workload import save_workload
+  from malloczero.env.workload_json import save_workload
 
   check_output_file(args.out)
   try:

@@ -9,7 +9,7 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_file
 from malloczero.env.hardware import resolve_hardware
 from malloczero.env.solvers.registry import Solver
-from malloczero.env.workload import load_workload
+from malloczero.env.workload_json import load_workload
 from malloczero.launch.flags import (
   HARDWARE_CHOICES,
   add_capacity_flag,

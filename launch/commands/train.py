@@ -12,7 +12,7 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_dir
 from malloczero.configs.config import PRESETS, get_config
 from malloczero.env.hardware import check_fits, resolve_hardware
-from malloczero.env.workload import load_workload
+from malloczero.env.workload_json import load_workload
 from malloczero.evaluation.console import final_evaluation_table, learning_curve_table
 from malloczero.launch.config_flags import add_config_flags, apply_overrides, describe_config
 from malloczero.launch.flags import (

@@ -7,7 +7,7 @@ import argparse
 from malloczero.env.hardware import resolve_hardware
 from malloczero.env.mapping import load_mapping
 from malloczero.env.validator import validate_mapping
-from malloczero.env.workload import load_workload
+from malloczero.env.workload_json import load_workload
 from malloczero.launch.flags import HARDWARE_CHOICES, add_capacity_flag, say_capacities
 
 

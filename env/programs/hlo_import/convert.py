@@ -25,6 +25,7 @@ from malloczero.env.programs.hlo_import.hlo import (
 )
 from malloczero.env.programs.hlo_import.notes import Notes
 from malloczero.env.workload import Workload
+from malloczero.env.workload_json import workload_from_dict
 
 SMALL_CONSTANT_BYTES = 64  # ENTRY constants up to this size are ignored (immediates).
 
@@ -237,7 +238,7 @@ class _Conversion:
     self._mark_outputs()
     self._record_uses()
     self._check_not_empty()
-    return Workload.from_dict(
+    return workload_from_dict(
       {"name": self.name, "source": source, "ops": self.ops, "buffers": self.buffers},
       where=self.name,
     )
