@@ -24,10 +24,10 @@ from malloczero.env.msa import (
   buffer_order,
   find_best_chunk_candidate,
 )
-from malloczero.env.msa._jit import kernels
 from malloczero.env.msa.buffer_order import latest_use_times
 from malloczero.env.msa.copy_resource import AsynchronousCopyResource
 from malloczero.env.msa.interval_picker import PrefetchIntervalIterator
+from malloczero.env.msa.kernels import prefetch
 from malloczero.env.workload import Workload
 from tests.strategies import hardware_for, workloads
 
@@ -426,20 +426,13 @@ def every_start_the_prefetch_loop_walks(
 ):
   """The starts `plan_prefetch_starts` tries, in its order: on an empty heap with the copy
   resource unchecked every start passes, so it returns them all (up to a large `max_starts`)."""
-  rows = kernels().plan_prefetch_starts(
-    *picker.start_window(copy, start, end, reduction),
-    False,
-    np.zeros(0, bool),
-    end,
-    1,
-    np.array([end]),
-    1 << 40,
-    10_000,
-    0.0,
-    False,
-    *AsynchronousCopyResource(np.ones(end + 1)).kernel_state(),
-    *ChunkHeap(1).search_state(),
-    *picker.kernel_state(),
+  request = (end, 1, np.array([end]), 1 << 40, 10_000, 0.0, False, False, np.zeros(0, bool))
+  rows = prefetch.plan_prefetch_starts(
+    picker.start_window(copy, start, end, reduction),
+    request,
+    AsynchronousCopyResource(np.ones(end + 1)).kernel_state(),
+    ChunkHeap(1).search_state(),
+    picker.kernel_state(),
   )
   return rows[:, 0].tolist()
 
@@ -600,9 +593,10 @@ def test_best_chunk_candidate_extends_the_end_to_later_uses_while_it_fits():
 def test_jitted_best_chunk_candidate_matches_find_best_chunk_candidate(
   chunks, uses, start, size, max_size, alignment, elapsed, memory_copy, count_picker
 ):
-  """The jitted `FindBestChunkCandidates` msa's loop runs (`_jit_kernels.best_chunk_candidate`)
-  finds the chunk `find_best_chunk_candidate` finds, with either picker's no-copy rule."""
-  from malloczero.env.msa._jit import kernels
+  """The jitted `FindBestChunkCandidates` scan (tests/msa_reference_kernels.py, the reference of
+  the indexed one msa's loop runs) finds the chunk `find_best_chunk_candidate` finds, with either
+  picker's no-copy rule."""
+  from tests.msa_reference_kernels import best_chunk_candidate
 
   heap = ChunkHeap(alignment)
   for i, (chunk_start, length, chunk_size, slot) in enumerate(chunks):
@@ -625,8 +619,8 @@ def test_jitted_best_chunk_candidate_matches_find_best_chunk_candidate(
     max_size,
     picker.can_allocate_in_alternate_memory_no_copy,
   )
-  found, offset, end = kernels().best_chunk_candidate(
-    start, end_use, size, uses, max_size, *heap.kernel_state(), *picker.kernel_state()
+  found, offset, end = best_chunk_candidate(
+    heap.kernel_state(), picker.kernel_state(), start, end_use, size, uses, max_size
   )
   assert (found, offset, end) == (
     (False, 0, 0) if expected is None else (True, expected.offset, expected.end_use)
