@@ -22,22 +22,23 @@ from malloczero.env.msa.kernels.shared import INT64_MAX, align_up
 def _live_sorted(chunks, start, end):
   """The chunks live at some op of `[start, end)`, sorted by offset (stable): their offsets and
   ends rounded up to the alignment (`ChunkHeap.free_chunks`' used ranges)."""
+  starts, ends, offsets, sizes = chunks.rects[0], chunks.rects[1], chunks.rects[2], chunks.rects[3]
   k = 0
   hit = np.empty(chunks.count, np.int64)
   for i in range(chunks.count):
-    if chunks.alive[i] and chunks.start[i] < end and start < chunks.end[i]:
+    if chunks.alive[i] and starts[i] < end and start < ends[i]:
       hit[k] = i
       k += 1
   used_start = np.empty(k, np.int64)
   for j in range(k):
-    used_start[j] = chunks.offset[hit[j]]
+    used_start[j] = offsets[hit[j]]
   order = np.argsort(used_start, kind="mergesort")
   sorted_start = np.empty(k, np.int64)
   used_end = np.empty(k, np.int64)
   for j in range(k):
     i = hit[order[j]]
-    sorted_start[j] = chunks.offset[i]
-    used_end[j] = align_up(chunks.offset[i] + chunks.size[i], chunks.alignment)
+    sorted_start[j] = offsets[i]
+    used_end[j] = align_up(offsets[i] + sizes[i], chunks.alignment)
   return sorted_start, used_end
 
 

@@ -43,9 +43,9 @@ def test_indexed_searches_find_what_the_whole_heap_scan_finds(chunks, queries, a
   state = heap.kernel_state()
   for start, length, size in queries:
     end = start + length
-    assert live_lists.best_fit_indexed(heap.search_state(), start, end, size) == reference.best_fit(
-      state, start, end, size
-    )
+    assert live_lists.best_fit_indexed(
+      *heap.search_state(), start, end, size
+    ) == reference.best_fit(state, start, end, size)
     for offset in (0, alignment, size * alignment, 16 * alignment):
       assert chunk_index.fits_at_indexed(heap.search_state()[0], start, end, size, offset) == (
         reference.fits_at(state, start, end, size, offset)
@@ -76,7 +76,7 @@ def test_the_indexed_chunk_candidate_is_the_scanned_one(
     heap.kernel_state(), picker, start, end_use, size, uses, max_size
   )
   indexed = live_lists.best_chunk_candidate_indexed(
-    heap.search_state(), picker, start, end_use, size, uses, max_size
+    *heap.search_state(), picker, start, end_use, size, uses, max_size
   )
   assert scanned == indexed
 
@@ -188,12 +188,34 @@ def test_the_live_lists_answer_as_the_scan_as_chunks_come_and_go(operations, ali
         chunk = handles[draw % len(handles)]
         start = int((heap._end if draw % 4 == 1 else heap._start)[chunk])
       start, size = max(start, 0), 1 + draw % 400
-      assert live_lists.best_fit_indexed(heap.search_state(), start, start + length, size) == (
+      assert live_lists.best_fit_indexed(*heap.search_state(), start, start + length, size) == (
         reference.best_fit(heap.kernel_state(), start, start + length, size)
       )
       uses = np.array([start + length, start + 2 * length, start + 5 * length], np.int64)
       picker = (True, np.zeros(1, np.float64), 0.0, 10 * length)
       args = (start, start + length, size, uses, 61 * 4 * alignment + 150)
       assert live_lists.best_chunk_candidate_indexed(
-        heap.search_state(), picker, *args
+        *heap.search_state(), picker, *args
       ) == reference.best_chunk_candidate(heap.kernel_state(), picker, *args)
+
+
+def test_the_kernels_state_tuples_are_short_enough_for_numbas_type_cache():
+  """numba's dispatch caches an argument's type by a fingerprint only while it is under 40 bytes
+  (env/msa/kernels/__init__.py); a longer tuple is typed in Python on every call, 0.1 ms each, as
+  slow as the rest of msa's step together."""
+  from numba._dispatcher import compute_fingerprint
+
+  from malloczero.env.msa import CostAnalysisPrefetchIntervalPicker
+
+  heap = ChunkHeap(8)
+  heap.add(0, 10, 0, 64)
+  picker = CostAnalysisPrefetchIntervalPicker(np.ones(20), 4.0)
+  states = {
+    **dict(zip(("index", "lists", "chunks", "scratch"), heap.search_state())),
+    "trees": AsynchronousCopyResource(np.ones(20)).kernel_state(),
+    "picker": picker.kernel_state(),
+    "window": picker.start_window(1.0, 0, 10),
+    "request": (10, 64, np.arange(3), 1 << 20, 4, 1.0, True, False, np.zeros(0, bool)),
+  }
+  for name, state in states.items():
+    assert len(compute_fingerprint(state)) < 40, name

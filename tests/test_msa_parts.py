@@ -431,7 +431,7 @@ def every_start_the_prefetch_loop_walks(
     picker.start_window(copy, start, end, reduction),
     request,
     AsynchronousCopyResource(np.ones(end + 1)).kernel_state(),
-    ChunkHeap(1).search_state(),
+    *ChunkHeap(1).search_state(),
     picker.kernel_state(),
   )
   return rows[:, 0].tolist()

@@ -70,14 +70,20 @@ _observation_kernels = lazy_module("malloczero.env.game.observation_kernels")
 _stall_kernels = lazy_module("malloczero.env.simulator_kernels")
 
 
-class CandidateOptions(NamedTuple):
-  """The options after option 0 as `observation_kernels.candidate_rows` reads them, `[n]` each:
-  level, start, reserved end, offset, saving, whether a prefetch, whether it evicts."""
+class CandidatePlacements(NamedTuple):
+  """Where the options after option 0 put the buffer, as `observation_kernels.candidate_rows`
+  reads them, `[n]` each: level, start, reserved end, offset."""
 
   level: np.ndarray
   start: np.ndarray
   end: np.ndarray
   offset: np.ndarray
+
+
+class CandidateValues(NamedTuple):
+  """What the options after option 0 save and do, `[n]` each: saving, whether a prefetch,
+  whether it evicts."""
+
   saving: np.ndarray
   prefetch: np.ndarray
   evicts: np.ndarray
@@ -571,11 +577,13 @@ class MsaGame(GameBase):
     n = len(options) - 1
     if n:
       rest = options[1:]
-      option_arrays = (  # A `CandidateOptions`' fields.
+      placements = (  # A `CandidatePlacements`' fields.
         np.fromiter([o.level for o in rest], np.int64, n),
         np.fromiter([o.start for o in rest], np.int64, n),
         np.fromiter([o.end for o in rest], np.int64, n),
         np.fromiter([o.offset for o in rest], np.float64, n),
+      )
+      values = (  # A `CandidateValues`' fields.
         np.fromiter([o.saving for o in rest], np.float64, n),
         np.fromiter([o.kind == "prefetch" for o in rest], np.bool_, n),
         np.fromiter([o.evicts for o in rest], np.bool_, n),
@@ -592,7 +600,8 @@ class MsaGame(GameBase):
       self._kernels.candidate_rows(
         candidates,
         slots[1:] - 1,
-        option_arrays,
+        placements,
+        values,
         frame,
         int(slots[decision.msa_choice]) - 1 if decision.msa_choice else -1,
         use,

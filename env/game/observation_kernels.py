@@ -6,15 +6,15 @@ expressions these cost mostly numpy's per-call overhead on arrays of a few to a 
 entries. Loaded on first use (`lazy_module` in game.py), so that `import malloczero` does not load
 numba; compiled on a machine's first use and read from numba's cache beside this file after that
 (`cache=True`). A group of arguments travels as one plain tuple in the order of a named tuple
-(the heap's `Chunks`, game.py's `CandidateOptions` and `CandidateFrame`): numba's dispatch types
-a named tuple field by field in Python, a plain one in C (env/msa/kernels/__init__.py).
+(the heap's `Chunks`, game.py's `CandidatePlacements`, `CandidateValues` and `CandidateFrame`),
+of at most four arrays each (env/msa/kernels/__init__.py says why).
 """
 
 from __future__ import annotations
 
 import numba
 
-from malloczero.env.game.game import CandidateFrame, CandidateOptions
+from malloczero.env.game.game import CandidateFrame, CandidatePlacements, CandidateValues
 from malloczero.env.msa.chunks import Chunks
 
 
@@ -24,7 +24,7 @@ def occupancy(out, chunks, first_op, last_op, capacity):
   (`ChunkHeap.kernel_state()`: a `Chunks`' fields) live at some op of `[first_op, last_op]`
   (chunks may overlap in time only where they do not in address, so the fractions add up)."""
   c = Chunks(*chunks)
-  starts, ends, offsets, sizes, alive = c.start, c.end, c.offset, c.size, c.alive
+  starts, ends, offsets, sizes, alive = c.rects[0], c.rects[1], c.rects[2], c.rects[3], c.alive
   bins = len(out)
   width = capacity / bins
   for i in range(c.count):
@@ -44,12 +44,13 @@ def occupancy(out, chunks, first_op, last_op, capacity):
 
 
 @numba.njit(cache=True)
-def candidate_rows(out, rows, options, frame, msa_row, use, segment_start, copy_time):
+def candidate_rows(out, rows, placements, values, frame, msa_row, use, segment_start, copy_time):
   """Fills the candidates observation `out` [C, F] (rows `rows` [n], one per option after
-  option 0; `options`: a `CandidateOptions`' fields, `frame`: a `CandidateFrame`'s, whose
-  `columns` holds the feature columns in `MsaGame`'s `_Columns.candidate_order`)."""
-  o, f = CandidateOptions(*options), CandidateFrame(*frame)
-  level, start, end, offset, saving = o.level, o.start, o.end, o.offset, o.saving
+  option 0; `placements` and `values`: a `CandidatePlacements`' and a `CandidateValues`' fields,
+  `frame`: a `CandidateFrame`'s, whose `columns` holds the feature columns in `MsaGame`'s
+  `_Columns.candidate_order`)."""
+  p, o, f = CandidatePlacements(*placements), CandidateValues(*values), CandidateFrame(*frame)
+  level, start, end, offset, saving = p.level, p.start, p.end, p.offset, o.saving
   positions, capacity, last_op, num_starts = f.positions, f.capacity, f.last_op, f.num_starts
   columns = f.columns
   (

@@ -197,7 +197,7 @@ class SegmentAllocator:
         continue
       # `find_best_chunk_candidate`, jitted (as the prefetch loop's).
       found, offset, end_use = _chunk_kernels().best_chunk_candidate_indexed(
-        self.heaps[level].search_state(),
+        *self.heaps[level].search_state(),
         picker.kernel_state(),
         segment_start,
         use,
@@ -370,7 +370,7 @@ class SegmentAllocator:
       window,
       request,
       self.prefetch_resource.kernel_state(),
-      self.heaps[level].search_state(),
+      *self.heaps[level].search_state(),
       picker.kernel_state(),
     )
     return [

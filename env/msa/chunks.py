@@ -54,13 +54,10 @@ _INITIAL_SPAN = 64
 
 
 class Chunks(NamedTuple):
-  """The committed chunks as the kernels read them (`ChunkHeap.kernel_state()`): rows `[0,
+  """The committed chunks as the kernels read them (`ChunkHeap.kernel_state()`): columns `[0,
   count)` used, the removed ones not `alive`."""
 
-  start: np.ndarray  # [capacity] int64
-  end: np.ndarray
-  offset: np.ndarray
-  size: np.ndarray
+  rects: np.ndarray  # [4, capacity] int64, rows: start, end, offset, size
   alive: np.ndarray  # [capacity] bool
   count: int
   alignment: int
@@ -71,9 +68,7 @@ class TimeIndex(NamedTuple):
   count and its room; the pool of rows; the pool's rows in use (`used[0]`); the span of start
   times it covers."""
 
-  ptr: np.ndarray
-  fill: np.ndarray
-  room: np.ndarray
+  buckets: np.ndarray  # [3, B] int64, rows: first row, chunk count, room
   pool: np.ndarray  # [P, POOL_WIDTH]
   used: np.ndarray  # [1]
   span: int
@@ -89,10 +84,18 @@ class LiveLists(NamedTuple):
   meta: np.ndarray
 
 
+class Scratch(NamedTuple):
+  """A search's scratch: its hits as found `[4, capacity]` and sorted by offset `[3, capacity]`,
+  the unions it merges `[3, capacity, 2]`."""
+
+  hits: np.ndarray
+  sorted: np.ndarray
+  work: np.ndarray
+
+
 class HeapSearch(NamedTuple):
-  """What a search of the heap reads (`ChunkHeap.search_state()`), and its scratch: a search's
-  hits as found `[4, capacity]` and sorted by offset `[3, capacity]`, the unions it merges `[3,
-  capacity, 2]`."""
+  """What a search of the heap reads, as the kernels name `ChunkHeap.search_state()`'s four
+  tuples."""
 
   index: TimeIndex
   lists: LiveLists
@@ -148,10 +151,7 @@ class ChunkHeap:
     if alignment <= 0:
       raise ValueError(f"alignment must be positive, got {alignment}")
     self.alignment = int(alignment)
-    self._start = np.zeros(_INITIAL_CAPACITY, np.int64)
-    self._end = np.zeros(_INITIAL_CAPACITY, np.int64)
-    self._offset = np.zeros(_INITIAL_CAPACITY, np.int64)
-    self._size = np.zeros(_INITIAL_CAPACITY, np.int64)
+    self._set_rects(np.zeros((4, _INITIAL_CAPACITY), np.int64))
     self._alive = np.zeros(_INITIAL_CAPACITY, bool)
     self._count = 0
     self.heap_size = 0
@@ -165,6 +165,12 @@ class ChunkHeap:
   def __len__(self) -> int:
     return int(self._alive[: self._count].sum())
 
+  def _set_rects(self, rects: np.ndarray) -> None:
+    """The chunks' start, end, offset and size `[capacity]` each, as rows of one array (the
+    kernels take it whole: kernels/__init__.py says why)."""
+    self._rects = rects
+    self._start, self._end, self._offset, self._size = rects
+
   def align_up(self, value: np.ndarray | int) -> np.ndarray | int:
     a = self.alignment
     return (value + a - 1) // a * a
@@ -177,9 +183,7 @@ class ChunkHeap:
     buckets = _index_kernels().index_buckets(span)
     pool_rows = max(int(pool_rows), _INITIAL_CAPACITY)
     while True:
-      self._ptr = np.zeros(buckets, np.int64)
-      self._fill = np.zeros(buckets, np.int64)
-      self._room = np.zeros(buckets, np.int64)
+      self._buckets = np.zeros((3, buckets), np.int64)
       self._pool = np.zeros((pool_rows, _POOL_WIDTH), np.int64)
       self._pool_used = np.zeros(1, np.int64)
       if _index_kernels().index_build(self._index_state(), self.kernel_state()):
@@ -240,9 +244,8 @@ class ChunkHeap:
   def _grow(self) -> None:
     """Doubles the capacity of the chunk arrays."""
     grow = len(self._start)
-    for name in ("_start", "_end", "_offset", "_size", "_alive"):
-      array = getattr(self, name)
-      setattr(self, name, np.concatenate([array, np.zeros(grow, array.dtype)]))
+    self._set_rects(np.concatenate([self._rects, np.zeros((4, grow), np.int64)], axis=1))
+    self._alive = np.concatenate([self._alive, np.zeros(grow, bool)])
     self._hits = np.zeros((4, 2 * grow), np.int64)
     self._sorted = np.zeros((3, 2 * grow), np.int64)
     self._work = np.zeros((3, 2 * grow, 2), np.int64)
@@ -308,37 +311,28 @@ class ChunkHeap:
   def kernel_state(self) -> tuple:
     """The chunks as the kernels take them (the index's rebuilds, the game's occupancy): a
     `Chunks`' fields, as a plain tuple (kernels/__init__.py says why)."""
-    return (
-      self._start,
-      self._end,
-      self._offset,
-      self._size,
-      self._alive,
-      self._count,
-      self.alignment,
-    )
+    return (self._rects, self._alive, self._count, self.alignment)
 
   def _index_state(self) -> tuple:
     """The time index as its kernels take it: a `TimeIndex`' fields."""
-    return (self._ptr, self._fill, self._room, self._pool, self._pool_used, self._span)
+    return (self._buckets, self._pool, self._pool_used, self._span)
 
   def _lists_state(self) -> tuple:
     """The live lists as their kernels take them: a `LiveLists`' fields."""
     return (self._lists, self._rows4, self._rows2, self._live_meta)
 
-  def search_state(self) -> tuple:
+  def search_state(self) -> tuple[tuple, tuple, tuple, tuple]:
     """The heap as the searches take it (`live_lists.best_fit_indexed`,
-    `best_chunk_candidate_indexed`, `prefetch.plan_prefetch_starts`): a `HeapSearch`' fields,
-    each part a plain tuple too. Lists that found no room are given it first."""
+    `best_chunk_candidate_indexed`, `prefetch.plan_prefetch_starts`): four arguments, a
+    `TimeIndex`', a `LiveLists`', a `Chunks`' and a `Scratch`'s fields. Lists that found no
+    room are given it first."""
     if self._live_meta[2] or self._live_meta[3]:
       self._compact_lists()
     return (
       self._index_state(),
       self._lists_state(),
       self.kernel_state(),
-      self._hits,
-      self._sorted,
-      self._work,
+      (self._hits, self._sorted, self._work),
     )
 
   def overlapping(self, start: int, end: int) -> np.ndarray:
@@ -387,7 +381,7 @@ class ChunkHeap:
       return int(preferred_offset)
     # The smallest of `free_chunks`' ranges, ties to the lower offset, in one jitted pass.
     heap = self.search_state()
-    return int(_live_kernels().best_fit_indexed(heap, int(start), int(end), int(size)))
+    return int(_live_kernels().best_fit_indexed(*heap, int(start), int(end), int(size)))
 
   def find_chunk_within(
     self, start: int, end: int, size: int, max_size: int, preferred_offset: int | None = None

@@ -55,36 +55,38 @@ _RELATIVE_TOLERANCE = 1e-9
 
 class CopyTrees(NamedTuple):
   """The trees as the kernels read them (`AsynchronousCopyResource.kernel_state()`): the budget
-  served by each op, the backlog tree, its adds and leaf count, the queue tree, its adds and
-  leaf count, the owed Fenwick tree, the checks' relative tolerance and the budgets' and
-  demands' sum."""
+  served by each op, the backlog tree (values and pending adds, `[2, 2n]`) and its leaf count,
+  the queue tree and its leaf count, the owed Fenwick tree, the checks' relative tolerance and
+  the budgets' and demands' sum."""
 
   served: np.ndarray
   backlog: np.ndarray
-  backlog_adds: np.ndarray
   n_ops: int
   queue: np.ndarray
-  queue_adds: np.ndarray
   n_keys: int
   owed: np.ndarray
   relative_tolerance: float
   total: float
 
 
-class CopyQueue(NamedTuple):
-  """The op-by-op queue of the copies (`AsynchronousCopyResource._queue_arrays()`): the budget
-  per op, the copies' starts, ends and demands `[C]` in FIFO order, what they owe cumulatively
-  `[C]`, and per op `[T]` the demand arriving, the work waiting after it and the arrivals so
-  far."""
+class OpQueue(NamedTuple):
+  """The op-by-op queue of the copies per op `[T]` (`AsynchronousCopyResource._queue_arrays()`):
+  the budget, the demand arriving, the work waiting after it, the arrivals so far."""
 
   budget: np.ndarray
+  arriving: np.ndarray
+  waiting: np.ndarray
+  arrived: np.ndarray
+
+
+class QueuedCopies(NamedTuple):
+  """The copies in FIFO order `[C]` beside an `OpQueue`: their starts, ends and demands, and
+  what they owe cumulatively."""
+
   starts: np.ndarray
   ends: np.ndarray
   demands: np.ndarray
   owed: np.ndarray
-  arriving: np.ndarray
-  waiting: np.ndarray
-  arrived: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,18 +135,19 @@ class AsynchronousCopyResource:
     self._by_key: dict[int, list[AsyncCopy]] = {}  # Per start + 1, in the order added.
     self._ordered: list[AsyncCopy] | None = []  # In start order (FIFO); None: to sort again.
     self._exact = False
+    # Each tree is one array `[2, 2n]`, its values and its pending adds (`CopyTrees`).
     self._n_ops = _power_of_two(t)
-    self._backlog = np.full(2 * self._n_ops, np.inf)
+    self._backlog_tree = np.stack([np.full(2 * self._n_ops, np.inf), np.zeros(2 * self._n_ops)])
+    self._backlog, self._backlog_adds = self._backlog_tree
     self._backlog[self._n_ops : self._n_ops + t] = -self._served
     width = self._n_ops  # Each level of internal nodes [width // 2, width), from the leaves up.
     while width > 1:
       children = self._backlog[width : 2 * width]
       self._backlog[width // 2 : width] = np.minimum(children[0::2], children[1::2])
       width //= 2
-    self._backlog_adds = np.zeros(2 * self._n_ops)
     self._n_keys = _power_of_two(t + 1)
-    self._queue = np.full(2 * self._n_keys, np.inf)
-    self._queue_adds = np.zeros(2 * self._n_keys)
+    self._queue_tree = np.stack([np.full(2 * self._n_keys, np.inf), np.zeros(2 * self._n_keys)])
+    self._queue, self._queue_adds = self._queue_tree
     self._owed = np.zeros(t + 2)
 
   @property
@@ -166,7 +169,7 @@ class AsynchronousCopyResource:
       copies.insert(position, copy)
     return copies
 
-  def _queue_arrays(self) -> CopyQueue:
+  def _queue_arrays(self) -> tuple[OpQueue, QueuedCopies]:
     """The op-by-op queue of the copies (`copy_trees.resource_queue`)."""
     copies = self._fifo()
     starts = np.array([c.start for c in copies], np.int64)
@@ -174,7 +177,7 @@ class AsynchronousCopyResource:
     demands = np.array([c.resource for c in copies], np.float64)
     budget = self.initial_resources
     owed, arriving, waiting, arrived = _kernels().resource_queue(budget, starts, demands)
-    return CopyQueue(budget, starts, ends, demands, owed, arriving, waiting, arrived)
+    return OpQueue(budget, arriving, waiting, arrived), QueuedCopies(starts, ends, demands, owed)
 
   def _simulate(self, copies: list[AsyncCopy]) -> tuple[np.ndarray, np.ndarray]:
     """(finished `[C]` bool: each copy done by its end, work waiting `[T]` at each op's start
@@ -214,13 +217,12 @@ class AsynchronousCopyResource:
   def _exact_fits(self, start: int, end: int, resource: float) -> bool:
     """`has_enough_resource` on the op-by-op queue, rebuilt (`copy_trees.resource_fits`:
     from the new copy's first op on, and the copies queued behind it)."""
-    queue = self._queue_arrays()
-    total = float(self._budget_sum + queue.demands.sum())
-    return bool(
-      _kernels().resource_fits(
-        tuple(queue), int(start), int(end), float(resource), _RELATIVE_TOLERANCE, total
-      )
+    ops, copies = self._queue_arrays()
+    total = float(self._budget_sum + copies.demands.sum())
+    fits = _kernels().resource_fits(
+      tuple(ops), tuple(copies), int(start), int(end), float(resource), _RELATIVE_TOLERANCE, total
     )
+    return bool(fits)
 
   @property
   def exact(self) -> bool:
@@ -233,11 +235,9 @@ class AsynchronousCopyResource:
     says why). Only while not `exact`."""
     return (
       self._served,
-      self._backlog,
-      self._backlog_adds,
+      self._backlog_tree,
       self._n_ops,
-      self._queue,
-      self._queue_adds,
+      self._queue_tree,
       self._n_keys,
       self._owed,
       _RELATIVE_TOLERANCE,
@@ -299,8 +299,8 @@ class AsynchronousCopyResource:
 
   def current_resources(self) -> np.ndarray:
     """`GetCurrentResources` `[T]`: each op's budget left after the copies."""
-    queue = self._queue_arrays()
-    waiting = np.concatenate([[0.0], queue.waiting[:-1]]) + queue.arriving
+    ops, _ = self._queue_arrays()
+    waiting = np.concatenate([[0.0], ops.waiting[:-1]]) + ops.arriving
     return np.maximum(0.0, self.initial_resources - waiting)
 
 

@@ -3,7 +3,8 @@ an interval, found without a pass over every chunk.
 
 Each live chunk is filed by its length class c (a length in [2^c, 2^(c + 1))) under the bucket
 of its class that holds its start. Each bucket's chunks sit together in `pool` `[P,
-POOL_WIDTH]` (rows `ptr[b]` .. `ptr[b] + fill[b]`, room for `room[b]`), one row per chunk:
+POOL_WIDTH]` (rows `ptr[b]` .. `ptr[b] + fill[b]`, room for `room[b]`: the rows of `buckets`),
+one row per chunk:
 start, end, offset, end rounded up to the alignment, handle. A search streams through them: the
 linked lists this replaced cost a dependent load per chunk, about 90 ns each once the heap
 outgrew the caches.
@@ -70,7 +71,8 @@ def index_add(index, start, end, offset, used_end, handle):
   """Files a chunk in its bucket of `index` (a `TimeIndex`); False (and nothing changed) when
   the pool has no room for the bucket to grow into (the caller grows it and asks again). A full
   bucket moves to the end of the pool's used rows (`used[0]`) with twice the room."""
-  ptr, fill, room, pool, used = index.ptr, index.fill, index.room, index.pool, index.used
+  ptr, fill, room = index.buckets[0], index.buckets[1], index.buckets[2]
+  pool, used = index.pool, index.used
   bucket = _index_bucket(index.span, start, end)
   if fill[bucket] == room[bucket]:
     grown = max(4, 2 * room[bucket])
@@ -95,10 +97,11 @@ def index_build(index, chunks):
   fields); False when its pool is too small (`ChunkHeap` rebuilds the index when a chunk starts
   past its span or the pool is full)."""
   index, chunks = TimeIndex(*index), Chunks(*chunks)
+  starts, ends, offsets, sizes = chunks.rects[0], chunks.rects[1], chunks.rects[2], chunks.rects[3]
   for i in range(chunks.count):
     if chunks.alive[i]:
-      used_end = align_up(chunks.offset[i] + chunks.size[i], chunks.alignment)
-      if not index_add(index, chunks.start[i], chunks.end[i], chunks.offset[i], used_end, i):
+      used_end = align_up(offsets[i] + sizes[i], chunks.alignment)
+      if not index_add(index, starts[i], ends[i], offsets[i], used_end, i):
         return False
   return True
 
@@ -108,7 +111,7 @@ def index_remove(index, start, end, handle):
   """Takes a chunk out of its bucket (the bucket's last row moves into its place); `index`:
   `TimeIndex`' fields."""
   index = TimeIndex(*index)
-  ptr, fill, pool = index.ptr, index.fill, index.pool
+  ptr, fill, pool = index.buckets[0], index.buckets[1], index.pool
   bucket = _index_bucket(index.span, start, end)
   last = ptr[bucket] + fill[bucket] - 1
   for row in range(ptr[bucket], last + 1):
@@ -127,7 +130,7 @@ def collect(index, start, end, hits):
   read over those buckets only: a bucket head per 2^max(c, 6) ops, and chunks of the length of
   the ones that are live, most of which are (not a pass over every chunk; the classes shorter
   than the narrowest bucket read a few more that ended before `start`)."""
-  ptr, fill, pool, span = index.ptr, index.fill, index.pool, index.span
+  ptr, fill, pool, span = index.buckets[0], index.buckets[1], index.pool, index.span
   last_key = min(max(end - 1, 0), span - 1)
   classes = _index_classes(span)
   k = 0
@@ -151,7 +154,7 @@ def collect(index, start, end, hits):
 def _blocked(index, start, end, request, offset):
   """Whether a chunk live at some op of `[start, end)` starts below `offset + request` and
   ends (aligned up) above `offset`: `collect`'s walk, stopping at the first."""
-  ptr, fill, pool, span = index.ptr, index.fill, index.pool, index.span
+  ptr, fill, pool, span = index.buckets[0], index.buckets[1], index.pool, index.span
   last_key = min(max(end - 1, 0), span - 1)
   classes = _index_classes(span)
   for c in range(classes):

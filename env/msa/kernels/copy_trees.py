@@ -5,8 +5,9 @@ Two segment trees with range add and range minimum (`tree_*`; the maximum of a v
 minimum of its negation), as arrays `values [2n]` and `adds [2n]` over `n` leaves (a power of
 two; leaf i at node n + i). Each node's value is the minimum of its children's plus its own
 pending add; a query pushes the adds on its two boundary paths down first. Beside them a Fenwick
-tree of what the copies owe by key. They travel as a `CopyTrees`' fields, the queue as a
-`CopyQueue`'s (copy_resource.py; the package docstring says why plain tuples).
+tree of what the copies owe by key. They travel as a `CopyTrees`' fields (a tree as one array
+`[2, 2n]`: its values, its pending adds), the queue as an `OpQueue`'s and a `QueuedCopies`'
+(copy_resource.py; the package docstring says why plain tuples, of few arrays).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from malloczero.env.msa.copy_resource import CopyQueue, CopyTrees
+from malloczero.env.msa.copy_resource import CopyTrees, OpQueue, QueuedCopies
 
 
 @numba.njit(cache=True)
@@ -54,20 +55,20 @@ def resource_queue(budget, starts, demands):
 
 
 @numba.njit(cache=True)
-def resource_fits(queue, start, end, resource, relative_tolerance, total):
+def resource_fits(ops, copies, start, end, resource, relative_tolerance, total):
   """`AsynchronousCopyResource.has_enough_resource` for a copy that needs resource, on the queue
-  (`CopyQueue`' fields): the queue from its first op on with it arriving there (Lindley's
-  recursion from the work waiting before); it must be served by its end, and every copy queued
-  behind it (a later start) that needs resource by its own. `total`: the budgets' and demands'
-  sum, for the tolerance."""
-  q = CopyQueue(*queue)
-  budget, ends, demands, owed = q.budget, q.ends, q.demands, q.owed
+  (`OpQueue`' and `QueuedCopies`' fields): the queue from its first op on with it arriving there
+  (Lindley's recursion from the work waiting before); it must be served by its end, and every copy
+  queued behind it (a later start) that needs resource by its own. `total`: the budgets' and
+  demands' sum, for the tolerance."""
+  q, c = OpQueue(*ops), QueuedCopies(*copies)
+  budget, ends, demands, owed = q.budget, c.ends, c.demands, c.owed
   t = len(budget)
   first = max(start + 1, 0)
   deadline = min(end - 1, t - 1)
   if deadline < first:
     return False
-  behind = np.searchsorted(q.starts, start, side="right")
+  behind = np.searchsorted(c.starts, start, side="right")
   waiting_before = q.waiting[first - 1] if first > 0 else 0.0
   tolerance = relative_tolerance * (total + resource)
   # The queue is needed up to the last deadline checked (all of it if one lies before `first`,
@@ -206,10 +207,10 @@ def _track(r, start, demand):
   copy's own key in `queue` is the caller's to set."""
   t = len(r.served)
   op = min(max(start + 1, 0), t - 1)
-  tree_add(r.backlog, r.backlog_adds, r.n_ops, op, t - 1, demand)
+  tree_add(r.backlog[0], r.backlog[1], r.n_ops, op, t - 1, demand)
   fenwick_add(r.owed, start + 1, demand)
   # `queue` holds minus (owed - budget by the deadline): owing more lowers it.
-  tree_add(r.queue, r.queue_adds, r.n_keys, start + 2, len(r.owed) - 2, -demand)
+  tree_add(r.queue[0], r.queue[1], r.n_keys, start + 2, len(r.owed) - 2, -demand)
 
 
 @numba.njit(cache=True)
@@ -228,8 +229,9 @@ def resource_add(trees, start, end, demand):
   key = start + 1
   deadline = min(end - 1, len(r.served) - 1)
   behind = r.served[deadline] - fenwick_sum(r.owed, key)
-  own = tree_min(r.queue, r.queue_adds, r.n_keys, key, key)
-  tree_set(r.queue, r.queue_adds, r.n_keys, key, min(own, behind))
+  queue, queue_adds = r.queue[0], r.queue[1]
+  own = tree_min(queue, queue_adds, r.n_keys, key, key)
+  tree_set(queue, queue_adds, r.n_keys, key, min(own, behind))
 
 
 @numba.njit(cache=True)
@@ -241,13 +243,14 @@ def fits_tree(r, start, end, resource):
   if deadline < first:
     return False
   tolerance = r.relative_tolerance * (r.total + resource)
-  idle = min(0.0, tree_min(r.backlog, r.backlog_adds, r.n_ops, 0, first - 1))
+  backlog, backlog_adds = r.backlog[0], r.backlog[1]
+  idle = min(0.0, tree_min(backlog, backlog_adds, r.n_ops, 0, first - 1))
   served = r.served[deadline] + min(
-    idle, tree_min(r.backlog, r.backlog_adds, r.n_ops, first, deadline) + resource
+    idle, tree_min(backlog, backlog_adds, r.n_ops, first, deadline) + resource
   )
   if served < fenwick_sum(r.owed, start + 1) + resource - tolerance:
     return False
-  most_owed = -tree_min(r.queue, r.queue_adds, r.n_keys, max(start + 2, 0), len(r.owed) - 2)
+  most_owed = -tree_min(r.queue[0], r.queue[1], r.n_keys, max(start + 2, 0), len(r.owed) - 2)
   return not most_owed + resource - tolerance > idle
 
 

@@ -22,8 +22,9 @@ The lists travel as a `LiveLists`' fields: `lists` `[L, 4]`, per list its first 
 room, and (unions) the chunk count it has seen (-1: to build); `rows4` `[R, 4]` holds the starts
 and edge rows, `rows2` `[R, 2]` the unions (low, high); `meta`: rows in use in each, the room a
 list did not find in each (`ChunkHeap` compacts them when it is not 0), blocks, levels. A search
-takes the whole heap as a `HeapSearch`' fields (`ChunkHeap.search_state()`), whose `work` `[3,
-C, 2]` holds the unions being merged.
+takes the whole heap (`ChunkHeap.search_state()`: the index's, the lists', the chunks' and the
+scratch's tuples, named together as a `HeapSearch`), whose `work` `[3, C, 2]` holds the unions
+being merged.
 """
 
 from __future__ import annotations
@@ -43,11 +44,10 @@ LIVE_FALLBACK = -2
 
 
 @numba.njit(cache=True)
-def heap_search(heap):
-  """`ChunkHeap.search_state()`'s plain tuple named (a `HeapSearch`)."""
-  return HeapSearch(
-    TimeIndex(*heap[0]), LiveLists(*heap[1]), Chunks(*heap[2]), heap[3], heap[4], heap[5]
-  )
+def heap_search(index, lists, chunks, scratch):
+  """`ChunkHeap.search_state()`'s four tuples named (a `HeapSearch`)."""
+  hits, sorted_hits, work = scratch
+  return HeapSearch(TimeIndex(*index), LiveLists(*lists), Chunks(*chunks), hits, sorted_hits, work)
 
 
 @numba.njit(cache=True)
@@ -148,10 +148,11 @@ def live_add_all(live, chunks, first):
   """`live_add` for every live chunk from handle `first` on (`chunks`: `Chunks`' fields): the
   handle it stopped at, `rows4` being full (`count` when all are filed)."""
   live, chunks = LiveLists(*live), Chunks(*chunks)
+  starts, ends, offsets, sizes = chunks.rects[0], chunks.rects[1], chunks.rects[2], chunks.rects[3]
   for i in range(first, chunks.count):
     if chunks.alive[i]:
-      used_end = align_up(chunks.offset[i] + chunks.size[i], chunks.alignment)
-      if not _live_add(live, chunks.start[i], chunks.end[i], chunks.offset[i], used_end):
+      used_end = align_up(offsets[i] + sizes[i], chunks.alignment)
+      if not _live_add(live, starts[i], ends[i], offsets[i], used_end):
         return i
   return chunks.count
 
@@ -263,7 +264,8 @@ def _edge_refresh(heap, b):
   the rows are full."""
   live, chunks, hits, work = heap.lists, heap.chunks, heap.hits, heap.work
   lists, rows4, meta = live.lists, live.rows4, live.meta
-  count = chunks.count
+  starts, ends, offsets, sizes = chunks.rects[0], chunks.rects[1], chunks.rects[2], chunks.rects[3]
+  alive, alignment, count = chunks.alive, chunks.alignment, chunks.count
   blocks = meta[META_BLOCKS]
   union, edge_rows = 2 * blocks + b, blocks + b
   edge = b << LIVE_SHIFT
@@ -273,13 +275,13 @@ def _edge_refresh(heap, b):
     k = collect(heap.index, edge, edge, hits)  # start < edge < end
     lists[edge_rows, LIST_LEN] = 0
     for j in range(k):
-      hits[0, j] = chunks.end[hits[3, j]]
+      hits[0, j] = ends[hits[3, j]]
   else:
     k = 0
     for handle in range(seen, count):
-      if chunks.alive[handle] and chunks.start[handle] < edge and edge < chunks.end[handle]:
-        hits[0, k], hits[1, k] = chunks.end[handle], chunks.offset[handle]
-        hits[2, k] = align_up(chunks.offset[handle] + chunks.size[handle], chunks.alignment)
+      if alive[handle] and starts[handle] < edge and edge < ends[handle]:
+        hits[0, k], hits[1, k] = ends[handle], offsets[handle]
+        hits[2, k] = align_up(offsets[handle] + sizes[handle], alignment)
         hits[3, k] = handle
         k += 1
     if k == 0:
@@ -329,7 +331,8 @@ def _level_refresh(heap, j, m):
   with the heap's chunks; False when `rows2` is full."""
   live, chunks, hits = heap.lists, heap.chunks, heap.hits
   lists, rows4 = live.lists, live.rows4
-  count = chunks.count
+  starts, offsets, sizes = chunks.rects[0], chunks.rects[2], chunks.rects[3]
+  alive, alignment, count = chunks.alive, chunks.alignment, chunks.count
   blocks = live.meta[META_BLOCKS]
   lid = _level_list(blocks, j, m)
   seen = lists[lid, LIST_SEEN]
@@ -343,9 +346,9 @@ def _level_refresh(heap, j, m):
   else:
     low, high = m << (j + LIVE_SHIFT), (m + 1) << (j + LIVE_SHIFT)
     for handle in range(seen, count):
-      if chunks.alive[handle] and low <= chunks.start[handle] and chunks.start[handle] < high:
-        hits[1, k] = chunks.offset[handle]
-        hits[2, k] = align_up(chunks.offset[handle] + chunks.size[handle], chunks.alignment)
+      if alive[handle] and low <= starts[handle] and starts[handle] < high:
+        hits[1, k] = offsets[handle]
+        hits[2, k] = align_up(offsets[handle] + sizes[handle], alignment)
         k += 1
     if k == 0:
       lists[lid, LIST_SEEN] = count
@@ -462,11 +465,12 @@ def _live_fit(heap, start, end, size):
 
 
 @numba.njit(cache=True)
-def best_fit_indexed(heap, start, end, size):
-  """`ChunkHeap.find_chunk` without a preferred offset (`heap`: `ChunkHeap.search_state()`):
-  the start of the smallest free range of `[start, end)` that holds `size` bytes, the lowest on
-  a tie (the top range is unbounded), from the live lists, else the time index."""
-  heap = heap_search(heap)
+def best_fit_indexed(index, lists, chunks, scratch, start, end, size):
+  """`ChunkHeap.find_chunk` without a preferred offset (`index` .. `scratch`:
+  `ChunkHeap.search_state()`): the start of the smallest free range of `[start, end)` that holds
+  `size` bytes, the lowest on a tie (the top range is unbounded), from the live lists, else the
+  time index."""
+  heap = heap_search(index, lists, chunks, scratch)
   offset = _live_fit(heap, start, end, size)
   if offset != LIVE_FALLBACK:
     return offset
@@ -529,17 +533,18 @@ def chunk_candidate(heap, picker, start, end_use, size, uses, max_size):
 
 
 @numba.njit(cache=True)
-def best_chunk_candidate_indexed(heap, picker, start, end_use, size, uses, max_size):
+def best_chunk_candidate_indexed(
+  index, lists, chunks, scratch, picker, start, end_use, size, uses, max_size
+):
   """`chunks.find_best_chunk_candidate` without a preferred offset: (found, offset, end use).
-  `heap`: `ChunkHeap.search_state()`; `picker`: the picker's `kernel_state()` (a `NoCopyBound`'s
-  fields), for `can_allocate_in_alternate_memory_no_copy` between consecutive uses. Each probe
-  of the binary search asks the live lists (`_live_fit`); where they cannot answer, the chunks
-  live from `start` to the last candidate use are collected and sorted by offset once, and each
-  probe reads those that start before its end (the chunks live in its interval, as every one
+  `index` .. `scratch`: `ChunkHeap.search_state()`; `picker`: the picker's `kernel_state()` (a
+  `NoCopyBound`'s fields), for `can_allocate_in_alternate_memory_no_copy` between consecutive uses.
+  Each probe of the binary search asks the live lists (`_live_fit`); where they cannot answer, the
+  chunks live from `start` to the last candidate use are collected and sorted by offset once, and
+  each probe reads those that start before its end (the chunks live in its interval, as every one
   ends after `start`)."""
-  return chunk_candidate(
-    heap_search(heap), no_copy_bound(picker), start, end_use, size, uses, max_size
-  )
+  heap = heap_search(index, lists, chunks, scratch)
+  return chunk_candidate(heap, no_copy_bound(picker), start, end_use, size, uses, max_size)
 
 
 @numba.njit(cache=True)

@@ -192,18 +192,18 @@ def prefetch_starts(prefix, window, end):
 
 
 @numba.njit(cache=True)
-def plan_prefetch_starts(window, request, trees, heap, picker):
+def plan_prefetch_starts(window, request, trees, index, lists, chunks, scratch, picker):
   """`SegmentAllocator._plan_level_prefetches`' loop (allocate_segment.py; XLA's
   `PrefetchWithResourceConstraints` and `CheckPrefetchFit`): over the picker's starts for the
   window (`StartWindow`' fields: `prefetch_starts`' order, each made only when the loop gets to
   it), skipping those not `allowed` (by position; when `check_allowed`: the FIFO order and
   outstanding-limit checks, made by the caller), the copy resource (`trees`:
-  `AsynchronousCopyResource.kernel_state()`, when `check_resource`), then the chunk (`heap`,
+  `AsynchronousCopyResource.kernel_state()`, when `check_resource`), then the chunk (`index` ..
   `picker`: as `best_chunk_candidate_indexed`); the first `max_starts` that pass, as rows
   (start, offset, end use). `request`: a `PrefetchRequest`'s fields. A chunk failure caches the
   start and any start not after it ends the search (XLA's `exclusive_out_of_mem_start`)."""
   window, request = StartWindow(*window), PrefetchRequest(*request)
-  heap, picker = heap_search(heap), no_copy_bound(picker)
+  heap, picker = heap_search(index, lists, chunks, scratch), no_copy_bound(picker)
   use, resource = request.use, request.resource
   check_resource = request.check_resource and resource != 0
   trees = copy_trees(trees)
