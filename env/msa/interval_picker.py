@@ -27,7 +27,7 @@ The ratios are named options whose defaults are the values XLA's tests use
   same bound refuses keeping a buffer in alternate memory without a copy over a longer interval
   (`CanAllocateInAlternateMemoryNoCopy`, msa's "live range too long").
 XLA's own defaults in `options.h`/flags differ per platform; the test values are what the XLA
-behaviours reproduced in tests/test_msa_parts.py use.
+behaviours reproduced in tests/test_msa_interval_picker.py use.
 
 Not modelled, and why: computation and while nesting (`computation_nest_level_`,
 `while_nest_level_`, `GetMinWhileNestLevel`: this project's schedules are flat, no op sits in a
