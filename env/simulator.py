@@ -170,9 +170,9 @@ def total_stall(idle_s: np.ndarray, copies: Copies) -> float:
   return CopyQueue(copies, len(idle_s)).total_stall(idle_s)
 
 
-# The game's jitted kernels (env/_jit_kernels.py), imported on first use so that importing the
-# cost model does not load numba (about 0.1 s).
-kernels = lazy_module("malloczero.env._jit_kernels")
+# The copy-queue loop, jitted (env/simulator_kernels.py), imported on first use so that importing
+# the cost model does not load numba (about 0.1 s).
+_kernels = lazy_module("malloczero.env.simulator_kernels")
 
 
 def total_stall_loop(idle_s: np.ndarray, copies: Copies) -> float:
@@ -183,7 +183,7 @@ def total_stall_loop(idle_s: np.ndarray, copies: Copies) -> float:
   if len(copies) == 0:
     return 0.0
   return float(
-    kernels().stall_loop(
+    _kernels().stall_loop(
       np.ascontiguousarray(idle_s, np.float64),
       np.ascontiguousarray(copies.start, np.int64),
       np.ascontiguousarray(copies.done, np.int64),

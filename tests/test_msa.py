@@ -2,7 +2,7 @@
 
 Cases named after a test of openxla/xla `xla/service/memory_space_assignment/
 memory_space_assignment_test.cc` rebuild its program as a hand-made workload on XLA's test
-hardware (tests/test_msa_parts.py's `XLA_HW`: alternate memory 128 B at 1000 B/s, default
+hardware (tests/msa_xla_cases.py's `XLA_HW`: alternate memory 128 B at 1000 B/s, default
 memory at 100 B/s, copies at 100 B/s, 1000 flop/s, alignment 8). f32[2,3] = 24 B, f32[4,3] =
 48 B; an elementwise op is one flop per element, a tanh 100 (XLA's transcendentals at 10/s).
 XLA's schedule starts with its parameter instructions; here parameters exist at the program
@@ -32,8 +32,8 @@ from malloczero.env.solvers import SOLVERS, solve
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
 from malloczero.env.workload_json import workload_from_dict
+from tests.msa_xla_cases import XLA_HW, tanh_negate_chains
 from tests.strategies import hardware_for, workloads
-from tests.test_msa_parts import XLA_HW, tanh_negate_chains
 
 F32_2_3, F32_4_3 = 24, 48
 COUNT_PICKER = MsaOptions(picker="instruction_count")  # XLA's AssignMemorySpace default (2, 10).

@@ -147,8 +147,8 @@ def test_uncommit_takes_back_the_buffers_segments_and_copies():
   memory must be evicted before its late use, the eviction is refused, and option 0 sends the
   whole buffer back to default memory; the reward takes back what its first segment saved."""
   from malloczero.env.msa.algorithm import MsaOptions
+  from tests.msa_xla_cases import XLA_HW
   from tests.test_msa import evict_and_prefetch
-  from tests.test_msa_parts import XLA_HW
 
   workload = evict_and_prefetch()
   game = MsaGame(

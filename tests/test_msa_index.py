@@ -1,14 +1,16 @@
 """msa's indexed searches (env/msa/chunks.py's time index, copy_resource.py's trees) against
-the whole-heap scans and the op-by-op queue they replace: the same answers on random heaps and
-copy sets, removals and a growing span of start times included."""
+the whole-heap scans (tests/msa_reference_kernels.py) and the op-by-op queue they replace: the
+same answers on random heaps and copy sets, removals and a growing span of start times
+included."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from malloczero.env.msa import AsyncCopy, AsynchronousCopyResource, ChunkHeap
-from malloczero.env.msa._jit import kernels
 from malloczero.env.msa.chunks import _POOL_WIDTH
+from malloczero.env.msa.kernels import chunk_index, live_lists, prefetch
+from tests import msa_reference_kernels as reference
 
 _chunks = st.lists(
   st.tuples(
@@ -23,7 +25,7 @@ _chunks = st.lists(
 
 
 def test_the_pool_width_is_the_kernels():
-  assert _POOL_WIDTH == kernels().POOL_WIDTH
+  assert _POOL_WIDTH == chunk_index.POOL_WIDTH
 
 
 @settings(max_examples=150, deadline=None)
@@ -33,7 +35,6 @@ def test_the_pool_width_is_the_kernels():
   st.sampled_from([1, 8, 64]),
 )
 def test_indexed_searches_find_what_the_whole_heap_scan_finds(chunks, queries, alignment):
-  k = kernels()
   heap = ChunkHeap(alignment)
   for start, length, slot, size, removed in chunks:
     handle = heap.add(start, start + length, slot * 16, size)
@@ -42,12 +43,12 @@ def test_indexed_searches_find_what_the_whole_heap_scan_finds(chunks, queries, a
   state = heap.kernel_state()
   for start, length, size in queries:
     end = start + length
-    assert k.best_fit_indexed(*heap.search_state(), start, end, size) == k.best_fit(
-      *state[:6], start, end, size, alignment
-    )
+    assert live_lists.best_fit_indexed(
+      *heap.search_state(), start, end, size
+    ) == reference.best_fit(state, start, end, size)
     for offset in (0, alignment, size * alignment, 16 * alignment):
-      assert k.fits_at_indexed(*heap.search_state()[:4], start, end, size, offset) == (
-        k.fits_at(*state[:6], start, end, size, offset, alignment)
+      assert chunk_index.fits_at_indexed(heap.search_state()[0], start, end, size, offset) == (
+        reference.fits_at(state, start, end, size, offset)
       )
 
 
@@ -63,7 +64,6 @@ def test_indexed_searches_find_what_the_whole_heap_scan_finds(chunks, queries, a
 def test_the_indexed_chunk_candidate_is_the_scanned_one(
   chunks, uses, start, size, max_size, count_picker
 ):
-  k = kernels()
   heap = ChunkHeap(8)
   for chunk_start, length, slot, chunk_size, removed in chunks:
     handle = heap.add(chunk_start, chunk_start + length, slot * 16, chunk_size)
@@ -72,11 +72,11 @@ def test_the_indexed_chunk_candidate_is_the_scanned_one(
   uses = np.array(sorted(uses), np.int64)
   end_use = int(uses[len(uses) // 2])
   picker = (count_picker, np.linspace(0.0, 50.0, 502), 30.0, 60)
-  scanned = k.best_chunk_candidate(
-    start, end_use, size, uses, max_size, *heap.kernel_state(), *picker
+  scanned = reference.best_chunk_candidate(
+    heap.kernel_state(), picker, start, end_use, size, uses, max_size
   )
-  indexed = k.best_chunk_candidate_indexed(
-    start, end_use, size, uses, max_size, *heap.search_state(), *picker
+  indexed = live_lists.best_chunk_candidate_indexed(
+    *heap.search_state(), picker, start, end_use, size, uses, max_size
   )
   assert scanned == indexed
 
@@ -149,18 +149,9 @@ def test_the_picker_bisects_to_the_starts_and_ends_its_scans_find(
   picker = CostAnalysisPrefetchIntervalPicker(np.array(elapsed), memory_copy)
   assert picker.monotone
   end = min(end, len(elapsed))
-  args = (
-    picker.prefix,
-    copy_elapsed,
-    start,
-    end,
-    reduction,
-    0.8,
-    1.5,
-    picker.max_async_copy_elapsed,
-  )
-  k = kernels()
-  assert k.prefetch_window(*args, True) == k._prefetch_window_scan(*args)
+  rule = (picker.prefix, 0.8, 1.5, picker.max_async_copy_elapsed, True)
+  args = (copy_elapsed, start, end, reduction)
+  assert prefetch.prefetch_window(rule, *args) == prefetch.prefetch_window_scan(rule, *args)
   bisected = picker.preferred_eviction_end_time(copy_elapsed, start, end)
   picker.monotone = False
   assert bisected == picker.preferred_eviction_end_time(copy_elapsed, start, end)
@@ -184,7 +175,6 @@ def test_the_live_lists_answer_as_the_scan_as_chunks_come_and_go(operations, ali
   """Searches between commits and removals, over spans of many blocks: the live lists' unions
   (edges, starts, level runs; brought up to date at each search) give the scan's best fit and
   chunk candidate."""
-  k = kernels()
   heap = ChunkHeap(alignment)
   handles = []
   for kind, start, longest, draw in operations:
@@ -198,12 +188,34 @@ def test_the_live_lists_answer_as_the_scan_as_chunks_come_and_go(operations, ali
         chunk = handles[draw % len(handles)]
         start = int((heap._end if draw % 4 == 1 else heap._start)[chunk])
       start, size = max(start, 0), 1 + draw % 400
-      assert k.best_fit_indexed(*heap.search_state(), start, start + length, size) == (
-        k.best_fit(*heap.kernel_state()[:6], start, start + length, size, alignment)
+      assert live_lists.best_fit_indexed(*heap.search_state(), start, start + length, size) == (
+        reference.best_fit(heap.kernel_state(), start, start + length, size)
       )
       uses = np.array([start + length, start + 2 * length, start + 5 * length], np.int64)
       picker = (True, np.zeros(1, np.float64), 0.0, 10 * length)
       args = (start, start + length, size, uses, 61 * 4 * alignment + 150)
-      assert k.best_chunk_candidate_indexed(
-        *args, *heap.search_state(), *picker
-      ) == k.best_chunk_candidate(*args, *heap.kernel_state(), *picker)
+      assert live_lists.best_chunk_candidate_indexed(
+        *heap.search_state(), picker, *args
+      ) == reference.best_chunk_candidate(heap.kernel_state(), picker, *args)
+
+
+def test_the_kernels_state_tuples_are_short_enough_for_numbas_type_cache():
+  """numba's dispatch caches an argument's type by a fingerprint only while it is under 40 bytes
+  (env/msa/kernels/__init__.py); a longer tuple is typed in Python on every call, 0.1 ms each, as
+  slow as the rest of msa's step together."""
+  from numba._dispatcher import compute_fingerprint
+
+  from malloczero.env.msa import CostAnalysisPrefetchIntervalPicker
+
+  heap = ChunkHeap(8)
+  heap.add(0, 10, 0, 64)
+  picker = CostAnalysisPrefetchIntervalPicker(np.ones(20), 4.0)
+  states = {
+    **dict(zip(("index", "lists", "chunks", "scratch"), heap.search_state())),
+    "trees": AsynchronousCopyResource(np.ones(20)).kernel_state(),
+    "picker": picker.kernel_state(),
+    "window": picker.start_window(1.0, 0, 10),
+    "request": (10, 64, np.arange(3), 1 << 20, 4, 1.0, True, False, np.zeros(0, bool)),
+  }
+  for name, state in states.items():
+    assert len(compute_fingerprint(state)) < 40, name

@@ -32,6 +32,7 @@ from malloczero.env.msa.algorithm import (
 )
 from malloczero.env.programs.suites import get_suite
 from malloczero.env.validator import validate_mapping
+from tests.msa_xla_cases import XLA_HW, tanh_negate_chains
 from tests.strategies import hardware_for, workloads
 from tests.test_msa import (
   COUNT_PICKER,
@@ -41,7 +42,6 @@ from tests.test_msa import (
   segments_of,
   simple_program,
 )
-from tests.test_msa_parts import XLA_HW, tanh_negate_chains
 
 GOLDEN = json.loads((pathlib.Path(__file__).parent / "data" / "msa_golden.json").read_text())
 ROWS = ("buffer", "level", "offset", "start", "end", "prefetch_done", "evict_start", "evict_done")

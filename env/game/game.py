@@ -48,11 +48,13 @@ memory can never add one).
 from __future__ import annotations
 
 import bisect
+from typing import NamedTuple
 
 import dm_env
 import numpy as np
 
 from malloczero.common.errors import MalloczeroError
+from malloczero.common.lazy import lazy_module
 from malloczero.env.cost_model import Allocations
 from malloczero.env.game.base import GameBase
 from malloczero.env.game.config import GameConfig
@@ -60,10 +62,45 @@ from malloczero.env.hardware import Hardware
 from malloczero.env.msa.algorithm import MsaDecisions
 from malloczero.env.msa.decision import MsaDecision, option_slots, worth_deciding
 from malloczero.env.msa.settings import MsaOptions
-from malloczero.env.simulator import kernels
 from malloczero.env.workload import PROGRAM_START, Workload
 
 OPTION0_KINDS = ("default", "evict", "uncommit")
+
+_observation_kernels = lazy_module("malloczero.env.game.observation_kernels")
+_stall_kernels = lazy_module("malloczero.env.simulator_kernels")
+
+
+class CandidatePlacements(NamedTuple):
+  """Where the options after option 0 put the buffer, as `observation_kernels.candidate_rows`
+  reads them, `[n]` each: level, start, reserved end, offset."""
+
+  level: np.ndarray
+  start: np.ndarray
+  end: np.ndarray
+  offset: np.ndarray
+
+
+class CandidateValues(NamedTuple):
+  """What the options after option 0 save and do, `[n]` each: saving, whether a prefetch,
+  whether it evicts."""
+
+  saving: np.ndarray
+  prefetch: np.ndarray
+  evicts: np.ndarray
+
+
+class CandidateFrame(NamedTuple):
+  """What the candidate rows are measured against, the same all episode: the ops' positions on
+  the time axis, the last op, the fast levels' capacities, the saving scale, the slow time's
+  prefix sums, the prefetch starts per level, the feature columns."""
+
+  positions: np.ndarray
+  last_op: int
+  capacity: np.ndarray
+  saving_scale: float
+  slow_op_prefix: np.ndarray
+  num_starts: int
+  columns: np.ndarray
 
 
 class _Columns:
@@ -103,7 +140,7 @@ class _Columns:
     ):
       setattr(self, name, c.index(name))
     self.level = c.slice("level").start
-    # The order `_jit_kernels.candidate_rows` reads them in.
+    # The order `observation_kernels.candidate_rows` reads them in.
     self.candidate_order = np.array(
       [
         self.valid,
@@ -178,7 +215,8 @@ class MsaGame(GameBase):
     )
     self._layout = config.layout
     self._skip_threshold = config.skip_below * self.normaliser
-    self._kernels = kernels()
+    self._kernels = _observation_kernels()
+    self._stall = _stall_kernels()
     self._reset_state()
     self._msa_time, self._msa_moves = reference or self._msa_reference()
     if self._decisions.done:
@@ -464,7 +502,7 @@ class MsaGame(GameBase):
       alive = self._copy_alive[:k]
       idle = np.maximum(self._op_time - self._default_time, 0.0)  # CostModel.idle_time
       self._stall_time = float(
-        self._kernels.stall_loop(
+        self._stall.stall_loop(
           idle, self._copy_start[:k][alive], self._copy_done[:k][alive], self._copy_work[:k][alive]
         )
       )
@@ -539,45 +577,44 @@ class MsaGame(GameBase):
     n = len(options) - 1
     if n:
       rest = options[1:]
-      self._kernels.candidate_rows(
-        candidates,
-        slots[1:] - 1,
+      placements = (  # A `CandidatePlacements`' fields.
         np.fromiter([o.level for o in rest], np.int64, n),
         np.fromiter([o.start for o in rest], np.int64, n),
         np.fromiter([o.end for o in rest], np.int64, n),
         np.fromiter([o.offset for o in rest], np.float64, n),
+      )
+      values = (  # A `CandidateValues`' fields.
         np.fromiter([o.saving for o in rest], np.float64, n),
         np.fromiter([o.kind == "prefetch" for o in rest], np.bool_, n),
         np.fromiter([o.evicts for o in rest], np.bool_, n),
-        int(slots[decision.msa_choice]) - 1 if decision.msa_choice else -1,
+      )
+      frame = (  # A `CandidateFrame`'s fields.
         self._positions,
         self._last_op,
         self._capacity,
         scale,
         self._slow_op_prefix,
+        cfg.max_prefetch_starts,
+        col.candidate_order,
+      )
+      self._kernels.candidate_rows(
+        candidates,
+        slots[1:] - 1,
+        placements,
+        values,
+        frame,
+        int(slots[decision.msa_choice]) - 1 if decision.msa_choice else -1,
         use,
         segment_start,
         copy_time,
-        cfg.max_prefetch_starts,
-        col.candidate_order,
       )
 
     occupancy = np.zeros((cfg.max_fast_levels, cfg.occupancy_bins), np.float64)
     heaps = self._decisions.algorithm.heaps
     first_op = max(segment_start, 0)
     for level in range(num_fast):
-      starts, ends, offsets, sizes, alive, count, _ = heaps[level].kernel_state()
       self._kernels.occupancy(
-        occupancy[level],
-        starts,
-        ends,
-        offsets,
-        sizes,
-        alive,
-        count,
-        first_op,
-        use,
-        self._capacity[level],
+        occupancy[level], heaps[level].kernel_state(), first_op, use, self._capacity[level]
       )
 
     lookahead = np.zeros(self._lookahead_shape, np.float32)

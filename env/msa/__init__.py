@@ -1,7 +1,7 @@
 """Building blocks of a faithful reimplementation of XLA's memory-space assignment (docs/msa.md).
 
 Each module reimplements one part of openxla/xla's `xla/service/memory_space_assignment/` (and
-the heap simulator's chunk search), with XLA's own tests reproduced in tests/test_msa_parts.py:
+the heap simulator's chunk search), with XLA's own tests reproduced in tests/test_msa_*.py:
 
 * `cost_analysis`: `CostAnalysis` (op elapsed times, alternate-memory benefits,
   memory-boundedness, copy times).

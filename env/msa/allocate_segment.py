@@ -12,11 +12,13 @@ its members (`SegmentAllocator`). Each `plan_*` checks without committing anythi
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
+from malloczero.common.lazy import lazy_module
 from malloczero.env.cost_model import NO_COPY
 from malloczero.env.hardware import Hardware
-from malloczero.env.msa._jit import kernels
 from malloczero.env.msa.chunks import ChunkHeap
 from malloczero.env.msa.copy_resource import (
   AsyncCopy,
@@ -40,6 +42,26 @@ _COUNT_PICKER_COPY_RESOURCE = 0.1
 # The per-start mask `plan_prefetch_starts` ignores when FIFO order and the outstanding limit
 # are off (never written; left writeable so that the kernel has one signature).
 _NO_MASK = np.zeros(0, bool)
+
+_chunk_kernels = lazy_module("malloczero.env.msa.kernels.live_lists")
+_prefetch_kernels = lazy_module("malloczero.env.msa.kernels.prefetch")
+
+
+class PrefetchRequest(NamedTuple):
+  """One prefetch's loop as `prefetch.plan_prefetch_starts` reads it: the use it serves, the
+  buffer's bytes and use times, the level's capacity, how many starts to return, the copy's
+  demand on the resource and whether to check it, and the per-start mask of the checks made
+  here (read only when `check_allowed`)."""
+
+  use: int
+  size: int
+  uses: np.ndarray
+  max_size: int
+  max_starts: int
+  resource: float
+  check_resource: bool
+  check_allowed: bool
+  allowed: np.ndarray
 
 
 class Segment:
@@ -174,14 +196,14 @@ class SegmentAllocator:
       if not picker.can_allocate_in_alternate_memory_no_copy(segment_start, use):
         continue
       # `find_best_chunk_candidate`, jitted (as the prefetch loop's).
-      found, offset, end_use = kernels().best_chunk_candidate_indexed(
+      found, offset, end_use = _chunk_kernels().best_chunk_candidate_indexed(
+        *self.heaps[level].search_state(),
+        picker.kernel_state(),
         segment_start,
         use,
         size,
         uses,
         self.capacity[level],
-        *self.heaps[level].search_state(),
-        *picker.kernel_state(),
       )
       if not found:
         continue
@@ -333,10 +355,7 @@ class SegmentAllocator:
       check_resource = check_resource and not exact
     # The loop over starts (resource, chunk, XLA's out-of-memory cache) runs jitted: with every
     # option planned it was most of the decision process's time as Python calls.
-    rows = kernels().plan_prefetch_starts(
-      *window,
-      check_allowed,
-      allowed,
+    request = (
       use,
       size,
       uses,
@@ -344,9 +363,15 @@ class SegmentAllocator:
       max_starts,
       float(resource),
       check_resource,
-      *self.prefetch_resource.kernel_state(),
+      check_allowed,
+      allowed,
+    )  # A `PrefetchRequest`'s fields.
+    rows = _prefetch_kernels().plan_prefetch_starts(
+      window,
+      request,
+      self.prefetch_resource.kernel_state(),
       *self.heaps[level].search_state(),
-      *picker.kernel_state(),
+      picker.kernel_state(),
     )
     return [
       MsaOption(

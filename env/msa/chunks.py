@@ -26,8 +26,8 @@ Times: this module uses the project's half-open op intervals `[start, end)` for 
 `find_best_chunk_candidate` takes XLA-style use times (an allocation reserved "until use u"
 occupies `[start, u + 1)`). Each query reads only the chunks live in its interval, found
 through a time index (`ChunkHeap`), and sorts them by offset (`fits_at` and `find_chunk`
-jitted, `_jit_kernels`, as msa's decision process runs them several times a step; `free_chunks`
-scans every chunk in numpy, for the tests).
+jitted, env/msa/kernels/chunk_index.py and live_lists.py, as msa's decision process runs them
+several times a step; `free_chunks` scans every chunk in numpy, for the tests).
 
 Not modelled, and why: sliced allocations (`max_slices` >= 2, off by default in XLA) and the
 slice-time permutations of `SlicedAllocationFinder`; colocations (`max_colocation_size`: a
@@ -37,17 +37,72 @@ buffer here is one value); repacking (`max_repacks` 0 by default).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from malloczero.env.msa._jit import kernels
+from malloczero.common.lazy import lazy_module
 
-# `_jit_kernels.POOL_WIDTH`, here too so that importing this module does not load numba.
+_index_kernels = lazy_module("malloczero.env.msa.kernels.chunk_index")
+_live_kernels = lazy_module("malloczero.env.msa.kernels.live_lists")
+
+# `chunk_index.POOL_WIDTH`, here too so that importing this module does not load numba.
 _POOL_WIDTH = 5
 
 _INITIAL_CAPACITY = 64
 _INITIAL_SPAN = 64
+
+
+class Chunks(NamedTuple):
+  """The committed chunks as the kernels read them (`ChunkHeap.kernel_state()`): columns `[0,
+  count)` used, the removed ones not `alive`."""
+
+  rects: np.ndarray  # [4, capacity] int64, rows: start, end, offset, size
+  alive: np.ndarray  # [capacity] bool
+  count: int
+  alignment: int
+
+
+class TimeIndex(NamedTuple):
+  """The time index (kernels/chunk_index.py): per bucket its first row in `pool`, its chunk
+  count and its room; the pool of rows; the pool's rows in use (`used[0]`); the span of start
+  times it covers."""
+
+  buckets: np.ndarray  # [3, B] int64, rows: first row, chunk count, room
+  pool: np.ndarray  # [P, POOL_WIDTH]
+  used: np.ndarray  # [1]
+  span: int
+
+
+class LiveLists(NamedTuple):
+  """The live lists (kernels/live_lists.py): per list its first row, length, room and the chunk
+  count it has seen; the rows of starts and edges `[R, 4]`, of unions `[R, 2]`; their meta."""
+
+  lists: np.ndarray
+  rows4: np.ndarray
+  rows2: np.ndarray
+  meta: np.ndarray
+
+
+class Scratch(NamedTuple):
+  """A search's scratch: its hits as found `[4, capacity]` and sorted by offset `[3, capacity]`,
+  the unions it merges `[3, capacity, 2]`."""
+
+  hits: np.ndarray
+  sorted: np.ndarray
+  work: np.ndarray
+
+
+class HeapSearch(NamedTuple):
+  """What a search of the heap reads, as the kernels name `ChunkHeap.search_state()`'s four
+  tuples."""
+
+  index: TimeIndex
+  lists: LiveLists
+  chunks: Chunks
+  hits: np.ndarray
+  sorted: np.ndarray
+  work: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,14 +130,14 @@ class ChunkHeap:
   2^(c + 1))) under the bucket of width 2^c that holds its start. A chunk of class c live after
   op `start` starts after `start + 1 - 2^(c + 1)`, so a search for `[start, end)` reads, per
   class, the buckets from there to `end`: mostly chunks that are live, and a few bucket heads
-  per op (`_jit_kernels._collect`). A bucket's chunks sit together in one pool of rows (what a
+  per op (`chunk_index.collect`). A bucket's chunks sit together in one pool of rows (what a
   search reads of a chunk), so a search streams through them; what it finds is copied out once
   and radix-sorted by offset. An interval tree over start times (each node's latest end) cost
   about five times as much per chunk found, and linked lists per bucket a cache miss per chunk;
   a search finds a few thousand chunks on XLA-like programs of 100,000 buffers.
 
   Best fit reads only the union of those chunks' address ranges, so a best-fit search goes
-  through live lists of unions kept beside the index (`_jit_kernels`' "live lists"): per block
+  through live lists of unions kept beside the index (kernels/live_lists.py): per block
   of 128 ops, the union of the chunks live across it from before, the few that end inside it
   and the chunks that start in it; per aligned run of blocks, the union of the chunks that start
   in it. Each union is brought up to date when a search reads it, from the chunks committed
@@ -96,15 +151,12 @@ class ChunkHeap:
     if alignment <= 0:
       raise ValueError(f"alignment must be positive, got {alignment}")
     self.alignment = int(alignment)
-    self._start = np.zeros(_INITIAL_CAPACITY, np.int64)
-    self._end = np.zeros(_INITIAL_CAPACITY, np.int64)
-    self._offset = np.zeros(_INITIAL_CAPACITY, np.int64)
-    self._size = np.zeros(_INITIAL_CAPACITY, np.int64)
+    self._set_rects(np.zeros((4, _INITIAL_CAPACITY), np.int64))
     self._alive = np.zeros(_INITIAL_CAPACITY, bool)
     self._count = 0
     self.heap_size = 0
-    # A search's hits, as found and sorted by offset (`_jit_kernels.best_fit_indexed`); the
-    # unions it merges (`_jit_kernels._live_fit`).
+    # A search's hits, as found and sorted by offset (`live_lists.best_fit_indexed`); the
+    # unions it merges (`live_lists._live_fit`).
     self._hits = np.zeros((4, _INITIAL_CAPACITY), np.int64)
     self._sorted = np.zeros((3, _INITIAL_CAPACITY), np.int64)
     self._work = np.zeros((3, _INITIAL_CAPACITY, 2), np.int64)
@@ -112,6 +164,12 @@ class ChunkHeap:
 
   def __len__(self) -> int:
     return int(self._alive[: self._count].sum())
+
+  def _set_rects(self, rects: np.ndarray) -> None:
+    """The chunks' start, end, offset and size `[capacity]` each, as rows of one array (the
+    kernels take it whole: kernels/__init__.py says why)."""
+    self._rects = rects
+    self._start, self._end, self._offset, self._size = rects
 
   def align_up(self, value: np.ndarray | int) -> np.ndarray | int:
     a = self.alignment
@@ -122,37 +180,21 @@ class ChunkHeap:
     chunk: per bucket its first row in `_pool`, its chunk count and its room; the pool's rows
     in use (`_pool_used[0]`). The pool doubles until every bucket fits."""
     self._span = span
-    buckets = kernels().index_buckets(span)
+    buckets = _index_kernels().index_buckets(span)
     pool_rows = max(int(pool_rows), _INITIAL_CAPACITY)
     while True:
-      self._ptr = np.zeros(buckets, np.int64)
-      self._fill = np.zeros(buckets, np.int64)
-      self._room = np.zeros(buckets, np.int64)
+      self._buckets = np.zeros((3, buckets), np.int64)
       self._pool = np.zeros((pool_rows, _POOL_WIDTH), np.int64)
       self._pool_used = np.zeros(1, np.int64)
-      if kernels().index_build(
-        self._ptr,
-        self._fill,
-        self._room,
-        self._pool,
-        self._pool_used,
-        span,
-        self._start,
-        self._end,
-        self._offset,
-        self._size,
-        self._alive,
-        self._count,
-        self.alignment,
-      ):
+      if _index_kernels().index_build(self._index_state(), self.kernel_state()):
         break
       pool_rows *= 2
     self._relist(span)
 
   def _relist(self, span: int) -> None:
-    """Rebuilds the live lists (`_jit_kernels`' "live lists") over start times `[0, span)`:
-    every live chunk filed in its block's starts, no union built yet."""
-    k = kernels()
+    """Rebuilds the live lists (kernels/live_lists.py) over start times `[0, span)`: every
+    live chunk filed in its block's starts, no union built yet."""
+    k = _live_kernels()
     blocks, levels, lists = k.live_layout(span)
     self._lists = np.zeros((lists, 4), np.int64)
     self._lists[:, 3] = -1
@@ -161,19 +203,7 @@ class ChunkHeap:
     self._rows4 = np.zeros((max(_INITIAL_CAPACITY, 2 * self._count), 4), np.int64)
     filed = 0
     while True:
-      filed = k.live_add_all(
-        self._lists,
-        self._rows4,
-        self._live_meta,
-        self._start,
-        self._end,
-        self._offset,
-        self._size,
-        self._alive,
-        filed,
-        self._count,
-        self.alignment,
-      )
+      filed = k.live_add_all(self._lists_state(), self.kernel_state(), filed)
       if filed == self._count:
         break
       self._compact_lists()
@@ -186,7 +216,7 @@ class ChunkHeap:
       int(self._offset[i]),
       int(self.align_up(int(self._offset[i]) + int(self._size[i]))),
     )
-    while not kernels().live_add(self._lists, self._rows4, self._live_meta, *args):
+    while not _live_kernels().live_add(self._lists_state(), *args):
       self._compact_lists()
 
   def _compact_lists(self) -> None:
@@ -207,16 +237,15 @@ class ChunkHeap:
       while needed > size // 2:
         size *= 2
       new_rows = np.zeros((size, rows.shape[1]), np.int64)
-      self._live_meta[used] = kernels().live_compact(self._lists, first, last, rows, new_rows)
+      self._live_meta[used] = _live_kernels().live_compact(self._lists, first, last, rows, new_rows)
       self._live_meta[full] = 0
       setattr(self, rows_name, new_rows)
 
   def _grow(self) -> None:
     """Doubles the capacity of the chunk arrays."""
     grow = len(self._start)
-    for name in ("_start", "_end", "_offset", "_size", "_alive"):
-      array = getattr(self, name)
-      setattr(self, name, np.concatenate([array, np.zeros(grow, array.dtype)]))
+    self._set_rects(np.concatenate([self._rects, np.zeros((4, grow), np.int64)], axis=1))
+    self._alive = np.concatenate([self._alive, np.zeros(grow, bool)])
     self._hits = np.zeros((4, 2 * grow), np.int64)
     self._sorted = np.zeros((3, 2 * grow), np.int64)
     self._work = np.zeros((3, 2 * grow, 2), np.int64)
@@ -237,16 +266,9 @@ class ChunkHeap:
     if start >= self._span:
       self._reindex(1 << int(start).bit_length(), 2 * len(self._pool))  # Files this chunk too.
       return i
-    filed = kernels().heap_add(
-      self._ptr,
-      self._fill,
-      self._room,
-      self._pool,
-      self._pool_used,
-      self._span,
-      self._lists,
-      self._rows4,
-      self._live_meta,
+    filed = _live_kernels().heap_add(
+      self._index_state(),
+      self._lists_state(),
       int(start),
       int(end),
       int(offset),
@@ -266,11 +288,9 @@ class ChunkHeap:
       raise KeyError(f"no committed chunk {handle}")
     self._alive[handle] = False
     start, end, offset = int(self._start[handle]), int(self._end[handle]), self._offset[handle]
-    kernels().index_remove(self._ptr, self._fill, self._pool, self._span, start, end, handle)
-    kernels().live_remove(
-      self._lists,
-      self._rows4,
-      self._live_meta,
+    _index_kernels().index_remove(self._index_state(), start, end, handle)
+    _live_kernels().live_remove(
+      self._lists_state(),
       start,
       end,
       int(offset),
@@ -289,40 +309,30 @@ class ChunkHeap:
     )
 
   def kernel_state(self) -> tuple:
-    """The heap as the linear-scan kernels take it (`_jit_kernels.best_chunk_candidate`, the
-    game's occupancy): start, end, offset, size, alive arrays (the first `count` rows used),
-    count, alignment."""
-    return (
-      self._start,
-      self._end,
-      self._offset,
-      self._size,
-      self._alive,
-      self._count,
-      self.alignment,
-    )
+    """The chunks as the kernels take them (the index's rebuilds, the game's occupancy): a
+    `Chunks`' fields, as a plain tuple (kernels/__init__.py says why)."""
+    return (self._rects, self._alive, self._count, self.alignment)
 
-  def search_state(self) -> tuple:
-    """The heap as the indexed kernels take it (`_jit_kernels.best_fit_indexed`,
-    `best_chunk_candidate_indexed`, `plan_prefetch_starts`): each bucket's first row and chunk
-    count, the pool of rows, the span of start times, the scratch arrays for a search's hits;
-    the live lists (lists, rows4, rows2, meta); the chunks (`kernel_state()`); the unions'
-    scratch. Lists that found no room are given it first."""
+  def _index_state(self) -> tuple:
+    """The time index as its kernels take it: a `TimeIndex`' fields."""
+    return (self._buckets, self._pool, self._pool_used, self._span)
+
+  def _lists_state(self) -> tuple:
+    """The live lists as their kernels take them: a `LiveLists`' fields."""
+    return (self._lists, self._rows4, self._rows2, self._live_meta)
+
+  def search_state(self) -> tuple[tuple, tuple, tuple, tuple]:
+    """The heap as the searches take it (`live_lists.best_fit_indexed`,
+    `best_chunk_candidate_indexed`, `prefetch.plan_prefetch_starts`): four arguments, a
+    `TimeIndex`', a `LiveLists`', a `Chunks`' and a `Scratch`'s fields. Lists that found no
+    room are given it first."""
     if self._live_meta[2] or self._live_meta[3]:
       self._compact_lists()
     return (
-      self._ptr,
-      self._fill,
-      self._pool,
-      self._span,
-      self._hits,
-      self._sorted,
-      self._lists,
-      self._rows4,
-      self._rows2,
-      self._live_meta,
-      *self.kernel_state(),
-      self._work,
+      self._index_state(),
+      self._lists_state(),
+      self.kernel_state(),
+      (self._hits, self._sorted, self._work),
     )
 
   def overlapping(self, start: int, end: int) -> np.ndarray:
@@ -354,8 +364,8 @@ class ChunkHeap:
     # `free_chunks` and the test above, as one jitted pass over the chunks live in the interval
     # (the per-call numpy overhead was most of msa's decision time).
     return bool(
-      kernels().fits_at_indexed(
-        *self.search_state()[:4], int(start), int(end), int(size), int(offset)
+      _index_kernels().fits_at_indexed(
+        self._index_state(), int(start), int(end), int(size), int(offset)
       )
     )
 
@@ -370,7 +380,8 @@ class ChunkHeap:
     ):
       return int(preferred_offset)
     # The smallest of `free_chunks`' ranges, ties to the lower offset, in one jitted pass.
-    return int(kernels().best_fit_indexed(*self.search_state(), int(start), int(end), int(size)))
+    heap = self.search_state()
+    return int(_live_kernels().best_fit_indexed(*heap, int(start), int(end), int(size)))
 
   def find_chunk_within(
     self, start: int, end: int, size: int, max_size: int, preferred_offset: int | None = None

@@ -27,7 +27,7 @@ covers every copy up to i. The checks read it from trees updated in O(log T) per
 (`AsynchronousCopyResource`'s docstring: a program of 100,000 buffers adds about 45,000
 copies, and rebuilding the queue per copy took most of msa's time); `current_resources`,
 `has_enough_resource_multi_check` and the fallback for copies the trees cannot hold rebuild it
-op by op (`_jit_kernels.resource_queue`, `resource_fits`). Both agree with XLA's tests
+op by op (kernels/copy_trees.py's `resource_queue`, `resource_fits`). Both agree with XLA's tests
 (tests/test_msa_copy_resource.py) and with each other (tests/test_msa_index.py). Float
 tolerances: XLA computes in float32 and its `ConsumeResourceScaledIntegerResource` test exists
 because of rounding; here float64 with a relative tolerance of 1e-9 of the total budget.
@@ -42,13 +42,51 @@ docs/msa.md), and `Dump` (debug output).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from malloczero.env.msa._jit import kernels
+from malloczero.common.lazy import lazy_module
+
+_kernels = lazy_module("malloczero.env.msa.kernels.copy_trees")
 
 _RELATIVE_TOLERANCE = 1e-9
+
+
+class CopyTrees(NamedTuple):
+  """The trees as the kernels read them (`AsynchronousCopyResource.kernel_state()`): the budget
+  served by each op, the backlog tree (values and pending adds, `[2, 2n]`) and its leaf count,
+  the queue tree and its leaf count, the owed Fenwick tree, the checks' relative tolerance and
+  the budgets' and demands' sum."""
+
+  served: np.ndarray
+  backlog: np.ndarray
+  n_ops: int
+  queue: np.ndarray
+  n_keys: int
+  owed: np.ndarray
+  relative_tolerance: float
+  total: float
+
+
+class OpQueue(NamedTuple):
+  """The op-by-op queue of the copies per op `[T]` (`AsynchronousCopyResource._queue_arrays()`):
+  the budget, the demand arriving, the work waiting after it, the arrivals so far."""
+
+  budget: np.ndarray
+  arriving: np.ndarray
+  waiting: np.ndarray
+  arrived: np.ndarray
+
+
+class QueuedCopies(NamedTuple):
+  """The copies in FIFO order `[C]` beside an `OpQueue`: their starts, ends and demands, and
+  what they owe cumulatively."""
+
+  starts: np.ndarray
+  ends: np.ndarray
+  demands: np.ndarray
+  owed: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,22 +106,22 @@ class AsynchronousCopyResource:
   far, and the checks against them.
 
   The checks read three trees that adding or removing a copy updates in O(log T)
-  (`_jit_kernels.resource_track`; msa adds tens of thousands of copies on large programs, and
-  rebuilding the queue per copy and reading it from the new copy's start on per check cost
-  O(T + C) each). With B(i) the budget of ops 0 .. i and S(i) the demand arrived by op i less
-  B(i), Lindley's recursion has the work served by op i at B(i) + min(0, min S[.. i]). A new
-  copy (start, end, r) adds r to S from its first op f on, so it is served by its deadline d
+  (kernels/copy_trees.py's `resource_track`; msa adds tens of thousands of copies on large
+  programs, and rebuilding the queue per copy and reading it from the new copy's start on per
+  check cost O(T + C) each). With B(i) the budget of ops 0 .. i and S(i) the demand arrived by op
+  i less B(i), Lindley's recursion has the work served by op i at B(i) + min(0, min S[.. i]). A
+  new copy (start, end, r) adds r to S from its first op f on, so it is served by its deadline d
   when B(d) + min(0, min S[.. f - 1], min S[f .. d] + r) covers what the copies up to it owe
-  (theirs and r), and each copy j behind it (a later start) is still served by its deadline
-  d_j when also B(d_j) + min(0, min S[.. f - 1]) covers owed_j + r: the other term, min S[f ..
-  d_j] + r, does, as copy j was served by d_j before (it fit when it was added, and copies
-  added since were checked against it; removing one serves the rest sooner). So a check needs
-  min S over two ranges (`_backlog`: range add, range min), the demand of the copies up to a
-  start (`_owed`: a Fenwick tree over start + 1) and the largest owed_j - B(d_j) behind it
-  (`_queue`: per start + 1, negated, range add, range min). Sums in a tree's order round
-  differently from the op-by-op queue by far less than the tolerance. A copy the trees cannot
-  hold (a negative demand, a start before -1) makes later checks rebuild the queue
-  (`_exact_fits`, the op-by-op computation the trees replace)."""
+  (theirs and r), and each copy j behind it (a later start) is still served by its deadline d_j
+  when also B(d_j) + min(0, min S[.. f - 1]) covers owed_j + r: the other term, min S[f .. d_j] +
+  r, does, as copy j was served by d_j before (it fit when it was added, and copies added since
+  were checked against it; removing one serves the rest sooner). So a check needs min S over two
+  ranges (`_backlog`: range add, range min), the demand of the copies up to a start (`_owed`: a
+  Fenwick tree over start + 1) and the largest owed_j - B(d_j) behind it (`_queue`: per start + 1,
+  negated, range add, range min). Sums in a tree's order round differently from the op-by-op queue
+  by far less than the tolerance. A copy the trees cannot hold (a negative demand, a start before
+  -1) makes later checks rebuild the queue (`_exact_fits`, the op-by-op computation the trees
+  replace)."""
 
   def __init__(self, initial_resources: Sequence[float] | np.ndarray):
     self.initial_resources = np.asarray(initial_resources, np.float64).copy()  # [T]
@@ -97,18 +135,19 @@ class AsynchronousCopyResource:
     self._by_key: dict[int, list[AsyncCopy]] = {}  # Per start + 1, in the order added.
     self._ordered: list[AsyncCopy] | None = []  # In start order (FIFO); None: to sort again.
     self._exact = False
+    # Each tree is one array `[2, 2n]`, its values and its pending adds (`CopyTrees`).
     self._n_ops = _power_of_two(t)
-    self._backlog = np.full(2 * self._n_ops, np.inf)
+    self._backlog_tree = np.stack([np.full(2 * self._n_ops, np.inf), np.zeros(2 * self._n_ops)])
+    self._backlog, self._backlog_adds = self._backlog_tree
     self._backlog[self._n_ops : self._n_ops + t] = -self._served
     width = self._n_ops  # Each level of internal nodes [width // 2, width), from the leaves up.
     while width > 1:
       children = self._backlog[width : 2 * width]
       self._backlog[width // 2 : width] = np.minimum(children[0::2], children[1::2])
       width //= 2
-    self._backlog_adds = np.zeros(2 * self._n_ops)
     self._n_keys = _power_of_two(t + 1)
-    self._queue = np.full(2 * self._n_keys, np.inf)
-    self._queue_adds = np.zeros(2 * self._n_keys)
+    self._queue_tree = np.stack([np.full(2 * self._n_keys, np.inf), np.zeros(2 * self._n_keys)])
+    self._queue, self._queue_adds = self._queue_tree
     self._owed = np.zeros(t + 2)
 
   @property
@@ -130,17 +169,15 @@ class AsynchronousCopyResource:
       copies.insert(position, copy)
     return copies
 
-  def _queue_arrays(self) -> tuple[np.ndarray, ...]:
-    """The op-by-op queue of the copies (`_jit_kernels.resource_queue`): ordered starts, ends,
-    demands `[C]`, then owed `[C]`, arriving, waiting and arrived `[T]`."""
+  def _queue_arrays(self) -> tuple[OpQueue, QueuedCopies]:
+    """The op-by-op queue of the copies (`copy_trees.resource_queue`)."""
     copies = self._fifo()
     starts = np.array([c.start for c in copies], np.int64)
     ends = np.array([c.end for c in copies], np.int64)
     demands = np.array([c.resource for c in copies], np.float64)
-    owed, arriving, waiting, arrived = kernels().resource_queue(
-      self.initial_resources, starts, demands
-    )
-    return starts, ends, demands, owed, arriving, waiting, arrived
+    budget = self.initial_resources
+    owed, arriving, waiting, arrived = _kernels().resource_queue(budget, starts, demands)
+    return OpQueue(budget, arriving, waiting, arrived), QueuedCopies(starts, ends, demands, owed)
 
   def _simulate(self, copies: list[AsyncCopy]) -> tuple[np.ndarray, np.ndarray]:
     """(finished `[C]` bool: each copy done by its end, work waiting `[T]` at each op's start
@@ -174,37 +211,18 @@ class AsynchronousCopyResource:
     if self._exact or resource < 0:
       return self._exact_fits(start, end, resource)
     return bool(
-      kernels().resource_fits_tree(
-        *self.kernel_state()[:8],
-        int(start),
-        int(end),
-        float(resource),
-        _RELATIVE_TOLERANCE,
-        self._budget_sum + self._demand_sum,
-      )
+      _kernels().resource_fits_tree(self.kernel_state(), int(start), int(end), float(resource))
     )
 
   def _exact_fits(self, start: int, end: int, resource: float) -> bool:
-    """`has_enough_resource` on the op-by-op queue, rebuilt (`_jit_kernels.resource_fits`:
+    """`has_enough_resource` on the op-by-op queue, rebuilt (`copy_trees.resource_fits`:
     from the new copy's first op on, and the copies queued behind it)."""
-    starts, ends, demands, owed, arriving, waiting, arrived = self._queue_arrays()
-    return bool(
-      kernels().resource_fits(
-        self.initial_resources,
-        starts,
-        ends,
-        demands,
-        arriving,
-        arrived,
-        waiting,
-        owed,
-        int(start),
-        int(end),
-        float(resource),
-        _RELATIVE_TOLERANCE,
-        float(self._budget_sum + demands.sum()),
-      )
+    ops, copies = self._queue_arrays()
+    total = float(self._budget_sum + copies.demands.sum())
+    fits = _kernels().resource_fits(
+      tuple(ops), tuple(copies), int(start), int(end), float(resource), _RELATIVE_TOLERANCE, total
     )
+    return bool(fits)
 
   @property
   def exact(self) -> bool:
@@ -212,17 +230,14 @@ class AsynchronousCopyResource:
     return self._exact
 
   def kernel_state(self) -> tuple:
-    """The trees as the jitted kernels take them (`_jit_kernels.resource_fits_tree`'
-    arguments but the copy): the budget served by each op, the backlog tree, its adds and
-    leaf count, the queue tree, its adds and leaf count, the owed Fenwick tree, the relative
-    tolerance and the budgets' and demands' sum. Only while not `exact`."""
+    """The trees as the jitted kernels take them (`copy_trees.resource_fits_tree`,
+    `prefetch.plan_prefetch_starts`): a `CopyTrees`' fields, as a plain tuple (kernels/__init__.py
+    says why). Only while not `exact`."""
     return (
       self._served,
-      self._backlog,
-      self._backlog_adds,
+      self._backlog_tree,
       self._n_ops,
-      self._queue,
-      self._queue_adds,
+      self._queue_tree,
       self._n_keys,
       self._owed,
       _RELATIVE_TOLERANCE,
@@ -251,8 +266,8 @@ class AsynchronousCopyResource:
     self._demand_sum += copy.resource
     if self._in_trees(copy):
       # It fit, so its deadline is at or after its first op, inside the ops.
-      kernels().resource_add(
-        *self.kernel_state()[:8], int(copy.start), int(copy.end), float(copy.resource)
+      _kernels().resource_add(
+        self.kernel_state(), int(copy.start), int(copy.end), float(copy.resource)
       )
     elif copy.resource != 0:
       self._exact = True
@@ -270,20 +285,8 @@ class AsynchronousCopyResource:
     self._demand_sum -= copy.resource
     if not self._in_trees(copy):
       return
-    k = kernels()
-    k.resource_track(
-      self._backlog,
-      self._backlog_adds,
-      self._n_ops,
-      self._queue,
-      self._queue_adds,
-      self._n_keys,
-      self._owed,
-      self._served,
-      int(copy.start),
-      int(copy.end),
-      -float(copy.resource),
-    )
+    k = _kernels()
+    k.resource_track(self.kernel_state(), int(copy.start), -float(copy.resource))
     # What the copies left at its start owe: the ones added after it owe less now.
     owed = k.fenwick_sum(self._owed, key - 1)
     lowest = np.inf
@@ -296,8 +299,8 @@ class AsynchronousCopyResource:
 
   def current_resources(self) -> np.ndarray:
     """`GetCurrentResources` `[T]`: each op's budget left after the copies."""
-    _, _, _, _, arriving, waiting, _ = self._queue_arrays()
-    waiting = np.concatenate([[0.0], waiting[:-1]]) + arriving
+    ops, _ = self._queue_arrays()
+    waiting = np.concatenate([[0.0], ops.waiting[:-1]]) + ops.arriving
     return np.maximum(0.0, self.initial_resources - waiting)
 
 

@@ -27,7 +27,7 @@ The ratios are named options whose defaults are the values XLA's tests use
   same bound refuses keeping a buffer in alternate memory without a copy over a longer interval
   (`CanAllocateInAlternateMemoryNoCopy`, msa's "live range too long").
 XLA's own defaults in `options.h`/flags differ per platform; the test values are what the XLA
-behaviours reproduced in tests/test_msa_parts.py use.
+behaviours reproduced in tests/test_msa_interval_picker.py use.
 
 Not modelled, and why: computation and while nesting (`computation_nest_level_`,
 `while_nest_level_`, `GetMinWhileNestLevel`: this project's schedules are flat, no op sits in a
@@ -41,12 +41,14 @@ no counterpart); `size_override` (no sliced prefetch, whose slices share one pic
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from malloczero.env.msa._jit import kernels
+from malloczero.common.lazy import lazy_module
 from malloczero.env.msa.cost_analysis import CostAnalysis
+
+_kernels = lazy_module("malloczero.env.msa.kernels.prefetch")
 
 # XLA's kNumExploredDecreasingIntervals: once the later starts are used up, the earlier side is
 # thinned to about this many candidates.
@@ -77,6 +79,39 @@ class PrefetchWindow:
   @property
   def empty(self) -> bool:
     return self.earliest > self.latest
+
+
+class WindowRule(NamedTuple):
+  """What the jitted window reads of a picker (kernels/prefetch.py's `prefetch_window`): the
+  prefix sums of the ops' elapsed times, the min and preferred ratios, the longest interval kept
+  without a copy, and whether no op has a negative elapsed time."""
+
+  prefix: np.ndarray
+  min_ratio: float
+  preferred_ratio: float
+  max_elapsed: float
+  monotone: bool
+
+
+class StartWindow(NamedTuple):
+  """What the jitted start sequence walks (`start_window`): the window's earliest, latest and
+  preferred starts, and the earlier side's thinning (`num_explored_decreasing_intervals`)."""
+
+  earliest: int
+  latest: int
+  preferred: int
+  num_explored: int
+
+
+class NoCopyBound(NamedTuple):
+  """`can_allocate_in_alternate_memory_no_copy` as the jitted chunk search reads it (a picker's
+  `kernel_state()`): whether the picker counts instructions, the prefix sums of the elapsed
+  times, the longest interval kept without a copy, and its op count."""
+
+  count_picker: bool
+  prefix: np.ndarray
+  max_elapsed: float
+  max_count: int
 
 
 class CostAnalysisPrefetchIntervalPicker:
@@ -231,16 +266,15 @@ class CostAnalysisPrefetchIntervalPicker:
     """`window`'s three searches as one jitted pass (numpy's per-call overhead was most of
     it), for start >= -1 and no preferred time: (earliest, latest, preferred)."""
     o = self.options
-    return kernels().prefetch_window(
+    rule = (
       self.prefix,
-      float(copy_elapsed),
-      int(start),
-      int(end),
-      float(use_elapsed_reduction),
       float(o.min_overlap_to_async_copy_ratio),
       float(o.preferred_overlap_to_async_copy_ratio),
       self.max_async_copy_elapsed,
       self.monotone,
+    )
+    return _kernels().prefetch_window(
+      rule, float(copy_elapsed), int(start), int(end), float(use_elapsed_reduction)
     )
 
   def begin(
@@ -269,17 +303,14 @@ class CostAnalysisPrefetchIntervalPicker:
   ) -> np.ndarray:
     """`start_times` as an int64 array, generated jitted (`begin`'s iteration: msa's
     decision process asks for them where it checks each start before its prefetch loop)."""
-    earliest, latest, preferred, explored = self.start_window(
-      copy_elapsed, start, end, use_elapsed_reduction
-    )
-    return kernels().prefetch_starts(self.prefix, earliest, latest, preferred, int(end), explored)
+    window = self.start_window(copy_elapsed, start, end, use_elapsed_reduction)
+    return _kernels().prefetch_starts(self.prefix, window, int(end))
 
   def start_window(
     self, copy_elapsed: float, start: int, end: int, use_elapsed_reduction: float = 0.0
   ) -> tuple[int, int, int, int]:
-    """What `start_time_array` walks, for `_jit_kernels.plan_prefetch_starts` to walk as far
-    as it needs: the window's earliest, latest and preferred starts, and the earlier side's
-    thinning (`num_explored_decreasing_intervals`)."""
+    """What `start_time_array` walks, for `prefetch.plan_prefetch_starts` to walk as far as
+    it needs: a `StartWindow`'s fields, as a plain tuple (kernels/__init__.py says why)."""
     explored = self.options.num_explored_decreasing_intervals
     if start >= -1:
       return (*self._jitted_window(copy_elapsed, start, end, use_elapsed_reduction), explored)
@@ -287,9 +318,9 @@ class CostAnalysisPrefetchIntervalPicker:
     return window.earliest, window.latest, window.preferred, explored
 
   def kernel_state(self) -> tuple:
-    """The picker as the jitted kernels take it (`_jit_kernels.best_chunk_candidate`, for
-    `can_allocate_in_alternate_memory_no_copy`): (instruction-count picker, prefix sums of the
-    elapsed times, the longest interval kept without a copy, its op count)."""
+    """The picker as the jitted chunk search takes it (`live_lists.best_chunk_candidate_indexed`,
+    for `can_allocate_in_alternate_memory_no_copy`): a `NoCopyBound`'s fields, as a plain
+    tuple."""
     return (False, self.prefix, self.max_async_copy_elapsed, 0)
 
 
