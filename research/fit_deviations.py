@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   from malloczero.common.errors import MalloczeroError
   from malloczero.configs.workdir import WorkDir
   from malloczero.learner.checkpoint import replace_params
-  from malloczero.learner.losses import probe_policy_loss
+  from malloczero.learner.probes import probe_policy_loss
   from malloczero.research import deviation_scores as probe
 
   try:

@@ -186,7 +186,7 @@ def test_summary_counts_ranks_and_picks():
 
 def _script(*args):
   return subprocess.run(
-    [sys.executable, os.path.join(REPO, "scripts", "probe_deviations.py"), *args],
+    [sys.executable, os.path.join(REPO, "scripts", "score_deviations.py"), *args],
     capture_output=True,
     text=True,
     timeout=600,
