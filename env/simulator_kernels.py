@@ -10,11 +10,12 @@ cache beside this file after that (`cache=True`).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from malloczero.env.kernel_cache import njit
 
-@numba.njit(cache=True)
+
+@njit
 def stall_loop(idle_s, start, done, work_s):
   """env/simulator.py's clamps as one pass over the boundaries, after a stable sort of the copies
   by (start, done): O(K log K + T), the total stall only."""

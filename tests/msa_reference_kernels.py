@@ -10,15 +10,15 @@ They take the heap as `ChunkHeap.kernel_state()` (a `Chunks`' fields) and the pi
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from malloczero.env.kernel_cache import njit
 from malloczero.env.msa.chunks import Chunks
 from malloczero.env.msa.kernels.live_lists import _extension, no_copy_bound
 from malloczero.env.msa.kernels.shared import INT64_MAX, align_up
 
 
-@numba.njit(cache=True)
+@njit
 def _live_sorted(chunks, start, end):
   """The chunks live at some op of `[start, end)`, sorted by offset (stable): their offsets and
   ends rounded up to the alignment (`ChunkHeap.free_chunks`' used ranges)."""
@@ -42,7 +42,7 @@ def _live_sorted(chunks, start, end):
   return sorted_start, used_end
 
 
-@numba.njit(cache=True)
+@njit
 def _smallest_fit(used_start, used_end, size):
   """The start of the smallest free range between the offset-sorted used ranges that holds
   `size` bytes, the lowest on a tie (the top range is unbounded)."""
@@ -61,7 +61,7 @@ def _smallest_fit(used_start, used_end, size):
   return best_start
 
 
-@numba.njit(cache=True)
+@njit
 def fits_at(chunks, start, end, size, offset):
   """`ChunkHeap.fits_at` for an aligned, non-negative offset: inside one free range of
   `[start, end)` that holds `size` bytes."""
@@ -77,20 +77,20 @@ def fits_at(chunks, start, end, size, offset):
   return False
 
 
-@numba.njit(cache=True)
+@njit
 def _best_fit(chunks, start, end, size):
   used_start, used_end = _live_sorted(chunks, start, end)
   return _smallest_fit(used_start, used_end, size)
 
 
-@numba.njit(cache=True)
+@njit
 def best_fit(chunks, start, end, size):
   """`ChunkHeap.find_chunk` without a preferred offset: the start of the smallest free range of
   `[start, end)` that holds `size` bytes, the lowest on a tie (the top range is unbounded)."""
   return _best_fit(Chunks(*chunks), start, end, size)
 
 
-@numba.njit(cache=True)
+@njit
 def best_chunk_candidate(chunks, picker, start, end_use, size, uses, max_size):
   """`chunks.find_best_chunk_candidate` without a preferred offset: (found, offset, end use),
   scanning every chunk per probe (`live_lists.best_chunk_candidate_indexed` is the one msa's

@@ -12,13 +12,12 @@ of at most four arrays each (env/msa/kernels/__init__.py says why).
 
 from __future__ import annotations
 
-import numba
-
 from malloczero.env.game.game import CandidateFrame, CandidatePlacements, CandidateValues
+from malloczero.env.kernel_cache import njit
 from malloczero.env.msa.chunks import Chunks
 
 
-@numba.njit(cache=True)
+@njit
 def occupancy(out, chunks, first_op, last_op, capacity):
   """Fills `out` [bins] with the fraction of each address bin of a level taken by the chunks
   (`ChunkHeap.kernel_state()`: a `Chunks`' fields) live at some op of `[first_op, last_op]`
@@ -43,7 +42,7 @@ def occupancy(out, chunks, first_op, last_op, capacity):
       out[b] = 1.0
 
 
-@numba.njit(cache=True)
+@njit
 def candidate_rows(out, rows, placements, values, frame, msa_row, use, segment_start, copy_time):
   """Fills the candidates observation `out` [C, F] (rows `rows` [n], one per option after
   option 0; `placements` and `values`: a `CandidatePlacements`' and a `CandidateValues`' fields,

@@ -31,8 +31,9 @@ buffers), and a named tuple field by field. So no tuple holds more than four arr
 kernel reads together are rows of one (the chunks' start, end, offset and size; a tree's values and
 pending adds; the buckets' first row, chunk count and room).
 
-Compiled on the first use on a machine (seconds) and loaded from numba's cache beside these
-files after that (`cache=True`). numba's cache notices a change to a kernel's own file only:
-after editing a module that another calls into (`shared`, `chunk_index`, `live_lists`,
-`copy_trees`) or a layout its owner defines, delete this folder's `__pycache__`.
+Compiled on the first use on a machine (about a minute for all of them on 2 cores) and loaded
+from numba's cache beside these files after that: each is compiled with env/kernel_cache.py's
+`njit`, whose cache stamp covers every kernel module and the owners whose layouts they read, so
+an edit to any of them compiles the kernels again rather than loading code that calls the old
+version of another module's kernel.
 """

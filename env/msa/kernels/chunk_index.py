@@ -15,8 +15,7 @@ package docstring says why plain tuples).
 
 from __future__ import annotations
 
-import numba
-
+from malloczero.env.kernel_cache import njit
 from malloczero.env.msa.chunks import Chunks, TimeIndex
 from malloczero.env.msa.kernels.shared import INT64_MAX, align_up, offset_order
 
@@ -25,7 +24,7 @@ POOL_WIDTH = 5
 _MIN_BUCKET_SHIFT = 6  # The time index's buckets span at least 64 ops.
 
 
-@numba.njit(cache=True)
+@njit
 def _index_classes(span):
   """How many length classes a time index over `span` start times has: 0 .. log2(span)."""
   classes = 1
@@ -34,7 +33,7 @@ def _index_classes(span):
   return classes
 
 
-@numba.njit(cache=True)
+@njit
 def _index_class(span, c):
   """(first bucket, bucket width as a shift) of length class c: buckets of 2^c ops, but not
   narrower than 2^_MIN_BUCKET_SHIFT (a short chunk's bucket would hold about one chunk, and a
@@ -45,7 +44,7 @@ def _index_class(span, c):
   return first, max(c, _MIN_BUCKET_SHIFT)
 
 
-@numba.njit(cache=True)
+@njit
 def _index_bucket(span, start, end):
   """The bucket a chunk over `[start, end)` is filed under: its length class c (lengths in [2^c,
   2^(c + 1)), measured from its start clamped to `[0, span)`; the last class takes every longer
@@ -59,14 +58,14 @@ def _index_bucket(span, start, end):
   return first + (key >> shift)
 
 
-@numba.njit(cache=True)
+@njit
 def index_buckets(span):
   """How many buckets a time index over `span` start times has."""
   first, _ = _index_class(span, _index_classes(span))
   return first
 
 
-@numba.njit(cache=True)
+@njit
 def index_add(index, start, end, offset, used_end, handle):
   """Files a chunk in its bucket of `index` (a `TimeIndex`); False (and nothing changed) when
   the pool has no room for the bucket to grow into (the caller grows it and asks again). A full
@@ -91,7 +90,7 @@ def index_add(index, start, end, offset, used_end, handle):
   return True
 
 
-@numba.njit(cache=True)
+@njit
 def index_build(index, chunks):
   """Files every live chunk (`chunks`: `Chunks`' fields) into an empty time index (`TimeIndex`'
   fields); False when its pool is too small (`ChunkHeap` rebuilds the index when a chunk starts
@@ -106,7 +105,7 @@ def index_build(index, chunks):
   return True
 
 
-@numba.njit(cache=True)
+@njit
 def index_remove(index, start, end, handle):
   """Takes a chunk out of its bucket (the bucket's last row moves into its place); `index`:
   `TimeIndex`' fields."""
@@ -122,7 +121,7 @@ def index_remove(index, start, end, handle):
       return
 
 
-@numba.njit(cache=True)
+@njit
 def collect(index, start, end, hits):
   """Writes the chunks live at some op of `[start, end)` to `hits` `[4, capacity]` (start,
   offset, used end, handle; in no particular order) and returns how many. A chunk of class c
@@ -150,7 +149,7 @@ def collect(index, start, end, hits):
   return k
 
 
-@numba.njit(cache=True)
+@njit
 def _blocked(index, start, end, request, offset):
   """Whether a chunk live at some op of `[start, end)` starts below `offset + request` and
   ends (aligned up) above `offset`: `collect`'s walk, stopping at the first."""
@@ -174,7 +173,7 @@ def _blocked(index, start, end, request, offset):
   return False
 
 
-@numba.njit(cache=True)
+@njit
 def by_offset(hits, k, size, sorted_hits):
   """Writes the first `k` hits (`collect`'s) to `sorted_hits` (start, offset, used end) sorted
   by offset (`offset_order`)."""
@@ -186,7 +185,7 @@ def by_offset(hits, k, size, sorted_hits):
     sorted_hits[2, j] = hits[2, i]
 
 
-@numba.njit(cache=True)
+@njit
 def fit_in(sorted_hits, k, end, size):
   """The start of the smallest free range between the first `k` offset-sorted hits that start
   before `end` that holds `size` bytes, the lowest on a tie (the top range is unbounded)."""
@@ -210,7 +209,7 @@ def fit_in(sorted_hits, k, end, size):
   return best_start
 
 
-@numba.njit(cache=True)
+@njit
 def fits_at_indexed(index, start, end, size, offset):
   """`ChunkHeap.fits_at` through the time index (`TimeIndex`' fields). Over offset-sorted used
   ranges, `[offset, offset + size)` lies in a free range exactly when no live chunk starts below

@@ -12,19 +12,19 @@ tree of what the copies owe by key. They travel as a `CopyTrees`' fields (a tree
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from malloczero.env.kernel_cache import njit
 from malloczero.env.msa.copy_resource import CopyTrees, OpQueue, QueuedCopies
 
 
-@numba.njit(cache=True)
+@njit
 def copy_trees(trees):
   """The resource's `kernel_state()` named (a `CopyTrees`)."""
   return CopyTrees(*trees)
 
 
-@numba.njit(cache=True)
+@njit
 def resource_queue(budget, starts, demands):
   """`AsynchronousCopyResource._derive`'s queue `[T]` of the ordered copies: (owed `[C]`
   cumulative demand, arriving per op, work waiting after each op (Lindley's W), cumulative
@@ -54,7 +54,7 @@ def resource_queue(budget, starts, demands):
   return owed, arriving, waiting, arrived
 
 
-@numba.njit(cache=True)
+@njit
 def resource_fits(ops, copies, start, end, resource, relative_tolerance, total):
   """`AsynchronousCopyResource.has_enough_resource` for a copy that needs resource, on the queue
   (`OpQueue`' and `QueuedCopies`' fields): the queue from its first op on with it arriving there
@@ -100,14 +100,14 @@ def resource_fits(ops, copies, start, end, resource, relative_tolerance, total):
   return True
 
 
-@numba.njit(cache=True)
+@njit
 def _tree_apply(values, adds, n, node, amount):
   values[node] += amount
   if node < n:
     adds[node] += amount
 
 
-@numba.njit(cache=True)
+@njit
 def _tree_rebuild(values, adds, node):
   """Recomputes the ancestors of `node` from their children."""
   while node > 1:
@@ -115,7 +115,7 @@ def _tree_rebuild(values, adds, node):
     values[node] = min(values[2 * node], values[2 * node + 1]) + adds[node]
 
 
-@numba.njit(cache=True)
+@njit
 def _tree_push(values, adds, n, node):
   """Pushes the pending adds of the ancestors of `node` down, from the root."""
   height = 0
@@ -129,7 +129,7 @@ def _tree_push(values, adds, n, node):
       adds[i] = 0.0
 
 
-@numba.njit(cache=True)
+@njit
 def tree_add(values, adds, n, first, last, amount):
   """Adds `amount` to leaves `first` .. `last` (inclusive; nothing when empty)."""
   if first > last:
@@ -149,7 +149,7 @@ def tree_add(values, adds, n, first, last, amount):
   _tree_rebuild(values, adds, hi0 - 1)
 
 
-@numba.njit(cache=True)
+@njit
 def tree_min(values, adds, n, first, last):
   """The minimum of leaves `first` .. `last` (inclusive; +inf when empty)."""
   if first > last:
@@ -170,7 +170,7 @@ def tree_min(values, adds, n, first, last):
   return best
 
 
-@numba.njit(cache=True)
+@njit
 def tree_set(values, adds, n, leaf, value):
   """Sets leaf `leaf` to `value`."""
   node = leaf + n
@@ -179,7 +179,7 @@ def tree_set(values, adds, n, leaf, value):
   _tree_rebuild(values, adds, node)
 
 
-@numba.njit(cache=True)
+@njit
 def fenwick_add(tree, key, amount):
   """Adds `amount` at `key` of a Fenwick tree over keys 0 .. len(tree) - 2."""
   i = key + 1
@@ -188,7 +188,7 @@ def fenwick_add(tree, key, amount):
     i += i & -i
 
 
-@numba.njit(cache=True)
+@njit
 def fenwick_sum(tree, key):
   """The sum over keys 0 .. `key` (0.0 when `key` < 0)."""
   total = 0.0
@@ -199,7 +199,7 @@ def fenwick_sum(tree, key):
   return total
 
 
-@numba.njit(cache=True)
+@njit
 def _track(r, start, demand):
   """Records (`demand` > 0) or takes back (< 0) a copy's demand in the trees (a `CopyTrees`):
   it arrives at op start + 1 (clamped to the ops), so the backlog of every op from there on
@@ -213,13 +213,13 @@ def _track(r, start, demand):
   tree_add(r.queue[0], r.queue[1], r.n_keys, start + 2, len(r.owed) - 2, -demand)
 
 
-@numba.njit(cache=True)
+@njit
 def resource_track(trees, start, demand):
   """`_track` on the resource's trees (`CopyTrees`' fields)."""
   _track(CopyTrees(*trees), start, demand)
 
 
-@numba.njit(cache=True)
+@njit
 def resource_add(trees, start, end, demand):
   """`resource_track` for a copy added with `demand` > 0, and its own key in `queue`: what it
   owes by its deadline (every copy up to it, itself included) less the budget served by then,
@@ -234,7 +234,7 @@ def resource_add(trees, start, end, demand):
   tree_set(queue, queue_adds, r.n_keys, key, min(own, behind))
 
 
-@numba.njit(cache=True)
+@njit
 def fits_tree(r, start, end, resource):
   """`resource_fits_tree` on named trees (a `CopyTrees`)."""
   t = len(r.served)
@@ -254,7 +254,7 @@ def fits_tree(r, start, end, resource):
   return not most_owed + resource - tolerance > idle
 
 
-@numba.njit(cache=True)
+@njit
 def resource_fits_tree(trees, start, end, resource):
   """`AsynchronousCopyResource.has_enough_resource` for a copy that needs resource, in
   O(log ops) from the trees (`CopyTrees`' fields; copy_resource.py derives the conditions).

@@ -29,9 +29,9 @@ being merged.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from malloczero.env.kernel_cache import njit
 from malloczero.env.msa.chunks import Chunks, HeapSearch, LiveLists, TimeIndex
 from malloczero.env.msa.interval_picker import NoCopyBound
 from malloczero.env.msa.kernels.chunk_index import by_offset, collect, fit_in, index_add
@@ -43,14 +43,14 @@ META_USED4, META_USED2, META_FULL4, META_FULL2, META_BLOCKS, META_LEVELS = 0, 1,
 LIVE_FALLBACK = -2
 
 
-@numba.njit(cache=True)
+@njit
 def heap_search(index, lists, chunks, scratch):
   """`ChunkHeap.search_state()`'s four tuples named (a `HeapSearch`)."""
   hits, sorted_hits, work = scratch
   return HeapSearch(TimeIndex(*index), LiveLists(*lists), Chunks(*chunks), hits, sorted_hits, work)
 
 
-@numba.njit(cache=True)
+@njit
 def live_layout(span):
   """(blocks, levels, lists) of the live lists over start times `[0, span)`: the lists are
   each block's starts, edge rows and edge union, then each level's unions."""
@@ -64,7 +64,7 @@ def live_layout(span):
   return blocks, levels, total
 
 
-@numba.njit(cache=True)
+@njit
 def _level_list(blocks, j, m):
   first = 3 * blocks
   for i in range(j):
@@ -72,7 +72,7 @@ def _level_list(blocks, j, m):
   return first + m
 
 
-@numba.njit(cache=True)
+@njit
 def _reserve(lists, rows, meta, used_at, full_at, lid, needed):
   """Room for `needed` rows in list `lid` (moved to the end of the rows in use, with a quarter
   more, when it has less); False (the room asked for noted in `meta`) when `rows` is full."""
@@ -92,7 +92,7 @@ def _reserve(lists, rows, meta, used_at, full_at, lid, needed):
   return True
 
 
-@numba.njit(cache=True)
+@njit
 def live_compact(lists, first_list, last_list, rows, new_rows):
   """Copies lists `[first_list, last_list)` to `new_rows`, each with a quarter more room; the
   rows used."""
@@ -108,7 +108,7 @@ def live_compact(lists, first_list, last_list, rows, new_rows):
   return used
 
 
-@numba.njit(cache=True)
+@njit
 def _live_add(live, start, end, offset, used_end):
   """Files a committed chunk in its block's starts; False (nothing filed) when `rows4` is
   full. A chunk that starts before op 0 is only ever read through edges."""
@@ -125,13 +125,13 @@ def _live_add(live, start, end, offset, used_end):
   return True
 
 
-@numba.njit(cache=True)
+@njit
 def live_add(live, start, end, offset, used_end):
   """`_live_add` on the lists (`LiveLists`' fields)."""
   return _live_add(LiveLists(*live), start, end, offset, used_end)
 
 
-@numba.njit(cache=True)
+@njit
 def heap_add(index, live, start, end, offset, used_end, handle):
   """`index_add` then `live_add` (`TimeIndex`' and `LiveLists`' fields), one call per committed
   chunk: 0 when both filed it, 1 when the pool was full (nothing filed), 2 when `rows4` was
@@ -143,7 +143,7 @@ def heap_add(index, live, start, end, offset, used_end, handle):
   return 0
 
 
-@numba.njit(cache=True)
+@njit
 def live_add_all(live, chunks, first):
   """`live_add` for every live chunk from handle `first` on (`chunks`: `Chunks`' fields): the
   handle it stopped at, `rows4` being full (`count` when all are filed)."""
@@ -157,7 +157,7 @@ def live_add_all(live, chunks, first):
   return chunks.count
 
 
-@numba.njit(cache=True)
+@njit
 def live_remove(live, start, end, offset, used_end, handle):
   """Takes a removed chunk out of its block's starts (a row equal to its own: equal rows read
   alike), and sends the unions that have seen it to be built again."""
@@ -189,7 +189,7 @@ def live_remove(live, start, end, offset, used_end, handle):
       lists[blocks + b, LIST_LEN] = 0
 
 
-@numba.njit(cache=True)
+@njit
 def _union_push(out, base, n, low, high):
   """Appends `[low, high)` (low not below any before it) to the union in `out[base:base + n]`;
   its new length."""
@@ -201,7 +201,7 @@ def _union_push(out, base, n, low, high):
   return n + 1
 
 
-@numba.njit(cache=True)
+@njit
 def _union_merge(a, a_first, a_len, b, b_len, out):
   """The union of `a[a_first:a_first + a_len]` and `b[:b_len]` (each sorted by low) in
   `out`; its length."""
@@ -216,7 +216,7 @@ def _union_merge(a, a_first, a_len, b, b_len, out):
   return n
 
 
-@numba.njit(cache=True)
+@njit
 def _union_store(live, lid, source, n):
   """List `lid` set to the union `source[:n]`; False when `rows2` is full."""
   lists, rows2 = live.lists, live.rows2
@@ -231,7 +231,7 @@ def _union_store(live, lid, source, n):
   return True
 
 
-@numba.njit(cache=True)
+@njit
 def _union_update(live, lid, hits, k, work, count):
   """Union list `lid` with the first `k` hits' ranges (offset, used end: rows 1, 2) added,
   seen up to chunk `count`; False when `rows2` is full (the list is built again)."""
@@ -243,7 +243,7 @@ def _union_update(live, lid, hits, k, work, count):
   return _union_add(live, lid, work, n, count)
 
 
-@numba.njit(cache=True)
+@njit
 def _union_add(live, lid, work, n, count):
   """Union list `lid` with the union `work[1][:n]` added, seen up to chunk `count`; False when
   `rows2` is full (the list is built again)."""
@@ -258,7 +258,7 @@ def _union_add(live, lid, work, n, count):
   return True
 
 
-@numba.njit(cache=True)
+@njit
 def _edge_refresh(heap, b):
   """Brings block `b`'s edge union and edge rows up to date with the heap's chunks; False when
   the rows are full."""
@@ -325,7 +325,7 @@ def _edge_refresh(heap, b):
   return _union_add(live, union, work, n, count)
 
 
-@numba.njit(cache=True)
+@njit
 def _level_refresh(heap, j, m):
   """Brings level j's union of run m (the chunks that start in blocks `m << j` ..) up to date
   with the heap's chunks; False when `rows2` is full."""
@@ -356,7 +356,7 @@ def _level_refresh(heap, j, m):
   return _union_update(live, lid, hits, k, heap.work, count)
 
 
-@numba.njit(cache=True)
+@njit
 def _merge_fit(a, a_first, a_len, b, b_len, size):
   """`fit_in` over the union of `a[a_first:a_first + a_len]` and `b[:b_len]` (ranges sorted
   by low), merged as it reads them."""
@@ -385,7 +385,7 @@ def _merge_fit(a, a_first, a_len, b, b_len, size):
   return best_start
 
 
-@numba.njit(cache=True)
+@njit
 def _tile(x, last, levels):
   """The level of the largest aligned run of blocks that starts at block x and ends by
   `last`."""
@@ -395,7 +395,7 @@ def _tile(x, last, levels):
   return j
 
 
-@numba.njit(cache=True)
+@njit
 def _live_fit(heap, start, end, size):
   """`best_fit` over `[start, end)` through the live lists (`heap`: a `HeapSearch`);
   LIVE_FALLBACK when they cannot answer (a request of no bytes, whose ties need handle order;
@@ -464,7 +464,7 @@ def _live_fit(heap, start, end, size):
   return _merge_fit(rows2, lists[union, LIST_PTR], lists[union, LIST_LEN], work[current], n, size)
 
 
-@numba.njit(cache=True)
+@njit
 def best_fit_indexed(index, lists, chunks, scratch, start, end, size):
   """`ChunkHeap.find_chunk` without a preferred offset (`index` .. `scratch`:
   `ChunkHeap.search_state()`): the start of the smallest free range of `[start, end)` that holds
@@ -479,7 +479,7 @@ def best_fit_indexed(index, lists, chunks, scratch, start, end, size):
   return fit_in(heap.sorted, k, end, size)
 
 
-@numba.njit(cache=True)
+@njit
 def _extension(uses, end_use, picker):
   """`find_best_chunk_candidate`'s candidate uses: (first, last), the first use at or after
   `end_use` and the last one reachable from it through consecutive uses kept without a copy
@@ -501,7 +501,7 @@ def _extension(uses, end_use, picker):
   return first, last
 
 
-@numba.njit(cache=True)
+@njit
 def chunk_candidate(heap, picker, start, end_use, size, uses, max_size):
   """`best_chunk_candidate_indexed` on a named heap (`HeapSearch`) and picker
   (`NoCopyBound`)."""
@@ -532,7 +532,7 @@ def chunk_candidate(heap, picker, start, end_use, size, uses, max_size):
   return found, best_offset, best_use
 
 
-@numba.njit(cache=True)
+@njit
 def best_chunk_candidate_indexed(
   index, lists, chunks, scratch, picker, start, end_use, size, uses, max_size
 ):
@@ -547,7 +547,7 @@ def best_chunk_candidate_indexed(
   return chunk_candidate(heap, no_copy_bound(picker), start, end_use, size, uses, max_size)
 
 
-@numba.njit(cache=True)
+@njit
 def no_copy_bound(picker):
   """The picker's `kernel_state()` named (a `NoCopyBound`)."""
   return NoCopyBound(*picker)

@@ -10,9 +10,9 @@ plain tuples).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from malloczero.env.kernel_cache import njit
 from malloczero.env.msa.allocate_segment import PrefetchRequest
 from malloczero.env.msa.interval_picker import StartWindow, WindowRule
 from malloczero.env.msa.kernels.copy_trees import copy_trees, fits_tree
@@ -22,7 +22,7 @@ from malloczero.env.msa.kernels.live_lists import chunk_candidate, heap_search, 
 NO_START = -(1 << 62)
 
 
-@numba.njit(cache=True)
+@njit
 def prefetch_window(rule, copy_elapsed, start, end, use_elapsed_reduction):
   """`CostAnalysisPrefetchIntervalPicker.window` without a preferred time, for start >= -1:
   (earliest, latest, preferred); elapsed(s, end) = prefix[end] - prefix[s + 1] (`rule`:
@@ -89,13 +89,13 @@ def prefetch_window(rule, copy_elapsed, start, end, use_elapsed_reduction):
   return earliest, latest, preferred
 
 
-@numba.njit(cache=True)
+@njit
 def prefetch_window_scan(rule, copy_elapsed, start, end, use_elapsed_reduction):
   """`prefetch_window` by scanning the ops, for any elapsed times."""
   return _window_scan(WindowRule(*rule), copy_elapsed, start, end, use_elapsed_reduction)
 
 
-@numba.njit(cache=True)
+@njit
 def _window_scan(rule, copy_elapsed, start, end, use_elapsed_reduction):
   prefix = rule.prefix
   # LatestPrefetchStartTime: the latest s in [start, end) whose overlap (plus the use's saving)
@@ -127,7 +127,7 @@ def _window_scan(rule, copy_elapsed, start, end, use_elapsed_reduction):
   return earliest, latest, preferred
 
 
-@numba.njit(cache=True)
+@njit
 def _first_start(window, state):
   """Sets `state` [3] (next later start, next earlier start, whether the later side is next) to
   a window's first (`window`: a `StartWindow`): XLA's `Begin` calls `Next` once, taking the
@@ -139,7 +139,7 @@ def _first_start(window, state):
     state[0], state[1] = latest + 1, earliest - 1
 
 
-@numba.njit(cache=True)
+@njit
 def _next_start(prefix, window, end, state):
   """The next start `PrefetchIntervalIterator` yields (XLA's `Next`), or `NO_START` once it is
   `Done`: alternately one later and one earlier than the preferred start; once the later side is
@@ -172,7 +172,7 @@ def _next_start(prefix, window, end, state):
   return time
 
 
-@numba.njit(cache=True)
+@njit
 def prefetch_starts(prefix, window, end):
   """Every start `PrefetchIntervalIterator` yields for a window (`StartWindow`' fields; none
   when empty), in its order (XLA's `Next` until `Done`, `_next_start`)."""
@@ -191,7 +191,7 @@ def prefetch_starts(prefix, window, end):
     k += 1
 
 
-@numba.njit(cache=True)
+@njit
 def plan_prefetch_starts(window, request, trees, index, lists, chunks, scratch, picker):
   """`SegmentAllocator._plan_level_prefetches`' loop (allocate_segment.py; XLA's
   `PrefetchWithResourceConstraints` and `CheckPrefetchFit`): over the picker's starts for the

@@ -5,8 +5,9 @@ space."""
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from malloczero.env.kernel_cache import njit
 
 INT64_MAX = np.iinfo(np.int64).max
 _RADIX_BITS = 8  # `offset_order`'s radix digits: bytes (as many passes as 11 bits, fewer counts).
@@ -14,12 +15,12 @@ _RADIX = 1 << _RADIX_BITS
 _INSERTION_SORT_MAX = 48  # `offset_order` sorts this many hits or fewer by insertion.
 
 
-@numba.njit(cache=True)
+@njit
 def align_up(value, alignment):
   return (value + alignment - 1) // alignment * alignment
 
 
-@numba.njit(cache=True)
+@njit
 def offset_order(hits, k, size):
   """The permutation `[k]` that sorts the first `k` hits (`hits` `[4, capacity]`: start, offset,
   used end, handle) by offset: a stable LSD radix sort of the offsets (numba's sorts cost
