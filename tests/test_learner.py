@@ -240,6 +240,7 @@ def _with_self_imitation_target(steps: Step, row: int, state: int) -> Step:
   return steps._replace(policy=policy)
 
 
+@pytest.mark.slow  # Compiles the reanalyse search and the learner step.
 def test_reanalyse_searches_real_states_and_keeps_self_imitation_targets(batch):
   from malloczero.learner.reanalyse import make_reanalyse_fn, self_imitation_targets
 
@@ -274,6 +275,7 @@ def test_reanalyse_searches_real_states_and_keeps_self_imitation_targets(batch):
   assert np.all(out.shift[out.reanalysed & ~choice] < 1e-6)
 
 
+@pytest.mark.slow  # Compiles the reanalyse search and the learner step.
 def test_learner_reanalyses_the_first_sampled_items_only(batch):
   import dataclasses
 

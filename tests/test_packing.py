@@ -158,6 +158,7 @@ def test_pack_on_tiny_xla_programs_proves_no_full_packing_and_is_no_worse_than_b
   assert result.speedup >= solve(w, hw, "bestfit").speedup
 
 
+@pytest.mark.slow  # Integration-sized: two pack searches on instance A take seconds each.
 def test_pack_on_an_overfull_csv_searches_what_fits_everywhere_and_beats_bestfit():
   """Instance A in 900,000 bytes (its peak is 2**20): the requests that save least per byte
   leave the overfull sections, the search packs the rest, and the greedy completion of that
