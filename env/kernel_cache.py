@@ -29,6 +29,7 @@ DEPENDENCIES = (
   "msa/chunks.py",
   "msa/copy_resource.py",
   "msa/interval_picker.py",
+  "msa/solver_loop.py",
   "game/game.py",
   "game/observation_kernels.py",
   "simulator_kernels.py",

@@ -42,9 +42,24 @@ def test_every_module_a_kernel_imports_is_in_the_stamp():
 
 def test_the_kernels_are_cached_under_the_dependency_stamp():
   from malloczero.env.game import observation_kernels
-  from malloczero.env.msa.kernels import chunk_index, copy_trees, live_lists, prefetch, shared
+  from malloczero.env.msa.kernels import (
+    chunk_index,
+    copy_trees,
+    live_lists,
+    prefetch,
+    shared,
+    solver_loop,
+  )
 
-  modules = (chunk_index, copy_trees, live_lists, prefetch, shared, observation_kernels)
+  modules = (
+    chunk_index,
+    copy_trees,
+    live_lists,
+    prefetch,
+    shared,
+    solver_loop,
+    observation_kernels,
+  )
   kernels = [value for m in modules for value in vars(m).values() if hasattr(value, "_cache")]
   assert len(kernels) >= 50
   for kernel in kernels:

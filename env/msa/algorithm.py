@@ -104,6 +104,7 @@ import numpy as np
 from malloczero.env.cost_model import Allocations, CostModel
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
+from malloczero.env.msa import solver_loop
 from malloczero.env.msa.allocate_segment import Pending, Segment, SegmentAllocator
 from malloczero.env.msa.buffer_order import buffer_order
 
@@ -248,13 +249,27 @@ class MsaAlgorithm:
     self.stats: MsaStats | None = None
     # The buffers done and the one being allocated (its segment list, filled as it goes).
     self._rows: list[tuple[int, Segment]] = []
+    self._fresh = True  # No step made yet: `run` may hand the whole loop to solver_loop.py.
+    self.jitted = False  # Whether `run` made its segments with solver_loop.py's jitted loop.
     self._open: tuple[int, list[Segment]] = (-1, [])
 
   # ------------------------------------------------------------------ the loop
 
   def run(self) -> Allocations:
     """msa's own choice at every step; the segments, in allocation order. Only the options up
-    to msa's own are planned (`steps(msa_only=True)`): the same steps, as fast as XLA's loop."""
+    to msa's own are planned (`steps(msa_only=True)`): the same steps, as fast as XLA's loop.
+    Where its options allow, the steps run as one jitted loop (solver_loop.py: the same plans and
+    commits on the same state, without a Python step per decision); else, or when that loop gives
+    up, as the decision process below."""
+    resources = (self.allocator.prefetch_resource, self.allocator.eviction_resource)
+    if self._fresh and solver_loop.supported(self.options, resources):
+      done = solver_loop.run_loop(self)
+      if done is not None:
+        allocations, counts = done
+        self.stats = MsaStats(**counts)
+        self.jitted = True
+        return allocations
+      self.__init__(self.workload, self.hardware, self.options, self.deferred)  # A fresh state.
     steps = self.steps(1, msa_only=True)
     try:
       decision = next(steps)
@@ -275,6 +290,7 @@ class MsaAlgorithm:
     every option costs it 3-6x on the default suite)."""
     if max_prefetch_starts < 1:
       raise ValueError(f"max_prefetch_starts must be >= 1, got {max_prefetch_starts}")
+    self._fresh = False
     a = self.workload.arrays
     order = buffer_order(self.workload, self.analyses[0].memory_boundedness)
     if self.deferred:  # msa's order within each group; a stable partition.
@@ -309,6 +325,14 @@ class MsaAlgorithm:
       np.int64,
     ).reshape(len(rows), 8)
     return Allocations(*(np.ascontiguousarray(column) for column in table.T))
+
+  @property
+  def use_table(self) -> tuple[list[int], np.ndarray, np.ndarray, list[int]]:
+    """Every buffer's uses (`_use_table`): CSR bounds, use ops, their incidences, definition
+    incidences."""
+    if self._use_table is None:
+      self._use_table = _use_table(self.workload)
+    return self._use_table
 
   def _uses(self, b: int) -> tuple[np.ndarray, np.ndarray, int | None]:
     """The buffer's use ops `[U]` (sorted, the definition excluded), their incidences, and the

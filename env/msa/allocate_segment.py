@@ -422,6 +422,13 @@ class SegmentAllocator:
 
   # ------------------------------------------------------------------ helpers
 
+  def copy_arrays(self) -> np.ndarray:
+    """`[2, N]` per buffer `copy_elapsed` and `copy_resource` (msa's jitted run reads them)."""
+    elapsed = np.asarray(self._copy_elapsed, np.float64)
+    if self.options.picker == "cost":
+      return np.stack([elapsed, elapsed])
+    return np.stack([elapsed, np.full(len(elapsed), _COUNT_PICKER_COPY_RESOURCE)])
+
   def copy_elapsed(self, b: int) -> float:
     """`GetAsyncCopyElapsed` of the buffer (the picker's copy time)."""
     return self._copy_elapsed[b]

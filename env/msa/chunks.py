@@ -282,6 +282,43 @@ class ChunkHeap:
       self._file_starts(i)  # Its block's starts had no room: given room, then filed.
     return i
 
+  @property
+  def chunk_count(self) -> int:
+    """Chunks committed so far, removed ones included (the next chunk's handle)."""
+    return self._count
+
+  def set_counts(self, count: int, heap_size: int) -> None:
+    """Takes the count and heap size from a caller that committed chunks through the kernels
+    directly, on room it made first (`reserve`; msa's jitted run, solver_loop.py)."""
+    self._count, self.heap_size = int(count), int(heap_size)
+
+  def cover_starts(self, starts: int) -> None:
+    """Makes the time index cover start times `[0, starts)`, so that adding a chunk that
+    starts there never rebuilds it (a kernel committing chunks cannot)."""
+    if self._span < starts:
+      self._reindex(1 << max(int(starts) - 1, 1).bit_length(), 2 * len(self._pool))
+
+  def reserve(self, chunks: int, rows: int) -> None:
+    """Room for `chunks` more chunks, and at least `rows` free rows in the time index's pool and
+    in each kind of the live lists' rows, none of them waiting for room: what a caller that
+    commits and searches through the kernels directly checks first (msa's jitted run,
+    solver_loop.py). The pool grows as it is (a bucket's rows stay where they are); the lists'
+    rows are compacted into rows large enough (`_compact_lists`)."""
+    while self._count + chunks > len(self._alive):
+      self._grow()
+    free = len(self._pool) - int(self._pool_used[0])
+    if free < rows:
+      grown = max(2 * len(self._pool), int(self._pool_used[0]) + 2 * rows)
+      pool = np.zeros((grown, self._pool.shape[1]), np.int64)
+      pool[: len(self._pool)] = self._pool
+      self._pool = pool
+    meta = self._live_meta
+    for used, full, array in ((0, 2, self._rows4), (1, 3, self._rows2)):
+      if len(array) - int(meta[used]) < rows:
+        meta[full] = max(int(meta[full]), rows)
+    if meta[2] or meta[3]:
+      self._compact_lists()
+
   def remove(self, handle: int) -> None:
     """Uncommits a chunk. XLA's heap size does not shrink when a chunk is removed either."""
     if not (0 <= handle < self._count and self._alive[handle]):

@@ -229,6 +229,21 @@ class AsynchronousCopyResource:
     """Whether the checks rebuild the queue (a copy the trees cannot hold was added)."""
     return self._exact
 
+  @property
+  def budget_sum(self) -> float:
+    """The ops' budgets added up (the checks' tolerance is relative to it and the demands')."""
+    return self._budget_sum
+
+  @property
+  def demand_sum(self) -> float:
+    """The copies' demands added up, in the order they were added and taken back."""
+    return self._demand_sum
+
+  def set_demand_sum(self, demand_sum: float) -> None:
+    """Takes the demand sum from a caller that added and removed copies through the kernels
+    directly (msa's jitted run, solver_loop.py: it keeps the trees, not the list of copies)."""
+    self._demand_sum = float(demand_sum)
+
   def kernel_state(self) -> tuple:
     """The trees as the jitted kernels take them (`copy_trees.resource_fits_tree`,
     `prefetch.plan_prefetch_starts`): a `CopyTrees`' fields, as a plain tuple (kernels/__init__.py

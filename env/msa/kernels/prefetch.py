@@ -194,19 +194,31 @@ def prefetch_starts(prefix, window, end):
 @njit
 def plan_prefetch_starts(window, request, trees, index, lists, chunks, scratch, picker):
   """`SegmentAllocator._plan_level_prefetches`' loop (allocate_segment.py; XLA's
-  `PrefetchWithResourceConstraints` and `CheckPrefetchFit`): over the picker's starts for the
-  window (`StartWindow`' fields: `prefetch_starts`' order, each made only when the loop gets to
-  it), skipping those not `allowed` (by position; when `check_allowed`: the FIFO order and
-  outstanding-limit checks, made by the caller), the copy resource (`trees`:
-  `AsynchronousCopyResource.kernel_state()`, when `check_resource`), then the chunk (`index` ..
-  `picker`: as `best_chunk_candidate_indexed`); the first `max_starts` that pass, as rows
-  (start, offset, end use). `request`: a `PrefetchRequest`'s fields. A chunk failure caches the
-  start and any start not after it ends the search (XLA's `exclusive_out_of_mem_start`)."""
-  window, request = StartWindow(*window), PrefetchRequest(*request)
-  heap, picker = heap_search(index, lists, chunks, scratch), no_copy_bound(picker)
+  `PrefetchWithResourceConstraints` and `CheckPrefetchFit`): `plan_starts` on the picker's window
+  (`StartWindow`' fields), a `PrefetchRequest`'s fields, the copy resource's trees
+  (`AsynchronousCopyResource.kernel_state()`), the heap (`index` .. `scratch`:
+  `ChunkHeap.search_state()`) and the picker's `kernel_state()`."""
+  return plan_starts(
+    StartWindow(*window),
+    PrefetchRequest(*request),
+    copy_trees(trees),
+    heap_search(index, lists, chunks, scratch),
+    no_copy_bound(picker),
+  )
+
+
+@njit
+def plan_starts(window, request, trees, heap, picker):
+  """The prefetch loop over the picker's starts for the window (a `StartWindow`:
+  `prefetch_starts`' order, each made only when the loop gets to it), skipping those not
+  `allowed` (by position; when `check_allowed`: the FIFO order and outstanding-limit checks, made
+  by the caller), the copy resource (`trees`, a `CopyTrees`, when `check_resource`), then the
+  chunk (`heap`, a `HeapSearch`; `picker`, a `NoCopyBound`: as `chunk_candidate`); the first
+  `max_starts` that pass, as rows (start, offset, end use). `request`: a `PrefetchRequest`. A
+  chunk failure caches the start and any start not after it ends the search (XLA's
+  `exclusive_out_of_mem_start`)."""
   use, resource = request.use, request.resource
   check_resource = request.check_resource and resource != 0
-  trees = copy_trees(trees)
   out = np.empty((request.max_starts, 3), np.int64)
   k = 0
   out_of_memory, out_of_memory_start = False, 0
