@@ -33,6 +33,7 @@ DEPENDENCIES = (
   "game/game.py",
   "game/observation_kernels.py",
   "simulator_kernels.py",
+  "validator_kernels.py",
 )
 # Set on the Python function of each kernel compiled here: the only ones the locator takes.
 _KERNEL_MARK = "_malloczero_kernel"

@@ -33,12 +33,18 @@ from typing import Callable
 import numpy as np
 
 from malloczero.common.errors import MappingError
+from malloczero.common.lazy import lazy_module
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
 from malloczero.env.workload import Workload
 
 RELATIVE_TIME_TOLERANCE = 1e-6
+# Rectangles of one level from which the overlap sweep runs jitted (validator_kernels.py): below,
+# the Python sweep is faster than loading numba.
+JIT_SWEEP_MIN = 20_000
+
+_kernels = lazy_module("malloczero.env.validator_kernels")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,8 +289,9 @@ def _any_rectangle_overlap(
 ) -> bool:
   """Whether two of the rectangles `[start, end) x [lo, hi)` may overlap, by a sweep over time
   that keeps the address ranges live at the current op sorted: O(n log n) where the pairwise
-  test is O(n^2), the validator's cost on 10^5 allocations. A degenerate rectangle (empty in
-  time or in address) answers True, leaving it to the pairwise test's strict inequalities."""
+  test is O(n^2), the validator's cost on 10^5 allocations (jitted from `JIT_SWEEP_MIN`
+  rectangles on, validator_kernels.py: the same answer). A degenerate rectangle (empty in time
+  or in address) answers True, leaving it to the pairwise test's strict inequalities."""
   if np.any(start >= end) or np.any(lo >= hi):
     return True
   n = len(start)
@@ -293,6 +300,10 @@ def _any_rectangle_overlap(
   is_start = np.repeat([False, True], n)
   which = np.tile(np.arange(n), 2)
   order = np.lexsort((is_start, times))
+  if n >= JIT_SWEEP_MIN:
+    bounds = np.unique(np.concatenate([lo, hi]))
+    low, high = np.searchsorted(bounds, lo), np.searchsorted(bounds, hi)
+    return bool(_kernels().any_overlap(which[order], is_start[order], low, high, bounds))
   live_lo: list[int] = []  # Disjoint while nothing overlaps, so sorted by both ends.
   live_hi: list[int] = []
   lo_list, hi_list = lo.tolist(), hi.tolist()

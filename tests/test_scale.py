@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malloczero.env import memory_guard
+from malloczero.env import memory_guard, validator
+from malloczero.env.hardware import PRESETS
 from malloczero.env.memory_guard import InputTooLargeError, estimated_bytes
 from malloczero.env.minimalloc_csv import workload_from_minimalloc_csv
-from malloczero.env.programs.synthetic import minimalloc_csv_text, xla_like_workload
+from malloczero.env.msa.algorithm import msa_allocations
+from malloczero.env.programs.synthetic import contended, minimalloc_csv_text, xla_like_workload
 from malloczero.env.validator import _any_rectangle_overlap
 from malloczero.env.workload_json import load_workload
 from malloczero.launch import cli
@@ -107,6 +109,37 @@ def test_the_overlap_sweep_agrees_with_the_pairwise_test(rects):
   assert swept or not pairwise  # Never misses a clash the validator's pairwise test sees.
   if (start < end).all() and (lo < hi).all():
     assert swept == pairwise
+    # The jitted sweep that large mappings take gives the same answer.
+    assert _jitted_overlap(start, end, lo, hi) == pairwise
+
+
+def _jitted_overlap(start, end, lo, hi) -> bool:
+  """`_any_rectangle_overlap` with the jitted sweep (validator_kernels.py) however few the
+  rectangles are."""
+  minimum = validator.JIT_SWEEP_MIN
+  validator.JIT_SWEEP_MIN = 0
+  try:
+    return _any_rectangle_overlap(start, end, lo, hi)
+  finally:
+    validator.JIT_SWEEP_MIN = minimum
+
+
+def test_the_jitted_sweep_finds_one_clash_among_many_rectangles():
+  """A large level: msa's mapping of a program of 8,000 buffers has no clash; moving one
+  allocation onto another's bytes makes one, which the jitted sweep finds."""
+  workload = xla_like_workload(8000, seed=2)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.25)
+  allocations, _ = msa_allocations(workload, hardware)
+  start, end, lo = allocations.start, allocations.end, allocations.offset
+  hi = lo + hardware.align(workload.arrays.sizes[allocations.buffer])
+  assert len(start) > 5000
+  assert not _jitted_overlap(start, end, lo, hi) and not _any_rectangle_overlap(start, end, lo, hi)
+  # Another allocation live at the same op as allocation 0, moved onto its first byte.
+  other = int(np.flatnonzero((start <= start[0]) & (end > start[0]))[1])
+  lo, hi = lo.copy(), hi.copy()
+  hi[other] += lo[0] - lo[other]
+  lo[other] = lo[0]
+  assert _jitted_overlap(start, end, lo, hi) and _any_rectangle_overlap(start, end, lo, hi)
 
 
 def test_generated_inputs_are_deterministic_and_load(tmp_path):
