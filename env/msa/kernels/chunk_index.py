@@ -189,6 +189,12 @@ def by_offset(hits, k, size, sorted_hits):
 def fit_in(sorted_hits, k, end, size):
   """The start of the smallest free range between the first `k` offset-sorted hits that start
   before `end` that holds `size` bytes, the lowest on a tie (the top range is unbounded)."""
+  return fit_in_reach(sorted_hits, k, end, size)[0]
+
+
+@njit
+def fit_in_reach(sorted_hits, k, end, size):
+  """`fit_in`, and the highest end (aligned up) of those hits: (start, reach)."""
   best_start, best_length = -1, INT64_MAX
   reach = 0
   for j in range(k):
@@ -206,7 +212,7 @@ def fit_in(sorted_hits, k, end, size):
     best_start < 0 or length < best_length or (length == best_length and reach < best_start)
   ):
     best_start = reach
-  return best_start
+  return best_start, reach
 
 
 @njit

@@ -9,7 +9,8 @@ request of at least one byte, ranges that touch leave no room between them), so 
 unions, sorted, up to date from the chunks committed since (handles grow):
 * per block of 2^LIVE_SHIFT ops (its edge `e` = its first op), the chunks that started before
   `e` and are live across the whole block, as a union (`EDGE_UNION`), and those that started
-  before `e` and end inside it (`EDGE_ROWS`: offset, used end, end);
+  before `e` and end inside it (`EDGE_ROWS`: offset, used end, end), with the ones live across
+  the block found since the union was built, until `EDGE_PENDING` of them wait;
 * per block, the chunks that start in it (`STARTS`: start, end, offset, used end), filed as they
   are committed;
 * per aligned run of 2^j blocks (level j), the union of the chunks that start in it
@@ -34,13 +35,22 @@ import numpy as np
 from malloczero.env.kernel_cache import njit
 from malloczero.env.msa.chunks import Chunks, HeapSearch, LiveLists, TimeIndex
 from malloczero.env.msa.interval_picker import NoCopyBound
-from malloczero.env.msa.kernels.chunk_index import by_offset, collect, fit_in, index_add
+from malloczero.env.msa.kernels.chunk_index import (
+  by_offset,
+  collect,
+  fit_in,
+  fit_in_reach,
+  index_add,
+)
 from malloczero.env.msa.kernels.shared import INT64_MAX, align_up, offset_order
 
 LIVE_SHIFT = 7
 LIST_PTR, LIST_LEN, LIST_ROOM, LIST_SEEN = 0, 1, 2, 3
 META_USED4, META_USED2, META_FULL4, META_FULL2, META_BLOCKS, META_LEVELS = 0, 1, 2, 3, 4, 5
 LIVE_FALLBACK = -2
+# Chunks live across a whole block that its edge rows keep before they join its edge union
+# (`_edge_refresh`).
+EDGE_PENDING = 32
 
 
 @njit
@@ -259,9 +269,39 @@ def _union_add(live, lid, work, n, count):
 
 
 @njit
+def _edge_rows_insert(lists, rows4, edge_rows, hits, order, k, whole, ending_only):
+  """Merges the first `k` hits (by `order`: offset-sorted) into block's edge rows (offset, used
+  end, end; sorted by offset), from the back, in place (room made by the caller); with
+  `ending_only`, only those that end before `whole`."""
+  length = lists[edge_rows, LIST_LEN]
+  first = lists[edge_rows, LIST_PTR]
+  added = 0
+  for j in range(k):
+    if not ending_only or hits[0, j] < whole:
+      added += 1
+  i, w = length - 1, length + added - 1
+  for j in range(k - 1, -1, -1):
+    h = order[j]
+    if ending_only and hits[0, h] >= whole:
+      continue
+    while i >= 0 and rows4[first + i, 0] > hits[1, h]:
+      for f in range(4):
+        rows4[first + w, f] = rows4[first + i, f]
+      i -= 1
+      w -= 1
+    row = first + w
+    rows4[row, 0], rows4[row, 1], rows4[row, 2] = hits[1, h], hits[2, h], hits[0, h]
+    w -= 1
+  lists[edge_rows, LIST_LEN] = length + added
+
+
+@njit
 def _edge_refresh(heap, b):
   """Brings block `b`'s edge union and edge rows up to date with the heap's chunks; False when
-  the rows are full."""
+  the rows are full. Chunks found since the union was built join the edge rows, those live
+  across the whole block too (a query reads every edge row live at its start, and those always
+  are): merging a few chunks into a union of hundreds of ranges at every query was most of a
+  query's cost. They join the union when more than `EDGE_PENDING` wait."""
   live, chunks, hits, work = heap.lists, heap.chunks, heap.hits, heap.work
   lists, rows4, meta = live.lists, live.rows4, live.meta
   starts, ends, offsets, sizes = chunks.rects[0], chunks.rects[1], chunks.rects[2], chunks.rects[3]
@@ -272,56 +312,60 @@ def _edge_refresh(heap, b):
   whole = edge + (1 << LIVE_SHIFT)
   seen = lists[union, LIST_SEEN]
   if seen < 0:
+    # Built again: those that end inside the block are the edge rows, the others the union.
     k = collect(heap.index, edge, edge, hits)  # start < edge < end
     lists[edge_rows, LIST_LEN] = 0
     for j in range(k):
       hits[0, j] = ends[hits[3, j]]
-  else:
-    k = 0
-    for handle in range(seen, count):
-      if alive[handle] and starts[handle] < edge and edge < ends[handle]:
-        hits[0, k], hits[1, k] = ends[handle], offsets[handle]
-        hits[2, k] = align_up(offsets[handle] + sizes[handle], alignment)
-        hits[3, k] = handle
-        k += 1
-    if k == 0:
-      lists[union, LIST_SEEN] = count
-      return True
-  # Those that end inside the block join the edge rows (merged from the back, in place); the
-  # others the union.
-  order = offset_order(hits, k, 1)
-  ending = 0
-  for j in range(k):
-    if hits[0, j] < whole:
-      ending += 1
-  length = lists[edge_rows, LIST_LEN]
-  if ending > 0:
-    if not _reserve(lists, rows4, meta, META_USED4, META_FULL4, edge_rows, length + ending):
-      lists[union, LIST_SEEN], lists[union, LIST_LEN] = -1, 0
-      return False
-    first = lists[edge_rows, LIST_PTR]
-    i, w = length - 1, length + ending - 1
-    for j in range(k - 1, -1, -1):
+    order = offset_order(hits, k, 1)
+    ending = 0
+    for j in range(k):
+      if hits[0, j] < whole:
+        ending += 1
+    if ending > 0:
+      if not _reserve(lists, rows4, meta, META_USED4, META_FULL4, edge_rows, ending):
+        lists[union, LIST_SEEN], lists[union, LIST_LEN] = -1, 0
+        return False
+      _edge_rows_insert(lists, rows4, edge_rows, hits, order, k, whole, True)
+    n = 0
+    for j in range(k):
       h = order[j]
       if hits[0, h] >= whole:
-        continue
-      while i >= 0 and rows4[first + i, 0] > hits[1, h]:
-        for f in range(4):
-          rows4[first + w, f] = rows4[first + i, f]
-        i -= 1
-        w -= 1
-      rows4[first + w, 0], rows4[first + w, 1], rows4[first + w, 2] = (
-        hits[1, h],
-        hits[2, h],
-        hits[0, h],
-      )
-      w -= 1
-    lists[edge_rows, LIST_LEN] = length + ending
-  n = 0
-  for j in range(k):
-    h = order[j]
-    if hits[0, h] >= whole:
-      n = _union_push(work[1], 0, n, hits[1, h], hits[2, h])
+        n = _union_push(work[1], 0, n, hits[1, h], hits[2, h])
+    return _union_add(live, union, work, n, count)
+  k = 0
+  for handle in range(seen, count):
+    if alive[handle] and starts[handle] < edge and edge < ends[handle]:
+      hits[0, k], hits[1, k] = ends[handle], offsets[handle]
+      hits[2, k] = align_up(offsets[handle] + sizes[handle], alignment)
+      hits[3, k] = handle
+      k += 1
+  if k == 0:
+    lists[union, LIST_SEEN] = count
+    return True
+  length = lists[edge_rows, LIST_LEN]
+  if not _reserve(lists, rows4, meta, META_USED4, META_FULL4, edge_rows, length + k):
+    lists[union, LIST_SEEN], lists[union, LIST_LEN] = -1, 0
+    return False
+  _edge_rows_insert(lists, rows4, edge_rows, hits, offset_order(hits, k, 1), k, whole, False)
+  lists[union, LIST_SEEN] = count
+  first, length = lists[edge_rows, LIST_PTR], lists[edge_rows, LIST_LEN]
+  waiting = 0
+  for row in range(first, first + length):
+    if rows4[row, 2] >= whole:
+      waiting += 1
+  if waiting <= EDGE_PENDING:
+    return True
+  # Those live across the whole block join the union; the edge rows keep the others, in order.
+  n, w = 0, first
+  for row in range(first, first + length):
+    if rows4[row, 2] >= whole:
+      n = _union_push(work[1], 0, n, rows4[row, 0], rows4[row, 1])
+    else:
+      for f in range(4):
+        rows4[w, f] = rows4[row, f]
+      w += 1
+  lists[edge_rows, LIST_LEN] = w - first
   return _union_add(live, union, work, n, count)
 
 
@@ -358,8 +402,8 @@ def _level_refresh(heap, j, m):
 
 @njit
 def _merge_fit(a, a_first, a_len, b, b_len, size):
-  """`fit_in` over the union of `a[a_first:a_first + a_len]` and `b[:b_len]` (ranges sorted
-  by low), merged as it reads them."""
+  """`fit_in_reach` over the union of `a[a_first:a_first + a_len]` and `b[:b_len]` (ranges
+  sorted by low), merged as it reads them: (start, reach)."""
   best_start, best_length = -1, INT64_MAX
   reach = 0
   i, j = 0, 0
@@ -382,7 +426,7 @@ def _merge_fit(a, a_first, a_len, b, b_len, size):
     best_start < 0 or length < best_length or (length == best_length and reach < best_start)
   ):
     best_start = reach
-  return best_start
+  return best_start, reach
 
 
 @njit
@@ -397,17 +441,18 @@ def _tile(x, last, levels):
 
 @njit
 def _live_fit(heap, start, end, size):
-  """`best_fit` over `[start, end)` through the live lists (`heap`: a `HeapSearch`);
-  LIVE_FALLBACK when they cannot answer (a request of no bytes, whose ties need handle order;
-  an empty interval or one before op 0; rows full: the caller collects and sorts)."""
+  """`best_fit` over `[start, end)` through the live lists (`heap`: a `HeapSearch`), and the
+  highest end (aligned up) of the chunks live there: (start, reach); (LIVE_FALLBACK, 0) when
+  they cannot answer (a request of no bytes, whose ties need handle order; an empty interval or
+  one before op 0; rows full: the caller collects and sorts)."""
   live, hits, work = heap.lists, heap.hits, heap.work
   lists, rows4, rows2, meta = live.lists, live.rows4, live.rows2, live.meta
   blocks = meta[META_BLOCKS]
   b = start >> LIVE_SHIFT
   if size <= 0 or start < 0 or end <= start or b >= blocks:
-    return LIVE_FALLBACK
+    return LIVE_FALLBACK, 0
   if not _edge_refresh(heap, b):
-    return LIVE_FALLBACK
+    return LIVE_FALLBACK, 0
   last = min((end - 1) >> LIVE_SHIFT, blocks - 1)
   # The blocks between, tiled by aligned runs (the largest that fits at each step): their
   # unions brought up to date first (that uses `hits` and `work`).
@@ -416,7 +461,7 @@ def _live_fit(heap, start, end, size):
   while x < last:
     j = _tile(x, last, levels)
     if not _level_refresh(heap, j, x >> j):
-      return LIVE_FALLBACK
+      return LIVE_FALLBACK, 0
     x += 1 << j
   # The few read whole: edge rows still live at `start`, chunks started in b and live at
   # `start`, chunks started in the last block before `end`.
@@ -471,7 +516,7 @@ def best_fit_indexed(index, lists, chunks, scratch, start, end, size):
   `size` bytes, the lowest on a tie (the top range is unbounded), from the live lists, else the
   time index."""
   heap = heap_search(index, lists, chunks, scratch)
-  offset = _live_fit(heap, start, end, size)
+  offset, _ = _live_fit(heap, start, end, size)
   if offset != LIVE_FALLBACK:
     return offset
   k = collect(heap.index, start, end, heap.hits)
@@ -502,11 +547,37 @@ def _extension(uses, end_use, picker):
 
 
 @njit
+def _probe(heap, start, use, size, uses, last, k):
+  """Best fit over `[start, use + 1)` for `chunk_candidate`: (offset, reach, k), from the live
+  lists or, where they cannot answer, from the chunks live from `start` to the last candidate
+  use, collected and sorted once (k: how many; -1 while not collected)."""
+  if k < 0:
+    offset, reach = _live_fit(heap, start, use + 1, size)
+    if offset != LIVE_FALLBACK:
+      return offset, reach, k
+    k = collect(heap.index, start, uses[last] + 1, heap.hits)
+    by_offset(heap.hits, k, size, heap.sorted)
+  offset, reach = fit_in_reach(heap.sorted, k, use + 1, size)
+  return offset, reach, k
+
+
+@njit
 def chunk_candidate(heap, picker, start, end_use, size, uses, max_size):
   """`best_chunk_candidate_indexed` on a named heap (`HeapSearch`) and picker
-  (`NoCopyBound`)."""
+  (`NoCopyBound`).
+
+  The last candidate use is probed first: when its chunk fits and every chunk live until it ends
+  within `max_size` (always, for msa's heaps), the binary search would find a fitting chunk at
+  every use it probes and end at that one, so its answer is that chunk. Why it would: a probe
+  to an earlier use sees a subset of those chunks; the smallest free range it finds is either
+  bounded above by one of them, so it ends within `max_size`, or it is the top range, whose start
+  is at most the last probe's chunk end (its top range) or below the bounded range the last
+  probe chose, which stays free. The binary search is the rest (the first is an exact copy)."""
   first, last = _extension(uses, end_use, picker)
   k = -1  # Chunks collected: not yet.
+  offset, reach, k = _probe(heap, start, uses[last], size, uses, last, k)
+  if offset + size <= max_size and reach <= max_size:
+    return True, offset, uses[last]
   found, best_offset, best_use = False, 0, 0
   # std::lower_bound over uses[first : last + 1] with "the chunk fits" as the predicate.
   lo, count = first, last + 1 - first
@@ -514,14 +585,7 @@ def chunk_candidate(heap, picker, start, end_use, size, uses, max_size):
     step = count // 2
     mid = lo + step
     use = uses[mid]
-    offset = LIVE_FALLBACK
-    if k < 0:
-      offset = _live_fit(heap, start, use + 1, size)
-    if offset == LIVE_FALLBACK:
-      if k < 0:
-        k = collect(heap.index, start, uses[last] + 1, heap.hits)
-        by_offset(heap.hits, k, size, heap.sorted)
-      offset = fit_in(heap.sorted, k, use + 1, size)
+    offset, reach, k = _probe(heap, start, use, size, uses, last, k)
     if offset + size <= max_size:
       if not found or use > best_use:
         found, best_offset, best_use = True, offset, use
