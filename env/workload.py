@@ -36,7 +36,7 @@ import dataclasses
 import functools
 import gc
 import itertools
-from typing import Any, Iterator, NoReturn
+from typing import Any, Iterable, Iterator, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -115,7 +115,9 @@ class Workload:
   buffers: tuple[Buffer, ...]
 
   def __post_init__(self):
-    _check_workload(self)
+    columns = _check_workload(self)
+    # Kept for `arrays` (not a field: equality and copies do not see it).
+    object.__setattr__(self, "_columns", columns)
 
   @property
   def num_ops(self) -> int:
@@ -162,6 +164,21 @@ class Workload:
     }
 
 
+def frozen_instances(cls: type, fields: Iterable[dict[str, Any]]) -> list:
+  """Instances of a frozen dataclass (`Op`, `Buffer`), each from a dict of all its fields' values,
+  made without its `__init__`: a frozen dataclass's `__init__` sets each field through
+  `object.__setattr__`, which was a third of the time to read a workload of 100,000 buffers. The
+  instances are those `__init__` makes (the same values in the same `__dict__`, so equal and
+  alike); only for classes without a `__post_init__`. Each dict becomes an instance's own."""
+  new, set_dict = object.__new__, object.__setattr__
+  made = []
+  for values in fields:
+    instance = new(cls)
+    set_dict(instance, "__dict__", values)
+    made.append(instance)
+  return made
+
+
 # ----------------------------------------------------------------------------- checks, arrays
 
 
@@ -177,13 +194,89 @@ def is_int(x: Any) -> bool:
   return type(x) is int or (isinstance(x, (int, np.integer)) and not isinstance(x, bool))
 
 
-def _check_workload(w: Workload) -> None:
-  """Semantic checks shared by every way of building a workload."""
+class _Columns(NamedTuple):
+  """A workload's buffers as columns, kept from its checks for its arrays (`_build_arrays`):
+  sizes, definition ops, kind indices into `KINDS`, use counts `[N]`, and every use `[U]`."""
+
+  sizes: np.ndarray
+  def_op: np.ndarray
+  kind: np.ndarray
+  use_counts: np.ndarray
+  uses: np.ndarray
+
+
+def _plainly_valid(w: Workload) -> _Columns | None:
+  """The buffers' columns when `_check_workload`'s checks all pass, made over the columns at
+  once (one Python pass per buffer and check was a quarter of reading a program of 100,000
+  buffers); None when one may fail, or a buffer reads or writes part of itself: the checks one
+  buffer at a time then judge it, with their messages. Ints of Python's own type only."""
+  ops, bufs = w.ops, w.buffers
+  weights = [op.weight for op in ops]
+  if not set(map(type, weights)) <= {int} or min(weights) < 1 or max(weights) > MAX_FILE_INT:
+    return None
+  if sum(weights) > MAX_FILE_INT:
+    return None
+  if any(b.use_bytes is not None or b.def_bytes is not None for b in bufs):
+    return None
+  ids = [b.id for b in bufs]
+  sizes = [b.size for b in bufs]
+  defs = [b.def_op for b in bufs]
+  uses = [b.uses for b in bufs]
+  kind_index = {kind: i for i, kind in enumerate(KINDS)}
+  kinds = [kind_index.get(b.kind, -1) for b in bufs]
+  if not (
+    set(map(type, ids)) <= {int}
+    and set(map(type, sizes)) <= {int}
+    and set(map(type, defs)) <= {int}
+    and set(map(type, uses)) <= {tuple}
+    and min(ids) >= 0
+    and len(set(ids)) == len(ids)
+    and min(kinds) >= 0
+    and min(sizes) > 0
+    and sum(sizes) <= MAX_TOTAL_BYTES
+    and max(sizes) <= MAX_FILE_INT
+    and min(defs) >= -MAX_FILE_INT
+    and max(defs) <= MAX_FILE_INT
+  ):
+    return None
+  flat = list(itertools.chain.from_iterable(uses))
+  if not set(map(type, flat)) <= {int} or (flat and not -MAX_FILE_INT <= min(flat)):
+    return None
+  if flat and max(flat) > MAX_FILE_INT:
+    return None
+  kind = np.array(kinds, np.int8)
+  def_op = np.array(defs, np.int64)
+  prefetched = np.isin(kind, [KINDS.index(k) for k in PREFETCHED_KINDS])
+  num_ops = len(ops)
+  if np.any(np.where(prefetched, def_op != PROGRAM_START, (def_op < 0) | (def_op >= num_ops))):
+    return None
+  counts = np.fromiter(map(len, uses), np.int64, count=len(uses))
+  used = np.array(flat, np.int64)
+  if np.any(used < 0) or np.any(used >= num_ops) or np.any(used <= np.repeat(def_op, counts)):
+    return None
+  steps = np.diff(used)
+  across = np.cumsum(counts)[:-1] - 1  # The step from one buffer's uses into the next's.
+  increasing = np.ones(len(steps), bool)
+  increasing[across[(across >= 0) & (across < len(steps))]] = False
+  if np.any(steps[increasing] <= 0):
+    return None
+  return _Columns(np.array(sizes, np.int64), def_op, kind, counts, used)
+
+
+def _check_workload(w: Workload) -> _Columns | None:
+  """Semantic checks shared by every way of building a workload; the buffers' columns when
+  they were checked at once (`_plainly_valid`)."""
   where = w.name or "workload"
   if not w.ops:
     fail(where, "empty schedule: the workload has no ops")
   if not w.buffers:
     fail(where, "the workload has no buffers")
+  try:
+    columns = _plainly_valid(w)
+  except (TypeError, ValueError, OverflowError):  # Values no file could hold: checked below.
+    columns = None
+  if columns is not None:
+    return columns
   num_ops = len(w.ops)
   for t, op in enumerate(w.ops):
     if not is_int(op.weight) or not 1 <= op.weight <= MAX_FILE_INT:
@@ -235,9 +328,13 @@ def _check_workload(w: Workload) -> None:
         fail(where, f"{label}: 'def_bytes' is given but the buffer has no defining op")
       if not 0 <= b.def_bytes <= b.size:
         fail(where, f"{label}: 'def_bytes' {show_int(b.def_bytes)} is outside 0..size ({b.size})")
+  return None
 
 
 def _build_arrays(w: Workload) -> WorkloadArrays:
+  columns = getattr(w, "_columns", None)
+  if columns is not None:
+    return _arrays_from_columns(w, columns)
   num_ops, bufs = w.num_ops, w.buffers
   sizes = np.array([b.size for b in bufs], np.int64)
   def_op = np.array([b.def_op for b in bufs], np.int64)
@@ -276,6 +373,47 @@ def _build_arrays(w: Workload) -> WorkloadArrays:
     flops=np.array([o.flops for o in w.ops], np.float64) * weight,
     sizes=sizes,
     def_op=def_op,
+    live_start=live_start,
+    live_end=live_end,
+    is_prefetched=is_prefetched,
+    is_output=is_output,
+    incidence_buffer=inc_buf,
+    incidence_op=inc_op,
+    incidence_bytes=inc_bytes * weight[inc_op],
+    buffer_incidence_start=starts,
+  )
+
+
+def _arrays_from_columns(w: Workload, c: _Columns) -> WorkloadArrays:
+  """`_build_arrays` from the columns the checks kept (every access whole): the same arrays,
+  without another pass over the buffers."""
+  num_ops = w.num_ops
+  n = len(c.sizes)
+  has_def = c.def_op >= 0
+  ends = np.cumsum(c.use_counts)
+  last_use = np.where(c.use_counts > 0, c.uses[np.maximum(ends - 1, 0)] if len(c.uses) else 0, -1)
+  is_prefetched = np.isin(c.kind, [KINDS.index(k) for k in PREFETCHED_KINDS])
+  is_output = c.kind == KINDS.index("output")
+  live_start = np.where(is_prefetched, 0, c.def_op)
+  live_end = np.maximum(last_use, c.def_op) + 1
+  live_end = np.where(is_prefetched & (last_use < 0), 0, live_end)
+  live_end = np.where(is_output, num_ops, live_end)
+  counts = c.use_counts + has_def
+  starts = np.concatenate([[0], np.cumsum(counts)])
+  check_fits_in_memory(w.name or "workload", num_ops, n, int(starts[-1]))
+  inc_buf = np.repeat(np.arange(n, dtype=np.int64), counts)
+  inc_op = np.empty(int(starts[-1]), np.int64)
+  inc_op[starts[:-1][has_def]] = c.def_op[has_def]
+  # Each use at its buffer's first incidence after the definition, then one further per use.
+  first_use = starts[:-1] + has_def
+  within = np.arange(len(c.uses)) - np.repeat(ends - c.use_counts, c.use_counts)
+  inc_op[np.repeat(first_use, c.use_counts) + within] = c.uses
+  weight = np.array([o.weight for o in w.ops], np.float64)
+  inc_bytes = c.sizes[inc_buf].astype(np.float64)
+  return WorkloadArrays(
+    flops=np.array([o.flops for o in w.ops], np.float64) * weight,
+    sizes=c.sizes,
+    def_op=c.def_op,
     live_start=live_start,
     live_end=live_end,
     is_prefetched=is_prefetched,

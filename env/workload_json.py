@@ -29,10 +29,13 @@ with their messages, judge the others.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import os
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from malloczero.common import strict_json
 from malloczero.common.errors import WorkloadError
@@ -49,6 +52,7 @@ from malloczero.env.workload import (
   collection_paused,
   fail,
   finite_number,
+  frozen_instances,
   int_out_of_range,
   is_int,
 )
@@ -159,27 +163,114 @@ def _plain_buffer(b: Any, known: frozenset[str]) -> Buffer | None:
   return Buffer(bid, name, size, def_op, tuple(b["uses"]), kind)
 
 
-def workload_from_dict(data: Any, where: str = "workload") -> Workload:
-  """The workload of a JSON document (`data` as `json.loads` returns it), checked strictly:
-  every failure is a one-line WorkloadError starting with `where`."""
-  if not isinstance(data, Mapping):
-    fail(where, f"expected a JSON object at the top level, got {type(data).__name__}")
-  if problem := unknown_key(data, WORKLOAD_KEYS):
-    fail(where, problem)
-  for key in ("ops", "buffers"):
-    if key not in data:
-      fail(where, f"missing required key '{key}'")
-  name = data.get("name", os.path.splitext(os.path.basename(where))[0])
-  source = data.get("source", "unknown")
-  if not isinstance(name, str) or not isinstance(source, str):
-    fail(where, "'name' and 'source' must be strings")
-  if not _one_line(name) or not _one_line(source):
-    fail(where, "'name' and 'source' must be printable text without line breaks")
-  raw_ops, raw_buffers = data["ops"], data["buffers"]
-  if not isinstance(raw_ops, list):
-    fail(where, f"'ops' must be a list, got {type(raw_ops).__name__}")
-  if not isinstance(raw_buffers, list):
-    fail(where, f"'buffers' must be a list, got {type(raw_buffers).__name__}")
+def _plain_ops(raw_ops: list, known: frozenset[str]) -> list[Op] | None:
+  """Every op of a file when all are plain (`_plain_op`'s checks, made column by column: one
+  Python call per op was most of reading a program of 100,000 ops); else None, and the ops are
+  read one at a time."""
+  if not all(type(op) is dict for op in raw_ops) or not all(map(known.issuperset, raw_ops)):
+    return None
+  names = [op.get("name") for op in raw_ops]
+  if None in names:
+    if any(name is None and "name" in op for name, op in zip(names, raw_ops)):
+      return None
+    names = [f"op{t}" if name is None else name for t, name in enumerate(names)]
+  flops = [op.get("flops", 0.0) for op in raw_ops]
+  weights = [op.get("weight", 1) for op in raw_ops]
+  if not (
+    set(map(type, names)) <= {str}
+    and all(map(str.isprintable, names))
+    and set(map(type, flops)) <= {float, int}
+    and set(map(type, weights)) <= {int}
+  ):
+    return None
+  if not (
+    all(0.0 <= f < math.inf for f in flops)  # Not NaN either.
+    and all(f <= MAX_FILE_INT for f in flops if type(f) is int)
+    and (not weights or (1 <= min(weights) and max(weights) <= MAX_FILE_INT))
+  ):
+    return None
+  return frozen_instances(
+    Op,
+    [
+      {"name": name, "flops": float(f), "weight": weight}
+      for name, f, weight in zip(names, flops, weights)
+    ],
+  )
+
+
+def _plain_buffers(raw_buffers: list, known: frozenset[str]) -> list[Buffer] | None:
+  """Every buffer of a file when all are plain (`_plain_buffer`'s checks, made column by
+  column); else None, and the buffers are read one at a time."""
+  partial = frozenset(("use_bytes", "def_bytes"))
+  if (
+    not all(type(b) is dict for b in raw_buffers)
+    or not all(map(known.issuperset, raw_buffers))
+    or not all(map(partial.isdisjoint, raw_buffers))
+  ):
+    return None
+  ids = [b.get("id") for b in raw_buffers]
+  sizes = [b.get("size") for b in raw_buffers]
+  defs = [b.get("def") for b in raw_buffers]
+  kinds = [b.get("kind") for b in raw_buffers]
+  uses = [b.get("uses") for b in raw_buffers]
+  names = [b.get("name") for b in raw_buffers]
+  if None in names:
+    if any(name is None and "name" in b for name, b in zip(names, raw_buffers)):
+      return None
+    names = [f"b{bid}" if name is None else name for bid, name in zip(ids, names)]
+  if None in defs:
+    defs = [PROGRAM_START if d is None else d for d in defs]
+  if not (
+    set(map(type, ids)) <= {int}
+    and set(map(type, sizes)) <= {int}
+    and set(map(type, defs)) <= {int}
+    and set(map(type, kinds)) <= {str}
+    and set(map(type, names)) <= {str}
+    and all(map(str.isprintable, names))
+    and set(map(type, uses)) <= {list}
+  ):
+    return None
+  flat = list(itertools.chain.from_iterable(uses))
+  if not set(map(type, flat)) <= {int}:
+    return None
+  if raw_buffers and not (
+    0 <= min(ids)
+    and max(ids) <= MAX_FILE_INT
+    and -MAX_FILE_INT <= min(sizes)
+    and max(sizes) <= MAX_FILE_INT
+    and -MAX_FILE_INT <= min(defs)
+    and max(defs) <= MAX_FILE_INT
+    and (not flat or (-MAX_FILE_INT <= min(flat) and max(flat) <= MAX_FILE_INT))
+  ):
+    return None
+  # Each buffer's uses strictly increasing: every step between neighbours of one list.
+  steps = np.diff(np.array(flat, np.int64))
+  first = np.cumsum([len(u) for u in uses])[:-1] - 1  # The step from one list into the next.
+  first = first[(first >= 0) & (first < len(steps))]
+  increasing = np.ones(len(steps), bool)
+  increasing[first] = False
+  if np.any(steps[increasing] <= 0):
+    return None
+  return frozen_instances(
+    Buffer,
+    [
+      {
+        "id": bid,
+        "name": name,
+        "size": size,
+        "def_op": def_op,
+        "uses": tuple(used),
+        "kind": kind,
+        "use_bytes": None,
+        "def_bytes": None,
+      }
+      for bid, name, size, def_op, used, kind in zip(ids, names, sizes, defs, uses, kinds)
+    ],
+  )
+
+
+def _ops_one_by_one(raw_ops: list, where: str) -> list[Op]:
+  """The ops of a file checked one at a time, each failure with its message."""
   ops = []
   op_keys = frozenset(OP_KEYS)
   for t, op in enumerate(raw_ops):
@@ -207,6 +298,11 @@ def workload_from_dict(data: Any, where: str = "workload") -> Workload:
         f"{show_int(weight) if is_int(weight) else show_value(weight)}",
       )
     ops.append(Op(op_name, float(flops), int(weight)))
+  return ops
+
+
+def _buffers_one_by_one(raw_buffers: list, where: str) -> list[Buffer]:
+  """The buffers of a file checked one at a time, each failure with its message."""
   buffers = []
   buffer_keys = frozenset(BUFFER_KEYS)
   for i, b in enumerate(raw_buffers):
@@ -294,6 +390,36 @@ def workload_from_dict(data: Any, where: str = "workload") -> Workload:
         *_normal_access_bytes(use_bytes, def_bytes, int(size)),
       )
     )
+  return buffers
+
+
+def workload_from_dict(data: Any, where: str = "workload") -> Workload:
+  """The workload of a JSON document (`data` as `json.loads` returns it), checked strictly:
+  every failure is a one-line WorkloadError starting with `where`."""
+  if not isinstance(data, Mapping):
+    fail(where, f"expected a JSON object at the top level, got {type(data).__name__}")
+  if problem := unknown_key(data, WORKLOAD_KEYS):
+    fail(where, problem)
+  for key in ("ops", "buffers"):
+    if key not in data:
+      fail(where, f"missing required key '{key}'")
+  name = data.get("name", os.path.splitext(os.path.basename(where))[0])
+  source = data.get("source", "unknown")
+  if not isinstance(name, str) or not isinstance(source, str):
+    fail(where, "'name' and 'source' must be strings")
+  if not _one_line(name) or not _one_line(source):
+    fail(where, "'name' and 'source' must be printable text without line breaks")
+  raw_ops, raw_buffers = data["ops"], data["buffers"]
+  if not isinstance(raw_ops, list):
+    fail(where, f"'ops' must be a list, got {type(raw_ops).__name__}")
+  if not isinstance(raw_buffers, list):
+    fail(where, f"'buffers' must be a list, got {type(raw_buffers).__name__}")
+  ops = _plain_ops(raw_ops, frozenset(OP_KEYS))
+  if ops is None:
+    ops = _ops_one_by_one(raw_ops, where)
+  buffers = _plain_buffers(raw_buffers, frozenset(BUFFER_KEYS))
+  if buffers is None:
+    buffers = _buffers_one_by_one(raw_buffers, where)
   try:
     return Workload(name, source, tuple(ops), tuple(buffers))
   except WorkloadError as e:

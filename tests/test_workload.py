@@ -398,3 +398,43 @@ def test_the_one_pass_op_check_leaves_anything_unusual_to_the_one_key_checks(op)
   keys = frozenset(workload_json.OP_KEYS)
   assert workload_json._plain_op({"name": "a", "flops": 1.0, "weight": 2}, keys, 0) is not None
   assert workload_json._plain_op({"name": "a", "flops": 1.0, "weight": 2, **op}, keys, 0) is None
+
+
+def _one_at_a_time(document):
+  """The workload of `document` read and checked one op and buffer at a time (the reader's
+  column checks off)."""
+  import malloczero.env.workload as workload_module
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(workload_json, "_plain_ops", lambda *args: None)
+    patch.setattr(workload_json, "_plain_buffers", lambda *args: None)
+    patch.setattr(workload_module, "_plainly_valid", lambda *args: None)
+    return workload_from_dict(document)
+
+
+@given(workloads())
+def test_the_column_checks_read_what_the_checks_one_at_a_time_read(workload):
+  """Reading a file's ops and buffers column by column gives the workload, and the arrays, that
+  reading them one at a time gives (the same values, of the same types)."""
+  document = workload_to_dict(workload)
+  fast, slow = workload_from_dict(document), _one_at_a_time(document)
+  assert fast == slow
+  for a, b in zip(fast.ops + fast.buffers, slow.ops + slow.buffers):
+    assert vars(a) == vars(b) and [type(v) for v in vars(a).values()] == [
+      type(v) for v in vars(b).values()
+    ]
+  for name, value in vars(fast.arrays).items():
+    other = getattr(slow.arrays, name)
+    assert value.dtype == other.dtype and np.array_equal(value, other), name
+
+
+def test_a_file_not_plain_somewhere_is_read_one_at_a_time_with_its_message():
+  """One buffer whose uses go back, one op of NaN flops: the checks one at a time name them."""
+  backwards = json.loads(json.dumps(GOOD))
+  backwards["buffers"][0]["uses"] = [2, 0]
+  with pytest.raises(WorkloadError, match="buffer 7 \\('w'\\): 'uses' must be sorted"):
+    workload_from_dict(backwards)
+  nan = json.loads(json.dumps(GOOD))
+  nan["ops"][1]["flops"] = float("nan")
+  with pytest.raises(WorkloadError, match="op 1 \\('b'\\): 'flops' must be a finite number"):
+    workload_from_dict(nan)
