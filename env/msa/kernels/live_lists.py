@@ -51,6 +51,11 @@ LIVE_FALLBACK = -2
 # Chunks live across a whole block that its edge rows keep before they join its edge union
 # (`_edge_refresh`).
 EDGE_PENDING = 32
+# A level union takes the chunks committed since it was last brought up to date by passing them
+# all, unless there are more than LEVEL_SCAN per block of its run and LEVEL_SCAN_PER_ROW times
+# the chunks that start in the run: then it is built again from those (`_level_refresh`).
+LEVEL_SCAN = 64
+LEVEL_SCAN_PER_ROW = 4
 
 
 @njit
@@ -202,27 +207,39 @@ def live_remove(live, start, end, offset, used_end, handle):
 @njit
 def _union_push(out, base, n, low, high):
   """Appends `[low, high)` (low not below any before it) to the union in `out[base:base + n]`;
-  its new length."""
-  if n > 0 and low <= out[base + n - 1, 1]:
-    if high > out[base + n - 1, 1]:
-      out[base + n - 1, 1] = high
-    return n
-  out[base + n, 0], out[base + n, 1] = low, high
-  return n + 1
+  its new length. Without a branch on the data (a merge pushes ranges from two lists in an
+  order no predictor follows): the range is written after the union either way, and counts
+  only when it does not join the last one (`out` has room for one more row)."""
+  if n == 0:
+    out[base, 0], out[base, 1] = low, high
+    return 1
+  last = base + n - 1
+  reach = out[last, 1]
+  joins = 1 if low <= reach else 0
+  out[last, 1] = max(reach, high) if joins else reach
+  out[last + 1, 0], out[last + 1, 1] = low, high
+  return n + 1 - joins
 
 
 @njit
 def _union_merge(a, a_first, a_len, b, b_len, out):
   """The union of `a[a_first:a_first + a_len]` and `b[:b_len]` (each sorted by low) in
-  `out`; its length."""
+  `out`; its length. Ties take `a` first; each step picks its range without a branch."""
   i, j, n = 0, 0, 0
-  while i < a_len or j < b_len:
-    if j >= b_len or (i < a_len and a[a_first + i, 0] <= b[j, 0]):
-      n = _union_push(out, 0, n, a[a_first + i, 0], a[a_first + i, 1])
-      i += 1
-    else:
-      n = _union_push(out, 0, n, b[j, 0], b[j, 1])
-      j += 1
+  while i < a_len and j < b_len:
+    a_low, b_low = a[a_first + i, 0], b[j, 0]
+    take_a = 1 if a_low <= b_low else 0
+    low = a_low if take_a else b_low
+    high = a[a_first + i, 1] if take_a else b[j, 1]
+    i += take_a
+    j += 1 - take_a
+    n = _union_push(out, 0, n, low, high)
+  while i < a_len:
+    n = _union_push(out, 0, n, a[a_first + i, 0], a[a_first + i, 1])
+    i += 1
+  while j < b_len:
+    n = _union_push(out, 0, n, b[j, 0], b[j, 1])
+    j += 1
   return n
 
 
@@ -381,6 +398,13 @@ def _level_refresh(heap, j, m):
   lid = _level_list(blocks, j, m)
   seen = lists[lid, LIST_SEEN]
   k = 0
+  if seen >= 0 and count - seen > (LEVEL_SCAN << j):
+    # Many chunks since: the run's own starts, read whole, cost less than passing them all.
+    rows = 0
+    for b in range(m << j, min((m + 1) << j, blocks)):
+      rows += lists[b, LIST_LEN]
+    if count - seen > LEVEL_SCAN_PER_ROW * rows:
+      seen = lists[lid, LIST_SEEN] = -1
   if seen < 0:
     for b in range(m << j, min((m + 1) << j, blocks)):
       first = lists[b, LIST_PTR]
@@ -401,26 +425,41 @@ def _level_refresh(heap, j, m):
 
 
 @njit
+def _gap(low, high, reach, size, best_start, best_length):
+  """One range of `_merge_fit`'s sweep: the free range before it, if the smallest so far that
+  holds `size` (the lowest on a tie), and the reach after it: (best start, best length,
+  reach)."""
+  length = low - reach
+  if length >= size and (
+    best_start < 0 or length < best_length or (length == best_length and reach < best_start)
+  ):
+    best_start, best_length = reach, length
+  return best_start, best_length, max(reach, high)
+
+
+@njit
 def _merge_fit(a, a_first, a_len, b, b_len, size):
   """`fit_in_reach` over the union of `a[a_first:a_first + a_len]` and `b[:b_len]` (ranges
-  sorted by low), merged as it reads them: (start, reach)."""
+  sorted by low), merged as it reads them (each step picking its range without a branch):
+  (start, reach)."""
   best_start, best_length = -1, INT64_MAX
   reach = 0
   i, j = 0, 0
-  while i < a_len or j < b_len:
-    if j >= b_len or (i < a_len and a[a_first + i, 0] <= b[j, 0]):
-      low, high = a[a_first + i, 0], a[a_first + i, 1]
-      i += 1
-    else:
-      low, high = b[j, 0], b[j, 1]
-      j += 1
-    length = low - reach
-    if length >= size and (
-      best_start < 0 or length < best_length or (length == best_length and reach < best_start)
-    ):
-      best_start, best_length = reach, length
-    if high > reach:
-      reach = high
+  while i < a_len and j < b_len:
+    a_low, b_low = a[a_first + i, 0], b[j, 0]
+    take_a = 1 if a_low <= b_low else 0
+    low = a_low if take_a else b_low
+    high = a[a_first + i, 1] if take_a else b[j, 1]
+    i += take_a
+    j += 1 - take_a
+    best_start, best_length, reach = _gap(low, high, reach, size, best_start, best_length)
+  while i < a_len:
+    low, high = a[a_first + i, 0], a[a_first + i, 1]
+    best_start, best_length, reach = _gap(low, high, reach, size, best_start, best_length)
+    i += 1
+  while j < b_len:
+    best_start, best_length, reach = _gap(b[j, 0], b[j, 1], reach, size, best_start, best_length)
+    j += 1
   length = INT64_MAX - reach
   if length >= size and (
     best_start < 0 or length < best_length or (length == best_length and reach < best_start)
