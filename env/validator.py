@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import sys
 from typing import Callable
 
 import numpy as np
@@ -40,9 +41,11 @@ from malloczero.env.mapping import Mapping
 from malloczero.env.workload import Workload
 
 RELATIVE_TIME_TOLERANCE = 1e-6
-# Rectangles of one level from which the overlap sweep runs jitted (validator_kernels.py): below,
-# the Python sweep is faster than loading numba.
+# Rectangles of one level from which the overlap sweep runs jitted (validator_kernels.py) when
+# numba is loaded already (a solve in this process), and from which it runs jitted anyway: the
+# Python sweep costs about 3.6 us a rectangle, loading numba and a first kernel 0.6 s.
 JIT_SWEEP_MIN = 20_000
+JIT_SWEEP_COLD_MIN = 200_000
 
 _kernels = lazy_module("malloczero.env.validator_kernels")
 
@@ -289,9 +292,9 @@ def _any_rectangle_overlap(
 ) -> bool:
   """Whether two of the rectangles `[start, end) x [lo, hi)` may overlap, by a sweep over time
   that keeps the address ranges live at the current op sorted: O(n log n) where the pairwise
-  test is O(n^2), the validator's cost on 10^5 allocations (jitted from `JIT_SWEEP_MIN`
-  rectangles on, validator_kernels.py: the same answer). A degenerate rectangle (empty in time
-  or in address) answers True, leaving it to the pairwise test's strict inequalities."""
+  test is O(n^2), the validator's cost on 10^5 allocations (jitted for many rectangles,
+  validator_kernels.py: the same answer). A degenerate rectangle (empty in time or in address)
+  answers True, leaving it to the pairwise test's strict inequalities."""
   if np.any(start >= end) or np.any(lo >= hi):
     return True
   n = len(start)
@@ -300,7 +303,7 @@ def _any_rectangle_overlap(
   is_start = np.repeat([False, True], n)
   which = np.tile(np.arange(n), 2)
   order = np.lexsort((is_start, times))
-  if n >= JIT_SWEEP_MIN:
+  if n >= JIT_SWEEP_COLD_MIN or (n >= JIT_SWEEP_MIN and "numba" in sys.modules):
     bounds = np.unique(np.concatenate([lo, hi]))
     low, high = np.searchsorted(bounds, lo), np.searchsorted(bounds, hi)
     return bool(_kernels().any_overlap(which[order], is_start[order], low, high, bounds))

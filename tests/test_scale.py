@@ -116,12 +116,12 @@ def test_the_overlap_sweep_agrees_with_the_pairwise_test(rects):
 def _jitted_overlap(start, end, lo, hi) -> bool:
   """`_any_rectangle_overlap` with the jitted sweep (validator_kernels.py) however few the
   rectangles are."""
-  minimum = validator.JIT_SWEEP_MIN
-  validator.JIT_SWEEP_MIN = 0
+  minimum = validator.JIT_SWEEP_COLD_MIN
+  validator.JIT_SWEEP_COLD_MIN = 0
   try:
     return _any_rectangle_overlap(start, end, lo, hi)
   finally:
-    validator.JIT_SWEEP_MIN = minimum
+    validator.JIT_SWEEP_COLD_MIN = minimum
 
 
 def test_the_jitted_sweep_finds_one_clash_among_many_rectangles():
