@@ -11,7 +11,7 @@ import dataclasses
 import re
 
 from malloczero.common.errors import WorkloadError
-from malloczero.env.programs.hlo_import.convert import convert_module, ops_of
+from malloczero.env.programs.hlo_import.convert import convert_module, count_ops
 from malloczero.env.programs.hlo_import.hlo import Module, check_text
 from malloczero.env.programs.hlo_import.notes import Notes
 from malloczero.env.programs.hlo_import.text_parser import parse_text
@@ -71,7 +71,7 @@ def import_hlo_text(
   module = parse_module(text, name, notes)
   compiled, was_scheduled = False, module.scheduled
   if compile or (compile is None and not was_scheduled):
-    before = len(ops_of(module))
+    before = count_ops(module)
     try:
       optimised, seconds = compile_hlo_on_cpu(text, name)
     except WorkloadError as e:
@@ -89,7 +89,7 @@ def import_hlo_text(
       )
       notes.note(
         f"the module {what} with XLA on the CPU in {seconds:.1f} s ({before} ops "
-        f"before, {len(ops_of(module))} after fusion and scheduling)"
+        f"before, {count_ops(module)} after fusion and scheduling)"
         + ("" if was_scheduled else "; --no-compile keeps the print order")
       )
   elif not was_scheduled:

@@ -160,12 +160,14 @@ class Instr:
 
 @dataclasses.dataclass
 class Computation:
-  """One HLO computation: its instructions in order (the ENTRY's in schedule order)."""
+  """One HLO computation: its instructions in order; in schedule order when `sequenced` (the
+  module's schedule holds a sequence for it, or the text of a scheduled module prints it)."""
 
   name: str
   is_entry: bool
   instrs: list[Instr]
   line: int
+  sequenced: bool = False
 
   @functools.cached_property
   def by_name(self) -> dict[str, Instr]:

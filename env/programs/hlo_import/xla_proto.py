@@ -5,7 +5,7 @@ child process kept for the next parses: a malformed module can fail a CHECK in X
 which aborts the process it runs in, and here that is a refusal (the hand-written parser reads
 the text instead). The proto classes that decode the module are built from the descriptors in
 TensorFlow's generated `hlo_pb2.py` / `xla_data_pb2.py` without importing TensorFlow. The proto
-gives exact shapes, operands, attributes and the ENTRY computation's schedule; the attributes
+gives exact shapes, operands, attributes and each computation's schedule; the attributes
 the importer reads are spelled back as the text format spells them, so that both parsers feed
 the same code.
 """
@@ -348,7 +348,7 @@ def _module_from_proto(proto: Any, where: str) -> Module:
     by_id = {i.id: i for i in c.instructions}
     order = list(c.instructions)
     is_entry = c.id == proto.entry_computation_id
-    scheduled = is_entry and c.id in proto.schedule.sequences
+    scheduled = c.id in proto.schedule.sequences
     if scheduled:
       ids = proto.schedule.sequences[c.id].instruction_ids
       if sorted(ids) != sorted(by_id):
@@ -375,7 +375,7 @@ def _module_from_proto(proto: Any, where: str) -> Module:
           int(i.parameter_number),
         )
       )
-    comps[c.name] = Computation(c.name, is_entry, instrs, 0)
+    comps[c.name] = Computation(c.name, is_entry, instrs, 0, scheduled)
     if is_entry:
       entry = (comps[c.name], scheduled)
   if entry is None:
