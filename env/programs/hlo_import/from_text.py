@@ -20,7 +20,7 @@ from malloczero.env.programs.hlo_import.xla_proto import (
   serialized_module,
   xla_reason,
 )
-from malloczero.env.workload import Workload
+from malloczero.env.workload import Workload, collection_paused
 
 
 def parse_module(text: str, where: str, notes: Notes, use_xla: bool = True) -> Module:
@@ -66,6 +66,11 @@ def import_hlo_text(
   `compile=True` insists (a failure is a `WorkloadError`), `compile=False` never compiles. The
   conversion rules are in the docstring of the package, `malloczero.env.programs.hlo_import`.
   """
+  with collection_paused():  # Every object the import builds is kept until it returns.
+    return _import(text, name, source, compile)
+
+
+def _import(text: str, name: str, source: str, compile: bool | None) -> HloImport:
   notes = Notes()
   check_text(text, name)
   module = parse_module(text, name, notes)
@@ -110,7 +115,8 @@ def workload_from_hlo_text(text: str, name: str, source: str = "xla-hlo") -> Wor
   package's docstring. Malformed text raises a one-line `WorkloadError`.
   """
   notes = Notes()
-  return convert_module(parse_module(text, name, notes), name, source, notes)
+  with collection_paused():
+    return convert_module(parse_module(text, name, notes), name, source, notes)
 
 
 def compile_hlo_on_cpu(text: str, name: str) -> tuple[str, float]:

@@ -218,8 +218,10 @@ def check_operands(module: Module, where: str) -> None:
       seen.add(ins.name)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def attr(attrs: str, key: str) -> str | None:
-  """The value of `key=...` in an instruction's attribute text (braces kept balanced)."""
+  """The value of `key=...` in an instruction's attribute text (braces kept balanced). Cached:
+  the cost rules and the flattening read the same few attributes of an instruction many times."""
   m = re.search(r"(?:^|[,\s])" + re.escape(key) + r"=", attrs)
   if not m:
     return None
