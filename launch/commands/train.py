@@ -11,7 +11,7 @@ import sys
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_dir
 from malloczero.configs.config import PRESETS, get_config
-from malloczero.env.hardware import check_fits, resolve_hardware
+from malloczero.env.hardware import resolve_hardware
 from malloczero.env.workload_json import load_workload
 from malloczero.evaluation.console import final_evaluation_table, learning_curve_table
 from malloczero.launch.config_flags import add_config_flags, apply_overrides, describe_config
@@ -113,8 +113,7 @@ def _program_file(args: argparse.Namespace):
 
   workload = load_workload(args.workload)
   hw = resolve_hardware(workload, args.hardware, args.capacity)
-  say_capacities(args.capacity, hw)
-  check_fits(hw, workload.peak_live_bytes, workload.name)
+  say_capacities(args.capacity, hw)  # resolve_hardware checked that the machine holds it.
   return ProgramFile(workload.name, os.path.abspath(args.workload), hw)
 
 
