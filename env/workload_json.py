@@ -1,6 +1,7 @@
 """The workload JSON format (`.json`, or gzipped `.json.gz`), read strictly, and the workload
 files of every format: `load_workload` and `save_workload` choose JSON or MiniMalloc's CSV
-(env/minimalloc_csv.py) by the file's extension.
+(env/minimalloc_csv.py) by the file's extension; `workload_format` also tells HLO text modules
+(`.hlo`, `.txt`, or content starting `HloModule`), which the importer converts, not this loader.
 
 JSON format (docs/design.md)::
 
@@ -312,13 +313,45 @@ def _normal_access_bytes(
   return use_bytes, def_bytes
 
 
+# HLO text modules, which `solve`, `validate` and `train --workload` import on first use (the
+# command line's launch/hlo_input.py); XLA's dumps end in `.txt`.
+HLO_EXTENSIONS = (".hlo", ".txt")
+
+
+def workload_format(path: str | os.PathLike) -> str:
+  """'csv', 'hlo' (an HLO text module) or 'json', by the extension (`.csv`; `.hlo`, `.txt`;
+  `.json`, `.json.gz`), else by the content: a file that starts with `HloModule`, as every printed
+  module does, is HLO text, and anything else is read as JSON (whose errors then say why)."""
+  path = os.fspath(path)
+  if path.endswith(".csv"):
+    return "csv"
+  if path.endswith(HLO_EXTENSIONS):
+    return "hlo"
+  if path.endswith((".json", ".json.gz")):
+    return "json"
+  try:
+    with open(path, "rb") as f:
+      head = f.read(4096)
+  except OSError:
+    return "json"  # Reading it again says why it cannot be read.
+  return "hlo" if head.lstrip().startswith(b"HloModule") else "json"
+
+
 def load_workload(path: str | os.PathLike) -> Workload:
-  """Loads `.json`, `.json.gz` or MiniMalloc `.csv`; every failure is a one-line WorkloadError."""
+  """Loads `.json`, `.json.gz` or MiniMalloc `.csv`; every failure is a one-line WorkloadError.
+  An HLO text module is refused with where it is imported: converting one is the importer's work
+  (env/programs/hlo_import/), which needs XLA, and this loader is the game core's."""
   path = os.fspath(path)
   base = os.path.basename(path)
   stem = base.split(".")[0]
   if not os.path.exists(path):
     raise WorkloadError(f"{path}: no such workload file")
+  if workload_format(path) == "hlo":
+    raise WorkloadError(
+      f"{path}: an HLO text module, not a workload file: `malloczero solve`, `validate` and "
+      "`train --workload` import it on first use, `malloczero import-hlo` writes its workload "
+      "file (in Python: malloczero.env.programs.hlo_import.import_hlo_text)"
+    )
   text = strict_json.read_text(path, WorkloadError)
   if path.endswith(".csv"):
     try:

@@ -12,6 +12,7 @@ from malloczero.common.files import check_output_file
 from malloczero.common.units import human_bytes
 from malloczero.env.workload import Workload
 from malloczero.launch.flags import OnceBooleanOptionalAction, console, positive_int
+from malloczero.launch.hlo_input import hlo_name, hlo_source, print_notes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -102,12 +103,10 @@ def run_import_hlo(args: argparse.Namespace) -> int:
       report = read_xla_report(beside)
     except MalloczeroError as e:  # Not asked for: a damaged report beside the dump is a note.
       print(f"import-hlo: not compared with XLA's report: {e}", file=sys.stderr)
-  name = args.name or os.path.basename(args.hlo).split(".")[0]
   result = import_hlo_text(
-    text, name, source=f"xla-hlo ({os.path.basename(args.hlo)})", compile=args.compile
+    text, args.name or hlo_name(args.hlo), source=hlo_source(args.hlo), compile=args.compile
   )
-  for note in result.notes:  # What was done (parser, compiling) and one warning per kind.
-    print(f"import-hlo: {note}", file=sys.stderr)
+  print_notes(result.notes)
   save_workload(result.workload, args.out)
   _describe_import(result.workload, args.out)
   if report is not None:
