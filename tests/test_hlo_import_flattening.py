@@ -389,3 +389,26 @@ def test_import_hlo_compares_with_xla_report_beside_the_dump(dumps, tmp_path):
   )
   assert done.returncode != 0 and not out.exists()
   assert done.stderr.count("\n") == 1 and "not an XLA buffer assignment" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_scanned_transformer_step_imports_its_layers_as_loop_ops_and_msa_maps_it(tmp_path):
+  """The bench's scanned transformer at a small size: its layers are two loops of one trip per
+  layer; it is too big for tpu-v4i-like's HBM, which names presets that hold it; msa maps it
+  on tpu-v4 through `solve PROGRAM.hlo`."""
+  from malloczero.env.programs.scanned_transformer import TransformerShape, scanned_transformer_hlo
+
+  shape = TransformerShape(layers=6, width=1024, heads=8, mlp=4096, sequence=2048, batch=8)
+  path = tmp_path / "transformer.hlo"
+  path.write_text(scanned_transformer_hlo(shape))
+  w = _import(str(path)).workload
+  assert {o.weight for o in w.ops} == {1, 6, 7}
+  matmuls = [o for o in w.ops if o.weight == 6 and o.flops >= 2 * 8 * 2048 * 1024 * 1024]
+  assert len(matmuls) >= 6 * 3  # Forward and backward of each projection, at least.
+  env = dict(os.environ, MALLOCZERO_IMPORT_CACHE_DIR=str(tmp_path / "cache"))
+  cmd = [sys.executable, "-m", "malloczero", "solve", str(path), "--solver", "msa", "--hardware"]
+  refused = subprocess.run(cmd + ["tpu-v4i-like"], capture_output=True, text=True, env=env)
+  assert refused.returncode != 0 and "presets that hold it: " in refused.stderr
+  assert "tpu-v4 (" in refused.stderr and refused.stderr.count("\n") == 2  # An import note.
+  mapped = subprocess.run(cmd + ["tpu-v4"], capture_output=True, text=True, env=env, check=True)
+  assert "validated" in mapped.stdout and "using the import" in mapped.stderr
