@@ -25,11 +25,16 @@ REIMPORT_HELP = (
 
 def hlo_name(path: str) -> str:
   """The workload name a module file gives: the module's name in one of XLA's dumps
-  (`module_0001.jit_step.cpu_after_optimizations.txt` -> `jit_step`), else the file name up to
-  its first dot."""
+  (`module_0001.jit_step.cpu_after_optimizations.txt` -> `jit_step`; TensorFlow's
+  `TIME.module_0000.a_inference_step_50__XlaMustCompile_...cpu_after_optimizations.txt` ->
+  `a_inference_step_50`), else the file name up to its first dot."""
   base = os.path.basename(path)
-  dump = re.fullmatch(r"module_\d+\.(.+?)\.(?:\w+_)?(?:after|before)_optimizations\.txt", base)
-  return dump.group(1) if dump else base.split(".")[0]
+  dump = re.fullmatch(
+    r"(?:\d+\.)?module_\d+\.(.+?)\.(?:\w+_)?(?:after|before)_optimizations\.txt", base
+  )
+  if not dump:
+    return base.split(".")[0]
+  return dump.group(1).split("__XlaMustCompile")[0]  # TensorFlow's long function names.
 
 
 def hlo_source(path: str) -> str:

@@ -20,7 +20,7 @@ from malloczero.env.programs.hlo_import.xla_report import (
   report_beside,
 )
 from malloczero.env.workload_json import load_workload
-from tests.xla_dump_programs import BATCH, LAYERS, WIDTH, dump_programs
+from tests.xla_dump_programs import BATCH, LAYERS, WIDTH, dump_programs, dump_tf_loop
 
 
 def _both_parsers(text, name="m"):
@@ -412,3 +412,46 @@ def test_a_scanned_transformer_step_imports_its_layers_as_loop_ops_and_msa_maps_
   assert "tpu-v4 (" in refused.stderr and refused.stderr.count("\n") == 2  # An import note.
   mapped = subprocess.run(cmd + ["tpu-v4"], capture_output=True, text=True, env=env, check=True)
   assert "validated" in mapped.stdout and "using the import" in mapped.stderr
+
+
+@pytest.mark.slow
+def test_a_tensorflow_while_loop_matches_the_older_report_of_tensorflows_xla(tmp_path):
+  """TensorFlow 2.8's XLA prints its module in schedule order without `is_scheduled=true`, no trip
+  count, and an older buffer assignment (allocation addresses, no cumulative sizes)."""
+  path = dump_tf_loop(str(tmp_path))
+  with open(path, encoding="utf-8") as f:
+    result = import_hlo_text(f.read(), "tf-loop", compile=False)
+  assert any("while loop without a known trip count" in n for n in result.notes)
+  assert result.workload.num_ops >= 3 and {o.weight for o in result.workload.ops} == {1}
+  report = read_xla_report(report_beside(path))
+  assert report.allocated and report.reported_peak_bytes
+  comparison = compare_with_xla(result.workload, report)
+  assert abs(comparison.ratio - 1) <= 0.001, comparison.lines
+
+
+def test_a_memory_usage_report_alone_gives_xla_total_and_says_what_is_missing(dumps, tmp_path):
+  report = report_beside(dumps["called_step"]).replace(
+    "-buffer-assignment.txt", "-memory-usage-report.txt"
+  )
+  alone = tmp_path / os.path.basename(report)
+  alone.write_text(open(report, encoding="utf-8").read())
+  parsed = read_xla_report(str(alone))
+  assert parsed.total_bytes > 0 and parsed.values == ()
+  comparison = compare_with_xla(_import(dumps["called_step"]).workload, parsed)
+  assert comparison.ratio is None
+  assert any("no HloLiveRange section" in line for line in comparison.lines)
+
+
+def test_the_generated_layered_step_flattens_to_the_size_asked_for():
+  """The bench's 100,000-buffer program at a small size: layers in calls, scans as loops."""
+  from malloczero.env.programs.synthetic_hlo import SCAN_EVERY, layered_step_hlo
+
+  text = layered_step_hlo(2000, seed=1)
+  assert text == layered_step_hlo(2000, seed=1)
+  result = import_hlo_text(text, "layered")
+  w = result.workload
+  assert result.notes == () and 1800 <= w.num_buffers <= 2000
+  assert not any(o.name.startswith(("call", "fwd_", "bwd_", "scan_")) for o in w.ops)
+  # Each scan: the condition's compare and the body's counter, step and in-place save.
+  scans = (2000 // 14) // SCAN_EVERY
+  assert len([o for o in w.ops if o.weight > 1]) == 4 * scans

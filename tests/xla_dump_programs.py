@@ -1,10 +1,10 @@
 """Small JAX programs compiled by XLA on the CPU with its dump on, so that the importer can be
 checked against XLA's own buffer assignment and live ranges: a training step inside one `call`
 (as a GPU command buffer holds a whole step), a scan (a `while` loop of known trip count), nested
-loops, and a `cond`. Run as a script in a child process (XLA reads XLA_FLAGS once per process):
-`python -m tests.xla_dump_programs DIR [NAME ...]` writes, per program, the optimised module
-`DIR/module_*.jit_NAME.cpu_after_optimizations.txt` and its `-buffer-assignment.txt`.
-`dump_programs` does that from a test.
+loops, and a `cond`; and a `tf.while_loop` compiled by TensorFlow's XLA. Each runs in a child
+process (XLA reads XLA_FLAGS once per process): `python -m tests.xla_dump_programs DIR [NAME ...]`
+writes, per program, the optimised module `DIR/module_*.jit_NAME.cpu_after_optimizations.txt`
+and its `-buffer-assignment.txt`. `dump_programs` does that from a test.
 
 XLA's call inliner is turned off (`--xla_disable_hlo_passes=call-inliner`), so that a nested
 `jax.jit` stays a `call` after optimisation, as command buffers and other backends' calls do.
@@ -109,6 +109,35 @@ def dump_programs(directory: str, names: list[str] | None = None) -> dict[str, s
     assert len(paths) == 1, (name, paths)
     found[name] = paths[0]
   return found
+
+
+TF_LOOP = """
+import tensorflow as tf
+
+@tf.function(jit_compile=True)
+def step(w, x):
+  def body(i, h):
+    return i + 1, tf.tanh(tf.matmul(h, w))
+  _, h = tf.while_loop(lambda i, h: i < 10, body, (tf.constant(0), x))
+  return tf.reduce_sum(h * h)
+
+step(tf.ones((128, 128)), tf.ones((32, 128)))
+"""
+
+
+def dump_tf_loop(directory: str) -> str:
+  """A `tf.while_loop` compiled by TensorFlow's own XLA (`jit_compile=True`) with XLA's dump on;
+  returns its `*after_optimizations.txt` path. TensorFlow 2.8's XLA prints an older buffer
+  assignment and no trip count."""
+  env = dict(
+    os.environ,
+    XLA_FLAGS=f"--xla_dump_to={directory} --xla_dump_hlo_as_text",
+    TF_CPP_MIN_LOG_LEVEL="2",
+    CUDA_VISIBLE_DEVICES="",
+  )
+  subprocess.run([sys.executable, "-c", TF_LOOP], env=env, check=True, capture_output=True)
+  (path,) = glob.glob(os.path.join(directory, "*.cpu_after_optimizations.txt"))
+  return path
 
 
 def main(argv: list[str]) -> None:

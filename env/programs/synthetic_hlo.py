@@ -22,6 +22,14 @@ SCAN_TRIPS = (4, 8, 16)
 BUFFERS_PER_LAYER = 14  # Two weights, four forward and six backward values, two updated weights.
 
 
+def _dot(name: str, shape: str, lhs: str, rhs: str, contracting: tuple[int, int]) -> str:
+  """One `dot` instruction line of a computation."""
+  return (
+    f"  %{name} = {shape} dot(%{lhs}, %{rhs}), lhs_contracting_dims={{{contracting[0]}}}, "
+    f"rhs_contracting_dims={{{contracting[1]}}}"
+  )
+
+
 def _shape(*dims: int) -> str:
   layout = ",".join(str(i) for i in reversed(range(len(dims))))
   return f"f32[{','.join(map(str, dims))}]{{{layout}}}"
@@ -110,9 +118,9 @@ def _forward(
     f"  %fx_{i} = {xs} parameter(0)",
     f"  %fw1_{i} = {_shape(d, f)} parameter(1)",
     f"  %fw2_{i} = {_shape(f, e)} parameter(2)",
-    f"  %h_{i} = {hs} dot(%fx_{i}, %fw1_{i}), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}",
+    _dot(f"h_{i}", hs, f"fx_{i}", f"fw1_{i}", (1, 0)),
     f"  %a_{i} = {hs} fusion(%h_{i}), kind=kLoop, calls=%{act}",
-    f"  %o_{i} = {os_} dot(%a_{i}, %fw2_{i}), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}",
+    _dot(f"o_{i}", os_, f"a_{i}", f"fw2_{i}", (1, 0)),
     f"  %r_{i} = {os_} fusion(%o_{i}, %o_{i}), kind=kLoop, calls=%{res}",
     f"  ROOT %fwd_out_{i} = ({os_}, {hs}, {hs}) tuple(%r_{i}, %h_{i}, %a_{i})",
   ]
@@ -143,13 +151,11 @@ def _backward(
     f"  %bw2_{i} = {_shape(f, e)} parameter(4)",
     f"  %bh_{i} = {hs} get-tuple-element(%bfwd_{i}), index=1",
     f"  %ba_{i} = {hs} get-tuple-element(%bfwd_{i}), index=2",
-    f"  %da_{i} = {hs} dot(%bdy_{i}, %bw2_{i}), lhs_contracting_dims={{1}}, rhs_contracting_dims={{1}}",
+    _dot(f"da_{i}", hs, f"bdy_{i}", f"bw2_{i}", (1, 1)),
     f"  %dh_{i} = {hs} fusion(%da_{i}, %bh_{i}), kind=kLoop, calls=%{dact}",
-    f"  %gw2_{i} = {_shape(f, e)} dot(%ba_{i}, %bdy_{i}), lhs_contracting_dims={{0}}, "
-    "rhs_contracting_dims={0}",
-    f"  %dx_{i} = {xs} dot(%dh_{i}, %bw1_{i}), lhs_contracting_dims={{1}}, rhs_contracting_dims={{1}}",
-    f"  %gw1_{i} = {_shape(d, f)} dot(%bx_{i}, %dh_{i}), lhs_contracting_dims={{0}}, "
-    "rhs_contracting_dims={0}",
+    _dot(f"gw2_{i}", _shape(f, e), f"ba_{i}", f"bdy_{i}", (0, 0)),
+    _dot(f"dx_{i}", xs, f"dh_{i}", f"bw1_{i}", (1, 1)),
+    _dot(f"gw1_{i}", _shape(d, f), f"bx_{i}", f"dh_{i}", (0, 0)),
     f"  ROOT %bwd_out_{i} = ({xs}, {_shape(d, f)}, {_shape(f, e)}) tuple(%dx_{i}, %gw1_{i}, "
     f"%gw2_{i})",
   ]

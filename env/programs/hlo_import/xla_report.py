@@ -39,14 +39,15 @@ MEMORY_REPORT_SUFFIX = "-memory-usage-report.txt"
 MAX_REPORT_BYTES = 4 << 30  # A buffer assignment of a 100,000-instruction program is ~100 MB.
 LARGEST_VALUES = 8  # Values listed side by side at XLA's peak.
 
-_ALLOCATION = re.compile(r"^allocation (\d+): size (\d+), (.*)$")
+# Older XLA (TensorFlow 2.8's) prints the allocation's address before its size.
+_ALLOCATION = re.compile(r"^allocation (\d+): (?:0x[0-9a-f]+, )?size (\d+), (.*)$")
 _VALUE = re.compile(r"^ value: <\d+ (\S+?)(?: \(phi\))?(?: @\d+)?> \(size=(\d+),offset=(\d+)\)")
 _TOTAL = re.compile(r"^Total bytes used: (\d+)")
 _LIVE_RANGE_HEADER = re.compile(r"^HloLiveRange \(max (\d+)\):")
 _SEQUENCE = re.compile(r"^    (\d+):(\S+)$")
 _RANGE = re.compile(r"^    (\S+\{[0-9,]*\}):(\d+)-(\d+)$")
 _PEAK = re.compile(r"^  Live ranges at (\d+) \(peak\):")
-_PEAK_VALUE = re.compile(r"^    (\S+): (\d+) bytes \(cumulative: (\d+) bytes\)")
+_PEAK_VALUE = re.compile(r"^    (\S+): (\d+) bytes(?: \(cumulative: \d+ bytes\))?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +183,7 @@ def _parse(lines: Iterator[str], path: str) -> XlaReport:
       m = _PEAK_VALUE.match(line)
       if not m:
         break
-      peak.append((m.group(1), int(m.group(3))))
+      peak.append((m.group(1), int(m.group(2))))
   if total is None and not allocated:
     raise MalloczeroError(
       f"{path}: not an XLA buffer assignment or memory usage report (no allocations, no "
@@ -198,7 +199,7 @@ def _parse(lines: Iterator[str], path: str) -> XlaReport:
     tuple(sequence),
     values,
     peak_step,
-    peak[-1][1] if peak else None,
+    sum(size for _, size in peak) if peak else None,
   )
 
 
