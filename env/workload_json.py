@@ -7,7 +7,8 @@ JSON format (docs/design.md)::
 
   {"name": str, "source": str,
    "ops": [{"name": str, "flops": number,                  # in schedule order
-            "weight": int}, ...],                           # optional, default 1
+            "weight": int,                                  # optional, default 1
+            "loop_depth": int}, ...],                       # optional, default 0
    "buffers": [{"id": int, "name": str, "size": int,         # id >= 0, unique; size in bytes
                 "def": int | null,                           # defining op; null = program start
                 "uses": [int, ...],                          # ops that read it: sorted, unique
@@ -43,6 +44,7 @@ from malloczero.common.units import show_int
 from malloczero.env.minimalloc_csv import workload_from_minimalloc_csv, workload_to_minimalloc_csv
 from malloczero.env.workload import (
   MAX_FILE_INT,
+  MAX_LOOP_DEPTH,
   PROGRAM_START,
   Buffer,
   Op,
@@ -57,7 +59,7 @@ from malloczero.env.workload import (
 # The keys of a workload file at each level; any other is refused (a misspelt optional key such
 # as 'use_byte' would otherwise be ignored without a word).
 WORKLOAD_KEYS = ("name", "source", "ops", "buffers")
-OP_KEYS = ("name", "flops", "weight")
+OP_KEYS = ("name", "flops", "weight", "loop_depth")
 BUFFER_KEYS = ("id", "name", "size", "def", "uses", "kind", "use_bytes", "def_bytes")
 
 
@@ -82,7 +84,12 @@ def workload_to_dict(w: Workload) -> dict[str, Any]:
     "name": w.name,
     "source": w.source,
     "ops": [
-      {"name": o.name, "flops": o.flops, **({"weight": o.weight} if o.weight != 1 else {})}
+      {
+        "name": o.name,
+        "flops": o.flops,
+        **({"weight": o.weight} if o.weight != 1 else {}),
+        **({"loop_depth": o.loop_depth} if o.loop_depth else {}),
+      }
       for o in w.ops
     ],
     "buffers": buffers,
@@ -108,7 +115,8 @@ def _one_line(text: str) -> bool:
 
 def _plain_op(op: Any, known: frozenset[str], t: int) -> Op | None:
   """Op `t` when it is what nearly every op of a file is (known keys; a printable name, a
-  finite float or small int of flops >= 0 and a small int weight >= 1, each where given), in
+  finite float or small int of flops >= 0, a small int weight >= 1 and a loop depth, each where
+  given), in
   one pass; else None, and the checks one key at a time, with their messages, judge it."""
   if type(op) is not dict or not known.issuperset(op):
     return None
@@ -117,7 +125,7 @@ def _plain_op(op: Any, known: frozenset[str], t: int) -> Op | None:
     if "name" in op:
       return None
     name = f"op{t}"
-  flops, weight = op.get("flops", 0.0), op.get("weight", 1)
+  flops, weight, depth = op.get("flops", 0.0), op.get("weight", 1), op.get("loop_depth", 0)
   if not (
     type(name) is str
     and name.isprintable()
@@ -125,9 +133,11 @@ def _plain_op(op: Any, known: frozenset[str], t: int) -> Op | None:
     and 0.0 <= flops < math.inf
     and type(weight) is int
     and 1 <= weight <= MAX_FILE_INT
+    and type(depth) is int
+    and 0 <= depth <= MAX_LOOP_DEPTH
   ):
     return None
-  return Op(name, float(flops), weight)
+  return Op(name, float(flops), weight, depth)
 
 
 def _plain_buffer(b: Any, known: frozenset[str]) -> Buffer | None:
@@ -207,7 +217,14 @@ def workload_from_dict(data: Any, where: str = "workload") -> Workload:
         f"op {t} ('{op_name}'): 'weight' must be an integer from 1 to 2**60, got "
         f"{show_int(weight) if is_int(weight) else show_value(weight)}",
       )
-    ops.append(Op(op_name, float(flops), int(weight)))
+    depth = op.get("loop_depth", 0)
+    if not is_int(depth) or not 0 <= depth <= MAX_LOOP_DEPTH:
+      fail(
+        where,
+        f"op {t} ('{op_name}'): 'loop_depth' must be an integer from 0 to {MAX_LOOP_DEPTH}, got "
+        f"{show_int(depth) if is_int(depth) else show_value(depth)}",
+      )
+    ops.append(Op(op_name, float(flops), int(weight), int(depth)))
   buffers = []
   buffer_keys = frozenset(BUFFER_KEYS)
   for i, b in enumerate(raw_buffers):

@@ -202,6 +202,8 @@ ENTRY %main (x: f32[64], weights: f32[16,64]) -> f32[64] {
 """
   w, notes = _both_parsers(outer)
   assert notes == []
+  # Each op also says how many while loops enclose it (XLA's while nest level).
+  assert [o.loop_depth for o in w.ops] == [0, 1, 1, 2, 2, 2, 2, 2, 2, 0]
   assert _ops(w) == [
     ("x0", 1),
     ("olt", 4),

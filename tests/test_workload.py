@@ -46,6 +46,26 @@ def test_json_round_trip(tmp_path_factory, workload):
   assert load_workload(plain) == workload
 
 
+def test_a_loops_ops_keep_their_weight_and_depth_through_a_file(tmp_path):
+  """An op of a loop's body: its weight the trip count, its depth the loops around it."""
+  w = workload_from_dict(
+    {
+      "name": "loop",
+      "ops": [
+        {"name": "a", "flops": 1.0},
+        {"name": "b", "flops": 2.0, "weight": 8, "loop_depth": 1},
+      ],
+      "buffers": [{"id": 0, "size": 64, "def": 0, "uses": [1], "kind": "activation"}],
+    }
+  )
+  assert [(o.weight, o.loop_depth) for o in w.ops] == [(1, 0), (8, 1)]
+  assert w.arrays.flops.tolist() == [1.0, 16.0] and w.time_axis.tolist() == [0, 1, 9]
+  path = tmp_path / "loop.json"
+  save_workload(w, path)
+  assert load_workload(path) == w
+  assert '"loop_depth":1' in path.read_text() and path.read_text().count("loop_depth") == 1
+
+
 def test_csv_round_trip_and_objective_is_the_bytes_written_and_read(tmp_path):
   text = "id,lower,upper,size\n0,0,3,100\n1,1,2,50\n2,2,6,10\n"
   w = workload_from_minimalloc_csv(text, name="mm")
@@ -157,6 +177,16 @@ MALFORMED = [
     lambda d: d["ops"][0].update(weight=2.0),
     r"op 0 \('a'\): 'weight' must be an "
     "integer",
+  ),
+  (
+    "negative loop depth",
+    lambda d: d["ops"][0].update(loop_depth=-1),
+    r"op 0 \('a'\): 'loop_depth' must be an integer from 0 to 64, got -1",
+  ),
+  (
+    "string loop depth",
+    lambda d: d["ops"][0].update(loop_depth="1"),
+    r"op 0 \('a'\): 'loop_depth' must be an integer from 0 to 64, got '1'",
   ),
   (
     "unknown top-level key",
@@ -389,6 +419,9 @@ def test_the_one_pass_checks_leave_anything_unusual_to_the_one_key_checks(change
     {"flops": 1 << 61},
     {"weight": 0},
     {"weight": 2.0},
+    {"loop_depth": -1},
+    {"loop_depth": 65},
+    {"loop_depth": 1.0},
     {"name": None},
     {"name": "tab\there"},
     {"other": 1},

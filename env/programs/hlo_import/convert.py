@@ -109,7 +109,7 @@ def convert_module(module: Module, name: str, source: str, notes: Notes) -> Work
   """The workload of `module`, named `name`, its called computations flattened; warnings go to
   `notes`. Malformed modules raise a one-line `WorkloadError`."""
   conversion = _Conversion(module, name, notes)
-  root = conversion.run(module.entry, None, 1)
+  root = conversion.run(module.entry, None, 1, 0)
   return conversion.finish(root, source)
 
 
@@ -117,12 +117,13 @@ def convert_module(module: Module, name: str, source: str, notes: Notes) -> Work
 class _Scope:
   """One computation as flattened at one call site: the values its parameters are bound to
   (None for the ENTRY computation, whose parameters are the program's), the weight of its ops
-  (the product of the enclosing loops' trip counts), its instructions' values, and its async
-  starts whose dones are still to come."""
+  (the product of the enclosing loops' trip counts) and how many while loops enclose them, its
+  instructions' values, and its async starts whose dones are still to come."""
 
   comp: Computation
   args: list[Any] | None
   weight: int
+  loop_depth: int
   values: dict[str, Any] = dataclasses.field(default_factory=dict)
   pending: dict[str, tuple[list[Any], Any]] = dataclasses.field(default_factory=dict)
 
@@ -140,12 +141,13 @@ class _Conversion:
     self.active: list[str] = []  # The computations being flattened, outermost first.
     self.instructions = 0
 
-  def run(self, comp: Computation, args: list[Any] | None, weight: int) -> Any:
-    """Flattens `comp` with its parameters bound to `args`; returns its root's value."""
+  def run(self, comp: Computation, args: list[Any] | None, weight: int, loop_depth: int) -> Any:
+    """Flattens `comp` with its parameters bound to `args`, its ops of `weight` inside
+    `loop_depth` while loops; returns its root's value."""
     if comp.name in self.active:
       raise WorkloadError(f"{self.name}: computation '{comp.name}' calls itself")
     self.active.append(comp.name)
-    scope = _Scope(comp, args, weight)
+    scope = _Scope(comp, args, weight, loop_depth)
     for ins in comp.instrs:
       self._add(scope, ins)
     self.active.pop()
@@ -220,7 +222,7 @@ class _Conversion:
     comps = [self.comps[n] for n in called_computations(ins)]
     first = len(self.ops)
     if ins.opcode == "call":
-      return self.run(comps[0], operands, scope.weight)
+      return self.run(comps[0], operands, scope.weight, scope.loop_depth)
     if ins.opcode == "while":
       return self._while(scope, ins, comps, operands, first)
     if ins.opcode == "conditional":
@@ -231,11 +233,12 @@ class _Conversion:
         "dependent): an upper bound on its time",
       )
       roots = [
-        self.run(comp, operands[k + 1 : k + 2], scope.weight) for k, comp in enumerate(comps)
+        self.run(comp, operands[k + 1 : k + 2], scope.weight, scope.loop_depth)
+        for k, comp in enumerate(comps)
       ]
       return self._join(roots, first)
     # async-start: the wrapped computation runs between the start and the done.
-    results = self.run(comps[0], operands, scope.weight)
+    results = self.run(comps[0], operands, scope.weight, scope.loop_depth)
     value = self._async_value(ins, operands, results)
     scope.pending[ins.name] = (operands, results)
     return value
@@ -259,9 +262,9 @@ class _Conversion:
       body_weight = cond_weight = scope.weight
     else:
       body_weight, cond_weight = scope.weight * trips, scope.weight * (trips + 1)
-    state = operands[0]
-    self.run(comps[0], [state], cond_weight)
-    root = self.run(comps[1], [state], body_weight)
+    state, depth = operands[0], scope.loop_depth + 1
+    self.run(comps[0], [state], cond_weight, depth)
+    root = self.run(comps[1], [state], body_weight, depth)
     return self._carry(state, root, first)
 
   # ---------------------------------------------------------------------- loops and branches
@@ -405,6 +408,8 @@ class _Conversion:
     op = {"name": ins.name, "flops": self.flops.instr(ins, scope.comp)}
     if scope.weight != 1:
       op["weight"] = scope.weight
+    if scope.loop_depth:
+      op["loop_depth"] = scope.loop_depth
     self.ops.append(op)
     return len(self.ops) - 1
 
