@@ -163,6 +163,23 @@ def test_a_while_loop_without_a_known_trip_count_counts_once_with_a_warning():
   assert "count once" in warning
 
 
+def test_a_trip_count_of_zero_counts_the_loop_once_with_a_warning():
+  text = LOOP.replace('"known_trip_count":{"n":"16"}', '"known_trip_count":{"n":"0"}')
+  w, notes = _both_parsers(text)
+  assert {o.weight for o in w.ops} == {1}
+  (warning,) = notes
+  assert "known_trip_count is 0" in warning and "count once" in warning
+
+
+def test_a_module_that_would_flatten_past_the_limit_is_refused_in_one_line(monkeypatch):
+  from malloczero.env.programs.hlo_import import convert
+
+  monkeypatch.setattr(convert, "MAX_FLATTENED_INSTRUCTIONS", 10)
+  with pytest.raises(WorkloadError) as info:
+    _both_parsers(CALLED_TWICE)
+  assert "more than 10 instructions" in str(info.value) and "\n" not in str(info.value)
+
+
 def test_nested_loops_multiply_their_trip_counts():
   outer = LOOP.replace("%body (q:", "%inner_body (q:").replace("%cond (p:", "%inner_cond (p:")
   outer = outer.replace(
