@@ -474,3 +474,54 @@ def test_the_generated_layered_step_flattens_to_the_size_asked_for():
   # Each scan: the condition's compare and the body's counter, step and in-place save.
   scans = (2000 // 14) // SCAN_EVERY
   assert len([o for o in w.ops if o.weight > 1]) == 4 * scans
+
+
+COMMAND_BUFFER = """HloModule gpu_step, is_scheduled=true
+
+%add (p0: f32[], p1: f32[]) -> f32[] {
+  %p0 = f32[] parameter(0)
+  %p1 = f32[] parameter(1)
+  ROOT %sum = f32[] add(%p0, %p1)
+}
+
+%fused_scale (f0: f32[1024]) -> f32[1024] {
+  %f0 = f32[1024]{0} parameter(0)
+  ROOT %twice = f32[1024]{0} add(%f0, %f0)
+}
+
+%command_buffer (c0: f32[1024], c1: (f32[1024], f32[1024])) -> (f32[1024], f32[1024]) {
+  %c0 = f32[1024]{0} parameter(0)
+  %c1 = (f32[1024]{0}, f32[1024]{0}) parameter(1)
+  %w = f32[1024]{0} get-tuple-element(%c1), index=0
+  %fusion = f32[1024]{0} fusion(%c0), kind=kLoop, calls=%fused_scale
+  %start = f32[1024]{0} all-reduce-start(%fusion), replica_groups={{0,1}}, to_apply=%add
+  %done = f32[1024]{0} all-reduce-done(%start)
+  %fusion.1 = f32[1024]{0} fusion(%done), kind=kLoop, calls=%fused_scale
+  ROOT %tuple = (f32[1024]{0}, f32[1024]{0}) tuple(%fusion.1, %w)
+}
+
+ENTRY %main (a: f32[1024], b: (f32[1024], f32[1024])) -> f32[1024] {
+  %a = f32[1024]{0} parameter(0)
+  %b = (f32[1024]{0}, f32[1024]{0}) parameter(1)
+  %call = (f32[1024]{0}, f32[1024]{0}) call(%a, %b), to_apply=%command_buffer
+  %get-tuple-element = f32[1024]{0} get-tuple-element(%call), index=0
+  %get-tuple-element.1 = f32[1024]{0} get-tuple-element(%call), index=1
+  ROOT %custom-call = f32[1024]{0} custom-call(%get-tuple-element, %get-tuple-element.1), custom_call_target="some target"
+}
+"""
+
+
+def test_a_gpu_command_buffer_is_a_call_whose_instructions_are_the_ops():
+  """XLA:GPU outlines a stretch of a step into `call(...), to_apply=%command_buffer`
+  (xla/service/gpu/transforms/command_buffer_scheduling.cc); its instructions, async collectives
+  included, are the program's ops."""
+  w, notes = _both_parsers(COMMAND_BUFFER)
+  assert _ops(w) == [("fusion", 1), ("start", 1), ("done", 1), ("fusion.1", 1), ("custom-call", 1)]
+  t = {o.name: i for i, o in enumerate(w.ops)}
+  # The call's operands reach the ops inside: `a` read by the first fusion, `b{0}` passed
+  # through the command buffer to the custom call; the all-reduce keeps its operand to the done.
+  assert _buffer(w, "a").uses == (t["fusion"],)
+  assert _buffer(w, "b{0}").uses == (t["custom-call"],) and _buffer(w, "b{1}").uses == ()
+  assert _buffer(w, "fusion").uses == (t["start"], t["done"])
+  assert _buffer(w, "fusion.1").uses == (t["custom-call"],)
+  assert any("custom-call 'some target'" in n for n in notes)
