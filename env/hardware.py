@@ -148,7 +148,7 @@ class Hardware:
       return (
         f"{human_bytes(capacity)} ({capacity} bytes) exceeds the slow default memory "
         f"'{slow.name}' ({human_bytes(slow.capacity_bytes)}): give at most "
-        f"{slow.capacity_bytes} bytes"
+        f"{slow.capacity_bytes} bytes or other hardware; {fit_advice(capacity, exclude=self.name)}"
       )
     if capacity < a:
       return (
@@ -303,7 +303,160 @@ _MINIMALLOC = Hardware(
   alignment_bytes=1,
 )
 
-PRESETS: dict[str, Hardware] = {h.name: h for h in (_TPU_V4I_LIKE, _NNPI_LIKE, _MINIMALLOC)}
+# Today's accelerators, one device each (a chip; a GPU), modelled as tpu-v4i-like is: the fast level
+# is the largest on-chip memory a compiler can keep a buffer in between ops, the slow level the
+# HBM, the copy engine as fast as the HBM, alignment 512 B on TPUs (as tpu-v4i-like) and 256 B on
+# GPUs (CUDA's allocators align to at least 256 B, CUDA C++ Programming Guide, "Device Memory
+# Accesses"; taken for ROCm too). Figures are the vendor's unless the comment says otherwise; an
+# on-chip bandwidth no vendor publishes is modelled at 4x the HBM's, as tpu-v4i-like's CMEM. Peak
+# flops are bf16 dense (a datasheet that quotes 2:4 sparsity is halved). The sources are
+# `PRESET_SOURCES`, which `malloczero hardware list` prints.
+
+# TPU v4 (vendor: Google Cloud, "TPU v4", https://cloud.google.com/tpu/docs/v4): 275 TFLOP/s
+# bf16, 32 GiB HBM2 at 1200 GB/s. On chip: 128 MiB CMEM (Jouppi et al., "TPU v4: An Optically
+# Reconfigurable Supercomputer for Machine Learning with Hardware Support for Embeddings", ISCA
+# 2023; JAX's pallas/mosaic/tpu_info.py: 134e6 B per chip), modelled at 4x HBM.
+_TPU_V4 = Hardware(
+  name="tpu-v4",
+  levels=(MemoryLevel("CMEM", 128 * MiB, 4 * 1200e9), MemoryLevel("HBM", 32 * GiB, 1200e9)),
+  peak_flops_per_s=275e12,
+  copy_bandwidth_bytes_per_s=1200e9,
+  alignment_bytes=512,
+)
+
+# TPU v5e (vendor: Google Cloud, "TPU v5e", https://cloud.google.com/tpu/docs/v5e): 197 TFLOP/s
+# bf16, 16 GB HBM2 at 819 GB/s (16 GiB here: JAX's tpu_info.py gives 17.2e9 B). On chip: 128 MiB
+# VMEM (JAX, "TPU Hardware Reference", https://docs.jax.dev/en/latest/pallas/tpu/hardware.html,
+# and tpu_info.py), modelled at 4x HBM.
+_TPU_V5E = Hardware(
+  name="tpu-v5e",
+  levels=(MemoryLevel("VMEM", 128 * MiB, 4 * 819e9), MemoryLevel("HBM", 16 * GiB, 819e9)),
+  peak_flops_per_s=197e12,
+  copy_bandwidth_bytes_per_s=819e9,
+  alignment_bytes=512,
+)
+
+# TPU v5p (vendor: Google Cloud, "TPU v5p", https://cloud.google.com/tpu/docs/v5p): 459 TFLOP/s
+# bf16, 95 GB HBM2e at 2765 GB/s (95 GiB here: JAX's tpu_info.py gives 103e9 B). On chip: 2 x 64
+# MiB VMEM, one per TensorCore (JAX, "TPU Hardware Reference" and tpu_info.py), modelled as one
+# 128 MiB level at 4x HBM.
+_TPU_V5P = Hardware(
+  name="tpu-v5p",
+  levels=(MemoryLevel("VMEM", 128 * MiB, 4 * 2765e9), MemoryLevel("HBM", 95 * GiB, 2765e9)),
+  peak_flops_per_s=459e12,
+  copy_bandwidth_bytes_per_s=2765e9,
+  alignment_bytes=512,
+)
+
+# TPU v6e, Trillium (vendor: Google Cloud, "TPU v6e", https://cloud.google.com/tpu/docs/v6e): 918
+# TFLOP/s bf16, 32 GB HBM at 1638 GB/s (32 GiB here: JAX's tpu_info.py gives 34.4e9 B). On chip:
+# 128 MiB VMEM (JAX, "TPU Hardware Reference" and tpu_info.py), modelled at 4x HBM.
+_TPU_V6E = Hardware(
+  name="tpu-v6e",
+  levels=(MemoryLevel("VMEM", 128 * MiB, 4 * 1638e9), MemoryLevel("HBM", 32 * GiB, 1638e9)),
+  peak_flops_per_s=918e12,
+  copy_bandwidth_bytes_per_s=1638e9,
+  alignment_bytes=512,
+)
+
+# NVIDIA H100 SXM5 (vendor: "NVIDIA H100 Tensor Core GPU" datasheet,
+# https://www.nvidia.com/en-us/data-center/h100/): 1,979 TFLOP/s bf16 with sparsity (989.5
+# dense), 80 GB HBM3 at 3.35 TB/s, 50 MB L2. The fast level is the L2, which CUDA lets a program
+# set aside for data it keeps between kernels (L2 persistence, CUDA C++ Programming Guide,
+# "Device Memory L2 Access Management"); 50 MB read as 50 MiB, modelled at 4x HBM.
+_H100_SXM = Hardware(
+  name="h100-sxm",
+  levels=(MemoryLevel("L2", 50 * MiB, 4 * 3.35e12), MemoryLevel("HBM", 80 * 10**9, 3.35e12)),
+  peak_flops_per_s=989.5e12,
+  copy_bandwidth_bytes_per_s=3.35e12,
+  alignment_bytes=256,
+)
+
+# NVIDIA H200 SXM (vendor: "NVIDIA H200 Tensor Core GPU" datasheet,
+# https://www.nvidia.com/en-us/data-center/h200/): the H100's GH100 die (1,979 TFLOP/s bf16 with
+# sparsity, 989.5 dense; 50 MB L2) with 141 GB HBM3e at 4.8 TB/s; L2 modelled as h100-sxm's.
+_H200 = Hardware(
+  name="h200",
+  levels=(MemoryLevel("L2", 50 * MiB, 4 * 4.8e12), MemoryLevel("HBM", 141 * 10**9, 4.8e12)),
+  peak_flops_per_s=989.5e12,
+  copy_bandwidth_bytes_per_s=4.8e12,
+  alignment_bytes=256,
+)
+
+# NVIDIA B200 as in HGX B200 (vendor: NVIDIA, "HGX Platform",
+# https://www.nvidia.com/en-us/data-center/hgx/, per GPU): 4.5 PFLOP/s bf16 with sparsity (2.25
+# dense), 180 GB HBM3e at 7.7 TB/s (the same per-GPU figures as hpc-ai.com's H200/B200 table).
+# NVIDIA's sheets give no L2 size: 126 MB (read as MiB) as Chips and Cheese measured it ("Nvidia's
+# B200: Keeping the CUDA Juggernaut Rolling", https://chipsandcheese.com/p/nvidias-b200-keeping-
+# the-cuda-juggernaut), modelled at 4x HBM.
+_B200 = Hardware(
+  name="b200",
+  levels=(MemoryLevel("L2", 126 * MiB, 4 * 7.7e12), MemoryLevel("HBM", 180 * 10**9, 7.7e12)),
+  peak_flops_per_s=2.25e15,
+  copy_bandwidth_bytes_per_s=7.7e12,
+  alignment_bytes=256,
+)
+
+# AMD Instinct MI300X (vendor: "AMD Instinct MI300X Accelerator" datasheet,
+# https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html): 1,307.4 TFLOP/s bf16
+# dense, 192 GB HBM3 at 5.3 TB/s, 256 MB (read as MiB) AMD Infinity Cache at a peak 17 TB/s (AMD's
+# launch presentation, December 2023, as ServeTheHome reported it: https://servethehome.com/amd-
+# instinct-mi300x-gpu-and-mi300a-apus-launched-for-ai-era/3): the one on-chip bandwidth here that a
+# vendor publishes, so it is used as it is.
+_MI300X = Hardware(
+  name="mi300x",
+  levels=(
+    MemoryLevel("InfinityCache", 256 * MiB, 17e12),
+    MemoryLevel("HBM", 192 * 10**9, 5.3e12),
+  ),
+  peak_flops_per_s=1307.4e12,
+  copy_bandwidth_bytes_per_s=5.3e12,
+  alignment_bytes=256,
+)
+
+PRESETS: dict[str, Hardware] = {
+  h.name: h
+  for h in (
+    _TPU_V4I_LIKE,
+    _NNPI_LIKE,
+    _MINIMALLOC,
+    _TPU_V4,
+    _TPU_V5E,
+    _TPU_V5P,
+    _TPU_V6E,
+    _H100_SXM,
+    _H200,
+    _B200,
+    _MI300X,
+  )
+}
+
+# Where each preset's figures come from (one line each; `malloczero hardware list` prints them).
+PRESET_SOURCES: dict[str, str] = {
+  "tpu-v4i-like": "Jouppi et al., 'Ten Lessons From Three Generations Shaped Google's TPUv4i', "
+  "ISCA 2021; CMEM bandwidth modelled at 4x HBM",
+  "nnpi-like": "Intel NNP-I as EGRL's seed (Khadka et al., 'Optimizing Memory Placement using "
+  "Evolutionary Graph Reinforcement Learning', ICLR 2021); bandwidth ratios modelled",
+  "minimalloc": "not a machine: MiniMalloc CSV problems (zero-flop ops, env/minimalloc_csv.py)",
+  "tpu-v4": "Google Cloud 'TPU v4' (cloud.google.com/tpu/docs/v4); CMEM: ISCA 2023 TPU v4 paper; "
+  "CMEM bandwidth modelled at 4x HBM",
+  "tpu-v5e": "Google Cloud 'TPU v5e' (cloud.google.com/tpu/docs/v5e); VMEM: JAX 'TPU Hardware "
+  "Reference'; VMEM bandwidth modelled at 4x HBM",
+  "tpu-v5p": "Google Cloud 'TPU v5p' (cloud.google.com/tpu/docs/v5p); VMEM (2 x 64 MiB): JAX 'TPU "
+  "Hardware Reference'; VMEM bandwidth modelled at 4x HBM",
+  "tpu-v6e": "Google Cloud 'TPU v6e' (cloud.google.com/tpu/docs/v6e); VMEM: JAX 'TPU Hardware "
+  "Reference'; VMEM bandwidth modelled at 4x HBM",
+  "h100-sxm": "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100), sparsity halved; L2 "
+  "bandwidth modelled at 4x HBM",
+  "h200": "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200), sparsity halved; L2 as "
+  "H100's, bandwidth modelled at 4x HBM",
+  "b200": "NVIDIA HGX B200 (nvidia.com/en-us/data-center/hgx), per GPU, sparsity halved; L2: "
+  "Chips and Cheese's measurement; L2 bandwidth modelled at 4x HBM",
+  "mi300x": "AMD Instinct MI300X datasheet (amd.com/en/products/accelerators/instinct/mi300/"
+  "mi300x.html); Infinity Cache 17 TB/s: AMD's launch figure",
+}
+# Presets that stand for no real machine, never proposed for a program that fits elsewhere.
+NOT_MACHINES = frozenset({"minimalloc"})
 
 
 def load_hardware(spec: str | os.PathLike) -> Hardware:
@@ -318,13 +471,44 @@ def load_hardware(spec: str | os.PathLike) -> Hardware:
   return Hardware.from_dict(strict_json.load(spec, HardwareError), where=spec)
 
 
+def presets_holding(num_bytes: int) -> list[Hardware]:
+  """The presets of real machines whose slow default memory holds `num_bytes`, smallest first."""
+  machines = [h for name, h in PRESETS.items() if name not in NOT_MACHINES]
+  holders = [h for h in machines if h.levels[-1].capacity_bytes >= num_bytes]
+  return sorted(holders, key=lambda h: h.levels[-1].capacity_bytes)
+
+
+def fit_advice(num_bytes: int, exclude: str = "") -> str:
+  """What to pass instead of a machine that cannot hold `num_bytes`: the presets that can, else a
+  hardware file. Why: a refusal that only says 'too big' leaves a user with a 90 GiB training step
+  guessing which machine would take it, or that they may describe their own."""
+  holders = [h for h in presets_holding(num_bytes) if h.name != exclude]
+  if holders:
+    named = ", ".join(
+      f"{h.name} ({human_bytes(h.levels[-1].capacity_bytes)} {h.levels[-1].name})" for h in holders
+    )
+    return f"presets that hold it: {named}; pass --hardware NAME ('malloczero hardware list')"
+  largest = max(
+    (h for name, h in PRESETS.items() if name not in NOT_MACHINES),
+    key=lambda h: h.levels[-1].capacity_bytes,
+  )
+  return (
+    f"no preset holds it (the largest, {largest.name}, has "
+    f"{human_bytes(largest.levels[-1].capacity_bytes)} of {largest.levels[-1].name}): describe "
+    "the machine in a hardware JSON file (README, 'Hardware files'; 'malloczero hardware show "
+    f"{largest.name}' prints one to start from) and pass --hardware FILE.json"
+  )
+
+
 def check_fits(hw: Hardware, peak_live_bytes: int, where: str) -> None:
-  """The slow default memory must hold the whole program (everything starts there)."""
+  """The slow default memory must hold the whole program (everything starts there); a program it
+  cannot hold is refused with the presets that can (`fit_advice`)."""
   slow = hw.levels[-1]
   if peak_live_bytes > slow.capacity_bytes:
     raise HardwareError(
-      f"{where}: peak live bytes {peak_live_bytes} exceed the slow memory "
-      f"'{slow.name}' ({slow.capacity_bytes} bytes) of hardware '{hw.name}'"
+      f"{where}: peak live bytes {peak_live_bytes} exceed the slow memory '{slow.name}' "
+      f"({slow.capacity_bytes} bytes) of hardware '{hw.name}' ({human_bytes(peak_live_bytes)} > "
+      f"{human_bytes(slow.capacity_bytes)}); {fit_advice(peak_live_bytes, exclude=hw.name)}"
     )
 
 
@@ -359,6 +543,9 @@ def resolve_hardware(
       else f"a workload file records no hardware: pass {presets}; --capacity BYTES then sets its "
       "fast memory size"
     )
+  # The program first: a machine too small for it is refused naming the presets that hold it,
+  # before a fast capacity (a share of the program) is refused for the same reason.
+  check_fits(hw, workload.peak_live_bytes, workload.name)
   return apply_capacities(hw, capacities)
 
 

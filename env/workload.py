@@ -53,14 +53,21 @@ MAX_FILE_INT = 1 << 60
 MAX_TOTAL_BYTES = 1 << 62
 
 
+MAX_LOOP_DEPTH = 64
+
+
 @dataclasses.dataclass(frozen=True)
 class Op:
-  """One step of the schedule, or `weight` identical consecutive steps merged into one op (a
-  compressed MiniMalloc time interval): `flops` and the bytes it moves are per step."""
+  """One step of the schedule, or `weight` steps of it in one op: identical consecutive steps
+  merged (a compressed MiniMalloc time interval), or an op of a loop's body that runs once per
+  iteration (its weight the trip counts of the `loop_depth` loops around it, as the HLO importer
+  flattens a `while`). `flops` and the bytes it moves are per step. `loop_depth` is XLA's while
+  nest level, which its memory-space assignment reads instead of trip counts (env/msa)."""
 
   name: str
   flops: float
   weight: int = 1
+  loop_depth: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +223,9 @@ def _plainly_valid(w: Workload) -> _Columns | None:
     return None
   if sum(weights) > MAX_FILE_INT:
     return None
+  depths = [op.loop_depth for op in ops]
+  if not set(map(type, depths)) <= {int} or min(depths) < 0 or max(depths) > MAX_LOOP_DEPTH:
+    return None
   if any(b.use_bytes is not None or b.def_bytes is not None for b in bufs):
     return None
   ids = [b.id for b in bufs]
@@ -283,6 +293,12 @@ def _check_workload(w: Workload) -> _Columns | None:
       fail(
         where,
         f"op {t} ('{op.name}'): 'weight' must be an integer from 1 to 2**60, got {op.weight!r}",
+      )
+    if not is_int(op.loop_depth) or not 0 <= op.loop_depth <= MAX_LOOP_DEPTH:
+      fail(
+        where,
+        f"op {t} ('{op.name}'): 'loop_depth' must be an integer from 0 to {MAX_LOOP_DEPTH}, got "
+        f"{op.loop_depth!r}",
       )
   if sum(op.weight for op in w.ops) > MAX_FILE_INT:
     fail(where, "the ops' weights add up to more than 2**60 steps")

@@ -1,12 +1,14 @@
 """The workload JSON format (`.json`, or gzipped `.json.gz`), read strictly, and the workload
 files of every format: `load_workload` and `save_workload` choose JSON or MiniMalloc's CSV
-(env/minimalloc_csv.py) by the file's extension.
+(env/minimalloc_csv.py) by the file's extension; `workload_format` also tells HLO text modules
+(`.hlo`, `.txt`, or content starting `HloModule`), which the importer converts, not this loader.
 
 JSON format (docs/design.md)::
 
   {"name": str, "source": str,
    "ops": [{"name": str, "flops": number,                  # in schedule order
-            "weight": int}, ...],                           # optional, default 1
+            "weight": int,                                  # optional, default 1
+            "loop_depth": int}, ...],                       # optional, default 0
    "buffers": [{"id": int, "name": str, "size": int,         # id >= 0, unique; size in bytes
                 "def": int | null,                           # defining op; null = program start
                 "uses": [int, ...],                          # ops that read it: sorted, unique
@@ -45,6 +47,7 @@ from malloczero.common.units import show_int
 from malloczero.env.minimalloc_csv import workload_from_minimalloc_csv, workload_to_minimalloc_csv
 from malloczero.env.workload import (
   MAX_FILE_INT,
+  MAX_LOOP_DEPTH,
   PROGRAM_START,
   Buffer,
   Op,
@@ -60,7 +63,7 @@ from malloczero.env.workload import (
 # The keys of a workload file at each level; any other is refused (a misspelt optional key such
 # as 'use_byte' would otherwise be ignored without a word).
 WORKLOAD_KEYS = ("name", "source", "ops", "buffers")
-OP_KEYS = ("name", "flops", "weight")
+OP_KEYS = ("name", "flops", "weight", "loop_depth")
 BUFFER_KEYS = ("id", "name", "size", "def", "uses", "kind", "use_bytes", "def_bytes")
 
 
@@ -85,7 +88,12 @@ def workload_to_dict(w: Workload) -> dict[str, Any]:
     "name": w.name,
     "source": w.source,
     "ops": [
-      {"name": o.name, "flops": o.flops, **({"weight": o.weight} if o.weight != 1 else {})}
+      {
+        "name": o.name,
+        "flops": o.flops,
+        **({"weight": o.weight} if o.weight != 1 else {}),
+        **({"loop_depth": o.loop_depth} if o.loop_depth else {}),
+      }
       for o in w.ops
     ],
     "buffers": buffers,
@@ -111,7 +119,8 @@ def _one_line(text: str) -> bool:
 
 def _plain_op(op: Any, known: frozenset[str], t: int) -> Op | None:
   """Op `t` when it is what nearly every op of a file is (known keys; a printable name, a
-  finite float or small int of flops >= 0 and a small int weight >= 1, each where given), in
+  finite float or small int of flops >= 0, a small int weight >= 1 and a loop depth, each where
+  given), in
   one pass; else None, and the checks one key at a time, with their messages, judge it."""
   if type(op) is not dict or not known.issuperset(op):
     return None
@@ -120,7 +129,7 @@ def _plain_op(op: Any, known: frozenset[str], t: int) -> Op | None:
     if "name" in op:
       return None
     name = f"op{t}"
-  flops, weight = op.get("flops", 0.0), op.get("weight", 1)
+  flops, weight, depth = op.get("flops", 0.0), op.get("weight", 1), op.get("loop_depth", 0)
   if not (
     type(name) is str
     and name.isprintable()
@@ -128,9 +137,11 @@ def _plain_op(op: Any, known: frozenset[str], t: int) -> Op | None:
     and 0.0 <= flops < math.inf
     and type(weight) is int
     and 1 <= weight <= MAX_FILE_INT
+    and type(depth) is int
+    and 0 <= depth <= MAX_LOOP_DEPTH
   ):
     return None
-  return Op(name, float(flops), weight)
+  return Op(name, float(flops), weight, depth)
 
 
 def _plain_buffer(b: Any, known: frozenset[str]) -> Buffer | None:
@@ -176,24 +187,27 @@ def _plain_ops(raw_ops: list, known: frozenset[str]) -> list[Op] | None:
     names = [f"op{t}" if name is None else name for t, name in enumerate(names)]
   flops = [op.get("flops", 0.0) for op in raw_ops]
   weights = [op.get("weight", 1) for op in raw_ops]
+  depths = [op.get("loop_depth", 0) for op in raw_ops]
   if not (
     set(map(type, names)) <= {str}
     and all(map(str.isprintable, names))
     and set(map(type, flops)) <= {float, int}
     and set(map(type, weights)) <= {int}
+    and set(map(type, depths)) <= {int}
   ):
     return None
   if not (
     all(0.0 <= f < math.inf for f in flops)  # Not NaN either.
     and all(f <= MAX_FILE_INT for f in flops if type(f) is int)
     and (not weights or (1 <= min(weights) and max(weights) <= MAX_FILE_INT))
+    and (not depths or (0 <= min(depths) and max(depths) <= MAX_LOOP_DEPTH))
   ):
     return None
   return frozen_instances(
     Op,
     [
-      {"name": name, "flops": float(f), "weight": weight}
-      for name, f, weight in zip(names, flops, weights)
+      {"name": name, "flops": float(f), "weight": weight, "loop_depth": depth}
+      for name, f, weight, depth in zip(names, flops, weights, depths)
     ],
   )
 
@@ -297,7 +311,14 @@ def _ops_one_by_one(raw_ops: list, where: str) -> list[Op]:
         f"op {t} ('{op_name}'): 'weight' must be an integer from 1 to 2**60, got "
         f"{show_int(weight) if is_int(weight) else show_value(weight)}",
       )
-    ops.append(Op(op_name, float(flops), int(weight)))
+    depth = op.get("loop_depth", 0)
+    if not is_int(depth) or not 0 <= depth <= MAX_LOOP_DEPTH:
+      fail(
+        where,
+        f"op {t} ('{op_name}'): 'loop_depth' must be an integer from 0 to {MAX_LOOP_DEPTH}, got "
+        f"{show_int(depth) if is_int(depth) else show_value(depth)}",
+      )
+    ops.append(Op(op_name, float(flops), int(weight), int(depth)))
   return ops
 
 
@@ -438,13 +459,45 @@ def _normal_access_bytes(
   return use_bytes, def_bytes
 
 
+# HLO text modules, which `solve`, `validate` and `train --workload` import on first use (the
+# command line's launch/hlo_input.py); XLA's dumps end in `.txt`.
+HLO_EXTENSIONS = (".hlo", ".txt")
+
+
+def workload_format(path: str | os.PathLike) -> str:
+  """'csv', 'hlo' (an HLO text module) or 'json', by the extension (`.csv`; `.hlo`, `.txt`;
+  `.json`, `.json.gz`), else by the content: a file that starts with `HloModule`, as every printed
+  module does, is HLO text, and anything else is read as JSON (whose errors then say why)."""
+  path = os.fspath(path)
+  if path.endswith(".csv"):
+    return "csv"
+  if path.endswith(HLO_EXTENSIONS):
+    return "hlo"
+  if path.endswith((".json", ".json.gz")):
+    return "json"
+  try:
+    with open(path, "rb") as f:
+      head = f.read(4096)
+  except OSError:
+    return "json"  # Reading it again says why it cannot be read.
+  return "hlo" if head.lstrip().startswith(b"HloModule") else "json"
+
+
 def load_workload(path: str | os.PathLike) -> Workload:
-  """Loads `.json`, `.json.gz` or MiniMalloc `.csv`; every failure is a one-line WorkloadError."""
+  """Loads `.json`, `.json.gz` or MiniMalloc `.csv`; every failure is a one-line WorkloadError.
+  An HLO text module is refused with where it is imported: converting one is the importer's work
+  (env/programs/hlo_import/), which needs XLA, and this loader is the game core's."""
   path = os.fspath(path)
   base = os.path.basename(path)
   stem = base.split(".")[0]
   if not os.path.exists(path):
     raise WorkloadError(f"{path}: no such workload file")
+  if workload_format(path) == "hlo":
+    raise WorkloadError(
+      f"{path}: an HLO text module, not a workload file: `malloczero solve`, `validate` and "
+      "`train --workload` import it on first use, `malloczero import-hlo` writes its workload "
+      "file (in Python: malloczero.env.programs.hlo_import.import_hlo_text)"
+    )
   text = strict_json.read_text(path, WorkloadError)
   if path.endswith(".csv"):
     try:

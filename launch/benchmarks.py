@@ -352,6 +352,10 @@ def run_distributed_bench(seconds: float = 150.0) -> dict[str, Any]:
 # of this many buffers (env/programs/synthetic.py), each solved with msa in a process of its own.
 SCALE_CSV_ROWS = 200_000
 SCALE_XLA_BUFFERS = 100_000
+# A training step as HLO text, flattened by the importer to about this many buffers
+# (env/programs/synthetic_hlo.py), and the scanned transformer's depth (scanned_transformer.py).
+SCALE_HLO_BUFFERS = 100_000
+LOOP_LAYERS = 100
 
 
 def _peak_resident_mb() -> float:
@@ -370,10 +374,12 @@ def _peak_resident_mb() -> float:
 
 
 def _scale_child(kind: str, path: str) -> dict[str, Any]:
-  """In the measuring subprocess: loads `path`, solves it with msa (which validates), validates
-  the mapping again as `malloczero validate` does, and reports each phase's seconds and the peak
-  resident MB reached by its end (`load_*`, `msa_*`, `validate_*`); `solve_s` is load and msa
-  together, `peak_mb` the whole run's peak. An input the memory guard refuses reports the
+  """In the measuring subprocess: loads `path` (`hlo` and `loop`: imports the HLO text, the
+  import being the load), solves it with msa (which validates), validates the mapping again as
+  `malloczero validate` does, and reports each phase's seconds and the peak resident MB reached
+  by its end (`load_*`, `msa_*`, `validate_*`); `solve_s` is load and msa together, `peak_mb`
+  the whole run's peak. The `loop` program is mapped on tpu-v4 as it is, the others on a
+  contended machine at 25% of their peak. An input the memory guard refuses reports the
   refusal's one line and how long it took."""
   from malloczero.common.errors import MalloczeroError
   from malloczero.env.solvers import solve
@@ -384,12 +390,23 @@ def _scale_child(kind: str, path: str) -> dict[str, Any]:
   started = time.perf_counter()
   report: dict[str, Any] = {}
   try:
-    workload = load_workload(path)
+    if kind in ("hlo", "loop"):  # HLO text: imported (flattened) here, the import is the load.
+      from malloczero.env.programs.hlo_import import import_hlo_text
+
+      with open(path, encoding="utf-8") as f:
+        workload = import_hlo_text(f.read(), os.path.basename(path)).workload
+      report["buffers"], report["ops"] = workload.num_buffers, workload.num_ops
+    else:
+      workload = load_workload(path)
     _ = workload.arrays  # Built lazily: part of loading, not of the solver.
     report["load_s"] = time.perf_counter() - started
     report["load_peak_mb"] = peak_mb()
     if kind == "csv":
       machine = PRESETS["minimalloc"]
+    elif kind == "loop":  # A real machine that holds the step, with its own on-chip memory.
+      machine = PRESETS["tpu-v4"]
+      report["hardware"] = machine.name
+      report["peak_live_gib"] = workload.peak_live_bytes / 2**30
     else:
       machine = dataclasses.replace(
         PRESETS["tpu-v4i-like"],
@@ -398,7 +415,8 @@ def _scale_child(kind: str, path: str) -> dict[str, Any]:
           dataclasses.replace(PRESETS["tpu-v4i-like"].levels[1], capacity_bytes=1 << 40),
         ),
       )
-    machine = contended(machine, workload, 0.25)
+    if kind != "loop":
+      machine = contended(machine, workload, 0.25)
     solving = time.perf_counter()
     result = solve(workload, machine, "msa")
     report["msa_s"] = time.perf_counter() - solving
@@ -433,13 +451,21 @@ def _measure_in_subprocess(kind: str, path: str) -> dict[str, Any]:
 
 
 def bench_scale(
-  csv_rows: int = SCALE_CSV_ROWS, xla_buffers: int = SCALE_XLA_BUFFERS
+  csv_rows: int = SCALE_CSV_ROWS,
+  xla_buffers: int = SCALE_XLA_BUFFERS,
+  hlo_buffers: int = SCALE_HLO_BUFFERS,
+  loop_layers: int = LOOP_LAYERS,
 ) -> dict[str, Any]:
-  """msa (and validation) on a generated MiniMalloc CSV and XLA-like program at trace scale,
-  each generated deterministically here and measured in its own process (seconds, peak MB)."""
+  """msa (and validation) on a generated MiniMalloc CSV and XLA-like program at trace scale; a
+  generated training step as HLO text, imported (flattened) and mapped; and a scanned
+  transformer of `loop_layers` layers compiled by XLA (its compile time reported apart),
+  imported and mapped on tpu-v4. Each is generated deterministically here and measured in its
+  own process (seconds, peak MB)."""
   import tempfile
 
+  from malloczero.env.programs.scanned_transformer import TransformerShape, scanned_transformer_hlo
   from malloczero.env.programs.synthetic import minimalloc_csv_text, xla_like_workload
+  from malloczero.env.programs.synthetic_hlo import layered_step_hlo
   from malloczero.env.workload_json import save_workload
 
   report: dict[str, Any] = {}
@@ -448,9 +474,17 @@ def bench_scale(
     write_text(csv_path, minimalloc_csv_text(csv_rows, seed=0))
     xla_path = os.path.join(tmp, f"xla{xla_buffers}.json")
     save_workload(xla_like_workload(xla_buffers, seed=0), xla_path)
+    hlo_path = os.path.join(tmp, f"step{hlo_buffers}.hlo")
+    write_text(hlo_path, layered_step_hlo(hlo_buffers, seed=0))
+    loop_path = os.path.join(tmp, f"transformer{loop_layers}.hlo")
+    compiling = time.perf_counter()
+    write_text(loop_path, scanned_transformer_hlo(TransformerShape(layers=loop_layers)))
+    report[f"loop_transformer_{loop_layers}_layers_xla_compile_s"] = time.perf_counter() - compiling
     for prefix, kind, path in (
       (f"scale_csv_{csv_rows}_rows_msa", "csv", csv_path),
       (f"scale_xla_{xla_buffers}_buffers_msa", "xla", xla_path),
+      (f"scale_hlo_{hlo_buffers}_buffers_import_msa", "hlo", hlo_path),
+      (f"loop_transformer_{loop_layers}_layers_import_msa", "loop", loop_path),
     ):
       for key, value in _measure_in_subprocess(kind, path).items():
         report[f"{prefix}_{key}"] = value

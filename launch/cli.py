@@ -17,6 +17,7 @@ from malloczero.launch.commands import (
   bench,
   convert_checkpoint,
   evaluate,
+  hardware,
   import_program,
   solve,
   suite,
@@ -31,7 +32,17 @@ EXIT_FLAG_ERROR = 2
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process it killed.
 # In the order `malloczero --help` lists them.
-COMMANDS = (validate, solve, import_program, suite, evaluate, bench, train, convert_checkpoint)
+COMMANDS = (
+  validate,
+  solve,
+  import_program,
+  suite,
+  hardware,
+  evaluate,
+  bench,
+  train,
+  convert_checkpoint,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,11 @@ atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
 _BASELINE_CACHE = tempfile.mkdtemp(prefix="malloczero-tests-baselines-")
 os.environ["MALLOCZERO_BASELINE_CACHE_DIR"] = _BASELINE_CACHE
 atexit.register(shutil.rmtree, _BASELINE_CACHE, ignore_errors=True)
+# Likewise the HLO modules `solve`, `validate` and `train --workload` import
+# (env/programs/import_cache.py); a test of the cache itself points it at its own directory.
+_IMPORT_CACHE = tempfile.mkdtemp(prefix="malloczero-tests-hlo-imports-")
+os.environ["MALLOCZERO_IMPORT_CACHE_DIR"] = _IMPORT_CACHE
+atexit.register(shutil.rmtree, _IMPORT_CACHE, ignore_errors=True)
 
 hypothesis.settings.register_profile(
   "ci", max_examples=40, deadline=None, derandomize=True, print_blob=True

@@ -160,26 +160,31 @@ def test_peak_live_bytes_agrees_with_xla_memory_analysis(request, case):
 # ----------------------------------------------------------------------------- 3. loops, convs
 
 
-def test_scan_imports_with_trip_count():
+def test_scan_imports_its_body_weighted_by_the_trip_count():
   def scanned(w, x):
     return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=5)[0]
 
   w, _ = workload_from_jax(scanned, jnp.ones((16, 16)), jnp.ones((8, 16)), name="scan")
-  loops = [o for o in w.ops if o.name.startswith("while")]
-  assert len(loops) == 1
+  # The loop's ops are its condition's and body's (the while itself makes none).
+  assert not any(o.name.startswith("while") for o in w.ops)
   body_matmul = 2 * 8 * 16 * 16
-  # XLA printed known_trip_count=5: the body counts five times.
-  assert 5 * body_matmul <= loops[0].flops <= 1.25 * 5 * body_matmul
+  (dot,) = [o for o in w.ops if o.flops == body_matmul]
+  assert dot.weight == 5  # XLA printed known_trip_count=5: the body counts five times.
+  assert {o.weight for o in w.ops} <= {1, 5, 6}  # The condition runs once more.
+  assert 5 * body_matmul <= w.arrays.flops.sum() <= 1.25 * 5 * body_matmul
 
 
-def test_data_dependent_while_loop_counts_its_body_once():
+def test_data_dependent_while_loop_counts_its_body_once_with_a_warning():
   def loop(x):
     return jax.lax.while_loop(lambda c: c.sum() < 100.0, lambda c: jnp.tanh(c @ c) + 1.0, x)
 
-  w, _ = workload_from_jax(loop, jnp.ones((8, 8)), name="while")
-  assert w.arrays.flops.sum() > 0
-  loops = [o for o in w.ops if o.name.startswith("while")]
-  assert len(loops) == 1 and 2 * 8 * 8 * 8 <= loops[0].flops <= 1.25 * 2 * 8 * 8 * 8
+  text = jax.jit(loop).lower(jnp.ones((8, 8))).compile().as_text()
+  result = import_hlo_text(text, "while")
+  w = result.workload
+  assert {o.weight for o in w.ops} == {1}
+  assert 2 * 8 * 8 * 8 <= w.arrays.flops.sum() <= 1.25 * 2 * 8 * 8 * 8
+  (warning,) = [n for n in result.notes if "trip count" in n]
+  assert "count once" in warning
 
 
 def test_conv_flops_match_analytic(cnn_forward):

@@ -249,7 +249,7 @@ def test_async_collectives_alias_what_xla_aliases():
     "ard",
     "cps",
     "cpd",
-    "as",
+    "r",
     "ad",
     "send",
     "send-done",
@@ -259,14 +259,16 @@ def test_async_collectives_alias_what_xla_aliases():
   ]
   # Collectives move data: 0 flops (the all-reduce's reducer is not counted either).
   assert [o.flops for o in w.ops] == [0.0] * 12 + [8 * 64]
-  # Each start defines its result ({1} of its tuple); the done defines nothing.
+  # Each start defines its result ({1} of its tuple); the done defines nothing. The generic
+  # async-start's wrapped computation is flattened: its all-to-all `r` is the op and its
+  # result the start's {1}; the start makes no op.
   b = {x.name: x for x in w.buffers}
   assert {k: v.size for k, v in b.items()} == {
     "w": 1024,
     "ags{1}": 2048,
     "ars": 2048,
     "cps{1}": 2048,
-    "as{1}": 2048,
+    "r": 2048,
     "recv{0}": 1024,
     "neg": 2048,
   }
@@ -274,9 +276,10 @@ def test_async_collectives_alias_what_xla_aliases():
   assert b["w"].uses == (t["ags"], t["agd"], t["send"], t["send-done"])
   assert b["w"].use_bytes == (1024, 0, 1024, 0)
   assert b["ags{1}"].uses == (t["agd"], t["ars"], t["ard"])
-  assert b["as{1}"].uses == (t["ad"], t["neg"])
+  assert b["r"].uses == (t["ad"], t["neg"])
+  assert b["cps{1}"].uses[-1] == t["ad"]  # The wrapped computation's operand, to the done.
   assert b["recv{0}"].kind == b["neg"].kind == "output"
-  # Live: w [0, 10), ags{1} [0, 4), ars [2, 6), cps{1} [4, 8), as{1} [6, 13), recv{0}
+  # Live: w [0, 10), ags{1} [0, 4), ars [2, 6), cps{1} [4, 8), r [6, 13), recv{0}
   # [10, 13), neg [12, 13): at most three of them at any op, e.g. w + ags{1} + ars at op 2.
   assert w.peak_live_bytes == 1024 + 2048 + 2048
   assert w.arrays.incidence_bytes.sum() == 2 * 1024 + 4 * (2 * 2048) + 1024 + 2048

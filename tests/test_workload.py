@@ -12,6 +12,7 @@ from hypothesis import given
 import malloczero.env.workload_json as workload_json
 from malloczero.env import WorkloadError, load_workload, save_workload
 from malloczero.env.minimalloc_csv import workload_from_minimalloc_csv, workload_to_minimalloc_csv
+from malloczero.env.workload import Op, Workload
 from malloczero.env.workload_json import workload_from_dict, workload_to_dict
 from tests.strategies import workloads
 
@@ -44,6 +45,26 @@ def test_json_round_trip(tmp_path_factory, workload):
   plain = path.with_suffix("").with_suffix(".json")
   save_workload(workload, plain)
   assert load_workload(plain) == workload
+
+
+def test_a_loops_ops_keep_their_weight_and_depth_through_a_file(tmp_path):
+  """An op of a loop's body: its weight the trip count, its depth the loops around it."""
+  w = workload_from_dict(
+    {
+      "name": "loop",
+      "ops": [
+        {"name": "a", "flops": 1.0},
+        {"name": "b", "flops": 2.0, "weight": 8, "loop_depth": 1},
+      ],
+      "buffers": [{"id": 0, "size": 64, "def": 0, "uses": [1], "kind": "activation"}],
+    }
+  )
+  assert [(o.weight, o.loop_depth) for o in w.ops] == [(1, 0), (8, 1)]
+  assert w.arrays.flops.tolist() == [1.0, 16.0] and w.time_axis.tolist() == [0, 1, 9]
+  path = tmp_path / "loop.json"
+  save_workload(w, path)
+  assert load_workload(path) == w
+  assert '"loop_depth":1' in path.read_text() and path.read_text().count("loop_depth") == 1
 
 
 def test_csv_round_trip_and_objective_is_the_bytes_written_and_read(tmp_path):
@@ -157,6 +178,16 @@ MALFORMED = [
     lambda d: d["ops"][0].update(weight=2.0),
     r"op 0 \('a'\): 'weight' must be an "
     "integer",
+  ),
+  (
+    "negative loop depth",
+    lambda d: d["ops"][0].update(loop_depth=-1),
+    r"op 0 \('a'\): 'loop_depth' must be an integer from 0 to 64, got -1",
+  ),
+  (
+    "string loop depth",
+    lambda d: d["ops"][0].update(loop_depth="1"),
+    r"op 0 \('a'\): 'loop_depth' must be an integer from 0 to 64, got '1'",
   ),
   (
     "unknown top-level key",
@@ -389,6 +420,9 @@ def test_the_one_pass_checks_leave_anything_unusual_to_the_one_key_checks(change
     {"flops": 1 << 61},
     {"weight": 0},
     {"weight": 2.0},
+    {"loop_depth": -1},
+    {"loop_depth": 65},
+    {"loop_depth": 1.0},
     {"name": None},
     {"name": "tab\there"},
     {"other": 1},
@@ -426,6 +460,22 @@ def test_the_column_checks_read_what_the_checks_one_at_a_time_read(workload):
   for name, value in vars(fast.arrays).items():
     other = getattr(slow.arrays, name)
     assert value.dtype == other.dtype and np.array_equal(value, other), name
+
+
+def test_the_column_checks_keep_and_check_the_ops_loop_depths():
+  """Loop depths read column by column are those read one op at a time; a depth out of range,
+  in a file or in ops built in Python, is refused with the one-op message."""
+  document = json.loads(json.dumps(GOOD))
+  for t, op in enumerate(document["ops"]):
+    op.update(weight=1 + 3 * t, loop_depth=t)
+  fast, slow = workload_from_dict(document), _one_at_a_time(document)
+  assert fast == slow and [o.loop_depth for o in fast.ops] == list(range(len(document["ops"])))
+  document["ops"][1]["loop_depth"] = 65
+  with pytest.raises(WorkloadError, match="op 1 \\('b'\\): 'loop_depth' must be an integer"):
+    workload_from_dict(document)
+  ops = (Op("a", 1.0), Op("b", 1.0, 2, 65))
+  with pytest.raises(WorkloadError, match="op 1 \\('b'\\): 'loop_depth' must be an integer"):
+    Workload("w", "test", ops, fast.buffers)
 
 
 def test_a_file_not_plain_somewhere_is_read_one_at_a_time_with_its_message():

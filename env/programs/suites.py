@@ -23,7 +23,7 @@ import json
 import os
 
 from malloczero.common.errors import MalloczeroError
-from malloczero.env.hardware import Hardware, load_hardware
+from malloczero.env.hardware import Hardware, check_fits, load_hardware
 from malloczero.env.workload import Workload
 from malloczero.env.workload_json import load_workload
 
@@ -47,6 +47,7 @@ class SuiteEntry:
 
   def hardware_for(self, workload: Workload) -> Hardware:
     base = load_hardware(self.hardware)
+    check_fits(base, workload.peak_live_bytes, self.name)
     align = base.alignment_bytes
     capacity = max(align, int(self.capacity_fraction * workload.peak_live_bytes) // align * align)
     return base.with_fast_capacity(capacity)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from malloczero.env.hardware import Hardware
+from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.workload import Workload
 from malloczero.env.workload_json import workload_from_ops
 
@@ -141,7 +141,9 @@ def mlp_training_step(
 
 
 def contended(hardware: Hardware, workload: Workload, fraction: float) -> Hardware:
-  """The hardware with its fast capacity set to `fraction` of the workload's peak live bytes."""
+  """The hardware with its fast capacity set to `fraction` of the workload's peak live bytes; a
+  machine that cannot hold the program is refused naming the presets that can (`check_fits`)."""
+  check_fits(hardware, workload.peak_live_bytes, workload.name)
   align = hardware.alignment_bytes
   return hardware.with_fast_capacity(
     max(align, int(fraction * workload.peak_live_bytes) // align * align)

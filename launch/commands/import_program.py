@@ -12,6 +12,7 @@ from malloczero.common.files import check_output_file
 from malloczero.common.units import human_bytes
 from malloczero.env.workload import Workload
 from malloczero.launch.flags import OnceBooleanOptionalAction, console, positive_int
+from malloczero.launch.hlo_input import hlo_name, hlo_source, print_notes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +42,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     help="compile the module with XLA on the CPU before importing it (default: "
     "only when it is not scheduled); --no-compile keeps the print order of an "
     "unscheduled module as its schedule",
+  )
+  p.add_argument(
+    "--xla-report",
+    metavar="FILE",
+    help="XLA's buffer assignment of the same dump (its *-buffer-assignment.txt, or the "
+    "*-memory-usage-report.txt beside it): compare the imported peak and the largest live "
+    "values with XLA's, and say where they differ and why (default: a one-line comparison "
+    "with the buffer assignment beside FILE, when XLA wrote one)",
   )
   p.add_argument("--out", required=True, help="workload file (.json or .json.gz)")
   p.set_defaults(func=run_import_hlo)
@@ -77,6 +86,7 @@ def run_import_jax(args: argparse.Namespace) -> int:
 
 def run_import_hlo(args: argparse.Namespace) -> int:
   from malloczero.env.programs.hlo_import import import_hlo_text
+  from malloczero.env.programs.hlo_import.xla_report import read_xla_report, report_beside
   from malloczero.env.workload_json import save_workload
 
   check_output_file(args.out)
@@ -85,12 +95,44 @@ def run_import_hlo(args: argparse.Namespace) -> int:
       text = f.read()
   except (OSError, UnicodeDecodeError) as e:
     raise MalloczeroError(f"{args.hlo}: cannot read: {e}") from None
-  name = args.name or os.path.basename(args.hlo).split(".")[0]
+  # XLA's report is read first, so that a bad one is refused before anything is written.
+  report = read_xla_report(args.xla_report) if args.xla_report else None
+  beside = report_beside(args.hlo) if not args.xla_report else None
+  if beside:
+    try:
+      report = read_xla_report(beside)
+    except MalloczeroError as e:  # Not asked for: a damaged report beside the dump is a note.
+      print(f"import-hlo: not compared with XLA's report: {e}", file=sys.stderr)
   result = import_hlo_text(
-    text, name, source=f"xla-hlo ({os.path.basename(args.hlo)})", compile=args.compile
+    text, args.name or hlo_name(args.hlo), source=hlo_source(args.hlo), compile=args.compile
   )
-  for note in result.notes:  # What was done (parser, compiling) and one warning per kind.
-    print(f"import-hlo: {note}", file=sys.stderr)
+  print_notes(result.notes)
   save_workload(result.workload, args.out)
   _describe_import(result.workload, args.out)
+  if report is not None:
+    _compare_with_xla_report(result, report, full=bool(args.xla_report))
   return 0
+
+
+def _compare_with_xla_report(result, report, full: bool) -> None:
+  """XLA's own numbers beside the import's: in full for `--xla-report`, else one line when XLA
+  left its buffer assignment beside the module."""
+  from malloczero.env.programs.hlo_import.xla_report import compare_with_xla
+
+  path = report.path
+  if result.compiled:
+    print(
+      f"import-hlo: not compared with {path}: the module was compiled again here, so XLA's "
+      "report describes another program",
+      file=sys.stderr,
+    )
+    return
+  comparison = compare_with_xla(result.workload, report)
+  if full:
+    print("\n".join(comparison.lines))
+  elif comparison.ratio is not None:
+    print(
+      f"XLA's buffer assignment beside it ({os.path.basename(path)}): peak "
+      f"{human_bytes(comparison.xla_peak_bytes)}; the import by XLA's rules "
+      f"{(comparison.ratio - 1) * 100:+.1f}% (--xla-report FILE says where they differ)"
+    )

@@ -9,7 +9,6 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_file
 from malloczero.env.hardware import resolve_hardware
 from malloczero.env.solvers.registry import Solver
-from malloczero.env.workload_json import load_workload
 from malloczero.launch.flags import (
   HARDWARE_CHOICES,
   add_capacity_flag,
@@ -17,6 +16,7 @@ from malloczero.launch.flags import (
   say_capacities,
   solver_options,
 )
+from malloczero.launch.hlo_input import REIMPORT_HELP, load_program
 from malloczero.launch.solvers import ALL_SOLVERS
 
 
@@ -26,7 +26,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     help="map one program with a baseline, the trained agent or the "
     "better of both; validates the mapping, writes MAP.json and its picture",
   )
-  p.add_argument("workload", help="workload JSON (.json/.json.gz) or MiniMalloc CSV")
+  p.add_argument(
+    "workload",
+    help="workload JSON (.json/.json.gz), MiniMalloc CSV or HLO text module (.hlo/.txt, "
+    "imported on first use and cached)",
+  )
+  p.add_argument("--reimport", action="store_true", help=REIMPORT_HELP)
   p.add_argument(
     "--hardware",
     help=f"{HARDWARE_CHOICES}; required for a workload JSON (a "
@@ -120,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     )
   if solver.kind != "agent" and args.checkpoint:
     raise MalloczeroError(f"--checkpoint is for --solver agent or portfolio, not {solver.name}")
-  workload = load_workload(args.workload)
+  workload, _ = load_program(args.workload, args.reimport)
   hw = resolve_hardware(workload, args.hardware, args.capacity)
   say_capacities(args.capacity, hw)
   if solver.kind == "agent":

@@ -11,8 +11,7 @@ import sys
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_output_dir
 from malloczero.configs.config import PRESETS, get_config
-from malloczero.env.hardware import check_fits, resolve_hardware
-from malloczero.env.workload_json import load_workload
+from malloczero.env.hardware import resolve_hardware
 from malloczero.evaluation.console import final_evaluation_table, learning_curve_table
 from malloczero.launch.config_flags import add_config_flags, apply_overrides, describe_config
 from malloczero.launch.flags import (
@@ -24,6 +23,7 @@ from malloczero.launch.flags import (
   positive_float,
   say_capacities,
 )
+from malloczero.launch.hlo_input import REIMPORT_HELP, load_program
 
 LAUNCHES = ("local_mp", "local_mt", "vertex_ai", "single")
 DEFAULT_CONFIG = "small"
@@ -54,10 +54,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
   )
   p.add_argument(
     "--workload",
-    help="optimise this program (workload file): train on it (and "
-    "on --suite's training programs if given); its fastest mapping so far is kept "
-    "in WORKDIR/best/, and the last line compares it with msa, bestfit and evo",
+    help="optimise this program (workload file, or an HLO text module .hlo/.txt, imported on "
+    "first use and cached): train on it (and on --suite's training programs if given); its "
+    "fastest mapping so far is kept in WORKDIR/best/, and the last line compares it with msa, "
+    "bestfit and evo",
   )
+  p.add_argument("--reimport", action="store_true", help="with --workload: " + REIMPORT_HELP)
   p.add_argument("--hardware", help=f"with --workload: {HARDWARE_CHOICES}")
   add_capacity_flag(p, help_prefix="with --workload: ")
   p.add_argument(
@@ -91,9 +93,9 @@ def train_config(args: argparse.Namespace):
       )
     except ValueError as e:
       raise FlagError(str(e)) from None
-  elif args.hardware or args.capacity:
+  elif args.hardware or args.capacity or args.reimport:
     raise MalloczeroError(
-      "--hardware and --capacity describe a --workload's fast memory; give the workload file too"
+      "--hardware, --capacity and --reimport are for a --workload; give the workload file too"
     )
   if not config.suite and not config.programs:
     raise FlagError(
@@ -111,11 +113,11 @@ def _program_file(args: argparse.Namespace):
   checked here so that a bad file or an impossible capacity fails before anything starts."""
   from malloczero.configs.config import ProgramFile
 
-  workload = load_workload(args.workload)
+  # An HLO module's workload is its import cache entry: the nodes load the program from a file.
+  workload, path = load_program(args.workload, args.reimport, need_file=True)
   hw = resolve_hardware(workload, args.hardware, args.capacity)
-  say_capacities(args.capacity, hw)
-  check_fits(hw, workload.peak_live_bytes, workload.name)
-  return ProgramFile(workload.name, os.path.abspath(args.workload), hw)
+  say_capacities(args.capacity, hw)  # resolve_hardware checked that the machine holds it.
+  return ProgramFile(workload.name, os.path.abspath(path), hw)
 
 
 def run(args: argparse.Namespace) -> int:

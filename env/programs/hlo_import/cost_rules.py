@@ -133,7 +133,7 @@ class FlopCounter:
       if op == "while":
         body = self.computation(comp_names(attr(attrs, "body"))[0], ins)
         cond = self.computation(comp_names(attr(attrs, "condition"))[0], ins)
-        return (body + cond) * _trip_count(attrs)
+        return (body + cond) * (trip_count(attrs) or 1)
       if op == "conditional":
         branches = comp_names(attr(attrs, "branch_computations")) or [
           c
@@ -176,9 +176,11 @@ class FlopCounter:
       ) from None
 
 
-def _trip_count(attrs: str) -> int:
+def trip_count(attrs: str) -> int | None:
+  """A while loop's trip count, where XLA printed one in its backend_config
+  (`"known_trip_count":{"n":"5"}`); None where it did not (the count is data dependent)."""
   m = re.search(r'known_trip_count"?\s*:\s*\{\s*"?n"?\s*:\s*"?(\d+)', attrs)
-  return int(m.group(1)) if m else 1
+  return int(m.group(1)) if m else None
 
 
 def _window_size(attrs: str) -> list[int]:

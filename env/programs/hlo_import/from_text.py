@@ -11,7 +11,7 @@ import dataclasses
 import re
 
 from malloczero.common.errors import WorkloadError
-from malloczero.env.programs.hlo_import.convert import convert_module, ops_of
+from malloczero.env.programs.hlo_import.convert import convert_module, count_ops
 from malloczero.env.programs.hlo_import.hlo import Module, check_text
 from malloczero.env.programs.hlo_import.notes import Notes
 from malloczero.env.programs.hlo_import.text_parser import parse_text
@@ -20,7 +20,7 @@ from malloczero.env.programs.hlo_import.xla_proto import (
   serialized_module,
   xla_reason,
 )
-from malloczero.env.workload import Workload
+from malloczero.env.workload import Workload, collection_paused
 
 
 def parse_module(text: str, where: str, notes: Notes, use_xla: bool = True) -> Module:
@@ -66,12 +66,17 @@ def import_hlo_text(
   `compile=True` insists (a failure is a `WorkloadError`), `compile=False` never compiles. The
   conversion rules are in the docstring of the package, `malloczero.env.programs.hlo_import`.
   """
+  with collection_paused():  # Every object the import builds is kept until it returns.
+    return _import(text, name, source, compile)
+
+
+def _import(text: str, name: str, source: str, compile: bool | None) -> HloImport:
   notes = Notes()
   check_text(text, name)
   module = parse_module(text, name, notes)
   compiled, was_scheduled = False, module.scheduled
   if compile or (compile is None and not was_scheduled):
-    before = len(ops_of(module))
+    before = count_ops(module)
     try:
       optimised, seconds = compile_hlo_on_cpu(text, name)
     except WorkloadError as e:
@@ -89,7 +94,7 @@ def import_hlo_text(
       )
       notes.note(
         f"the module {what} with XLA on the CPU in {seconds:.1f} s ({before} ops "
-        f"before, {len(ops_of(module))} after fusion and scheduling)"
+        f"before, {count_ops(module)} after fusion and scheduling)"
         + ("" if was_scheduled else "; --no-compile keeps the print order")
       )
   elif not was_scheduled:
@@ -110,7 +115,8 @@ def workload_from_hlo_text(text: str, name: str, source: str = "xla-hlo") -> Wor
   package's docstring. Malformed text raises a one-line `WorkloadError`.
   """
   notes = Notes()
-  return convert_module(parse_module(text, name, notes), name, source, notes)
+  with collection_paused():
+    return convert_module(parse_module(text, name, notes), name, source, notes)
 
 
 def compile_hlo_on_cpu(text: str, name: str) -> tuple[str, float]:

@@ -160,12 +160,14 @@ class Instr:
 
 @dataclasses.dataclass
 class Computation:
-  """One HLO computation: its instructions in order (the ENTRY's in schedule order)."""
+  """One HLO computation: its instructions in order; in schedule order when `sequenced` (the
+  module's schedule holds a sequence for it, or the text of a scheduled module prints it)."""
 
   name: str
   is_entry: bool
   instrs: list[Instr]
   line: int
+  sequenced: bool = False
 
   @functools.cached_property
   def by_name(self) -> dict[str, Instr]:
@@ -216,8 +218,10 @@ def check_operands(module: Module, where: str) -> None:
       seen.add(ins.name)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def attr(attrs: str, key: str) -> str | None:
-  """The value of `key=...` in an instruction's attribute text (braces kept balanced)."""
+  """The value of `key=...` in an instruction's attribute text (braces kept balanced). Cached:
+  the cost rules and the flattening read the same few attributes of an instruction many times."""
   m = re.search(r"(?:^|[,\s])" + re.escape(key) + r"=", attrs)
   if not m:
     return None

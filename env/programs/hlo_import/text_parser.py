@@ -182,6 +182,8 @@ def parse_text(text: str, where: str) -> Module:
     )
   if len(entries) > 1:
     raise WorkloadError(f"{where}: more than one ENTRY computation in the HLO text")
+  for comp in comps.values():  # A scheduled module prints every sequence in schedule order.
+    comp.sequenced = scheduled
   module = Module(comps, entries[0], scheduled, "text")
   check_operands(module, where)
   return module

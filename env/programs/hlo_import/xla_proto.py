@@ -5,7 +5,7 @@ child process kept for the next parses: a malformed module can fail a CHECK in X
 which aborts the process it runs in, and here that is a refusal (the hand-written parser reads
 the text instead). The proto classes that decode the module are built from the descriptors in
 TensorFlow's generated `hlo_pb2.py` / `xla_data_pb2.py` without importing TensorFlow. The proto
-gives exact shapes, operands, attributes and the ENTRY computation's schedule; the attributes
+gives exact shapes, operands, attributes and each computation's schedule; the attributes
 the importer reads are spelled back as the text format spells them, so that both parsers feed
 the same code.
 """
@@ -275,22 +275,41 @@ def _proto_shape(shape: Any) -> Shape:
   return Array(dtype, tuple(int(d) if d >= 0 else -1 for d in shape.dimensions))
 
 
+# The opcodes whose attributes the flop counter reads beyond called computations: the rest are
+# not spelled out (reading a proto field costs more than the rest of an instruction's import).
+_WINDOWED = frozenset({"convolution", "reduce-window", "select-and-scatter", "custom-call"})
+
+
 def _proto_attrs(ins: Any, comp_names: dict[int, str]) -> str:
   """The attributes the flop counter and the converter read, spelled as the text format
-  spells them, so that both parsers feed the same code."""
+  spells them, so that both parsers feed the same code: called computations, a
+  get-tuple-element's index, a dot's contracting dimensions, a window and convolution
+  dimensions, a custom call's target and a while loop's backend config (its trip count)."""
   parts = []
-  called = ["%" + comp_names.get(c, f"computation#{c}") for c in ins.called_computation_ids]
-  if ins.opcode == "while" and len(called) == 2:  # XLA keeps [body, condition].
-    parts += [f"body={called[0]}", f"condition={called[1]}"]
-  elif ins.opcode == "conditional":
-    parts.append("branch_computations={" + ", ".join(called) + "}")
-  elif called:
-    parts.append("calls={" + ", ".join(called) + "}")
-  if ins.opcode == "get-tuple-element":
+  opcode = ins.opcode
+  if ins.called_computation_ids:
+    called = ["%" + comp_names.get(c, f"computation#{c}") for c in ins.called_computation_ids]
+    if opcode == "while" and len(called) == 2:  # XLA keeps [body, condition].
+      parts += [f"body={called[0]}", f"condition={called[1]}"]
+    elif opcode == "conditional":
+      parts.append("branch_computations={" + ", ".join(called) + "}")
+    else:
+      parts.append("calls={" + ", ".join(called) + "}")
+  if opcode == "get-tuple-element":
     parts.append(f"index={ins.tuple_index}")
-  if ins.HasField("dot_dimension_numbers"):
+  elif opcode == "dot":
     dims = ins.dot_dimension_numbers.lhs_contracting_dimensions
     parts.append("lhs_contracting_dims={" + ",".join(map(str, dims)) + "}")
+  elif opcode in _WINDOWED:
+    parts += _window_attrs(ins)
+  elif opcode == "while" and ins.backend_config:
+    parts.append("backend_config=" + ins.backend_config.decode("utf-8", "replace"))
+  return ", " + ", ".join(parts) if parts else ""
+
+
+def _window_attrs(ins: Any) -> list[str]:
+  """`window=`, `dim_labels=` and `custom_call_target=` of a windowed op or custom call."""
+  parts = []
   if ins.HasField("window") and ins.window.dimensions:
     w = ins.window.dimensions
     field = lambda f: "x".join(str(f(d)) for d in w)
@@ -311,9 +330,7 @@ def _proto_attrs(ins: Any, comp_names: dict[int, str]) -> str:
     parts.append("dim_labels=" + _dim_labels(ins.convolution_dimension_numbers))
   if ins.custom_call_target:
     parts.append(f'custom_call_target="{ins.custom_call_target}"')
-  if ins.backend_config:
-    parts.append("backend_config=" + ins.backend_config.decode("utf-8", "replace"))
-  return ", " + ", ".join(parts) if parts else ""
+  return parts
 
 
 def _dim_labels(d: Any) -> str:
@@ -348,7 +365,7 @@ def _module_from_proto(proto: Any, where: str) -> Module:
     by_id = {i.id: i for i in c.instructions}
     order = list(c.instructions)
     is_entry = c.id == proto.entry_computation_id
-    scheduled = is_entry and c.id in proto.schedule.sequences
+    scheduled = c.id in proto.schedule.sequences
     if scheduled:
       ids = proto.schedule.sequences[c.id].instruction_ids
       if sorted(ids) != sorted(by_id):
@@ -375,7 +392,7 @@ def _module_from_proto(proto: Any, where: str) -> Module:
           int(i.parameter_number),
         )
       )
-    comps[c.name] = Computation(c.name, is_entry, instrs, 0)
+    comps[c.name] = Computation(c.name, is_entry, instrs, 0, scheduled)
     if is_entry:
       entry = (comps[c.name], scheduled)
   if entry is None:
