@@ -63,9 +63,10 @@ checked only over the new ops (XLA checks from the previous allocation's end).
 A value nothing reads gets one segment, its definition alone, kept in fast memory without a
 copy when a chunk is free: producing it there still saves the write.
 
-Copy budgets: XLA budgets each op its default-memory elapsed time for copies; the cost model,
-like XLA's own `RuntimeSimulator`, advances copies only in default-memory idle time, so a copy
-msa hides behind a memory-bound op can stall the program (`MsaOptions.copy_budget`, docs/msa.md).
+Copy budgets: XLA budgets each op its default-memory elapsed time for copies (one invocation's:
+a loop's op lends one iteration, not its trip count); the cost model, like XLA's own
+`RuntimeSimulator`, advances copies only in default-memory idle time, so a copy msa hides behind
+a memory-bound op can stall the program (`MsaOptions.copy_budget`, docs/msa.md).
 
 Three memory levels (docs/msa.md's extension; XLA has one alternate memory): one cost analysis,
 interval picker and chunk heap per fast level, the buffer order from the fastest level's
@@ -77,8 +78,14 @@ Not modelled, and why:
 * sliced prefetch (`max_slices` >= 2) and window prefetch: off by default in XLA;
 * cross-program prefetch: it keeps one parameter across program runs; this project evaluates a
   single run;
-* while-loop nesting (the picker's nest levels, while uses' extra outstanding prefetches): this
-  project's schedules are flat;
+* loops, in part: the cost analysis counts one iteration of a loop's op and multiplies
+  memory-bound benefits by 5 per level, the picker multiplies and divides by the loops' levels
+  and starts a prefetch only at its use's level, and the copy budgets are one iteration's
+  (cost_analysis.py, interval_picker.py: "Loops"); not XLA's allocation values for a loop's
+  state (a buffer carried through a loop is one value here, so a use inside a loop is never
+  prefetched from before the loop, and nothing ties the body's offset to the state's), its
+  while-use rules, redundant-eviction elimination and the while uses' extra outstanding
+  prefetches;
 * repacking (`max_repacks` 0 by default) and retries (`max_retries` 1: a single attempt);
 * colocations, aliasing and required assignments (a buffer here is one value; program outputs
   stay in default memory whole, as the validator requires, where XLA could keep their early

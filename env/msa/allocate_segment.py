@@ -204,6 +204,7 @@ class SegmentAllocator:
         size,
         uses,
         self.capacity[level],
+        picker.nest_state(),
       )
       if not found:
         continue
@@ -372,6 +373,7 @@ class SegmentAllocator:
       self.prefetch_resource.kernel_state(),
       *self.heaps[level].search_state(),
       picker.kernel_state(),
+      picker.nest_state(),
     )
     return [
       MsaOption(

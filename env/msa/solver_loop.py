@@ -85,7 +85,8 @@ class LoopPickers(NamedTuple):
   """The pickers of the fast levels: per level the prefix sums of the ops' elapsed times `[L, T +
   1]`, the longest interval kept without a copy `[L]` and whether no op's elapsed time is
   negative `[L]`; the min and preferred overlap ratios and the earlier side's thinning; or the
-  instruction-count picker and its bounds."""
+  instruction-count picker and its bounds; the program's loops (the pickers' `nest_state()`,
+  the same at every level: a `WhileNest`'s fields, None without loops)."""
 
   prefix: np.ndarray
   max_elapsed: np.ndarray
@@ -96,6 +97,7 @@ class LoopPickers(NamedTuple):
   count_picker: bool
   count_min: int
   count_max: int
+  nest: tuple | None
 
 
 class LoopOutput(NamedTuple):
@@ -168,6 +170,7 @@ def run_loop(algorithm) -> tuple[Allocations, dict[str, int]] | None:
       False,
       0,
       0,
+      pickers[0].nest_state(),
     )
   else:
     picker_state = LoopPickers(
@@ -180,6 +183,7 @@ def run_loop(algorithm) -> tuple[Allocations, dict[str, int]] | None:
       True,
       int(options.instruction_count_min),
       int(options.instruction_count_max),
+      None,
     )
   assert all(isinstance(p, CostAnalysisPrefetchIntervalPicker) for p in pickers) == (
     options.picker == "cost"

@@ -10,7 +10,13 @@ game does not load numba:
 * `prefetch`: the prefetch picker's window and start sequence (env/msa/interval_picker.py) and
   the prefetch loop over starts that combines them with the trees and the heap
   (`plan_prefetch_starts`, env/msa/allocate_segment.py).
-* `shared`: what more than one of them uses (the offset sort, the alignment rounding).
+* `shared`: what more than one of them uses (the offset sort, the alignment rounding, the
+  picker's elapsed time over an interval of a program with loops).
+
+A program with loops hands the picker's, the start walk's and the chunk search's kernels its
+`WhileNest` (interval_picker.py's "Loops") as a last argument, None without loops: an argument
+that numba types as None compiles those kernels without their loop branches, so that programs
+without loops run the code they always ran.
 
 Why jitted: msa's decision process (`algorithm.py`, all options) runs these checks several times
 per step, each over a few hundred ops or chunks; as numpy expressions their cost was mostly

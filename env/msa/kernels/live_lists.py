@@ -34,7 +34,7 @@ import numpy as np
 
 from malloczero.env.kernel_cache import njit
 from malloczero.env.msa.chunks import Chunks, HeapSearch, LiveLists, TimeIndex
-from malloczero.env.msa.interval_picker import NoCopyBound
+from malloczero.env.msa.interval_picker import NoCopyBound, WhileNest
 from malloczero.env.msa.kernels.chunk_index import (
   by_offset,
   collect,
@@ -42,7 +42,7 @@ from malloczero.env.msa.kernels.chunk_index import (
   fit_in_reach,
   index_add,
 )
-from malloczero.env.msa.kernels.shared import INT64_MAX, align_up, offset_order
+from malloczero.env.msa.kernels.shared import INT64_MAX, align_up, nested_elapsed, offset_order
 
 LIVE_SHIFT = 7
 LIST_PTR, LIST_LEN, LIST_ROOM, LIST_SEEN = 0, 1, 2, 3
@@ -564,10 +564,11 @@ def best_fit_indexed(index, lists, chunks, scratch, start, end, size):
 
 
 @njit
-def _extension(uses, end_use, picker):
+def _extension(uses, end_use, picker, nest=None):
   """`find_best_chunk_candidate`'s candidate uses: (first, last), the first use at or after
   `end_use` and the last one reachable from it through consecutive uses kept without a copy
-  (the picker's `can_allocate_in_alternate_memory_no_copy`; `picker`: a `NoCopyBound`)."""
+  (the picker's `can_allocate_in_alternate_memory_no_copy`; `picker`: a `NoCopyBound`; `nest`:
+  the program's loops, a `WhileNest`'s fields, or None)."""
   n = len(uses)
   first = np.searchsorted(uses, end_use, side="left")
   if first == n:
@@ -577,6 +578,8 @@ def _extension(uses, end_use, picker):
     u, v = uses[last], uses[last + 1]
     if picker.count_picker:
       keep = v - u <= picker.max_count
+    elif nest is not None:
+      keep = picker.max_elapsed > nested_elapsed(picker.prefix, WhileNest(*nest), u, v)
     else:
       keep = picker.max_elapsed > (0.0 if u == v else picker.prefix[v] - picker.prefix[u + 1])
     if not keep:
@@ -601,9 +604,9 @@ def _probe(heap, start, use, size, uses, last, k):
 
 
 @njit
-def chunk_candidate(heap, picker, start, end_use, size, uses, max_size):
+def chunk_candidate(heap, picker, start, end_use, size, uses, max_size, nest=None):
   """`best_chunk_candidate_indexed` on a named heap (`HeapSearch`) and picker
-  (`NoCopyBound`).
+  (`NoCopyBound`, and its `nest_state()`).
 
   The last candidate use is probed first: when its chunk fits and every chunk live until it ends
   within `max_size` (always, for msa's heaps), the binary search would find a fitting chunk at
@@ -612,7 +615,7 @@ def chunk_candidate(heap, picker, start, end_use, size, uses, max_size):
   bounded above by one of them, so it ends within `max_size`, or it is the top range, whose start
   is at most the last probe's chunk end (its top range) or below the bounded range the last
   probe chose, which stays free. The binary search is the rest (the first is an exact copy)."""
-  first, last = _extension(uses, end_use, picker)
+  first, last = _extension(uses, end_use, picker, nest)
   k = -1  # Chunks collected: not yet.
   offset, reach, k = _probe(heap, start, uses[last], size, uses, last, k)
   if offset + size <= max_size and reach <= max_size:
@@ -637,17 +640,18 @@ def chunk_candidate(heap, picker, start, end_use, size, uses, max_size):
 
 @njit
 def best_chunk_candidate_indexed(
-  index, lists, chunks, scratch, picker, start, end_use, size, uses, max_size
+  index, lists, chunks, scratch, picker, start, end_use, size, uses, max_size, nest=None
 ):
   """`chunks.find_best_chunk_candidate` without a preferred offset: (found, offset, end use).
   `index` .. `scratch`: `ChunkHeap.search_state()`; `picker`: the picker's `kernel_state()` (a
-  `NoCopyBound`'s fields), for `can_allocate_in_alternate_memory_no_copy` between consecutive uses.
+  `NoCopyBound`'s fields) and `nest` its `nest_state()`, for
+  `can_allocate_in_alternate_memory_no_copy` between consecutive uses.
   Each probe of the binary search asks the live lists (`_live_fit`); where they cannot answer, the
   chunks live from `start` to the last candidate use are collected and sorted by offset once, and
   each probe reads those that start before its end (the chunks live in its interval, as every one
   ends after `start`)."""
   heap = heap_search(index, lists, chunks, scratch)
-  return chunk_candidate(heap, no_copy_bound(picker), start, end_use, size, uses, max_size)
+  return chunk_candidate(heap, no_copy_bound(picker), start, end_use, size, uses, max_size, nest)
 
 
 @njit

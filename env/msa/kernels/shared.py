@@ -1,7 +1,8 @@
 """What more than one of msa's kernel modules uses: the stable radix sort of a search's hits by
 offset (the time index's searches and the live lists' unions both sort what they find), the
-rounding of a chunk's end up to the heap's alignment, and the unbounded top of the address
-space."""
+rounding of a chunk's end up to the heap's alignment, the unbounded top of the address space, and
+the picker's elapsed time over an interval of a program with loops (env/msa/interval_picker.py's
+`WhileNest`: the window, the start walk and the chunk search's no-copy bound all read it)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,33 @@ def offset_order(hits, k, size):
       order, other_order = other_order, order
       digit_shift += _RADIX_BITS
   return order
+
+
+@njit
+def while_level(levels, time):
+  """The while nest level of a start `time` (`levels`: a `WhileNest`'s), 0 at the program start
+  (-1)."""
+  return 0 if time < 0 else levels[0, time]
+
+
+@njit
+def min_while_level(levels, start, end):
+  """XLA's `GetMinWhileNestLevel`: the smallest level of ops `start .. end` (closed, 0 <= start
+  <= end), following the change chain (`levels[1]`) back from `end`: one link per level."""
+  level = min(levels[0, start], levels[0, end])
+  change = levels[1, end]
+  while change >= start:
+    level = min(level, levels[0, change])
+    change = levels[1, change]
+  return level
+
+
+@njit
+def nested_elapsed(prefix, nest, start, end):
+  """`CostAnalysisPrefetchIntervalPicker.logical_interval_elapsed(start, end)` (start <= end) of
+  a program with loops (`nest`: a `WhileNest`): the multiplied times strictly between, over W **
+  the smallest level of ops `max(start, 0) .. end`; the same operations as the Python method."""
+  if start == end:
+    return 0.0
+  level = min_while_level(nest.levels, max(start, 0), end)
+  return (prefix[end] - prefix[start + 1]) / nest.divisors[level]

@@ -20,12 +20,12 @@ from malloczero.env.kernel_cache import njit
 from malloczero.env.msa.allocate_segment import PrefetchRequest
 from malloczero.env.msa.chunks import Chunks, HeapSearch, LiveLists, TimeIndex
 from malloczero.env.msa.copy_resource import CopyTrees
-from malloczero.env.msa.interval_picker import NoCopyBound, StartWindow
+from malloczero.env.msa.interval_picker import NoCopyBound, StartWindow, WhileNest
 from malloczero.env.msa.kernels.chunk_index import fits_at_indexed, index_remove
 from malloczero.env.msa.kernels.copy_trees import fits_tree, resource_add
 from malloczero.env.msa.kernels.live_lists import chunk_candidate, heap_add, live_remove
 from malloczero.env.msa.kernels.prefetch import plan_starts, prefetch_window
-from malloczero.env.msa.kernels.shared import align_up
+from malloczero.env.msa.kernels.shared import align_up, nested_elapsed
 from malloczero.env.msa.solver_loop import (
   ABORTED,
   DONE,
@@ -112,9 +112,16 @@ def _can_keep(pickers, level, start, end):
   """The picker's `can_allocate_in_alternate_memory_no_copy(start, end)` (start <= end)."""
   if pickers.count_picker:
     return end - start <= pickers.count_max
-  prefix = pickers.prefix[level]
-  elapsed = 0.0 if start == end else prefix[end] - prefix[start + 1]
-  return pickers.max_elapsed[level] > elapsed
+  return pickers.max_elapsed[level] > _elapsed(pickers.prefix[level], start, end, pickers.nest)
+
+
+@njit
+def _elapsed(prefix, start, end, nest):
+  """The picker's `logical_interval_elapsed(start, end)` (start <= end; `nest`: the program's
+  loops or None, an argument so that numba leaves the loop branch out without loops)."""
+  if nest is not None:
+    return nested_elapsed(prefix, WhileNest(*nest), start, end)
+  return 0.0 if start == end else prefix[end] - prefix[start + 1]
 
 
 @njit
@@ -122,10 +129,24 @@ def _preferred_eviction_end(pickers, level, copy_elapsed, start, latest_end):
   """The picker's `preferred_eviction_end_time(copy_elapsed, start, latest_end)`."""
   if pickers.count_picker:
     return min(start + pickers.count_min, latest_end)
-  prefix = pickers.prefix[level]
+  return _eviction_end(
+    pickers.prefix[level],
+    pickers.monotone[level],
+    pickers.preferred_ratio * copy_elapsed,
+    start,
+    latest_end,
+    pickers.nest,
+  )
+
+
+@njit
+def _eviction_end(prefix, monotone, target, start, latest_end, nest):
+  """`_preferred_eviction_end` of the cost picker: the first end whose elapsed time from `start`
+  reaches `target`."""
+  if nest is not None:
+    return _nested_eviction_end(prefix, WhileNest(*nest), target, start, latest_end)
   num_ops = prefix.shape[0] - 1
-  target = pickers.preferred_ratio * copy_elapsed
-  if pickers.monotone[level] and -1 <= start and start < latest_end and latest_end <= num_ops:
+  if monotone and -1 <= start and start < latest_end and latest_end <= num_ops:
     base = prefix[start + 1]
     lo, hi = start + 1, latest_end + 1
     while lo < hi:
@@ -137,6 +158,17 @@ def _preferred_eviction_end(pickers, level, copy_elapsed, start, latest_end):
     return lo if lo <= latest_end else max(start + 1, latest_end + 1)
   for end in range(start + 1, latest_end + 1):
     if prefix[end] - prefix[start + 1] >= target:
+      return end
+  return max(start + 1, latest_end + 1)
+
+
+@njit
+def _nested_eviction_end(prefix, nest, target, start, latest_end):
+  """`_preferred_eviction_end` of a program with loops (`nest`: a `WhileNest`): the first end
+  whose `nested_elapsed` from `start` reaches `target`, as the Python picker's scan finds it
+  (the elapsed time only grows with the end)."""
+  for end in range(start + 1, latest_end + 1):
+    if nested_elapsed(prefix, nest, start, end) >= target:
       return end
   return max(start + 1, latest_end + 1)
 
@@ -155,7 +187,9 @@ def _start_window(pickers, level, copy_elapsed, start, end, reduction):
     pickers.max_elapsed[level],
     pickers.monotone[level],
   )
-  earliest, latest, preferred = prefetch_window(rule, copy_elapsed, start, end, reduction)
+  earliest, latest, preferred = prefetch_window(
+    rule, copy_elapsed, start, end, reduction, pickers.nest
+  )
   return StartWindow(earliest, latest, preferred, pickers.num_explored)
 
 
@@ -245,7 +279,14 @@ def _first_keep(heaps, scalars, pickers, costs, start, use, size, uses):
       continue
     heap = _search(heaps[level], scalars, level)
     found, offset, end_use = chunk_candidate(
-      heap, _no_copy_bound(pickers, level), start, use, size, uses, costs.capacity[level]
+      heap,
+      _no_copy_bound(pickers, level),
+      start,
+      use,
+      size,
+      uses,
+      costs.capacity[level],
+      pickers.nest,
     )
     if found:
       return level, offset, end_use + 1
@@ -321,6 +362,7 @@ def _plan_prefetch(
       _trees(trees, output, 0),
       _search(heaps[level], scalars, level),
       _no_copy_bound(pickers, level),
+      pickers.nest,
     )
     if rows.shape[0] > 0:
       return level, rows[0, 0], rows[0, 1], rows[0, 2]
