@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from malloczero.env.hardware import Hardware, MemoryLevel
-from malloczero.env.workload import Workload
+from malloczero.env.workload import Op, Workload
 from malloczero.env.workload_json import workload_from_ops
 
 
@@ -35,6 +35,30 @@ def workloads(draw, max_ops: int = 24, max_buffers: int = 40) -> Workload:
       {"id": 1000 + 7 * i, "name": f"b{i}", "size": size, "def": def_op, "uses": uses, "kind": kind}
     )
   return workload_from_ops(f"hyp-{num_ops}-{num_buffers}", "hypothesis", flops, buffers)
+
+
+@st.composite
+def loop_workloads(draw, max_ops: int = 24, max_buffers: int = 40) -> Workload:
+  """A `workloads()` program whose ops sit in loops as the HLO importer flattens them: up to three
+  spans of consecutive ops one loop level deeper than the ops around them (nested or one after
+  another), each op weighted by the trip counts of its loops; some ops outside loops keep a
+  weight of merged steps."""
+  workload = draw(workloads(max_ops, max_buffers))
+  n = workload.num_ops
+  depths, weights = [0] * n, [draw(st.sampled_from([1, 1, 3])) for _ in range(n)]
+  in_loop = [False] * n
+  for _ in range(draw(st.integers(1, 3))):
+    first = draw(st.integers(0, n - 1))
+    last = draw(st.integers(first, n - 1))
+    trips = draw(st.integers(1, 200))
+    for t in range(first, last + 1):
+      weights[t] = trips * (weights[t] if in_loop[t] else 1)
+      depths[t] += 1
+      in_loop[t] = True
+  ops = tuple(
+    Op(o.name, o.flops, weight, depth) for o, weight, depth in zip(workload.ops, weights, depths)
+  )
+  return Workload(workload.name, workload.source, ops, workload.buffers)
 
 
 @st.composite

@@ -195,6 +195,7 @@ def every_start_the_prefetch_loop_walks(
     AsynchronousCopyResource(np.ones(end + 1)).kernel_state(),
     *ChunkHeap(1).search_state(),
     picker.kernel_state(),
+    picker.nest_state(),
   )
   return rows[:, 0].tolist()
 

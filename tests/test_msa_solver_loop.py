@@ -16,7 +16,7 @@ from malloczero.env.msa import solver_loop
 from malloczero.env.msa.algorithm import MsaAlgorithm, MsaOptions, msa_policy, play
 from malloczero.env.programs.synthetic import contended, random_workload, xla_like_workload
 from tests.msa_xla_cases import XLA_HW
-from tests.strategies import hardware_for, workloads
+from tests.strategies import hardware_for, loop_workloads, workloads
 from tests.test_msa_steps import hand_made, rows
 
 LOOP_OPTIONS = st.builds(
@@ -47,6 +47,20 @@ def python_loop(workload, hardware, options=MsaOptions()):
 @given(st.data())
 def test_the_jitted_run_makes_the_python_loops_segments_on_random_programs(data):
   workload = data.draw(workloads())
+  hardware = data.draw(hardware_for(workload))
+  options = data.draw(LOOP_OPTIONS)
+  got, got_stats = jitted(workload, hardware, options)
+  expected, expected_stats = python_loop(workload, hardware, options)
+  assert rows(got) == rows(expected)
+  assert got_stats == expected_stats
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_jitted_run_makes_the_python_loops_segments_on_programs_with_loops(data):
+  """The jitted loop reads the loops as the Python loop's pickers do (the window, the start
+  walk, the no-copy bound and the eviction's end, env/msa/interval_picker.py's "Loops")."""
+  workload = data.draw(loop_workloads())
   hardware = data.draw(hardware_for(workload))
   options = data.draw(LOOP_OPTIONS)
   got, got_stats = jitted(workload, hardware, options)
