@@ -318,7 +318,9 @@ def _check_workload(w: Workload) -> _Columns | None:
     if any(u >= v for u, v in zip(b.uses, b.uses[1:])):
       fail(where, f"{label}: 'uses' must be sorted with each op once")
     if b.kind not in KINDS:
-      fail(where, f"{label}: unknown kind '{b.kind}' (expected one of {', '.join(KINDS)})")
+      # Quoted as Python writes it when not printable (a line break would end the one line).
+      kind = f"'{b.kind}'" if str(b.kind).isprintable() else repr(b.kind)
+      fail(where, f"{label}: unknown kind {kind} (expected one of {', '.join(KINDS)})")
     if b.size <= 0:
       fail(where, f"{label}: size must be positive, got {b.size}")
     if b.kind in PREFETCHED_KINDS:

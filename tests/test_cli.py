@@ -36,6 +36,9 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
   assert report["eval_program_buffers"] >= 2000
   assert report["search_small_batch"] == 64 and report["search_small_simulations"] == 32
   assert report["learner_small_batch"] == 256 and report["learner_small_unroll"] == 5
+  # msa at scale is measured in --quick too (--no-scale skips it).
+  for prefix in ("scale_xla_100000_buffers_msa", "scale_csv_200000_rows_msa"):
+    assert report[f"{prefix}_solve_s"] > 0 and report[f"{prefix}_validate_s"] > 0
 
 
 @pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.

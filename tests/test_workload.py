@@ -124,6 +124,7 @@ MALFORMED = [
   ),
   ("uses not list", lambda d: d["buffers"][0].update(uses=3), r"'uses' must be a list"),
   ("unknown kind", lambda d: d["buffers"][0].update(kind="weights"), r"unknown kind 'weights'"),
+  ("kind on two lines", lambda d: d["buffers"][0].update(kind="a\nb"), r"unknown kind 'a\\nb'"),
   ("parameter with def", lambda d: d["buffers"][0].update(**{"def": 0}), r"'def' must be null"),
   ("missing buffers", lambda d: d.pop("buffers"), r"missing required key 'buffers'"),
   ("ops not a list", lambda d: d.update(ops={"a": 1}), r"'ops' must be a list"),

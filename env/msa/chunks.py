@@ -159,7 +159,7 @@ class ChunkHeap:
     # unions it merges (`live_lists._live_fit`).
     self._hits = np.zeros((4, _INITIAL_CAPACITY), np.int64)
     self._sorted = np.zeros((3, _INITIAL_CAPACITY), np.int64)
-    self._work = np.zeros((3, _INITIAL_CAPACITY + 1, 2), np.int64)  # A union push writes one past.
+    self._work = np.zeros((3, _INITIAL_CAPACITY, 2), np.int64)
     self._reindex(_INITIAL_SPAN, _INITIAL_CAPACITY)
 
   def __len__(self) -> int:
@@ -248,7 +248,7 @@ class ChunkHeap:
     self._alive = np.concatenate([self._alive, np.zeros(grow, bool)])
     self._hits = np.zeros((4, 2 * grow), np.int64)
     self._sorted = np.zeros((3, 2 * grow), np.int64)
-    self._work = np.zeros((3, 2 * grow + 1, 2), np.int64)
+    self._work = np.zeros((3, 2 * grow, 2), np.int64)
 
   def add(self, start: int, end: int, offset: int, size: int) -> int:
     """Commits a chunk (`CommitChunk`); returns its handle for `remove`."""

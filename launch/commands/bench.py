@@ -19,6 +19,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     action="store_true",
     help="only the game and the cost model (skip search, acting and learner)",
   )
+  p.add_argument(
+    "--no-scale",
+    action="store_true",
+    help="skip msa and validation at trace scale (a 200,000-row CSV, a 100,000-buffer program)",
+  )
   p.add_argument("--out", help="write the results as JSON to this file")
   # bench measures compile times: it compiles, without the persistent compilation cache.
   p.set_defaults(func=run, compilation_cache=False)
@@ -29,14 +34,18 @@ def run(args: argparse.Namespace) -> int:
 
   if args.out:
     check_output_file(args.out)
-  what = "the game and the cost model" + (
-    ""
-    if args.no_agent
-    else ", search, acting and learner"
-    + ("" if args.quick else ", and local_mp runs with 1 and 2 actors")
+  what = (
+    "the game and the cost model"
+    + ("" if args.no_scale else ", msa at scale")
+    + (
+      ""
+      if args.no_agent
+      else ", search, acting and learner"
+      + ("" if args.quick else ", and local_mp runs with 1 and 2 actors")
+    )
   )
   with console(stderr=True).status(f"benchmarking {what}..."):
-    report = run_bench(quick=args.quick, agent=not args.no_agent)
+    report = run_bench(quick=args.quick, agent=not args.no_agent, scale=not args.no_scale)
   table = report_table(report, "malloczero bench" + (" --quick" if args.quick else ""))
   console().print(table)  # Before the file: a failed write does not lose the figures.
   if args.out:

@@ -10,6 +10,8 @@ game does not load numba:
 * `prefetch`: the prefetch picker's window and start sequence (env/msa/interval_picker.py) and
   the prefetch loop over starts that combines them with the trees and the heap
   (`plan_prefetch_starts`, env/msa/allocate_segment.py).
+* `solver_loop`: msa's own run (the `msa` solver) as one kernel over the buffers, calling the
+  others (env/msa/solver_loop.py).
 * `shared`: what more than one of them uses (the offset sort, the alignment rounding, the
   picker's elapsed time over an interval of a program with loops).
 

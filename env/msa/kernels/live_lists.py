@@ -205,41 +205,34 @@ def live_remove(live, start, end, offset, used_end, handle):
 
 
 @njit
-def _union_push(out, base, n, low, high):
-  """Appends `[low, high)` (low not below any before it) to the union in `out[base:base + n]`;
-  its new length. Without a branch on the data (a merge pushes ranges from two lists in an
-  order no predictor follows): the range is written after the union either way, and counts
-  only when it does not join the last one (`out` has room for one more row)."""
-  if n == 0:
-    out[base, 0], out[base, 1] = low, high
-    return 1
-  last = base + n - 1
-  reach = out[last, 1]
-  joins = 1 if low <= reach else 0
-  out[last, 1] = max(reach, high) if joins else reach
-  out[last + 1, 0], out[last + 1, 1] = low, high
-  return n + 1 - joins
+def _union_push(out, base, n, reach, low, high):
+  """Appends `[low, high)` (low not below any before it) to the union in `out[base:base + n]`,
+  whose last range ends at `reach` (the caller keeps it: read back from `out`, each push waited
+  for the one before it to be stored); (its new length, its new reach)."""
+  if n > 0 and low <= reach:
+    if high > reach:
+      reach = high
+      out[base + n - 1, 1] = reach
+    return n, reach
+  out[base + n, 0], out[base + n, 1] = low, high
+  return n + 1, high
 
 
 @njit
 def _union_merge(a, a_first, a_len, b, b_len, out):
   """The union of `a[a_first:a_first + a_len]` and `b[:b_len]` (each sorted by low) in
-  `out`; its length. Ties take `a` first; each step picks its range without a branch."""
-  i, j, n = 0, 0, 0
-  while i < a_len and j < b_len:
-    a_low, b_low = a[a_first + i, 0], b[j, 0]
-    take_a = 1 if a_low <= b_low else 0
-    low = a_low if take_a else b_low
-    high = a[a_first + i, 1] if take_a else b[j, 1]
-    i += take_a
-    j += 1 - take_a
-    n = _union_push(out, 0, n, low, high)
+  `out`; its length. Ties take `a` first. For each range of `b`, the ranges of `a` before it,
+  as one run: the loop's branch goes the same way through a run."""
+  i, n, reach = 0, 0, -1
+  for j in range(b_len):
+    low = b[j, 0]
+    while i < a_len and a[a_first + i, 0] <= low:
+      n, reach = _union_push(out, 0, n, reach, a[a_first + i, 0], a[a_first + i, 1])
+      i += 1
+    n, reach = _union_push(out, 0, n, reach, low, b[j, 1])
   while i < a_len:
-    n = _union_push(out, 0, n, a[a_first + i, 0], a[a_first + i, 1])
+    n, reach = _union_push(out, 0, n, reach, a[a_first + i, 0], a[a_first + i, 1])
     i += 1
-  while j < b_len:
-    n = _union_push(out, 0, n, b[j, 0], b[j, 1])
-    j += 1
   return n
 
 
@@ -263,10 +256,10 @@ def _union_update(live, lid, hits, k, work, count):
   """Union list `lid` with the first `k` hits' ranges (offset, used end: rows 1, 2) added,
   seen up to chunk `count`; False when `rows2` is full (the list is built again)."""
   order = offset_order(hits, k, 1)
-  n = 0
+  n, reach = 0, -1
   for j in range(k):
     i = order[j]
-    n = _union_push(work[1], 0, n, hits[1, i], hits[2, i])
+    n, reach = _union_push(work[1], 0, n, reach, hits[1, i], hits[2, i])
   return _union_add(live, lid, work, n, count)
 
 
@@ -344,11 +337,11 @@ def _edge_refresh(heap, b):
         lists[union, LIST_SEEN], lists[union, LIST_LEN] = -1, 0
         return False
       _edge_rows_insert(lists, rows4, edge_rows, hits, order, k, whole, True)
-    n = 0
+    n, reach = 0, -1
     for j in range(k):
       h = order[j]
       if hits[0, h] >= whole:
-        n = _union_push(work[1], 0, n, hits[1, h], hits[2, h])
+        n, reach = _union_push(work[1], 0, n, reach, hits[1, h], hits[2, h])
     return _union_add(live, union, work, n, count)
   k = 0
   for handle in range(seen, count):
@@ -374,10 +367,10 @@ def _edge_refresh(heap, b):
   if waiting <= EDGE_PENDING:
     return True
   # Those live across the whole block join the union; the edge rows keep the others, in order.
-  n, w = 0, first
+  n, w, reach = 0, first, -1
   for row in range(first, first + length):
     if rows4[row, 2] >= whole:
-      n = _union_push(work[1], 0, n, rows4[row, 0], rows4[row, 1])
+      n, reach = _union_push(work[1], 0, n, reach, rows4[row, 0], rows4[row, 1])
     else:
       for f in range(4):
         rows4[w, f] = rows4[row, f]
@@ -440,26 +433,24 @@ def _gap(low, high, reach, size, best_start, best_length):
 @njit
 def _merge_fit(a, a_first, a_len, b, b_len, size):
   """`fit_in_reach` over the union of `a[a_first:a_first + a_len]` and `b[:b_len]` (ranges
-  sorted by low), merged as it reads them (each step picking its range without a branch):
-  (start, reach)."""
+  sorted by low), merged as it reads them (as `_union_merge`: runs of `a` between the ranges of
+  `b`): (start, reach)."""
   best_start, best_length = -1, INT64_MAX
   reach = 0
-  i, j = 0, 0
-  while i < a_len and j < b_len:
-    a_low, b_low = a[a_first + i, 0], b[j, 0]
-    take_a = 1 if a_low <= b_low else 0
-    low = a_low if take_a else b_low
-    high = a[a_first + i, 1] if take_a else b[j, 1]
-    i += take_a
-    j += 1 - take_a
-    best_start, best_length, reach = _gap(low, high, reach, size, best_start, best_length)
+  i = 0
+  for j in range(b_len):
+    low = b[j, 0]
+    while i < a_len and a[a_first + i, 0] <= low:
+      best_start, best_length, reach = _gap(
+        a[a_first + i, 0], a[a_first + i, 1], reach, size, best_start, best_length
+      )
+      i += 1
+    best_start, best_length, reach = _gap(low, b[j, 1], reach, size, best_start, best_length)
   while i < a_len:
-    low, high = a[a_first + i, 0], a[a_first + i, 1]
-    best_start, best_length, reach = _gap(low, high, reach, size, best_start, best_length)
+    best_start, best_length, reach = _gap(
+      a[a_first + i, 0], a[a_first + i, 1], reach, size, best_start, best_length
+    )
     i += 1
-  while j < b_len:
-    best_start, best_length, reach = _gap(b[j, 0], b[j, 1], reach, size, best_start, best_length)
-    j += 1
   length = INT64_MAX - reach
   if length >= size and (
     best_start < 0 or length < best_length or (length == best_length and reach < best_start)
@@ -523,10 +514,10 @@ def _live_fit(heap, start, end, size):
         k += 1
   order = offset_order(hits, k, 1)
   current = 0
-  n = 0
+  n, reach = 0, -1
   for j in range(k):
     i = order[j]
-    n = _union_push(work[current], 0, n, hits[1, i], hits[2, i])
+    n, reach = _union_push(work[current], 0, n, reach, hits[1, i], hits[2, i])
   # The tiles' unions merged shortest first, so that the long ones are read once.
   tiles = np.empty(2 * levels + 2, np.int64)
   lengths = np.empty(2 * levels + 2, np.int64)
