@@ -62,10 +62,10 @@ to it): a buffer here is one value, so a use inside a loop is prefetched from in
 (`IsWhileLoopUseBeneficialInAlternateMemory`, required assignments, redundant eviction
 elimination, `while_use_extra_outstanding_prefetch_limit`); conditionals
 (`ConsecutiveConditionals`: the importer flattens a conditional's branches at their caller's
-while level, so a start inside a branch is not refused); `size_override` (no sliced prefetch, whose slices
-share one picker); `SetRetryNumber` (retries are off by default, `max_retries` 1, so the retry
-number is 0); `strict_timing` with a preferred time (used only by window prefetch and sliced
-prefetch); `LatestPrefetchEndTime` (no caller in XLA's algorithm).
+while level, so a start inside a branch is not refused); `size_override` (no sliced prefetch,
+whose slices share one picker); `SetRetryNumber` (retries are off by default, `max_retries` 1, so
+the retry number is 0); `strict_timing` with a preferred time (used only by window prefetch and
+sliced prefetch); `LatestPrefetchEndTime` (no caller in XLA's algorithm).
 """
 
 from __future__ import annotations
