@@ -145,11 +145,11 @@ class NoCopyBound(NamedTuple):
 
 
 class WhileNest(NamedTuple):
-  """A program's loops as the picker and its kernels read them (`CostAnalysisPrefetchIntervalPicker
-  .nest_state()`; None for a program without loops): `levels` `[2, T + 1]` int64, row 0 each op's
-  while nest level and the program end's (0), row 1 XLA's `while_nest_level_change_` (the last
-  earlier op of a smaller level, -1 when none); `divisors` `[D + 1]`, W ** level for each level
-  up to the deepest (`GetWhileNestMultiplier`)."""
+  """A program's loops as the picker and its kernels read them (the picker's `nest_state()`;
+  None for a program without loops): `levels` `[2, T + 1]` int64, row 0 each op's while nest
+  level and the program end's (0), row 1 XLA's `while_nest_level_change_` (the last earlier op
+  of a smaller level, -1 when none); `divisors` `[D + 1]`, W ** level for each level up to the
+  deepest (`GetWhileNestMultiplier`)."""
 
   levels: np.ndarray
   divisors: np.ndarray
