@@ -72,8 +72,8 @@ def test_prefetch_interval_order_while():
   """XLA's PrefetchIntervalOrderWhile: negates at 1..17, the state tuple at 18, the loop's
   condition at 19-20 and body at 21-24 (level 1), the while at 25, negates at 26..30, the add at
   31 reading param0. Starts offered: 25 (right after the loop: elapsed 5, the closest to 2 x 3
-  s), 26, 18, 27 (the latest: 3 s), 17 (the earliest: 18 s before the loop's 6 ops counted 5
-  times each, 36 s <= 12 x 3 s); never a start inside the loop."""
+  s), 26, 18, 27 (the latest: 3 s), 17 (the earliest: op 18, the loop's 6 ops counted 5 times
+  each and ops 26-30 make 36 s <= 12 x 3 s); never a start inside the loop."""
   depths = [0] * 19 + [1] * 6 + [0] * 7
   w = one_second_ops(depths, trips=[8], zero_cost={25}, end_flops=4000.0)
   ca = CostAnalysis(w, XLA_HW)
