@@ -95,22 +95,6 @@ class Mapping:
     """`allocations` must say how each is filled (`prefetch_done` set, see `CostModel.resolve`)."""
     if allocations.prefetch_done is None:
       raise MappingError("internal: allocations without their prefetches cannot be written")
-    with collection_paused():  # Every row is kept (a collection would scan the workload too).
-      return cls._from_arrays(
-        workload, hardware, solver, request, allocations, estimated_time_s, slow_only_time_s
-      )
-
-  @classmethod
-  def _from_arrays(
-    cls,
-    workload: Workload,
-    hardware: Hardware,
-    solver: str,
-    request: np.ndarray,
-    allocations: Allocations,
-    estimated_time_s: float,
-    slow_only_time_s: float,
-  ) -> "Mapping":
     ids = np.array([b.id for b in workload.buffers], np.int64)
     axis = workload.time_axis
     on_axis = lambda ops: axis[ops].tolist()

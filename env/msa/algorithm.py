@@ -126,7 +126,7 @@ from malloczero.env.msa.decision import (  # noqa: F401 (re-exported)
   worth_deciding,
 )
 from malloczero.env.msa.settings import COPY_BUDGETS, PICKERS, MsaOptions  # noqa: F401
-from malloczero.env.workload import PROGRAM_START, Workload, collection_paused
+from malloczero.env.workload import PROGRAM_START, Workload
 
 # The options that allocate nothing: immutable, so made once (a step makes a few options, and
 # msa's loop makes hundreds of thousands of steps on a large program).
@@ -605,13 +605,9 @@ def msa_allocations(
   workload: Workload, hardware: Hardware, options: MsaOptions = MsaOptions()
 ) -> tuple[Allocations, MsaStats]:
   """msa's segments for a workload on a hardware, and what the loop did: the decision process
-  played with msa's own choice at every step (`MsaAlgorithm.run`). Python's cyclic garbage
-  collection waits meanwhile: loading numba and the kernels, on a process's first run, makes
-  enough objects to set off full collections, each scanning the workload's hundreds of
-  thousands of objects for nothing (0.3 s of msa on a program of 100,000 buffers)."""
-  with collection_paused():
-    algorithm = MsaAlgorithm(workload, hardware, options)
-    allocations = algorithm.run()
+  played with msa's own choice at every step (`MsaAlgorithm.run`)."""
+  algorithm = MsaAlgorithm(workload, hardware, options)
+  allocations = algorithm.run()
   return allocations, algorithm.stats
 
 

@@ -138,7 +138,7 @@ class ChunkHeap:
 
   Best fit reads only the union of those chunks' address ranges, so a best-fit search goes
   through live lists of unions kept beside the index (kernels/live_lists.py): per block
-  of 128 ops, the union of the chunks live across it from before, the few that end inside it
+  of 256 ops, the union of the chunks live across it from before, the few that end inside it
   and the chunks that start in it; per aligned run of blocks, the union of the chunks that start
   in it. Each union is brought up to date when a search reads it, from the chunks committed
   since; a removal sends the unions that held the chunk to be built again. A search then merges

@@ -44,7 +44,10 @@ from malloczero.env.msa.kernels.chunk_index import (
 )
 from malloczero.env.msa.kernels.shared import INT64_MAX, align_up, nested_elapsed, offset_order
 
-LIVE_SHIFT = 7
+# Blocks of 2^LIVE_SHIFT ops: 256 searched msa's programs of 100,000 buffers in 12% less time
+# than 128 (a search reads one block's starts whole, and fewer level unions between), and the
+# 200,000-row CSV in 20% less; 512 as 128.
+LIVE_SHIFT = 8
 LIST_PTR, LIST_LEN, LIST_ROOM, LIST_SEEN = 0, 1, 2, 3
 META_USED4, META_USED2, META_FULL4, META_FULL2, META_BLOCKS, META_LEVELS = 0, 1, 2, 3, 4, 5
 LIVE_FALLBACK = -2
