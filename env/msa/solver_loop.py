@@ -38,7 +38,6 @@ import numpy as np
 from malloczero.common.lazy import lazy_module
 from malloczero.env.cost_model import Allocations
 from malloczero.env.msa.copy_resource import AsynchronousCopyResource
-from malloczero.env.msa.interval_picker import CostAnalysisPrefetchIntervalPicker
 from malloczero.env.msa.settings import MsaOptions
 
 _kernels = lazy_module("malloczero.env.msa.kernels.solver_loop")
@@ -185,9 +184,6 @@ def run_loop(algorithm) -> tuple[Allocations, dict[str, int]] | None:
       int(options.instruction_count_max),
       None,
     )
-  assert all(isinstance(p, CostAnalysisPrefetchIntervalPicker) for p in pickers) == (
-    options.picker == "cost"
-  )
   resources = (allocator.prefetch_resource, allocator.eviction_resource)
   widest = int(np.diff(bounds).max(initial=0)) + 2  # A buffer's segments: one a use, at most.
   state = np.zeros(STATE_SIZE, np.int64)

@@ -371,8 +371,9 @@ def _plan_prefetch(
 
 @njit
 def _buffer(heaps, scalars, pickers, costs, trees, output, program, b):
-  """`_buffer_steps` with msa's choice at every step: False when the heap or the copies were
-  full (the loop gives up)."""
+  """`_buffer_steps` with msa's choice at every step: False when the loop must give up (a heap
+  array full, or what the Python loop would refuse: a refused eviction, a copy that does not
+  fit)."""
   state, scratch = output.state, output.scratch
   size = program.buffers[0, b]
   def_op = program.buffers[1, b]
