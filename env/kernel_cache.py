@@ -31,6 +31,7 @@ DEPENDENCIES = (
   "msa/interval_picker.py",
   "game/game.py",
   "game/observation_kernels.py",
+  "simulator.py",
   "simulator_kernels.py",
 )
 # Set on the Python function of each kernel compiled here: the only ones the locator takes.

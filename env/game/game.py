@@ -62,37 +62,74 @@ from malloczero.env.hardware import Hardware
 from malloczero.env.msa.algorithm import MsaDecisions
 from malloczero.env.msa.decision import MsaDecision, option_slots, worth_deciding
 from malloczero.env.msa.settings import MsaOptions
+from malloczero.env.simulator import StallTracker
 from malloczero.env.workload import PROGRAM_START, Workload
 
 OPTION0_KINDS = ("default", "evict", "uncommit")
 
 _observation_kernels = lazy_module("malloczero.env.game.observation_kernels")
-_stall_kernels = lazy_module("malloczero.env.simulator_kernels")
 
 
-class CandidatePlacements(NamedTuple):
-  """Where the options after option 0 put the buffer, as `observation_kernels.candidate_rows`
-  reads them, `[n]` each: level, start, reserved end, offset."""
+# The feature columns the observation kernel writes, by part; `OBSERVED_COLUMNS` is the order
+# `CandidateFrame.columns` holds them in (observation_kernels.py names its constants from it). A
+# feature several columns wide is named by its first.
+CANDIDATE_COLUMNS = (
+  "valid",
+  "keep",
+  "prefetch",
+  "rank",
+  "start",
+  "lead",
+  "hold",
+  "offset",
+  "saving",
+  "hide_ratio",
+  "evicts",
+  "msa_choice",
+  "level",
+)
+REQUEST_COLUMNS = (
+  "segment_start",
+  "use",
+  "segment_length",
+  "use_index",
+  "use_saving",
+  "option0",
+  "msa_takes_option0",
+  "program_time",
+  "stall_share",
+  "progress",
+  "options_found",
+)
+LOOKAHEAD_COLUMNS = ("look_valid", "look_position", "look_distance", "look_saving")
+OBSERVED_COLUMNS = CANDIDATE_COLUMNS + REQUEST_COLUMNS + LOOKAHEAD_COLUMNS
+# An option after option 0 as a row of `DecisionArrays.options` (float64; the integers exact).
+OPTION_FIELDS = ("is_prefetch", "level", "start", "end", "offset", "evicts", "saving")
 
-  level: np.ndarray
-  start: np.ndarray
-  end: np.ndarray
-  offset: np.ndarray
+
+class ObservationArrays(NamedTuple):
+  """The observation's float32 parts, as `observation_kernels.observe` writes them."""
+
+  request: np.ndarray  # [Q]
+  candidates: np.ndarray  # [C, F_C]
+  occupancy: np.ndarray  # [F, bins]
+  lookahead: np.ndarray  # [M, F_M]
 
 
-class CandidateValues(NamedTuple):
-  """What the options after option 0 save and do, `[n]` each: saving, whether a prefetch,
-  whether it evicts."""
+class DecisionArrays(NamedTuple):
+  """A decision as `observation_kernels.observe` reads it (its options after option 0, a row
+  each of `OPTION_FIELDS`) and what it writes of the actions: the legal mask and each slot's
+  option."""
 
-  saving: np.ndarray
-  prefetch: np.ndarray
-  evicts: np.ndarray
+  options: np.ndarray  # [n - 1, len(OPTION_FIELDS)] float64
+  legal: np.ndarray  # [A] bool
+  option_index: np.ndarray  # [A] int64
 
 
 class CandidateFrame(NamedTuple):
-  """What the candidate rows are measured against, the same all episode: the ops' positions on
-  the time axis, the last op, the fast levels' capacities, the saving scale, the slow time's
-  prefix sums, the prefetch starts per level, the feature columns."""
+  """What an observation is measured against, the same all episode: the ops' positions on the
+  time axis, the last op, the fast levels' capacities, the saving scale, the slow time's prefix
+  sums, the prefetch starts per level, the feature columns (`OBSERVED_COLUMNS`' order)."""
 
   positions: np.ndarray
   last_op: int
@@ -103,68 +140,29 @@ class CandidateFrame(NamedTuple):
   columns: np.ndarray
 
 
-class _Columns:
-  """Where each written feature sits (env/game/observation.py's msa layout), looked up once: the
-  observation is built every step."""
+class BufferArrays(NamedTuple):
+  """What an observation reads of the program and the decision's buffer: the incidence keys
+  (buffer x stride + op, sorted), msa's saving at each incidence per fast level, the buffer's
+  use ops (sorted, the definition excluded) and its static request row."""
 
-  def __init__(self, config: GameConfig, num_fast: int):
-    layout = config.layout
-    q, c, look = layout.request, layout.candidate, layout.lookahead
-    for name in (
-      "segment_start",
-      "use",
-      "segment_length",
-      "use_index",
-      "msa_takes_option0",
-      "program_time",
-      "stall_share",
-      "progress",
-      "options_found",
-    ):
-      setattr(self, name, q.index(name))
-    self.use_saving = q.slice("use_saving", num_fast)
-    self.option0 = q.slice("option0").start
-    for name in (
-      "valid",
-      "keep",
-      "prefetch",
-      "rank",
-      "start",
-      "lead",
-      "hold",
-      "offset",
-      "saving",
-      "hide_ratio",
-      "evicts",
-      "msa_choice",
-    ):
-      setattr(self, name, c.index(name))
-    self.level = c.slice("level").start
-    # The order `observation_kernels.candidate_rows` reads them in.
-    self.candidate_order = np.array(
-      [
-        self.valid,
-        self.keep,
-        self.prefetch,
-        self.rank,
-        self.start,
-        self.lead,
-        self.hold,
-        self.offset,
-        self.saving,
-        self.hide_ratio,
-        self.evicts,
-        self.msa_choice,
-        self.level,
-      ],
-      np.int64,
-    )
-    static = look.slice("static").start
-    self.look_valid = look.index("valid")
-    self.look_position = static + layout.static.index("position")
-    self.look_distance = static + layout.static.index("distance")
-    saving = layout.static.slice("saving", num_fast)
-    self.look_saving = slice(static + saving.start, static + saving.stop)
+  incidence_key: np.ndarray  # [E]
+  use_reduction: np.ndarray  # [F, E]
+  uses: np.ndarray  # [U]
+  static: np.ndarray  # [Q] float32
+
+
+def _observed_columns(config: GameConfig) -> np.ndarray:
+  """`[len(OBSERVED_COLUMNS)]` where each feature the observation kernel writes sits
+  (env/game/observation.py's msa layout; a feature several columns wide by its first)."""
+  layout = config.layout
+  request, candidate, look = layout.request, layout.candidate, layout.lookahead
+  static = look.slice("static").start
+  where = {name: candidate.slice(name).start for name in CANDIDATE_COLUMNS}
+  where.update({name: request.slice(name).start for name in REQUEST_COLUMNS})
+  where["look_valid"] = look.index("valid")
+  for name in ("position", "distance", "saving"):
+    where[f"look_{name}"] = static + layout.static.slice(name).start
+  return np.array([where[name] for name in OBSERVED_COLUMNS], np.int64)
 
 
 class MsaGame(GameBase):
@@ -202,6 +200,7 @@ class MsaGame(GameBase):
     self._compute_list = model.compute_time.tolist()
     self._slow_level = hardware.slow_level
     self._def_op = a.def_op.tolist()
+    self._copy_time_list = model.copy_time.tolist()
     self._axis = workload.time_axis.astype(np.float64)
     self._length = max(float(self._axis[-1]), 1e-30)
     # [T + 1] positions of ops -1 (the program start: 0), 0, ..., T - 1.
@@ -215,8 +214,8 @@ class MsaGame(GameBase):
     )
     self._layout = config.layout
     self._skip_threshold = config.skip_below * self.normaliser
+    self._advantage = config.reward == "advantage"
     self._kernels = _observation_kernels()
-    self._stall = _stall_kernels()
     self._reset_state()
     self._msa_time, self._msa_moves = reference or self._msa_reference()
     if self._decisions.done:
@@ -232,7 +231,24 @@ class MsaGame(GameBase):
     self._saving_scale = max(float(self._use_reduction.max(initial=0.0)), 1e-30)
     self._num_buffers = int(np.sum(~a.is_output & (a.sizes > 0)))
     self._static_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    self._columns = _Columns(config, self._num_fast)
+    self._frame = (  # A `CandidateFrame`'s fields.
+      self._positions,
+      self._last_op,
+      self._capacity,
+      self._saving_scale,
+      self._slow_op_prefix,
+      config.max_prefetch_starts,
+      _observed_columns(config),
+    )
+    self._option_width = len(OPTION_FIELDS)
+    # The observation's shapes (the config derives them from its layouts on every call).
+    self._shapes = (
+      config.request_features,
+      (config.max_fast_levels, config.occupancy_bins),
+      self._candidates_shape,
+      self._lookahead_shape,
+      config.num_actions,
+    )
 
   # -------------------------------------------------------------------------- dm_env API
 
@@ -243,10 +259,11 @@ class MsaGame(GameBase):
     self._apply(self._option_index[action])
     self._moves += 1
     self._actions.append(action)
-    self._play_skipped_decisions()
+    if self._skip_threshold > 0:
+      self._play_skipped_decisions()
     if self._segment_end is not None and self._moves >= self._segment_end:
       self._complete_with_msa()
-    if self.config.reward == "advantage":
+    if self._advantage:
       if not self._decisions.done:
         return 0.0
       # The cost model's own evaluation, as for msa's time: msa's play returns exactly 0.
@@ -383,28 +400,24 @@ class MsaGame(GameBase):
       self.workload, self.hardware, self.msa_options, self.config.max_prefetch_starts
     )
     self._done = False
-    self._memory_time = model.slow_memory_time.copy()  # [T]
-    self._default_time = model.slow_memory_time.copy()  # [T]
-    self._op_time = np.maximum(model.compute_time, self._memory_time)  # [T]
-    self._op_time_sum = float(self._op_time.sum())
+    op_time = np.maximum(model.compute_time, model.slow_memory_time)
+    self._op_time_sum = float(op_time.sum())
+    # Per op [T], as Python lists: a step updates one or two ops with scalar arithmetic.
+    self._memory_time = model.slow_memory_time.tolist()
+    self._default_time = model.slow_memory_time.tolist()
+    self._op_time = op_time.tolist()
     self._stall_time = 0.0
     self.total_time = self._op_time_sum
     self._level = [self._slow_level] * len(self._key_list)  # [E] each incidence's level
-    # Copies so far (prefetches and evictions; the total stall does not depend on their order
-    # among equal (start, done)), the first `_next_copy` rows, `_copy_alive` False once taken
-    # back by an uncommit.
-    capacity = 2 * len(self._incidence_key) + 2
-    self._copy_start = np.zeros(capacity, np.int64)
-    self._copy_done = np.zeros(capacity, np.int64)
-    self._copy_work = np.zeros(capacity)
-    self._copy_alive = np.zeros(capacity, bool)
-    self._next_copy = 0
+    # The copies so far (prefetches and evictions), their total stall kept up to date as they
+    # and the ops' idle times change (env/simulator.py's `StallTracker`).
+    self._tracker = StallTracker(np.maximum(op_time - model.slow_memory_time, 0.0), capacity=1024)
     self._num_copies = 0
     self._copies_changed = False
     # What the current buffer has changed, to take back on an uncommit.
     self._buffer = -1
     self._buffer_moves: list[int] = []  # Ops whose bytes of the buffer went to fast memory.
-    self._buffer_copies: list[int] = []
+    self._buffer_copies: list[tuple[int, int, int]] = []  # (copy id, start, done)
     self._buffers_done = 0
     self._moves = 0
     self._actions: list[int] = []
@@ -440,14 +453,12 @@ class MsaGame(GameBase):
     new_time = max(self._compute_list[op], memory)
     self._op_time_sum += new_time - self._op_time[op]
     self._op_time[op] = new_time
+    self._tracker.set_idle(op, max(new_time - self._default_time[op], 0.0))
 
   def _add_copy(self, start: int, done: int) -> None:
-    k = self._next_copy
-    self._copy_start[k], self._copy_done[k] = start, done
-    self._copy_work[k] = self.cost_model.copy_time[self._buffer]
-    self._copy_alive[k] = True
-    self._buffer_copies.append(k)
-    self._next_copy, self._num_copies, self._copies_changed = k + 1, self._num_copies + 1, True
+    copy_id = self._tracker.add(start, done, self.cost_model.copy_time[self._buffer])
+    self._buffer_copies.append((copy_id, start, done))
+    self._num_copies, self._copies_changed = self._num_copies + 1, True
 
   def _apply(self, index: int) -> None:
     """Applies option `index` of the current decision to the timing state, then to msa's loop."""
@@ -461,7 +472,8 @@ class MsaGame(GameBase):
     if option.kind == "uncommit":
       for op in self._buffer_moves:
         self._move(buffer, op, self._slow_level)
-      self._copy_alive[self._buffer_copies] = False
+      for copy in self._buffer_copies:
+        self._tracker.remove(*copy)
       self._num_copies -= len(self._buffer_copies)
       self._copies_changed |= bool(self._buffer_copies)
       moved_to_slow = bool(self._buffer_moves)
@@ -494,18 +506,8 @@ class MsaGame(GameBase):
     self.total_time = self._op_time_sum + self._stall_time
 
   def _update_stall(self) -> None:
-    """The copies' total stall, re-simulated (simulator.total_stall_loop)."""
-    if not self._num_copies:
-      self._stall_time = 0.0
-    else:
-      k = self._next_copy
-      alive = self._copy_alive[:k]
-      idle = np.maximum(self._op_time - self._default_time, 0.0)  # CostModel.idle_time
-      self._stall_time = float(
-        self._stall.stall_loop(
-          idle, self._copy_start[:k][alive], self._copy_done[:k][alive], self._copy_work[:k][alive]
-        )
-      )
+    """The copies' total stall (simulator.total_stall_loop's, kept up to date by the tracker)."""
+    self._stall_time = self._tracker.stall() if self._num_copies else 0.0
     self._stall_stale = False
     self.total_time = self._op_time_sum + self._stall_time
 
@@ -542,98 +544,60 @@ class MsaGame(GameBase):
     return self._position_list[min(op, self._last_op) + 1]
 
   def _observe(self) -> dict[str, np.ndarray]:
-    cfg, col, num_fast = self.config, self._columns, self._num_fast
     decision = self._decisions.decision
     options = decision.options
-    buffer, use, segment_start = decision.buffer, decision.use, decision.segment_start
-    slots = option_slots(options, cfg.max_prefetch_starts)
-    legal = np.zeros(cfg.num_actions, bool)
-    legal[slots] = True
-    option_index = np.zeros(cfg.num_actions, np.int64)
-    option_index[slots] = np.arange(len(options))
-    self._legal, self._option_index = legal, option_index
-    self._msa_action = int(slots[decision.msa_choice])
-    incidence = int(np.searchsorted(self._incidence_key, buffer * self._stride + use, "left"))
-    scale = self._saving_scale
-    copy_time = float(self.cost_model.copy_time[buffer])
-
+    buffer, use = decision.buffer, decision.use
     uses, static = self._buffer_static(buffer)
-    k = int(np.searchsorted(uses, use))
-    use_position, start_position = self._position(use), self._position(segment_start)
-    request = static.copy()
-    request[col.segment_start] = start_position
-    request[col.use] = use_position
-    request[col.segment_length] = use_position - start_position
-    request[col.use_index] = k / max(len(uses), 1)
-    request[col.use_saving] = self._use_reduction[:, incidence] / scale
-    request[col.option0 + OPTION0_KINDS.index(options[0].kind)] = 1.0
-    request[col.msa_takes_option0] = self._msa_action == 0
-    request[col.program_time] = self.total_time / self.normaliser
-    request[col.stall_share] = self._stall_time / max(self.total_time, 1e-30)
-    request[col.progress] = self._buffers_done / max(self._num_buffers, 1)
-    request[col.options_found] = len(options) / cfg.num_actions
-
-    candidates = np.zeros(self._candidates_shape, np.float32)
-    n = len(options) - 1
-    if n:
-      rest = options[1:]
-      placements = (  # A `CandidatePlacements`' fields.
-        np.fromiter([o.level for o in rest], np.int64, n),
-        np.fromiter([o.start for o in rest], np.int64, n),
-        np.fromiter([o.end for o in rest], np.int64, n),
-        np.fromiter([o.offset for o in rest], np.float64, n),
-      )
-      values = (  # A `CandidateValues`' fields.
-        np.fromiter([o.saving for o in rest], np.float64, n),
-        np.fromiter([o.kind == "prefetch" for o in rest], np.bool_, n),
-        np.fromiter([o.evicts for o in rest], np.bool_, n),
-      )
-      frame = (  # A `CandidateFrame`'s fields.
-        self._positions,
-        self._last_op,
-        self._capacity,
-        scale,
-        self._slow_op_prefix,
-        cfg.max_prefetch_starts,
-        col.candidate_order,
-      )
-      self._kernels.candidate_rows(
-        candidates,
-        slots[1:] - 1,
-        placements,
-        values,
-        frame,
-        int(slots[decision.msa_choice]) - 1 if decision.msa_choice else -1,
-        use,
-        segment_start,
-        copy_time,
-      )
-
-    occupancy = np.zeros((cfg.max_fast_levels, cfg.occupancy_bins), np.float64)
-    heaps = self._decisions.algorithm.heaps
-    first_op = max(segment_start, 0)
-    for level in range(num_fast):
-      self._kernels.occupancy(
-        occupancy[level], heaps[level].kernel_state(), first_op, use, self._capacity[level]
-      )
-
-    lookahead = np.zeros(self._lookahead_shape, np.float32)
-    following = uses[k + 1 : k + 1 + cfg.lookahead]
-    n = len(following)
-    if n:
-      first = np.searchsorted(self._incidence_key, buffer * self._stride + following, "left")
-      positions = self._positions[np.minimum(following, self._last_op) + 1]
-      lookahead[:n, col.look_valid] = 1.0
-      lookahead[:n, col.look_position] = positions
-      lookahead[:n, col.look_distance] = positions - use_position
-      lookahead[:n, col.look_saving] = (self._use_reduction[:, first] / scale).T
-    return {
-      "request": request,
-      "occupancy": occupancy.astype(np.float32),
-      "candidates": candidates,
-      "lookahead": lookahead,
-      "legal_actions": legal,
+    table = np.array(
+      [
+        value
+        for o in options[1:]
+        for value in (o.kind == "prefetch", o.level, o.start, o.end, o.offset, o.evicts, o.saving)
+      ],
+      np.float64,
+    ).reshape(len(options) - 1, self._option_width)
+    request, occupancy, candidates, lookahead, actions = self._shapes
+    observation = {
+      "request": np.zeros(request, np.float32),
+      "occupancy": np.zeros(occupancy, np.float32),
+      "candidates": np.zeros(candidates, np.float32),
+      "lookahead": np.zeros(lookahead, np.float32),
+      "legal_actions": np.zeros(actions, bool),
     }
+    self._legal = observation["legal_actions"]
+    self._option_index = np.zeros(actions, np.int64)
+    heaps = self._decisions.algorithm.heaps
+    first = heaps[0].search_state()
+    second = heaps[1].search_state() if self._num_fast > 1 else first
+    total = self.total_time
+    self._msa_action = self._kernels.observe(
+      (  # An `ObservationArrays`' fields.
+        observation["request"],
+        observation["candidates"],
+        observation["occupancy"],
+        observation["lookahead"],
+      ),
+      (table, self._legal, self._option_index),  # A `DecisionArrays`' fields.
+      self._frame,
+      (self._incidence_key, self._use_reduction, uses, static),  # A `BufferArrays`' fields.
+      first[0],
+      first[2],
+      first[3][0],
+      second[0],
+      second[2],
+      second[3][0],
+      self._num_fast,
+      buffer * self._stride,
+      use,
+      decision.segment_start,
+      OPTION0_KINDS.index(options[0].kind),
+      decision.msa_choice,
+      self._copy_time_list[buffer],
+      total / self.normaliser,
+      self._stall_time / max(total, 1e-30),
+      self._buffers_done / max(self._num_buffers, 1),
+    )
+    return observation
 
   def _terminal_observation(self) -> dict[str, np.ndarray]:
     obs = super()._terminal_observation()
