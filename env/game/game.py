@@ -60,6 +60,7 @@ from malloczero.env.game.base import GameBase
 from malloczero.env.game.config import GameConfig
 from malloczero.env.hardware import Hardware
 from malloczero.env.msa.algorithm import MsaDecisions
+from malloczero.env.msa.chunks import ChunkHeap
 from malloczero.env.msa.decision import MsaDecision, option_slots, worth_deciding
 from malloczero.env.msa.settings import MsaOptions
 from malloczero.env.simulator import StallTracker
@@ -241,6 +242,15 @@ class MsaGame(GameBase):
       _observed_columns(config),
     )
     self._option_width = len(OPTION_FIELDS)
+    # In place of a small heap's time index and scratch, which its occupancy does not read.
+    self._unread_index = (
+      np.zeros((3, 1), np.int64),
+      np.zeros((1, 5), np.int64),
+      np.zeros(1, np.int64),
+      1,
+    )
+    self._unread_hits = np.zeros((4, 1), np.int64)
+    self._scan_limit = self._kernels.SCAN_LIMIT
     # The observation's shapes (the config derives them from its layouts on every call).
     self._shapes = (
       config.request_features,
@@ -567,8 +577,8 @@ class MsaGame(GameBase):
     self._legal = observation["legal_actions"]
     self._option_index = np.zeros(actions, np.int64)
     heaps = self._decisions.algorithm.heaps
-    first = heaps[0].search_state()
-    second = heaps[1].search_state() if self._num_fast > 1 else first
+    first = self._heap_state(heaps[0])
+    second = self._heap_state(heaps[1]) if self._num_fast > 1 else first
     total = self.total_time
     self._msa_action = self._kernels.observe(
       (  # An `ObservationArrays`' fields.
@@ -580,12 +590,8 @@ class MsaGame(GameBase):
       (table, self._legal, self._option_index),  # A `DecisionArrays`' fields.
       self._frame,
       (self._incidence_key, self._use_reduction, uses, static),  # A `BufferArrays`' fields.
-      first[0],
-      first[2],
-      first[3][0],
-      second[0],
-      second[2],
-      second[3][0],
+      *first,
+      *second,
       self._num_fast,
       buffer * self._stride,
       use,
@@ -598,6 +604,16 @@ class MsaGame(GameBase):
       self._buffers_done / max(self._num_buffers, 1),
     )
     return observation
+
+  def _heap_state(self, heap: ChunkHeap) -> tuple[tuple, tuple, np.ndarray]:
+    """What `observation_kernels.occupancy` reads of a fast level's heap: its time index, its
+    chunks and its search scratch; a small heap is scanned whole, its index and scratch not
+    read (the search state's lists are then not brought up to date for nothing)."""
+    chunks = heap.kernel_state()
+    if chunks[2] <= self._scan_limit:
+      return self._unread_index, chunks, self._unread_hits
+    index, _, _, scratch = heap.search_state()
+    return index, chunks, scratch[0]
 
   def _terminal_observation(self) -> dict[str, np.ndarray]:
     obs = super()._terminal_observation()

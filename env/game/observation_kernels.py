@@ -55,23 +55,40 @@ OPTION_END, OPTION_OFFSET = _FIELD["end"], _FIELD["offset"]
 OPTION_EVICTS, OPTION_SAVING = _FIELD["evicts"], _FIELD["saving"]
 
 
+# Heaps of more chunks than this are read through their time index; smaller ones in one pass
+# over every chunk, which costs less than the index's walk over its length classes.
+SCAN_LIMIT = 4096
+
+
 @njit
 def occupancy(out, index, chunks, hits, first_op, last_op, capacity):
   """Fills `out` [bins] (zeros, float64) with the fraction of each address bin of a level taken
-  by its chunks live at some op of `[first_op, last_op]`, found through the heap's time index
-  (`index`: a `TimeIndex`' fields, `chunks`: a `Chunks`', `hits`: the heap's search scratch) and
-  summed in handle order (chunks may overlap in time only where they do not in address, so the
-  fractions add up)."""
-  index, c = TimeIndex(*index), Chunks(*chunks)
-  found = collect(index, first_op, last_op + 1, hits)
-  handles = np.sort(hits[3, :found])
-  offsets, sizes = c.rects[2], c.rects[3]
+  by its chunks live at some op of `[first_op, last_op]` (`chunks`: a `Chunks`' fields), summed
+  in handle order (chunks may overlap in time only where they do not in address, so the
+  fractions add up). A heap of more than `SCAN_LIMIT` chunks is read through its time index
+  (`index`: a `TimeIndex`' fields, `hits`: the heap's search scratch), a smaller one in one pass
+  (its index and scratch are then not read)."""
+  c = Chunks(*chunks)
+  rects, alive = c.rects, c.alive
+  # One array either way (an array from either of two sources cost the loop below ten times).
+  handles = np.empty(c.count, np.int64)
+  found = 0
+  if c.count > SCAN_LIMIT:
+    found = collect(TimeIndex(*index), first_op, last_op + 1, hits)
+    for j in range(found):
+      handles[j] = hits[3, j]
+    handles[:found].sort()
+  else:
+    for i in range(c.count):
+      if alive[i] and rects[0, i] <= last_op and rects[1, i] > first_op:
+        handles[found] = i
+        found += 1
   bins = len(out)
   width = capacity / bins
   for j in range(found):
     i = handles[j]
-    low = offsets[i] / width
-    high = (offsets[i] + sizes[i]) / width
+    low = rects[2, i] / width
+    high = (rects[2, i] + rects[3, i]) / width
     b = int(low)
     while b < bins and b < high:
       covered = min(high, b + 1.0) - max(low, float(b))
