@@ -176,6 +176,8 @@ def queue_stall(copies, bounds, jumps, state):
   settle = num_ops + 1 if meta[COPIES_CHANGED] else meta[LAST_IDLE] + 1
   scratch = num_ops + 1
   x, so_far = x_in[t0], issued_in[t0]
+  starts, count = TrackedCopies(*copies).start, meta[COUNT]
+  later = np.searchsorted(starts[:count], t0)  # The first copy issued at or after t.
   found = 0
   stop = num_ops + 1
   t = t0
@@ -183,6 +185,28 @@ def queue_stall(copies, bounds, jumps, state):
     if t >= settle and t > t0 and x == x_in[t]:
       stop = t
       break
+    if x == so_far:
+      # Nothing queued: until the next copy is issued the engine waits at x, so a boundary that
+      # issues nothing and lifts nothing (a copy due there was issued before and is done, but
+      # for the rounding of its queue's sum: `due` is compared still) leaves x as it is.
+      while later < count and starts[later] < t:
+        later += 1
+      until = starts[later] if later < count else num_ops + 1
+      u = t
+      while u < until and not due[u] > x:
+        if u >= settle and u > t0 and x == x_in[u]:
+          stop = u
+          break
+        x_in[u], issued_in[u] = x, so_far
+        u += 1
+      if stop <= num_ops:
+        break
+      t = u
+      if t > num_ops:
+        break
+      if t >= settle and t > t0 and x == x_in[t]:
+        stop = t
+        break
     x_in[t], issued_in[t] = x, so_far
     so_far += issued[t]
     if due[t] > x:

@@ -60,7 +60,6 @@ from malloczero.env.game.base import GameBase
 from malloczero.env.game.config import GameConfig
 from malloczero.env.hardware import Hardware
 from malloczero.env.msa.algorithm import MsaDecisions
-from malloczero.env.msa.chunks import ChunkHeap
 from malloczero.env.msa.decision import MsaDecision, option_slots, worth_deciding
 from malloczero.env.msa.settings import MsaOptions
 from malloczero.env.simulator import StallTracker
@@ -139,6 +138,18 @@ class CandidateFrame(NamedTuple):
   slow_op_prefix: np.ndarray
   num_starts: int
   columns: np.ndarray
+
+
+class BinLists(NamedTuple):
+  """A fast level's chunks filed by the address bins they cover, for the occupancy of long
+  windows (`observation_kernels.mirror` files them, in handle order): per bin and entry the
+  chunk's start, end and handle, its fraction of the bin; per bin its entries; the chunks filed
+  so far (`[1]`)."""
+
+  rows: np.ndarray  # [bins, room, 3] int64
+  covered: np.ndarray  # [bins, room] float64
+  counts: np.ndarray  # [bins] int64
+  synced: np.ndarray  # [1] int64
 
 
 class BufferArrays(NamedTuple):
@@ -250,7 +261,9 @@ class MsaGame(GameBase):
       1,
     )
     self._unread_hits = np.zeros((4, 1), np.int64)
-    self._scan_limit = self._kernels.SCAN_LIMIT
+    self._unread_lists = self._new_bin_lists(1)
+    # When occupancy reads a heap through its index and lists (tests set smaller ones).
+    self._occupancy_limits = (self._kernels.SCAN_LIMIT, self._kernels.COLLECT_LIMIT)
     # The observation's shapes (the config derives them from its layouts on every call).
     self._shapes = (
       config.request_features,
@@ -430,6 +443,8 @@ class MsaGame(GameBase):
     self._buffer_copies: list[tuple[int, int, int]] = []  # (copy id, start, done)
     self._buffers_done = 0
     self._moves = 0
+    # The heaps' chunks by bin, filed once a heap outgrows a plain scan (`_heap_state`).
+    self._bin_lists = [self._new_bin_lists() for _ in range(self._num_fast)]
     self._actions: list[int] = []
     self._segment_end: int | None = None
     self._defer_stall, self._stall_stale = False, False
@@ -437,6 +452,16 @@ class MsaGame(GameBase):
     # save is in the first move's reward, so an episode's rewards still sum to the time saved.
     self._rewarded_time = self.total_time
     self._play_skipped_decisions()
+
+  def _new_bin_lists(self, room: int = 256) -> tuple:
+    """Empty lists of the bins (a `BinLists`' fields), room for `room` chunks per bin."""
+    bins = self.config.occupancy_bins
+    return (
+      np.zeros((bins, room, 3), np.int64),
+      np.zeros((bins, room)),
+      np.zeros(bins, np.int64),
+      np.zeros(1, np.int64),
+    )
 
   def _play_skipped_decisions(self) -> None:
     """Plays msa's own choice at the decisions not offered (`GameConfig.skip_below`)."""
@@ -576,9 +601,8 @@ class MsaGame(GameBase):
     }
     self._legal = observation["legal_actions"]
     self._option_index = np.zeros(actions, np.int64)
-    heaps = self._decisions.algorithm.heaps
-    first = self._heap_state(heaps[0])
-    second = self._heap_state(heaps[1]) if self._num_fast > 1 else first
+    first = self._heap_state(0)
+    second = self._heap_state(1) if self._num_fast > 1 else first
     total = self.total_time
     self._msa_action = self._kernels.observe(
       (  # An `ObservationArrays`' fields.
@@ -592,6 +616,7 @@ class MsaGame(GameBase):
       (self._incidence_key, self._use_reduction, uses, static),  # A `BufferArrays`' fields.
       *first,
       *second,
+      self._occupancy_limits,
       self._num_fast,
       buffer * self._stride,
       use,
@@ -605,15 +630,26 @@ class MsaGame(GameBase):
     )
     return observation
 
-  def _heap_state(self, heap: ChunkHeap) -> tuple[tuple, tuple, np.ndarray]:
+  def _heap_state(self, level: int) -> tuple[tuple, tuple, np.ndarray, tuple]:
     """What `observation_kernels.occupancy` reads of a fast level's heap: its time index, its
-    chunks and its search scratch; a small heap is scanned whole, its index and scratch not
-    read (the search state's lists are then not brought up to date for nothing)."""
+    chunks, its search scratch and the bins' lists (mirrored up to date here). A small heap is
+    scanned whole: its index, scratch and lists are not read (nor kept up to date)."""
+    heap = self._decisions.algorithm.heaps[level]
     chunks = heap.kernel_state()
-    if chunks[2] <= self._scan_limit:
-      return self._unread_index, chunks, self._unread_hits
+    if chunks[2] <= self._occupancy_limits[0]:
+      return self._unread_index, chunks, self._unread_hits, self._unread_lists
+    lists = self._bin_lists[level]
+    width = float(self._capacity[level]) / self.config.occupancy_bins
+    while not self._kernels.mirror(lists, chunks, width):
+      rows, covered, counts, synced = lists
+      room = 2 * rows.shape[1]
+      grown = np.zeros((rows.shape[0], room, 3), np.int64)
+      grown[:, : rows.shape[1]] = rows
+      more = np.zeros((rows.shape[0], room))
+      more[:, : rows.shape[1]] = covered
+      lists = self._bin_lists[level] = (grown, more, counts, synced)
     index, _, _, scratch = heap.search_state()
-    return index, chunks, scratch[0]
+    return index, chunks, scratch[0], lists
 
   def _terminal_observation(self) -> dict[str, np.ndarray]:
     obs = super()._terminal_observation()

@@ -30,7 +30,13 @@ from malloczero.env.game.game import (
 )
 from malloczero.env.kernel_cache import njit
 from malloczero.env.msa.chunks import Chunks, TimeIndex
-from malloczero.env.msa.kernels.chunk_index import collect
+from malloczero.env.msa.kernels.chunk_index import (
+  POOL_END,
+  POOL_HANDLE,
+  POOL_START,
+  _index_class,
+  _index_classes,
+)
 
 # Where each feature's column is in `CandidateFrame.columns` (game.py's `OBSERVED_COLUMNS`).
 _COLUMN = {name: i for i, name in enumerate(OBSERVED_COLUMNS)}
@@ -55,49 +61,225 @@ OPTION_END, OPTION_OFFSET = _FIELD["end"], _FIELD["offset"]
 OPTION_EVICTS, OPTION_SAVING = _FIELD["evicts"], _FIELD["saving"]
 
 
-# Heaps of more chunks than this are read through their time index; smaller ones in one pass
-# over every chunk, which costs less than the index's walk over its length classes.
+# Heaps of more chunks than this are read through their time index or the bins' lists; smaller
+# ones in one pass over every chunk, which costs less than the index's walk over its classes.
 SCAN_LIMIT = 4096
+# A window where the time index finds more live chunks than this is read from the bins' lists.
+COLLECT_LIMIT = 2048
+# 4 x the unit roundoff: a sum of n positive terms in one order is within 2 (n - 1) u of the same
+# terms summed in any other order, relative to either (recursive summation's bound, with room).
+_REORDER_BOUND = 4.0 * 2.0**-53
 
 
 @njit
-def occupancy(out, index, chunks, hits, first_op, last_op, capacity):
-  """Fills `out` [bins] (zeros, float64) with the fraction of each address bin of a level taken
-  by its chunks live at some op of `[first_op, last_op]` (`chunks`: a `Chunks`' fields), summed
-  in handle order (chunks may overlap in time only where they do not in address, so the
-  fractions add up). A heap of more than `SCAN_LIMIT` chunks is read through its time index
-  (`index`: a `TimeIndex`' fields, `hits`: the heap's search scratch), a smaller one in one pass
-  (its index and scratch are then not read)."""
+def _bins(offset, size, width):
+  """The address bins `[low, high)` as fractions of a bin that a chunk covers."""
+  return offset / width, (offset + size) / width
+
+
+@njit
+def mirror(lists, chunks, width):
+  """Files each chunk committed since the last call (`chunks`: a `Chunks`' fields) that is still
+  alive in the list of every bin it covers, with its fraction of the bin (`lists`: a
+  `BinLists`' fields); False when a list it needs is full (the caller grows them and calls
+  again: the chunks filed so far stay filed)."""
+  rows, covered, counts, synced = lists
   c = Chunks(*chunks)
   rects, alive = c.rects, c.alive
-  # One array either way (an array from either of two sources cost the loop below ten times).
-  handles = np.empty(c.count, np.int64)
-  found = 0
-  if c.count > SCAN_LIMIT:
-    found = collect(TimeIndex(*index), first_op, last_op + 1, hits)
-    for j in range(found):
-      handles[j] = hits[3, j]
-    handles[:found].sort()
-  else:
-    for i in range(c.count):
-      if alive[i] and rects[0, i] <= last_op and rects[1, i] > first_op:
-        handles[found] = i
-        found += 1
+  bins, room = rows.shape[0], rows.shape[1]
+  for i in range(synced[0], c.count):
+    if alive[i]:
+      low, high = _bins(rects[2, i], rects[3, i], width)
+      b = int(low)
+      while b < bins and b < high:
+        if min(high, b + 1.0) - max(low, float(b)) > 0 and counts[b] == room:
+          return False
+        b += 1
+      b = int(low)
+      while b < bins and b < high:
+        part = min(high, b + 1.0) - max(low, float(b))
+        if part > 0:
+          j = counts[b]
+          rows[b, j, 0], rows[b, j, 1], rows[b, j, 2] = rects[0, i], rects[1, i], i
+          covered[b, j] = part
+          counts[b] = j + 1
+        b += 1
+    synced[0] = i + 1
+  return True
+
+
+@njit
+def _collect_at_most(index, start, end, handles, limit):
+  """The handles of the chunks live at some op of `[start, end)`, as `chunk_index.collect`
+  walks the time index (`index`: a `TimeIndex`' fields), into `handles`; how many, or -1 when
+  there are more than `limit` (the walk stops there)."""
+  index = TimeIndex(*index)
+  ptr, fill, pool, span = index.buckets[0], index.buckets[1], index.pool, index.span
+  last_key = min(max(end - 1, 0), span - 1)
+  classes = _index_classes(span)
+  k = 0
+  for c in range(classes):
+    first_key = 0 if c == classes - 1 else max(start + 2 - (2 << c), 0)
+    if first_key > last_key:
+      continue
+    base, shift = _index_class(span, c)
+    for bucket in range(base + (first_key >> shift), base + (last_key >> shift) + 1):
+      for row in range(ptr[bucket], ptr[bucket] + fill[bucket]):
+        if pool[row, POOL_START] < end and start < pool[row, POOL_END]:
+          if k == limit:
+            return -1
+          handles[k] = pool[row, POOL_HANDLE]
+          k += 1
+  return k
+
+
+@njit
+def occupancy(out, index, chunks, hits, lists, first_op, last_op, capacity, limits):
+  """Fills `out` [bins] (zeros, float64) with the fraction of each address bin of a level taken
+  by its chunks live at some op of `[first_op, last_op]` (`chunks`: a `Chunks`' fields), summed
+  in handle order and clipped at 1 (chunks may overlap in time only where they do not in
+  address, so the fractions add up).
+
+  `limits`: (`SCAN_LIMIT`, `COLLECT_LIMIT`), or others in tests. A heap of up to the first is
+  read in one pass, in handle order (`index`, `hits` and
+  `lists` are then not read). A larger one through its time index (`index`: a `TimeIndex`'
+  fields, `hits`: the heap's search scratch), which finds the live chunks in no particular
+  order: their fractions are summed per bin in that order first, and a bin whose sum exceeds 1
+  by more than any order of summation could change is 1 (its handle-order sum exceeds 1 too);
+  only the chunks covering the other bins are sorted by handle and summed again. A window
+  with more live chunks than the second (a long one: up to the whole program) is read from
+  the bins' lists instead (`lists`: a `BinLists`' fields, `mirror`ed up to date), each in
+  handle order until its sum passes 1, which it then stays above."""
+  c = Chunks(*chunks)
+  rects, alive = c.rects, c.alive
   bins = len(out)
   width = capacity / bins
-  for j in range(found):
-    i = handles[j]
-    low = rects[2, i] / width
-    high = (rects[2, i] + rects[3, i]) / width
-    b = int(low)
-    while b < bins and b < high:
-      covered = min(high, b + 1.0) - max(low, float(b))
-      if covered > 0:
-        out[b] += covered
-      b += 1
+  scan_limit, collect_limit = limits
+  if c.count <= scan_limit:
+    every = np.ones(0, np.bool_)
+    for i in range(c.count):
+      if alive[i] and rects[0, i] <= last_op and rects[1, i] > first_op:
+        _add_chunk(out, rects[2, i], rects[3, i], width, every)
+  else:
+    found = _collect_at_most(index, first_op, last_op + 1, hits[3], collect_limit)
+    if found < 0:
+      _from_lists(out, lists, alive, first_op, last_op)
+    else:
+      _from_hits(out, hits[3], found, rects, width)
   for b in range(bins):
     if out[b] > 1.0:
       out[b] = 1.0
+
+
+@njit
+def _from_lists(out, lists, alive, first_op, last_op):
+  """`occupancy` of a long window, bin by bin from the bins' lists (in handle order)."""
+  rows, covered, counts, _ = lists
+  for b in range(len(out)):
+    total = 0.0
+    for j in range(counts[b]):
+      if rows[b, j, 0] <= last_op and rows[b, j, 1] > first_op and alive[rows[b, j, 2]]:
+        total += covered[b, j]
+        if total > 1.0:
+          break
+    out[b] = total
+
+
+@njit
+def _from_hits(out, found_handles, found, rects, width):
+  """`occupancy` of the `found` live chunks the time index found (their handles in no order)."""
+  bins = len(out)
+  counts = np.zeros(bins, np.int64)
+  for j in range(found):
+    i = found_handles[j]
+    low, high = _bins(rects[2, i], rects[3, i], width)
+    b = int(low)
+    while b < bins and b < high:
+      part = min(high, b + 1.0) - max(low, float(b))
+      if part > 0:
+        out[b] += part
+        counts[b] += 1
+      b += 1
+  exact = np.zeros(bins, np.bool_)
+  pending = False
+  for b in range(bins):
+    if out[b] * (1.0 - _REORDER_BOUND * counts[b]) > 1.0:
+      out[b] = 1.0
+    elif counts[b]:
+      exact[b] = True
+      pending = True
+      out[b] = 0.0
+  if not pending:
+    return
+  handles = np.empty(found, np.int64)
+  m = 0
+  for j in range(found):
+    i = found_handles[j]
+    low, high = _bins(rects[2, i], rects[3, i], width)
+    b = int(low)
+    while b < bins and b < high:
+      if exact[b]:
+        handles[m] = i
+        m += 1
+        break
+      b += 1
+  _sort_handles(handles, m)
+  for j in range(m):
+    _add_chunk(out, rects[2, handles[j]], rects[3, handles[j]], width, exact)
+
+
+@njit
+def _sort_handles(handles, m):
+  """Sorts `handles[:m]` (distinct, >= 0) in place: insertion for a few, else a least
+  significant digit radix sort by bytes (numba's sort costs several times as much on the
+  thousands a long window finds)."""
+  if m <= 48:
+    for j in range(1, m):
+      moving = handles[j]
+      i = j - 1
+      while i >= 0 and handles[i] > moving:
+        handles[i + 1] = handles[i]
+        i -= 1
+      handles[i + 1] = moving
+    return
+  highest = 0
+  for j in range(m):
+    highest = max(highest, handles[j])
+  keys, other = handles[:m], np.empty(m, np.int64)
+  counts = np.empty(256, np.int64)
+  shift = 0
+  passes = 0
+  while (highest >> shift) > 0:
+    counts[:] = 0
+    for j in range(m):
+      counts[(keys[j] >> shift) & 255] += 1
+    total = 0
+    for d in range(256):
+      total, counts[d] = total + counts[d], total
+    for j in range(m):
+      d = (keys[j] >> shift) & 255
+      other[counts[d]] = keys[j]
+      counts[d] += 1
+    keys, other = other, keys
+    shift += 8
+    passes += 1
+  if passes % 2:  # The sorted keys are in the scratch array.
+    for j in range(m):
+      handles[j] = keys[j]
+
+
+@njit
+def _add_chunk(out, offset, size, width, only):
+  """Adds a chunk's fraction of each bin it covers to `out` (the bins `only` marks, when it
+  marks any)."""
+  low, high = _bins(offset, size, width)
+  bins = len(out)
+  b = int(low)
+  while b < bins and b < high:
+    covered = min(high, b + 1.0) - max(low, float(b))
+    if covered > 0 and (len(only) == 0 or only[b]):
+      out[b] += covered
+    b += 1
 
 
 @njit
@@ -124,9 +306,12 @@ def observe(
   index0,
   chunks0,
   hits0,
+  lists0,
   index1,
   chunks1,
   hits1,
+  lists1,
+  limits,
   num_fast,
   buffer_key,
   use,
@@ -141,8 +326,8 @@ def observe(
   """Writes a decision's observation into `out` (an `ObservationArrays`' fields, zeros) and its
   legal mask and slot-to-option map into `decision` (a `DecisionArrays`' fields); returns the
   slot msa takes. `frame`: a `CandidateFrame`'s fields; `buffer`: a `BufferArrays`'; per fast
-  level its heap's time index, chunks and search scratch (level 1's are level 0's again on a
-  machine with one fast level); `buffer_key`: the buffer's first incidence key (buffer x
+  level what `occupancy` reads of it (level 1's are level 0's again on a machine with one fast
+  level), and `occupancy`'s `limits`; `buffer_key`: the buffer's first incidence key (buffer x
   stride); `option0`: option 0's kind (default, evict, uncommit); `program_time`, `stall_share`
   and `progress`: the request's features of the program so far."""
   o, d, f, b = (
@@ -215,9 +400,9 @@ def observe(
   for level in range(num_fast):
     row = np.zeros(bins)
     if level == 0:
-      occupancy(row, index0, chunks0, hits0, first_op, use, f.capacity[level])
+      occupancy(row, index0, chunks0, hits0, lists0, first_op, use, f.capacity[level], limits)
     else:
-      occupancy(row, index1, chunks1, hits1, first_op, use, f.capacity[level])
+      occupancy(row, index1, chunks1, hits1, lists1, first_op, use, f.capacity[level], limits)
     for j in range(bins):
       o.occupancy[level, j] = row[j]
 
