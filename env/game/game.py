@@ -202,7 +202,6 @@ class MsaGame(GameBase):
     a = workload.arrays
     self._stride = workload.num_ops + 1
     self._incidence_key = model._incidence_key  # [E] sorted
-    self._incidence_op = a.incidence_op
     # Python lists for the per-step scalar updates (`_move`): numpy scalars cost more there.
     self._key_list = self._incidence_key.tolist()
     self._bytes_prefix = (
@@ -213,6 +212,9 @@ class MsaGame(GameBase):
     self._slow_level = hardware.slow_level
     self._def_op = a.def_op.tolist()
     self._copy_time_list = model.copy_time.tolist()
+    self._size_list = a.sizes.astype(np.float64).tolist()
+    self._incidence_start = a.buffer_incidence_start.tolist()
+    self._incidence_op_list = a.incidence_op.tolist()
     self._axis = workload.time_axis.astype(np.float64)
     self._length = max(float(self._axis[-1]), 1e-30)
     # [T + 1] positions of ops -1 (the program start: 0), 0, ..., T - 1.
@@ -253,6 +255,18 @@ class MsaGame(GameBase):
       _observed_columns(config),
     )
     self._option_width = len(OPTION_FIELDS)
+    q = config.layout.request
+    self._static_columns = (
+      q.index("is_activation"),
+      q.slice("size_vs_capacity").start,
+      q.index("log_size"),
+      q.index("definition"),
+      q.index("last_use"),
+      q.index("num_uses"),
+      q.index("copy_time"),
+      q.slice("level_present").start,
+    )
+    self._capacity_list = self._capacity.tolist()
     # In place of a small heap's time index and scratch, which its occupancy does not read.
     self._unread_index = (
       np.zeros((3, 1), np.int64),
@@ -550,27 +564,38 @@ class MsaGame(GameBase):
 
   def _buffer_static(self, buffer: int) -> tuple[np.ndarray, np.ndarray]:
     """(the buffer's use ops `[U]`, sorted, the definition excluded; its request features that
-    do not change during an episode), computed once per buffer."""
+    do not change during an episode), computed once per buffer (scalar arithmetic: a large
+    program has a hundred thousand buffers)."""
     cached = self._static_cache.get(buffer)
     if cached is not None:
       return cached
-    a, q, num_fast = self.workload.arrays, self._layout.request, self._num_fast
-    lo = int(np.searchsorted(self._incidence_key, buffer * self._stride, "left"))
-    hi = int(np.searchsorted(self._incidence_key, (buffer + 1) * self._stride, "left"))
-    ops = np.unique(self._incidence_op[lo:hi])
-    uses = ops[ops != a.def_op[buffer]]
-    size = float(a.sizes[buffer])
-    row = np.zeros(q.size, np.float32)
-    row[q.index("is_activation")] = a.def_op[buffer] != PROGRAM_START
-    row[q.slice("size_vs_capacity", num_fast)] = np.minimum(size / self._capacity, 2.0)
-    row[q.index("log_size")] = np.log2(max(size, 1.0)) / 32.0
-    row[q.index("definition")] = self._position(int(a.def_op[buffer]))
-    row[q.index("last_use")] = self._position(int(uses[-1])) if len(uses) else 0.0
-    row[q.index("num_uses")] = np.log2(1 + len(uses)) / 10.0
-    row[q.index("copy_time")] = min(
-      float(self.cost_model.copy_time[buffer]) / self._saving_scale, 10.0
-    )
-    row[q.slice("level_present", num_fast)] = 1.0
+    def_op, start = self._def_op[buffer], self._incidence_start
+    use_list: list[int] = []
+    for op in self._incidence_op_list[start[buffer] : start[buffer + 1]]:  # Sorted.
+      if op != def_op and (not use_list or use_list[-1] != op):
+        use_list.append(op)
+    uses = np.array(use_list, np.int64)
+    (
+      is_activation,
+      size_vs_capacity,
+      log_size,
+      definition,
+      last_use,
+      num_uses,
+      copy_time,
+      level_present,
+    ) = self._static_columns
+    size = self._size_list[buffer]
+    row = np.zeros(self._shapes[0], np.float32)
+    row[is_activation] = def_op != PROGRAM_START
+    for level, capacity in enumerate(self._capacity_list):
+      row[size_vs_capacity + level] = min(size / capacity, 2.0)
+    row[log_size] = np.log2(max(size, 1.0)) / 32.0
+    row[definition] = self._position(def_op)
+    row[last_use] = self._position(use_list[-1]) if use_list else 0.0
+    row[num_uses] = np.log2(1 + len(use_list)) / 10.0
+    row[copy_time] = min(self._copy_time_list[buffer] / self._saving_scale, 10.0)
+    row[level_present : level_present + self._num_fast] = 1.0
     self._static_cache[buffer] = (uses, row)
     return uses, row
 
