@@ -10,6 +10,7 @@ trajectory.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import time
@@ -127,32 +128,47 @@ def play_programs(
   record = game_config.decisions == "msa"
   genomes: list[dict] = [{} for _ in games]
   proposals: list[dict] = [{} for _ in specs]
-  while not done.all():
+  keys = _KeyStream(rng)
+  # Searches dispatched and not yet played: (group, its active games, the search's output). A
+  # search runs (JAX dispatches asynchronously, on other threads) while the games of the group
+  # dispatched before it step; each game still steps in the order the plain loop would step it.
+  in_flight: collections.deque = collections.deque()
+
+  def play(active: np.ndarray, output: Any) -> None:
+    output = jax.device_get(output)
+    actions, weights = np.asarray(output.action), np.asarray(output.action_weights)
+    for j, (i, action) in enumerate(zip(active, actions)):
+      if record:  # The proposals are the search's: the policy's own play adds no weights.
+        searched = i < num_programs * attempts
+        _record(
+          games[i],
+          int(action),
+          weights[j],
+          genomes[i],
+          proposals[i % num_programs] if searched else None,
+        )
+      timestep = games[i].step(int(action))
+      moves[i].append(int(action))
+      returns[i] += timestep.reward
+      observations[i] = timestep.observation
+      done[i] = timestep.last()
+
+  while not done.all() or in_flight:
     # One key per possible group, so that a group's keys do not depend on which others play.
-    rng, *keys = jax.random.split(rng, 4)
-    for (search_fn, members), key in zip(groups, keys):
+    for g, ((search_fn, members), key) in enumerate(zip(groups, keys.next())):
+      while any(entry[0] == g for entry in in_flight):  # This group's last moves first.
+        play(*in_flight.popleft()[1:])
       active = members[~done[members]]
-      if not len(active):
-        continue
-      batch = _batch_size(len(active), len(members))
-      padded = [observations[i] for i in active] + [observations[active[0]]] * (batch - len(active))
-      output = jax.device_get(search_fn(params, key, stack_observations(padded)))
-      actions, weights = np.asarray(output.action), np.asarray(output.action_weights)
-      for j, (i, action) in enumerate(zip(active, actions)):
-        if record:  # The proposals are the search's: the policy's own play adds no weights.
-          searched = i < num_programs * attempts
-          _record(
-            games[i],
-            int(action),
-            weights[j],
-            genomes[i],
-            proposals[i % num_programs] if searched else None,
-          )
-        timestep = games[i].step(int(action))
-        moves[i].append(int(action))
-        returns[i] += timestep.reward
-        observations[i] = timestep.observation
-        done[i] = timestep.last()
+      if len(active):
+        batch = _batch_size(len(active), len(members))
+        padded = [observations[i] for i in active]
+        padded += [observations[active[0]]] * (batch - len(active))
+        in_flight.append((g, active, search_fn(params, key, stack_observations(padded))))
+      while len(in_flight) > 1:
+        play(*in_flight.popleft()[1:])
+    if done.all():
+      while in_flight:
+        play(*in_flight.popleft()[1:])
   results = []
   for p, spec in enumerate(specs):
     copies = games[p::num_programs]
@@ -184,6 +200,39 @@ def play_programs(
       )
     )
   return results
+
+
+class _KeyStream:
+  """The keys of the plain loop's iterations, `rng, *keys = jax.random.split(rng, 4)` each, made
+  a block of iterations at a time by one jitted scan (the same keys: splitting is deterministic;
+  eagerly, each split and its unpacking cost more than a search of the policy alone)."""
+
+  BLOCK = 1024
+
+  def __init__(self, rng: Any):
+    self._rng = rng
+    self._block: np.ndarray = np.zeros((0, 3, 2), np.uint32)
+    self._next = 0
+
+  def next(self) -> np.ndarray:
+    """`[3, ...]` the next iteration's three keys."""
+    if self._next == len(self._block):
+      self._rng, block = _split_chain(self._rng, self.BLOCK)
+      self._block, self._next = np.asarray(jax.device_get(block)), 0
+    self._next += 1
+    return self._block[self._next - 1]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _split_chain(rng: Any, count: int) -> tuple[Any, Any]:
+  """`count` iterations of `rng, *keys = jax.random.split(rng, 4)`: the last `rng` and the keys
+  `[count, 3, ...]`."""
+
+  def split(key, _):
+    parts = jax.random.split(key, 4)
+    return parts[0], parts[1:]
+
+  return jax.lax.scan(split, rng, None, length=count)
 
 
 def _record(
