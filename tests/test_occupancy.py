@@ -2,7 +2,7 @@
 plain scan it replaced, bit for bit: every chunk live in the window, in handle order, its fraction
 of each bin summed and clipped at 1. Heaps above the scan limit are read through their time index
 and summed out of order first (the bins that order could change summed again in order), or, in
-windows with many live chunks, from the bins' lists in handle order until a bin is full."""
+long windows with many live chunks, from the bins' lists in handle order until a bin is full."""
 
 import numpy as np
 import pytest
@@ -87,7 +87,8 @@ def test_occupancy_is_the_plain_scans_bit_for_bit(chunks):
     assert out.tobytes() == want.tobytes(), (first_op, last_op)
     filled += int((want == 1.0).sum() > 0) + int(((want > 0) & (want < 1.0)).sum() > 0)
     live = heap.overlapping(first_op, last_op + 1)
-    many += len(live) > observation_kernels.COLLECT_LIMIT
+    long = last_op - first_op + 1 >= observation_kernels.LONG_WINDOW
+    many += long and len(live) > observation_kernels.COLLECT_LIMIT
   assert filled > 200, "windows should both fill bins and leave some partly free"
   if chunks > observation_kernels.SCAN_LIMIT:
     assert 20 < many < 180, "windows should be read from the index and from the lists"

@@ -64,11 +64,12 @@ OPTION_EVICTS, OPTION_SAVING = _FIELD["evicts"], _FIELD["saving"]
 # Heaps of more chunks than this are read through their time index or the bins' lists; smaller
 # ones in one pass over every chunk, which costs less than the index's walk over its classes.
 SCAN_LIMIT = 4096
-# A window where the time index finds more live chunks than this is read from the bins' lists.
+# A window of at least `LONG_WINDOW` ops where the time index finds more live chunks than
+# `COLLECT_LIMIT` is read from the bins' lists (most of its bins fill up); any other window of
+# a large heap through the index. A short window never fills a bin (chunks live at one op do
+# not overlap), so every bin of it would be read to the end of its list.
 COLLECT_LIMIT = 2048
-# 4 x the unit roundoff: a sum of n positive terms in one order is within 2 (n - 1) u of the same
-# terms summed in any other order, relative to either (recursive summation's bound, with room).
-_REORDER_BOUND = 4.0 * 2.0**-53
+LONG_WINDOW = 256
 
 
 @njit
@@ -141,15 +142,13 @@ def occupancy(out, index, chunks, hits, lists, first_op, last_op, capacity, limi
   address, so the fractions add up).
 
   `limits`: (`SCAN_LIMIT`, `COLLECT_LIMIT`), or others in tests. A heap of up to the first is
-  read in one pass, in handle order (`index`, `hits` and
-  `lists` are then not read). A larger one through its time index (`index`: a `TimeIndex`'
-  fields, `hits`: the heap's search scratch), which finds the live chunks in no particular
-  order: their fractions are summed per bin in that order first, and a bin whose sum exceeds 1
-  by more than any order of summation could change is 1 (its handle-order sum exceeds 1 too);
-  only the chunks covering the other bins are sorted by handle and summed again. A window
-  with more live chunks than the second (a long one: up to the whole program) is read from
-  the bins' lists instead (`lists`: a `BinLists`' fields, `mirror`ed up to date), each in
-  handle order until its sum passes 1, which it then stays above."""
+  read in one pass, in handle order (`index`, `hits` and `lists` are then not read). A larger
+  one through its time index (`index`: a `TimeIndex`' fields, `hits`: the heap's search
+  scratch), which finds the live chunks in no particular order; they are put back in handle
+  order to be summed. A window of at least `LONG_WINDOW` ops with more live chunks than the
+  second (up to the whole program) is read from the bins' lists instead (`lists`: a
+  `BinLists`' fields, `mirror`ed up to date), each in handle order until its sum passes 1,
+  which it then stays above."""
   c = Chunks(*chunks)
   rects, alive = c.rects, c.alive
   bins = len(out)
@@ -161,7 +160,8 @@ def occupancy(out, index, chunks, hits, lists, first_op, last_op, capacity, limi
       if alive[i] and rects[0, i] <= last_op and rects[1, i] > first_op:
         _add_chunk(out, rects[2, i], rects[3, i], width, every)
   else:
-    found = _collect_at_most(index, first_op, last_op + 1, hits[3], collect_limit)
+    limit = collect_limit if last_op - first_op + 1 >= LONG_WINDOW else c.count
+    found = _collect_at_most(index, first_op, last_op + 1, hits[3], limit)
     if found < 0:
       _from_lists(out, lists, alive, first_op, last_op)
     else:
@@ -187,85 +187,45 @@ def _from_lists(out, lists, alive, first_op, last_op):
 
 @njit
 def _from_hits(out, found_handles, found, rects, width):
-  """`occupancy` of the `found` live chunks the time index found (their handles in no order)."""
-  bins = len(out)
-  counts = np.zeros(bins, np.int64)
+  """`occupancy` of the `found` live chunks the time index found (their handles in no order):
+  marked in a bitmap over the handles and read back in handle order (cheaper than sorting the
+  thousands a window of a large heap finds)."""
+  marks = np.zeros(len(rects[0]) // 64 + 1, np.uint64)
   for j in range(found):
     i = found_handles[j]
-    low, high = _bins(rects[2, i], rects[3, i], width)
-    b = int(low)
-    while b < bins and b < high:
-      part = min(high, b + 1.0) - max(low, float(b))
-      if part > 0:
-        out[b] += part
-        counts[b] += 1
-      b += 1
-  exact = np.zeros(bins, np.bool_)
-  pending = False
-  for b in range(bins):
-    if out[b] * (1.0 - _REORDER_BOUND * counts[b]) > 1.0:
-      out[b] = 1.0
-    elif counts[b]:
-      exact[b] = True
-      pending = True
-      out[b] = 0.0
-  if not pending:
-    return
-  handles = np.empty(found, np.int64)
-  m = 0
-  for j in range(found):
-    i = found_handles[j]
-    low, high = _bins(rects[2, i], rects[3, i], width)
-    b = int(low)
-    while b < bins and b < high:
-      if exact[b]:
-        handles[m] = i
-        m += 1
-        break
-      b += 1
-  _sort_handles(handles, m)
-  for j in range(m):
-    _add_chunk(out, rects[2, handles[j]], rects[3, handles[j]], width, exact)
+    marks[i >> 6] |= np.uint64(1) << np.uint64(i & 63)
+  every = np.ones(0, np.bool_)
+  for word in range(len(marks)):
+    bits = marks[word]
+    while bits:
+      low_bit = bits & (~bits + np.uint64(1))
+      i = word * 64 + _bit_index(low_bit)
+      _add_chunk(out, rects[2, i], rects[3, i], width, every)
+      bits ^= low_bit
 
 
 @njit
-def _sort_handles(handles, m):
-  """Sorts `handles[:m]` (distinct, >= 0) in place: insertion for a few, else a least
-  significant digit radix sort by bytes (numba's sort costs several times as much on the
-  thousands a long window finds)."""
-  if m <= 48:
-    for j in range(1, m):
-      moving = handles[j]
-      i = j - 1
-      while i >= 0 and handles[i] > moving:
-        handles[i + 1] = handles[i]
-        i -= 1
-      handles[i + 1] = moving
-    return
-  highest = 0
-  for j in range(m):
-    highest = max(highest, handles[j])
-  keys, other = handles[:m], np.empty(m, np.int64)
-  counts = np.empty(256, np.int64)
-  shift = 0
-  passes = 0
-  while (highest >> shift) > 0:
-    counts[:] = 0
-    for j in range(m):
-      counts[(keys[j] >> shift) & 255] += 1
-    total = 0
-    for d in range(256):
-      total, counts[d] = total + counts[d], total
-    for j in range(m):
-      d = (keys[j] >> shift) & 255
-      other[counts[d]] = keys[j]
-      counts[d] += 1
-    keys, other = other, keys
-    shift += 8
-    passes += 1
-  if passes % 2:  # The sorted keys are in the scratch array.
-    for j in range(m):
-      handles[j] = keys[j]
+def _bit_index(bit):
+  """The position of the single set bit of `bit` (a uint64)."""
+  k = 0
+  if bit >> np.uint64(32):
+    k += 32
+    bit >>= np.uint64(32)
+  if bit >> np.uint64(16):
+    k += 16
+    bit >>= np.uint64(16)
+  if bit >> np.uint64(8):
+    k += 8
+    bit >>= np.uint64(8)
+  if bit >> np.uint64(4):
+    k += 4
+    bit >>= np.uint64(4)
+  if bit >> np.uint64(2):
+    k += 2
+    bit >>= np.uint64(2)
+  if bit >> np.uint64(1):
+    k += 1
+  return k
 
 
 @njit
