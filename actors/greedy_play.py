@@ -10,7 +10,6 @@ trajectory.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import time
@@ -129,46 +128,31 @@ def play_programs(
   genomes: list[dict] = [{} for _ in games]
   proposals: list[dict] = [{} for _ in specs]
   keys = _KeyStream(rng)
-  # Searches dispatched and not yet played: (group, its active games, the search's output). A
-  # search runs (JAX dispatches asynchronously, on other threads) while the games of the group
-  # dispatched before it step; each game still steps in the order the plain loop would step it.
-  in_flight: collections.deque = collections.deque()
-
-  def play(active: np.ndarray, output: Any) -> None:
-    output = jax.device_get(output)
-    actions, weights = np.asarray(output.action), np.asarray(output.action_weights)
-    for j, (i, action) in enumerate(zip(active, actions)):
-      if record:  # The proposals are the search's: the policy's own play adds no weights.
-        searched = i < num_programs * attempts
-        _record(
-          games[i],
-          int(action),
-          weights[j],
-          genomes[i],
-          proposals[i % num_programs] if searched else None,
-        )
-      timestep = games[i].step(int(action))
-      moves[i].append(int(action))
-      returns[i] += timestep.reward
-      observations[i] = timestep.observation
-      done[i] = timestep.last()
-
-  while not done.all() or in_flight:
+  while not done.all():
     # One key per possible group, so that a group's keys do not depend on which others play.
-    for g, ((search_fn, members), key) in enumerate(zip(groups, keys.next())):
-      while any(entry[0] == g for entry in in_flight):  # This group's last moves first.
-        play(*in_flight.popleft()[1:])
+    for (search_fn, members), key in zip(groups, keys.next()):
       active = members[~done[members]]
-      if len(active):
-        batch = _batch_size(len(active), len(members))
-        padded = [observations[i] for i in active]
-        padded += [observations[active[0]]] * (batch - len(active))
-        in_flight.append((g, active, search_fn(params, key, stack_observations(padded))))
-      while len(in_flight) > 1:
-        play(*in_flight.popleft()[1:])
-    if done.all():
-      while in_flight:
-        play(*in_flight.popleft()[1:])
+      if not len(active):
+        continue
+      batch = _batch_size(len(active), len(members))
+      padded = [observations[i] for i in active] + [observations[active[0]]] * (batch - len(active))
+      output = jax.device_get(search_fn(params, key, stack_observations(padded)))
+      actions, weights = np.asarray(output.action), np.asarray(output.action_weights)
+      for j, (i, action) in enumerate(zip(active, actions)):
+        if record:  # The proposals are the search's: the policy's own play adds no weights.
+          searched = i < num_programs * attempts
+          _record(
+            games[i],
+            int(action),
+            weights[j],
+            genomes[i],
+            proposals[i % num_programs] if searched else None,
+          )
+        timestep = games[i].step(int(action))
+        moves[i].append(int(action))
+        returns[i] += timestep.reward
+        observations[i] = timestep.observation
+        done[i] = timestep.last()
   results = []
   for p, spec in enumerate(specs):
     copies = games[p::num_programs]
