@@ -71,7 +71,7 @@ _observation_kernels = lazy_module("malloczero.env.game.observation_kernels")
 
 
 # The feature columns the observation kernel writes, by part; `OBSERVED_COLUMNS` is the order
-# `CandidateFrame.columns` holds them in (observation_kernels.py names its constants from it). A
+# `ObservationFrame.ints` holds them in (observation_kernels.py names its constants from it). A
 # feature several columns wide is named by its first.
 CANDIDATE_COLUMNS = (
   "valid",
@@ -126,18 +126,22 @@ class DecisionArrays(NamedTuple):
   option_index: np.ndarray  # [A] int64
 
 
-class CandidateFrame(NamedTuple):
-  """What an observation is measured against, the same all episode: the ops' positions on the
-  time axis, the last op, the fast levels' capacities, the saving scale, the slow time's prefix
-  sums, the prefetch starts per level, the feature columns (`OBSERVED_COLUMNS`' order)."""
+class ObservationFrame(NamedTuple):
+  """What an observation is measured against, the same all episode, in two arrays (a kernel's
+  arguments cost most of a small one's call, each array a share): `values`, float64, the ops'
+  positions on the time axis `[T + 1]` (op -1 first), the slow time's prefix sums `[T + 1]`,
+  the fast levels' capacities, the saving scale; `ints`, int64, at `FRAME_*` the last op, the
+  prefetch starts per level and where each part of `values` starts, then the feature columns
+  (`OBSERVED_COLUMNS`' order)."""
 
-  positions: np.ndarray
-  last_op: int
-  capacity: np.ndarray
-  saving_scale: float
-  slow_op_prefix: np.ndarray
-  num_starts: int
-  columns: np.ndarray
+  values: np.ndarray
+  ints: np.ndarray
+
+
+# `ObservationFrame.ints`' entries.
+FRAME_LAST_OP, FRAME_NUM_STARTS, FRAME_SLOW_PREFIX, FRAME_CAPACITY, FRAME_SCALE, FRAME_COLUMNS = (
+  range(6)
+)
 
 
 class BinLists(NamedTuple):
@@ -245,14 +249,17 @@ class MsaGame(GameBase):
     self._saving_scale = max(float(self._use_reduction.max(initial=0.0)), 1e-30)
     self._num_buffers = int(np.sum(~a.is_output & (a.sizes > 0)))
     self._static_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    self._frame = (  # A `CandidateFrame`'s fields.
-      self._positions,
-      self._last_op,
-      self._capacity,
-      self._saving_scale,
-      self._slow_op_prefix,
-      config.max_prefetch_starts,
-      _observed_columns(config),
+    slow_start = len(self._positions)
+    capacity_start = slow_start + len(self._slow_op_prefix)
+    scale_at = capacity_start + len(self._capacity)
+    self._frame = (  # An `ObservationFrame`'s fields.
+      np.concatenate([self._positions, self._slow_op_prefix, self._capacity, [self._saving_scale]]),
+      np.concatenate(
+        [
+          [self._last_op, config.max_prefetch_starts, slow_start, capacity_start, scale_at],
+          _observed_columns(config),
+        ]
+      ).astype(np.int64),
     )
     self._option_width = len(OPTION_FIELDS)
     q = config.layout.request
@@ -267,15 +274,6 @@ class MsaGame(GameBase):
       q.slice("level_present").start,
     )
     self._capacity_list = self._capacity.tolist()
-    # In place of a small heap's time index and scratch, which its occupancy does not read.
-    self._unread_index = (
-      np.zeros((3, 1), np.int64),
-      np.zeros((1, 5), np.int64),
-      np.zeros(1, np.int64),
-      1,
-    )
-    self._unread_hits = np.zeros((4, 1), np.int64)
-    self._unread_lists = self._new_bin_lists(1)
     # When occupancy reads a heap through its index and lists (tests set smaller ones).
     self._occupancy_limits = (self._kernels.SCAN_LIMIT, self._kernels.COLLECT_LIMIT)
     # The observation's shapes (the config derives them from its layouts on every call).
@@ -626,8 +624,13 @@ class MsaGame(GameBase):
     }
     self._legal = observation["legal_actions"]
     self._option_index = np.zeros(actions, np.int64)
-    first = self._heap_state(0)
-    second = self._heap_state(1) if self._num_fast > 1 else first
+    heaps = self._decisions.algorithm.heaps
+    first = heaps[0].kernel_state()[:3]
+    second = heaps[1].kernel_state()[:3] if self._num_fast > 1 else first
+    large = first[2] > self._occupancy_limits[0] or second[2] > self._occupancy_limits[0]
+    if large:  # A large heap's occupancy is `_occupancy`'s; the kernel skips it (count -1).
+      first = first if first[2] <= self._occupancy_limits[0] else (first[0], first[1], -1)
+      second = second if second[2] <= self._occupancy_limits[0] else (second[0], second[1], -1)
     total = self.total_time
     self._msa_action = self._kernels.observe(
       (  # An `ObservationArrays`' fields.
@@ -639,9 +642,8 @@ class MsaGame(GameBase):
       (table, self._legal, self._option_index),  # A `DecisionArrays`' fields.
       self._frame,
       (self._incidence_key, self._use_reduction, uses, static),  # A `BufferArrays`' fields.
-      *first,
-      *second,
-      self._occupancy_limits,
+      first,
+      second,
       self._num_fast,
       buffer * self._stride,
       use,
@@ -653,16 +655,35 @@ class MsaGame(GameBase):
       self._stall_time / max(total, 1e-30),
       self._buffers_done / max(self._num_buffers, 1),
     )
+    if large:
+      for level in range(self._num_fast):
+        if heaps[level].kernel_state()[2] > self._occupancy_limits[0]:
+          self._occupancy(observation["occupancy"][level], level, decision)
     return observation
 
+  def _occupancy(self, out: np.ndarray, level: int, decision: MsaDecision) -> None:
+    """Writes a large heap's occupancy over the decision's segment into `out` (float32),
+    through `observation_kernels.occupancy`."""
+    row = np.zeros(len(out))
+    index, chunks, hits, lists = self._heap_state(level)
+    self._kernels.occupancy(
+      row,
+      index,
+      chunks,
+      hits,
+      lists,
+      max(decision.segment_start, 0),
+      decision.use,
+      float(self._capacity[level]),
+      self._occupancy_limits,
+    )
+    out[:] = row
+
   def _heap_state(self, level: int) -> tuple[tuple, tuple, np.ndarray, tuple]:
-    """What `observation_kernels.occupancy` reads of a fast level's heap: its time index, its
-    chunks, its search scratch and the bins' lists (mirrored up to date here). A small heap is
-    scanned whole: its index, scratch and lists are not read (nor kept up to date)."""
+    """What `observation_kernels.occupancy` reads of a large fast level's heap: its time index,
+    its chunks, its search scratch and the bins' lists (mirrored up to date here)."""
     heap = self._decisions.algorithm.heaps[level]
     chunks = heap.kernel_state()
-    if chunks[2] <= self._occupancy_limits[0]:
-      return self._unread_index, chunks, self._unread_hits, self._unread_lists
     lists = self._bin_lists[level]
     width = float(self._capacity[level]) / self.config.occupancy_bins
     while not self._kernels.mirror(lists, chunks, width):

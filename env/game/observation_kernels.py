@@ -21,10 +21,15 @@ from __future__ import annotations
 import numpy as np
 
 from malloczero.env.game.game import (
+  FRAME_CAPACITY,
+  FRAME_COLUMNS,
+  FRAME_LAST_OP,
+  FRAME_NUM_STARTS,
+  FRAME_SCALE,
+  FRAME_SLOW_PREFIX,
   OBSERVED_COLUMNS,
   OPTION_FIELDS,
   BufferArrays,
-  CandidateFrame,
   DecisionArrays,
   ObservationArrays,
 )
@@ -38,7 +43,7 @@ from malloczero.env.msa.kernels.chunk_index import (
   _index_classes,
 )
 
-# Where each feature's column is in `CandidateFrame.columns` (game.py's `OBSERVED_COLUMNS`).
+# Where each feature's column is among the frame's columns (game.py's `OBSERVED_COLUMNS`).
 _COLUMN = {name: i for i, name in enumerate(OBSERVED_COLUMNS)}
 VALID, KEEP, FETCH, RANK = (_COLUMN[n] for n in ("valid", "keep", "prefetch", "rank"))
 START, LEAD, HOLD, OFFSET = (_COLUMN[n] for n in ("start", "lead", "hold", "offset"))
@@ -258,20 +263,28 @@ def _slots(options, max_starts, slots):
 
 
 @njit
+def _scanned(out, chunks, first_op, last_op, capacity):
+  """`occupancy` of a small heap (`chunks`: its rects, alive mask and count) into the float32 row
+  `out`: one pass over every chunk, in handle order, in float64."""
+  rects, alive, count = chunks
+  row = np.zeros(len(out))
+  width = capacity / len(out)
+  every = np.ones(0, np.bool_)
+  for i in range(count):
+    if alive[i] and rects[0, i] <= last_op and rects[1, i] > first_op:
+      _add_chunk(row, rects[2, i], rects[3, i], width, every)
+  for b in range(len(out)):
+    out[b] = min(row[b], 1.0)
+
+
+@njit
 def observe(
   out,
   decision,
   frame,
   buffer,
-  index0,
-  chunks0,
-  hits0,
-  lists0,
-  index1,
-  chunks1,
-  hits1,
-  lists1,
-  limits,
+  heap0,
+  heap1,
   num_fast,
   buffer_key,
   use,
@@ -285,23 +298,25 @@ def observe(
 ):
   """Writes a decision's observation into `out` (an `ObservationArrays`' fields, zeros) and its
   legal mask and slot-to-option map into `decision` (a `DecisionArrays`' fields); returns the
-  slot msa takes. `frame`: a `CandidateFrame`'s fields; `buffer`: a `BufferArrays`'; per fast
-  level what `occupancy` reads of it (level 1's are level 0's again on a machine with one fast
-  level), and `occupancy`'s `limits`; `buffer_key`: the buffer's first incidence key (buffer x
-  stride); `option0`: option 0's kind (default, evict, uncommit); `program_time`, `stall_share`
-  and `progress`: the request's features of the program so far."""
-  o, d, f, b = (
-    ObservationArrays(*out),
-    DecisionArrays(*decision),
-    CandidateFrame(*frame),
-    (BufferArrays(*buffer)),
-  )
+  slot msa takes. `frame`: an `ObservationFrame`'s fields; `buffer`: a `BufferArrays`'; per
+  fast level up to two its heap's chunks (rects, alive mask and count; a count below 0: the
+  level's occupancy is the caller's, `occupancy`'s for a large heap); `buffer_key`: the
+  buffer's first incidence key (buffer x stride); `option0`: option 0's kind (default, evict,
+  uncommit); `program_time`, `stall_share` and `progress`: the request's features of the
+  program so far."""
+  o, d, b = ObservationArrays(*out), DecisionArrays(*decision), BufferArrays(*buffer)
+  values, ints = frame
   request, candidates, lookahead = o.request, o.candidates, o.lookahead
   options, legal, option_index = d.options, d.legal, d.option_index
-  positions, last_op, columns, scale = f.positions, f.last_op, f.columns, f.saving_scale
+  last_op, num_starts = ints[FRAME_LAST_OP], ints[FRAME_NUM_STARTS]
+  positions = values[: ints[FRAME_SLOW_PREFIX]]
+  slow_op_prefix = values[ints[FRAME_SLOW_PREFIX] : ints[FRAME_CAPACITY]]
+  capacity = values[ints[FRAME_CAPACITY] : ints[FRAME_SCALE]]
+  scale = values[ints[FRAME_SCALE]]
+  columns = ints[FRAME_COLUMNS:]
   num_options = options.shape[0] + 1
   slots = np.empty(num_options, np.int64)
-  _slots(options, f.num_starts, slots)
+  _slots(options, num_starts, slots)
   for i in range(num_options):
     legal[slots[i]] = True
     option_index[slots[i]] = i
@@ -340,12 +355,12 @@ def observe(
     s = positions[start + 1]
     candidates[r, columns[START]] = s
     candidates[r, columns[HOLD]] = positions[min(end, last_op) + 1] - s
-    candidates[r, columns[OFFSET]] = options[i, OPTION_OFFSET] / f.capacity[level]
+    candidates[r, columns[OFFSET]] = options[i, OPTION_OFFSET] / capacity[level]
     candidates[r, columns[SAVING]] = options[i, OPTION_SAVING] / scale
     if options[i, IS_PREFETCH] != 0.0:
       candidates[r, fetch] = 1.0
-      candidates[r, rank] = ((r - 1) % f.num_starts) / f.num_starts
-      hidden = f.slow_op_prefix[use] - f.slow_op_prefix[max(start, 0)]
+      candidates[r, rank] = ((r - 1) % num_starts) / num_starts
+      hidden = slow_op_prefix[use] - slow_op_prefix[max(start, 0)]
       candidates[r, columns[HIDE_RATIO]] = min(hidden / max(copy_time, 1e-30), 10.0)
       candidates[r, columns[LEAD]] = (use - start) / window
       candidates[r, columns[EVICTS]] = 1.0 if options[i, OPTION_EVICTS] != 0.0 else 0.0
@@ -354,17 +369,12 @@ def observe(
   if msa_choice:
     candidates[msa_action - 1, columns[MSA_CHOICE]] = 1.0
 
-  # Each fast level's occupancy over the segment.
-  bins = o.occupancy.shape[1]
+  # Each fast level's occupancy over the segment (a small heap's; a large one's is the caller's).
   first_op = max(segment_start, 0)
-  for level in range(num_fast):
-    row = np.zeros(bins)
-    if level == 0:
-      occupancy(row, index0, chunks0, hits0, lists0, first_op, use, f.capacity[level], limits)
-    else:
-      occupancy(row, index1, chunks1, hits1, lists1, first_op, use, f.capacity[level], limits)
-    for j in range(bins):
-      o.occupancy[level, j] = row[j]
+  if num_fast > 0 and heap0[2] >= 0:
+    _scanned(o.occupancy[0], heap0, first_op, use, capacity[0])
+  if num_fast > 1 and heap1[2] >= 0:
+    _scanned(o.occupancy[1], heap1, first_op, use, capacity[1])
 
   # The buffer's next uses.
   following = min(len(uses) - k - 1, lookahead.shape[0])
