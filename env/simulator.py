@@ -196,47 +196,42 @@ def total_stall_loop(idle_s: np.ndarray, copies: Copies) -> float:
 # `TrackerState.meta`'s entries: the copies tracked, the stalls kept, the first boundary and the
 # last op whose inputs changed since the last sweep (T + 1 and -1: none), whether copies did.
 COUNT, NUM_JUMPS, DIRTY_FROM, LAST_IDLE, COPIES_CHANGED = range(5)
+# The rows of `TrackedCopies.times` and `.amounts`, of `TrackerState.bounds` and `Jumps.amounts`.
+START, DONE = 0, 1
+WORK, CUMULATIVE = 0, 1
+ISSUED, DUE, X_IN, ISSUED_IN = 0, 1, 2, 3
+SIZE, FOLD = 0, 1
 
 
 class TrackedCopies(NamedTuple):
-  """`StallTracker`'s copies in FIFO order (start, done, the order they were added), `[capacity]`
-  each, the first `meta[COUNT]` in use: the boundaries they are issued at and due by, their work
-  (seconds), and the queue's work up to and including each."""
+  """`StallTracker`'s copies in FIFO order (start, done, the order they were added), the first
+  `meta[COUNT]` of `[capacity]` in use: the boundaries each is issued at and due by (`times`,
+  rows `START`, `DONE`), its work and the queue's work up to and including it (`amounts`, rows
+  `WORK`, `CUMULATIVE`, seconds), and its id."""
 
-  start: np.ndarray
-  done: np.ndarray
-  work: np.ndarray
-  cumulative: np.ndarray
-
-
-class QueueBoundaries(NamedTuple):
-  """`StallTracker`'s per-boundary arrays, `[T + 1]` each: the work issued there, the work due
-  by it (the queue up to the last copy due there), and the sweep's state entering it (the
-  engine's completed work and the work issued before it)."""
-
-  issued: np.ndarray
-  due: np.ndarray
-  x_in: np.ndarray
-  issued_in: np.ndarray
+  times: np.ndarray  # [2, capacity] int64
+  amounts: np.ndarray  # [2, capacity] float64
+  ids: np.ndarray  # [capacity] int64
 
 
 class Jumps(NamedTuple):
-  """`StallTracker`'s stalls in boundary order: where each is, how long, and the running total
-  after it, the first `meta[NUM_JUMPS]` of `[T + 1]`; `at` and `size` are twice as long, their
-  second halves a sweep's scratch."""
+  """`StallTracker`'s stalls in boundary order, the first `meta[NUM_JUMPS]`: where each is, how
+  long and the running total after it (`amounts`, rows `SIZE`, `FOLD`); both are `[2 (T + 1)]`
+  long, their second halves a sweep's scratch for the new ones."""
 
-  at: np.ndarray
-  size: np.ndarray
-  fold: np.ndarray
+  at: np.ndarray  # [2 (T + 1)] int64
+  amounts: np.ndarray  # [2, 2 (T + 1)] float64
 
 
 class TrackerState(NamedTuple):
-  """The rest of `StallTracker`'s state: the ops' idle times `[T]`, each tracked copy's id
-  (beside `TrackedCopies`), and its counts and what changed since the last sweep (`meta`,
-  entries named in env/simulator_kernels.py)."""
+  """The rest of `StallTracker`'s state: per boundary `[4, T + 1]` the work issued there, the
+  work due by it (the queue up to the last copy due there) and the sweep's state entering it
+  (the engine's completed work, the work issued before it: rows `ISSUED`, `DUE`, `X_IN`,
+  `ISSUED_IN`); the ops' idle times `[T]`; its counts and what changed since the last sweep
+  (`meta`, entries `COUNT` ...)."""
 
+  bounds: np.ndarray
   idle: np.ndarray
-  ids: np.ndarray
   meta: np.ndarray
 
 
@@ -257,25 +252,20 @@ class StallTracker:
     num_ops = len(idle_s)
     self.num_ops = num_ops
     capacity = max(int(capacity), 1)
-    # The kernels take each group as a plain tuple in its named tuple's order (env/msa/kernels/
+    # The kernels take each group as a plain tuple in its named tuple's order, of few arrays: a
+    # kernel's arguments cost more than its work on a small program (env/msa/kernels/
     # __init__.py says why).
     self._copies = (
+      np.zeros((2, capacity), np.int64),
+      np.zeros((2, capacity)),
       np.zeros(capacity, np.int64),
-      np.zeros(capacity, np.int64),
-      np.zeros(capacity),
-      np.zeros(capacity),
     )  # A `TrackedCopies`' fields.
-    self._bounds = tuple(np.zeros(num_ops + 1) for _ in range(4))  # A `QueueBoundaries`'.
-    self._jumps = (
-      np.zeros(2 * num_ops + 2, np.int64),
-      np.zeros(2 * num_ops + 2),
-      np.zeros(num_ops + 1),
-    )  # A `Jumps`' fields.
+    self._jumps = (np.zeros(2 * num_ops + 2, np.int64), np.zeros((2, 2 * num_ops + 2)))
     meta = np.zeros(5, np.int64)
     meta[DIRTY_FROM], meta[LAST_IDLE] = num_ops + 1, -1
     self.idle = np.array(idle_s, np.float64)  # [T], read only: `set_idle` changes it.
     self._meta = meta
-    self._state = (self.idle, np.zeros(capacity, np.int64), meta)  # A `TrackerState`'s fields.
+    self._state = (np.zeros((4, num_ops + 1)), self.idle, meta)  # A `TrackerState`'s fields.
     self._next_id = 0
     self._stall = 0.0
 
@@ -284,18 +274,16 @@ class StallTracker:
 
   def add(self, start: int, done: int, work_s: float) -> int:
     """Adds a copy (`Copies`' conventions); returns its id for `remove`."""
-    if len(self) == len(self._state[1]):
+    if len(self) == len(self._copies[2]):
       self._grow()
     copy_id = self._next_id
     self._next_id += 1
-    _kernels().queue_insert(
-      self._copies, self._bounds, self._state, start, done, float(work_s), copy_id
-    )
+    _kernels().queue_insert(self._copies, self._state, start, done, float(work_s), copy_id)
     return copy_id
 
   def remove(self, copy_id: int, start: int, done: int) -> None:
     """Takes back the copy `add` returned `copy_id` for (added with `start` and `done`)."""
-    if not _kernels().queue_remove(self._copies, self._bounds, self._state, start, done, copy_id):
+    if not _kernels().queue_remove(self._copies, self._state, start, done, copy_id):
       raise KeyError(f"no tracked copy {copy_id} issued at {start} and due at {done}")
 
   def set_idle(self, op: int, idle_s: float) -> None:
@@ -312,12 +300,8 @@ class StallTracker:
   def stall(self) -> float:
     """The total stall now (seconds)."""
     if self._meta[DIRTY_FROM] <= self.num_ops:
-      self._stall = float(
-        _kernels().queue_stall(self._copies, self._bounds, self._jumps, self._state)
-      )
+      self._stall = float(_kernels().queue_stall(self._copies, self._jumps, self._state))
     return self._stall
 
   def _grow(self) -> None:
-    self._copies = tuple(np.concatenate([a, np.zeros_like(a)]) for a in self._copies)
-    ids = self._state[1]
-    self._state = (self.idle, np.concatenate([ids, np.zeros_like(ids)]), self._meta)
+    self._copies = tuple(np.concatenate([a, np.zeros_like(a)], axis=-1) for a in self._copies)

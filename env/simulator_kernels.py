@@ -19,11 +19,20 @@ from malloczero.env.kernel_cache import njit
 from malloczero.env.simulator import (
   COPIES_CHANGED,
   COUNT,
+  CUMULATIVE,
   DIRTY_FROM,
+  DONE,
+  DUE,
+  FOLD,
+  ISSUED,
+  ISSUED_IN,
   LAST_IDLE,
   NUM_JUMPS,
+  SIZE,
+  START,
+  WORK,
+  X_IN,
   Jumps,
-  QueueBoundaries,
   TrackedCopies,
   TrackerState,
 )
@@ -64,109 +73,107 @@ def _requeue(copies, bounds, count, p, start):
   are due (the last copy due at a boundary has the most: the work only grows along the queue),
   and the work issued at `start`, each summed in queue order as `stall_loop` sums them."""
   c = TrackedCopies(*copies)
-  done, work, cumulative = c.done, c.work, c.cumulative
-  due, issued = bounds[1], bounds[0]
+  starts, done, work, cumulative = c.times[START], c.times[DONE], c.amounts[WORK], c.amounts[1]
+  due, issued = bounds[DUE], bounds[ISSUED]
   total = cumulative[p - 1] if p > 0 else 0.0
   for k in range(p, count):
     total += work[k]
     cumulative[k] = total
     due[done[k]] = total
   first = p
-  while first > 0 and c.start[first - 1] == start:
+  while first > 0 and starts[first - 1] == start:
     first -= 1
   acc = 0.0
   k = first
-  while k < count and c.start[k] == start:
+  while k < count and starts[k] == start:
     acc += work[k]
     k += 1
   issued[start] = acc
 
 
 @njit
-def queue_insert(copies, bounds, state, start, done, work, copy_id):
-  """Files a copy in the tracked queue (`copies`: a `TrackedCopies`' fields, `bounds`: a
-  `QueueBoundaries`', `state`: a `TrackerState`'), after every copy of the same (start, done):
-  `stall_loop`'s stable sort of copies in the order they were added."""
+def _shift(copies, source, target):
+  """Copies the tracked copy at position `source` to position `target`."""
+  times, amounts, ids = copies
+  times[START, target], times[DONE, target] = times[START, source], times[DONE, source]
+  amounts[WORK, target], ids[target] = amounts[WORK, source], ids[source]
+
+
+@njit
+def queue_insert(copies, state, start, done, work, copy_id):
+  """Files a copy in the tracked queue (`copies`: a `TrackedCopies`' fields, `state`: a
+  `TrackerState`'), after every copy of the same (start, done): `stall_loop`'s stable sort of
+  copies in the order they were added."""
   c, s = TrackedCopies(*copies), TrackerState(*state)
-  meta, ids = s.meta, s.ids
+  starts, done_at, meta = c.times[START], c.times[DONE], s.meta
   n = meta[COUNT]
   lo, hi = 0, n
   while lo < hi:
     mid = (lo + hi) // 2
-    if c.start[mid] < start or (c.start[mid] == start and c.done[mid] <= done):
+    if starts[mid] < start or (starts[mid] == start and done_at[mid] <= done):
       lo = mid + 1
     else:
       hi = mid
   p = lo
   for k in range(n, p, -1):
-    c.start[k], c.done[k], c.work[k], ids[k] = (
-      c.start[k - 1],
-      c.done[k - 1],
-      c.work[k - 1],
-      ids[k - 1],
-    )
-  c.start[p], c.done[p], c.work[p], ids[p] = start, done, work, copy_id
+    _shift(copies, k - 1, k)
+  starts[p], done_at[p], c.amounts[WORK, p], c.ids[p] = start, done, work, copy_id
   meta[COUNT] = n + 1
-  _requeue(copies, bounds, n + 1, p, start)
+  _requeue(copies, s.bounds, n + 1, p, start)
   meta[DIRTY_FROM] = min(meta[DIRTY_FROM], start)
   meta[COPIES_CHANGED] = 1
 
 
 @njit
-def queue_remove(copies, bounds, state, start, done, copy_id):
+def queue_remove(copies, state, start, done, copy_id):
   """Takes a copy `queue_insert` filed out of the tracked queue; False when it is not there."""
   c, s = TrackedCopies(*copies), TrackerState(*state)
-  meta, ids = s.meta, s.ids
+  starts, done_at, ids, meta = c.times[START], c.times[DONE], c.ids, s.meta
   n = meta[COUNT]
   lo, hi = 0, n
   while lo < hi:
     mid = (lo + hi) // 2
-    if c.start[mid] < start or (c.start[mid] == start and c.done[mid] < done):
+    if starts[mid] < start or (starts[mid] == start and done_at[mid] < done):
       lo = mid + 1
     else:
       hi = mid
   p = lo
-  while p < n and c.start[p] == start and c.done[p] == done and ids[p] != copy_id:
+  while p < n and starts[p] == start and done_at[p] == done and ids[p] != copy_id:
     p += 1
-  if p == n or ids[p] != copy_id or c.start[p] != start or c.done[p] != done:
+  if p == n or ids[p] != copy_id or starts[p] != start or done_at[p] != done:
     return False
   for k in range(p, n - 1):
-    c.start[k], c.done[k], c.work[k], ids[k] = (
-      c.start[k + 1],
-      c.done[k + 1],
-      c.work[k + 1],
-      ids[k + 1],
-    )
+    _shift(copies, k + 1, k)
   n -= 1
   meta[COUNT] = n
   # The work due at its boundary, from the copies before it; those after are `_requeue`'s.
-  due = bounds[1]
+  due = s.bounds[DUE]
   due[done] = 0.0
   for k in range(p - 1, -1, -1):
-    if c.done[k] == done:
-      due[done] = c.cumulative[k]
+    if done_at[k] == done:
+      due[done] = c.amounts[CUMULATIVE, k]
       break
-  _requeue(copies, bounds, n, p, start)
+  _requeue(copies, s.bounds, n, p, start)
   meta[DIRTY_FROM] = min(meta[DIRTY_FROM], start)
   meta[COPIES_CHANGED] = 1
   return True
 
 
 @njit
-def queue_stall(copies, bounds, jumps, state):
+def queue_stall(copies, jumps, state):
   """The total stall of the tracked queue under the tracked idle times: `stall_loop`'s sweep,
   again from the first boundary a change since the last call reaches (`meta[DIRTY_FROM]`), each
-  boundary's entering state (`x_in`, `issued_in`) kept for the next. When only idle times
+  boundary's entering state (`X_IN`, `ISSUED_IN`) kept for the next. When only idle times
   changed, the sweep stops at the first boundary past them where the engine's completed work is
   what it was: from there everything is as before but the running total, summed again over the
   kept jumps. Each jump (a boundary where a due point lifts the engine, and by how much) is kept
-  in boundary order, with the running total after it (`fold`), so the total is the same
+  in boundary order, with the running total after it (`FOLD`), so the total is the same
   left-to-right sum of the same terms as `stall_loop`'s, bit for bit. (`jumps`: a `Jumps`'
   fields; their second halves are the new jumps' scratch.)"""
-  b, j, s = QueueBoundaries(*bounds), Jumps(*jumps), TrackerState(*state)
-  idle, meta = s.idle, s.meta
-  issued, due, x_in, issued_in = b.issued, b.due, b.x_in, b.issued_in
-  at, size, fold = j.at, j.size, j.fold
+  j, s = Jumps(*jumps), TrackerState(*state)
+  idle, meta, bounds = s.idle, s.meta, s.bounds
+  issued, due, x_in, issued_in = bounds[ISSUED], bounds[DUE], bounds[X_IN], bounds[ISSUED_IN]
+  at, size, fold = j.at, j.amounts[SIZE], j.amounts[FOLD]
   num_ops = len(idle)
   num_jumps = meta[NUM_JUMPS]
   t0 = meta[DIRTY_FROM]
@@ -176,7 +183,7 @@ def queue_stall(copies, bounds, jumps, state):
   settle = num_ops + 1 if meta[COPIES_CHANGED] else meta[LAST_IDLE] + 1
   scratch = num_ops + 1
   x, so_far = x_in[t0], issued_in[t0]
-  starts, count = TrackedCopies(*copies).start, meta[COUNT]
+  starts, count = TrackedCopies(*copies).times[START], meta[COUNT]
   later = np.searchsorted(starts[:count], t0)  # The first copy issued at or after t.
   found = 0
   stop = num_ops + 1
