@@ -30,6 +30,7 @@ DEPENDENCIES = (
   "msa/copy_resource.py",
   "msa/interval_picker.py",
   "game/game.py",
+  "game/msa_observation.py",
   "game/observation_kernels.py",
   "simulator.py",
   "simulator_kernels.py",

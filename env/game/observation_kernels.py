@@ -8,8 +8,9 @@ numba's per-call overhead on arrays of a few to a few hundred entries. Loaded on
 (`lazy_module` in game.py), so that `import malloczero` does not load numba; compiled with
 env/kernel_cache.py's `njit` on a machine's first use and read from the cache beside this file
 after that. A group of arguments travels as one plain tuple in the order of a named tuple of
-game.py (`ObservationArrays`, `DecisionArrays`, `CandidateFrame`, `BufferArrays`) or chunks.py
-(`TimeIndex`, `Chunks`), of at most four arrays each (env/msa/kernels/__init__.py says why).
+msa_observation.py (`ObservationArrays`, `DecisionArrays`, `ObservationFrame`, `BufferArrays`,
+`BinLists`) or chunks.py (`TimeIndex`, `Chunks`), of at most four arrays each
+(env/msa/kernels/__init__.py says why).
 
 Every feature is computed with the floating-point operations, in the order, of the numpy code
 it replaced (float64, then stored as float32), so the observations are the same bit for bit;
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from malloczero.env.game.game import (
+from malloczero.env.game.msa_observation import (
   FRAME_CAPACITY,
   FRAME_COLUMNS,
   FRAME_LAST_OP,
@@ -43,7 +44,7 @@ from malloczero.env.msa.kernels.chunk_index import (
   _index_classes,
 )
 
-# Where each feature's column is among the frame's columns (game.py's `OBSERVED_COLUMNS`).
+# Where each feature's column is among the frame's columns (`OBSERVED_COLUMNS`' order).
 _COLUMN = {name: i for i, name in enumerate(OBSERVED_COLUMNS)}
 VALID, KEEP, FETCH, RANK = (_COLUMN[n] for n in ("valid", "keep", "prefetch", "rank"))
 START, LEAD, HOLD, OFFSET = (_COLUMN[n] for n in ("start", "lead", "hold", "offset"))
