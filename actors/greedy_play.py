@@ -127,10 +127,10 @@ def play_programs(
   record = game_config.decisions == "msa"
   genomes: list[dict] = [{} for _ in games]
   proposals: list[dict] = [{} for _ in specs]
+  keys = _KeyStream(rng)
   while not done.all():
     # One key per possible group, so that a group's keys do not depend on which others play.
-    rng, *keys = jax.random.split(rng, 4)
-    for (search_fn, members), key in zip(groups, keys):
+    for (search_fn, members), key in zip(groups, keys.next()):
       active = members[~done[members]]
       if not len(active):
         continue
@@ -184,6 +184,39 @@ def play_programs(
       )
     )
   return results
+
+
+class _KeyStream:
+  """The keys of the plain loop's iterations, `rng, *keys = jax.random.split(rng, 4)` each, made
+  a block of iterations at a time by one jitted scan (the same keys: splitting is deterministic;
+  eagerly, each split and its unpacking cost more than a search of the policy alone)."""
+
+  BLOCK = 1024
+
+  def __init__(self, rng: Any):
+    self._rng = rng
+    self._block: np.ndarray = np.zeros((0, 3, 2), np.uint32)
+    self._next = 0
+
+  def next(self) -> np.ndarray:
+    """`[3, ...]` the next iteration's three keys."""
+    if self._next == len(self._block):
+      self._rng, block = _split_chain(self._rng, self.BLOCK)
+      self._block, self._next = np.asarray(jax.device_get(block)), 0
+    self._next += 1
+    return self._block[self._next - 1]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _split_chain(rng: Any, count: int) -> tuple[Any, Any]:
+  """`count` iterations of `rng, *keys = jax.random.split(rng, 4)`: the last `rng` and the keys
+  `[count, 3, ...]`."""
+
+  def split(key, _):
+    parts = jax.random.split(key, 4)
+    return parts[0], parts[1:]
+
+  return jax.lax.scan(split, rng, None, length=count)
 
 
 def _record(

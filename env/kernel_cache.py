@@ -31,7 +31,9 @@ DEPENDENCIES = (
   "msa/interval_picker.py",
   "msa/solver_loop.py",
   "game/game.py",
+  "game/msa_observation.py",
   "game/observation_kernels.py",
+  "simulator.py",
   "simulator_kernels.py",
   "validator_kernels.py",
 )

@@ -348,6 +348,84 @@ def run_distributed_bench(seconds: float = 150.0) -> dict[str, Any]:
   return report
 
 
+def _scale_hardware(workload: Workload) -> Hardware:
+  """tpu-v4i-like at 25% of the program's peak live bytes, its default memory made large enough
+  for any program (as `_scale_child`'s: the XLA-like program at trace scale outgrows the
+  preset's)."""
+  preset = PRESETS["tpu-v4i-like"]
+  machine = dataclasses.replace(
+    preset,
+    levels=(preset.levels[0], dataclasses.replace(preset.levels[1], capacity_bytes=1 << 40)),
+  )
+  return contended(machine, workload, 0.25)
+
+
+def _agent_checkpoint(directory: str) -> str:
+  """A work directory holding the tiny config's networks, freshly initialised (the agent's speed
+  does not depend on training), as `solve --checkpoint` reads them; returns it."""
+  import jax
+
+  from malloczero.configs.config import get_config
+  from malloczero.configs.workdir import WorkDir
+  from malloczero.learner.checkpoint import save_state
+  from malloczero.learner.learner import make_initial_state
+  from malloczero.learner.networks import make_networks
+
+  config = get_config("tiny")
+  networks = make_networks(config.network, config.game)
+  state = make_initial_state(networks, config, jax.random.PRNGKey(0))
+  os.makedirs(WorkDir(directory).checkpoints, exist_ok=True)
+  save_state(WorkDir(directory).learner_state, state, 0, networks)
+  return directory
+
+
+# The agent's solve at trace scale runs for minutes; past this it is reported as failed.
+SCALE_AGENT_TIMEOUT_S = 3600.0
+
+
+def bench_scale_agent(
+  xla_buffers: int = 100_000, timeout_s: float = SCALE_AGENT_TIMEOUT_S
+) -> dict[str, Any]:
+  """The agent as a solver at trace scale: `malloczero solve WORKLOAD --solver agent
+  --simulations 0` (the network's policy alone: its argmax, then samples, and msa's attempt) on
+  the XLA-like program `bench_scale` measures msa on, tpu-v4i-like at 25% of peak, with the
+  tiny config's networks, in a process of its own: the whole command's wall seconds (loading
+  the checkpoint, compiling, the attempts, msa's attempt; `scale_agent_{N}_buffers_policy_s`)
+  and its mapping's speed-up, or why it failed."""
+  import tempfile
+
+  from malloczero.env.programs.synthetic import xla_like_workload
+  from malloczero.env.workload_json import save_workload
+
+  prefix = f"scale_agent_{xla_buffers}_buffers_policy"
+  with tempfile.TemporaryDirectory(prefix="malloczero-bench-agent-") as tmp:
+    workload_path = os.path.join(tmp, f"xla{xla_buffers}.json")
+    workload = xla_like_workload(xla_buffers, seed=0)
+    save_workload(workload, workload_path)
+    hardware_path = os.path.join(tmp, "hardware.json")
+    write_text(hardware_path, json.dumps(_scale_hardware(workload).to_dict()))
+    run = _agent_checkpoint(os.path.join(tmp, "run"))
+    out = os.path.join(tmp, "mapping.json")
+    command = [sys.executable, "-m", "malloczero", "solve", workload_path, "--hardware"]
+    command += [hardware_path, "--solver", "agent", "--checkpoint", run, "--simulations", "0"]
+    command += ["--out", out]
+    started = time.perf_counter()
+    try:
+      done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+      return {f"{prefix}_failed": f"timed out after {timeout_s:g} s"}
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+      tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+      return {f"{prefix}_failed": f"exit {done.returncode}: {tail}"}
+    with open(out, encoding="utf-8") as f:
+      mapping = json.load(f)
+  return {
+    f"{prefix}_s": seconds,
+    f"{prefix}_speedup_x": mapping["slow_only_time_s"] / mapping["estimated_time_s"],
+  }
+
+
 # Inputs at the scale of real traces: a MiniMalloc CSV of this many rows and an XLA-like program
 # of this many buffers (env/programs/synthetic.py), each solved with msa in a process of its own.
 SCALE_CSV_ROWS = 200_000
@@ -535,6 +613,7 @@ def run_bench(quick: bool, agent: bool = True, scale: bool = True) -> dict[str, 
   if agent:
     report.update(run_agent_bench(quick))
     if not quick:
+      report.update(bench_scale_agent())
       report.update(run_distributed_bench())
   return report
 

@@ -370,3 +370,18 @@ def test_the_solvers_steps_plan_only_up_to_msas_own_option_and_agree_with_the_fu
       except StopIteration as stop:
         assert full.done and same_allocations(stop.value, full.allocations())
         break
+
+
+def test_a_prefetch_option_made_fast_is_the_dataclasss_own():
+  """`prefetch_option` skips the frozen dataclass's `__init__`: the option is the same (equal,
+  hashed and shown alike, frozen still, its plan kept)."""
+  import dataclasses
+
+  from malloczero.env.msa.decision import MsaOption, prefetch_option
+
+  made = prefetch_option(1, 10, 21, 4096, 100, 2.5e-6, True, (9, 21))
+  own = MsaOption("prefetch", 1, 10, 21, 4096, 100, 2.5e-6, True, plan=(9, 21))
+  assert made == own and hash(made) == hash(own) and repr(made) == repr(own)
+  assert dataclasses.astuple(made) == dataclasses.astuple(own) and made.plan == own.plan
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    made.start = 3

@@ -165,3 +165,14 @@ def test_bench_scale_measures_each_input_in_its_own_process():
     for phase in ("load", "msa", "validate"):
       assert report[f"{prefix}_{phase}_s"] >= 0
       assert 10 < report[f"{prefix}_{phase}_peak_mb"] <= report[f"{prefix}_peak_mb"]
+
+
+@pytest.mark.slow  # Integration-sized: a solve with the agent in a process of its own.
+def test_bench_scale_agent_times_the_whole_solve_in_its_own_process():
+  from malloczero.launch.benchmarks import bench_scale_agent
+
+  report = bench_scale_agent(xla_buffers=300)
+  json.dumps(report)
+  assert "scale_agent_300_buffers_policy_failed" not in report, report
+  assert report["scale_agent_300_buffers_policy_s"] > 0
+  assert report["scale_agent_300_buffers_policy_speedup_x"] > 1

@@ -68,7 +68,7 @@ class GameBase(dm_env.Environment):
   def step(self, action: Any) -> dm_env.TimeStep:
     if self._done:
       return self.reset()
-    action = self._checked(action, self._step_label())
+    action = self._checked(action)
     reward = self._play(action) / self.reward_scale
     if self._finished():
       self._done = True
@@ -134,12 +134,14 @@ class GameBase(dm_env.Environment):
     self._legal = obs["legal_actions"]
     return obs
 
-  def _checked(self, action: Any, where: str) -> int:
-    """`action` as an int, or a one-line error naming the step (`where`) and the legal ones."""
+  def _checked(self, action: Any) -> int:
+    """`action` as an int, or a one-line error naming the step (`_step_label`) and the legal
+    ones."""
     action = int(action)
-    if not (0 <= action < self.config.num_actions) or not self._legal[action]:
+    legal = self._legal
+    if not 0 <= action < len(legal) or not legal[action]:
       raise IllegalActionError(
-        f"action {action} is illegal {where} of '{self.workload.name}': "
+        f"action {action} is illegal {self._step_label()} of '{self.workload.name}': "
         f"legal actions are {np.flatnonzero(self._legal).tolist()}"
       )
     return action

@@ -48,7 +48,6 @@ memory can never add one).
 from __future__ import annotations
 
 import bisect
-from typing import NamedTuple
 
 import dm_env
 import numpy as np
@@ -58,113 +57,17 @@ from malloczero.common.lazy import lazy_module
 from malloczero.env.cost_model import Allocations
 from malloczero.env.game.base import GameBase
 from malloczero.env.game.config import GameConfig
+from malloczero.env.game.msa_observation import OPTION_FIELDS, observed_columns
 from malloczero.env.hardware import Hardware
 from malloczero.env.msa.algorithm import MsaDecisions
 from malloczero.env.msa.decision import MsaDecision, option_slots, worth_deciding
 from malloczero.env.msa.settings import MsaOptions
+from malloczero.env.simulator import StallTracker
 from malloczero.env.workload import PROGRAM_START, Workload
 
 OPTION0_KINDS = ("default", "evict", "uncommit")
 
 _observation_kernels = lazy_module("malloczero.env.game.observation_kernels")
-_stall_kernels = lazy_module("malloczero.env.simulator_kernels")
-
-
-class CandidatePlacements(NamedTuple):
-  """Where the options after option 0 put the buffer, as `observation_kernels.candidate_rows`
-  reads them, `[n]` each: level, start, reserved end, offset."""
-
-  level: np.ndarray
-  start: np.ndarray
-  end: np.ndarray
-  offset: np.ndarray
-
-
-class CandidateValues(NamedTuple):
-  """What the options after option 0 save and do, `[n]` each: saving, whether a prefetch,
-  whether it evicts."""
-
-  saving: np.ndarray
-  prefetch: np.ndarray
-  evicts: np.ndarray
-
-
-class CandidateFrame(NamedTuple):
-  """What the candidate rows are measured against, the same all episode: the ops' positions on
-  the time axis, the last op, the fast levels' capacities, the saving scale, the slow time's
-  prefix sums, the prefetch starts per level, the feature columns."""
-
-  positions: np.ndarray
-  last_op: int
-  capacity: np.ndarray
-  saving_scale: float
-  slow_op_prefix: np.ndarray
-  num_starts: int
-  columns: np.ndarray
-
-
-class _Columns:
-  """Where each written feature sits (env/game/observation.py's msa layout), looked up once: the
-  observation is built every step."""
-
-  def __init__(self, config: GameConfig, num_fast: int):
-    layout = config.layout
-    q, c, look = layout.request, layout.candidate, layout.lookahead
-    for name in (
-      "segment_start",
-      "use",
-      "segment_length",
-      "use_index",
-      "msa_takes_option0",
-      "program_time",
-      "stall_share",
-      "progress",
-      "options_found",
-    ):
-      setattr(self, name, q.index(name))
-    self.use_saving = q.slice("use_saving", num_fast)
-    self.option0 = q.slice("option0").start
-    for name in (
-      "valid",
-      "keep",
-      "prefetch",
-      "rank",
-      "start",
-      "lead",
-      "hold",
-      "offset",
-      "saving",
-      "hide_ratio",
-      "evicts",
-      "msa_choice",
-    ):
-      setattr(self, name, c.index(name))
-    self.level = c.slice("level").start
-    # The order `observation_kernels.candidate_rows` reads them in.
-    self.candidate_order = np.array(
-      [
-        self.valid,
-        self.keep,
-        self.prefetch,
-        self.rank,
-        self.start,
-        self.lead,
-        self.hold,
-        self.offset,
-        self.saving,
-        self.hide_ratio,
-        self.evicts,
-        self.msa_choice,
-        self.level,
-      ],
-      np.int64,
-    )
-    static = look.slice("static").start
-    self.look_valid = look.index("valid")
-    self.look_position = static + layout.static.index("position")
-    self.look_distance = static + layout.static.index("distance")
-    saving = layout.static.slice("saving", num_fast)
-    self.look_saving = slice(static + saving.start, static + saving.stop)
 
 
 class MsaGame(GameBase):
@@ -192,7 +95,6 @@ class MsaGame(GameBase):
     a = workload.arrays
     self._stride = workload.num_ops + 1
     self._incidence_key = model._incidence_key  # [E] sorted
-    self._incidence_op = a.incidence_op
     # Python lists for the per-step scalar updates (`_move`): numpy scalars cost more there.
     self._key_list = self._incidence_key.tolist()
     self._bytes_prefix = (
@@ -202,6 +104,10 @@ class MsaGame(GameBase):
     self._compute_list = model.compute_time.tolist()
     self._slow_level = hardware.slow_level
     self._def_op = a.def_op.tolist()
+    self._copy_time_list = model.copy_time.tolist()
+    self._size_list = a.sizes.astype(np.float64).tolist()
+    self._incidence_start = a.buffer_incidence_start.tolist()
+    self._incidence_op_list = a.incidence_op.tolist()
     self._axis = workload.time_axis.astype(np.float64)
     self._length = max(float(self._axis[-1]), 1e-30)
     # [T + 1] positions of ops -1 (the program start: 0), 0, ..., T - 1.
@@ -215,8 +121,8 @@ class MsaGame(GameBase):
     )
     self._layout = config.layout
     self._skip_threshold = config.skip_below * self.normaliser
+    self._advantage = config.reward == "advantage"
     self._kernels = _observation_kernels()
-    self._stall = _stall_kernels()
     self._reset_state()
     self._msa_time, self._msa_moves = reference or self._msa_reference()
     if self._decisions.done:
@@ -232,7 +138,41 @@ class MsaGame(GameBase):
     self._saving_scale = max(float(self._use_reduction.max(initial=0.0)), 1e-30)
     self._num_buffers = int(np.sum(~a.is_output & (a.sizes > 0)))
     self._static_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    self._columns = _Columns(config, self._num_fast)
+    slow_start = len(self._positions)
+    capacity_start = slow_start + len(self._slow_op_prefix)
+    scale_at = capacity_start + len(self._capacity)
+    self._frame = (  # An `ObservationFrame`'s fields.
+      np.concatenate([self._positions, self._slow_op_prefix, self._capacity, [self._saving_scale]]),
+      np.concatenate(
+        [
+          [self._last_op, config.max_prefetch_starts, slow_start, capacity_start, scale_at],
+          observed_columns(config),
+        ]
+      ).astype(np.int64),
+    )
+    self._option_width = len(OPTION_FIELDS)
+    q = config.layout.request
+    self._static_columns = (
+      q.index("is_activation"),
+      q.slice("size_vs_capacity").start,
+      q.index("log_size"),
+      q.index("definition"),
+      q.index("last_use"),
+      q.index("num_uses"),
+      q.index("copy_time"),
+      q.slice("level_present").start,
+    )
+    self._capacity_list = self._capacity.tolist()
+    # When occupancy reads a heap through its index and lists (tests set smaller ones).
+    self._occupancy_limits = (self._kernels.SCAN_LIMIT, self._kernels.COLLECT_LIMIT)
+    # The observation's shapes (the config derives them from its layouts on every call).
+    self._shapes = (
+      config.request_features,
+      (config.max_fast_levels, config.occupancy_bins),
+      self._candidates_shape,
+      self._lookahead_shape,
+      config.num_actions,
+    )
 
   # -------------------------------------------------------------------------- dm_env API
 
@@ -243,10 +183,11 @@ class MsaGame(GameBase):
     self._apply(self._option_index[action])
     self._moves += 1
     self._actions.append(action)
-    self._play_skipped_decisions()
+    if self._skip_threshold > 0:
+      self._play_skipped_decisions()
     if self._segment_end is not None and self._moves >= self._segment_end:
       self._complete_with_msa()
-    if self.config.reward == "advantage":
+    if self._advantage:
       if not self._decisions.done:
         return 0.0
       # The cost model's own evaluation, as for msa's time: msa's play returns exactly 0.
@@ -383,30 +324,28 @@ class MsaGame(GameBase):
       self.workload, self.hardware, self.msa_options, self.config.max_prefetch_starts
     )
     self._done = False
-    self._memory_time = model.slow_memory_time.copy()  # [T]
-    self._default_time = model.slow_memory_time.copy()  # [T]
-    self._op_time = np.maximum(model.compute_time, self._memory_time)  # [T]
-    self._op_time_sum = float(self._op_time.sum())
+    op_time = np.maximum(model.compute_time, model.slow_memory_time)
+    self._op_time_sum = float(op_time.sum())
+    # Per op [T], as Python lists: a step updates one or two ops with scalar arithmetic.
+    self._memory_time = model.slow_memory_time.tolist()
+    self._default_time = model.slow_memory_time.tolist()
+    self._op_time = op_time.tolist()
     self._stall_time = 0.0
     self.total_time = self._op_time_sum
     self._level = [self._slow_level] * len(self._key_list)  # [E] each incidence's level
-    # Copies so far (prefetches and evictions; the total stall does not depend on their order
-    # among equal (start, done)), the first `_next_copy` rows, `_copy_alive` False once taken
-    # back by an uncommit.
-    capacity = 2 * len(self._incidence_key) + 2
-    self._copy_start = np.zeros(capacity, np.int64)
-    self._copy_done = np.zeros(capacity, np.int64)
-    self._copy_work = np.zeros(capacity)
-    self._copy_alive = np.zeros(capacity, bool)
-    self._next_copy = 0
+    # The copies so far (prefetches and evictions), their total stall kept up to date as they
+    # and the ops' idle times change (env/simulator.py's `StallTracker`).
+    self._tracker = StallTracker(np.maximum(op_time - model.slow_memory_time, 0.0), capacity=1024)
     self._num_copies = 0
     self._copies_changed = False
     # What the current buffer has changed, to take back on an uncommit.
     self._buffer = -1
     self._buffer_moves: list[int] = []  # Ops whose bytes of the buffer went to fast memory.
-    self._buffer_copies: list[int] = []
+    self._buffer_copies: list[tuple[int, int, int]] = []  # (copy id, start, done)
     self._buffers_done = 0
     self._moves = 0
+    # The heaps' chunks by bin, filed once a heap outgrows a plain scan (`_heap_state`).
+    self._bin_lists = [self._new_bin_lists() for _ in range(self._num_fast)]
     self._actions: list[int] = []
     self._segment_end: int | None = None
     self._defer_stall, self._stall_stale = False, False
@@ -414,6 +353,16 @@ class MsaGame(GameBase):
     # save is in the first move's reward, so an episode's rewards still sum to the time saved.
     self._rewarded_time = self.total_time
     self._play_skipped_decisions()
+
+  def _new_bin_lists(self, room: int = 256) -> tuple:
+    """Empty lists of the bins (a `BinLists`' fields), room for `room` chunks per bin."""
+    bins = self.config.occupancy_bins
+    return (
+      np.zeros((bins, room, 3), np.int64),
+      np.zeros((bins, room)),
+      np.zeros(bins, np.int64),
+      np.zeros(1, np.int64),
+    )
 
   def _play_skipped_decisions(self) -> None:
     """Plays msa's own choice at the decisions not offered (`GameConfig.skip_below`)."""
@@ -440,14 +389,12 @@ class MsaGame(GameBase):
     new_time = max(self._compute_list[op], memory)
     self._op_time_sum += new_time - self._op_time[op]
     self._op_time[op] = new_time
+    self._tracker.set_idle(op, max(new_time - self._default_time[op], 0.0))
 
   def _add_copy(self, start: int, done: int) -> None:
-    k = self._next_copy
-    self._copy_start[k], self._copy_done[k] = start, done
-    self._copy_work[k] = self.cost_model.copy_time[self._buffer]
-    self._copy_alive[k] = True
-    self._buffer_copies.append(k)
-    self._next_copy, self._num_copies, self._copies_changed = k + 1, self._num_copies + 1, True
+    copy_id = self._tracker.add(start, done, self.cost_model.copy_time[self._buffer])
+    self._buffer_copies.append((copy_id, start, done))
+    self._num_copies, self._copies_changed = self._num_copies + 1, True
 
   def _apply(self, index: int) -> None:
     """Applies option `index` of the current decision to the timing state, then to msa's loop."""
@@ -461,7 +408,8 @@ class MsaGame(GameBase):
     if option.kind == "uncommit":
       for op in self._buffer_moves:
         self._move(buffer, op, self._slow_level)
-      self._copy_alive[self._buffer_copies] = False
+      for copy in self._buffer_copies:
+        self._tracker.remove(*copy)
       self._num_copies -= len(self._buffer_copies)
       self._copies_changed |= bool(self._buffer_copies)
       moved_to_slow = bool(self._buffer_moves)
@@ -494,18 +442,8 @@ class MsaGame(GameBase):
     self.total_time = self._op_time_sum + self._stall_time
 
   def _update_stall(self) -> None:
-    """The copies' total stall, re-simulated (simulator.total_stall_loop)."""
-    if not self._num_copies:
-      self._stall_time = 0.0
-    else:
-      k = self._next_copy
-      alive = self._copy_alive[:k]
-      idle = np.maximum(self._op_time - self._default_time, 0.0)  # CostModel.idle_time
-      self._stall_time = float(
-        self._stall.stall_loop(
-          idle, self._copy_start[:k][alive], self._copy_done[:k][alive], self._copy_work[:k][alive]
-        )
-      )
+    """The copies' total stall (simulator.total_stall_loop's, kept up to date by the tracker)."""
+    self._stall_time = self._tracker.stall() if self._num_copies else 0.0
     self._stall_stale = False
     self.total_time = self._op_time_sum + self._stall_time
 
@@ -513,27 +451,38 @@ class MsaGame(GameBase):
 
   def _buffer_static(self, buffer: int) -> tuple[np.ndarray, np.ndarray]:
     """(the buffer's use ops `[U]`, sorted, the definition excluded; its request features that
-    do not change during an episode), computed once per buffer."""
+    do not change during an episode), computed once per buffer (scalar arithmetic: a large
+    program has a hundred thousand buffers)."""
     cached = self._static_cache.get(buffer)
     if cached is not None:
       return cached
-    a, q, num_fast = self.workload.arrays, self._layout.request, self._num_fast
-    lo = int(np.searchsorted(self._incidence_key, buffer * self._stride, "left"))
-    hi = int(np.searchsorted(self._incidence_key, (buffer + 1) * self._stride, "left"))
-    ops = np.unique(self._incidence_op[lo:hi])
-    uses = ops[ops != a.def_op[buffer]]
-    size = float(a.sizes[buffer])
-    row = np.zeros(q.size, np.float32)
-    row[q.index("is_activation")] = a.def_op[buffer] != PROGRAM_START
-    row[q.slice("size_vs_capacity", num_fast)] = np.minimum(size / self._capacity, 2.0)
-    row[q.index("log_size")] = np.log2(max(size, 1.0)) / 32.0
-    row[q.index("definition")] = self._position(int(a.def_op[buffer]))
-    row[q.index("last_use")] = self._position(int(uses[-1])) if len(uses) else 0.0
-    row[q.index("num_uses")] = np.log2(1 + len(uses)) / 10.0
-    row[q.index("copy_time")] = min(
-      float(self.cost_model.copy_time[buffer]) / self._saving_scale, 10.0
-    )
-    row[q.slice("level_present", num_fast)] = 1.0
+    def_op, start = self._def_op[buffer], self._incidence_start
+    use_list: list[int] = []
+    for op in self._incidence_op_list[start[buffer] : start[buffer + 1]]:  # Sorted.
+      if op != def_op and (not use_list or use_list[-1] != op):
+        use_list.append(op)
+    uses = np.array(use_list, np.int64)
+    (
+      is_activation,
+      size_vs_capacity,
+      log_size,
+      definition,
+      last_use,
+      num_uses,
+      copy_time,
+      level_present,
+    ) = self._static_columns
+    size = self._size_list[buffer]
+    row = np.zeros(self._shapes[0], np.float32)
+    row[is_activation] = def_op != PROGRAM_START
+    for level, capacity in enumerate(self._capacity_list):
+      row[size_vs_capacity + level] = min(size / capacity, 2.0)
+    row[log_size] = np.log2(max(size, 1.0)) / 32.0
+    row[definition] = self._position(def_op)
+    row[last_use] = self._position(use_list[-1]) if use_list else 0.0
+    row[num_uses] = np.log2(1 + len(use_list)) / 10.0
+    row[copy_time] = min(self._copy_time_list[buffer] / self._saving_scale, 10.0)
+    row[level_present : level_present + self._num_fast] = 1.0
     self._static_cache[buffer] = (uses, row)
     return uses, row
 
@@ -542,98 +491,100 @@ class MsaGame(GameBase):
     return self._position_list[min(op, self._last_op) + 1]
 
   def _observe(self) -> dict[str, np.ndarray]:
-    cfg, col, num_fast = self.config, self._columns, self._num_fast
     decision = self._decisions.decision
     options = decision.options
-    buffer, use, segment_start = decision.buffer, decision.use, decision.segment_start
-    slots = option_slots(options, cfg.max_prefetch_starts)
-    legal = np.zeros(cfg.num_actions, bool)
-    legal[slots] = True
-    option_index = np.zeros(cfg.num_actions, np.int64)
-    option_index[slots] = np.arange(len(options))
-    self._legal, self._option_index = legal, option_index
-    self._msa_action = int(slots[decision.msa_choice])
-    incidence = int(np.searchsorted(self._incidence_key, buffer * self._stride + use, "left"))
-    scale = self._saving_scale
-    copy_time = float(self.cost_model.copy_time[buffer])
-
+    buffer, use = decision.buffer, decision.use
     uses, static = self._buffer_static(buffer)
-    k = int(np.searchsorted(uses, use))
-    use_position, start_position = self._position(use), self._position(segment_start)
-    request = static.copy()
-    request[col.segment_start] = start_position
-    request[col.use] = use_position
-    request[col.segment_length] = use_position - start_position
-    request[col.use_index] = k / max(len(uses), 1)
-    request[col.use_saving] = self._use_reduction[:, incidence] / scale
-    request[col.option0 + OPTION0_KINDS.index(options[0].kind)] = 1.0
-    request[col.msa_takes_option0] = self._msa_action == 0
-    request[col.program_time] = self.total_time / self.normaliser
-    request[col.stall_share] = self._stall_time / max(self.total_time, 1e-30)
-    request[col.progress] = self._buffers_done / max(self._num_buffers, 1)
-    request[col.options_found] = len(options) / cfg.num_actions
-
-    candidates = np.zeros(self._candidates_shape, np.float32)
-    n = len(options) - 1
-    if n:
-      rest = options[1:]
-      placements = (  # A `CandidatePlacements`' fields.
-        np.fromiter([o.level for o in rest], np.int64, n),
-        np.fromiter([o.start for o in rest], np.int64, n),
-        np.fromiter([o.end for o in rest], np.int64, n),
-        np.fromiter([o.offset for o in rest], np.float64, n),
-      )
-      values = (  # A `CandidateValues`' fields.
-        np.fromiter([o.saving for o in rest], np.float64, n),
-        np.fromiter([o.kind == "prefetch" for o in rest], np.bool_, n),
-        np.fromiter([o.evicts for o in rest], np.bool_, n),
-      )
-      frame = (  # A `CandidateFrame`'s fields.
-        self._positions,
-        self._last_op,
-        self._capacity,
-        scale,
-        self._slow_op_prefix,
-        cfg.max_prefetch_starts,
-        col.candidate_order,
-      )
-      self._kernels.candidate_rows(
-        candidates,
-        slots[1:] - 1,
-        placements,
-        values,
-        frame,
-        int(slots[decision.msa_choice]) - 1 if decision.msa_choice else -1,
-        use,
-        segment_start,
-        copy_time,
-      )
-
-    occupancy = np.zeros((cfg.max_fast_levels, cfg.occupancy_bins), np.float64)
-    heaps = self._decisions.algorithm.heaps
-    first_op = max(segment_start, 0)
-    for level in range(num_fast):
-      self._kernels.occupancy(
-        occupancy[level], heaps[level].kernel_state(), first_op, use, self._capacity[level]
-      )
-
-    lookahead = np.zeros(self._lookahead_shape, np.float32)
-    following = uses[k + 1 : k + 1 + cfg.lookahead]
-    n = len(following)
-    if n:
-      first = np.searchsorted(self._incidence_key, buffer * self._stride + following, "left")
-      positions = self._positions[np.minimum(following, self._last_op) + 1]
-      lookahead[:n, col.look_valid] = 1.0
-      lookahead[:n, col.look_position] = positions
-      lookahead[:n, col.look_distance] = positions - use_position
-      lookahead[:n, col.look_saving] = (self._use_reduction[:, first] / scale).T
-    return {
-      "request": request,
-      "occupancy": occupancy.astype(np.float32),
-      "candidates": candidates,
-      "lookahead": lookahead,
-      "legal_actions": legal,
+    table = np.array(
+      [
+        value
+        for o in options[1:]
+        for value in (o.kind == "prefetch", o.level, o.start, o.end, o.offset, o.evicts, o.saving)
+      ],
+      np.float64,
+    ).reshape(len(options) - 1, self._option_width)
+    request, occupancy, candidates, lookahead, actions = self._shapes
+    observation = {
+      "request": np.zeros(request, np.float32),
+      "occupancy": np.zeros(occupancy, np.float32),
+      "candidates": np.zeros(candidates, np.float32),
+      "lookahead": np.zeros(lookahead, np.float32),
+      "legal_actions": np.zeros(actions, bool),
     }
+    self._legal = observation["legal_actions"]
+    self._option_index = np.zeros(actions, np.int64)
+    heaps = self._decisions.algorithm.heaps
+    first = heaps[0].kernel_state()[:3]
+    second = heaps[1].kernel_state()[:3] if self._num_fast > 1 else first
+    large = first[2] > self._occupancy_limits[0] or second[2] > self._occupancy_limits[0]
+    if large:  # A large heap's occupancy is `_occupancy`'s; the kernel skips it (count -1).
+      first = first if first[2] <= self._occupancy_limits[0] else (first[0], first[1], -1)
+      second = second if second[2] <= self._occupancy_limits[0] else (second[0], second[1], -1)
+    total = self.total_time
+    self._msa_action = self._kernels.observe(
+      (  # An `ObservationArrays`' fields.
+        observation["request"],
+        observation["candidates"],
+        observation["occupancy"],
+        observation["lookahead"],
+      ),
+      (table, self._legal, self._option_index),  # A `DecisionArrays`' fields.
+      self._frame,
+      (self._incidence_key, self._use_reduction, uses, static),  # A `BufferArrays`' fields.
+      first,
+      second,
+      self._num_fast,
+      buffer * self._stride,
+      use,
+      decision.segment_start,
+      OPTION0_KINDS.index(options[0].kind),
+      decision.msa_choice,
+      self._copy_time_list[buffer],
+      total / self.normaliser,
+      self._stall_time / max(total, 1e-30),
+      self._buffers_done / max(self._num_buffers, 1),
+    )
+    if large:
+      for level in range(self._num_fast):
+        if heaps[level].kernel_state()[2] > self._occupancy_limits[0]:
+          self._occupancy(observation["occupancy"][level], level, decision)
+    return observation
+
+  def _occupancy(self, out: np.ndarray, level: int, decision: MsaDecision) -> None:
+    """Writes a large heap's occupancy over the decision's segment into `out` (float32),
+    through `observation_kernels.occupancy`."""
+    row = np.zeros(len(out))
+    index, chunks, hits, lists = self._heap_state(level)
+    self._kernels.occupancy(
+      row,
+      index,
+      chunks,
+      hits,
+      lists,
+      max(decision.segment_start, 0),
+      decision.use,
+      float(self._capacity[level]),
+      self._occupancy_limits,
+    )
+    out[:] = row
+
+  def _heap_state(self, level: int) -> tuple[tuple, tuple, np.ndarray, tuple]:
+    """What `observation_kernels.occupancy` reads of a large fast level's heap: its time index,
+    its chunks, its search scratch and the bins' lists (mirrored up to date here)."""
+    heap = self._decisions.algorithm.heaps[level]
+    chunks = heap.kernel_state()
+    lists = self._bin_lists[level]
+    width = float(self._capacity[level]) / self.config.occupancy_bins
+    while not self._kernels.mirror(lists, chunks, width):
+      rows, covered, counts, synced = lists
+      room = 2 * rows.shape[1]
+      grown = np.zeros((rows.shape[0], room, 3), np.int64)
+      grown[:, : rows.shape[1]] = rows
+      more = np.zeros((rows.shape[0], room))
+      more[:, : rows.shape[1]] = covered
+      lists = self._bin_lists[level] = (grown, more, counts, synced)
+    index, _, _, scratch = heap.search_state()
+    return index, chunks, scratch[0], lists
 
   def _terminal_observation(self) -> dict[str, np.ndarray]:
     obs = super()._terminal_observation()

@@ -27,7 +27,7 @@ from malloczero.env.msa.copy_resource import (
   OutstandingCopyLimit,
 )
 from malloczero.env.msa.cost_analysis import CostAnalysis, CostAnalysisOptions
-from malloczero.env.msa.decision import MsaOption
+from malloczero.env.msa.decision import MsaOption, prefetch_option
 from malloczero.env.msa.interval_picker import (
   CostAnalysisPrefetchIntervalPicker,
   InstructionCountPrefetchIntervalPicker,
@@ -376,16 +376,8 @@ class SegmentAllocator:
       picker.nest_state(),
     )
     return [
-      MsaOption(
-        "prefetch",
-        level,
-        start + 1,
-        end_use + 1,
-        offset,
-        size,
-        reduction,
-        evicts,
-        plan=(start, end_use + 1),
+      prefetch_option(
+        level, start + 1, end_use + 1, offset, size, reduction, evicts, (start, end_use + 1)
       )
       for start, offset, end_use in rows.tolist()
     ]
