@@ -168,11 +168,13 @@ def test_bench_scale_measures_each_input_in_its_own_process():
 
 
 @pytest.mark.slow  # Integration-sized: a solve with the agent in a process of its own.
-def test_bench_scale_agent_times_the_whole_solve_in_its_own_process():
+def test_bench_scale_agent_times_the_whole_solve_of_an_hlo_step_in_its_own_process():
   from malloczero.launch.benchmarks import bench_scale_agent
 
-  report = bench_scale_agent(xla_buffers=300)
+  report = bench_scale_agent(hlo_buffers=300)
   json.dumps(report)
   assert "scale_agent_300_buffers_policy_failed" not in report, report
+  assert report["scale_agent_300_buffers_import_s"] > 0
+  assert report["scale_agent_300_buffers_flattened_buffers"] > 100
   assert report["scale_agent_300_buffers_policy_s"] > 0
   assert report["scale_agent_300_buffers_policy_speedup_x"] > 1

@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
   p.add_argument(
     "--no-scale",
     action="store_true",
-    help="skip msa and validation at trace scale (a 200,000-row CSV, a 100,000-buffer program)",
+    help="skip the inputs at trace scale (a 200,000-row CSV, 100,000-buffer programs, a 100-layer loop)",
   )
   p.add_argument("--out", help="write the results as JSON to this file")
   # bench measures compile times: it compiles, without the persistent compilation cache.
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
       ""
       if args.no_agent
       else ", search, acting and learner"
-      + ("" if args.quick else ", and local_mp runs with 1 and 2 actors")
+      + ("" if args.quick else ", the agent at scale, and local_mp runs with 1 and 2 actors")
     )
   )
   with console(stderr=True).status(f"benchmarking {what}..."):
