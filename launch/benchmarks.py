@@ -406,7 +406,9 @@ def bench_scale_agent(
     write_text(hlo_path, layered_step_hlo(hlo_buffers, seed=0))
     imports = os.path.join(tmp, "imports")
     started = time.perf_counter()
-    imported = import_hlo_file(hlo_path, hlo_name(hlo_path), hlo_source(hlo_path), directory=imports)
+    imported = import_hlo_file(
+      hlo_path, hlo_name(hlo_path), hlo_source(hlo_path), directory=imports
+    )
     report: dict[str, Any] = {
       f"{prefix}_import_s": time.perf_counter() - started,
       f"{prefix}_flattened_buffers": len(imported.workload.buffers),
@@ -422,7 +424,11 @@ def bench_scale_agent(
     started = time.perf_counter()
     try:
       done = subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout_s, check=False,
+        command,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
         env={**os.environ, CACHE_DIR_ENV: imports},
       )
     except subprocess.TimeoutExpired:

@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
   p.add_argument(
     "--no-scale",
     action="store_true",
-    help="skip the inputs at trace scale (a 200,000-row CSV, 100,000-buffer programs, a 100-layer loop)",
+    help="skip the inputs at trace scale (a 200,000-row CSV, 100,000-buffer programs, a loop)",
   )
   p.add_argument("--out", help="write the results as JSON to this file")
   # bench measures compile times: it compiles, without the persistent compilation cache.
