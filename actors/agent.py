@@ -33,6 +33,7 @@ from malloczero.actors.greedy_play import (
   with_simulations,
 )
 from malloczero.common.errors import MalloczeroError
+from malloczero.common.inputs import read_input_text
 from malloczero.configs.config import DEFAULT_ATTEMPTS, SearchConfig
 from malloczero.configs.workdir import WorkDir
 from malloczero.env.cost_model import CostModel
@@ -125,9 +126,10 @@ def read_search_config(config_file: str) -> SearchConfig:
     return MalloczeroError(f"run config '{config_file}' is unusable ({why})".replace("\n", " "))
 
   try:
-    with open(config_file, encoding="utf-8") as f:
-      data = json.load(f)
-  except (OSError, ValueError) as e:  # ValueError: not JSON, not UTF-8, or too many digits.
+    data = json.loads(read_input_text(config_file, MalloczeroError))
+  except MalloczeroError as e:
+    raise fail(str(e)) from None
+  except ValueError as e:  # Not JSON, or too many digits.
     raise fail(f"{type(e).__name__}: {e}") from None
   search = data.get("search") if isinstance(data, dict) else None
   if not isinstance(search, dict):

@@ -12,15 +12,14 @@ A leading UTF-8 byte order mark, which some Windows editors write, is accepted a
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
 import reprlib
-import zlib
 from typing import Any, Collection, Mapping, Type
 
 from malloczero.common.errors import MalloczeroError
+from malloczero.common.inputs import read_input_text
 
 BOM = "\ufeff"
 # Python refuses to convert integers longer than this many digits (sys.get_int_max_str_digits).
@@ -139,24 +138,9 @@ def loads(text: str, where: str, error: Type[MalloczeroError]) -> Any:
 
 
 def read_text(path: str, error: Type[MalloczeroError]) -> str:
-  """The UTF-8 text of `path`, decompressed first when it ends in `.gz`; `error` otherwise."""
-  try:
-    if path.endswith(".gz"):
-      with gzip.open(path, "rb") as f:
-        raw = f.read()
-    else:
-      with open(path, "rb") as f:
-        raw = f.read()
-    return raw.decode("utf-8")
-  except UnicodeDecodeError as e:
-    raise error(
-      f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
-      "is it the right file?"
-    ) from None
-  except (OSError, EOFError, zlib.error) as e:
-    raise error(
-      f"{path}: cannot read: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-    ) from None
+  """The UTF-8 text of `path`, decompressed first when it ends in `.gz`, read within the input
+  limits (`common/inputs.py`: regular files only, bounded size); `error` otherwise."""
+  return read_input_text(path, error)
 
 
 def load(path: str | os.PathLike, error: Type[MalloczeroError]) -> Any:

@@ -475,6 +475,8 @@ def workload_format(path: str | os.PathLike) -> str:
     return "hlo"
   if path.endswith((".json", ".json.gz")):
     return "json"
+  if not os.path.isfile(path):  # A FIFO would block here; reading it says why it is refused.
+    return "json"
   try:
     with open(path, "rb") as f:
       head = f.read(4096)

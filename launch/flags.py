@@ -123,6 +123,22 @@ def fraction(text: str) -> float:
   return _float_flag(text, "a fraction in [0, 1)", lambda value: 0.0 <= value < 1.0)
 
 
+def bounded(parse: Callable[[str], Any], maximum: Optional[float]) -> Callable[[str], Any]:
+  """`parse`, refusing values above `maximum` (None: no bound) as a flag error."""
+  if maximum is None:
+    return parse
+
+  def parse_bounded(text: str) -> Any:
+    value = parse(text)
+    if value > maximum:
+      shown = f"{value:,}" if isinstance(value, int) else f"{value:,g}"
+      raise argparse.ArgumentTypeError(f"at most {maximum:,g}, got {shown}")
+    return value
+
+  parse_bounded.__name__ = getattr(parse, "__name__", "value")
+  return parse_bounded
+
+
 # The registry's `check` names (env/solvers/registry.py CHECKS) as flag types.
 FLAG_TYPES: dict[str, Callable[[str], Any]] = {
   "positive": positive_float,
@@ -176,14 +192,16 @@ def add_solver_flags(
     if meta["check"] == "switch":
       p.add_argument(meta["flag"], dest=name, action="store_true", help=f"{who}: {meta['help']}")
       continue
+    maximum = meta.get("maximum")
     p.add_argument(
       meta["flag"],
       dest=name,
-      type=FLAG_TYPES[meta["check"]],
+      type=bounded(FLAG_TYPES[meta["check"]], maximum),
       default=field.default,
       metavar=meta["metavar"] or meta["flag"].lstrip("-").replace("-", "_").upper(),
       help=f"{who}: {meta['help']}"
-      + (f" (default {meta['default_help']})" if meta["default_help"] else ""),
+      + (f" (default {meta['default_help']})" if meta["default_help"] else "")
+      + (f", at most {maximum:,g}" if maximum is not None else ""),
     )
   takers = [s.name for s in solvers if s.takes_msa_options]
   if takers:

@@ -14,8 +14,19 @@ from typing import Any, Optional
 from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import DEFAULT_ATTEMPTS, DEFAULT_SEARCH_SECONDS
 from malloczero.env.hardware import Hardware
-from malloczero.env.solvers.registry import BASELINES, Solver, option, seed_option
+from malloczero.env.solvers.registry import (
+  BASELINES,
+  MAX_TIME_LIMIT_S,
+  Solver,
+  option,
+  seed_option,
+)
 from malloczero.env.workload import Workload
+
+# Simulations run inside one compiled search call per move, attempts are games played in one
+# batch: past these a solve runs for hours or fills memory before its time limit can act.
+MAX_SIMULATIONS = 1024
+MAX_ATTEMPTS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,18 +40,21 @@ class AgentOptions:
     "search simulations per move (0: the network's policy alone, no search)",
     "non_negative_int",
     default_help="twice the run's evaluation search",
+    maximum=MAX_SIMULATIONS,
   )
   attempts: int = option(
     DEFAULT_ATTEMPTS,
     "--attempts",
     "trajectories played, the first greedy; the best is kept",
     "positive_int",
+    maximum=MAX_ATTEMPTS,
   )
   search_seconds: float = option(
     DEFAULT_SEARCH_SECONDS,
     "--search-seconds",
     "after the attempts, evo-msa guided by the network for this long (0: none)",
     "non_negative",
+    maximum=MAX_TIME_LIMIT_S,
   )
   agent_time_limit: Optional[float] = option(
     None,
@@ -51,6 +65,7 @@ class AgentOptions:
     "positive",
     metavar="SECONDS",
     default_help="none: --search-seconds decides",
+    maximum=MAX_TIME_LIMIT_S,
   )
   seed: int = seed_option()
 

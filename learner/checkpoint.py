@@ -33,6 +33,7 @@ import numpy as np
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import atomic_write
+from malloczero.common.inputs import check_input_file
 from malloczero.configs.workdir import CHECKPOINT_FILENAME, LEGACY_CHECKPOINT_FILENAME
 from malloczero.env.game import observation_spec
 from malloczero.learner.networks import MuZeroNetworks, Params
@@ -153,11 +154,16 @@ def _read(path: str) -> _Checkpoint:
     if _legacy_file(file):
       _refuse_legacy(file)
     raise MalloczeroError(f"'{file}' is not a malloczero learner checkpoint")
+  check_input_file(file, MalloczeroError)
   try:
     with np.load(file, allow_pickle=False) as archive:
       arrays = {name: archive[name] for name in archive.files}
   except Exception as e:  # A damaged zip or .npy, or an object array (refused, never unpickled).
     raise _bad(file, f"{type(e).__name__}: {e}".replace("\n", " ")) from None
+  # numpy hands back a member that is not a .npy file (a pickle, text) as its raw bytes.
+  for name, member in arrays.items():
+    if not isinstance(member, np.ndarray):
+      raise _bad(file, f"member '{name}' is {type(member).__name__}, not a .npy array")
   try:
     metadata = json.loads(arrays.pop(_METADATA).tobytes().decode("utf-8"))
   except (KeyError, ValueError) as e:
@@ -185,6 +191,9 @@ def _expect(arrays: dict[str, np.ndarray], name: str, file: str, shape: Any = No
     raise _bad(
       file, f"array '{name}' has shape {list(array.shape)}, the metadata says {list(shape)}"
     )
+  # A diverged run's NaN parameters would play and train silently on garbage.
+  if array.dtype.kind == "f" and not np.isfinite(array).all():
+    raise _bad(file, f"array '{name}' holds NaN or infinite values (did the run diverge?)")
   return array
 
 

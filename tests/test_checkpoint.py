@@ -1,6 +1,7 @@
 """Learner checkpoints are data: arrays and JSON metadata that loading cannot run; every expected
 array is checked, older pickled checkpoints are refused (and converted only with --trust)."""
 
+import io
 import os
 import pickle
 import subprocess
@@ -242,3 +243,47 @@ def test_a_crafted_pickle_runs_nothing_through_solve_evaluate_or_train(tmp_path)
     assert result.returncode == 1, (command, result.stderr[-2000:])
     assert result.stderr.startswith("malloczero: error: ") and result.stderr.count("\n") == 1
     assert not marker.exists(), command
+
+
+def _rewritten(saved: str, path, change) -> str:
+  """A copy of the checkpoint `saved` at `path` with `change(name, bytes) -> bytes` applied to
+  each member of its zip (None leaves the member as it is)."""
+  with zipfile.ZipFile(saved) as source, zipfile.ZipFile(path, "w") as target:
+    for info in source.infolist():
+      data = source.read(info.filename)
+      target.writestr(info.filename, change(info.filename, data) or data)
+  return str(path)
+
+
+def test_a_checkpoint_member_that_is_not_an_array_is_one_line(saved, tmp_path):
+  """numpy hands back a member that is not a .npy file (here a pickle) as its raw bytes: refused
+  by its kind, before any field of it is read."""
+  marker = tmp_path / "ran"
+  pickled = pickle.dumps(_Payload(str(marker)))
+  for member in ("params/0.npy", "metadata.npy"):
+    bad = _rewritten(
+      saved,
+      tmp_path / f"bad-{member.split('/')[0]}.npz",
+      lambda n, _: pickled if n == member else None,
+    )
+    with pytest.raises(MalloczeroError, match=r"member .* is bytes, not a \.npy array") as error:
+      load_params(bad)
+    assert "\n" not in str(error.value)
+  assert not marker.exists()
+
+
+def test_nan_parameters_are_refused(saved, tmp_path):
+  def poisoned(name, data):
+    if name != "params/0.npy":
+      return None
+    with zipfile.ZipFile(saved) as z, z.open(name) as f:
+      array = np.lib.format.read_array(f)
+    array = array.copy()
+    array.flat[0] = np.nan
+    out = io.BytesIO()
+    np.lib.format.write_array(out, array)
+    return out.getvalue()
+
+  bad = _rewritten(saved, tmp_path / "nan.npz", poisoned)
+  with pytest.raises(MalloczeroError, match=r"'params/0' holds NaN or infinite values"):
+    load_params(bad)

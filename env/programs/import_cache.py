@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 
 from malloczero.common.errors import MalloczeroError, WorkloadError
 from malloczero.common.files import user_cache_dir, write_text
+from malloczero.common.inputs import check_input_file
 from malloczero.env.memory_guard import InputTooLargeError, available_bytes
 from malloczero.env.workload import Workload
 from malloczero.env.workload_json import load_workload, save_workload
@@ -96,8 +97,7 @@ def scan_hlo_file(path: str) -> HloFile:
   `ENTRY` line; every problem is a one-line WorkloadError naming the file."""
   if not os.path.exists(path):
     raise WorkloadError(f"{path}: no such HLO file")
-  if not os.path.isfile(path):
-    raise WorkloadError(f"{path}: not a file")
+  check_input_file(path, WorkloadError)
   digest, decoder = hashlib.sha256(), codecs.getincrementaldecoder("utf-8")()
   size, marked, tail = 0, False, b""
   try:

@@ -170,7 +170,7 @@ def _search_packing(
         # The kernel cannot read a clock: it gets the nodes that fit in the time left, at the
         # rate measured so far (a first short run measures it), with a fifth to spare.
         left = deadline - now()
-        nodes = limit if rate is None else min(limit, int(0.8 * rate * left))
+        nodes = limit if rate is None else int(min(limit, 0.8 * rate * left))  # inf-safe
         if left <= 0 or nodes <= 0:
           cut_short = True
           break

@@ -14,6 +14,7 @@ takes (`check`, one of `CHECKS`) and its help. A flag shared by several solvers 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Optional
 
 from malloczero.env.game import REQUESTS_GAME, GameConfig
@@ -39,6 +40,13 @@ CHECKS = (
 KINDS = ("model", "game", "placement", "agent")
 
 
+# Every count and time a user can give is bounded: a budget beyond these is a mistake (or an
+# attack) that would run for days, allocate without end or overflow a solver's integer clock.
+MAX_TIME_LIMIT_S = 86_400.0  # A day.
+MAX_COUNT = 1_000_000_000  # Evaluations, decodes.
+MAX_WORKERS = 4 * max(1, os.cpu_count() or 1)
+
+
 def option(
   default: Any,
   flag: str,
@@ -46,9 +54,11 @@ def option(
   check: str,
   metavar: Optional[str] = None,
   default_help: Optional[str] = None,
+  maximum: Optional[float] = None,
 ) -> Any:
   """A field of a solver's options dataclass, with the command-line flag that sets it;
-  `default_help` says what a default of None means."""
+  `default_help` says what a default of None means; `maximum`, the largest value it takes (a
+  numeric flag's bound, said in its help)."""
   if check not in CHECKS:
     raise ValueError(f"unknown check '{check}' (choose from {', '.join(CHECKS)})")
   return dataclasses.field(
@@ -58,6 +68,7 @@ def option(
       "help": help,
       "check": check,
       "metavar": metavar,
+      "maximum": maximum,
       "default_help": (
         default_help if default is None or isinstance(default, bool) else f"{default:g}"
       ),
@@ -71,6 +82,7 @@ def _time_limit() -> Any:
     "--time-limit",
     "seconds per program, building the solver's model included",
     "positive",
+    maximum=MAX_TIME_LIMIT_S,
   )
 
 
@@ -84,6 +96,7 @@ def _evaluations() -> Any:
     "--evaluations",
     "evo's budget: full mappings decoded (evo-msa runs until --time-limit)",
     "positive_int",
+    maximum=MAX_COUNT,
   )
 
 
@@ -95,7 +108,13 @@ class NoOptions:
 @dataclasses.dataclass(frozen=True)
 class CpsatOptions:
   time_limit_s: float = _time_limit()
-  workers: int = option(DEFAULT_WORKERS, "--workers", "CP-SAT worker threads", "positive_int")
+  workers: int = option(
+    DEFAULT_WORKERS,
+    "--workers",
+    "CP-SAT worker threads",
+    "positive_int",
+    maximum=MAX_WORKERS,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +146,7 @@ class EvoMsaOptions:
     "full mappings decoded, msa's own included",
     "positive_int",
     default_help="until --time-limit",
+    maximum=MAX_COUNT,
   )
   defer: bool = option(
     False,

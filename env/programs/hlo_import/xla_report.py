@@ -31,6 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from malloczero.common.errors import MalloczeroError
+from malloczero.common.inputs import check_input_file
 from malloczero.common.units import human_bytes
 from malloczero.env.workload import Workload
 
@@ -117,6 +118,7 @@ def read_xla_report(path: str) -> XlaReport:
     sibling = path[: -len(MEMORY_REPORT_SUFFIX)] + BUFFER_ASSIGNMENT_SUFFIX
     if os.path.isfile(sibling):
       path = sibling
+  check_input_file(path, MalloczeroError)
   try:
     size = os.path.getsize(path)
     if size > MAX_REPORT_BYTES:
