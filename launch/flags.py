@@ -123,6 +123,13 @@ def fraction(text: str) -> float:
   return _float_flag(text, "a fraction in [0, 1)", lambda value: 0.0 <= value < 1.0)
 
 
+def show_number(value: float) -> str:
+  """`1,000,000` for a whole number, `0.25` or `1e+308` otherwise."""
+  if isinstance(value, int) or (abs(value) < 1e15 and float(value).is_integer()):
+    return f"{int(value):,}"
+  return f"{value:g}"
+
+
 def bounded(parse: Callable[[str], Any], maximum: Optional[float]) -> Callable[[str], Any]:
   """`parse`, refusing values above `maximum` (None: no bound) as a flag error."""
   if maximum is None:
@@ -131,8 +138,7 @@ def bounded(parse: Callable[[str], Any], maximum: Optional[float]) -> Callable[[
   def parse_bounded(text: str) -> Any:
     value = parse(text)
     if value > maximum:
-      shown = f"{value:,}" if isinstance(value, int) else f"{value:,g}"
-      raise argparse.ArgumentTypeError(f"at most {maximum:,g}, got {shown}")
+      raise argparse.ArgumentTypeError(f"at most {show_number(maximum)}, got {show_number(value)}")
     return value
 
   parse_bounded.__name__ = getattr(parse, "__name__", "value")
@@ -201,7 +207,7 @@ def add_solver_flags(
       metavar=meta["metavar"] or meta["flag"].lstrip("-").replace("-", "_").upper(),
       help=f"{who}: {meta['help']}"
       + (f" (default {meta['default_help']})" if meta["default_help"] else "")
-      + (f", at most {maximum:,g}" if maximum is not None else ""),
+      + (f", at most {show_number(maximum)}" if maximum is not None else ""),
     )
   takers = [s.name for s in solvers if s.takes_msa_options]
   if takers:

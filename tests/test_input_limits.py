@@ -134,8 +134,8 @@ def test_the_limit_setting_itself_is_checked(monkeypatch, tmp_path):
     ),
     (["--solver", "pack", "--time-limit", "1e308"], "time-limit", "86,400"),
     (["--solver", "cpsat", "--workers", "100000"], "workers", None),
-    (["--solver", "evo", "--evaluations", "10000000000"], "evaluations", "1e+09"),
-    (["--solver", "evo-msa", "--decodes", "10000000000"], "decodes", "1e+09"),
+    (["--solver", "evo", "--evaluations", "10000000000"], "evaluations", "1,000,000,000"),
+    (["--solver", "evo-msa", "--decodes", "10000000000"], "decodes", "1,000,000,000"),
   ],
 )
 def test_every_count_and_time_is_bounded_and_says_its_bound(
@@ -179,3 +179,8 @@ def test_pack_takes_a_time_limit_too_large_for_its_clock():
 
   result = solve(PROGRAM, contended(hardware, PROGRAM, 0.3), "pack", time_limit_s=1e308)
   assert result.mapping.speedup >= 1.0
+
+
+def test_train_wall_time_is_bounded(capsys):
+  code, _, err = _run(capsys, "train", "--max-seconds", "1e12")
+  assert code == 2 and "argument --max-seconds: at most 2,592,000, got 1,000,000,000,000" in err

@@ -18,6 +18,7 @@ from malloczero.launch.flags import (
   HARDWARE_CHOICES,
   FlagError,
   add_capacity_flag,
+  bounded,
   console,
   flushing_print,
   positive_float,
@@ -26,6 +27,7 @@ from malloczero.launch.flags import (
 from malloczero.launch.hlo_input import REIMPORT_HELP, load_program
 
 LAUNCHES = ("local_mp", "local_mt", "vertex_ai", "single")
+MAX_TRAIN_SECONDS = 30 * 86_400.0
 DEFAULT_CONFIG = "small"
 
 
@@ -67,7 +69,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     help="checkpoints, logs, the learning curve and the report "
     "(default runs/train-CONFIG); an existing one is resumed",
   )
-  p.add_argument("--max-seconds", type=positive_float, help="stop after this much wall time")
+  p.add_argument(
+    "--max-seconds",
+    type=bounded(positive_float, MAX_TRAIN_SECONDS),
+    help="stop after this much wall time, at most 2,592,000 (30 days)",
+  )
   p.add_argument(
     "--node-output",
     default="files",
