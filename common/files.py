@@ -78,6 +78,30 @@ def check_output_file(
   return path
 
 
+def _same_file(a: str, b: str) -> bool:
+  try:
+    return os.path.samefile(a, b)
+  except OSError:  # One of them does not exist (yet): the same path all the same?
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_distinct_files(
+  outputs: Sequence[tuple[str, Optional[str]]], inputs: Sequence[str]
+) -> None:
+  """Raises OutputError when an output (`(flag, path)`, None: not asked for) is one of `inputs`
+  (it would be overwritten, silently, by what was read from it) or the same file as another
+  output (one would overwrite the other)."""
+  given = [(flag, os.fspath(path)) for flag, path in outputs if path]
+  for flag, path in given:
+    for source in inputs:
+      if source and _same_file(path, os.fspath(source)):
+        raise OutputError(f"{flag} {path}: is an input of this command; write somewhere else")
+  for i, (flag, path) in enumerate(given):
+    for other_flag, other in given[i + 1 :]:
+      if _same_file(path, other):
+        raise OutputError(f"{flag} and {other_flag} are the same file ({path}): give two names")
+
+
 def check_output_dir(path: str | os.PathLike, what: str = "--out") -> str:
   """Raises OutputError unless `path` is a writable directory or one that can be created (its
   nearest existing ancestor is a writable directory). Nothing is created. Returns the path."""

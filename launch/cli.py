@@ -25,12 +25,13 @@ from malloczero.launch.commands import (
   validate,
 )
 from malloczero.launch.compilation_cache import use_compilation_cache
-from malloczero.launch.flags import FlagError, Parser
+from malloczero.launch.flags import FlagError, Parser, one_line
 
 EXIT_INPUT_ERROR = 1
 EXIT_FLAG_ERROR = 2
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process it killed.
+EXIT_HUNG_UP = 129  # 128 + SIGHUP.
 # In the order `malloczero --help` lists them.
 COMMANDS = (
   validate,
@@ -59,12 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class Terminated(BaseException):
-  """SIGTERM, raised in the main thread so that a command stops as Ctrl-C stops it: outputs are
-  written whole or not at all (common/files.py), and the exit is one line."""
+  """SIGTERM or SIGHUP, raised in the main thread so that a command stops as Ctrl-C stops it:
+  outputs are written whole or not at all (common/files.py), and the exit is one line."""
+
+  def __init__(self, signum: int = signal.SIGTERM):
+    super().__init__(signum)
+    self.signum = signum
 
 
 def _terminate(signum: int, frame: object) -> None:
-  raise Terminated()
+  raise Terminated(signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -77,23 +82,30 @@ def main(argv: Sequence[str] | None = None) -> int:
   # `train` stops its nodes on SIGTERM itself (Launchpad's worker manager, system/guards.py).
   if args.command != "train":
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
   try:
     return args.func(args)
   except FlagError as e:
-    print(f"malloczero: error: {e} (see 'malloczero {args.command} --help')", file=sys.stderr)
+    print(
+      f"malloczero: error: {one_line(str(e))} (see 'malloczero {args.command} --help')",
+      file=sys.stderr,
+    )
     return EXIT_FLAG_ERROR
   except MalloczeroError as e:
-    print(f"malloczero: error: {e}", file=sys.stderr)
+    print(f"malloczero: error: {one_line(str(e))}", file=sys.stderr)
     return EXIT_INPUT_ERROR
   except OSError as e:  # A file that vanished or a disk that filled up mid-run: still one line.
     where = f"{e.filename}: " if e.filename else ""
-    print(f"malloczero: error: {where}{e.strerror or e}", file=sys.stderr)
+    print(f"malloczero: error: {one_line(f'{where}{e.strerror or e}')}", file=sys.stderr)
     return EXIT_INPUT_ERROR
   except KeyboardInterrupt:
     resume = f"; resume with: {args.command_line}" if args.command == "train" else ""
     print(f"malloczero: interrupted{resume}", file=sys.stderr)
     return EXIT_INTERRUPTED
-  except Terminated:
+  except Terminated as e:
+    if e.signum == signal.SIGHUP:
+      print("malloczero: hung up (the terminal closed)", file=sys.stderr)
+      return EXIT_HUNG_UP
     print("malloczero: terminated", file=sys.stderr)
     return EXIT_TERMINATED
 

@@ -42,10 +42,22 @@ class FlagError(MalloczeroError):
   solver ignores): exit 2, as argparse's own flag errors."""
 
 
+# Control characters (a newline in a file or model name, a terminal's escape sequences) are shown
+# escaped: an error stays one line and cannot repaint the user's terminal.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
+_CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+
+
+def one_line(message: str) -> str:
+  """`message` with its control characters escaped."""
+  return message.translate(_CONTROL)
+
+
 class Parser(argparse.ArgumentParser):
   def error(
     self, message: str
   ) -> None:  # One line, exit 2, as argparse does, minus the usage dump.
+    message = one_line(message)
     sys.stderr.write(
       f"malloczero: error: {message} (see 'malloczero {self.prog.split()[-1]} --help')\n"
       if " " in self.prog

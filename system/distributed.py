@@ -59,7 +59,7 @@ from malloczero.system.nodes import (
   align_counter_file,
   read_counts,
 )
-from malloczero.system.training import check_workdir, refuse_finished, save_config
+from malloczero.system.training import check_workdir, preflight, refuse_finished, save_config
 
 LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
 COUNTER_CALL_TIMEOUT_S = 5
@@ -299,6 +299,7 @@ def launch_training(
   for the whole run (system/guards.py): a directory in use by another run is refused before
   anything in it is written.
   """
+  preflight(config, workdir, max_steps or config.max_learner_steps)
   with WorkDirLock(os.path.abspath(workdir), print_fn):
     return _launch_training(
       config,

@@ -25,7 +25,13 @@ from malloczero.learner.networks import make_networks
 from malloczero.system import builder
 from malloczero.system.guards import WorkDirLock
 from malloczero.system.loops import EpisodeStatistics, interrupt_sets, run_learner, step_actor
-from malloczero.system.training import Stopwatch, check_workdir, refuse_finished, save_config
+from malloczero.system.training import (
+  Stopwatch,
+  check_workdir,
+  preflight,
+  refuse_finished,
+  save_config,
+)
 
 # The actor's log row averages its last games (the distributed actors' rows average the games
 # since their previous row instead: they report far more often).
@@ -84,8 +90,9 @@ def train_single_process(
   The work directory is locked for the whole run: one in use by another run is refused before
   anything in it is written.
   """
+  max_learner_steps = max_learner_steps or config.max_learner_steps
+  preflight(config, workdir, max_learner_steps)
   with WorkDirLock(os.path.abspath(workdir), print_fn):
-    max_learner_steps = max_learner_steps or config.max_learner_steps
     # Another config's run, or one already at max_learner_steps, is refused before anything is
     # lost or written.
     refuse_finished(workdir, check_workdir(config, workdir), max_learner_steps)

@@ -72,6 +72,19 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
   return None
 
 
+def preflight(config: Config, workdir: str, max_steps: int) -> None:
+  """What a run would refuse, checked before its work directory is locked (so before any file in
+  it, its locks included, is written): a suite with no train split, another configuration's or
+  an unreadable run in the directory, a run already at `max_steps`. Read-only; the launch checks
+  again under the lock."""
+  if config.suite:
+    from malloczero.env.programs.suites import get_suite
+
+    get_suite(config.suite).split("train")
+  if os.path.isdir(workdir):
+    refuse_finished(workdir, check_workdir(config, workdir), max_steps)
+
+
 def refuse_finished(workdir: str, start_step: Optional[int], max_steps: int) -> None:
   """A run already at `max_steps` is refused rather than trained again and saved over, in every
   launch mode."""

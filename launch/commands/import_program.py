@@ -8,7 +8,7 @@ import os
 import sys
 
 from malloczero.common.errors import MalloczeroError
-from malloczero.common.files import check_output_file
+from malloczero.common.files import check_distinct_files, check_output_file
 from malloczero.common.inputs import read_input_text
 from malloczero.common.units import human_bytes
 from malloczero.env.workload import Workload
@@ -98,6 +98,7 @@ def run_import_hlo(args: argparse.Namespace) -> int:
   from malloczero.env.programs.hlo_import.xla_report import read_xla_report, report_beside
   from malloczero.env.workload_json import save_workload
 
+  check_distinct_files([("--out", args.out)], [args.hlo, args.xla_report])
   check_output_file(args.out)
   text = read_input_text(args.hlo, MalloczeroError)
   # XLA's report is read first, so that a bad one is refused before anything is written.

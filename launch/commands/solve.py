@@ -4,9 +4,10 @@ of both; the mapping is validated, written and drawn."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from malloczero.common.errors import MalloczeroError
-from malloczero.common.files import check_output_file
+from malloczero.common.files import check_distinct_files, check_output_file
 from malloczero.env.hardware import resolve_hardware
 from malloczero.env.solvers.registry import Solver
 from malloczero.launch.flags import (
@@ -115,6 +116,8 @@ def _baseline_details(solver: Solver, info: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
   solver = ALL_SOLVERS[args.solver]
+  hardware_file = args.hardware if args.hardware and os.path.isfile(args.hardware) else None
+  check_distinct_files([("--out", args.out), ("--plot", args.plot)], [args.workload, hardware_file])
   if args.out:
     check_output_file(args.out)
   if args.plot:

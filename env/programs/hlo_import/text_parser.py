@@ -24,7 +24,9 @@ from malloczero.env.programs.hlo_import.hlo import (
 
 _IDENT = re.compile(r"[A-Za-z0-9_.\-]+")
 _COMMENT = re.compile(r"/\*.*?\*/")
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([A-Za-z0-9_.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+# A computation's first line: `[ENTRY] %name (params) -> shape {`, or JAX's short `ENTRY main.22 {`
+# and `region_0.15 {` (`as_hlo_text()`), which print the signature nowhere.
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([A-Za-z0-9_.\-]+)\s*(?:\(.*\)\s*->\s*.*)?\{\s*$")
 _INSTR_START = re.compile(r"^\s*(ROOT\s+)?%?([A-Za-z0-9_.\-]+)\s*=\s*")
 _OPCODE = re.compile(r"\s*([a-z][a-z0-9\-_]*)\(")
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
