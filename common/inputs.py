@@ -23,7 +23,7 @@ MAX_INPUT_ENV = "MALLOCZERO_MAX_INPUT_BYTES"
 # The largest input read whole by default: well above the largest program this project imports
 # (a 100,000-buffer workload is about 30 MB of JSON, an LLM training step's HLO text about
 # 100 MB), well below what reading it takes of a 24 GiB machine.
-DEFAULT_MAX_INPUT_BYTES = 2 << 30
+DEFAULT_MAX_INPUT_BYTES = 1 << 30
 _CHUNK = 1 << 20
 
 

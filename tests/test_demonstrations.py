@@ -22,6 +22,7 @@ from malloczero.learner import MuZeroLearner, make_networks
 from malloczero.learner import learner as learner_lib
 from malloczero.learner.demonstrations import (
   DEMONSTRATIONS_FILENAME,
+  Demonstration,
   Demonstrations,
   demonstration_steps,
   heuristic_actions,
@@ -312,3 +313,36 @@ def test_learner_mixes_demonstrations_into_batches_and_checkpoints_them(tmp_path
   assert {d["program"] for d in saved} == {s.name for s in SPECS}
   with pytest.raises(ValueError, match="demonstration_fraction"):
     dataclasses.replace(CONFIG.learner, demonstration_fraction=1.0)
+
+
+def test_best_mappings_only_ever_improve(tmp_path):
+  """A resumed run's demonstrations can be older than best/: a mapping no faster than the one
+  kept is not written (its file and picture stay as they were); a faster one replaces it."""
+  spec = SPECS[0]
+  game = make_game(spec.workload, spec.hardware, CONFIG.game)
+  played = []
+  for seed in range(40):
+    actions, total = _random_actions(game, seed)
+    played.append((game.total_time, total, actions))
+  played.sort(key=lambda p: p[0])
+  fastest, slowest = played[0], played[-1]
+  assert slowest[0] > fastest[0]
+
+  def write(play):
+    replayed = make_game(spec.workload, spec.hardware, CONFIG.game)
+    replayed.reset()
+    for action in play[2]:
+      replayed.step(action)
+    demonstration = Demonstration(spec.name, tuple(play[2]), play[1], "agent")
+    return write_best_mapping(str(tmp_path), demonstration, replayed)
+
+  assert write(slowest) == str(tmp_path / f"{spec.name}.json")
+  assert load_mapping(str(tmp_path / f"{spec.name}.json")).estimated_time_s == pytest.approx(
+    slowest[0]
+  )
+  assert write(fastest) is not None
+  kept = (tmp_path / f"{spec.name}.json").read_bytes()
+  picture = (tmp_path / f"{spec.name}.png").stat().st_mtime_ns
+  assert write(slowest) is None and write(fastest) is None  # No faster: nothing written.
+  assert (tmp_path / f"{spec.name}.json").read_bytes() == kept
+  assert (tmp_path / f"{spec.name}.png").stat().st_mtime_ns == picture
