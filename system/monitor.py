@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
+import re
 import signal
 import time
 from typing import Any, Callable, Optional
@@ -20,6 +21,10 @@ from malloczero.system.nodes import read_counts
 
 # Nodes without which training cannot go on: the program is stopped when one of them dies.
 ESSENTIAL_NODES = ("replay", "counter", "learner")
+# How much of a dead node's log is read for its cause, and what an exception's line looks like
+# (`ValueError: ...`, `malloczero.common.errors.MalloczeroError: ...`).
+LOG_TAIL_BYTES = 64 << 10
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*:")
 
 
 @dataclasses.dataclass
@@ -35,6 +40,31 @@ class RunSample:
   samples: int  # Items sampled from replay since the server started.
   live_actors: int
   probes: int = 0  # Decisions the actors probed for the learner (learner/probes/).
+
+
+def node_log_path(workdir: str, name: str) -> str:
+  """Node `name`'s log (local_mp with output to files): actors' by their task (`actor_3`),
+  the others' by their group (`learner_0` -> learner.log)."""
+  group = name.rsplit("_", 1)[0]
+  return WorkDir(workdir).node_log(name if group == "actor" else group)
+
+
+def node_exit_cause(workdir: str, name: str) -> Optional[str]:
+  """The line of node `name`'s log that says why it ended: its last exception line (Python's
+  `SomeError: why`), else its last line, on one printable line; None without a log."""
+  try:
+    with open(node_log_path(workdir, name), "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+      tail = f.read().decode("utf-8", "replace")
+  except OSError:
+    return None
+  lines = [line.strip() for line in tail.splitlines() if line.strip()]
+  if not lines:
+    return None
+  errors = [line for line in lines if _EXCEPTION_LINE.match(line)]
+  cause = "".join(c if c.isprintable() else " " for c in (errors or lines)[-1])
+  return cause if len(cause) <= 200 else cause[:197] + "..."
 
 
 class Monitor:
@@ -62,6 +92,12 @@ class Monitor:
     self.start_step = start_step
     self._last_counts: dict[str, float] = {}
     self._last_replay = (0, 0, 0)
+
+  def log_path(self, name: str) -> str:
+    return node_log_path(self._workdir, name)
+
+  def exit_cause(self, name: str) -> Optional[str]:
+    return node_exit_cause(self._workdir, name)
 
   def find_processes(self) -> None:
     """Node name (e.g. 'actor_1') -> process, from the launcher's children (local_mp)."""
@@ -254,6 +290,9 @@ def watch(
         continue
       if name.rsplit("_", 1)[0] in ESSENTIAL_NODES:
         status, failure = "failed", f"the {name.rsplit('_', 1)[0]} node exited"
+        cause = monitor.exit_cause(name)
+        if cause:
+          failure += f" ({cause}; the rest in {monitor.log_path(name)})"
         print_fn(f"failed: {failure}; stopping the program (the last checkpoint is kept)")
         stop_program()
         stopping = True

@@ -75,14 +75,27 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
 def preflight(config: Config, workdir: str, max_steps: int) -> None:
   """What a run would refuse, checked before its work directory is locked (so before any file in
   it, its locks included, is written): a suite with no train split, another configuration's or
-  an unreadable run in the directory, a run already at `max_steps`. Read-only; the launch checks
-  again under the lock."""
+  an unreadable run in the directory, a run already at `max_steps`, and for a resumed run the
+  learner checkpoint (every array, NaN refused) and the demonstrations it will load. Read-only;
+  the launch checks again under the lock."""
   if config.suite:
     from malloczero.env.programs.suites import get_suite
 
     get_suite(config.suite).split("train")
-  if os.path.isdir(workdir):
-    refuse_finished(workdir, check_workdir(config, workdir), max_steps)
+  if not os.path.isdir(workdir):
+    return
+  start_step = check_workdir(config, workdir)
+  refuse_finished(workdir, start_step, max_steps)
+  if start_step is None:
+    return
+  # What the resumed nodes will load, read now: damage found by a node 30 s into the launch
+  # surfaces only as "the learner node exited".
+  from malloczero.learner.checkpoint import load_params
+  from malloczero.learner.demonstrations import read_demonstrations
+
+  files = WorkDir(workdir)
+  load_params(files.learner_state)
+  read_demonstrations(files.checkpoints)
 
 
 def refuse_finished(workdir: str, start_step: Optional[int], max_steps: int) -> None:

@@ -287,3 +287,45 @@ def test_nan_parameters_are_refused(saved, tmp_path):
   bad = _rewritten(saved, tmp_path / "nan.npz", poisoned)
   with pytest.raises(MalloczeroError, match=r"'params/0' holds NaN or infinite values"):
     load_params(bad)
+
+
+def test_a_resume_checks_what_it_will_load_before_launching(tmp_path, state):
+  """`preflight` (before the work directory is locked, before any node starts) reads the learner
+  checkpoint whole and the demonstrations: NaN parameters and a damaged demonstrations file are
+  refused in one line there, not 30 s later as a node's exit."""
+  from malloczero.system.training import preflight, save_config
+
+  workdir = tmp_path / "run"
+  files = WorkDir(str(workdir))
+  os.makedirs(files.checkpoints)
+  save_config(CONFIG, str(workdir))
+  saved = save_state(files.checkpoints, state, 7, NETWORKS)
+  preflight(CONFIG, str(workdir), 100)  # A sound run resumes.
+  with pytest.raises(MalloczeroError, match="already at learner step 7"):
+    preflight(CONFIG, str(workdir), 7)
+  demonstrations = os.path.join(files.checkpoints, "demonstrations.json")
+  for damaged in (
+    '[{"program": 1}',
+    '[{"program": "p", "actions": [1], "episode_return": NaN, "source": "agent"}]',
+  ):
+    with open(demonstrations, "w") as f:
+      f.write(damaged)
+    with pytest.raises(MalloczeroError, match="demonstrations file .* unusable") as error:
+      preflight(CONFIG, str(workdir), 100)
+    assert "\n" not in str(error.value)
+  os.remove(demonstrations)
+
+  def poisoned(name, data):
+    if name != "params/0.npy":
+      return None
+    with zipfile.ZipFile(saved) as z, z.open(name) as f:
+      array = np.lib.format.read_array(f).copy()
+    array.flat[0] = np.nan
+    out = io.BytesIO()
+    np.lib.format.write_array(out, array)
+    return out.getvalue()
+
+  poisoned_copy = _rewritten(saved, tmp_path / "nan.npz", poisoned)
+  os.replace(poisoned_copy, saved)
+  with pytest.raises(MalloczeroError, match="holds NaN or infinite values"):
+    preflight(CONFIG, str(workdir), 100)

@@ -569,3 +569,24 @@ def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_kill
   assert not os.path.exists(data_file)
   assert not [p for p in os.listdir(workdir / "nodes" / "program") if p.startswith("tmp")]
   assert run.orphans() == []
+
+
+def test_a_dead_nodes_cause_is_its_logs_last_exception_line(tmp_path):
+  from malloczero.system.monitor import node_exit_cause, node_log_path
+
+  nodes = tmp_path / "nodes"
+  nodes.mkdir()
+  assert node_log_path(str(tmp_path), "learner_0") == str(nodes / "learner.log")
+  assert node_log_path(str(tmp_path), "actor_3") == str(nodes / "actor_3.log")
+  assert node_exit_cause(str(tmp_path), "learner_0") is None  # No log (terminal output).
+  (nodes / "learner.log").write_text(
+    'learner: step 10\nTraceback (most recent call last):\n  File "x.py", line 3, in f\n'
+    "malloczero.common.errors.MalloczeroError: learner checkpoint 'c' is unusable: NaN\n"
+    "exiting\n"
+  )
+  assert node_exit_cause(str(tmp_path), "learner_0") == (
+    "malloczero.common.errors.MalloczeroError: learner checkpoint 'c' is unusable: NaN"
+  )
+  (nodes / "actor_3.log").write_text("acting\nkilled by \x1b[31msignal\x1b[0m 9\n" + "x" * 300)
+  cause = node_exit_cause(str(tmp_path), "actor_3")
+  assert cause.endswith("...") and len(cause) == 200 and "\x1b" not in cause

@@ -40,6 +40,7 @@ from malloczero.learner.demonstrations.store import (
   Demonstrations,
   demonstration_steps,
   heuristic_actions,
+  read_demonstrations,
 )
 
 __all__ = [
@@ -51,4 +52,5 @@ __all__ = [
   "demonstration_steps",
   "heuristic_actions",
   "mix_demonstrations",
+  "read_demonstrations",
 ]

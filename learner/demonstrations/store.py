@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import threading
 import time
@@ -35,6 +36,7 @@ import tree
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import write_text
+from malloczero.common.inputs import read_input_text
 from malloczero.env.game import GameConfig, make_game
 from malloczero.replay.types import Step, zero_step
 
@@ -296,20 +298,36 @@ class Demonstrations:
     """Replays the demonstrations saved in `directory`, if any; returns how many were kept.
     A file that cannot be read, or one for other programs or another game, is a one-line
     MalloczeroError."""
-    path = os.path.join(directory, DEMONSTRATIONS_FILENAME)
-    if not os.path.exists(path):
-      return 0
-    try:
-      with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-      items = [
-        Demonstration(d["program"], tuple(d["actions"]), float(d["episode_return"]), d["source"])
-        for d in data
-      ]
-    except (OSError, ValueError, TypeError, KeyError) as e:
-      raise MalloczeroError(
-        f"demonstrations file '{path}' is unusable ({type(e).__name__}: {e})".replace("\n", " ")
-      ) from None
+    items = read_demonstrations(directory)
     for item in items:
       self.offer(item.program, item.actions, item.episode_return, item.source)
     return len(items)
+
+
+def read_demonstrations(directory: str) -> list[Demonstration]:
+  """The demonstrations saved in `directory` (none when it has no file), read and checked
+  without replaying them: what a resumed run checks before any node starts. A file that cannot
+  be read is a one-line MalloczeroError."""
+  path = os.path.join(directory, DEMONSTRATIONS_FILENAME)
+  if not os.path.exists(path):
+    return []
+  try:
+    data = json.loads(read_input_text(path, MalloczeroError))
+    items = [
+      Demonstration(
+        str(d["program"]),
+        tuple(int(a) for a in d["actions"]),
+        float(d["episode_return"]),
+        str(d["source"]),
+      )
+      for d in data
+    ]
+  except MalloczeroError as e:
+    raise MalloczeroError(f"demonstrations file unusable: {e}") from None
+  except (ValueError, TypeError, KeyError) as e:
+    raise MalloczeroError(
+      f"demonstrations file '{path}' is unusable ({type(e).__name__}: {e})".replace("\n", " ")
+    ) from None
+  if not all(math.isfinite(d.episode_return) for d in items):
+    raise MalloczeroError(f"demonstrations file '{path}' is unusable (a return is not finite)")
+  return items
