@@ -3,6 +3,7 @@ validates."""
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from malloczero.env.placement import Placement
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.requests import build_requests
 from malloczero.env.solvers import SOLVERS, solve
-from malloczero.env.solvers.evo import decode
+from malloczero.env.solvers.evo import decode, decode_until
 from malloczero.env.workload_json import workload_from_dict
 
 HW = Hardware(
@@ -195,10 +196,10 @@ class StepClock:
   def __call__(self) -> float:
     return self.now
 
-  def decode(self, placement, priority):
+  def decode_until(self, placement, priority, deadline):
     self.decodes += 1
     self.now += self.cost
-    return decode(placement, priority)
+    return decode_until(placement, priority, None)
 
 
 @pytest.mark.parametrize("limit", [0.0, 2.5, 7.0, 20.0, 35.5])
@@ -209,7 +210,7 @@ def test_evo_never_starts_a_decode_that_would_overrun_its_time_limit(monkeypatch
   evo_module = importlib.import_module("malloczero.env.solvers.evo")
   clock = StepClock(1.0)
   monkeypatch.setattr(importlib.import_module("malloczero.env.solvers.time_limit"), "clock", clock)
-  monkeypatch.setattr(evo_module, "decode", clock.decode)
+  monkeypatch.setattr(evo_module, "decode_until", clock.decode_until)
   workload = random_workload(8, num_ops=40)
   hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
   model = CostModel(workload, hardware)
@@ -220,6 +221,30 @@ def test_evo_never_starts_a_decode_that_would_overrun_its_time_limit(monkeypatch
   assert info["stopped_by_time_limit"] and info["evaluations"] <= clock.decodes
   # What it leaves in `placement` is the best mapping it found.
   assert placement.total_time == pytest.approx(min(info["best_time_per_generation_s"]))
+
+
+def test_a_decode_past_its_deadline_stops_where_it_is(monkeypatch):
+  """A program too large to decode in its time limit: the decode stops at the deadline, the
+  requests not reached left in slow memory (a valid mapping, no faster than the whole decode)."""
+  evo_module = importlib.import_module("malloczero.env.solvers.evo")
+  workload = random_workload(30, num_ops=120)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
+  model = CostModel(workload, hardware)
+  placement = Placement(model, build_requests(model))
+  n = len(placement.requests)
+  assert n > evo_module.CLOCK_EVERY
+  order = (n - np.arange(n)) / n
+  whole, complete = evo_module.decode_until(placement, order, None)
+  assert complete and whole == decode(placement, order)
+  ticks = iter(range(10**6))
+  monkeypatch.setattr(
+    importlib.import_module("malloczero.env.solvers.time_limit"), "clock", lambda: next(ticks)
+  )
+  cut, complete = evo_module.decode_until(placement, order, 1.5)  # Past it at the third look.
+  placed = len(placement.placed)
+  assert not complete and 0 < placed <= 2 * evo_module.CLOCK_EVERY < len(order)
+  assert cut == placement.total_time and cut >= whole
+  validate_mapping(workload, hardware, placement.mapping("evo"))
 
 
 def test_evo_time_limit_bounds_the_whole_solve_including_building():
@@ -323,3 +348,24 @@ def test_greedy_keeps_only_placements_that_save_simulated_time_and_undo_restores
     placement.total_time, rel=1e-9
   )
   assert placement.total_time <= model.slow_only_time
+
+
+@pytest.mark.parametrize("solver", ["greedy", "bestfit"])
+def test_one_pass_heuristics_stop_where_their_time_limit_finds_them(monkeypatch, solver):
+  """greedy and bestfit look at the clock every `CLOCK_EVERY` requests: past the limit the rest
+  stay in slow memory and the result says it was cut short (a 100,000-buffer program takes them
+  minutes); within it they are what they always were."""
+  heuristics = importlib.import_module("malloczero.env.solvers.heuristics")
+  workload = random_workload(30, num_ops=120)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
+  whole = solve(workload, hardware, solver)
+  assert "cut_short" not in whole.info
+  ticks = iter(range(10**6))
+  monkeypatch.setattr(
+    importlib.import_module("malloczero.env.solvers.time_limit"), "clock", lambda: next(ticks)
+  )
+  cut = solve(workload, hardware, solver, time_limit_s=3.0)
+  assert cut.info["cut_short"].startswith("time limit:")
+  reached = int(re.search(r"\d+", cut.info["cut_short"]).group())
+  assert 0 < reached < cut.info["requests"] and reached % heuristics.CLOCK_EVERY == 0
+  validate_mapping(workload, hardware, cut.mapping)

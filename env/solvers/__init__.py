@@ -72,12 +72,16 @@ def solve(
   spec = get_solver(solver)
   check_fits(hardware, workload.peak_live_bytes, workload.name)
   started = time.perf_counter()
+  limit = options.get("time_limit_s")
+  deadline = None if limit is None else started + float(limit)
+
+  def left() -> None:  # What building the solver's inputs left of its time limit.
+    if deadline is not None:
+      options["time_limit_s"] = max(0.0, deadline - time.perf_counter())
+
   model = CostModel(workload, hardware)
   requests = build_requests(model)
-  if options.get("time_limit_s") is not None:
-    options["time_limit_s"] = max(
-      0.0, float(options["time_limit_s"]) - (time.perf_counter() - started)
-    )
+  left()
   if spec.kind == "model":
     mapping, info = spec.run(model, **options)
   elif spec.kind == "game":
@@ -88,6 +92,7 @@ def solve(
     except MalloczeroError:
       game = None  # Nothing to play (no request; no decision for msa): the empty mapping below.
     if game is not None:
+      left()
       info = spec.run(game, **options)
       mapping = game.mapping(solver)
     else:

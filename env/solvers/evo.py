@@ -10,7 +10,8 @@ seconds.
 
 The time limit bounds the whole call, the final decode of the best genome included
 (time_limit.py's `DecodeBudget`; the first decode, msa's order, always runs, so there is a
-mapping).
+mapping; on a program too large for one decode in the limit, it stops `DECODE_GRACE_S` past the
+limit, the requests not reached left in slow memory).
 """
 
 from __future__ import annotations
@@ -18,17 +19,35 @@ from __future__ import annotations
 import numpy as np
 
 from malloczero.env.placement import Placement
-from malloczero.env.solvers.time_limit import DecodeBudget
+from malloczero.env.solvers.time_limit import DecodeBudget, now
 
 DEFAULT_EVALUATIONS = 120  # The budget: full mappings decoded.
 
 
+# Requests placed between two looks at the clock while decoding under a deadline, and how far
+# past its time limit a decode may run before it stops where it is: the first decode always runs
+# (so that there is a mapping), whole unless the program is too large for the limit.
+CLOCK_EVERY = 64
+DECODE_GRACE_S = 1.0
+
+
 def decode(placement: Placement, priority: np.ndarray) -> float:
   """Builds the mapping for `priority` [R] into `placement` (reset first); returns program time."""
+  return decode_until(placement, priority, None)[0]
+
+
+def decode_until(
+  placement: Placement, priority: np.ndarray, deadline: float | None
+) -> tuple[float, bool]:
+  """`decode`, stopping at `deadline` (the solvers' clock; None: none): the requests not reached
+  by then stay in slow memory (a decode of a program of 100,000 buffers takes minutes, more than
+  a time limit may have). Returns the program time and whether every request was reached."""
   placement.reset()
-  for r in np.argsort(-priority, kind="stable"):
+  for i, r in enumerate(np.argsort(-priority, kind="stable")):
+    if deadline is not None and i % CLOCK_EVERY == 0 and now() > deadline:
+      return placement.total_time, False
     placement.place_where_it_saves_most(int(r), fit="best")
-  return placement.total_time
+  return placement.total_time, True
 
 
 def evo(
@@ -46,6 +65,15 @@ def evo(
   num_requests = len(req)
   rng = np.random.default_rng(seed)
   budget = DecodeBudget(time_limit_s)
+  cut_short = []
+
+  cut_at = None if budget.deadline is None else budget.deadline + DECODE_GRACE_S
+
+  def decode_within(placement: Placement, priority: np.ndarray) -> float:
+    time_s, whole = decode_until(placement, priority, cut_at)
+    cut_short.extend([] if whole else [True])
+    return time_s
+
   rank = lambda order: (num_requests - np.argsort(order, kind="stable")) / num_requests
   density = req.standalone_saving.max(axis=1) / req.size
   seeds = [
@@ -59,7 +87,7 @@ def evo(
     if evaluated and (len(evaluated) >= evaluations or not budget.time_for_another()):
       break
     evaluated.append(g)
-    fitness.append(budget.decode(decode, placement, g))
+    fitness.append(budget.decode(decode_within, placement, g))
   genomes = evaluated
   used = len(genomes)
   last = used - 1  # The genome whose mapping `placement` holds.
@@ -81,16 +109,17 @@ def evo(
         i, j = rng.integers(num_requests, size=2)
         child[i], child[j] = child[j], child[i]
       next_genomes.append(child)
-      next_fitness.append(budget.decode(decode, placement, child))
+      next_fitness.append(budget.decode(decode_within, placement, child))
       last = len(next_genomes) - 1
       used += 1
     genomes, fitness = next_genomes, next_fitness
     history.append(min(fitness))
   best = int(np.argmin(fitness))
   if best != last:
-    decode(placement, genomes[best])  # Leave the best mapping in `placement`.
+    decode_within(placement, genomes[best])  # Leave the best mapping in `placement`.
   return {
     "evaluations": used,
     "best_time_per_generation_s": history,
-    **({"stopped_by_time_limit": True} if stopped else {}),
+    **({"stopped_by_time_limit": True} if stopped or cut_short else {}),
+    **({"cut_short": "time limit: a decode stopped before every request"} if cut_short else {}),
   }

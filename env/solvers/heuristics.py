@@ -8,11 +8,14 @@ timed by the cost model's copy simulation like every other (`Placement.total_tim
 
 from __future__ import annotations
 
+from typing import Optional
+
 import dm_env
 import numpy as np
 
 from malloczero.env.game import RequestsGame
 from malloczero.env.placement import Placement
+from malloczero.env.solvers.time_limit import now
 
 
 def msa_simple(placement: Placement) -> dict:
@@ -61,13 +64,26 @@ def bestfit(placement: Placement) -> dict:
   return {}
 
 
-def greedy(placement: Placement) -> dict:
+# Requests placed (or steps played) between two looks at the clock under a time limit.
+CLOCK_EVERY = 64
+
+
+def _deadline(time_limit_s: Optional[float]) -> float:
+  return float("inf") if time_limit_s is None else now() + float(time_limit_s)
+
+
+def greedy(placement: Placement, time_limit_s: Optional[float] = None) -> dict:
   """Benefit density, first fit: requests by standalone time saved per byte (descending); each
   goes, if it still saves time, to the level where it saves most that has room, at the lowest
-  free offset."""
+  free offset. Under `time_limit_s` the requests not reached by then stay in slow memory (said in
+  `cut_short`: how many were placed or passed over)."""
   req = placement.requests
   density = req.standalone_saving.max(axis=1) / req.size
-  for r in np.argsort(-density, kind="stable"):
+  deadline = _deadline(time_limit_s)
+  order = np.argsort(-density, kind="stable")
+  for i, r in enumerate(order):
+    if i % CLOCK_EVERY == 0 and now() > deadline:
+      return {"cut_short": f"time limit: {i} of {len(order)} requests considered"}
     placement.place_where_it_saves_most(int(r), fit="first")
   return {}
 
@@ -83,11 +99,17 @@ def random_play(game: dm_env.Environment, seed: int = 0) -> dict:
   return {"seed": seed}
 
 
-def bestfit_play(game: RequestsGame) -> dict:
+def bestfit_play(game: RequestsGame, time_limit_s: Optional[float] = None) -> dict:
   """The game's own request order (XLA MSA's memory-boundedness order) with the first candidate
   whenever one exists: best fit in the fastest level that has room. A one-line policy the agent
-  must beat; it needs no search and no learning."""
+  must beat; it needs no search and no learning. Under `time_limit_s` the game stops where the
+  limit finds it: the requests not reached stay in slow memory (`cut_short`)."""
+  deadline = _deadline(time_limit_s)
   ts = game.reset()
+  steps = 0
   while not ts.last():
+    if steps % CLOCK_EVERY == 0 and now() > deadline:
+      return {"cut_short": f"time limit: stopped after {steps} requests"}
     ts = game.step(1 if ts.observation["legal_actions"][1] else 0)
+    steps += 1
   return {}

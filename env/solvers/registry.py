@@ -163,6 +163,14 @@ class PackOptions:
 
 
 @dataclasses.dataclass(frozen=True)
+class TimeLimitOptions:
+  """A one-pass heuristic's only option: it stops where its time limit finds it (a program of
+  100,000 buffers takes minutes), the requests not reached left in slow memory."""
+
+  time_limit_s: float = _time_limit()
+
+
+@dataclasses.dataclass(frozen=True)
 class RandomOptions:
   seed: int = seed_option()
 
@@ -234,12 +242,19 @@ BASELINES: dict[str, Solver] = {
       version=2,
       segments=True,
     ),
-    Solver("greedy", "placement", greedy, "requests by saving per byte, each where it saves most"),
+    Solver(
+      "greedy",
+      "placement",
+      greedy,
+      "requests by saving per byte, each where it saves most",
+      TimeLimitOptions,
+    ),
     Solver(
       "bestfit",
       "game",
       bestfit_play,
       "the requests game's first candidate every step",
+      TimeLimitOptions,
       game_config=REQUESTS_GAME,
     ),
     Solver(

@@ -101,6 +101,8 @@ def _agent_lines(solver: Solver, result) -> None:
 def _baseline_details(solver: Solver, info: dict) -> str:
   if "note" in info and not info.get("requests"):  # Solved trivially: the solver did not run.
     return f"; solved trivially: {info['note']}"
+  if "cut_short" in info:  # A one-pass heuristic stopped by its time limit.
+    return f"; cut short by the time limit ({info['cut_short'].removeprefix('time limit: ')})"
   if solver.name == "cpsat":
     return (
       f"; CP-SAT {info['status']}, proven bound {info['bound_s'] * 1e3:.4g} ms"
