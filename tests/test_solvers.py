@@ -282,7 +282,7 @@ def test_cpsat_time_limit_covers_building_its_model():
   hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
   result = solve(workload, hardware, "cpsat", time_limit_s=1e-9)
   assert result.info["status"] == "unknown"
-  assert "building the model took" in result.info["fallback"]
+  assert re.search(r"building the model (took|reached the time limit)", result.info["fallback"])
   assert result.mapping.estimated_time_s == pytest.approx(
     solve(workload, hardware, "msa-simple").mapping.estimated_time_s, rel=1e-12
   )
@@ -350,9 +350,9 @@ def test_greedy_keeps_only_placements_that_save_simulated_time_and_undo_restores
   assert placement.total_time <= model.slow_only_time
 
 
-@pytest.mark.parametrize("solver", ["greedy", "bestfit"])
+@pytest.mark.parametrize("solver", ["greedy", "bestfit", "random", "msa-simple"])
 def test_one_pass_heuristics_stop_where_their_time_limit_finds_them(monkeypatch, solver):
-  """greedy and bestfit look at the clock every `CLOCK_EVERY` requests: past the limit the rest
+  """The one-pass solvers look at the clock every `CLOCK_EVERY` requests: past the limit the rest
   stay in slow memory and the result says it was cut short (a 100,000-buffer program takes them
   minutes); within it they are what they always were."""
   heuristics = importlib.import_module("malloczero.env.solvers.heuristics")

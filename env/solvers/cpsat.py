@@ -31,11 +31,15 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from malloczero.env.placement import Placement
-from malloczero.env.solvers.heuristics import msa_simple
+from malloczero.env.solvers.heuristics import CUT_GRACE_S, msa_simple
 
 UNITS_PER_SLOW_ONLY_TIME = 1e9
 DEFAULT_TIME_LIMIT_S = 10.0
 DEFAULT_WORKERS = 2  # Search threads.
+# On a program too large for the time limit: the share of it the hint (msa-simple) may take, and
+# the requests added to the model between two looks at the clock.
+HINT_SHARE = 0.5
+BUILD_CLOCK_EVERY = 256
 BOUND_NOTE = "bound of the model without copy contention: not a bound on the simulated program time"
 
 
@@ -52,11 +56,25 @@ def cpsat(
   cap = placement.capacity
   t0 = time.perf_counter()
 
+  deadline = t0 + float(time_limit_s)
   placement.reset()
-  msa_simple(placement)
+  # On a program too large for the limit (100,000 buffers), the hint takes half of it at most.
+  msa_simple(placement, t0 + HINT_SHARE * float(time_limit_s) + CUT_GRACE_S)
   hint = {(r, level): offset for r, level, offset in placement.placed}
   hint_time = placement.total_time
-  placement.reset()
+  # The hint stays in `placement` until CP-SAT has a solution: a fallback has nothing to replay.
+
+  def fallback(why: str) -> dict:
+    built = time.perf_counter() - t0
+    return {
+      "status": "unknown",
+      "bound_s": 0.0,
+      "bound_note": BOUND_NOTE,
+      "model_build_s": built,
+      "model_build_and_solve_s": built,
+      "variables": 0,
+      "fallback": f"msa-simple ({why})",
+    }
 
   m = cp_model.CpModel()
   choices: list[tuple[int, int, cp_model.IntVar, cp_model.IntVar]] = []
@@ -65,6 +83,8 @@ def cpsat(
   op_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
   exposed_terms = []
   for r in range(len(req)):
+    if r % BUILD_CLOCK_EVERY == 0 and time.perf_counter() > deadline:
+      return fallback(f"building the model reached the time limit at request {r} of {len(req)}")
     size, start, end = int(req.size[r]), int(req.start[r]), int(req.end[r])
     ops, nbytes = req.ops(r)
     here = []
@@ -119,8 +139,6 @@ def cpsat(
   built = time.perf_counter() - t0
   remaining = float(time_limit_s) - built
   if remaining <= 0:
-    for (r, level), offset in hint.items():
-      placement.place(r, level, offset)
     return {
       "status": "unknown",
       "bound_s": 0.0,
@@ -142,6 +160,7 @@ def cpsat(
     "variables": len(choices),
   }
   if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    placement.reset()
     for r, level, present, slot in choices:
       if solver.Value(present):
         placement.place(r, level, int(solver.Value(slot)) * align)
@@ -153,8 +172,6 @@ def cpsat(
         placement.place(r, level, offset)
       info["kept"] = "msa-simple hint (faster than CP-SAT's solution under copy contention)"
   else:
-    # No solution within the time limit: return the hint (msa-simple) and say so.
-    for (r, level), offset in hint.items():
-      placement.place(r, level, offset)
+    # No solution within the time limit: the hint (msa-simple), still in place, and say so.
     info["fallback"] = "msa-simple (CP-SAT found no solution in the time limit)"
   return info

@@ -18,7 +18,7 @@ from malloczero.env.placement import Placement
 from malloczero.env.solvers.time_limit import now
 
 
-def msa_simple(placement: Placement) -> dict:
+def msa_simple(placement: Placement, deadline: Optional[float] = None) -> dict:
   """The project's first, simplified msa, over the game's requests (solver "msa-simple").
 
   Kept because CP-SAT (cpsat.py) needs a hint in its own decision space, the game's requests,
@@ -35,10 +35,13 @@ def msa_simple(placement: Placement) -> dict:
   * Chunk: best fit (smallest free gap that holds the buffer over its window, lowest offset on
     ties) in the fastest level that has one.
   Not modelled: eviction, re-trying shorter prefetch windows when space runs out, and
-  cross-program prefetch.
+  cross-program prefetch. The requests not reached by `deadline` (the solvers' clock; CP-SAT's
+  hint on a program too large for its limit) stay in slow memory.
   """
   req = placement.requests
   for r in range(len(req)):
+    if deadline is not None and r % CLOCK_EVERY == 0 and now() > deadline:
+      return {"cut_short": f"time limit: {r} of {len(req)} requests considered"}
     if not (req.is_prefetch[r] and req.exposed_copy_time[r] > 0):
       place_best_fit(placement, r)
   return {}
@@ -55,17 +58,23 @@ def place_best_fit(placement: Placement, r: int) -> bool:
   return False
 
 
-def bestfit(placement: Placement) -> dict:
+# Requests placed (or steps played) between two looks at the clock under a time limit, and how
+# far past its share of a time limit a pass that later work depends on (pack's bestfit, CP-SAT's
+# hint) may run: whole on any program it can finish in time, cut only on one too large.
+CLOCK_EVERY = 64
+CUT_GRACE_S = 1.0
+
+
+def bestfit(placement: Placement, deadline: Optional[float] = None) -> dict:
   """`bestfit_play`'s mapping without the game (no observations to build): every request in
-  the game's order at its first candidate, from an empty placement."""
+  the game's order at its first candidate, from an empty placement; the requests not reached by
+  `deadline` (the solvers' clock) stay in slow memory."""
   placement.reset()
   for r in range(len(placement.requests)):
+    if deadline is not None and r % CLOCK_EVERY == 0 and now() > deadline:
+      return {"cut_short": f"time limit: {r} of {len(placement.requests)} requests considered"}
     place_best_fit(placement, r)
   return {}
-
-
-# Requests placed (or steps played) between two looks at the clock under a time limit.
-CLOCK_EVERY = 64
 
 
 def _deadline(time_limit_s: Optional[float]) -> float:
@@ -88,14 +97,22 @@ def greedy(placement: Placement, time_limit_s: Optional[float] = None) -> dict:
   return {}
 
 
-def random_play(game: dm_env.Environment, seed: int = 0) -> dict:
+def random_play(
+  game: dm_env.Environment, seed: int = 0, time_limit_s: Optional[float] = None
+) -> dict:
   """Uniformly random legal actions (action 0 included) in either game; the `random` solver
-  plays the msa game."""
+  plays the msa game. Under `time_limit_s` the game stops where the limit finds it: the buffers
+  not reached stay in slow memory (`cut_short`)."""
   rng = np.random.default_rng(seed)
+  deadline = _deadline(time_limit_s)
   ts = game.reset()
+  steps = 0
   while not ts.last():
+    if steps % CLOCK_EVERY == 0 and now() > deadline:
+      return {"seed": seed, "cut_short": f"time limit: stopped after {steps} decisions"}
     legal = np.flatnonzero(ts.observation["legal_actions"])
     ts = game.step(legal[rng.integers(len(legal))])
+    steps += 1
   return {"seed": seed}
 
 

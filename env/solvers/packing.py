@@ -64,12 +64,17 @@ import numpy as np
 from malloczero.common.errors import MalloczeroError
 from malloczero.env.placement import Placement
 from malloczero.env.requests import Requests
-from malloczero.env.solvers.heuristics import bestfit
+from malloczero.env.solvers.heuristics import CLOCK_EVERY, CUT_GRACE_S, bestfit
 from malloczero.env.solvers.pack_search import FIELD, NOT_FOUND, OK, Kernel, warm_up
 from malloczero.env.solvers.time_limit import now
 
 DEFAULT_TIME_LIMIT_S = 10.0
 HEURISTICS = ("WAT", "TAW", "TWA")
+# Section memberships the search's instance is built at per second (measured about 4 million,
+# taken at a quarter for a slower machine).
+INSTANCE_ENTRIES_PER_S = 1_000_000
+# The share of the time limit bestfit (run first, the floor pack never falls below) may take.
+BESTFIT_SHARE = 1 / 3
 
 
 def _partitions(
@@ -90,14 +95,19 @@ def _partitions(
   return out
 
 
-def _complete(placement: Placement, fixed: list[tuple[int, int]], order: np.ndarray) -> None:
-  """`fixed` (request, offset) in level 0, then the rest in `order`, each where it saves most."""
+def _complete(
+  placement: Placement, fixed: list[tuple[int, int]], order: np.ndarray, deadline: float
+) -> None:
+  """`fixed` (request, offset) in level 0, then the rest in `order`, each where it saves most,
+  until `deadline` (the solvers' clock: the rest stay in slow memory)."""
   placement.reset()
   done = np.zeros(len(placement.requests), bool)
   for r, o in fixed:
     placement.place(r, 0, o)
     done[r] = True
-  for r in order.tolist():
+  for i, r in enumerate(order.tolist()):
+    if i % CLOCK_EVERY == 0 and now() > deadline:
+      return
     if not done[r]:
       placement.place_where_it_saves_most(r, fit="best")
 
@@ -150,6 +160,15 @@ def _search_packing(
   "packed" | "infeasible" (proven) | "timeout")."""
   points, lo, hi, size, width, live = _sections(req, subset, axis)
   num_sections = len(live)
+  # Building the search's instance (its overlap and section lists, in Python) grows with the
+  # requests' section memberships: at 100,000 buffers, 112 million of them, 80 s. Past what the
+  # time left can build, the search is skipped and the completions get the time.
+  entries = int(np.sum(hi - lo))
+  if entries > INSTANCE_ENTRIES_PER_S * max(0.0, deadline - now()):
+    info["search_skipped"] = (
+      f"its instance ({entries:,} section memberships) would not be built in the time left"
+    )
+    return {}, "timeout"
   # The jitted search is compiled on its first use on a machine (seconds; numba caches it
   # beside pack_search.py) and loaded from that cache later (a fraction of a second). A tiny run
   # first keeps that out of the node rate the time limit is turned into.
@@ -225,7 +244,9 @@ def pack(
   num_requests = len(req)
 
   t0 = now()
-  bestfit(placement)
+  # On a program too large for the limit (100,000 buffers: minutes), bestfit stops a third of the
+  # way into it (and a grace second): elsewhere it runs whole, so pack is never worse than it.
+  bestfit(placement, started + BESTFIT_SHARE * (deadline - started) + CUT_GRACE_S)
   bestfit_rows, bestfit_time = list(placement.placed), placement.total_time
   reserve = 3 * (now() - t0) + 0.1
   search_deadline = deadline - reserve
@@ -280,11 +301,15 @@ def pack(
   candidates: list[tuple[float, str, Callable[[], None]]] = []
   replay_bestfit = lambda: [placement.place(r, level, o) for r, level, o in bestfit_rows]
   candidates.append((bestfit_time, "bestfit", replay_bestfit))
-  for name, order in (
-    ("by saving", np.argsort(-saving, kind="stable")),
-    ("by saving per byte", np.argsort(-saving / req.size, kind="stable")),
+  for half, (name, order) in enumerate(
+    (
+      ("by saving", np.argsort(-saving, kind="stable")),
+      ("by saving per byte", np.argsort(-saving / req.size, kind="stable")),
+    )
   ):
-    _complete(placement, fixed, order)
+    # Each completion ends by its share of what is left: half of it, then the rest.
+    left = max(0.0, deadline - now())
+    _complete(placement, fixed, order, now() + left / (2 - half))
     rows = list(placement.placed)
     candidates.append(
       (
@@ -312,7 +337,9 @@ def describe(info: dict) -> str:
     )
   jit = info.get("jit_s", 0.0)
   search = (
-    f"{info.get('partitions_packed', 0)} of {info.get('partitions', 0)} partitions "
+    f"no search: {info['search_skipped']}"
+    if "search_skipped" in info
+    else f"{info.get('partitions_packed', 0)} of {info.get('partitions', 0)} partitions "
     f"packed, {info.get('nodes', 0)} search nodes"
     + (f"; compiling the search took {jit:.1f} s of it, once per machine" if jit > 1 else "")
   )

@@ -23,6 +23,7 @@ from malloczero.env.solvers.cpsat import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, 
 from malloczero.env.solvers.evo import DEFAULT_EVALUATIONS, evo
 from malloczero.env.solvers.evo_msa import evo_msa
 from malloczero.env.solvers.heuristics import bestfit_play, greedy, msa_simple, random_play
+from malloczero.env.solvers.time_limit import now
 
 # What a flag accepts: checked by the command line's flag types (launch/flags.py).
 CHECKS = (
@@ -173,11 +174,16 @@ class TimeLimitOptions:
 @dataclasses.dataclass(frozen=True)
 class RandomOptions:
   seed: int = seed_option()
+  time_limit_s: float = _time_limit()
 
 
 def _msa(model: Any, time_limit_s: Optional[float] = None, **options: Any) -> tuple[Any, dict]:
   # A time limit is accepted and not needed: msa is one greedy pass.
   return msa_mapping(model, MsaOptions(**options))
+
+
+def _msa_simple(placement: Any, time_limit_s: Optional[float] = None) -> dict:
+  return msa_simple(placement, None if time_limit_s is None else now() + float(time_limit_s))
 
 
 def _evo_msa(model: Any, decodes: Optional[int] = None, **options: Any) -> tuple[Any, dict]:
@@ -279,7 +285,13 @@ BASELINES: dict[str, Solver] = {
     ),
     Solver("cpsat", "placement", cpsat, "OR-Tools CP-SAT over the requests", CpsatOptions),
     Solver("pack", "placement", _pack, "MiniMalloc-style exact packing search", PackOptions),
-    Solver("msa-simple", "placement", msa_simple, "the ten-line msa in request space"),
+    Solver(
+      "msa-simple",
+      "placement",
+      _msa_simple,
+      "the ten-line msa in request space",
+      TimeLimitOptions,
+    ),
   )
 }
 
