@@ -178,3 +178,16 @@ def test_bench_scale_agent_times_the_whole_solve_of_an_hlo_step_in_its_own_proce
   assert report["scale_agent_300_buffers_flattened_buffers"] > 100
   assert report["scale_agent_300_buffers_policy_s"] > 0
   assert report["scale_agent_300_buffers_policy_speedup_x"] > 1
+
+
+@pytest.mark.slow  # Integration-sized: a solve per solver, each in a process of its own.
+def test_bench_runs_every_solver_under_its_time_limit_in_its_own_process():
+  from malloczero.launch.benchmarks import bench_solvers_at_scale
+
+  report = bench_solvers_at_scale(300, 2.0, ["msa", "greedy", "evo"])
+  json.dumps(report)
+  for solver in ("msa", "greedy", "evo"):
+    assert f"solvers_300_buffers_{solver}_failed" not in report, report
+    assert report[f"solvers_300_buffers_{solver}_wall_s"] > 0
+    assert 10 < report[f"solvers_300_buffers_{solver}_peak_mb"] < 4096
+    assert report[f"solvers_300_buffers_{solver}_speedup_x"] >= 1
