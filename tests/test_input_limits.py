@@ -16,18 +16,9 @@ from malloczero.env.hardware import PRESETS
 from malloczero.env.programs.synthetic import random_workload
 from malloczero.env.solvers import solve
 from malloczero.env.workload_json import save_workload, workload_from_ops
-from malloczero.launch import cli
+from tests.command_line import run_main
 
 PROGRAM = random_workload(3, 30)
-
-
-def _run(capsys, *argv):
-  try:
-    code = cli.main([str(a) for a in argv])
-  except SystemExit as e:  # argparse's flag errors.
-    code = e.code
-  captured = capsys.readouterr()
-  return code, captured.out, captured.err
 
 
 @pytest.fixture
@@ -74,7 +65,7 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(
   else:
     argv = ["solve", workload_file, "--hardware", "tpu-v4i-like", "--solver", "agent"]
     argv += ["--checkpoint", fifo]
-  code, out, err = _run(capsys, *argv)
+  code, out, err = run_main(capsys, *argv)
   assert code == 1 and err.count("\n") == 1, err
   assert str(fifo) in err and ("a FIFO, not a file" in err or "no learner checkpoint" in err)
   assert not (tmp_path / "w.json").exists()
@@ -82,7 +73,7 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(
 
 def test_a_device_is_refused_before_reading(capsys):
   for path in ("/dev/zero", "/dev/urandom"):
-    code, _, err = _run(capsys, "solve", path, "--hardware", "tpu-v4i-like")
+    code, _, err = run_main(capsys, "solve", path, "--hardware", "tpu-v4i-like")
     assert code == 1 and err.count("\n") == 1
     assert f"{path}: a character device, not a file: give a regular file" in err
 
@@ -90,11 +81,11 @@ def test_a_device_is_refused_before_reading(capsys):
 def test_a_file_over_the_limit_is_refused_naming_the_setting(monkeypatch, capsys, workload_file):
   size = workload_file.stat().st_size
   monkeypatch.setenv(MAX_INPUT_ENV, str(size - 1))
-  code, _, err = _run(capsys, "solve", workload_file, "--hardware", "tpu-v4i-like")
+  code, _, err = run_main(capsys, "solve", workload_file, "--hardware", "tpu-v4i-like")
   assert code == 1 and err.count("\n") == 1
   assert f"{size:,} bytes, more than {size - 1:,} bytes" in err and MAX_INPUT_ENV in err
   monkeypatch.setenv(MAX_INPUT_ENV, str(size))
-  code, out, err = _run(capsys, "solve", workload_file, "--hardware", "tpu-v4i-like")
+  code, out, err = run_main(capsys, "solve", workload_file, "--hardware", "tpu-v4i-like")
   assert code == 0, err
 
 
@@ -141,17 +132,19 @@ def test_the_limit_setting_itself_is_checked(monkeypatch, tmp_path):
 def test_every_count_and_time_is_bounded_and_says_its_bound(
   capsys, workload_file, argv, flag, bound
 ):
-  code, out, err = _run(capsys, "solve", workload_file, "--hardware", "tpu-v4i-like", *argv)
+  code, out, err = run_main(capsys, "solve", workload_file, "--hardware", "tpu-v4i-like", *argv)
   assert code == 2 and out == "" and err.count("\n") == 1, err
   assert f"argument --{flag}: at most {bound or ''}" in err
-  _, help_text, _ = _run(capsys, "solve", "--help")
+  _, help_text, _ = run_main(capsys, "solve", "--help")
   entry = help_text.split(f"\n  --{flag} ")[1].split("\n  -")[0]
   assert "at most" in " ".join(entry.split())
 
 
 def test_import_jax_batch_is_bounded_before_building_the_model(capsys, tmp_path):
   for batch in ("1000000000000", str(2**70)):
-    code, _, err = _run(capsys, "import-jax", "mlp", "--batch", batch, "--out", tmp_path / "w.json")
+    code, _, err = run_main(
+      capsys, "import-jax", "mlp", "--batch", batch, "--out", tmp_path / "w.json"
+    )
     assert code == 2 and "argument --batch: at most 1,024" in err
   assert not (tmp_path / "w.json").exists()
 
@@ -166,7 +159,7 @@ def test_a_program_with_no_request_is_solved_trivially_and_says_so(capsys, tmp_p
   path = tmp_path / "big.json"
   save_workload(workload_from_ops("big", "hand", [1e9, 1e9], buffers), path)
   for solver in ("cpsat", "pack", "greedy"):
-    code, out, err = _run(
+    code, out, err = run_main(
       capsys, "solve", path, "--hardware", "tpu-v4i-like", "--capacity", "4096", "--solver", solver
     )
     assert code == 0, err
@@ -182,5 +175,5 @@ def test_pack_takes_a_time_limit_too_large_for_its_clock():
 
 
 def test_train_wall_time_is_bounded(capsys):
-  code, _, err = _run(capsys, "train", "--max-seconds", "1e12")
+  code, _, err = run_main(capsys, "train", "--max-seconds", "1e12")
   assert code == 2 and "argument --max-seconds: at most 2,592,000, got 1,000,000,000,000" in err

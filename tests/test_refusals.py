@@ -16,17 +16,7 @@ import pytest
 from malloczero.env.programs.hlo_import.text_parser import parse_text
 from malloczero.env.programs.synthetic import random_workload
 from malloczero.env.workload_json import save_workload
-from malloczero.launch import cli
-from tests.command_line import REPO
-
-
-def _run(capsys, *argv):
-  try:
-    code = cli.main([str(a) for a in argv])
-  except SystemExit as e:
-    code = e.code
-  captured = capsys.readouterr()
-  return code, captured.out, captured.err
+from tests.command_line import REPO, run_main
 
 
 @pytest.fixture
@@ -39,26 +29,28 @@ def workload_file(tmp_path):
 @pytest.mark.parametrize("launch", ["local_mp", "single"])
 def test_a_refused_training_run_writes_nothing_in_its_work_directory(capsys, tmp_path, launch):
   fresh = tmp_path / "fresh"
-  code, _, err = _run(capsys, "train", "--suite", "foreign", "--workdir", fresh, "--launch", launch)
+  code, _, err = run_main(
+    capsys, "train", "--suite", "foreign", "--workdir", fresh, "--launch", launch
+  )
   assert code == 1 and "is for evaluation only" in err
   assert not fresh.exists()
   garbage = tmp_path / "garbage"
   garbage.mkdir()
   (garbage / "config.json").write_text("garbage")
-  code, _, err = _run(capsys, "train", "--workdir", garbage, "--launch", launch)
+  code, _, err = run_main(capsys, "train", "--workdir", garbage, "--launch", launch)
   assert code == 1 and "config.json is unreadable" in err and err.count("\n") == 1
   assert sorted(os.listdir(garbage)) == ["config.json"]  # No train.lock, no nodes.lock.
 
 
 def test_an_output_that_is_an_input_or_another_output_is_refused(capsys, workload_file, tmp_path):
   before = workload_file.read_bytes()
-  code, _, err = _run(
+  code, _, err = run_main(
     capsys, "solve", workload_file, "--hardware", "tpu-v4i-like", "--out", workload_file
   )
   assert code == 1 and "is an input of this command" in err
   assert workload_file.read_bytes() == before
   picture = tmp_path / "x.png"
-  code, _, err = _run(
+  code, _, err = run_main(
     capsys,
     "solve",
     workload_file,
@@ -73,17 +65,17 @@ def test_an_output_that_is_an_input_or_another_output_is_refused(capsys, workloa
   assert not picture.exists()
   hlo = tmp_path / "m.hlo"
   hlo.write_text("HloModule m\n\nENTRY main {\n  ROOT p = f32[4] parameter(0)\n}\n")
-  code, _, err = _run(capsys, "import-hlo", hlo, "--out", hlo)
+  code, _, err = run_main(capsys, "import-hlo", hlo, "--out", hlo)
   assert code == 1 and "is an input of this command" in err
   assert hlo.read_text().startswith("HloModule m")
 
 
 def test_control_characters_in_a_message_are_shown_escaped(capsys, tmp_path):
   name = "mo\ndel\x1b[2J"
-  code, _, err = _run(capsys, "import-jax", name, "--out", tmp_path / "w.json")
+  code, _, err = run_main(capsys, "import-jax", name, "--out", tmp_path / "w.json")
   assert code == 1 and err.count("\n") == 1 and "\x1b" not in err
   assert "mo\\ndel\\x1b[2J" in err
-  code, _, err = _run(capsys, "solve", tmp_path / "a\nb.json", "--hardware", "tpu-v4i-like")
+  code, _, err = run_main(capsys, "solve", tmp_path / "a\nb.json", "--hardware", "tpu-v4i-like")
   assert code == 1 and err.count("\n") == 1 and "a\\nb.json" in err
 
 

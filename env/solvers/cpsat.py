@@ -64,7 +64,7 @@ def cpsat(
   hint_time = placement.total_time
   # The hint stays in `placement` until CP-SAT has a solution: a fallback has nothing to replay.
 
-  def fallback(why: str) -> dict:
+  def fallback(why: str, variables: int = 0) -> dict:
     built = time.perf_counter() - t0
     return {
       "status": "unknown",
@@ -72,7 +72,7 @@ def cpsat(
       "bound_note": BOUND_NOTE,
       "model_build_s": built,
       "model_build_and_solve_s": built,
-      "variables": 0,
+      "variables": variables,
       "fallback": f"msa-simple ({why})",
     }
 
@@ -139,16 +139,11 @@ def cpsat(
   built = time.perf_counter() - t0
   remaining = float(time_limit_s) - built
   if remaining <= 0:
-    return {
-      "status": "unknown",
-      "bound_s": 0.0,
-      "bound_note": BOUND_NOTE,
-      "model_build_s": built,
-      "model_build_and_solve_s": built,
-      "variables": len(choices),
-      "fallback": f"msa-simple (building the model took {built:.2f} s, all of the "
-      f"{float(time_limit_s):.2f} s left of the time limit)",
-    }
+    return fallback(
+      f"building the model took {built:.2f} s, all of the {float(time_limit_s):.2f} s left of "
+      "the time limit",
+      len(choices),
+    )
   solver.parameters.max_time_in_seconds = remaining
   status = solver.Solve(m)
   info = {
