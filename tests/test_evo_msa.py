@@ -2,6 +2,9 @@
 own decision space. It starts from msa, so it is never slower; deviations are decisions of the
 game; its mapping is a trajectory the game can play."""
 
+import importlib
+import itertools
+
 import numpy as np
 import pytest
 
@@ -210,3 +213,27 @@ def test_defer_and_decodes_are_evo_msa_flags_and_keyed_apart_in_the_baseline_cac
   assert cache.path(keys[0]) != cache.path(keys[1])
   result = solve(workload, hardware, "evo-msa", decodes=3, defer=True, time_limit_s=100.0)
   assert result.info["evaluations"] == 3 and "deferred_buffers" in result.info
+
+
+def test_with_no_time_for_a_decode_it_returns_msas_own_mapping_from_the_jitted_loop(monkeypatch):
+  """Where the limit left after msa's jitted loop could not hold a decode through the decision
+  process (`DECISION_PROCESS_RATIO` times as long), evo-msa answers with msa's own mapping and
+  says so; with time for one, it searches as before. The clock ticks a second per reading."""
+  evo_msa_module = importlib.import_module("malloczero.env.solvers.evo_msa")
+
+  ticks = itertools.count()
+  monkeypatch.setattr(
+    importlib.import_module("malloczero.env.solvers.time_limit"),
+    "clock",
+    lambda: float(next(ticks)),
+  )
+  workload, hardware = tiny("tiny-mlp-b2-train@nnpi-like:25%")
+  model = CostModel(workload, hardware)
+  msa = solve(workload, hardware, "msa").mapping.estimated_time_s
+  limit = evo_msa_module.DECISION_PROCESS_RATIO  # Less than that once the loop's second is gone.
+  mapping, info = evo_msa(model, time_limit_s=limit)
+  assert info["cut_short"].startswith("time limit: no decode") and info["evaluations"] == 1
+  assert info["stopped_by_time_limit"] and mapping.solver == "evo-msa"
+  assert mapping.estimated_time_s == pytest.approx(msa, rel=1e-12)
+  mapping, info = evo_msa(model, time_limit_s=1000.0, evaluations=3)
+  assert "cut_short" not in info and info["evaluations"] == 3
