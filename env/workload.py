@@ -359,10 +359,6 @@ def _build_arrays(w: Workload) -> WorkloadArrays:
   last_use = np.array([b.uses[-1] if b.uses else -1 for b in bufs], np.int64)
   is_prefetched = np.array([b.kind in PREFETCHED_KINDS for b in bufs])
   is_output = np.array([b.kind == "output" for b in bufs])
-  live_start = np.where(is_prefetched, 0, def_op)
-  live_end = np.maximum(last_use, def_op) + 1
-  live_end = np.where(is_prefetched & (last_use < 0), 0, live_end)
-  live_end = np.where(is_output, num_ops, live_end)
   counts = np.fromiter((len(b.uses) + (b.def_op >= 0) for b in bufs), np.int64, count=len(bufs))
   starts = np.concatenate([[0], np.cumsum(counts)])
   check_fits_in_memory(w.name or "workload", num_ops, len(bufs), int(starts[-1]))
@@ -386,19 +382,8 @@ def _build_arrays(w: Workload) -> WorkloadArrays:
       lo += 1
     if b.use_bytes is not None:
       inc_bytes[lo : lo + len(b.uses)] = b.use_bytes
-  weight = np.array([o.weight for o in w.ops], np.float64)
-  return WorkloadArrays(
-    flops=np.array([o.flops for o in w.ops], np.float64) * weight,
-    sizes=sizes,
-    def_op=def_op,
-    live_start=live_start,
-    live_end=live_end,
-    is_prefetched=is_prefetched,
-    is_output=is_output,
-    incidence_buffer=inc_buf,
-    incidence_op=inc_op,
-    incidence_bytes=inc_bytes * weight[inc_op],
-    buffer_incidence_start=starts,
+  return _weighted_arrays(
+    w, sizes, def_op, last_use, is_prefetched, is_output, inc_buf, inc_op, inc_bytes, starts
   )
 
 
@@ -412,10 +397,6 @@ def _arrays_from_columns(w: Workload, c: _Columns) -> WorkloadArrays:
   last_use = np.where(c.use_counts > 0, c.uses[np.maximum(ends - 1, 0)] if len(c.uses) else 0, -1)
   is_prefetched = np.isin(c.kind, [KINDS.index(k) for k in PREFETCHED_KINDS])
   is_output = c.kind == KINDS.index("output")
-  live_start = np.where(is_prefetched, 0, c.def_op)
-  live_end = np.maximum(last_use, c.def_op) + 1
-  live_end = np.where(is_prefetched & (last_use < 0), 0, live_end)
-  live_end = np.where(is_output, num_ops, live_end)
   counts = c.use_counts + has_def
   starts = np.concatenate([[0], np.cumsum(counts)])
   check_fits_in_memory(w.name or "workload", num_ops, n, int(starts[-1]))
@@ -426,12 +407,35 @@ def _arrays_from_columns(w: Workload, c: _Columns) -> WorkloadArrays:
   first_use = starts[:-1] + has_def
   within = np.arange(len(c.uses)) - np.repeat(ends - c.use_counts, c.use_counts)
   inc_op[np.repeat(first_use, c.use_counts) + within] = c.uses
-  weight = np.array([o.weight for o in w.ops], np.float64)
   inc_bytes = c.sizes[inc_buf].astype(np.float64)
+  return _weighted_arrays(
+    w, c.sizes, c.def_op, last_use, is_prefetched, is_output, inc_buf, inc_op, inc_bytes, starts
+  )
+
+
+def _weighted_arrays(
+  w: Workload,
+  sizes: np.ndarray,
+  def_op: np.ndarray,
+  last_use: np.ndarray,
+  is_prefetched: np.ndarray,
+  is_output: np.ndarray,
+  inc_buf: np.ndarray,
+  inc_op: np.ndarray,
+  inc_bytes: np.ndarray,
+  starts: np.ndarray,
+) -> WorkloadArrays:
+  """The arrays both builders share: live ranges from definitions and last uses (-1: none), and
+  each op's flops and each incidence's bytes times its op's weight."""
+  live_start = np.where(is_prefetched, 0, def_op)
+  live_end = np.maximum(last_use, def_op) + 1
+  live_end = np.where(is_prefetched & (last_use < 0), 0, live_end)
+  live_end = np.where(is_output, w.num_ops, live_end)
+  weight = np.array([o.weight for o in w.ops], np.float64)
   return WorkloadArrays(
     flops=np.array([o.flops for o in w.ops], np.float64) * weight,
-    sizes=c.sizes,
-    def_op=c.def_op,
+    sizes=sizes,
+    def_op=def_op,
     live_start=live_start,
     live_end=live_end,
     is_prefetched=is_prefetched,
