@@ -23,8 +23,6 @@ import os
 import time
 from typing import Any, Optional, Sequence, Union
 
-import numpy as np
-
 from malloczero.actors.games import GameSpec
 from malloczero.actors.greedy_play import (
   EvaluationResult,
@@ -42,6 +40,7 @@ from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
 from malloczero.env.solvers import SolveResult, solve
 from malloczero.env.solvers.evo_msa import evo_msa
+from malloczero.env.solvers.time_limit import now
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload import Workload
 from malloczero.learner.checkpoint import (
@@ -201,6 +200,11 @@ def _test_time_search(agent: Agent, simulations: Optional[int]) -> SearchConfig:
   return with_simulations(agent.search, agent.test_time_simulations(simulations))
 
 
+# After the play's deadline: the search call in flight, and the kept mapping's build and
+# validation (actors/greedy_play.py `play_programs`).
+PLAY_RESERVE_S = 0.5
+
+
 def play_with_agent(
   agent: Agent,
   specs: Sequence[GameSpec],
@@ -218,37 +222,50 @@ def play_with_agent(
   `msa`: msa's results for `specs`, when the caller has solved them already (`evaluate` does, as
   its reference); otherwise msa is solved here. `search_seconds`: per program, a search guided
   by the network (`guided_search`) after the attempts; 0 plays the attempts alone.
-  `time_limit`: per program, a limit on the whole solve in place of `search_seconds`: the
-  guided search gets what the attempts and msa left of it (none when they used it all), so that
-  the agent can be compared with a baseline at the baseline's time limit."""
+  `time_limit`: per program, a limit on the whole solve in place of `search_seconds`: msa comes
+  first, the attempts stop at what it leaves (less `PLAY_RESERVE_S`; the trajectories unfinished
+  then are dropped, info `cut_short`), and the guided search gets the rest (none when the
+  attempts used it all), so that the agent can be compared with a baseline at the baseline's
+  time limit. An attempt cut short has no speed-up (None), the network's own play included."""
   search = _test_time_search(agent, simulations)
-  start = time.perf_counter()
-  results = play_programs(
-    agent.networks,
-    agent.params,
-    search,
-    agent.game,
-    specs,
-    attempts=attempts,
-    seed=seed,
-    solver_name="agent",
-    policy_alone=True,
-  )
-  share = (time.perf_counter() - start) / max(1, len(specs))
-  if msa is None:
+  if msa is None:  # First: it is the answer when the time limit leaves no room for play.
     msa = [solve(spec.workload, spec.hardware, "msa") for spec in specs]
+  start = now()  # The solvers' clock: the one their time limits read.
+  deadline = None
+  if time_limit is not None:
+    left = len(specs) * (time_limit - max(b.solve_time_s for b in msa)) - PLAY_RESERVE_S
+    deadline = start + max(0.0, left)
+  played: list[Optional[EvaluationResult]] = [None] * len(specs)
+  if deadline is None or left > 0:
+    played = list(
+      play_programs(
+        agent.networks,
+        agent.params,
+        search,
+        agent.game,
+        specs,
+        attempts=attempts,
+        seed=seed,
+        solver_name="agent",
+        policy_alone=True,
+        deadline=deadline,
+      )
+    )
+  share = (now() - start) / max(1, len(specs))
+  trajectories = attempts + (search.eval_num_simulations > 0)
   solved = []
-  for spec, result, baseline in zip(specs, results, msa):
-    best_attempt: Union[int, str] = result.best_attempt
-    mapping = result.mapping
+  for spec, result, baseline in zip(specs, played, msa):
+    best_attempt: Union[int, str] = "msa"
+    mapping = dataclasses.replace(baseline.mapping, solver="agent")
     # Strictly faster only: on a tie the network's own mapping is kept.
-    if baseline.mapping.estimated_time_s < mapping.estimated_time_s:
-      best_attempt, mapping = "msa", dataclasses.replace(baseline.mapping, solver="agent")
+    if result is not None and result.mapping is not None:
+      if result.mapping.estimated_time_s <= mapping.estimated_time_s:
+        best_attempt, mapping = result.best_attempt, result.mapping
     searched: dict[str, Any] = {}
     seconds = search_seconds
     if time_limit is not None:
       seconds = time_limit - share - baseline.solve_time_s
-    if seconds > 0 and result.proposals is not None:
+    if seconds > 0 and result is not None and result.proposals is not None:
       started = time.perf_counter()
       found, found_info = guided_search(spec, result, seconds, seed)
       searched = {
@@ -259,14 +276,21 @@ def play_with_agent(
       }
       if found.estimated_time_s < mapping.estimated_time_s:
         best_attempt, mapping = "guided", found
+    unfinished = trajectories if result is None else result.unfinished
+    if unfinished:
+      searched["cut_short"] = (
+        f"{unfinished} of {trajectories} trajectories unfinished at the time limit"
+      )
     info: dict[str, Any] = {
-      "requests": result.requests,
+      "requests": baseline.info["requests"] if result is None else result.requests,
       "attempts": attempts,
       "best_attempt": best_attempt,
-      "greedy_speedup": result.greedy_speedup,
-      "policy_speedup": result.policy_speedup,
-      "search_speedup": result.speedup,
-      "attempt_speedups": list(result.attempt_speedups),
+      "greedy_speedup": None if result is None else result.greedy_speedup,
+      "policy_speedup": None if result is None else result.policy_speedup,
+      "search_speedup": None if result is None or result.mapping is None else result.speedup,
+      "attempt_speedups": (
+        [None] * trajectories if result is None else list(result.attempt_speedups)
+      ),
       "msa_speedup": baseline.mapping.speedup,
       "msa_solve_s": baseline.solve_time_s,
       "msa": baseline,
@@ -289,7 +313,8 @@ def guided_search(
   is one trajectory; the decisions it doubts are where a few more full decodes pay. `seconds`
   include building the cost model, as a baseline's time limit includes building its model."""
   started = time.perf_counter()
-  order = np.argsort([-s for s in played.attempt_speedups], kind="stable")
+  finished = [i for i, s in enumerate(played.attempt_speedups) if s is not None]
+  order = sorted(finished, key=lambda i: -played.attempt_speedups[i])
   initial = [played.genomes[i] for i in order if played.genomes[i]]
   model = CostModel(spec.workload, spec.hardware)
   mapping, info = evo_msa(

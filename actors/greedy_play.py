@@ -24,6 +24,7 @@ from malloczero.actors.search import SearchFn, make_search_fn
 from malloczero.configs.config import Config, SearchConfig
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.mapping import Mapping
+from malloczero.env.solvers.time_limit import now
 from malloczero.env.validator import validate_mapping
 from malloczero.learner.networks import MuZeroNetworks, Params
 
@@ -31,14 +32,18 @@ from malloczero.learner.networks import MuZeroNetworks, Params
 @dataclasses.dataclass(frozen=True)
 class EvaluationResult:
   program: str
-  episode_return: float  # The greedy trajectory's return.
-  speedup: float  # The kept (fastest) mapping's speed-up over all-slow.
-  time_s: float  # The kept mapping's estimated program time.
-  mapping: Mapping  # The kept mapping; it has passed the validator.
-  greedy_speedup: float  # The greedy trajectory's speed-up (equal to `speedup` if attempts=1).
+  episode_return: float  # The greedy trajectory's return (so far, when it was cut).
+  # The kept (fastest finished) mapping's speed-up over all-slow; 0.0 when none finished.
+  speedup: float
+  time_s: float  # The kept mapping's estimated program time; inf when none finished.
+  # The kept mapping; it has passed the validator. None when the deadline came before any of
+  # the program's trajectories finished.
+  mapping: Optional[Mapping]
+  # The greedy trajectory's speed-up (equal to `speedup` if attempts=1); None when it was cut.
+  greedy_speedup: Optional[float]
   # [attempts], the greedy trajectory first; with `policy_alone`, [attempts + 1] when the greedy
-  # search has simulations (the policy's trajectory last).
-  attempt_speedups: tuple[float, ...]
+  # search has simulations (the policy's trajectory last). None for a trajectory the deadline cut.
+  attempt_speedups: tuple[Optional[float], ...]
   best_attempt: int
   requests: int  # Moves of the greedy trajectory (the requests game: its requests).
   actions: tuple[int, ...] = ()  # The kept trajectory's moves.
@@ -50,6 +55,7 @@ class EvaluationResult:
   # With `policy_alone`: the trajectory of the network's policy alone (no search, no noise),
   # the network's own play apart from search as well as from msa.
   policy_speedup: Optional[float] = None
+  unfinished: int = 0  # Trajectories the deadline cut (never more than 0 without a deadline).
 
 
 # Cached: a fresh `make_search_fn` is a new jitted closure, so without this every evaluation (every
@@ -77,6 +83,19 @@ def _batch_size(active: int, full: int) -> int:
   return full
 
 
+# A search call plays at most this many games x simulations²: a call's time grows faster than its
+# simulations (mctx writes its tree every simulation) and its batch. Measured with the tiny
+# config on resnet50-b8-train (2 cores): 1,024 simulations take 0.4 s for one game, 16 s for 8;
+# 512 take 0.6 s for 4. Bounding a call keeps a time limit and SIGTERM effective within about a
+# second; at the configs' own simulations (at most 256) only batches beyond 16 games are split.
+CALL_COST = 1 << 20
+
+
+def games_per_call(simulations: int, games: int) -> int:
+  """How many of `games` one search call of `simulations` simulations plays (`CALL_COST`)."""
+  return max(1, min(games, CALL_COST // max(1, simulations) ** 2))
+
+
 def play_programs(
   networks: MuZeroNetworks,
   params: Params,
@@ -87,6 +106,7 @@ def play_programs(
   seed: int = 0,
   solver_name: str = "muzero",
   policy_alone: bool = False,
+  deadline: Optional[float] = None,
 ) -> list[EvaluationResult]:
   """Plays `attempts` trajectories of every spec, all in one batch; one result per spec.
 
@@ -95,6 +115,12 @@ def play_programs(
   `search.eval_num_simulations`. `policy_alone`: one more attempt played by the network's
   policy alone (`policy_speedup`); where the greedy search has no simulations, the greedy
   attempt is that play already and no game is added.
+
+  `deadline`: a time on the solvers' clock (env/solvers/time_limit.py `now`) after which no game
+  is built and no search starts, nor one that its group's previous call says would end after
+  it; the trajectories unfinished then are dropped (`unfinished`, their speed-ups None), so that
+  the play ends by the deadline give or take one search call (`CALL_COST`) and the kept
+  mapping's validation.
   """
   if attempts < 1:
     raise ValueError(f"attempts must be at least 1, got {attempts}")
@@ -106,81 +132,112 @@ def play_programs(
   # games[a * P + p]: attempt a of program p, so the greedy attempts are the first P games (and
   # the policy's, when played, the last P).
   num_programs = len(specs)
+
+  def late(expected_s: float = 0.0) -> bool:
+    return deadline is not None and now() + expected_s >= deadline
+
   firsts = [make_game(s.workload, s.hardware, game_config) for s in specs]
+  # A copy the deadline leaves unbuilt is None: dropped as a cut trajectory is.
   games = firsts + [
-    make_game(s.workload, s.hardware, game_config, getattr(first, "reference", None))
+    None
+    if late()
+    else make_game(s.workload, s.hardware, game_config, getattr(first, "reference", None))
     for _ in range(attempts - 1 + (policy is not None))
     for s, first in zip(specs, firsts)
   ]
-  observations = [g.reset().observation for g in games]
+  observations = [None if g is None else g.reset().observation for g in games]
   returns = np.zeros(len(games))
   moves: list[list[int]] = [[] for _ in games]
-  done = np.zeros(len(games), bool)
+  done = np.array([g is None for g in games])
+  finished = np.zeros(len(games), bool)
   rng = jax.random.PRNGKey(seed)
   params = jax.device_put(params)
-  groups = [(greedy, np.arange(num_programs))]
+  # (search, its games, its simulations)
+  groups = [(greedy, np.arange(num_programs), search.eval_num_simulations)]
   if sampled is not None:
-    groups.append((sampled, np.arange(num_programs, num_programs * attempts)))
+    members = np.arange(num_programs, num_programs * attempts)
+    groups.append((sampled, members, search.num_simulations))
   if policy is not None:
-    groups.append((policy, np.arange(num_programs * attempts, len(games))))
+    groups.append((policy, np.arange(num_programs * attempts, len(games)), 0))
+  last_call_s = [0.0] * len(groups)  # Each group's previous search call, for the deadline.
+  stopped = False
   # The msa game's decisions, for the agent solver's guided search (actors/agent.py).
   record = game_config.decisions == "msa"
   genomes: list[dict] = [{} for _ in games]
   proposals: list[dict] = [{} for _ in specs]
+
+  def play_moves(active: np.ndarray, output: Any) -> None:
+    actions, weights = np.asarray(output.action), np.asarray(output.action_weights)
+    for j, (i, action) in enumerate(zip(active, actions)):
+      if record:  # The proposals are the search's: the policy's own play adds no weights.
+        searched = i < num_programs * attempts
+        _record(
+          games[i],
+          int(action),
+          weights[j],
+          genomes[i],
+          proposals[i % num_programs] if searched else None,
+        )
+      timestep = games[i].step(int(action))
+      moves[i].append(int(action))
+      returns[i] += timestep.reward
+      observations[i] = timestep.observation
+      done[i] = finished[i] = timestep.last()
+
   keys = _KeyStream(rng)
-  while not done.all():
+  while not done.all() and not stopped:
     # One key per possible group, so that a group's keys do not depend on which others play.
-    for (search_fn, members), key in zip(groups, keys.next()):
-      active = members[~done[members]]
-      if not len(active):
-        continue
-      batch = _batch_size(len(active), len(members))
-      padded = [observations[i] for i in active] + [observations[active[0]]] * (batch - len(active))
-      output = jax.device_get(search_fn(params, key, stack_observations(padded)))
-      actions, weights = np.asarray(output.action), np.asarray(output.action_weights)
-      for j, (i, action) in enumerate(zip(active, actions)):
-        if record:  # The proposals are the search's: the policy's own play adds no weights.
-          searched = i < num_programs * attempts
-          _record(
-            games[i],
-            int(action),
-            weights[j],
-            genomes[i],
-            proposals[i % num_programs] if searched else None,
-          )
-        timestep = games[i].step(int(action))
-        moves[i].append(int(action))
-        returns[i] += timestep.reward
-        observations[i] = timestep.observation
-        done[i] = timestep.last()
+    for g, ((search_fn, members, simulations), key) in enumerate(zip(groups, keys.next())):
+      playing = members[~done[members]]
+      full = games_per_call(simulations, len(members))
+      for c, first in enumerate(range(0, len(playing), full)):
+        stopped = stopped or late(last_call_s[g])
+        if stopped:
+          break
+        active = playing[first : first + full]
+        batch = _batch_size(len(active), full)
+        padded = [observations[i] for i in active]
+        padded += [observations[active[0]]] * (batch - len(active))
+        started = now()
+        # The group's key for its first call, as when no batch is split.
+        call_key = key if c == 0 else jax.random.fold_in(key, c)
+        output = jax.device_get(search_fn(params, call_key, stack_observations(padded)))
+        last_call_s[g] = now() - started
+        play_moves(active, output)
+
   results = []
   for p, spec in enumerate(specs):
     copies = games[p::num_programs]
-    times = [g.total_time for g in copies]
+    ended = finished[p::num_programs]
+    times = [g.total_time if end else np.inf for g, end in zip(copies, ended)]
     best = int(np.argmin(times))
-    mapping = copies[best].mapping(solver_name)
-    validate_mapping(spec.workload, spec.hardware, mapping)
-    slow = copies[0].cost_model.slow_only_time
+    mapping = None
+    if ended[best]:
+      mapping = copies[best].mapping(solver_name)
+      validate_mapping(spec.workload, spec.hardware, mapping)
+    slow = firsts[p].cost_model.slow_only_time
+    speedups = tuple(float(slow / t) if end else None for t, end in zip(times, ended))
     policy_speedup = None
     if policy_alone:
-      policy_speedup = float(slow / (times[-1] if policy is not None else times[0]))
+      policy_speedup = speedups[-1] if policy is not None else speedups[0]
     results.append(
       EvaluationResult(
         spec.name,
         float(returns[p]),
-        mapping.speedup,
-        mapping.estimated_time_s,
+        0.0 if mapping is None else mapping.speedup,
+        np.inf if mapping is None else mapping.estimated_time_s,
         mapping,
-        greedy_speedup=slow / times[0],
-        attempt_speedups=tuple(slow / t for t in times),
+        greedy_speedup=speedups[0],
+        attempt_speedups=speedups,
         best_attempt=best,
-        requests=copies[0].num_steps,
+        requests=firsts[p].num_steps,
         actions=tuple(moves[best * num_programs + p]),
         genomes=tuple(genomes[p::num_programs]) if record else (),
         proposals=(
           {key: total / count for key, (total, count) in proposals[p].items()} if record else None
         ),
         policy_speedup=policy_speedup,
+        unfinished=int((~ended).sum()),
       )
     )
   return results
@@ -250,12 +307,13 @@ def compile_searches(
   start = time.perf_counter()
   observation = make_game(spec.workload, spec.hardware, game_config).reset().observation
   rng = jax.random.PRNGKey(0)
-  batches = [(search, True, num_programs)]
+  batches = [(search, True, num_programs, search.eval_num_simulations)]
   if attempts > 1:
-    batches.append((search, False, num_programs * (attempts - 1)))
+    batches.append((search, False, num_programs * (attempts - 1), search.num_simulations))
   if policy_alone and search.eval_num_simulations > 0:
-    batches.append((with_simulations(search, 0), True, num_programs))
-  for config, evaluation, full in batches:
+    batches.append((with_simulations(search, 0), True, num_programs, 0))
+  for config, evaluation, games, simulations in batches:
+    full = games_per_call(simulations, games)
     for size in sorted({_batch_size(n, full) for n in (1, 4, 16, full)}):
       output = _search_fn(networks, config, evaluation)(
         params, rng, stack_observations([observation] * size)

@@ -152,14 +152,15 @@ def complete_learning_curve(
   config: Config,
   workdir: str,
   learner_steps: int,
-  elapsed_s: float,
+  elapsed_s: Optional[float],
   print_fn: Callable[[str], None] = print,
 ) -> Optional[dict[str, Any]]:
   """Evaluates the checkpoint of a distributed run that stopped at `learner_steps` for its
   learning curve when the evaluator had not (the run stops at its step limit while the evaluator
   waits for that step or still plays an earlier one), so that the curve ends with the network the
   run ends with, as a single-process run's does; the new row, or None when the curve already
-  ends there."""
+  ends there. `elapsed_s` None: the run's time is unknown (its launcher is gone), and the row
+  takes the curve's latest time."""
   from malloczero.learner.checkpoint import load_params
   from malloczero.learner.networks import make_networks
 
@@ -174,6 +175,8 @@ def complete_learning_curve(
     + f": evaluating step {learner_steps} on the {split} programs for the learning curve"
   )
   params = load_params(WorkDir(workdir).checkpoints)
+  if elapsed_s is None:
+    elapsed_s = max((float(r["elapsed_s"]) for r in curve.rows), default=0.0)
   (row,) = curve.evaluate(params, learner_steps, elapsed_s)
   print_fn(
     f"  step {learner_steps}: {split} geomean speed-up {row['geomean_speedup']:.3f} (policy "

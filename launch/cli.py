@@ -13,6 +13,7 @@ import sys
 from typing import Sequence
 
 from malloczero.common.errors import MalloczeroError
+from malloczero.common.signals import Terminated, stop_on_signals
 from malloczero.launch.commands import (
   bench,
   convert_checkpoint,
@@ -59,19 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-class Terminated(BaseException):
-  """SIGTERM or SIGHUP, raised in the main thread so that a command stops as Ctrl-C stops it:
-  outputs are written whole or not at all (common/files.py), and the exit is one line."""
-
-  def __init__(self, signum: int = signal.SIGTERM):
-    super().__init__(signum)
-    self.signum = signum
-
-
-def _terminate(signum: int, frame: object) -> None:
-  raise Terminated(signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = build_parser()
@@ -81,8 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     use_compilation_cache()
   # `train` stops its nodes on SIGTERM itself (Launchpad's worker manager, system/guards.py).
   if args.command != "train":
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGHUP, _terminate)
+    stop_on_signals(interrupt=False)
   try:
     return args.func(args)
   except FlagError as e:

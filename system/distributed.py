@@ -37,6 +37,7 @@ import launchpad as lp
 import psutil
 
 from malloczero.common.errors import MalloczeroError
+from malloczero.common.signals import stop_on_signals
 from malloczero.common.units import human_bytes
 from malloczero.configs.config import Config
 from malloczero.configs.workdir import WorkDir
@@ -59,7 +60,13 @@ from malloczero.system.nodes import (
   align_counter_file,
   read_counts,
 )
-from malloczero.system.training import check_workdir, preflight, refuse_finished, save_config
+from malloczero.system.training import (
+  check_workdir,
+  preflight,
+  refuse_finished,
+  report_missing,
+  save_config,
+)
 
 LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
 COUNTER_CALL_TIMEOUT_S = 5
@@ -299,7 +306,7 @@ def launch_training(
   for the whole run (system/guards.py): a directory in use by another run is refused before
   anything in it is written.
   """
-  preflight(config, workdir, max_steps or config.max_learner_steps)
+  preflight(config, workdir, max_steps or config.max_learner_steps, final_report)
   with WorkDirLock(os.path.abspath(workdir), print_fn):
     return _launch_training(
       config,
@@ -336,6 +343,8 @@ def _launch_training(
   workdir = os.path.abspath(workdir)
   files = WorkDir(workdir)
   start_step = check_workdir(config, workdir)
+  if final_report and report_missing(config, workdir, start_step, max_steps):
+    return _write_missing_report(config, workdir, start_step, num_actors, print_fn)
   refuse_finished(workdir, start_step, max_steps)
   if start_step is not None:
     replay_dir = files.replay_checkpoints
@@ -394,6 +403,9 @@ def _launch_training(
     manager, monitor, config, launch, num_actors, max_steps, max_seconds, msa, print_fn
   )
   manager.wait(raise_error=False)
+  # Launchpad's handlers stay installed after its nodes stop and would swallow Ctrl-C and
+  # SIGTERM during the final evaluation: from here they stop this process as any command's do.
+  stop_on_signals()
   from malloczero.learner.checkpoint import checkpoint_steps
 
   try:
@@ -427,6 +439,39 @@ def _launch_training(
     from malloczero.evaluation.report import write_final_report
 
     result.report = write_final_report(config, workdir, print_fn)
+  return result
+
+
+def _write_missing_report(
+  config: Config,
+  workdir: str,
+  steps: int,
+  num_actors: int,
+  print_fn: Callable[[str], None],
+) -> DistributedResult:
+  """A finished run whose launcher stopped during its final evaluation: the learning curve's
+  last point and the final report, written now; no node is started."""
+  files = WorkDir(workdir)
+  print_fn(
+    f"{workdir} finished at learner step {steps} but has no {os.path.basename(files.report('md'))}"
+    " (its launcher stopped during the final evaluation): writing the final report"
+  )
+  final = final_counts(workdir)
+  result = DistributedResult(
+    "finished",
+    steps,
+    steps,
+    int(final.get("actor_moves", 0)),
+    int(final.get("actor_episodes", 0)),
+    0.0,
+    num_actors,
+    [],
+    workdir,
+  )
+  complete_learning_curve(config, workdir, steps, None, print_fn)
+  from malloczero.evaluation.report import write_final_report
+
+  result.report = write_final_report(config, workdir, print_fn)
   return result
 
 

@@ -72,12 +72,13 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
   return None
 
 
-def preflight(config: Config, workdir: str, max_steps: int) -> None:
+def preflight(config: Config, workdir: str, max_steps: int, final_report: bool = False) -> None:
   """What a run would refuse, checked before its work directory is locked (so before any file in
   it, its locks included, is written): a suite with no train split, another configuration's or
-  an unreadable run in the directory, a run already at `max_steps`, and for a resumed run the
-  learner checkpoint (every array, NaN refused) and the demonstrations it will load. Read-only;
-  the launch checks again under the lock."""
+  an unreadable run in the directory, a run already at `max_steps` (unless `final_report` and
+  its report is missing: `report_missing`), and for a resumed run the learner checkpoint (every
+  array, NaN refused) and the demonstrations it will load. Read-only; the launch checks again
+  under the lock."""
   if config.suite:
     from malloczero.env.programs.suites import get_suite
 
@@ -85,7 +86,8 @@ def preflight(config: Config, workdir: str, max_steps: int) -> None:
   if not os.path.isdir(workdir):
     return
   start_step = check_workdir(config, workdir)
-  refuse_finished(workdir, start_step, max_steps)
+  if not (final_report and report_missing(config, workdir, start_step, max_steps)):
+    refuse_finished(workdir, start_step, max_steps)
   if start_step is None:
     return
   # What the resumed nodes will load, read now: damage found by a node 30 s into the launch
@@ -107,6 +109,18 @@ def refuse_finished(workdir: str, start_step: Optional[int], max_steps: int) -> 
       f"{max_steps}; raise --max-steps to train further, or give a new "
       "--workdir for a fresh run"
     )
+
+
+def report_missing(config: Config, workdir: str, start_step: Optional[int], max_steps: int) -> bool:
+  """Whether `workdir` holds a run on a suite that reached `max_steps` but has no final report:
+  its launcher stopped during the final evaluation (Ctrl-C, SIGTERM, SIGKILL). `train` then
+  writes the report rather than refusing the finished run."""
+  return (
+    bool(config.suite)
+    and start_step is not None
+    and start_step >= max_steps
+    and not os.path.exists(WorkDir(workdir).report("md"))
+  )
 
 
 class Stopwatch:

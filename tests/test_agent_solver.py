@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import pathlib
 import subprocess
@@ -9,7 +10,12 @@ import sys
 
 import pytest
 
-from malloczero.actors.agent import load_agent, play_with_agent, solve_with_agent
+from malloczero.actors.agent import (
+  PLAY_RESERVE_S,
+  load_agent,
+  play_with_agent,
+  solve_with_agent,
+)
 from malloczero.actors.games import GameSpec
 from malloczero.common.errors import MalloczeroError
 from malloczero.configs.workdir import CHECKPOINT_FILENAME
@@ -115,8 +121,39 @@ def test_a_time_limit_gives_the_guided_search_what_the_attempts_and_msa_left(wor
     before_search = result.solve_time_s - info["guided_s"]
     assert before_search + info["guided_budget_s"] == pytest.approx(limit, rel=1e-9)
   none_left = play_with_agent(agent, specs, simulations=4, attempts=1, time_limit=1e-3)
-  for result in none_left:
-    assert "guided_s" not in result.info and result.info["best_attempt"] != "guided"
+  for spec, result in zip(specs, none_left):
+    info = result.info
+    assert "guided_s" not in info and info["best_attempt"] == "msa"
+    # No room for play: msa's mapping, and no trajectory of the network's to report.
+    assert info["cut_short"] == "2 of 2 trajectories unfinished at the time limit"
+    assert info["greedy_speedup"] is None and info["policy_speedup"] is None
+    assert info["attempt_speedups"] == [None, None] and info["search_speedup"] is None
+    validate_mapping(spec.workload, spec.hardware, result.mapping)
+
+
+def test_a_time_limit_stops_the_attempts_between_search_calls(workdir, monkeypatch):
+  """The attempts stop at the deadline the time limit leaves them (a clock that ticks once a
+  look): the trajectories unfinished then are dropped and said to be, the network's own play
+  among them, and the answer is the best finished one or msa's mapping, validated."""
+  agent = load_agent(str(workdir))
+  entry, workload, hardware = _program()
+  spec = GameSpec(entry.name, workload, hardware)
+  msa = solve(spec.workload, spec.hardware, "msa")
+  whole = play_with_agent(agent, [spec], simulations=4, attempts=3, msa=[msa])[0]
+  assert "cut_short" not in whole.info and None not in whole.info["attempt_speedups"]
+  ticks = iter(range(10**6))
+  monkeypatch.setattr(
+    importlib.import_module("malloczero.env.solvers.time_limit"), "clock", lambda: next(ticks)
+  )
+  # 12 looks at the clock: the 3 copies beyond the greedy one built, then a few search rounds.
+  limit = msa.solve_time_s + PLAY_RESERVE_S + 12
+  cut = play_with_agent(agent, [spec], simulations=4, attempts=3, msa=[msa], time_limit=limit)[0]
+  info = cut.info
+  assert info["cut_short"] == "4 of 4 trajectories unfinished at the time limit"
+  assert info["attempt_speedups"] == [None] * 4 and info["greedy_speedup"] is None
+  assert info["best_attempt"] == "msa" and "guided_s" not in info
+  assert cut.mapping.estimated_time_s == msa.mapping.estimated_time_s
+  validate_mapping(spec.workload, spec.hardware, cut.mapping)
 
 
 def test_solve_cli_agent_and_portfolio(workdir, tmp_path):

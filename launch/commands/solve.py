@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Optional
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import check_distinct_files, check_output_file
@@ -81,21 +82,27 @@ def _agent_lines(solver: Solver, result) -> None:
     if "guided_speedup" in info
     else ""
   )
+  cut = f"; {info['cut_short']}" if "cut_short" in info else ""
   print(
     solve_line(ALL_SOLVERS["agent"], result) + f" (checkpoint step {info['learner_steps']}, "
     f"{info['simulations']} simulations, best of {len(info['attempt_speedups'])} trajectories, msa"
     f"{' and the guided search' if guided else ''}: {won}; search alone "
-    f"{info['search_speedup']:.3f}x, greedy alone {info['greedy_speedup']:.3f}x, policy alone "
-    f"{info['policy_speedup']:.3f}x{guided})"
+    f"{_played(info['search_speedup'])}, greedy alone {_played(info['greedy_speedup'])}, policy "
+    f"alone {_played(info['policy_speedup'])}{guided}{cut})"
   )
   if solver.name == "portfolio":
     baseline = info["msa"]
     print(solve_line(ALL_SOLVERS["msa"], baseline))
     loser = info["search_speedup"] if info["winner"] == "msa" else baseline.mapping.speedup
     print(
-      f"portfolio: {info['winner']} wins ({result.mapping.speedup:.3f}x vs {loser:.3f}x); "
+      f"portfolio: {info['winner']} wins ({result.mapping.speedup:.3f}x vs {_played(loser)}); "
       "its mapping is the portfolio's"
     )
+
+
+def _played(speedup: Optional[float]) -> str:
+  """A trajectory's speed-up, or that the time limit cut it."""
+  return "unfinished" if speedup is None else f"{speedup:.3f}x"
 
 
 def _baseline_details(solver: Solver, info: dict) -> str:
