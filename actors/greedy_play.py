@@ -21,6 +21,7 @@ import numpy as np
 from malloczero.actors.actor import stack_observations
 from malloczero.actors.games import GameSpec
 from malloczero.actors.search import SearchFn, make_search_fn
+from malloczero.common.signals import raise_pending
 from malloczero.configs.config import Config, SearchConfig
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.mapping import Mapping
@@ -186,6 +187,7 @@ def play_programs(
 
   keys = _KeyStream(rng)
   while not done.all() and not stopped:
+    raise_pending()  # A signal whose exception a weakref callback swallowed (common/signals.py).
     # One key per possible group, so that a group's keys do not depend on which others play.
     for g, ((search_fn, members, simulations), key) in enumerate(zip(groups, keys.next())):
       playing = members[~done[members]]

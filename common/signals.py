@@ -16,8 +16,37 @@ class Terminated(BaseException):
     self.signum = signum
 
 
+# The signals received, in order. Python drops an exception raised in a weakref callback or a
+# `__del__` ("Exception ignored in ..."), and a signal handler runs wherever the main thread is,
+# so a Ctrl-C can be lost that way (seen in the final evaluation of `train`): `raise_pending`
+# raises it again at the next safe point.
+_pending: list[int] = []
+
+
 def _terminate(signum: int, frame: object) -> None:
+  _pending.append(signum)
   raise Terminated(signum)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+  _pending.append(signum)
+  raise KeyboardInterrupt
+
+
+def raise_pending() -> None:
+  """Raises the first signal's exception again (KeyboardInterrupt or `Terminated`) if a signal
+  arrived since the handlers were installed; long loops call it between their steps."""
+  if not _pending:
+    return
+  signum = _pending[0]
+  if signum == signal.SIGINT:
+    raise KeyboardInterrupt
+  raise Terminated(signum)
+
+
+def forget_pending() -> None:
+  """The signal was handled (the command line reported it)."""
+  _pending.clear()
 
 
 def stop_on_signals(interrupt: bool = True) -> None:
@@ -26,6 +55,6 @@ def stop_on_signals(interrupt: bool = True) -> None:
   if threading.current_thread() is not threading.main_thread():
     return
   if interrupt:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _interrupt)
   signal.signal(signal.SIGTERM, _terminate)
   signal.signal(signal.SIGHUP, _terminate)

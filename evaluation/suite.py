@@ -24,6 +24,7 @@ import numpy as np
 from malloczero.actors.agent import Agent, compile_agent, load_agent, play_with_agent
 from malloczero.actors.games import GameSpec
 from malloczero.common.errors import MalloczeroError
+from malloczero.common.signals import raise_pending
 from malloczero.configs.workdir import WorkDir
 from malloczero.env.mapping import Mapping
 from malloczero.env.programs.suites import SPLITS, Suite, SuiteEntry
@@ -291,6 +292,7 @@ def evaluate_suite(
     specs.append(GameSpec(entry.name, workload, hardware))
     results, bound = {}, None
     for solver in solvers:
+      raise_pending()  # A Ctrl-C lost in a weakref callback still stops the evaluation.
       progress(f"{entry.name}: {solver}", 0)
       results[solver] = result = cache.solve(workload, hardware, solver, **options(solver))
       if solver == "msa":
@@ -307,6 +309,7 @@ def evaluate_suite(
     bounds.append(bound)
   compile_s = {}
   for tested in agents:
+    raise_pending()
     progress(f"{tested.label}: compiling the search", 0)
     compile_s[tested.label] = compile_agent(
       tested.agent, specs[0], tested.simulations, tested.attempts, len(specs) if batch_agents else 1
@@ -327,6 +330,7 @@ def evaluate_suite(
     else:
       played = []
       for spec, results in zip(specs, solved):
+        raise_pending()
         progress(f"{spec.name}: {tested.label}", 0)
         played += play_with_agent(
           tested.agent,

@@ -13,7 +13,7 @@ import sys
 from typing import Sequence
 
 from malloczero.common.errors import MalloczeroError
-from malloczero.common.signals import Terminated, stop_on_signals
+from malloczero.common.signals import Terminated, forget_pending, raise_pending, stop_on_signals
 from malloczero.launch.commands import (
   bench,
   convert_checkpoint,
@@ -69,9 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     use_compilation_cache()
   # `train` stops its nodes on SIGTERM itself (Launchpad's worker manager, system/guards.py).
   if args.command != "train":
-    stop_on_signals(interrupt=False)
+    stop_on_signals()
   try:
-    return args.func(args)
+    status = args.func(args)
+    raise_pending()  # A signal whose exception was lost (common/signals.py) still stops it.
+    return status
   except FlagError as e:
     print(
       f"malloczero: error: {one_line(str(e))} (see 'malloczero {args.command} --help')",
@@ -86,10 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"malloczero: error: {one_line(f'{where}{e.strerror or e}')}", file=sys.stderr)
     return EXIT_INPUT_ERROR
   except KeyboardInterrupt:
+    forget_pending()
     resume = f"; resume with: {args.command_line}" if args.command == "train" else ""
     print(f"malloczero: interrupted{resume}", file=sys.stderr)
     return EXIT_INTERRUPTED
   except Terminated as e:
+    forget_pending()
     if e.signum == signal.SIGHUP:
       print("malloczero: hung up (the terminal closed)", file=sys.stderr)
       return EXIT_HUNG_UP

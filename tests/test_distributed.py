@@ -571,6 +571,56 @@ def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_kill
   assert run.orphans() == []
 
 
+@pytest.mark.slow
+@LAUNCHES_IN_TURN
+def test_a_launcher_stopped_during_the_final_evaluation_leaves_a_report_to_be_had(tmp_path):
+  """Ctrl-C during the final evaluation stops the launcher (exit 130, no report); the same
+  command then writes the finished run's report without starting a node, and does again after
+  a SIGKILL in that evaluation."""
+  workdir = tmp_path / "run"
+  args = ("--max-steps", "40", "--set", "eval_every_steps=1000")
+  finals = lambda run: any("final evaluation of step" in line for line in run.lines)  # noqa: E731
+
+  run = _Launch(workdir, *args)
+  run.wait_until(lambda: finals(run), "the final evaluation", timeout_s=RUN_TIMEOUT_S)
+  run.process.send_signal(signal.SIGINT)
+  code, output = run.finish()
+  assert code == 130, output[-3000:]
+  assert "malloczero: interrupted; resume with: malloczero train " in output, output[-3000:]
+  assert not (workdir / "report.md").exists()
+  assert run.orphans() == []
+
+  run = _Launch(workdir, *args)
+  run.wait_until(lambda: finals(run), "the final evaluation again", timeout_s=RUN_TIMEOUT_S)
+  run.process.kill()
+  run.process.wait()
+  assert not (workdir / "report.md").exists()
+  output = "".join(run.lines)
+  assert (
+    f"{workdir} finished at learner step 40 but has no report.md (its launcher stopped during "
+    "the final evaluation): writing the final report"
+  ) in output
+  assert "launched local_mp" not in output
+
+  run = _Launch(workdir, *args)
+  code, output = run.finish()
+  assert code == 0, output[-3000:]
+  assert "launched local_mp" not in output and "writing the final report" in output
+  report = json.loads((workdir / "report.json").read_text())
+  assert [agent["learner_steps"] for agent in report["agents"]] == [40]
+  assert (workdir / "report.md").exists()
+  # Finished and reported: the same command is refused as any finished run is.
+  again = subprocess.run(
+    [sys.executable, "-m", "malloczero", "train", "--launch", "local_mp", "--config", "tiny"]
+    + ["--workdir", str(workdir), *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert again.returncode == 1 and "is already at learner step 40 >= --max-steps 40" in again.stderr
+
+
 def test_a_dead_nodes_cause_is_its_logs_last_exception_line(tmp_path):
   from malloczero.system.monitor import node_exit_cause, node_log_path
 
