@@ -147,7 +147,10 @@ def read_search_config(config_file: str) -> SearchConfig:
       or not 0 <= value < float("inf")
     ):
       raise fail(f"search '{name}' must be a finite number >= 0, got {value!r}")
-  return SearchConfig(**search)
+  try:
+    return SearchConfig(**search)
+  except ValueError as e:  # A setting beyond its bound (common/settings.py).
+    raise fail(str(e)) from None
 
 
 def solve_with_agent(

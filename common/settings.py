@@ -77,14 +77,29 @@ CHECKS: dict[str, Check] = {
 }
 
 
-def setting(default: Any, check: str, help: str, choices: Optional[tuple[str, ...]] = None) -> Any:
-  """A settable field of a config dataclass: its default, what it accepts and its help."""
+# Every integer setting's bound unless it names a tighter one: a count beyond it is a typo, and
+# the sizes it sets are allocated (`train --set actor.num_games=10**12` must not reach numpy).
+MAX_SETTING_COUNT = 1_000_000_000
+
+
+def setting(
+  default: Any,
+  check: str,
+  help: str,
+  choices: Optional[tuple[str, ...]] = None,
+  maximum: Optional[float] = None,
+) -> Any:
+  """A settable field of a config dataclass: its default, what it accepts (`maximum`: an upper
+  bound on a number; integers have MAX_SETTING_COUNT unless given one) and its help."""
   if check not in CHECKS:
     raise ValueError(f"unknown check '{check}' (choose from {', '.join(CHECKS)})")
   if (check == "choice") != (choices is not None):
     raise ValueError("a 'choice' field, and only one, names its choices")
+  if maximum is None and check in ("positive_int", "non_negative_int"):
+    maximum = MAX_SETTING_COUNT
   return dataclasses.field(
-    default=default, metadata={"check": check, "help": help, "choices": choices}
+    default=default,
+    metadata={"check": check, "help": help, "choices": choices, "maximum": maximum},
   )
 
 
@@ -95,14 +110,19 @@ def is_setting(field: dataclasses.Field) -> bool:
 def accepts(field: dataclasses.Field) -> str:
   """What `field` accepts, in words."""
   choices = field.metadata["choices"]
-  return f"one of {', '.join(choices)}" if choices else CHECKS[field.metadata["check"]].accepts
+  if choices:
+    return f"one of {', '.join(choices)}"
+  maximum = field.metadata.get("maximum")
+  bound = "" if maximum is None else f" at most {maximum:,}"
+  return CHECKS[field.metadata["check"]].accepts + bound
 
 
 def acceptable(field: dataclasses.Field, value: Any) -> bool:
   choices = field.metadata["choices"]
   if choices:
     return value in choices
-  return CHECKS[field.metadata["check"]].ok(value)
+  maximum = field.metadata.get("maximum")
+  return CHECKS[field.metadata["check"]].ok(value) and (maximum is None or value <= maximum)
 
 
 def parse_setting(field: dataclasses.Field, text: str) -> Any:

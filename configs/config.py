@@ -11,7 +11,17 @@ from typing import Any
 
 from malloczero.common.settings import check_settings, setting
 from malloczero.env.game import GameConfig
+from malloczero.env.game.config import MAX_ACTIONS
 from malloczero.env.hardware import Hardware
+
+# Bounds of the settings that size what is allocated (`train --set`); beyond them a value is a
+# typo rather than a run this project can hold. Simulations: a search's tree grows with them and
+# its time faster (actors/greedy_play.py `CALL_COST`).
+MAX_SIMULATIONS = 1024
+MAX_WIDTH = 8192  # Network widths and support bins.
+MAX_BATCH = 65_536  # Learner and probe batches, games per actor.
+MAX_UNROLL = 1024  # Unrolled and n-step targets' steps.
+MAX_ACTORS = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,12 +38,18 @@ class ProgramFile:
 class NetworkConfig:
   """Haiku MuZero networks (learner/networks.py)."""
 
-  d_model: int = setting(64, "positive_int", "token width of the attention encoder")
-  num_layers: int = setting(2, "positive_int", "encoder layers")
-  num_heads: int = setting(4, "positive_int", "attention heads per encoder layer")
-  latent_dim: int = setting(128, "positive_int", "MuZero hidden state size")
-  hidden_dim: int = setting(256, "positive_int", "width of the dynamics and prediction MLPs")
-  support_size: int = setting(31, "positive_int", "bins of the categorical value and reward heads")
+  d_model: int = setting(
+    64, "positive_int", "token width of the attention encoder", maximum=MAX_WIDTH
+  )
+  num_layers: int = setting(2, "positive_int", "encoder layers", maximum=64)
+  num_heads: int = setting(4, "positive_int", "attention heads per encoder layer", maximum=64)
+  latent_dim: int = setting(128, "positive_int", "MuZero hidden state size", maximum=MAX_WIDTH)
+  hidden_dim: int = setting(
+    256, "positive_int", "width of the dynamics and prediction MLPs", maximum=MAX_WIDTH
+  )
+  support_size: int = setting(
+    31, "positive_int", "bins of the categorical value and reward heads", maximum=MAX_WIDTH
+  )
   support_limit: float = setting(
     3.0, "positive", "the support covers [-limit, limit] in signed-hyperbolic space"
   )
@@ -53,13 +69,19 @@ class SearchConfig:
   """Gumbel MuZero search (mctx) in the actors."""
 
   num_simulations: int = setting(
-    16, "non_negative_int", "simulations per move of the actors' training search"
+    16,
+    "non_negative_int",
+    "simulations per move of the actors' training search",
+    maximum=MAX_SIMULATIONS,
   )
   eval_num_simulations: int = setting(
-    32, "non_negative_int", "simulations per move of evaluation searches (greedy play)"
+    32,
+    "non_negative_int",
+    "simulations per move of evaluation searches (greedy play)",
+    maximum=MAX_SIMULATIONS,
   )
   max_num_considered_actions: int = setting(
-    8, "positive_int", "actions the Gumbel search considers at the root"
+    8, "positive_int", "actions the Gumbel search considers at the root", maximum=MAX_ACTIONS
   )
   gumbel_scale: float = setting(1.0, "non_negative", "scale of the root's Gumbel noise")
   # mctx `qtransform_completed_by_mix_value` `epsilon` (mctx's own is 1e-8): a spread below it is
@@ -106,9 +128,11 @@ DEFAULT_SEARCH_SECONDS = 5.0
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-  batch_size: int = setting(64, "positive_int", "items per learner batch")
-  unroll_steps: int = setting(5, "positive_int", "K: steps the dynamics are unrolled")
-  td_steps: int = setting(10, "positive_int", "n of the n-step value target")
+  batch_size: int = setting(64, "positive_int", "items per learner batch", maximum=MAX_BATCH)
+  unroll_steps: int = setting(
+    5, "positive_int", "K: steps the dynamics are unrolled", maximum=MAX_UNROLL
+  )
+  td_steps: int = setting(10, "positive_int", "n of the n-step value target", maximum=MAX_UNROLL)
   # mallocGame is undiscounted.
   discount: float = setting(1.0, "probability", "per-step discount of value targets")
   learning_rate: float = setting(1e-3, "positive", "peak learning rate")
@@ -200,7 +224,9 @@ class ReplayConfig:
   importance_sampling_exponent: float = setting(
     0.4, "non_negative", "exponent of the importance-sampling weights"
   )
-  prefetch: int = setting(4, "positive_int", "batches the learner's dataset prefetches")
+  prefetch: int = setting(
+    4, "positive_int", "batches the learner's dataset prefetches", maximum=1024
+  )
 
   def __post_init__(self):
     check_settings(self, "replay")
@@ -208,7 +234,9 @@ class ReplayConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ActorConfig:
-  num_games: int = setting(16, "positive_int", "games stepped together per actor (B)")
+  num_games: int = setting(
+    16, "positive_int", "games stepped together per actor (B)", maximum=MAX_BATCH
+  )
   variable_update_period: int = setting(50, "positive_int", "acting steps between parameter pulls")
   # env/game/game.py `reset_segment`. Whole programs of the default suite take 16 to 16,855
   # moves, so a run completes few games and a return mixes thousands of moves. Each short game
@@ -258,7 +286,9 @@ class ProbeConfig:
     "share of the probes drawn along the network's own trajectory (its policy alone from the "
     "program's start) rather than msa's",
   )
-  batch: int = setting(64, "positive_int", "probed decisions the learner fits beside each batch")
+  batch: int = setting(
+    64, "positive_int", "probed decisions the learner fits beside each batch", maximum=MAX_BATCH
+  )
   # 1e-3 of msa's time is where deviations start to matter.
   temperature: float = setting(
     1e-3, "positive", "temperature of the softmax over the probes' exact advantages"
@@ -280,7 +310,9 @@ class ProbeConfig:
 class DistributedConfig:
   """The Launchpad program (system/distributed.py): node counts and how often state is saved."""
 
-  num_actors: int = setting(2, "positive_int", "actor nodes (local_mp and vertex_ai)")
+  num_actors: int = setting(
+    2, "positive_int", "actor nodes (local_mp and vertex_ai)", maximum=MAX_ACTORS
+  )
   replay_checkpoint_every_s: float = setting(
     180.0, "positive", "seconds between Reverb table checkpoints (and one at stop)"
   )

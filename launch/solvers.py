@@ -12,7 +12,7 @@ import sys
 from typing import Any, Optional
 
 from malloczero.common.errors import MalloczeroError
-from malloczero.configs.config import DEFAULT_ATTEMPTS, DEFAULT_SEARCH_SECONDS
+from malloczero.configs.config import DEFAULT_ATTEMPTS, DEFAULT_SEARCH_SECONDS, MAX_SIMULATIONS
 from malloczero.env.hardware import Hardware
 from malloczero.env.solvers.registry import (
   BASELINES,
@@ -23,9 +23,8 @@ from malloczero.env.solvers.registry import (
 )
 from malloczero.env.workload import Workload
 
-# Simulations run inside one compiled search call per move, attempts are games played in one
-# batch: past these a solve runs for hours or fills memory before its time limit can act.
-MAX_SIMULATIONS = 1024
+# Attempts are games played in one batch: past this a solve fills memory before its time limit
+# can act. Simulations are bounded as the configs' are (configs/config.py MAX_SIMULATIONS).
 MAX_ATTEMPTS = 64
 
 

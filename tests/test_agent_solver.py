@@ -322,6 +322,13 @@ def test_corrupt_or_missing_run_config_is_one_line_in_solve_and_evaluate(workdir
       assert result.stderr.startswith("malloczero: error: run config ")
       assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
   assert not (tmp_path / "never").exists()
+  beyond = _copy_without_config(
+    workdir, tmp_path / "beyond", '{"search": {"num_simulations": 5000}}'
+  )
+  with pytest.raises(
+    MalloczeroError, match="num_simulations must be an integer >= 0 at most 1,024"
+  ):
+    load_agent(str(beyond))
 
   copy = _copy_without_config(workdir, tmp_path / "missing")
   agent = load_agent(str(copy))

@@ -130,9 +130,29 @@ def test_a_wrong_path_is_one_line_naming_the_valid_ones(capsys, setting, message
 @pytest.mark.parametrize(
   "setting, message",
   [
-    ("learner.batch_size=x", "learner.batch_size: expected a positive integer, got 'x'"),
-    ("learner.batch_size=0", "learner.batch_size: expected a positive integer, got '0'"),
-    ("learner.batch_size=2.5", "learner.batch_size: expected a positive integer, got '2.5'"),
+    ("learner.batch_size=x", "learner.batch_size: expected a positive integer at most 65,536"),
+    ("learner.batch_size=0", "learner.batch_size: expected a positive integer at most 65,536"),
+    ("learner.batch_size=2.5", "learner.batch_size: expected a positive integer at most 65,536"),
+    # Every count has a bound, so that no setting allocates without one.
+    ("learner.batch_size=65537", "at most 65,536, got '65537'"),
+    (
+      "actor.num_games=1000000000000",
+      "actor.num_games: expected a positive integer at most 65,536",
+    ),
+    (
+      "search.num_simulations=1025",
+      "search.num_simulations: expected an integer >= 0 at most 1,024",
+    ),
+    ("network.hidden_dim=8193", "network.hidden_dim: expected a positive integer at most 8,192"),
+    ("game.num_candidates=1025", "game.num_candidates: expected a positive integer at most 1,024"),
+    (
+      "replay.max_size=1000000001",
+      "replay.max_size: expected a positive integer at most 1,000,000,000",
+    ),
+    (
+      "max_learner_steps=10**12",
+      "max_learner_steps: expected a positive integer at most 1,000,000,000",
+    ),
     (
       "learner.demonstration_fraction=1",
       "learner.demonstration_fraction: expected a fraction in [0, 1), got '1'",

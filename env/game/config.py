@@ -23,6 +23,11 @@ DECISIONS = ("msa", "requests")
 REWARDS = ("advantage", "time")
 
 
+# Actions of either game (K, prefetch starts): beyond it the policy head and every search tree
+# are too wide to allocate.
+MAX_ACTIONS = 1024
+
+
 @dataclasses.dataclass(frozen=True)
 class GameConfig:
   """What the game plays and how wide its observations are.
@@ -45,11 +50,17 @@ class GameConfig:
     project's first reward, kept for comparison. The requests game always rewards "time".
   """
 
-  num_candidates: int = setting(16, "positive_int", "K of the requests game (1 + K actions)")
-  occupancy_bins: int = setting(32, "positive_int", "bins of each fast level's occupancy row")
-  lookahead: int = setting(8, "non_negative_int", "upcoming requests observed (M)")
+  num_candidates: int = setting(
+    16, "positive_int", "K of the requests game (1 + K actions)", maximum=MAX_ACTIONS
+  )
+  occupancy_bins: int = setting(
+    32, "positive_int", "bins of each fast level's occupancy row", maximum=4096
+  )
+  lookahead: int = setting(8, "non_negative_int", "upcoming requests observed (M)", maximum=4096)
   # Observation width: hardware may have up to this many fast levels.
-  max_fast_levels: int = setting(2, "positive_int", "fast levels the observation has room for")
+  max_fast_levels: int = setting(
+    2, "positive_int", "fast levels the observation has room for", maximum=16
+  )
   decisions: str = setting(
     "msa",
     "choice",
@@ -57,7 +68,10 @@ class GameConfig:
     DECISIONS,
   )
   max_prefetch_starts: int = setting(
-    4, "positive_int", "prefetch starts offered per fast level in the msa game"
+    4,
+    "positive_int",
+    "prefetch starts offered per fast level in the msa game",
+    maximum=MAX_ACTIONS,
   )
   skip_below: float = setting(
     0.0,
