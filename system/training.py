@@ -77,8 +77,8 @@ def preflight(config: Config, workdir: str, max_steps: int, final_report: bool =
   it, its locks included, is written): a suite with no train split, another configuration's or
   an unreadable run in the directory, a run already at `max_steps` (unless `final_report` and
   its report is missing: `report_missing`), and for a resumed run the learner checkpoint (every
-  array, NaN refused) and the demonstrations it will load. Read-only; the launch checks again
-  under the lock."""
+  array, NaN refused), the demonstrations and the replay checkpoint it will load. Read-only;
+  the launch checks again under the lock."""
   if config.suite:
     from malloczero.env.programs.suites import get_suite
 
@@ -94,10 +94,12 @@ def preflight(config: Config, workdir: str, max_steps: int, final_report: bool =
   # surfaces only as "the learner node exited".
   from malloczero.learner.checkpoint import load_params
   from malloczero.learner.demonstrations import read_demonstrations
+  from malloczero.replay.checkpoints import check_replay_checkpoint
 
   files = WorkDir(workdir)
   load_params(files.learner_state)
   read_demonstrations(files.checkpoints)
+  check_replay_checkpoint(files.replay_checkpoints)
 
 
 def refuse_finished(workdir: str, start_step: Optional[int], max_steps: int) -> None:

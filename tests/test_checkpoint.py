@@ -329,3 +329,29 @@ def test_a_resume_checks_what_it_will_load_before_launching(tmp_path, state):
   os.replace(poisoned_copy, saved)
   with pytest.raises(MalloczeroError, match="holds NaN or infinite values"):
     preflight(CONFIG, str(workdir), 100)
+
+
+def test_a_damaged_replay_checkpoint_is_refused_before_launching(tmp_path, state):
+  """The checkpoint a real Reverb server wrote is read whole before a resume (every record's CRC
+  and decompression); truncated, it is one line that says how to resume without it."""
+  from malloczero.system.builder import make_replay_server
+  from malloczero.system.training import preflight, save_config
+
+  workdir = tmp_path / "run"
+  files = WorkDir(str(workdir))
+  os.makedirs(files.checkpoints)
+  save_config(CONFIG, str(workdir))
+  save_state(files.checkpoints, state, 7, NETWORKS)
+  server = make_replay_server(CONFIG, checkpoint_dir=files.replay_checkpoints)
+  server.localhost_client().checkpoint()
+  server.stop()
+  preflight(CONFIG, str(workdir), 100)  # A sound checkpoint resumes.
+  (latest,) = os.listdir(files.replay_checkpoints)
+  tables = os.path.join(files.replay_checkpoints, latest, "tables.tfrecord")
+  with open(tables, "r+b") as f:
+    f.truncate(os.path.getsize(tables) // 2)
+  with pytest.raises(MalloczeroError) as error:
+    preflight(CONFIG, str(workdir), 100)
+  message = str(error.value)
+  assert message.startswith(f"the replay checkpoint {files.replay_checkpoints}/{latest} is damaged")
+  assert "tables.tfrecord: " in message and "\n" not in message
