@@ -258,8 +258,10 @@ def test_more_local_actors_than_the_machine_runs_are_refused_unless_oversubscrib
   assert distributed.local_actor_limit("local_mt")[0] == (
     distributed.ACTORS_PER_CORE * len(os.sched_getaffinity(0))
   )
-  # --oversubscribe lets the launch go on (to the next check: an impossible --max-steps here).
+  # --oversubscribe lets the launch go on (to the next check: an impossible --max-steps here, on
+  # a run with its final report, which is refused rather than reported again).
   workdir.mkdir()
+  (workdir / "report.md").write_text("# Final evaluation\n")
   monkeypatch.setattr("malloczero.system.distributed.check_workdir", lambda config, workdir: 10)
   code = cli.main(
     [
