@@ -9,7 +9,7 @@ command wrote whole loads again. `train`, `evaluate` and `bench` lines always ca
 so that a generated line never starts a training run or a whole benchmark.
 
 CI runs 40 generated command lines (the "ci" hypothesis profile); `HYPOTHESIS_PROFILE=thorough`
-runs 1,000 (more than 500 command lines reach a check: hypothesis counts the draws a filter rejected).
+runs 1,000 (32 s on 2 cores).
 """
 
 from __future__ import annotations
