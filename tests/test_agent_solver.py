@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import pathlib
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 from malloczero.actors.agent import (
+  GAME_BUILD_PER_MSA_S,
   PLAY_RESERVE_S,
   load_agent,
   play_with_agent,
@@ -154,6 +156,15 @@ def test_a_time_limit_stops_the_attempts_between_search_calls(workdir, monkeypat
   assert info["best_attempt"] == "msa" and "guided_s" not in info
   assert cut.mapping.estimated_time_s == msa.mapping.estimated_time_s
   validate_mapping(spec.workload, spec.hardware, cut.mapping)
+  # Building the games replays msa through them, which no deadline stops: when what is left is
+  # less than GAME_BUILD_PER_MSA_S msa solve times, no game is built at all.
+  slow_msa = dataclasses.replace(msa, solve_time_s=10.0)
+  limit = 10.0 + PLAY_RESERVE_S + GAME_BUILD_PER_MSA_S * 10.0 - 1
+  unbuilt = play_with_agent(agent, [spec], 4, 3, msa=[slow_msa], time_limit=limit)[0]
+  assert unbuilt.info["cut_short"] == "4 of 4 trajectories unfinished at the time limit"
+  ticks_before = next(ticks)
+  play_with_agent(agent, [spec], 4, 3, msa=[slow_msa], time_limit=limit)
+  assert next(ticks) - ticks_before <= 3  # The clock read for the start and the share only.
 
 
 def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
