@@ -97,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if e.signum == signal.SIGHUP:
       print("malloczero: hung up (the terminal closed)", file=sys.stderr)
       return EXIT_HUNG_UP
-    print("malloczero: terminated", file=sys.stderr)
+    resume = f"; resume with: {args.command_line}" if args.command == "train" else ""
+    print(f"malloczero: terminated{resume}", file=sys.stderr)
     return EXIT_TERMINATED
 
 

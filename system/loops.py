@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult
+from malloczero.common.signals import Terminated
 from malloczero.learner.learner import MuZeroLearner
 
 
@@ -78,9 +79,10 @@ class EpisodeStatistics:
 
 @contextlib.contextmanager
 def interrupt_sets(stop: threading.Event) -> Iterator[None]:
-  """Within the block, Ctrl-C (SIGINT) sets `stop` instead of raising at once; leaving the block
-  after one raises KeyboardInterrupt, so the caller's loop ends at its next `stop` check, saves,
-  and the command still exits as interrupted. A second Ctrl-C raises at once.
+  """Within the block, Ctrl-C (SIGINT), SIGTERM and SIGHUP set `stop` instead of raising at once;
+  leaving the block after one raises KeyboardInterrupt (SIGINT) or common/signals.py's
+  `Terminated`, so the caller's loop ends at its next `stop` check, saves, and the command still
+  exits as interrupted or terminated. A second signal raises at once.
 
   Why not let KeyboardInterrupt propagate: Python raises it wherever the main thread happens to be,
   and where that is a garbage-collection callback (JAX registers one) the exception is printed
@@ -90,19 +92,25 @@ def interrupt_sets(stop: threading.Event) -> Iterator[None]:
   if threading.current_thread() is not threading.main_thread():
     yield
     return
-  interrupted = threading.Event()
+  received: list[int] = []
 
-  def on_interrupt(signum: int, frame: Any) -> None:
-    del signum, frame
-    if interrupted.is_set():
-      raise KeyboardInterrupt
-    interrupted.set()
+  def raised(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+  def on_signal(signum: int, frame: Any) -> None:
+    del frame
+    if received:
+      raise raised(signum)
+    received.append(signum)
     stop.set()
 
-  previous = signal.signal(signal.SIGINT, on_interrupt)
+  previous = {
+    s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+  }
   try:
     yield
   finally:
-    signal.signal(signal.SIGINT, previous)
-  if interrupted.is_set():
-    raise KeyboardInterrupt
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+  if received:
+    raise raised(received[0])

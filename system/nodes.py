@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -342,6 +343,10 @@ class StepsLimiter:
 # ----------------------------------------------------------------------------------------- learner
 
 
+# After a stop, how long the learner's step in flight gets before the stop path saves without it.
+LEARNER_STOP_GRACE_S = 0.5
+
+
 class LearnerNode:
   """Steps the MuZero learner on replay samples; serves its parameters to actors and evaluator.
 
@@ -414,25 +419,61 @@ class LearnerNode:
       except Exception:  # pylint: disable=broad-except  # Counter stopping: count it later.
         pass
 
-    try:
-      run_learner(learner, logger, lambda: lp.wait_for_stop(0), self._max_steps, count_step)
+    # Launchpad's stop. In its own process the steps run in another thread, which Launchpad's
+    # `wait_for_stop` does not answer (only its node's thread): the main thread passes it on.
+    stopping = threading.Event()
+    own = self._context.own_process
+    should_stop = stopping.is_set if own else lambda: lp.wait_for_stop(0)
+    wait_for_stop = stopping.wait if own else lp.wait_for_stop
+
+    def train() -> None:
+      run_learner(learner, logger, should_stop, self._max_steps, count_step)
       if learner.num_steps >= self._max_steps:
         learner.save()
         say("learner", f"reached {learner.num_steps} steps; checkpoint saved, waiting for stop")
-        lp.wait_for_stop()
-    finally:
-      # Also when replay died under a sample: the parameters learnt so far are kept.
+        wait_for_stop()
+
+    def save() -> None:
       file = learner.save()
       say("learner", f"saved {file} at step {learner.num_steps}")
       logger.close()
-      if self._context.own_process and lp.wait_for_stop(0):
-        # Everything this node owns is saved. Dropping a Reverb sampling stream whose server
-        # is stopping can block process exit past Launchpad's grace period (seen once, after a
-        # 50-minute run), and Launchpad then kills every process, so this one leaves now.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-      self._sampler.close()
+
+    if not own:
+      try:
+        train()
+      finally:  # Also when replay died under a sample: the parameters learnt so far are kept.
+        save()
+        self._sampler.close()
+      return
+    # Its own process: the steps run in a thread and this main thread waits for the stop,
+    # because Python runs Launchpad's stop handler only in the main thread, and a sample that
+    # the stopped actors no longer feed holds a step for about 5 s (the rate limiter's timeouts;
+    # tiny config, 2 cores). The state is read under the learner's lock, so it is saved from
+    # here whether or not the step in flight has ended.
+    failure: list[BaseException] = []
+
+    def guarded() -> None:
+      try:
+        train()
+      except BaseException as e:  # pylint: disable=broad-except  # Raised again below.
+        failure.append(e)
+
+    trainer = threading.Thread(target=guarded, name="learner-steps", daemon=True)
+    trainer.start()
+    while trainer.is_alive() and not lp.wait_for_stop(0.2):
+      pass
+    if lp.wait_for_stop(0):
+      stopping.set()
+    trainer.join(LEARNER_STOP_GRACE_S)
+    save()
+    if failure and not lp.wait_for_stop(0):
+      raise failure[0]  # Replay died under a sample: the node fails, its parameters kept.
+    # Everything this node owns is saved. Dropping a Reverb sampling stream whose server is
+    # stopping can block process exit past Launchpad's grace period (seen once, after a
+    # 50-minute run), and Launchpad then kills every process, so this one leaves now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ------------------------------------------------------------------------------------------- actor
