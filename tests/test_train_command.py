@@ -94,8 +94,10 @@ def test_train_workload_keeps_the_fastest_mapping_and_compares_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_interrupted_train_keeps_its_checkpoint(tmp_path):
-  """Ctrl-C during training exits 130 and leaves a checkpoint a restart can resume from."""
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_interrupted_train_keeps_its_checkpoint(tmp_path, signum):
+  """Ctrl-C (exit 130) or SIGTERM (143) during single-process training saves a checkpoint a
+  restart can resume from, and the one line says how."""
   import signal
   import time
 
@@ -132,15 +134,20 @@ def test_interrupted_train_keeps_its_checkpoint(tmp_path):
       break
     time.sleep(0.5)
   assert process.poll() is None, process.communicate()[1][-2000:]
-  process.send_signal(signal.SIGINT)
+  process.send_signal(getattr(signal, signum))
   try:
     _, stderr = process.communicate(timeout=120)
   except subprocess.TimeoutExpired:
-    process.kill()  # A run that ignored Ctrl-C must not outlive the test.
+    process.kill()  # A run that ignored the signal must not outlive the test.
     process.communicate()
     raise
-  assert process.returncode == 130, stderr[-2000:]
-  assert "malloczero: interrupted" in stderr and "resume with: malloczero train" in stderr
+  code, said = (130, "interrupted") if signum == "SIGINT" else (143, "terminated")
+  assert process.returncode == code, stderr[-2000:]
+  assert stderr.endswith(
+    f"malloczero: {said}; resume with: malloczero train --launch single "
+    f"--config tiny --max-learner-steps 100000 --set eval_every_steps=100000 "
+    f"--workdir {workdir} --quiet\n"
+  ), stderr[-2000:]
   checkpoint = workdir / "checkpoints" / "learner_state.npz"
   assert checkpoint.exists()
   assert load_params(str(checkpoint))  # A real, loadable parameter tree.
