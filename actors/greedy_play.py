@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -56,7 +56,7 @@ class EvaluationResult:
   # With `policy_alone`: the trajectory of the network's policy alone (no search, no noise),
   # the network's own play apart from search as well as from msa.
   policy_speedup: Optional[float] = None
-  unfinished: int = 0  # Trajectories the deadline cut (never more than 0 without a deadline).
+  unfinished: int = 0  # Trajectories a deadline or a stop cut (0 without either).
 
 
 # Cached: a fresh `make_search_fn` is a new jitted closure, so without this every evaluation (every
@@ -108,6 +108,7 @@ def play_programs(
   solver_name: str = "muzero",
   policy_alone: bool = False,
   deadline: Optional[float] = None,
+  should_stop: Optional[Callable[[], bool]] = None,
 ) -> list[EvaluationResult]:
   """Plays `attempts` trajectories of every spec, all in one batch; one result per spec.
 
@@ -121,7 +122,8 @@ def play_programs(
   is built and no search starts, nor one that its group's previous call says would end after
   it; the trajectories unfinished then are dropped (`unfinished`, their speed-ups None), so that
   the play ends by the deadline give or take one search call (`CALL_COST`) and the kept
-  mapping's validation.
+  mapping's validation. `should_stop`: the same, from when it returns True (a training run
+  stopping).
   """
   if attempts < 1:
     raise ValueError(f"attempts must be at least 1, got {attempts}")
@@ -135,6 +137,8 @@ def play_programs(
   num_programs = len(specs)
 
   def late(expected_s: float = 0.0) -> bool:
+    if should_stop is not None and should_stop():
+      return True
     return deadline is not None and now() + expected_s >= deadline
 
   firsts = [make_game(s.workload, s.hardware, game_config) for s in specs]
@@ -332,6 +336,7 @@ def evaluate_params(
   seed: int = 0,
   solver_name: str = "muzero",
   policy_alone: bool = False,
+  should_stop: Optional[Callable[[], bool]] = None,
 ) -> list[EvaluationResult]:
   """Greedy play of every spec once with the config's evaluation search: the learning curve.
   `policy_alone`: the network's policy alone plays each spec too (`policy_speedup`); a result's
@@ -346,4 +351,5 @@ def evaluate_params(
     seed=seed,
     solver_name=solver_name,
     policy_alone=policy_alone,
+    should_stop=should_stop,
   )

@@ -68,12 +68,29 @@ class LearningCurve:
         self.rows = [dict(r) for r in csv.DictReader(f)]
     self.latest: dict[str, list] = {}
 
-  def evaluate(self, params: Any, learner_steps: int, elapsed_s: float) -> list[dict[str, Any]]:
+  def evaluate(
+    self,
+    params: Any,
+    learner_steps: int,
+    elapsed_s: float,
+    should_stop: Optional[Callable[[], bool]] = None,
+  ) -> list[dict[str, Any]]:
+    """Greedy play of every split's programs; the curve's new rows (written and drawn). With
+    `should_stop`, a stop ends the play within a search call and adds no row (an evaluation
+    cut short is no point of the curve)."""
     new_rows = []
     for split, specs in self._splits.items():
       results = evaluate_params(
-        self._networks, params, self._config, specs, seed=self._config.seed, policy_alone=True
+        self._networks,
+        params,
+        self._config,
+        specs,
+        seed=self._config.seed,
+        policy_alone=True,
+        should_stop=should_stop,
       )
+      if any(r.unfinished for r in results):
+        return []
       self.latest[split] = results
       if self._offer is not None and split == "train":
         self._offer_results(results)

@@ -180,7 +180,7 @@ def _train(
         if not step_actor(actor, stop.is_set):  # The learner finished and stopped replay.
           break
         if learner.num_steps >= next_eval:
-          curve.evaluate(learner.get_variables(), learner.num_steps, clock.elapsed)
+          curve.evaluate(learner.get_variables(), learner.num_steps, clock.elapsed, stop.is_set)
           next_eval += eval_every_steps
         if time.monotonic() - last_log > log_every_s and episodes:
           actor_logger.write(

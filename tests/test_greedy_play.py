@@ -133,3 +133,28 @@ def test_capacity_variants_add_each_training_entry_at_the_other_fractions():
     dataclasses.replace(CONFIG, capacity_variants=(0.0,))
   with pytest.raises(ValueError, match="train on a suite"):
     dataclasses.replace(CONFIG, suite="", capacity_variants=(0.5,))
+
+
+@pytest.mark.slow  # Compiles the search.
+def test_split_search_calls_and_a_stop_keep_greedy_play_or_drop_it(params, monkeypatch):
+  """A batch split into calls of fewer games (`CALL_COST`, so that a call stays short) plays the
+  same greedy trajectories; a stop ends the play between calls, and the cut trajectories are
+  dropped (no mapping, no speed-up), never reported half played."""
+  import malloczero.actors.greedy_play as greedy_play
+
+  specs = ALL_SPECS[:3]
+  search = dataclasses.replace(CONFIG.search, num_simulations=4, eval_num_simulations=4)
+  noisy_params = noisy(params, 3, scale=0.5)
+  whole = play_programs(NETWORKS, noisy_params, search, CONFIG.game, specs, seed=2)
+  monkeypatch.setattr(greedy_play, "CALL_COST", 16)  # 4 simulations: one game a call.
+  assert greedy_play.games_per_call(4, len(specs)) == 1
+  split = play_programs(NETWORKS, noisy_params, search, CONFIG.game, specs, seed=2)
+  for a, b in zip(whole, split):
+    assert a.actions == b.actions and a.speedup == pytest.approx(b.speedup, rel=1e-12)
+    assert a.unfinished == b.unfinished == 0
+  looks = iter(range(10**6))
+  stopped = play_programs(
+    NETWORKS, noisy_params, search, CONFIG.game, specs, seed=2, should_stop=lambda: next(looks) > 5
+  )
+  assert [r.unfinished for r in stopped] == [1, 1, 1]
+  assert all(r.mapping is None and r.greedy_speedup is None for r in stopped)
