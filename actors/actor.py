@@ -279,10 +279,13 @@ class BatchedActor:
 
   def close(self, wait: bool = False) -> None:
     """Stops the offer and probe threads: with `wait`, after every offer and probe was answered;
-    otherwise those not sent yet are dropped (at a stop the learner may be gone)."""
+    otherwise those not sent yet are dropped (at a stop the learner may be gone), and so are the
+    replay items not yet inserted (`SequenceWriter.abandon`)."""
     for executor in (self._offer_executor, self._probe_executor):
       if executor is not None:
         executor.shutdown(wait=wait, cancel_futures=not wait)
+    if not wait and self._writer is not None:
+      self._writer.abandon()
 
   def run(self, should_stop: Callable[[], bool], num_steps: int | None = None) -> None:
     steps = 0

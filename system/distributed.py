@@ -69,7 +69,10 @@ from malloczero.system.training import (
 )
 
 LOCAL_LAUNCH_TYPES = ("local_mt", "local_mp")
-COUNTER_CALL_TIMEOUT_S = 5
+# Courier calls' timeouts. A counter call is a few numbers; its callers retry or count later,
+# and an actor's main thread waits one out when the counter stops first (a stop then takes that
+# long), so it is short.
+COUNTER_CALL_TIMEOUT_S = 2
 LEARNER_CALL_TIMEOUT_S = 20
 
 

@@ -570,6 +570,13 @@ class ActorNode:
         f"({actor.num_offers} games offered as demonstrations, {actor.num_probes} decisions "
         f"probed, {actor.num_on_policy_probes} of them on its policy's trajectory)",
       )
+      if self._context.own_process and stop.is_set():
+        # Nothing left to save. Python would join the offer threads at exit, and an offer in
+        # flight to a learner that has already gone waits out its courier timeout (a 20 s exit
+        # seen on 2 cores), so this process leaves now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 # --------------------------------------------------------------------------------------- evaluator

@@ -195,8 +195,9 @@ def _train(
           last_log = time.monotonic()
   finally:
     stop.set()
-    thread.join()  # Within about SAMPLE_TIMEOUT_MS plus one learner step; it stops the server.
+    # The actor's streams first: the learner thread stops the server, which waits on them.
     actor.close()
+    thread.join()  # Within about SAMPLE_TIMEOUT_MS plus one learner step; it stops the server.
     variables.close()
     learner_logger.close()
     actor_logger.close()
