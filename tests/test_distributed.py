@@ -19,6 +19,7 @@ import pytest
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import get_config
+from malloczero.env.mapping import load_mapping
 from malloczero.env.programs.suites import get_suite
 from malloczero.learner.checkpoint import checkpoint_steps, load_params, params_digest
 from malloczero.system.distributed import build_program, check_workdir
@@ -412,6 +413,17 @@ def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
   assert checkpoint_steps(str(checkpoint)) >= saved_step > 0
   assert load_params(str(checkpoint))
   assert run.orphans() == []
+
+  # Resumed from that checkpoint, whose demonstrations are older than best/: no file in best/
+  # is replaced by a slower mapping (30 s of tiny training leave files there in every run seen).
+  best = {p.name: load_mapping(str(p)).estimated_time_s for p in (workdir / "best").glob("*.json")}
+  resumed = _Launch(workdir, "--max-steps", "100000", "--set", "eval_every_steps=100000")
+  resumed.wait_until(lambda: resumed.learner_steps() >= saved_step + 5, "the resumed learner")
+  resumed.process.send_signal(signal.SIGTERM)
+  code, output = resumed.finish()
+  assert code == 130, output[-3000:]
+  for name, kept in best.items():
+    assert load_mapping(str(workdir / "best" / name)).estimated_time_s <= kept, name
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", '{"learner": 3}', '{"name": "tiny", "learner": ['])
