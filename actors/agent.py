@@ -239,12 +239,13 @@ def play_with_agent(
   if msa is None:  # First: it is the answer when the time limit leaves no room for play.
     msa = [solve(spec.workload, spec.hardware, "msa") for spec in specs]
   start = now()  # The solvers' clock: the one their time limits read.
-  deadline = None
+  deadline, room = None, True
   if time_limit is not None:
     left = len(specs) * (time_limit - max(b.solve_time_s for b in msa)) - PLAY_RESERVE_S
     deadline = start + max(0.0, left)
+    room = left > GAME_BUILD_PER_MSA_S * sum(b.solve_time_s for b in msa)
   played: list[Optional[EvaluationResult]] = [None] * len(specs)
-  if deadline is None or left > GAME_BUILD_PER_MSA_S * sum(b.solve_time_s for b in msa):
+  if room:
     played = list(
       play_programs(
         agent.networks,

@@ -21,27 +21,26 @@ class Terminated(BaseException):
 # so a Ctrl-C can be lost that way (seen in the final evaluation of `train`): `raise_pending`
 # raises it again at the next safe point.
 _pending: list[int] = []
+# The signals that stop a command (and a training run).
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _terminate(signum: int, frame: object) -> None:
+def _stop(signum: int, frame: object) -> None:
+  del frame
   _pending.append(signum)
-  raise Terminated(signum)
+  raise signal_exception(signum)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-  _pending.append(signum)
-  raise KeyboardInterrupt
+def signal_exception(signum: int) -> BaseException:
+  """What a stopping signal raises: KeyboardInterrupt for SIGINT, else `Terminated`."""
+  return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
 
 def raise_pending() -> None:
-  """Raises the first signal's exception again (KeyboardInterrupt or `Terminated`) if a signal
-  arrived since the handlers were installed; long loops call it between their steps."""
-  if not _pending:
-    return
-  signum = _pending[0]
-  if signum == signal.SIGINT:
-    raise KeyboardInterrupt
-  raise Terminated(signum)
+  """Raises the first signal's exception again (`signal_exception`) if a signal arrived since
+  the handlers were installed; long loops call it between their steps."""
+  if _pending:
+    raise signal_exception(_pending[0])
 
 
 def forget_pending() -> None:
@@ -49,12 +48,10 @@ def forget_pending() -> None:
   _pending.clear()
 
 
-def stop_on_signals(interrupt: bool = True) -> None:
-  """Installs the handlers (SIGINT too with `interrupt`: after a library's own handler, such as
-  Launchpad's, which would swallow it); a no-op outside the main thread, where Python cannot."""
+def stop_on_signals() -> None:
+  """Installs the handlers of STOPPING_SIGNALS (also over a library's own, such as Launchpad's,
+  which would swallow them); a no-op outside the main thread, where Python cannot."""
   if threading.current_thread() is not threading.main_thread():
     return
-  if interrupt:
-    signal.signal(signal.SIGINT, _interrupt)
-  signal.signal(signal.SIGTERM, _terminate)
-  signal.signal(signal.SIGHUP, _terminate)
+  for signum in STOPPING_SIGNALS:
+    signal.signal(signum, _stop)

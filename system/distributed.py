@@ -437,12 +437,23 @@ def _launch_training(
     f"{files.checkpoints}"
   )
   if final_report and result.ok and steps > 0:
-    complete_learning_curve(config, workdir, steps, monitor.elapsed, print_fn)
-  if final_report and result.ok and steps > 0 and config.suite:
+    _report(config, result, monitor.elapsed, print_fn)
+  return result
+
+
+def _report(
+  config: Config,
+  result: DistributedResult,
+  elapsed_s: Optional[float],
+  print_fn: Callable[[str], None],
+) -> None:
+  """The learning curve's last point and, for a run on a suite, the final report
+  (`result.report`). `elapsed_s` None: the run's time is unknown (`complete_learning_curve`)."""
+  complete_learning_curve(config, result.workdir, result.learner_steps, elapsed_s, print_fn)
+  if config.suite:
     from malloczero.evaluation.report import write_final_report
 
-    result.report = write_final_report(config, workdir, print_fn)
-  return result
+    result.report = write_final_report(config, result.workdir, print_fn)
 
 
 def _write_missing_report(
@@ -471,10 +482,7 @@ def _write_missing_report(
     [],
     workdir,
   )
-  complete_learning_curve(config, workdir, steps, None, print_fn)
-  from malloczero.evaluation.report import write_final_report
-
-  result.report = write_final_report(config, workdir, print_fn)
+  _report(config, result, None, print_fn)
   return result
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult
-from malloczero.common.signals import Terminated
+from malloczero.common.signals import STOPPING_SIGNALS, signal_exception
 from malloczero.learner.learner import MuZeroLearner
 
 
@@ -94,23 +94,18 @@ def interrupt_sets(stop: threading.Event) -> Iterator[None]:
     return
   received: list[int] = []
 
-  def raised(signum: int) -> BaseException:
-    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
-
   def on_signal(signum: int, frame: Any) -> None:
     del frame
     if received:
-      raise raised(signum)
+      raise signal_exception(signum)
     received.append(signum)
     stop.set()
 
-  previous = {
-    s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-  }
+  previous = {s: signal.signal(s, on_signal) for s in STOPPING_SIGNALS}
   try:
     yield
   finally:
     for signum, handler in previous.items():
       signal.signal(signum, handler)
   if received:
-    raise raised(received[0])
+    raise signal_exception(received[0])

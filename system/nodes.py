@@ -347,6 +347,14 @@ class StepsLimiter:
 LEARNER_STOP_GRACE_S = 0.5
 
 
+def _leave_now() -> None:
+  """Ends a node process that has saved what it owns, without Python's exit (which joins
+  threads and runs destructors that may block on peers already gone)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)
+
+
 class LearnerNode:
   """Steps the MuZero learner on replay samples; serves its parameters to actors and evaluator.
 
@@ -447,9 +455,9 @@ class LearnerNode:
       return
     # Its own process: the steps run in a thread and this main thread waits for the stop,
     # because Python runs Launchpad's stop handler only in the main thread, and a sample that
-    # the stopped actors no longer feed holds a step for about 5 s (the rate limiter's timeouts;
-    # tiny config, 2 cores). The state is read under the learner's lock, so it is saved from
-    # here whether or not the step in flight has ended.
+    # the stopped actors no longer feed held a step for about 5 s (tiny config, 2 cores). The
+    # state is read under the learner's lock, so it is saved from here whether or not the step
+    # in flight has ended.
     failure: list[BaseException] = []
 
     def guarded() -> None:
@@ -471,9 +479,7 @@ class LearnerNode:
     # Everything this node owns is saved. Dropping a Reverb sampling stream whose server is
     # stopping can block process exit past Launchpad's grace period (seen once, after a
     # 50-minute run), and Launchpad then kills every process, so this one leaves now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _leave_now()
 
 
 # ------------------------------------------------------------------------------------------- actor
@@ -574,9 +580,7 @@ class ActorNode:
         # Nothing left to save. Python would join the offer threads at exit, and an offer in
         # flight to a learner that has already gone waits out its courier timeout (a 20 s exit
         # seen on 2 cores), so this process leaves now.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _leave_now()
 
 
 # --------------------------------------------------------------------------------------- evaluator
