@@ -130,9 +130,18 @@ def test_a_wrong_path_is_one_line_naming_the_valid_ones(capsys, setting, message
 @pytest.mark.parametrize(
   "setting, message",
   [
-    ("learner.batch_size=x", "learner.batch_size: expected a positive integer at most 65,536"),
-    ("learner.batch_size=0", "learner.batch_size: expected a positive integer at most 65,536"),
-    ("learner.batch_size=2.5", "learner.batch_size: expected a positive integer at most 65,536"),
+    (
+      "learner.batch_size=x",
+      "learner.batch_size: expected a positive integer at most 65,536, got 'x'",
+    ),
+    (
+      "learner.batch_size=0",
+      "learner.batch_size: expected a positive integer at most 65,536, got '0'",
+    ),
+    (
+      "learner.batch_size=2.5",
+      "learner.batch_size: expected a positive integer at most 65,536, got '2.5'",
+    ),
     # Every count has a bound, so that no setting allocates without one.
     ("learner.batch_size=65537", "at most 65,536, got '65537'"),
     (
