@@ -21,13 +21,23 @@ simulated program time nor what a game player can reach, and `info["bound_note"]
 and
 CP-SAT searches for what is left (`solve()` has already taken out building the requests). A
 limit spent before the search starts returns the msa-simple hint, said so in `fallback`.
+
+CP-SAT searches in a child process (`_SolveProcess`): its native search holds the calling thread
+and heeds neither a signal nor, in presolve, its own `StopSearch`, so a SIGTERM or Ctrl-C would
+wait for its time limit. The child is killed at once when the command stops, and at the time limit
+plus `OVERRUN_GRACE_S` if CP-SAT overruns it; the hint is then the answer, said so in `fallback`.
 """
 
 from __future__ import annotations
 
+import os
+import struct
+import subprocess
+import sys
 import time
 
 import numpy as np
+from ortools.sat import cp_model_pb2
 from ortools.sat.python import cp_model
 
 from malloczero.env.placement import Placement
@@ -40,7 +50,70 @@ DEFAULT_WORKERS = 2  # Search threads.
 # the requests added to the model between two looks at the clock.
 HINT_SHARE = 0.5
 BUILD_CLOCK_EVERY = 256
+# How long past its time limit CP-SAT may take to return before its process is killed.
+OVERRUN_GRACE_S = 1.0
 BOUND_NOTE = "bound of the model without copy contention: not a bound on the simulated program time"
+
+
+# The child: reads two length-prefixed messages (SatParameters, CpModelProto) from stdin, writes
+# the CpSolverResponse to stdout. It dies with its parent (PR_SET_DEATHSIG, Linux) and leaves
+# Ctrl-C to the parent, which kills it.
+_CHILD_CODE = """
+import ctypes, os, signal, struct, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+try:
+  ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+except (AttributeError, OSError):
+  pass
+if os.getppid() != int(sys.argv[1]):
+  sys.exit(1)
+from ortools.sat.python import swig_helper
+def read():
+  (n,) = struct.unpack("<Q", sys.stdin.buffer.read(8))
+  return sys.stdin.buffer.read(n)
+parameters, model = read(), read()
+wrapper = swig_helper.SolveWrapper()
+swig_helper.SolveWrapper.SetSerializedParameters(parameters, wrapper)
+sys.stdout.buffer.write(swig_helper.SolveWrapper.SerializedSolve(model, wrapper))
+"""
+
+
+class _SolveProcess:
+  """One CP-SAT solve in a child process, started early so that its import overlaps building the
+  model; `close()` kills it if it still runs."""
+
+  def __init__(self):
+    self._process = subprocess.Popen(
+      [sys.executable, "-c", _CHILD_CODE, str(os.getpid())],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+    )
+
+  def solve(
+    self, model: cp_model.CpModel, solver: cp_model.CpSolver, wait_s: float
+  ) -> cp_model_pb2.CpSolverResponse | None:
+    """The response, or None if the child did not answer within `wait_s` seconds (then killed)
+    or died (its last line of stderr is not a result worth reporting: the hint stands in)."""
+    message = b"".join(
+      struct.pack("<Q", len(part)) + part
+      for part in (solver.parameters.SerializeToString(), model.Proto().SerializeToString())
+    )
+    try:
+      out, _ = self._process.communicate(message, timeout=wait_s)
+    except subprocess.TimeoutExpired:
+      self.close()
+      return None
+    if self._process.returncode != 0:
+      return None
+    return cp_model_pb2.CpSolverResponse.FromString(out)
+
+  def close(self) -> None:
+    if self._process.poll() is None:
+      self._process.kill()
+    self._process.wait()
+    for stream in (self._process.stdin, self._process.stdout, self._process.stderr):
+      stream.close()
 
 
 def cpsat(
@@ -48,6 +121,18 @@ def cpsat(
   time_limit_s: float = DEFAULT_TIME_LIMIT_S,
   workers: int = DEFAULT_WORKERS,
   seed: int = 0,
+) -> dict:
+  """Places `placement`'s requests by CP-SAT within `time_limit_s`; returns the solve's details
+  (status, bound, build time, and `fallback` when the msa-simple hint is the answer)."""
+  process = _SolveProcess()
+  try:
+    return _cpsat(placement, time_limit_s, workers, seed, process)
+  finally:
+    process.close()
+
+
+def _cpsat(
+  placement: Placement, time_limit_s: float, workers: int, seed: int, process: _SolveProcess
 ) -> dict:
   model_cost, req, hw = placement.model, placement.requests, placement.hardware
   unit = model_cost.slow_only_time / UNITS_PER_SLOW_ONLY_TIME
@@ -64,14 +149,14 @@ def cpsat(
   hint_time = placement.total_time
   # The hint stays in `placement` until CP-SAT has a solution: a fallback has nothing to replay.
 
-  def fallback(why: str, variables: int = 0) -> dict:
-    built = time.perf_counter() - t0
+  def fallback(why: str, variables: int = 0, built_s: float | None = None) -> dict:
+    spent = time.perf_counter() - t0
     return {
       "status": "unknown",
       "bound_s": 0.0,
       "bound_note": BOUND_NOTE,
-      "model_build_s": built,
-      "model_build_and_solve_s": built,
+      "model_build_s": spent if built_s is None else built_s,
+      "model_build_and_solve_s": spent,
       "variables": variables,
       "fallback": f"msa-simple ({why})",
     }
@@ -145,10 +230,17 @@ def cpsat(
       len(choices),
     )
   solver.parameters.max_time_in_seconds = remaining
-  status = solver.Solve(m)
+  response = process.solve(m, solver, remaining + OVERRUN_GRACE_S)
+  if response is None:
+    return fallback(
+      f"CP-SAT did not return within {OVERRUN_GRACE_S:.0f} s of the time limit",
+      len(choices),
+      built,
+    )
+  status = response.status
   info = {
-    "status": solver.StatusName(status).lower(),
-    "bound_s": float(solver.BestObjectiveBound()) * unit,
+    "status": cp_model_pb2.CpSolverStatus.Name(status).lower(),
+    "bound_s": float(response.best_objective_bound) * unit,
     "bound_note": BOUND_NOTE,
     "model_build_s": built,
     "model_build_and_solve_s": time.perf_counter() - t0,
@@ -157,9 +249,9 @@ def cpsat(
   if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
     placement.reset()
     for r, level, present, slot in choices:
-      if solver.Value(present):
-        placement.place(r, level, int(solver.Value(slot)) * align)
-    info["objective_s"] = float(solver.ObjectiveValue()) * unit
+      if response.solution[present.Index()]:
+        placement.place(r, level, int(response.solution[slot.Index()]) * align)
+    info["objective_s"] = float(response.objective_value) * unit
     if placement.total_time > hint_time:
       # Its model ignores contention: the hint may simulate faster. Return the faster one.
       placement.reset()
