@@ -37,10 +37,15 @@ def check_replay_checkpoint(directory: str) -> Optional[str]:
     return None
   import tensorflow as tf
 
+  # No autotuning: its optimisation thread, cancelled at exit, can log a line to stderr in a
+  # command whose refusal must be one line.
+  quiet = tf.data.Options()
+  quiet.autotune.enabled = False
+  quiet.experimental_optimization.apply_default_optimizations = False
   for name in CHECKPOINT_FILES:
     path = os.path.join(latest, name)
     try:
-      for _ in tf.data.TFRecordDataset(path, compression_type="ZLIB"):
+      for _ in tf.data.TFRecordDataset(path, compression_type="ZLIB").with_options(quiet):
         pass
     except (tf.errors.OpError, OSError) as e:
       why = str(getattr(e, "message", e)).splitlines()[0] if str(e) else type(e).__name__
