@@ -170,6 +170,14 @@ class LearnerConfig:
   )
   # The rest of the windows start uniformly (learner/demonstrations/store.py
   # `Demonstrations.sample`).
+  # A corpus of hundreds of programs: a demonstration holds a whole program's observations
+  # (tens of MB at 5,000 buffers) and seeding it replays msa over the whole program.
+  demonstration_programs: int = setting(
+    0,
+    "non_negative_int",
+    "training programs that keep a demonstration: the report suite's first, then the others "
+    "in a seeded order (0: every training program)",
+  )
   demonstration_departures: float = setting(
     0.0,
     "probability",
@@ -238,6 +246,13 @@ class ActorConfig:
     16, "positive_int", "games stepped together per actor (B)", maximum=MAX_BATCH
   )
   variable_update_period: int = setting(50, "positive_int", "acting steps between parameter pulls")
+  # A game holds its program's requests and cost model: hundreds of programs times `num_games`
+  # slots do not fit in memory.
+  cached_games: int = setting(
+    0,
+    "non_negative_int",
+    "built games an actor keeps for reuse, the least recently drawn dropped first (0: all)",
+  )
   # env/game/game.py `reset_segment`. Whole programs of the default suite take 16 to 16,855
   # moves, so a run completes few games and a return mixes thousands of moves. Each short game
   # costs one msa pass over its program (the prefix and msa's completion), which 64 moves
@@ -338,6 +353,14 @@ class Config:
   name: str = "small"  # The preset's; set by `train --config`.
   # "" with `programs`: train on those alone.
   suite: str = setting("default", "text", "suite whose training programs the run trains on")
+  # A training corpus has no held-out split of its own, and its hundreds of programs are too
+  # many to measure every `eval_every_steps`: the figures come from another suite's splits.
+  report_suite: str = setting(
+    "",
+    "text",
+    "suite whose train and held-out programs the learning curve, checkpoint selection and "
+    "final report measure (empty: the training suite)",
+  )
   programs: tuple[ProgramFile, ...] = ()  # Set by `train --workload`.
   game: GameConfig = GameConfig()
   network: NetworkConfig = NetworkConfig()
@@ -376,6 +399,11 @@ class Config:
     "actors also play every training suite entry at these fractions of its program's peak live "
     "bytes, e.g. 0.1,0.25,0.5 (reports keep to the suite's own entries; empty: none)",
   )
+
+  @property
+  def measured_suite(self) -> str:
+    """The suite whose splits the run's figures measure: `report_suite`, else `suite`."""
+    return self.report_suite or self.suite
 
   def __post_init__(self):
     check_settings(self)

@@ -146,8 +146,8 @@ class LearningCurve:
       {self._config.name: self._workdir.root},
       self.baseline_geomeans(),
       path,
-      f"malloczero {self._config.name} on suite '{self._config.suite}' (greedy evaluation search;"
-      " hollow markers: the policy alone)",
+      f"malloczero {self._config.name} on suite '{self._config.measured_suite}' (greedy "
+      "evaluation search; hollow markers: the policy alone)",
     )
     return path
 

@@ -416,7 +416,7 @@ def write_final_report(
     attempts=1,
     search_seconds=config.final_search_seconds,
   )[0]
-  suite = get_suite(config.suite)
+  suite = get_suite(config.measured_suite)
   print_fn(
     f"final evaluation of step {agent.agent.learner_steps} on {len(suite.entries)} "
     f"programs ({agent.simulations} simulations, greedy, no noise, msa's mapping one more "
@@ -427,7 +427,7 @@ def write_final_report(
     suite, BASELINES, [agent], _random_seed(config.seed), batch_agents=True, seed=config.seed
   )
   title = (
-    f"Final evaluation: config `{config.name}`, suite `{config.suite}`, learner step "
+    f"Final evaluation: config `{config.name}`, suite `{suite.name}`, learner step "
     f"{agent.agent.learner_steps}"
   )
   write_report(

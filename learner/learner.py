@@ -454,8 +454,8 @@ class MuZeroLearner:
     """A game the agent played (an actor's or an evaluation's), offered as `program`'s
     demonstration (learner/demonstrations/store.py `Demonstrations.offer`); returns the best
     return now known for `program` (+inf when this learner keeps no demonstrations, so the actor
-    stops offering)."""
-    if self._demonstrations is None:
+    stops offering), as for a program the store does not keep (`learner.demonstration_programs`)."""
+    if self._demonstrations is None or not self._demonstrations.holds(program):
       return float("inf")
     return self._demonstrations.offer(program, actions, episode_return, "agent")
 

@@ -19,7 +19,7 @@ import reverb
 from acme.utils import loggers
 
 from malloczero.actors.actor import BatchedActor, EpisodeResult, OfferFn, OfferProbeFn
-from malloczero.actors.games import GamePool, GameSpec, training_specs
+from malloczero.actors.games import GamePool, GameSpec, demonstration_specs, training_specs
 from malloczero.actors.search import make_search_fn
 from malloczero.actors.variable_client import VariableClient, VariableSource
 from malloczero.common.files import write_text
@@ -63,14 +63,15 @@ def make_sampler(replay_address: str, config: Config) -> Sampler:
 def make_demonstrations(
   config: Config, specs: Sequence[GameSpec], workdir: Optional[WorkDir] = None
 ) -> Optional[Demonstrations]:
-  """The best-trajectory store of the training programs `specs`, or None when the config mixes
+  """The best-trajectory store of the training programs `specs` (those of them that
+  `learner.demonstration_programs` keeps: `demonstration_specs`), or None when the config mixes
   no demonstrations into batches. With a work directory, each program's best mapping so far is
   kept in its `best/` folder."""
   if not config.learner.demonstration_batch:
     return None
   on_improve = functools.partial(write_best_mapping, workdir.best) if workdir is not None else None
   return Demonstrations(
-    specs,
+    demonstration_specs(config, specs),
     config.game,
     config.learner.sequence_length,
     seed=config.seed,
@@ -150,7 +151,13 @@ def make_actor(
   `offer_demonstration`), games faster than the best known are offered as demonstrations; with
   probes on and `offer_probe` (the learner's), it probes decisions of the same programs for the
   learner (learner/probes/)."""
-  pool = GamePool(training_specs(config), config.game, config.actor.num_games, seed=seed)
+  pool = GamePool(
+    training_specs(config),
+    config.game,
+    config.actor.num_games,
+    seed=seed,
+    cached_games=config.actor.cached_games,
+  )
   writer = SequenceWriter(replay, config, config.actor.num_games, should_stop=should_stop)
   return BatchedActor(
     networks,
@@ -162,7 +169,13 @@ def make_actor(
     on_episode=on_episode,
     offer=offer if config.learner.demonstration_batch else None,
     prober=(
-      Prober(pool.specs, config.game, seed=seed + 1, on_policy=config.probes.on_policy)
+      Prober(
+        pool.specs,
+        config.game,
+        seed=seed + 1,
+        on_policy=config.probes.on_policy,
+        cached_games=config.actor.cached_games,
+      )
       if config.probes.share
       else None
     ),

@@ -74,15 +74,19 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
 
 def preflight(config: Config, workdir: str, max_steps: int, final_report: bool = False) -> None:
   """What a run would refuse, checked before its work directory is locked (so before any file in
-  it, its locks included, is written): a suite with no train split, another configuration's or
-  an unreadable run in the directory, a run already at `max_steps` (unless `final_report` and
-  its report is missing: `report_missing`), and for a resumed run the learner checkpoint (every
-  array, NaN refused), the demonstrations and the replay checkpoint it will load. Read-only;
-  the launch checks again under the lock."""
+  it, its locks included, is written): a suite or report suite with no train split, another
+  configuration's or an unreadable run in the directory, a run already at `max_steps` (unless
+  `final_report` and its report is missing: `report_missing`), and for a resumed run the
+  learner checkpoint (every array, NaN refused), the demonstrations and the replay checkpoint it
+  will load. Read-only; the launch checks again under the lock."""
   if config.suite:
     from malloczero.env.programs.suites import get_suite
 
     get_suite(config.suite).split("train")
+  if config.report_suite:
+    from malloczero.env.programs.suites import get_suite
+
+    get_suite(config.report_suite).split("train")
   if not os.path.isdir(workdir):
     return
   start_step = check_workdir(config, workdir)

@@ -230,7 +230,7 @@ def _train_distributed(config, args: argparse.Namespace, workdir: str) -> int:
     checkpoint = result.reported_agent["checkpoint"]
     reported = checkpoint if checkpoint != files.learner_state else result.workdir
     out.print(
-      f"  compare with evo and CP-SAT too: malloczero evaluate --suite {config.suite} "
+      f"  compare with evo and CP-SAT too: malloczero evaluate --suite {config.measured_suite} "
       f"--checkpoint {reported} --out {files.evaluation}"
     )
   if config.programs and result.ok and result.learner_steps > 0:

@@ -176,6 +176,10 @@ class Demonstrations:
   def __len__(self) -> int:
     return len(self._best)
 
+  def holds(self, program: str) -> bool:
+    """Whether `program` is one of the programs this store keeps a demonstration of."""
+    return program in self._specs
+
   def best(self) -> dict[str, Demonstration]:
     with self._lock:
       return dict(self._best)

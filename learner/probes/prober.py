@@ -31,6 +31,7 @@ import numpy as np
 
 from malloczero.env import Hardware, Workload
 from malloczero.env.game import GameConfig, make_game
+from malloczero.env.game.cache import BuiltGames
 from malloczero.env.solvers.evo_msa import Genome, decode
 from malloczero.learner.networks import MuZeroNetworks, Params
 
@@ -140,7 +141,12 @@ class Prober:
   the advantage is relative to msa's completion)."""
 
   def __init__(
-    self, specs: Sequence[ProgramSpec], config: GameConfig, seed: int = 0, on_policy: float = 0.0
+    self,
+    specs: Sequence[ProgramSpec],
+    config: GameConfig,
+    seed: int = 0,
+    on_policy: float = 0.0,
+    cached_games: int = 0,
   ):
     if config.decisions != "msa":
       raise ValueError("probes need the msa game: only it knows msa's move")
@@ -151,7 +157,7 @@ class Prober:
     self._on_policy = on_policy
     self._specs = list(specs)
     self._config = dataclasses.replace(config, reward="advantage")
-    self._games: dict[int, object] = {}
+    self._games = BuiltGames(cached_games)  # At most this many kept (0: all).
     self._rng = np.random.default_rng(seed)
     self.num_probes = 0
     self.num_on_policy = 0
@@ -162,10 +168,8 @@ class Prober:
     return self._on_policy
 
   def _game(self, index: int):
-    if index not in self._games:
-      spec = self._specs[index]
-      self._games[index] = make_game(spec.workload, spec.hardware, self._config)
-    return self._games[index]
+    spec = self._specs[index]
+    return self._games.get(index, lambda: make_game(spec.workload, spec.hardware, self._config))
 
   def probe(self, policy: Policy | None = None) -> Probe | None:
     """One decision of a drawn program, or None when `MAX_DRAWS` steps of it offered one legal
