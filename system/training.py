@@ -24,12 +24,15 @@ def save_config(config: Config, workdir: str) -> None:
 
 
 def _comparable(config_dict: dict[str, Any]) -> dict[str, Any]:
-  """The parts of a config that a checkpoint depends on (networks, game, replay items)."""
+  """The parts of a config that a checkpoint depends on (networks, game, replay items), and the
+  suite its learning curve and demonstrations are of."""
   learner = config_dict.get("learner", {})
   return {
     "network": config_dict.get("network"),
     "game": config_dict.get("game"),
     "suite": config_dict.get("suite"),
+    # The learning curve's points are of the report suite's programs.
+    "report_suite": config_dict.get("report_suite", ""),
     "programs": config_dict.get("programs", []),
     "capacity_variants": config_dict.get("capacity_variants", []),
     "sequence": (learner.get("unroll_steps"), learner.get("td_steps")),
@@ -61,9 +64,10 @@ def check_workdir(config: Config, workdir: str) -> Optional[int]:
     if _comparable(previous) != _comparable(current):
       raise MalloczeroError(
         f"{workdir} holds a run of config '{previous.get('name')}' on suite "
-        f"'{previous.get('suite')}' with other networks, game settings, --workload "
-        "programs or capacity variants; resume it with the same --config, --suite, --set "
-        "capacity_variants and --workload (--hardware, --capacity), or use another --workdir"
+        f"'{previous.get('suite')}' with other networks, game settings, report suite, "
+        "--workload programs or capacity variants; resume it with the same --config, --suite, "
+        "--set report_suite, --set capacity_variants and --workload (--hardware, --capacity), "
+        "or use another --workdir"
       )
   if os.path.isdir(files.checkpoints) and os.path.exists(files.learner_state):
     return checkpoint_steps(files.checkpoints)

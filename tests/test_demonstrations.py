@@ -159,6 +159,9 @@ def test_a_better_game_replaces_msas_and_is_saved_and_restored(tmp_path):
   assert restored.restore(str(tmp_path)) == len(SPECS)
   restored.add_heuristic()  # Does not undo the improvement.
   assert restored.best() == demos.best()
+  # A store of fewer programs (a smaller learner.demonstration_programs) keeps its own alone.
+  fewer = Demonstrations([s for s in SPECS if s.name != name], CONFIG.game, L, seed=0)
+  assert fewer.restore(str(tmp_path)) == len(SPECS) - 1 and name not in fewer.best()
   (tmp_path / DEMONSTRATIONS_FILENAME).write_text('[{"program": 1}]')
   with pytest.raises(MalloczeroError, match="demonstrations file .* is unusable"):
     Demonstrations(SPECS, CONFIG.game, L).restore(str(tmp_path))

@@ -337,7 +337,8 @@ def test_a_workload_run_resumes_only_with_the_same_program(tmp_path):
   save_config(first, str(tmp_path))
   assert check_workdir(config("20000"), str(tmp_path)) is None
   with pytest.raises(
-    MalloczeroError, match="with other networks, game settings, --workload programs or capacity"
+    MalloczeroError,
+    match="with other networks, game settings, report suite, --workload programs or capacity",
   ):
     check_workdir(config("40000"), str(tmp_path))
 
@@ -356,6 +357,9 @@ def test_a_run_resumes_only_with_the_same_capacity_variants(tmp_path):
   assert check_workdir(varied, str(tmp_path)) is None
   with pytest.raises(MalloczeroError, match="capacity variants"):
     check_workdir(get_config("tiny"), str(tmp_path))
+  # Another report suite: the learning curve would mix two suites' figures.
+  with pytest.raises(MalloczeroError, match="report suite"):
+    check_workdir(dataclasses.replace(varied, report_suite="default"), str(tmp_path))
 
 
 def test_a_single_process_run_at_its_max_steps_is_refused(tmp_path, capsys, monkeypatch):

@@ -299,10 +299,11 @@ class Demonstrations:
     return path
 
   def restore(self, directory: str) -> int:
-    """Replays the demonstrations saved in `directory`, if any; returns how many were kept.
-    A file that cannot be read, or one for other programs or another game, is a one-line
-    MalloczeroError."""
-    items = read_demonstrations(directory)
+    """Replays the demonstrations saved in `directory`, if any, of the programs this store
+    keeps (`holds`; a resume with a smaller `learner.demonstration_programs` drops the rest);
+    returns how many were kept. A file that cannot be read, or one for another game, is a
+    one-line MalloczeroError."""
+    items = [d for d in read_demonstrations(directory) if self.holds(d.program)]
     for item in items:
       self.offer(item.program, item.actions, item.episode_return, item.source)
     return len(items)
