@@ -113,7 +113,10 @@ def test_every_field_of_every_preset_is_reached_by_its_path(preset):
       "--set learner.demo=1: no field 'demo' in learner; valid: batch_size, unroll_steps,",
     ),
     ("lerner.batch_size=1", "no section 'lerner' in the config; valid: game, network, search,"),
-    ("speed=1", "no field 'speed' in the config; valid: suite, report_suite, seed, max_learner_steps,"),
+    (
+      "speed=1",
+      "no field 'speed' in the config; valid: suite, report_suite, seed, max_learner_steps,",
+    ),
     ("learner=1", "'learner' is a section: name one of its fields, e.g. learner.batch_size"),
     ("programs=x", "'programs' is set by --workload, not --set"),
     ("name=x", "'name' is set by --config, not --set"),

@@ -29,7 +29,8 @@ def test_registry_has_at_least_ten_models_covering_the_main_families():
   for name in ("resnet50", "mobilenet", "bert", "gpt", "unet", "lstm", "mlp"):
     assert name in zoo.MODELS
   assert "vit" in zoo.MODELS or "mlp_mixer" in zoo.MODELS
-  assert set(zoo.TINY_MODELS) == set(zoo.MODELS)
+  assert set(zoo.TINY_MODELS) == set(zoo.MODELS) | set(zoo.EXTRA_MODELS)
+  assert not set(zoo.MODELS) & set(zoo.EXTRA_MODELS)
 
 
 def test_unknown_model_raises_one_line_workload_error_listing_known_names():
@@ -40,6 +41,14 @@ def test_unknown_model_raises_one_line_workload_error_listing_known_names():
   assert "no_such_model" in message
   for name in zoo.MODELS:
     assert name in message
+
+
+def test_config_overrides_apply_and_an_unknown_setting_is_one_line():
+  assert zoo.model_config("gpt", overrides={"layers": 12})["layers"] == 12
+  assert zoo.model_config("gpt")["layers"] == 4
+  with pytest.raises(WorkloadError, match="no setting depth") as info:
+    zoo.model_config("gpt", overrides={"depth": 12})
+  assert "\n" not in str(info.value)
 
 
 def test_bad_batch_raises_workload_error():
