@@ -32,6 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
+from keras_programs import image_model as _image  # noqa: E402
+from keras_programs import optimized_hlo as keras_hlo  # noqa: E402
+
 from malloczero.common.files import write_text  # noqa: E402
 from malloczero.env.programs.suites import MANIFEST, WORKLOAD_DIR  # noqa: E402
 from malloczero.env.workload_json import save_workload  # noqa: E402
@@ -40,21 +43,6 @@ SUITE = "foreign"
 FRONT_END = "tensorflow-keras"
 # Every program meets both machines at a quarter of its peak live bytes.
 CONFIGS = (("tpu-v4i-like", 0.25), ("nnpi-like", 0.25))
-
-
-def _image(app: str, size: int, **kwargs: Any) -> Callable[[], Any]:
-  def build() -> Any:
-    import tensorflow as tf
-
-    cls = getattr(tf.keras.applications, app)
-    shape = (size, size, 3)
-    try:  # Logits, for the training step's loss.
-      return cls(input_shape=shape, weights=None, classes=10, classifier_activation=None, **kwargs)
-    except TypeError:  # DenseNet in TF 2.8 has no classifier_activation: its own top, in logits.
-      base = cls(input_shape=shape, weights=None, include_top=False, pooling="avg", **kwargs)
-      return tf.keras.Model(base.input, tf.keras.layers.Dense(10)(base.output))
-
-  return build
 
 
 def _lstm_text() -> Any:
@@ -137,32 +125,8 @@ def program_name(model: str, batch: int, train: bool) -> str:
 
 def optimized_hlo(model: str, batch: int, train: bool) -> str:
   """TensorFlow's XLA-optimised HLO text of the model's inference or SGD training step."""
-  import tensorflow as tf
-
   build, kind, _ = MODELS[model]
-  tf.keras.utils.set_random_seed(0)
-  net = build()
-  if kind.startswith("image"):
-    size = int(kind.removeprefix("image"))
-    x = tf.random.uniform((batch, size, size, 3))
-  else:
-    x = tf.random.uniform((batch, int(kind.removeprefix("tokens"))), 0, 1000, dtype=tf.int32)
-  if not train:
-    fn = tf.function(lambda x: net(x, training=False), jit_compile=True)
-    return fn.experimental_get_compiler_ir(x)(stage="optimized_hlo")
-  y = tf.zeros((batch,), dtype=tf.int32)
-  loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-  def step(x: Any, y: Any) -> Any:
-    with tf.GradientTape() as tape:
-      loss = loss_fn(y, net(x, training=True))
-    grads = tape.gradient(loss, net.trainable_variables)
-    for v, g in zip(net.trainable_variables, grads):
-      v.assign_sub(0.01 * tf.convert_to_tensor(g))
-    return loss
-
-  fn = tf.function(step, jit_compile=True)
-  return fn.experimental_get_compiler_ir(x, y)(stage="optimized_hlo")
+  return keras_hlo(build, kind, batch, train)
 
 
 def main() -> int:
@@ -200,7 +164,7 @@ def main() -> int:
       workload = imported.workload
       save_workload(workload, path)
       manifest["programs"][name] = {
-        "model": model,
+        "model": f"tf-{model}",
         "batch": batch,
         "train": train,
         "tiny": False,
@@ -227,7 +191,7 @@ def main() -> int:
           "hardware": hardware,
           "capacity_fraction": fraction,
           "split": "heldout",
-          "model": model,
+          "model": f"tf-{model}",
         }
       )
   models = sorted({e["model"] for e in entries})

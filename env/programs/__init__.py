@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from malloczero.env.workload import Workload
 
 
@@ -11,9 +13,16 @@ def program_name(model: str, batch: int, train: bool, tiny: bool = False) -> str
 
 
 def import_model(
-  model: str, batch: int, train: bool, tiny: bool = False, seed: int = 0
+  model: str,
+  batch: int,
+  train: bool,
+  tiny: bool = False,
+  seed: int = 0,
+  overrides: Mapping[str, Any] | None = None,
+  name: str | None = None,
 ) -> tuple[Workload, dict[str, int]]:
-  """Builds the zoo model's program, compiles it with XLA on the CPU and imports it.
+  """Builds the zoo model's program (its config with `overrides`, `zoo.model_config`), compiles
+  it with XLA on the CPU and imports it, named `name` (default `program_name(...)`).
 
   Returns the workload and XLA's own memory and flop statistics for the same program."""
   from malloczero.env.programs.hlo_import import (
@@ -21,5 +30,5 @@ def import_model(
   )
   from malloczero.env.programs.zoo import build_program
 
-  fn, args = build_program(model, batch, train, seed=seed, tiny=tiny)
-  return workload_from_jax(fn, *args, name=program_name(model, batch, train, tiny))
+  fn, args = build_program(model, batch, train, seed=seed, tiny=tiny, overrides=overrides)
+  return workload_from_jax(fn, *args, name=name or program_name(model, batch, train, tiny))

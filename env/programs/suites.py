@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
+
+import numpy as np
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.env.hardware import Hardware, check_fits, load_hardware
@@ -104,6 +107,28 @@ def _load_program(program: str) -> Workload:
       f"suite program '{program}' is missing ({path}): re-run scripts/make_suites.py"
     )
   return load_workload(path)
+
+
+def content_hash(workload: Workload) -> str:
+  """SHA-256 of what a solver sees of the program (sizes, lifetimes, which op moves how many
+  bytes of which buffer, flops), not its names: two programs with the same hash are the same
+  program however named or imported."""
+  a = workload.arrays
+  digest = hashlib.sha256()
+  for column in (
+    a.flops,
+    a.sizes,
+    a.def_op,
+    a.live_start,
+    a.live_end,
+    a.is_prefetched,
+    a.is_output,
+    a.incidence_buffer,
+    a.incidence_op,
+    a.incidence_bytes,
+  ):
+    digest.update(np.ascontiguousarray(column).tobytes())
+  return digest.hexdigest()
 
 
 def suite_names() -> list[str]:

@@ -797,6 +797,72 @@ _DEEPFM = _Model(
 )
 
 
+# --- llama (kept out of the default suite and the training corpus) ------------------------------
+
+
+def _rms_norm(name: str) -> hk.RMSNorm:
+  return hk.RMSNorm(axis=-1, eps=1e-6, name=name)
+
+
+def _rotary(x: jax.Array) -> jax.Array:
+  """Rotary position embedding (Su et al., 2021, RoFormer, eq. 34) of x: [B, S, H, K]."""
+  length, half = x.shape[1], x.shape[-1] // 2
+  inv_freq = 1.0 / (10000.0 ** (np.arange(half, dtype=np.float32) / half))
+  angles = np.arange(length, dtype=np.float32)[:, None] * inv_freq[None, :]  # [S, K/2]
+  cos, sin = jnp.asarray(np.cos(angles))[None, :, None], jnp.asarray(np.sin(angles))[None, :, None]
+  first, second = x[..., :half], x[..., half:]
+  return jnp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+
+
+def _llama_layer(x, mask, cfg, name):
+  """LLaMA block (Touvron et al., 2023, section 2.2): pre-RMSNorm, causal attention with rotary
+  queries and keys and no biases, pre-RMSNorm SwiGLU MLP."""
+  d, heads = x.shape[-1], cfg["heads"]
+  key_size = d // heads
+  linear = lambda n, size: hk.Linear(size, with_bias=False, w_init=_trunc(), name=n)
+  with hk.name_scope(name):
+    h = _rms_norm("attn_norm")(x)
+    split = lambda y: y.reshape(*y.shape[:2], heads, key_size)
+    q, k, v = (split(linear(n, d)(h)) for n in ("q", "k", "v"))
+    q, k = _rotary(q), _rotary(k)
+    logits = jnp.einsum("bshk,bthk->bhst", q, k) / math.sqrt(key_size)
+    weights = jax.nn.softmax(jnp.where(mask, logits, -1e30), axis=-1)
+    attended = jnp.einsum("bhst,bthk->bshk", weights, v).reshape(x.shape)
+    x = x + linear("o", d)(attended)
+    h = _rms_norm("mlp_norm")(x)
+    gated = jax.nn.silu(linear("gate", cfg["d_ff"])(h)) * linear("up", cfg["d_ff"])(h)
+    return x + linear("down", d)(gated)
+
+
+def _llama_forward(cfg, tokens, is_training):
+  del is_training
+  x = hk.Embed(cfg["vocab"], cfg["d_model"], w_init=_trunc(), name="token_embed")(tokens)
+  mask = _causal_mask(cfg["seq_len"])
+  for i in range(cfg["layers"]):
+    x = _llama_layer(x, mask, cfg, f"layer_{i}")
+  x = _rms_norm("final_norm")(x)
+  return hk.Linear(cfg["vocab"], with_bias=False, w_init=_trunc(), name="lm_head")(x)
+
+
+_LLAMA = _Model(
+  name="llama",
+  family="transformer",
+  description=(
+    "LLaMA-style decoder (RMSNorm, rotary positions, bias-free causal 8-head attention, SwiGLU "
+    "MLP, untied LM head), 12 layers, d=512, d_ff=1408, vocab 8192, on 256-token sequences"
+  ),
+  tiny_description="LLaMA-style decoder, 1 layer, d=32, 2 heads, vocab 64, 16 tokens",
+  default_batches=(1, 4),
+  forward=_llama_forward,
+  make_batch=_lm_batch,
+  loss=_classification_loss,
+  optimizer="adam",
+  learning_rate=3e-4,
+  full=dict(layers=12, d_model=512, heads=8, d_ff=1408, vocab=8192, seq_len=256),
+  tiny=dict(layers=1, d_model=32, heads=2, d_ff=64, vocab=64, seq_len=16),
+)
+
+
 _ALL = (
   _RESNET50,
   _MOBILENET,
@@ -813,7 +879,9 @@ _ALL = (
   _MLP,
   _DEEPFM,
 )
-_REGISTRY: dict[str, _Model] = {m.name: m for m in _ALL}
+# Models outside the default suite: the `realistic` suite's, kept out of the training corpus.
+_EXTRA = (_LLAMA,)
+_REGISTRY: dict[str, _Model] = {m.name: m for m in _ALL + _EXTRA}
 
 MODELS: dict[str, ModelSpec] = {
   m.name: ModelSpec(
@@ -825,6 +893,16 @@ MODELS: dict[str, ModelSpec] = {
   )
   for m in _ALL
 }
+EXTRA_MODELS: dict[str, ModelSpec] = {
+  m.name: ModelSpec(
+    name=m.name,
+    family=m.family,
+    description=m.description,
+    default_batches=m.default_batches,
+    supports_training=m.supports_training,
+  )
+  for m in _EXTRA
+}
 
 # The `tiny=True` versions (same names), for tests: each compiles in about a second.
 TINY_MODELS: dict[str, ModelSpec] = {
@@ -835,7 +913,7 @@ TINY_MODELS: dict[str, ModelSpec] = {
     default_batches=(1, 2),
     supports_training=m.supports_training,
   )
-  for m in _ALL
+  for m in _ALL + _EXTRA
 }
 
 
@@ -873,8 +951,27 @@ def _init(transformed: hk.TransformedWithState, seed: int, inputs: Any):
   return compiled(key, inputs)
 
 
+def model_config(name: str, tiny: bool = False, overrides: Mapping[str, Any] | None = None) -> dict:
+  """The model's full (or tiny) config with `overrides` (e.g. `{"layers": 12}`) applied; an
+  override of a key the model does not have is refused."""
+  model = _lookup(name)
+  cfg = dict(model.tiny if tiny else model.full)
+  unknown = sorted(set(overrides or {}) - set(cfg))
+  if unknown:
+    raise WorkloadError(
+      f"model {name!r} has no setting {', '.join(unknown)} (it has {', '.join(sorted(cfg))})"
+    )
+  cfg.update(overrides or {})
+  return cfg
+
+
 def build_program(
-  name: str, batch: int, train: bool, seed: int = 0, tiny: bool = False
+  name: str,
+  batch: int,
+  train: bool,
+  seed: int = 0,
+  tiny: bool = False,
+  overrides: Mapping[str, Any] | None = None,
 ) -> tuple[Callable, tuple]:
   """Returns (fn, example_args) such that jax.jit(fn).lower(*example_args).compile() is the program.
 
@@ -883,14 +980,15 @@ def build_program(
   (jax.grad of a real loss) + an optax update (adam or sgd with momentum). Parameters are
   created with hk.transform_with_state(...).init, so example_args hold real arrays (float32);
   see the module docstring for the layout of `params` of models with batch norm. `tiny=True`
-  builds the small test version of the model (`TINY_MODELS`).
+  builds the small test version of the model (`TINY_MODELS`); `overrides` replace settings of
+  its config (`model_config`), for the training corpus's deeper, wider or longer variants.
   """
   model = _lookup(name)
   if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
     raise WorkloadError(f"batch size must be a positive integer, got {batch!r}")
   if train and not model.supports_training:
     raise WorkloadError(f"model {name!r} has no training program")
-  cfg = model.tiny if tiny else model.full
+  cfg = model_config(name, tiny, overrides)
 
   def forward(inputs, is_training):
     return model.forward(cfg, inputs, is_training)
