@@ -23,6 +23,15 @@ def image_model(app: str, size: int, **kwargs: Any) -> Callable[[], Any]:
   return build
 
 
+def application(app: str, size: int, **kwargs: Any) -> tuple[Callable[[], Any], str, str]:
+  """(builder, input kind, description) of `keras.applications.<app>` on size x size images."""
+  return (
+    image_model(app, size, **kwargs),
+    f"image{size}",
+    f"keras.applications.{app}, {size}x{size}",
+  )
+
+
 def optimized_hlo(build: Callable[[], Any], kind: str, batch: int, train: bool) -> str:
   """TensorFlow's XLA-optimised HLO text of the Keras model `build()`'s inference or SGD training
   step on a batch of `kind` inputs (`image32`: 32x32x3 images, `tokens64`: 64 token ids)."""

@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-from keras_programs import image_model  # noqa: E402
+from keras_programs import application  # noqa: E402
 from keras_programs import optimized_hlo as keras_hlo  # noqa: E402
 
 from malloczero.common.files import write_text  # noqa: E402
@@ -155,35 +155,27 @@ def _keras_mlp() -> Any:
 
 # name -> (builder, input kind, what it is)
 KERAS_MODELS: dict[str, tuple[Callable[[], Any], str, str]] = {
-  "vgg16": (image_model("VGG16", 32), "image32", "keras.applications.VGG16, 32x32"),
-  "vgg19": (image_model("VGG19", 32), "image32", "keras.applications.VGG19, 32x32"),
-  "resnet50v2": (image_model("ResNet50V2", 32), "image32", "keras.applications.ResNet50V2"),
-  "resnet152v2": (image_model("ResNet152V2", 32), "image32", "keras.applications.ResNet152V2"),
-  "mobilenetv3l": (
-    image_model("MobileNetV3Large", 32, minimalistic=False),
-    "image32",
-    "keras.applications.MobileNetV3Large, 32x32",
-  ),
-  "efficientnetb1": (image_model("EfficientNetB1", 32), "image32", "EfficientNetB1, 32x32"),
-  "efficientnetb2": (image_model("EfficientNetB2", 32), "image32", "EfficientNetB2, 32x32"),
-  "densenet201": (image_model("DenseNet201", 32), "image32", "DenseNet201, 32x32"),
-  "efficientnetv2b0": (image_model("EfficientNetV2B0", 32), "image32", "EfficientNetV2B0"),
+  "vgg16": application("VGG16", 32),
+  "vgg19": application("VGG19", 32),
+  "resnet50v2": application("ResNet50V2", 32),
+  "resnet152v2": application("ResNet152V2", 32),
+  "mobilenetv3l": application("MobileNetV3Large", 32, minimalistic=False),
+  "efficientnetb1": application("EfficientNetB1", 32),
+  "efficientnetb2": application("EfficientNetB2", 32),
+  "densenet201": application("DenseNet201", 32),
+  "efficientnetv2b0": application("EfficientNetV2B0", 32),
   "textcnn": (_text_cnn, "tokens64", "Embedding + 3 Conv1D/MaxPool + Dense, 64 tokens"),
   "simplernn": (_simple_rnn, "tokens64", "Embedding + 2 SimpleRNN(128, unrolled), 64 tokens"),
   "convae": (_conv_autoencoder, "image32", "3 strided Conv2D + 3 Conv2DTranspose + Dense"),
   "mlp": (_keras_mlp, "image32", "Flatten + Dense 2048-1024-1024-512 + Dense"),
   # The realistic suite's: never in the corpus.
-  "resnet101": (image_model("ResNet101", 64), "image64", "keras.applications.ResNet101, 64x64"),
-  "densenet169": (image_model("DenseNet169", 32), "image32", "DenseNet169, 32x32"),
-  "inceptionresnetv2": (
-    image_model("InceptionResNetV2", 80),
-    "image80",
-    "keras.applications.InceptionResNetV2, 80x80",
-  ),
-  "inceptionv3": (image_model("InceptionV3", 80), "image80", "InceptionV3, 80x80"),
-  "nasnetmobile": (image_model("NASNetMobile", 32), "image32", "NASNetMobile, 32x32"),
-  "nasnetlarge": (image_model("NASNetLarge", 32), "image32", "NASNetLarge, 32x32"),
-  "efficientnetv2s": (image_model("EfficientNetV2S", 64), "image64", "EfficientNetV2S, 64x64"),
+  "resnet101": application("ResNet101", 64),
+  "densenet169": application("DenseNet169", 32),
+  "inceptionresnetv2": application("InceptionResNetV2", 80),
+  "inceptionv3": application("InceptionV3", 80),
+  "nasnetmobile": application("NASNetMobile", 32),
+  "nasnetlarge": application("NASNetLarge", 32),
+  "efficientnetv2s": application("EfficientNetV2S", 64),
 }
 CORPUS_KERAS: tuple[tuple[str, int, bool], ...] = (
   ("vgg16", 8, True),

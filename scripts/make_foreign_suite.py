@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-from keras_programs import image_model as _image  # noqa: E402
+from keras_programs import application  # noqa: E402
 from keras_programs import optimized_hlo as keras_hlo  # noqa: E402
 
 from malloczero.common.files import write_text  # noqa: E402
@@ -82,19 +82,11 @@ def _transformer() -> Any:
 
 # name -> (builder, input kind, what it is)
 MODELS: dict[str, tuple[Callable[[], Any], str, str]] = {
-  "mobilenetv2": (_image("MobileNetV2", 32), "image32", "keras.applications.MobileNetV2, 32x32"),
-  "mobilenetv3s": (
-    _image("MobileNetV3Small", 32, minimalistic=False),
-    "image32",
-    "keras.applications.MobileNetV3Small, 32x32",
-  ),
-  "resnet50": (_image("ResNet50", 32), "image32", "keras.applications.ResNet50, 32x32"),
-  "densenet121": (_image("DenseNet121", 32), "image32", "keras.applications.DenseNet121, 32x32"),
-  "efficientnetb0": (
-    _image("EfficientNetB0", 32),
-    "image32",
-    "keras.applications.EfficientNetB0, 32x32",
-  ),
+  "mobilenetv2": application("MobileNetV2", 32),
+  "mobilenetv3s": application("MobileNetV3Small", 32, minimalistic=False),
+  "resnet50": application("ResNet50", 32),
+  "densenet121": application("DenseNet121", 32),
+  "efficientnetb0": application("EfficientNetB0", 32),
   "lstm": (_lstm_text, "tokens32", "Embedding + 2 LSTM(128, unrolled) + Dense, 32 tokens"),
   "gru": (_gru_text, "tokens32", "Embedding + bidirectional GRU(96, unrolled) + Dense, 32 tokens"),
   "transformer": (

@@ -883,38 +883,25 @@ _ALL = (
 _EXTRA = (_LLAMA,)
 _REGISTRY: dict[str, _Model] = {m.name: m for m in _ALL + _EXTRA}
 
-MODELS: dict[str, ModelSpec] = {
-  m.name: ModelSpec(
-    name=m.name,
-    family=m.family,
-    description=m.description,
-    default_batches=m.default_batches,
-    supports_training=m.supports_training,
-  )
-  for m in _ALL
-}
-EXTRA_MODELS: dict[str, ModelSpec] = {
-  m.name: ModelSpec(
-    name=m.name,
-    family=m.family,
-    description=m.description,
-    default_batches=m.default_batches,
-    supports_training=m.supports_training,
-  )
-  for m in _EXTRA
-}
+
+def _specs(models: tuple[_Model, ...], tiny: bool = False) -> dict[str, ModelSpec]:
+  return {
+    m.name: ModelSpec(
+      name=m.name,
+      family=m.family,
+      description=m.tiny_description if tiny else m.description,
+      default_batches=(1, 2) if tiny else m.default_batches,
+      supports_training=m.supports_training,
+    )
+    for m in models
+  }
+
+
+MODELS: dict[str, ModelSpec] = _specs(_ALL)
+EXTRA_MODELS: dict[str, ModelSpec] = _specs(_EXTRA)
 
 # The `tiny=True` versions (same names), for tests: each compiles in about a second.
-TINY_MODELS: dict[str, ModelSpec] = {
-  m.name: ModelSpec(
-    name=m.name,
-    family=m.family,
-    description=m.tiny_description,
-    default_batches=(1, 2),
-    supports_training=m.supports_training,
-  )
-  for m in _ALL + _EXTRA
-}
+TINY_MODELS: dict[str, ModelSpec] = _specs(_ALL + _EXTRA, tiny=True)
 
 
 # ------------------------------------------------------------------------------------------------
