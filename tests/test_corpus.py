@@ -133,3 +133,18 @@ def test_coverage_reports_quantiles_and_the_share_inside_the_corpus_range():
   assert low <= mid <= high
   table = coverage_markdown(rows, ["same", "bigger"])
   assert table.count("\n") == len(FEATURES) + 2 and "| 0% |" in table
+
+
+def test_evaluating_the_corpus_held_out_split_is_one_line(tmp_path):
+  from tests.command_line import run_cli
+
+  out = tmp_path / "ev"
+  result = run_cli(
+    "evaluate", "--suite", "corpus", "--split", "heldout", "--solvers", "msa", "--out", str(out)
+  )
+  assert result.returncode == 1
+  assert result.stderr == (
+    "malloczero: error: suite 'corpus' has no heldout entries; evaluate another split "
+    "(--split all)\n"
+  )
+  assert not out.exists()

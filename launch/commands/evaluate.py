@@ -103,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
   from malloczero.evaluation.suite import load_agents
 
   suite = get_suite(args.suite).split(args.split)
+  if not suite.entries:  # E.g. the held-out split of `corpus`, a suite for training only.
+    raise MalloczeroError(
+      f"suite '{args.suite}' has no {args.split} entries; evaluate another split (--split all)"
+    )
   if args.limit:
     suite = dataclasses.replace(suite, entries=suite.entries[: args.limit])
   # Checkpoints are loaded (and a bad one refused) before any solver runs.
