@@ -413,6 +413,7 @@ def write_manifest(records: str) -> int:
   manifest["suites"]["corpus"] = {
     "description": f"training corpus: {len({e['program'] for e in suites['corpus']})} programs "
     f"({', '.join(front_ends)}), each on both machines at two of 10%, 25% and 50% of peak",
+    "training_only": True,
     "entries": suites["corpus"],
   }
   manifest["suites"]["realistic"] = {

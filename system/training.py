@@ -86,11 +86,19 @@ def preflight(config: Config, workdir: str, max_steps: int, final_report: bool =
   if config.suite:
     from malloczero.env.programs.suites import get_suite
 
-    get_suite(config.suite).split("train")
+    suite = get_suite(config.suite)
+    suite.split("train")
+    if suite.training_only and not config.report_suite:
+      raise MalloczeroError(
+        f"suite '{config.suite}' is for training only: it holds no held-out programs to report "
+        "on; name the suite to report on with --set report_suite=default"
+      )
   if config.report_suite:
     from malloczero.env.programs.suites import get_suite
 
-    get_suite(config.report_suite).split("train")
+    reported = get_suite(config.report_suite)
+    reported.split("train")
+    reported.split("heldout")
   if not os.path.isdir(workdir):
     return
   start_step = check_workdir(config, workdir)

@@ -29,7 +29,7 @@ def test_the_corpus_is_wide_train_only_and_from_three_front_ends():
   corpus = get_suite("corpus")
   programs = program_summaries()
   names = {e.program for e in corpus.entries}
-  assert len(corpus.entries) >= 400 and not corpus.evaluation_only
+  assert len(corpus.entries) >= 400 and corpus.training_only and not corpus.evaluation_only
   assert {e.split for e in corpus.entries} == {"train"}
   front_ends = collections.Counter(programs[p]["front_end"] for p in names)
   assert set(front_ends) == {"jax-haiku", "tensorflow-keras", "generated"}, front_ends
@@ -144,7 +144,7 @@ def test_evaluating_the_corpus_held_out_split_is_one_line(tmp_path):
   )
   assert result.returncode == 1
   assert result.stderr == (
-    "malloczero: error: suite 'corpus' has no heldout entries; evaluate another split "
-    "(--split all)\n"
+    "malloczero: error: suite 'corpus' is for training only: it has no held-out split (evaluate "
+    "it with --split all or train; measure generalisation on another suite)\n"
   )
   assert not out.exists()

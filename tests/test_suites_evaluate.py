@@ -18,7 +18,9 @@ def test_suites_exist_and_split_by_model():
     suite = get_suite(name)
     train = {e.model for e in suite.entries if e.split == "train"}
     heldout = {e.model for e in suite.entries if e.split == "heldout"}
-    assert heldout and bool(train) != suite.evaluation_only, name  # foreign: held out only.
+    assert not (suite.evaluation_only and suite.training_only), name
+    assert bool(train) != suite.evaluation_only, name  # foreign, realistic: held out only.
+    assert bool(heldout) != suite.training_only, name  # corpus: train only.
     assert not train & heldout, f"{name}: a model is both trained on and held out"
 
 

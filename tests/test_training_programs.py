@@ -40,12 +40,18 @@ def test_a_run_trains_on_its_suite_and_is_measured_on_its_report_suite():
   assert _names(program_specs(plain, "heldout")) == _names(suite_games("tiny", "heldout"))
 
 
-def test_a_report_suite_without_a_train_split_is_refused_before_anything(tmp_path):
+def test_a_report_suite_lacking_a_split_or_a_corpus_unreported_is_refused_first(tmp_path):
   config = dataclasses.replace(get_config("tiny"), report_suite="foreign")
   with pytest.raises(MalloczeroError, match="evaluation only"):
     preflight(config, str(tmp_path / "run"), 100)
   with pytest.raises(MalloczeroError, match="unknown suite 'nope'"):
     preflight(dataclasses.replace(config, report_suite="nope"), str(tmp_path / "run"), 100)
+  with pytest.raises(MalloczeroError, match="'corpus' is for training only"):
+    preflight(dataclasses.replace(config, report_suite="corpus"), str(tmp_path / "run"), 100)
+  corpus = dataclasses.replace(config, suite="corpus", report_suite="")
+  with pytest.raises(MalloczeroError, match="--set report_suite=default"):
+    preflight(corpus, str(tmp_path / "run"), 100)
+  preflight(dataclasses.replace(corpus, report_suite="tiny"), str(tmp_path / "run"), 100)
   assert not (tmp_path / "run").exists()
 
 

@@ -12,7 +12,9 @@ together, shared in the preset's ratio (`Hardware.with_fast_capacity`): `nnpi-li
 Entries are split into `train` and `heldout` by *model*, so held-out entries measure
 generalisation to programs never trained on. A suite marked `evaluation_only` in the manifest
 (`foreign`: Keras models compiled through TensorFlow, made by `scripts/make_foreign_suite.py`)
-has held-out entries only and no train split to train on.
+has held-out entries only and no train split to train on; one marked `training_only` (`corpus`,
+made by `scripts/make_corpus.py`) has train entries only, and a run on it reports on another
+suite's splits (`--set report_suite`).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Suite:
   description: str
   entries: tuple[SuiteEntry, ...]
   evaluation_only: bool = False  # Every entry held out: programs to test on, never to train on.
+  training_only: bool = False  # Every entry for training: nothing here is held out.
 
   def split(self, split: str) -> "Suite":
     if split == "all":
@@ -85,6 +88,11 @@ class Suite:
       raise MalloczeroError(
         f"suite '{self.name}' is for evaluation only: it has no train split (evaluate it "
         "with --split all or heldout; train on another suite)"
+      )
+    if split == "heldout" and self.training_only:
+      raise MalloczeroError(
+        f"suite '{self.name}' is for training only: it has no held-out split (evaluate it with "
+        "--split all or train; measure generalisation on another suite)"
       )
     return dataclasses.replace(self, entries=tuple(e for e in self.entries if e.split == split))
 
@@ -145,6 +153,7 @@ def get_suite(name: str) -> Suite:
     data["description"],
     tuple(SuiteEntry(**e) for e in data["entries"]),
     evaluation_only=bool(data.get("evaluation_only", False)),
+    training_only=bool(data.get("training_only", False)),
   )
 
 
