@@ -38,7 +38,10 @@ from malloczero.env.cost_model import CostModel
 from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
+from malloczero.env.placement import Placement
+from malloczero.env.requests import build_requests
 from malloczero.env.solvers import SolveResult, solve
+from malloczero.env.solvers.evo import evo, mapping_priorities
 from malloczero.env.solvers.evo_msa import evo_msa
 from malloczero.env.solvers.time_limit import now
 from malloczero.env.validator import validate_mapping
@@ -162,6 +165,7 @@ def solve_with_agent(
   seed: int = 0,
   search_seconds: float = 0.0,
   time_limit: Optional[float] = None,
+  guide: str = "decisions",
 ) -> SolveResult:
   """Plays `attempts` trajectories (1 greedy, the rest sampled) and the policy's alone, adds msa's
   mapping as one more attempt, then searches `search_seconds` guided by the network (or what
@@ -175,6 +179,7 @@ def solve_with_agent(
     seed,
     search_seconds=search_seconds,
     time_limit=time_limit,
+    guide=guide,
   )[0]
 
 
@@ -203,6 +208,17 @@ def _test_time_search(agent: Agent, simulations: Optional[int]) -> SearchConfig:
   return with_simulations(agent.search, agent.test_time_simulations(simulations))
 
 
+# evo's decodes in the guided search over priorities: the time limit is the bound (as the
+# `evo` baseline's `--evaluations 100000` at a time limit).
+MAX_GUIDED_DECODES = 100_000
+# The guided search's spaces (`guided_search`): msa's decisions (evo-msa) or request priorities
+# (evo).
+GUIDES = ("decisions", "priorities")
+# Under a time limit, the share of what msa leaves that the attempts may play for: evo-msa goes on
+# from whatever the play found, while evo over priorities needs decodes of its own (on programs
+# of 3,000-4,000 buffers, a trajectory of search takes the whole limit).
+PLAY_SHARE = {"decisions": 1.0, "priorities": 0.5}
+
 # After the play's deadline: the search call in flight, and the kept mapping's build and
 # validation (actors/greedy_play.py `play_programs`).
 PLAY_RESERVE_S = 0.5
@@ -221,6 +237,7 @@ def play_with_agent(
   msa: Optional[Sequence[SolveResult]] = None,
   search_seconds: float = 0.0,
   time_limit: Optional[float] = None,
+  guide: str = "decisions",
 ) -> list[SolveResult]:
   """`solve_with_agent` for several programs in one batch; each result's solve time is the
   batch's wall time divided evenly among its programs plus that program's msa solve (and its
@@ -234,7 +251,10 @@ def play_with_agent(
   then are dropped, info `cut_short`; none is played when building the games would not fit,
   `GAME_BUILD_PER_MSA_S`), and the guided search gets the rest (none when the
   attempts used it all), so that the agent can be compared with a baseline at the baseline's
-  time limit. An attempt cut short has no speed-up (None), the network's own play included."""
+  time limit. An attempt cut short has no speed-up (None), the network's own play included.
+  `guide`: the guided search's space (`guided_search`); with a time limit, it sets the share of
+  it the attempts get (`PLAY_SHARE`)."""
+  _check_guide(guide)
   search = _test_time_search(agent, simulations)
   if msa is None:  # First: it is the answer when the time limit leaves no room for play.
     msa = [solve(spec.workload, spec.hardware, "msa") for spec in specs]
@@ -242,6 +262,7 @@ def play_with_agent(
   deadline, room = None, True
   if time_limit is not None:
     left = len(specs) * (time_limit - max(b.solve_time_s for b in msa)) - PLAY_RESERVE_S
+    left *= PLAY_SHARE[guide]
     deadline = start + max(0.0, left)
     room = left > GAME_BUILD_PER_MSA_S * sum(b.solve_time_s for b in msa)
   played: list[Optional[EvaluationResult]] = [None] * len(specs)
@@ -276,9 +297,10 @@ def play_with_agent(
       seconds = time_limit - share - baseline.solve_time_s
     if seconds > 0 and result is not None and result.proposals is not None:
       started = time.perf_counter()
-      found, found_info = guided_search(spec, result, seconds, seed)
+      found, found_info = guided_search(spec, result, seconds, seed, guide)
       searched = {
         "guided_budget_s": seconds,
+        "guide": guide,
         "guided_speedup": found.speedup,
         "guided_evaluations": found_info["evaluations"],
         "guided_s": time.perf_counter() - started,
@@ -313,15 +335,36 @@ def play_with_agent(
   return solved
 
 
+def _check_guide(guide: str) -> None:
+  if guide not in GUIDES:
+    raise MalloczeroError(f"unknown guided search '{guide}' (choose from {', '.join(GUIDES)})")
+
+
 def guided_search(
-  spec: GameSpec, played: EvaluationResult, seconds: float, seed: int = 0
+  spec: GameSpec,
+  played: EvaluationResult,
+  seconds: float,
+  seed: int = 0,
+  guide: str = "decisions",
 ) -> tuple[Mapping, dict[str, Any]]:
-  """evo-msa (env/solvers/evo_msa.py) guided by the network: its first population the agent's
-  attempts (their departures from msa, fastest first), its mutations drawn mostly where the
-  search's policy left msa's move and toward the moves it preferred. Why: the network's play
-  is one trajectory; the decisions it doubts are where a few more full decodes pay. `seconds`
-  include building the cost model, as a baseline's time limit includes building its model."""
+  """A search guided by the network's play, in one of two spaces (`guide`):
+
+  * "decisions": evo-msa (env/solvers/evo_msa.py), its first population the agent's attempts
+    (their departures from msa, fastest first), its mutations drawn mostly where the search's
+    policy left msa's move and toward the moves it preferred. Why: the network's play is one
+    trajectory; the decisions it doubts are where a few more full decodes pay.
+  * "priorities": evo over request priorities (env/solvers/evo.py), the strongest baseline on
+    large programs because it can reorder buffers, which msa's decisions cannot; its first
+    population holds, beside msa's and the greedy's orders, the kept mapping of the agent's play
+    as a priority genome (`mapping_priorities`), as EGRL seeds its population with its policy's
+    proposals. The same search without the network is the `evo` baseline at the same limit.
+
+  `seconds` include building the cost model (and the requests), as a baseline's time limit
+  includes building its model."""
+  _check_guide(guide)
   started = time.perf_counter()
+  if guide == "priorities":
+    return _guided_priorities(spec, played, seconds, seed, started)
   finished = [i for i, s in enumerate(played.attempt_speedups) if s is not None]
   order = sorted(finished, key=lambda i: -played.attempt_speedups[i])
   initial = [played.genomes[i] for i in order if played.genomes[i]]
@@ -334,5 +377,25 @@ def guided_search(
     proposals=played.proposals,
     solver="agent",
   )
+  validate_mapping(spec.workload, spec.hardware, mapping)
+  return mapping, info
+
+
+def _guided_priorities(
+  spec: GameSpec, played: EvaluationResult, seconds: float, seed: int, started: float
+) -> tuple[Mapping, dict[str, Any]]:
+  model = CostModel(spec.workload, spec.hardware)
+  placement = Placement(model, build_requests(model))
+  initial = []
+  if played.mapping is not None:
+    initial.append(mapping_priorities(placement.requests, played.mapping, spec.workload))
+  info = evo(
+    placement,
+    evaluations=MAX_GUIDED_DECODES,
+    time_limit_s=max(0.0, seconds - (time.perf_counter() - started)),
+    seed=seed,
+    initial=initial,
+  )
+  mapping = placement.mapping("agent")
   validate_mapping(spec.workload, spec.hardware, mapping)
   return mapping, info

@@ -53,6 +53,7 @@ class AgentUnderTest:
   attempts: int
   search_seconds: float = 0.0  # Per program: the guided search after the attempts.
   time_limit: Optional[float] = None  # Per program, the whole solve (`play_with_agent`).
+  guide: str = "decisions"  # The guided search's space (actors/agent.py `guided_search`).
 
   def describe(self) -> dict[str, Any]:
     return {
@@ -61,6 +62,7 @@ class AgentUnderTest:
       "learner_steps": self.agent.learner_steps,
       "simulations": self.simulations,
       "attempts": self.attempts,
+      "guide": self.guide,
     }
 
 
@@ -70,6 +72,7 @@ def load_agents(
   attempts: int = 1,
   search_seconds: float = 0.0,
   time_limit: Optional[float] = None,
+  guide: str = "decisions",
 ) -> list[AgentUnderTest]:
   """One agent per checkpoint. A single one is labelled `agent`; several are labelled by their
   run directory and learner step (`train-small@5000`) so tables can tell them apart."""
@@ -83,7 +86,7 @@ def load_agents(
     ]
   return [
     AgentUnderTest(
-      label, a, a.test_time_simulations(simulations), attempts, search_seconds, time_limit
+      label, a, a.test_time_simulations(simulations), attempts, search_seconds, time_limit, guide
     )
     for label, a in zip(labels, agents)
   ]
@@ -325,6 +328,7 @@ def evaluate_suite(
         msa=[results["msa"] for results in solved],
         search_seconds=tested.search_seconds,
         time_limit=tested.time_limit,
+        guide=tested.guide,
       )
       progress(f"{tested.label}: all {len(specs)} programs in one batch", len(specs))
     else:
@@ -341,6 +345,7 @@ def evaluate_suite(
           msa=[results["msa"]],
           search_seconds=tested.search_seconds,
           time_limit=tested.time_limit,
+          guide=tested.guide,
         )
         progress(f"{spec.name}: {tested.label}", 1)
     for spec, results, result in zip(specs, solved, played):

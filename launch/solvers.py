@@ -66,6 +66,14 @@ class AgentOptions:
     default_help="none: --search-seconds decides",
     maximum=MAX_TIME_LIMIT_S,
   )
+  guide_priorities: bool = option(
+    False,
+    "--guide-priorities",
+    "the guided search is evo over request priorities, its population seeded with the "
+    "network's mapping beside msa's and the greedy's orders, in place of evo-msa steered by "
+    "the network's moves",
+    "switch",
+  )
   seed: int = seed_option()
 
 
@@ -85,6 +93,7 @@ def _agent(
   attempts: int = DEFAULT_ATTEMPTS,
   search_seconds: float = DEFAULT_SEARCH_SECONDS,
   agent_time_limit: Optional[float] = None,
+  guide_priorities: bool = False,
   seed: int = 0,
 ) -> Any:
   """The checkpoint's networks with test-time search (actors/agent.py `solve_with_agent`)."""
@@ -105,6 +114,7 @@ def _agent(
     seed=seed,
     search_seconds=search_seconds,
     time_limit=agent_time_limit,
+    guide="priorities" if guide_priorities else "decisions",
   )
 
 

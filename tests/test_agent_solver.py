@@ -106,6 +106,26 @@ def test_the_guided_search_starts_from_the_attempts_and_is_timed_in_the_solve(wo
     assert result.solve_time_s >= info["guided_s"] + info["msa_solve_s"]
 
 
+def test_the_guided_search_over_priorities_is_seeded_with_the_plays_mapping(workdir):
+  """`guide="priorities"`: evo over request priorities, its population seeded with the kept
+  mapping of the play; within the time limit it returns a validated mapping at least as fast as
+  the best of the attempts and msa, and names its space."""
+  agent = load_agent(str(workdir))
+  specs = [GameSpec(e.name, *e.load()) for e in get_suite("tiny").entries[:2]]
+  results = play_with_agent(
+    agent, specs, simulations=4, attempts=1, search_seconds=0.5, guide="priorities"
+  )
+  for spec, result in zip(specs, results):
+    info = result.info
+    validate_mapping(spec.workload, spec.hardware, result.mapping)
+    assert info["guide"] == "priorities" and info["guided_evaluations"] >= 3
+    best = max(info["guided_speedup"], info["search_speedup"], info["msa_speedup"])
+    assert result.mapping.speedup == pytest.approx(best, rel=1e-12)
+    assert info["guided_s"] < 0.5 + 1.0  # evo's last decode may pass its limit by a decode.
+  with pytest.raises(MalloczeroError, match="unknown guided search 'nope'"):
+    play_with_agent(agent, specs[:1], simulations=4, attempts=1, search_seconds=0.1, guide="nope")
+
+
 def test_a_time_limit_gives_the_guided_search_what_the_attempts_and_msa_left(workdir):
   """`time_limit`, per program: the guided search runs for what is left of it after the
   attempts and msa (no search when nothing is left)."""

@@ -24,7 +24,7 @@ from malloczero.env.placement import Placement
 from malloczero.env.programs.synthetic import contended, random_workload
 from malloczero.env.requests import build_requests
 from malloczero.env.solvers import SOLVERS, solve
-from malloczero.env.solvers.evo import decode, decode_until
+from malloczero.env.solvers.evo import decode, decode_until, evo, mapping_priorities
 from malloczero.env.workload_json import workload_from_dict
 
 HW = Hardware(
@@ -185,6 +185,30 @@ def test_evo_is_never_worse_than_decoding_its_seed_orders():
   assert result.mapping.estimated_time_s <= seed_time * (1 + 1e-12)
   history = result.info["best_time_per_generation_s"]
   assert all(b <= a * (1 + 1e-12) for a, b in zip(history, history[1:]))
+
+
+def test_evo_seeded_with_a_mappings_priorities_is_never_worse_than_that_mapping():
+  """`mapping_priorities` of a mapping put its placed requests first: decoding that genome places
+  what the mapping placed (where it still saves), and evo seeded with it (`initial`) ends no
+  slower than the decode and says whether the seed led its first population."""
+  workload = random_workload(8, num_ops=40)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
+  model = CostModel(workload, hardware)
+  requests = build_requests(model)
+  greedy = solve(workload, hardware, "greedy").mapping
+  genome = mapping_priorities(requests, greedy, workload)
+  ids = np.array([b.id for b in workload.buffers])
+  placed = {int(ids[requests.buffer[r]]) for r in np.flatnonzero(genome > 1)}
+  assert placed == {a["buffer"] for a in greedy.allocations}
+  assert np.all((genome > 0) & (genome <= 2))
+  placement = Placement(model, requests)
+  seeded_time = decode(placement, genome)
+  placement = Placement(model, requests)
+  info = evo(placement, evaluations=14, initial=[genome])
+  assert info["evaluations"] == 14 and isinstance(info["initial_best"], bool)
+  assert placement.total_time <= seeded_time * (1 + 1e-12)
+  unseeded = evo(Placement(model, requests), evaluations=14)
+  assert "initial_best" not in unseeded
 
 
 class StepClock:

@@ -16,10 +16,15 @@ limit, the requests not reached left in slow memory).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
+from malloczero.env.mapping import Mapping
 from malloczero.env.placement import Placement
+from malloczero.env.requests import Requests
 from malloczero.env.solvers.time_limit import DecodeBudget, now
+from malloczero.env.workload import Workload
 
 DEFAULT_EVALUATIONS = 120  # The budget: full mappings decoded.
 
@@ -50,6 +55,30 @@ def decode_until(
   return placement.total_time, True
 
 
+def mapping_priorities(requests: Requests, mapping: Mapping, workload: Workload) -> np.ndarray:
+  """A genome `[R]` that decodes toward `mapping`: the requests whose buffer the mapping keeps in
+  a fast level at some point of the request's window first, the others after, each group in
+  msa's order (values in (0, 2]). Why: a mapping found elsewhere (the agent's play in the msa
+  game, actors/agent.py) seeds evo's population, as EGRL seeds its population with its policy's
+  proposals."""
+  num_requests = len(requests)
+  position = {b.id: i for i, b in enumerate(workload.buffers)}
+  kept = np.zeros(num_requests, bool)
+  by_buffer: dict[int, list[tuple[int, int]]] = {}
+  for a in mapping.allocations:
+    by_buffer.setdefault(position[a["buffer"]], []).append((a["start"], a["end"]))
+  for r in range(num_requests):
+    spans = by_buffer.get(int(requests.buffer[r]), ())
+    lo, hi = int(requests.start[r]), int(requests.end[r])
+    kept[r] = any(start < hi and end > lo for start, end in spans)
+  return kept + _rank(np.arange(num_requests))
+
+
+def _rank(order: np.ndarray) -> np.ndarray:
+  """Priorities `[R]` in (0, 1] that decode requests in `order` (a permutation of range(R))."""
+  return (len(order) - np.argsort(order, kind="stable")) / len(order)
+
+
 def evo(
   placement: Placement,
   evaluations: int = DEFAULT_EVALUATIONS,
@@ -58,9 +87,13 @@ def evo(
   sigma: float = 0.3,
   time_limit_s: float | None = None,
   seed: int = 0,
+  initial: Sequence[np.ndarray] = (),
 ) -> dict:
   """Leaves the best mapping found in `placement`; an info dict (evaluations, the best time per
-  generation, whether the time limit stopped it)."""
+  generation, whether the time limit stopped it). `initial`: genomes `[R]` decoded after msa's
+  and the greedy's orders, in place of as many random ones (e.g. `mapping_priorities` of the
+  agent's play); the info's `initial_best` says whether one of them was the first
+  population's fastest."""
   req = placement.requests
   num_requests = len(req)
   rng = np.random.default_rng(seed)
@@ -74,14 +107,14 @@ def evo(
     cut_short.extend([] if whole else [True])
     return time_s
 
-  rank = lambda order: (num_requests - np.argsort(order, kind="stable")) / num_requests
   density = req.standalone_saving.max(axis=1) / req.size
   seeds = [
-    rank(np.arange(num_requests)),  # msa's order
-    rank(np.argsort(-density, kind="stable")),
-  ]  # greedy's order
+    _rank(np.arange(num_requests)),  # msa's order
+    _rank(np.argsort(-density, kind="stable")),  # greedy's order
+    *(np.asarray(g, float) for g in initial),
+  ]
   genomes = seeds + [rng.random(num_requests) for _ in range(max(0, population - len(seeds)))]
-  genomes = genomes[:population]
+  genomes = genomes[: max(population, len(seeds))]
   evaluated, fitness = [], []
   for g in genomes:
     if evaluated and (len(evaluated) >= evaluations or not budget.time_for_another()):
@@ -90,6 +123,8 @@ def evo(
     fitness.append(budget.decode(decode_within, placement, g))
   genomes = evaluated
   used = len(genomes)
+  first_best = int(np.argmin(fitness))
+  initial_best = 2 <= first_best < 2 + len(initial)
   last = used - 1  # The genome whose mapping `placement` holds.
   history = [min(fitness)]
   stopped = used < min(population, evaluations)
@@ -120,6 +155,7 @@ def evo(
   return {
     "evaluations": used,
     "best_time_per_generation_s": history,
+    **({"initial_best": initial_best} if len(initial) else {}),
     **({"stopped_by_time_limit": True} if stopped or cut_short else {}),
     **({"cut_short": "time limit: a decode stopped before every request"} if cut_short else {}),
   }

@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     "simulations": args.simulations is not None,
     "batch_agents": args.batch_agents,
     "agent_time_limit": args.agent_time_limit is not None,
+    "guide_priorities": args.guide_priorities,
   }
   for flag, was_given in given.items():
     if was_given and not args.checkpoint:
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     args.attempts,
     args.search_seconds,
     args.agent_time_limit,
+    guide="priorities" if args.guide_priorities else "decisions",
   )
   for a in agents:
     search_notice(a.agent)
@@ -125,9 +127,9 @@ def run(args: argparse.Namespace) -> int:
       f"{a.label}: {a.agent.checkpoint} (learner step {a.agent.learner_steps}), "
       f"{a.simulations} simulations, best of {a.attempts} trajectories per program"
       + (
-        f", then guided search up to {a.time_limit:g} s per program in all"
+        f", then guided search ({a.guide}) up to {a.time_limit:g} s per program in all"
         if a.time_limit is not None
-        else f", then {a.search_seconds:g} s of guided search"
+        else f", then {a.search_seconds:g} s of guided search ({a.guide})"
         if a.search_seconds
         else ""
       )
