@@ -1,7 +1,8 @@
 """MuZero networks in Haiku: representation, dynamics and prediction.
 
 The representation reads the observation as tokens (the current request, one token per fast level's
-occupancy profile, the K candidate placements, the look-ahead requests) through a small pre-norm
+occupancy profile, the K candidate placements, the look-ahead requests and, when the game observes
+it, one token per fast level's pressure, env/game/pressure.py) through a small pre-norm
 transformer encoder, so that candidates are compared with each other and with what is coming rather
 than flattened into one vector. Dynamics and prediction are residual MLPs on the latent state; they
 run once per search simulation, so they are kept cheap.
@@ -162,13 +163,17 @@ class _EncoderLayer(hk.Module):
 
 
 def _tokens(observation: Observation, config: NetworkConfig, game: GameConfig) -> chex.Array:
-  """Embeds each observation part as tokens `[B, 1 + F + K + M, d]` with a type/slot embedding."""
+  """Embeds each observation part as tokens `[B, 1 + F + K + M (+ F), d]` with a type/slot
+  embedding (the last F: the pressure, when the game observes it)."""
   d = config.d_model
   request = hk.Linear(d, name="embed_request")(observation["request"])[:, None]  # [B, 1, d]
   occupancy = hk.Linear(d, name="embed_occupancy")(observation["occupancy"])  # [B, F, d]
   candidates = hk.Linear(d, name="embed_candidates")(observation["candidates"])  # [B, K, d]
   lookahead = hk.Linear(d, name="embed_lookahead")(observation["lookahead"])  # [B, M, d]
-  tokens = jnp.concatenate([request, occupancy, candidates, lookahead], axis=1)
+  parts = [request, occupancy, candidates, lookahead]
+  if game.pressure_bins:  # msa's fill over the segment and the program, a token per level.
+    parts.append(hk.Linear(d, name="embed_pressure")(observation["pressure"]))  # [B, F, d]
+  tokens = jnp.concatenate(parts, axis=1)
   # One learned embedding per slot: tells levels, candidate ranks and look-ahead distance apart.
   slots = hk.get_parameter(
     "slot_embedding", (tokens.shape[1], d), init=hk.initializers.TruncatedNormal(0.02)

@@ -13,6 +13,7 @@ from malloczero.env.game.config import (
 )
 from malloczero.env.game.game import MsaGame
 from malloczero.env.game.observation import FeatureLayout, ObservationLayout, observation_layout
+from malloczero.env.game.pressure import MsaReference
 from malloczero.env.game.requests_game import RequestsGame
 from malloczero.env.hardware import Hardware
 from malloczero.env.workload import Workload
@@ -22,7 +23,7 @@ def make_game(
   workload: Workload,
   hardware: Hardware,
   config: GameConfig = GameConfig(),
-  reference: tuple[float, int] | None = None,
+  reference: MsaReference | None = None,
 ) -> dm_env.Environment:
   """The game `config.decisions` names: `MsaGame` ("msa") or `RequestsGame` ("requests").
   `reference`: an msa game's `reference` for the same pair (spares its msa pass)."""
@@ -37,6 +38,7 @@ __all__ = [
   "GameConfig",
   "RequestsGame",
   "MsaGame",
+  "MsaReference",
   "ObservationLayout",
   "make_game",
   "observation_layout",

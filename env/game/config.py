@@ -38,6 +38,11 @@ class GameConfig:
   num_candidates: K of the requests game (1 + K actions).
   max_prefetch_starts: prefetch starts offered per fast level in the msa game
     (2 + max_prefetch_starts x max_fast_levels actions).
+  pressure_bins: msa game only. 0 (the default) leaves the observation as it is. Above 0 it
+    gains `pressure` `[F, 2 x pressure_bins]`: per fast level, the share of its capacity msa's
+    own complete mapping fills, in that many equal stretches of the decision's segment, then of
+    the whole program. The rest of the observation shows what is placed so far; this shows what
+    will compete for the same memory once every buffer is placed (env/game/pressure.py).
   skip_below: msa game only. 0 offers every decision. Above 0, msa's own choice is played, not
     offered, at decisions with a single option or whose best option msa estimates to save less
     than this fraction of the all-slow time (most moves cannot matter: docs/design.md,
@@ -79,6 +84,13 @@ class GameConfig:
     "the game plays msa's own choice at decisions whose best option saves less than this "
     "fraction of the all-slow time",
   )
+  pressure_bins: int = setting(
+    0,
+    "non_negative_int",
+    "msa game only: bins of each fast level's pressure row, the share of its capacity msa's "
+    "own mapping fills over the decision's segment and over the whole program (0: not observed)",
+    maximum=1024,
+  )
   reward: str = setting(
     "advantage",
     "choice",
@@ -89,6 +101,11 @@ class GameConfig:
 
   def __post_init__(self):
     check_settings(self, "game")
+    if self.pressure_bins and self.decisions != "msa":
+      raise ValueError(
+        f"game.pressure_bins is for the msa game; the {self.decisions} game has no msa mapping "
+        "to profile (set game.pressure_bins=0)"
+      )
 
   @property
   def num_actions(self) -> int:
@@ -147,4 +164,9 @@ def observation_spec(config: GameConfig) -> dict[str, specs.Array]:
     ),
     "lookahead": specs.Array((config.lookahead, config.lookahead_features), f32, "lookahead"),
     "legal_actions": specs.Array((config.num_actions,), bool, "legal_actions"),
+    **(
+      {"pressure": specs.Array((config.max_fast_levels, 2 * config.pressure_bins), f32, "pressure")}
+      if config.pressure_bins
+      else {}
+    ),
   }

@@ -58,6 +58,7 @@ from malloczero.env.cost_model import Allocations
 from malloczero.env.game.base import GameBase
 from malloczero.env.game.config import GameConfig
 from malloczero.env.game.msa_observation import OPTION_FIELDS, observed_columns
+from malloczero.env.game.pressure import MsaReference, fill_prefix, program_fill, segment_fill
 from malloczero.env.hardware import Hardware
 from malloczero.env.msa.algorithm import MsaDecisions
 from malloczero.env.msa.decision import MsaDecision, option_slots, worth_deciding
@@ -79,7 +80,7 @@ class MsaGame(GameBase):
     hardware: Hardware,
     config: GameConfig = GameConfig(),
     msa_options: MsaOptions = MsaOptions(),
-    reference: tuple[float, int] | None = None,
+    reference: MsaReference | None = None,
   ):
     """`reference`: another game's `reference` for the same program and settings, which spares
     the msa pass that measures it."""
@@ -124,7 +125,12 @@ class MsaGame(GameBase):
     self._advantage = config.reward == "advantage"
     self._kernels = _observation_kernels()
     self._reset_state()
-    self._msa_time, self._msa_moves = reference or self._msa_reference()
+    if reference is None or (config.pressure_bins and reference.fill_prefix is None):
+      reference = self._msa_reference()
+    self._reference = reference
+    self._msa_time, self._msa_moves = reference.time, reference.moves
+    if config.pressure_bins:
+      self._program_fill = program_fill(reference.fill_prefix, config.pressure_bins)
     if self._decisions.done:
       why = (
         "msa has no decision to make (no buffer to allocate)"
@@ -256,10 +262,19 @@ class MsaGame(GameBase):
       self._moves += 1
     self.total_time = self.cost_model.evaluate(decisions.allocations()).total_time_s
 
-  def _msa_reference(self) -> tuple[float, int]:
-    """(msa's program time, the moves of msa's own game): one msa pass, then a fresh state."""
+  def _msa_reference(self) -> MsaReference:
+    """msa's program time, the moves of msa's own game and, when the observation shows the
+    pressure, its mapping's fill: one msa pass, then a fresh state."""
     self._complete_with_msa()
-    reference = self.total_time, self._moves
+    fill = None
+    if self.config.pressure_bins:
+      fill = fill_prefix(
+        self._decisions.allocations(),
+        self.workload.arrays.sizes,
+        self._capacity,
+        self.workload.num_ops,
+      )
+    reference = MsaReference(self.total_time, self._moves, fill)
     self._reset_state()
     return reference
 
@@ -283,9 +298,10 @@ class MsaGame(GameBase):
     return self._msa_time
 
   @property
-  def reference(self) -> tuple[float, int]:
-    """(`msa_time`, `msa_moves`), for another game of the same program (`__init__`)."""
-    return self._msa_time, self._msa_moves
+  def reference(self) -> MsaReference:
+    """What the msa pass measured, for another game of the same program and config
+    (`__init__`)."""
+    return self._reference
 
   @property
   def msa_moves(self) -> int:
@@ -548,6 +564,14 @@ class MsaGame(GameBase):
       for level in range(self._num_fast):
         if heaps[level].kernel_state()[2] > self._occupancy_limits[0]:
           self._occupancy(observation["occupancy"][level], level, decision)
+    if self.config.pressure_bins:
+      bins, levels = self.config.pressure_bins, self._num_fast
+      pressure = np.zeros((self.config.max_fast_levels, 2 * bins), np.float32)
+      pressure[:levels, :bins] = segment_fill(
+        self._reference.fill_prefix, decision.segment_start, use, bins
+      )
+      pressure[:levels, bins:] = self._program_fill
+      observation["pressure"] = pressure
     return observation
 
   def _occupancy(self, out: np.ndarray, level: int, decision: MsaDecision) -> None:
