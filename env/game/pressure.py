@@ -55,9 +55,10 @@ def stretch_fill(prefix: np.ndarray, first: int, last: int, bins: int) -> np.nda
 
   `prefix`: `fill_prefix`'s `[F, T + 1]`."""
   edges = np.linspace(first, last + 1, bins + 1)
-  axis = np.arange(prefix.shape[1], dtype=np.float64)
   # The prefix sums are exact at op boundaries and linear within an op (its fill is constant).
-  at_edges = np.stack([np.interp(edges, axis, row) for row in prefix])
+  whole = np.minimum(edges.astype(np.int64), prefix.shape[1] - 2)
+  part = edges - whole
+  at_edges = prefix[:, whole] * (1.0 - part) + prefix[:, whole + 1] * part
   return np.diff(at_edges, axis=1) / np.diff(edges)[None]
 
 
