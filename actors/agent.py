@@ -10,9 +10,10 @@ attempt won (`best_attempt`: a trajectory's index or "msa") and keeps the networ
 apart, so that reports can show what was learned separately from what search and the heuristic
 add: `greedy_speedup`, one greedy attempt with the search, and `policy_speedup`, the policy
 alone; neither has msa's mapping among its candidates, nor msa's move in its prior unless the
-run's search config puts it there. With `search_seconds`, evo-msa guided by the network searches
-after the attempts (`guided_search`; `best_attempt` "guided" when it wins, `guided_speedup`
-apart). Every mapping it returns has passed the independent validator.
+run's search config puts it there. With `search_seconds`, a search guided by the network goes on
+after the attempts (`guided_search`: evo over request priorities seeded with the network's
+mapping, or evo-msa over msa's decisions steered by its moves; `best_attempt` "guided" when it
+wins, `guided_speedup` apart). Every mapping it returns has passed the independent validator.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def solve_with_agent(
   seed: int = 0,
   search_seconds: float = 0.0,
   time_limit: Optional[float] = None,
-  guide: str = "decisions",
+  guide: str = "priorities",
 ) -> SolveResult:
   """Plays `attempts` trajectories (1 greedy, the rest sampled) and the policy's alone, adds msa's
   mapping as one more attempt, then searches `search_seconds` guided by the network (or what
@@ -237,7 +238,7 @@ def play_with_agent(
   msa: Optional[Sequence[SolveResult]] = None,
   search_seconds: float = 0.0,
   time_limit: Optional[float] = None,
-  guide: str = "decisions",
+  guide: str = "priorities",
 ) -> list[SolveResult]:
   """`solve_with_agent` for several programs in one batch; each result's solve time is the
   batch's wall time divided evenly among its programs plus that program's msa solve (and its
@@ -345,7 +346,7 @@ def guided_search(
   played: EvaluationResult,
   seconds: float,
   seed: int = 0,
-  guide: str = "decisions",
+  guide: str = "priorities",
 ) -> tuple[Mapping, dict[str, Any]]:
   """A search guided by the network's play, in one of two spaces (`guide`):
 

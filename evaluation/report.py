@@ -420,7 +420,8 @@ def write_final_report(
   print_fn(
     f"final evaluation of step {agent.agent.learner_steps} on {len(suite.entries)} "
     f"programs ({agent.simulations} simulations, greedy, no noise, msa's mapping one more "
-    f"attempt, then {config.final_search_seconds:g} s of evo-msa guided by the network) beside "
+    f"attempt, then {config.final_search_seconds:g} s of guided search over {agent.guide}) "
+    f"beside "
     f"{', '.join(BASELINES)}"
   )
   evaluation = evaluate_suite(

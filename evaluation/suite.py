@@ -53,7 +53,7 @@ class AgentUnderTest:
   attempts: int
   search_seconds: float = 0.0  # Per program: the guided search after the attempts.
   time_limit: Optional[float] = None  # Per program, the whole solve (`play_with_agent`).
-  guide: str = "decisions"  # The guided search's space (actors/agent.py `guided_search`).
+  guide: str = "priorities"  # The guided search's space (actors/agent.py `guided_search`).
 
   def describe(self) -> dict[str, Any]:
     return {
@@ -72,7 +72,7 @@ def load_agents(
   attempts: int = 1,
   search_seconds: float = 0.0,
   time_limit: Optional[float] = None,
-  guide: str = "decisions",
+  guide: str = "priorities",
 ) -> list[AgentUnderTest]:
   """One agent per checkpoint. A single one is labelled `agent`; several are labelled by their
   run directory and learner step (`train-small@5000`) so tables can tell them apart."""

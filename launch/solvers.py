@@ -51,7 +51,7 @@ class AgentOptions:
   search_seconds: float = option(
     DEFAULT_SEARCH_SECONDS,
     "--search-seconds",
-    "after the attempts, evo-msa guided by the network for this long (0: none)",
+    "after the attempts, a search guided by the network for this long (0: none)",
     "non_negative",
     maximum=MAX_TIME_LIMIT_S,
   )
@@ -66,12 +66,12 @@ class AgentOptions:
     default_help="none: --search-seconds decides",
     maximum=MAX_TIME_LIMIT_S,
   )
-  guide_priorities: bool = option(
+  guide_decisions: bool = option(
     False,
-    "--guide-priorities",
-    "the guided search is evo over request priorities, its population seeded with the "
-    "network's mapping beside msa's and the greedy's orders, in place of evo-msa steered by "
-    "the network's moves",
+    "--guide-decisions",
+    "the guided search is evo-msa over msa's decisions, steered by the network's moves, in "
+    "place of evo over request priorities seeded with the network's mapping beside msa's and "
+    "the greedy's orders",
     "switch",
   )
   seed: int = seed_option()
@@ -93,7 +93,7 @@ def _agent(
   attempts: int = DEFAULT_ATTEMPTS,
   search_seconds: float = DEFAULT_SEARCH_SECONDS,
   agent_time_limit: Optional[float] = None,
-  guide_priorities: bool = False,
+  guide_decisions: bool = False,
   seed: int = 0,
 ) -> Any:
   """The checkpoint's networks with test-time search (actors/agent.py `solve_with_agent`)."""
@@ -114,7 +114,7 @@ def _agent(
     seed=seed,
     search_seconds=search_seconds,
     time_limit=agent_time_limit,
-    guide="priorities" if guide_priorities else "decisions",
+    guide="decisions" if guide_decisions else "priorities",
   )
 
 

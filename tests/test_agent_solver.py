@@ -88,11 +88,14 @@ def test_the_agent_counts_msa_among_its_attempts_so_it_is_never_slower_than_msa(
 
 
 def test_the_guided_search_starts_from_the_attempts_and_is_timed_in_the_solve(workdir):
-  """`search_seconds`: evo-msa guided by the network after the attempts; the result is the best
-  of the attempts, msa and the search, it validates, and the search's time is in the solve's."""
+  """`search_seconds` with `guide="decisions"`: evo-msa guided by the network after the attempts;
+  the result is the best of the attempts, msa and the search, it validates, and the search's
+  time is in the solve's."""
   agent = load_agent(str(workdir))
   specs = [GameSpec(e.name, *e.load()) for e in get_suite("tiny").entries[:3]]
-  results = play_with_agent(agent, specs, simulations=4, attempts=2, search_seconds=0.5)
+  results = play_with_agent(
+    agent, specs, simulations=4, attempts=2, search_seconds=0.5, guide="decisions"
+  )
   for spec, result in zip(specs, results):
     info = result.info
     validate_mapping(spec.workload, spec.hardware, result.mapping)
@@ -107,14 +110,12 @@ def test_the_guided_search_starts_from_the_attempts_and_is_timed_in_the_solve(wo
 
 
 def test_the_guided_search_over_priorities_is_seeded_with_the_plays_mapping(workdir):
-  """`guide="priorities"`: evo over request priorities, its population seeded with the kept
-  mapping of the play; within the time limit it returns a validated mapping at least as fast as
-  the best of the attempts and msa, and names its space."""
+  """`guide="priorities"`, the default: evo over request priorities, its population seeded with
+  the kept mapping of the play; within the time limit it returns a validated mapping at least as
+  fast as the best of the attempts and msa, and names its space."""
   agent = load_agent(str(workdir))
   specs = [GameSpec(e.name, *e.load()) for e in get_suite("tiny").entries[:2]]
-  results = play_with_agent(
-    agent, specs, simulations=4, attempts=1, search_seconds=0.5, guide="priorities"
-  )
+  results = play_with_agent(agent, specs, simulations=4, attempts=1, search_seconds=0.5)
   for spec, result in zip(specs, results):
     info = result.info
     validate_mapping(spec.workload, spec.hardware, result.mapping)
@@ -156,7 +157,8 @@ def test_a_time_limit_gives_the_guided_search_what_the_attempts_and_msa_left(wor
 def test_a_time_limit_stops_the_attempts_between_search_calls(workdir, monkeypatch):
   """The attempts stop at the deadline the time limit leaves them (a clock that ticks once a
   look): the trajectories unfinished then are dropped and said to be, the network's own play
-  among them, and the answer is the best finished one or msa's mapping, validated."""
+  among them, and the answer is the best finished one or msa's mapping, validated. The decision
+  guide gives the attempts all that msa leaves (`PLAY_SHARE`), so no guided search follows."""
   agent = load_agent(str(workdir))
   entry, workload, hardware = _program()
   spec = GameSpec(entry.name, workload, hardware)
@@ -169,7 +171,9 @@ def test_a_time_limit_stops_the_attempts_between_search_calls(workdir, monkeypat
   )
   # 12 looks at the clock: the 3 copies beyond the greedy one built, then a few search rounds.
   limit = msa.solve_time_s + PLAY_RESERVE_S + 12
-  cut = play_with_agent(agent, [spec], simulations=4, attempts=3, msa=[msa], time_limit=limit)[0]
+  cut = play_with_agent(
+    agent, [spec], simulations=4, attempts=3, msa=[msa], time_limit=limit, guide="decisions"
+  )[0]
   info = cut.info
   assert info["cut_short"] == "4 of 4 trajectories unfinished at the time limit"
   assert info["attempt_speedups"] == [None] * 4 and info["greedy_speedup"] is None
@@ -180,10 +184,12 @@ def test_a_time_limit_stops_the_attempts_between_search_calls(workdir, monkeypat
   # less than GAME_BUILD_PER_MSA_S msa solve times, no game is built at all.
   slow_msa = dataclasses.replace(msa, solve_time_s=10.0)
   limit = 10.0 + PLAY_RESERVE_S + GAME_BUILD_PER_MSA_S * 10.0 - 1
-  unbuilt = play_with_agent(agent, [spec], 4, 3, msa=[slow_msa], time_limit=limit)[0]
+  unbuilt = play_with_agent(
+    agent, [spec], 4, 3, msa=[slow_msa], time_limit=limit, guide="decisions"
+  )[0]
   assert unbuilt.info["cut_short"] == "4 of 4 trajectories unfinished at the time limit"
   ticks_before = next(ticks)
-  play_with_agent(agent, [spec], 4, 3, msa=[slow_msa], time_limit=limit)
+  play_with_agent(agent, [spec], 4, 3, msa=[slow_msa], time_limit=limit, guide="decisions")
   assert next(ticks) - ticks_before <= 3  # The clock read for the start and the share only.
 
 

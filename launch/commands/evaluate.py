@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     "simulations": args.simulations is not None,
     "batch_agents": args.batch_agents,
     "agent_time_limit": args.agent_time_limit is not None,
-    "guide_priorities": args.guide_priorities,
+    "guide_decisions": args.guide_decisions,
   }
   for flag, was_given in given.items():
     if was_given and not args.checkpoint:
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     args.attempts,
     args.search_seconds,
     args.agent_time_limit,
-    guide="priorities" if args.guide_priorities else "decisions",
+    guide="decisions" if args.guide_decisions else "priorities",
   )
   for a in agents:
     search_notice(a.agent)
