@@ -153,10 +153,11 @@ def _untimed(options: dict[str, Any]) -> bool:
 def _solve_warm(
   workload: Workload, hardware: Hardware, solver: str, options: dict[str, Any]
 ) -> SolveResult:
-  """`solve`; a solver without a time limit (msa, the greedy baselines) is timed on a second,
-  identical solve, so that its solve time is its work and not its kernels' one-off compilation
-  in this process (18 s for msa's first loop program after a kernel change, against 3 ms on the
-  same program warm), which the agent's time limit, counting msa's time, would otherwise pay."""
+  """`solve`; a solve without a time limit (msa, which takes none; any other solver called
+  without one) is timed on a second, identical solve, so that its solve time is its work and not
+  its kernels' one-off compilation in this process (18 s for msa's first loop program after a
+  kernel change, against 3 ms on the same program warm), which the agent's time limit, counting
+  msa's time, would otherwise pay."""
   result = solve(workload, hardware, solver, **dict(options))
   if not _untimed(options):
     return result

@@ -421,8 +421,7 @@ def write_final_report(
     f"final evaluation of step {agent.agent.learner_steps} on {len(suite.entries)} "
     f"programs ({agent.simulations} simulations, greedy, no noise, msa's mapping one more "
     f"attempt, then {config.final_search_seconds:g} s of guided search over {agent.guide}) "
-    f"beside "
-    f"{', '.join(BASELINES)}"
+    f"beside {', '.join(BASELINES)}"
   )
   evaluation = evaluate_suite(
     suite, BASELINES, [agent], _random_seed(config.seed), batch_agents=True, seed=config.seed

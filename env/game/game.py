@@ -129,8 +129,11 @@ class MsaGame(GameBase):
       reference = self._msa_reference()
     self._reference = reference
     self._msa_time, self._msa_moves = reference.time, reference.moves
-    if config.pressure_bins:
-      self._program_fill = program_fill(reference.fill_prefix, config.pressure_bins)
+    if config.pressure_bins:  # The program's half of every pressure observation.
+      self._pressure = np.zeros((config.max_fast_levels, 2 * config.pressure_bins), np.float32)
+      self._pressure[: self._num_fast, config.pressure_bins :] = program_fill(
+        reference.fill_prefix, config.pressure_bins
+      )
     if self._decisions.done:
       why = (
         "msa has no decision to make (no buffer to allocate)"
@@ -565,12 +568,10 @@ class MsaGame(GameBase):
         if heaps[level].kernel_state()[2] > self._occupancy_limits[0]:
           self._occupancy(observation["occupancy"][level], level, decision)
     if self.config.pressure_bins:
-      bins, levels = self.config.pressure_bins, self._num_fast
-      pressure = np.zeros((self.config.max_fast_levels, 2 * bins), np.float32)
-      pressure[:levels, :bins] = segment_fill(
+      bins, pressure = self.config.pressure_bins, self._pressure.copy()
+      pressure[: self._num_fast, :bins] = segment_fill(
         self._reference.fill_prefix, decision.segment_start, use, bins
       )
-      pressure[:levels, bins:] = self._program_fill
       observation["pressure"] = pressure
     return observation
 
