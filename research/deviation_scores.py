@@ -24,6 +24,7 @@ programs (fitted) and held-out ones (generalisation).
 from __future__ import annotations
 
 import dataclasses
+import os
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +35,8 @@ import numpy as np
 
 from malloczero.actors.actor import stack_observations
 from malloczero.actors.games import GameSpec
-from malloczero.env.game import GameConfig, make_game
+from malloczero.common.errors import MalloczeroError
+from malloczero.env.game import GameConfig, make_game, observation_spec
 from malloczero.env.solvers.evo_msa import Genome
 from malloczero.learner.networks import MuZeroNetworks, Params, logits_to_scalar
 from malloczero.learner.probes import Policy, advantages_after, one_move_advantages
@@ -191,6 +193,45 @@ def load_probed(path: str) -> list[ProbedDecision]:
       )
     )
   return probed
+
+
+def load_probe_store(run: str, config: GameConfig) -> list[ProbedDecision]:
+  """The decisions a training run's learner fitted (its probe store, `run`/checkpoints/
+  probes.npz, learner/probes/store.py) as training decisions of `config`'s game: program "" and
+  step -1 (the store keeps neither), observation fields outside `config`'s dropped.
+
+  Raises MalloczeroError (one line) for a run without probes or a store of another game."""
+  from malloczero.configs.workdir import WorkDir
+  from malloczero.learner.probes import PROBES_FILENAME
+
+  path = run if run.endswith(".npz") else os.path.join(WorkDir(run).checkpoints, PROBES_FILENAME)
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      arrays = {k: f[k] for k in f.files}
+    spec = observation_spec(config)
+    observations = {k: arrays[f"observation/{k}"] for k in spec}
+    advantages, msa_actions = arrays["advantages"], arrays["msa_actions"]
+    if advantages.shape[1:] != (config.num_actions,) or any(
+      observations[k].shape[1:] != s.shape for k, s in spec.items()
+    ):
+      raise ValueError("shapes of another game")
+  except (OSError, ValueError, KeyError) as e:
+    raise MalloczeroError(f"{path}: not a probe store of this game ({e})") from None
+  decisions = []
+  for i in range(len(advantages)):
+    actions = np.flatnonzero(observations["legal_actions"][i] > 0)
+    decisions.append(
+      ProbedDecision(
+        "",
+        "train",
+        -1,
+        int(msa_actions[i]),
+        actions,
+        advantages[i][actions].astype(np.float64),
+        {k: v[i] for k, v in observations.items()},
+      )
+    )
+  return decisions
 
 
 def network_scores(

@@ -14,16 +14,59 @@ signal.
 
   .venv/bin/python scripts/fit_deviations.py --probed probed.npz --checkpoint runs/a
   .venv/bin/python scripts/fit_deviations.py --probed probed.npz on.npz --checkpoint runs/a
+  .venv/bin/python scripts/fit_deviations.py --probed heldout.npz --stores runs/a runs/b \
+      --checkpoint runs/a --train-decisions 1000 --network d_model=64
+
+`--stores` adds training runs' probe stores (their `checkpoints/probes.npz`, the decisions the
+learner fitted) as training decisions, and `--train-decisions N` fits a random N of all the
+training decisions: with `--network FIELD=VALUE` (a wider or deeper network than the
+checkpoint's), the measurements of whether held-out play is limited by the data or the
+network's capacity. Each row reports the loss's floor, the targets' own entropy, beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
+
+
+def with_fields(config: Any, settings: Sequence[str]) -> Any:
+  """The network config `config` with `settings` ("FIELD=VALUE", `train --set network.FIELD`'s
+  values) applied; ValueError (one line) names a field or value it refuses."""
+  from malloczero.common.settings import parse_setting
+  from malloczero.launch.config_flags import resolve
+
+  values = {}
+  for text in settings:
+    name, sep, value = text.partition("=")
+    if not sep:
+      raise ValueError(f"--network {text}: expected FIELD=VALUE, e.g. d_model=64")
+    try:
+      values[name] = parse_setting(resolve(f"network.{name}"), value)
+    except ValueError as e:
+      raise ValueError(f"--network {text}: {e}") from None
+  return dataclasses.replace(config, **values)
+
+
+def target_entropy(decisions: Sequence[Any], temperature: float, msa_margin: float) -> float:
+  """The mean entropy (nats) of the decisions' policy targets (`advantage_targets`): the least
+  cross-entropy any network can reach on them, so loss - floor is what is left to fit."""
+  import numpy as np
+
+  entropies = []
+  for p in decisions:
+    scores = np.asarray(p.advantages, np.float64) + msa_margin * (p.actions == p.msa_action)
+    scores = scores / temperature
+    probs = np.exp(scores - scores.max())
+    probs /= probs.sum()
+    entropies.append(-np.sum(probs * np.log(np.maximum(probs, 1e-300))))
+  return float(np.mean(entropies))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,6 +75,26 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
     "--probed", nargs="+", required=True, help="decisions from score_deviations --save"
+  )
+  parser.add_argument(
+    "--stores",
+    nargs="+",
+    default=[],
+    metavar="RUN",
+    help="training runs whose probe stores (checkpoints/probes.npz) add training decisions",
+  )
+  parser.add_argument(
+    "--train-decisions",
+    type=int,
+    metavar="N",
+    help="fit a random N of the training decisions (default: all of them)",
+  )
+  parser.add_argument(
+    "--network",
+    nargs="+",
+    default=[],
+    metavar="FIELD=VALUE",
+    help="fit a network of the checkpoint's config with these fields changed (e.g. d_model=64)",
   )
   parser.add_argument("--checkpoint", required=True, help="whose network and game configs")
   parser.add_argument("--init", choices=("fresh", "checkpoint"), default="fresh")
@@ -60,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error("--steps, --batch, --report-every and --temperature must be positive")
   if args.msa_margin < 0:
     parser.error("--msa-margin must be at least 0")
+  if args.train_decisions is not None and args.train_decisions < 1:
+    parser.error("--train-decisions must be at least 1")
+  if args.network and args.save_checkpoint:
+    parser.error("--save-checkpoint writes the checkpoint's own network: not with --network")
 
   import jax
   import numpy as np
@@ -70,12 +137,18 @@ def main(argv: Sequence[str] | None = None) -> int:
   from malloczero.common.errors import MalloczeroError
   from malloczero.configs.workdir import WorkDir
   from malloczero.learner.checkpoint import replace_params
+  from malloczero.learner.networks import make_networks
   from malloczero.learner.probes import probe_policy_loss
   from malloczero.research import deviation_scores as probe
 
   try:
     agent = load_agent(args.checkpoint)
     probed = [p for path in args.probed for p in probe.load_probed(path)]
+    probed += [p for run in args.stores for p in probe.load_probe_store(run, agent.game)]
+    networks = agent.networks
+    if args.network:
+      network_config = with_fields(agent.networks.config, args.network)
+      networks = make_networks(network_config, agent.game)
   except (MalloczeroError, OSError, ValueError, KeyError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -84,7 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   if not train or not heldout:
     print(f"error: {' '.join(args.probed)}: decisions of both splits are needed", file=sys.stderr)
     return 2
-  networks = agent.networks
+  if args.train_decisions is not None:
+    if args.train_decisions > len(train):
+      print(
+        f"error: --train-decisions {args.train_decisions}: only {len(train)} training decisions",
+        file=sys.stderr,
+      )
+      return 2
+    chosen = np.random.default_rng(args.seed).permutation(len(train))[: args.train_decisions]
+    train = [train[i] for i in sorted(chosen)]
   num_actions = agent.game.num_actions
 
   def advantages(decisions):
@@ -135,9 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
       loss = split_loss(params, decisions)
       prior, _ = probe.network_scores(networks, params, decisions)
       summary = probe.summarise(decisions, prior, prior)
-      rows.append({"step": step, "split": split, "loss": loss, **summary})
+      floor = target_entropy(decisions, args.temperature, args.msa_margin)
+      rows.append({"step": step, "split": split, "loss": loss, "floor": floor, **summary})
       print(
-        f"step {step:5d} {split:7s} loss {loss:.4f} prior: is_msa {summary['prior_is_msa']:.3f} "
+        f"step {step:5d} {split:7s} loss {loss:.4f} (floor {floor:.4f}) prior: is_msa "
+        f"{summary['prior_is_msa']:.3f} "
         f"pairwise {summary['prior_pairwise']:.3f} deviations "
         f"{summary['prior_pairwise_deviations']:.3f} finds_gain {summary['prior_finds_gain']:.3f}"
         f" pick_gain {summary['prior_pick_gain']:.4f} elsewhere "

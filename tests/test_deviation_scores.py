@@ -1,6 +1,7 @@
 """The deviation probe (research/deviation_scores.py): exact advantages, the networks' scores of the
 same moves, and their summary; the script that prints them for checkpoints."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,12 +12,15 @@ import numpy as np
 import pytest
 
 from malloczero.actors.games import suite_games
+from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import get_config
 from malloczero.env.cost_model import CostModel
 from malloczero.env.game import make_game
 from malloczero.env.solvers.evo_msa import decode
+from malloczero.learner.probes import ProbeStore
 from malloczero.research.deviation_scores import (
   ProbedDecision,
+  load_probe_store,
   load_probed,
   network_scores,
   probe_policy_trajectory,
@@ -24,6 +28,7 @@ from malloczero.research.deviation_scores import (
   save_probed,
   summarise,
 )
+from malloczero.research.fit_deviations import target_entropy, with_fields
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GAME = get_config("small").game
@@ -158,6 +163,65 @@ def _decision(actions, advantages, msa_action):
   return ProbedDecision("p", "train", 0, msa_action, np.array(actions), np.array(advantages), {})
 
 
+def _save_store(decisions, config, directory) -> None:
+  store = ProbeStore(config, capacity=len(decisions))
+  for d in decisions:
+    advantages = np.zeros(config.num_actions, np.float32)
+    advantages[d.actions] = d.advantages
+    store.add(d.observation, advantages, d.msa_action)
+  os.makedirs(directory)
+  store.save(str(directory))
+
+
+def test_a_runs_probe_store_loads_as_training_decisions(probed, tmp_path):
+  _, decisions = probed
+  _save_store(decisions, GAME, tmp_path / "run" / "checkpoints")
+  loaded = load_probe_store(str(tmp_path / "run"), GAME)
+  assert len(loaded) == len(decisions)
+  for got, want in zip(loaded, decisions):
+    assert (got.program, got.split, got.step, got.msa_action) == ("", "train", -1, want.msa_action)
+    np.testing.assert_array_equal(got.actions, want.actions)
+    np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-6, atol=1e-9)
+    assert got.observation.keys() == want.observation.keys()
+    for key, value in want.observation.items():
+      np.testing.assert_array_equal(got.observation[key], value)
+  # A store of another game's shapes, and no store, are one-line refusals.
+  other = dataclasses.replace(GAME, occupancy_bins=2 * GAME.occupancy_bins)
+  for run, config in ((tmp_path / "run", other), (tmp_path / "none", GAME)):
+    with pytest.raises(MalloczeroError, match="not a probe store of this game") as e:
+      load_probe_store(str(run), config)
+    assert "\n" not in str(e.value)
+
+
+def test_the_targets_entropy_is_the_fits_floor():
+  def decision(advantages, msa_action=0):
+    actions = np.arange(len(advantages))
+    return ProbedDecision("p", "train", 0, msa_action, actions, np.asarray(advantages), {})
+
+  ties = decision([0.0, 0.0, 0.0, 0.0])
+  assert target_entropy([ties], 1e-3, 0.0) == pytest.approx(np.log(4))
+  # msa's move raised by the margin: weights e : 1 : 1 : 1.
+  weights = np.array([np.e, 1, 1, 1]) / (np.e + 3)
+  assert target_entropy([ties], 1e-3, 1e-3) == pytest.approx(-np.sum(weights * np.log(weights)))
+  gain = decision([0.0, 0.5, 0.0])  # One move far ahead: a one-hot target.
+  assert target_entropy([gain], 1e-3, 1e-3) == pytest.approx(0.0, abs=1e-9)
+  assert target_entropy([ties, gain], 1e-3, 0.0) == pytest.approx(np.log(4) / 2)
+
+
+def test_the_fits_network_is_the_checkpoints_with_named_fields_changed():
+  config = get_config("small").network
+  wider = with_fields(config, ["d_model=64", "num_layers=2"])
+  assert (wider.d_model, wider.num_layers) == (64, 2)
+  assert dataclasses.replace(wider, d_model=config.d_model, num_layers=1) == config
+  for bad, why in (
+    ("d_model", "expected FIELD=VALUE"),
+    ("width=3", "no field"),
+    ("d_model=-1", "expected"),
+  ):
+    with pytest.raises(ValueError, match=why):
+      with_fields(config, [bad])
+
+
 def test_summary_counts_ranks_and_picks():
   decisions = [
     # A gainful decision: move 0 beats msa's move 1 by 0.05; move 2 loses.
@@ -283,3 +347,77 @@ def test_the_fit_script_fits_the_prior_to_training_decisions(trained_run, tmp_pa
   assert fitted.config_file is not None
   leaves = lambda params: jax.tree_util.tree_leaves(params)
   assert not all(np.array_equal(a, b) for a, b in zip(leaves(fitted.params), leaves(source.params)))
+
+
+@pytest.mark.slow
+def test_the_fit_script_fits_a_share_of_runs_probe_stores_with_a_wider_network(
+  trained_run, probed, tmp_path
+):
+  _, decisions = probed
+  _save_store(decisions, GAME, tmp_path / "run" / "checkpoints")
+  heldout = str(tmp_path / "heldout.npz")
+  save_probed(heldout, [dataclasses.replace(d, split="heldout") for d in decisions])
+  out = tmp_path / "fit.json"
+  result = subprocess.run(
+    [
+      sys.executable, os.path.join(REPO, "scripts", "fit_deviations.py"), "--probed", heldout,
+      "--stores", str(tmp_path / "run"), "--train-decisions", "3", "--network", "d_model=48",
+      "--checkpoint", trained_run["workdir"], "--steps", "4", "--batch", "4",
+      "--report-every", "4", "--msa-margin", "0.001", "--out", str(out),
+    ],
+    capture_output=True, text=True, timeout=600, cwd=REPO,
+  )  # fmt: skip
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = json.loads(out.read_text())["rows"]
+  train = [r for r in rows if r["split"] == "train"]
+  assert [r["decisions"] for r in train] == [3, 3]
+  assert all(r["loss"] >= r["floor"] - 1e-4 for r in rows)
+  heldout_floor = [r["floor"] for r in rows if r["split"] == "heldout"][0]
+  assert heldout_floor == pytest.approx(target_entropy(decisions, 1e-3, 1e-3), rel=1e-6)
+  # More decisions than there are is a one-line refusal.
+  result = subprocess.run(
+    [
+      sys.executable, os.path.join(REPO, "scripts", "fit_deviations.py"), "--probed", heldout,
+      "--stores", str(tmp_path / "run"), "--train-decisions", "99",
+      "--checkpoint", trained_run["workdir"],
+    ],
+    capture_output=True, text=True, timeout=600, cwd=REPO,
+  )  # fmt: skip
+  assert result.returncode == 2 and result.stderr.count("\n") == 1
+  assert "only 4 training decisions" in result.stderr
+
+
+def test_the_fit_table_gives_each_settings_seeds_together(tmp_path):
+  def row(step, split, loss, finds, pick, elsewhere):
+    return {
+      "step": step, "split": split, "loss": loss, "floor": 1.0, "decisions": 10, "gainful": 2,
+      "prior_finds_gain": finds, "prior_pairwise_deviations": 0.6, "prior_pick_gain": pick,
+      "prior_pick_elsewhere": elsewhere,
+    }  # fmt: skip
+
+  for seed, last in ((1, 1.3), (2, 1.5)):
+    rows = [
+      row(0, "train", 2.0, 0.0, 0.0, 0.0),
+      row(0, "heldout", 1.4, 0.0, 0.0, 0.0),
+      row(500, "train", 1.01, 1.0, 0.01, 0.0),
+      row(500, "heldout", 1.1, 0.5, 0.004, -0.0001),
+      row(1000, "train", 1.0, 1.0, 0.01, 0.0),
+      row(1000, "heldout", last, 0.5, 0.004, -0.0001),
+    ]
+    (tmp_path / f"small-n10-s{seed}.json").write_text(json.dumps({"rows": rows}))
+  files = sorted(str(p) for p in tmp_path.glob("*.json"))
+  script = os.path.join(REPO, "scripts", "fit_table.py")
+  result = subprocess.run([sys.executable, script, *files], capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr
+  line = result.stdout.splitlines()[-1]
+  # Held-out KL last 0.3 and 0.5 (mean 0.4), least 0.1 at step 500; one-move value
+  # (2 * 0.004 - 8 * 0.0001) / 10 = 7.2e-4.
+  assert line == (
+    "| small-n10 | 2 | 10 | 0.000 | 1.00 | 0.400 (0.300 / 0.500) | 0.100 (500 / 500) | "
+    "0.50 (0.50 / 0.50) | 0.60 | 7.2 (7.2 / 7.2) |"
+  )
+  (tmp_path / "bad.json").write_text(json.dumps({"rows": []}))
+  result = subprocess.run(
+    [sys.executable, script, str(tmp_path / "bad.json")], capture_output=True, text=True
+  )
+  assert result.returncode == 2 and result.stderr == "error: rows of both splits are needed\n"
