@@ -39,16 +39,20 @@ from typing import Any
 def with_fields(config: Any, settings: Sequence[str]) -> Any:
   """The network config `config` with `settings` ("FIELD=VALUE", `train --set network.FIELD`'s
   values) applied; ValueError (one line) names a field or value it refuses."""
-  from malloczero.common.settings import parse_setting
-  from malloczero.launch.config_flags import resolve
+  from malloczero.common.settings import is_setting, parse_setting
 
+  fields = {f.name: f for f in dataclasses.fields(config) if is_setting(f)}
   values = {}
   for text in settings:
     name, sep, value = text.partition("=")
     if not sep:
       raise ValueError(f"--network {text}: expected FIELD=VALUE, e.g. d_model=64")
+    if name not in fields:
+      raise ValueError(
+        f"--network {text}: no field '{name}' in network; valid: {', '.join(fields)}"
+      )
     try:
-      values[name] = parse_setting(resolve(f"network.{name}"), value)
+      values[name] = parse_setting(fields[name], value)
     except ValueError as e:
       raise ValueError(f"--network {text}: {e}") from None
   return dataclasses.replace(config, **values)

@@ -31,6 +31,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--decisions", type=int, default=12, help="decisions probed per program")
   parser.add_argument("--min-gap", type=float, default=None, help="advantage gap that is ranked")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument(
+    "--max-buffers",
+    type=int,
+    metavar="N",
+    help="probe only programs of at most N buffers (a probe runs msa once per legal move)",
+  )
   parser.add_argument("--untrained", action="store_true", help="add untrained networks' row")
   parser.add_argument("--out", help="write the rows as JSON here")
   parser.add_argument("--save", help="write the probed decisions here (.npz)")
@@ -43,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   if args.decisions < 1:
     parser.error("--decisions must be at least 1")
+  if args.max_buffers is not None and args.max_buffers < 1:
+    parser.error("--max-buffers must be at least 1")
 
   import jax
 
@@ -58,6 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     splits = ("train", "heldout") if args.split == "all" else (args.split,)
     # Loaded decisions carry their observations: the programs are needed only to probe.
     specs = {} if args.load else {split: suite_games(args.suite, split) for split in splits}
+    if args.max_buffers is not None:
+      specs = {
+        split: [s for s in entries if len(s.workload.buffers) <= args.max_buffers]
+        for split, entries in specs.items()
+      }
   except MalloczeroError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -306,6 +306,13 @@ def test_the_script_refuses_bad_input_in_one_line(trained_run, tmp_path):
   result = _script("--checkpoint", trained_run["workdir"], "--trajectory", str(tmp_path / "none"))
   assert result.returncode == 2
   assert result.stderr.count("\n") == 1 and "no learner checkpoint" in result.stderr
+  # Every tiny program has more than one buffer: none is left to probe.
+  result = _script(
+    "--checkpoint", trained_run["workdir"], "--suite", "tiny", "--split", "train",
+    "--max-buffers", "1",
+  )  # fmt: skip
+  assert result.returncode == 2
+  assert result.stderr.endswith("error: no decisions probed in the train split\n")
 
 
 @pytest.mark.slow
