@@ -189,27 +189,44 @@ def play_programs(
       observations[i] = timestep.observation
       done[i] = finished[i] = timestep.last()
 
+  def advance(g: int, key: Any) -> bool:
+    """One move of group `g`'s unfinished games; False when the deadline or a stop cut it."""
+    search_fn, members, simulations = groups[g]
+    playing = members[~done[members]]
+    full = games_per_call(simulations, len(members))
+    for c, first in enumerate(range(0, len(playing), full)):
+      if late(last_call_s[g]):
+        return False
+      active = playing[first : first + full]
+      batch = _batch_size(len(active), full)
+      padded = [observations[i] for i in active]
+      padded += [observations[active[0]]] * (batch - len(active))
+      started = now()
+      # The group's key for its first call, as when no batch is split.
+      call_key = key if c == 0 else jax.random.fold_in(key, c)
+      output = jax.device_get(search_fn(params, call_key, stack_observations(padded)))
+      last_call_s[g] = now() - started
+      play_moves(active, output)
+    return True
+
+  # The policy alone first, to the end: one network call per move and no search, it is the
+  # cheapest trajectory by far, so a deadline that cuts the searches' trajectories on a large
+  # program still leaves the network's own play (reported, and a seed of the agent's guided
+  # search). Its moves are its argmax (no noise in evaluation), so its keys do not matter.
+  if policy is not None:
+    policy_group, policy_members = len(groups) - 1, groups[-1][1]
+    unused_key = jax.random.PRNGKey(0)
+    while not done[policy_members].all() and not stopped:
+      raise_pending()
+      stopped = not advance(policy_group, unused_key)
   keys = _KeyStream(rng)
   while not done.all() and not stopped:
     raise_pending()  # A signal whose exception a weakref callback swallowed (common/signals.py).
     # One key per possible group, so that a group's keys do not depend on which others play.
-    for g, ((search_fn, members, simulations), key) in enumerate(zip(groups, keys.next())):
-      playing = members[~done[members]]
-      full = games_per_call(simulations, len(members))
-      for c, first in enumerate(range(0, len(playing), full)):
-        stopped = stopped or late(last_call_s[g])
-        if stopped:
-          break
-        active = playing[first : first + full]
-        batch = _batch_size(len(active), full)
-        padded = [observations[i] for i in active]
-        padded += [observations[active[0]]] * (batch - len(active))
-        started = now()
-        # The group's key for its first call, as when no batch is split.
-        call_key = key if c == 0 else jax.random.fold_in(key, c)
-        output = jax.device_get(search_fn(params, call_key, stack_observations(padded)))
-        last_call_s[g] = now() - started
-        play_moves(active, output)
+    for g, key in enumerate(keys.next()[: len(groups)]):
+      stopped = stopped or not advance(g, key)
+      if stopped:
+        break
 
   results = []
   for p, spec in enumerate(specs):

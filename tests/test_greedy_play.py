@@ -136,6 +136,31 @@ def test_capacity_variants_add_each_training_entry_at_the_other_fractions():
 
 
 @pytest.mark.slow  # Compiles the search.
+def test_the_policy_alone_plays_first_so_a_stop_that_cuts_the_searches_keeps_it(params):
+  """The policy's own trajectory (no search) is played to its end before any searched move: a
+  stop (or deadline) that cuts the searched trajectories still leaves the network's own play, its
+  mapping the kept one."""
+  specs = ALL_SPECS[:3]
+  noisy_params = noisy(params, 11, scale=0.5)
+  search = dataclasses.replace(CONFIG.search, num_simulations=4, eval_num_simulations=4)
+  alone = dataclasses.replace(search, num_simulations=0, eval_num_simulations=0)
+  policy = play_programs(NETWORKS, noisy_params, alone, CONFIG.game, specs, seed=9)
+  # The stop is asked once per extra game built (one policy game per program) and once per
+  # move of the policy's batch, then before the first searched move: it says stop there.
+  looks = iter(range(10**6))
+  allowed = len(specs) + max(len(p.actions) for p in policy)
+  results = play_programs(
+    NETWORKS, noisy_params, search, CONFIG.game, specs, seed=5, policy_alone=True,
+    should_stop=lambda: next(looks) >= allowed,
+  )  # fmt: skip
+  for result, played in zip(results, policy):
+    assert result.greedy_speedup is None and result.unfinished == 1
+    assert result.policy_speedup == pytest.approx(played.greedy_speedup, rel=1e-12)
+    assert result.mapping is not None
+    assert result.speedup == pytest.approx(result.policy_speedup, rel=1e-12)
+
+
+@pytest.mark.slow  # Compiles the search.
 def test_split_search_calls_and_a_stop_keep_greedy_play_or_drop_it(params, monkeypatch):
   """A batch split into calls of fewer games (`CALL_COST`, so that a call stays short) plays the
   same greedy trajectories; a stop ends the play between calls, and the cut trajectories are
