@@ -59,18 +59,23 @@ def with_fields(config: Any, settings: Sequence[str]) -> Any:
 
 
 def target_entropy(decisions: Sequence[Any], temperature: float, msa_margin: float) -> float:
-  """The mean entropy (nats) of the decisions' policy targets (`advantage_targets`): the least
-  cross-entropy any network can reach on them, so loss - floor is what is left to fit."""
+  """The mean entropy (nats) of the decisions' policy targets, the learner's own
+  (`advantage_targets`): the least cross-entropy any network can reach on them, so loss - floor
+  is what is left to fit."""
+  import jax.numpy as jnp
   import numpy as np
 
-  entropies = []
-  for p in decisions:
-    scores = np.asarray(p.advantages, np.float64) + msa_margin * (p.actions == p.msa_action)
-    scores = scores / temperature
-    probs = np.exp(scores - scores.max())
-    probs /= probs.sum()
-    entropies.append(-np.sum(probs * np.log(np.maximum(probs, 1e-300))))
-  return float(np.mean(entropies))
+  from malloczero.learner.probes import advantage_targets
+
+  width = 1 + max(int(p.actions.max()) for p in decisions)
+  advantages = np.zeros((len(decisions), width), np.float64)
+  legal = np.zeros((len(decisions), width), bool)
+  for i, p in enumerate(decisions):
+    advantages[i, p.actions], legal[i, p.actions] = p.advantages, True
+  msa_actions = np.array([p.msa_action for p in decisions])
+  targets = advantage_targets(advantages, legal, temperature, msa_actions, msa_margin)
+  entropies = -jnp.sum(jnp.where(targets > 0, targets * jnp.log(targets), 0.0), axis=-1)
+  return float(entropies.mean())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
