@@ -29,7 +29,8 @@ ALIASES: tuple[tuple[tuple[str, ...], str, str], ...] = (
   (
     ("--suite",),
     "suite",
-    "suite to train on (with --workload, its training programs are trained on too)",
+    "suite to train on, a built-in name or a manifest made by `suite make` (with --workload, "
+    "its training programs are trained on too)",
   ),
   (("--num-actors",), "distributed.num_actors", "actor nodes (local_mp and vertex_ai)"),
   (

@@ -8,12 +8,11 @@ which cached import they used. Both print the importer's notes the same way (`pr
 
 from __future__ import annotations
 
-import os
-import re
 import sys
 from typing import Iterable, Optional
 
 from malloczero.common.errors import MalloczeroError
+from malloczero.env.programs.import_cache import hlo_name, hlo_source
 from malloczero.env.workload import Workload
 from malloczero.env.workload_json import load_workload, workload_format
 
@@ -21,24 +20,6 @@ REIMPORT_HELP = (
   "an HLO module (.hlo/.txt): import it again, not using the import cached from an earlier "
   "run (the new import replaces it)"
 )
-
-
-def hlo_name(path: str) -> str:
-  """The workload name a module file gives: the module's name in one of XLA's dumps
-  (`module_0001.jit_step.cpu_after_optimizations.txt` -> `jit_step`; TensorFlow's
-  `TIME.module_0000.a_inference_step_50__XlaMustCompile_...cpu_after_optimizations.txt` ->
-  `a_inference_step_50`), else the file name up to its first dot."""
-  base = os.path.basename(path)
-  dump = re.fullmatch(
-    r"(?:\d+\.)?module_\d+\.(.+?)\.(?:\w+_)?(?:after|before)_optimizations\.txt", base
-  )
-  if not dump:
-    return base.split(".")[0]
-  return dump.group(1).split("__XlaMustCompile")[0]  # TensorFlow's long function names.
-
-
-def hlo_source(path: str) -> str:
-  return f"xla-hlo ({os.path.basename(path)})"
 
 
 def print_notes(notes: Iterable[str]) -> None:

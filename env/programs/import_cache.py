@@ -55,6 +55,24 @@ _CHUNK = 1 << 20
 _HLO_MARK = re.compile(rb"(?:^|\n)[ \t]*(?:HloModule|ENTRY)\b")
 
 
+def hlo_name(path: str) -> str:
+  """The workload name a module file gives: the module's name in one of XLA's dumps
+  (`module_0001.jit_step.cpu_after_optimizations.txt` -> `jit_step`; TensorFlow's
+  `TIME.module_0000.a_inference_step_50__XlaMustCompile_...cpu_after_optimizations.txt` ->
+  `a_inference_step_50`), else the file name up to its first dot."""
+  base = os.path.basename(path)
+  dump = re.fullmatch(
+    r"(?:\d+\.)?module_\d+\.(.+?)\.(?:\w+_)?(?:after|before)_optimizations\.txt", base
+  )
+  if not dump:
+    return base.split(".")[0]
+  return dump.group(1).split("__XlaMustCompile")[0]  # TensorFlow's long function names.
+
+
+def hlo_source(path: str) -> str:
+  return f"xla-hlo ({os.path.basename(path)})"
+
+
 def default_cache_dir() -> str:
   """$MALLOCZERO_IMPORT_CACHE_DIR, else $XDG_CACHE_HOME/malloczero/hlo-imports (default
   ~/.cache/malloczero/hlo-imports), as the baseline cache chooses its own."""

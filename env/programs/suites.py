@@ -15,6 +15,11 @@ generalisation to programs never trained on. A suite marked `evaluation_only` in
 has held-out entries only and no train split to train on; one marked `training_only` (`corpus`,
 made by `scripts/make_corpus.py`) has train entries only, and a run on it reports on another
 suite's splits (`--set report_suite`).
+
+A user suite is a manifest file (`malloczero suite make`, env/programs/user_suites.py) that names
+its programs by path, relative to the manifest, with each file's sha256; `get_suite` takes its
+path wherever it takes a built-in suite's name, and refuses a program file that is missing or
+changed since the suite was made.
 """
 
 from __future__ import annotations
@@ -27,15 +32,38 @@ import os
 
 import numpy as np
 
+from malloczero.common import strict_json
 from malloczero.common.errors import MalloczeroError
 from malloczero.env.hardware import Hardware, check_fits, load_hardware
 from malloczero.env.workload import Workload
-from malloczero.env.workload_json import load_workload
+from malloczero.env.workload_json import load_workload, workload_format
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 WORKLOAD_DIR = os.path.join(DATA_DIR, "workloads")
 MANIFEST = os.path.join(DATA_DIR, "suites.json")
 SPLITS = ("train", "heldout")
+FORMAT = "malloczero-suite/1"
+_MANIFEST_KEYS = {
+  "format",
+  "name",
+  "description",
+  "evaluation_only",
+  "training_only",
+  "made",
+  "programs",
+  "entries",
+}
+ENTRY_KEYS = {"name", "program", "hardware", "capacity_fraction", "split", "model"}
+_PROGRAM_KEYS = {
+  "path",
+  "file_sha256",
+  "format",
+  "content_sha256",
+  "ops",
+  "buffers",
+  "peak_live_bytes",
+}
+_CHUNK = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +74,14 @@ class SuiteEntry:
   capacity_fraction: float
   split: str
   model: str
+  # A user suite's program file (absolute) and its sha256; empty for the built-ins, whose
+  # programs are WORKLOAD_DIR's.
+  path: str = ""
+  file_sha256: str = ""
 
   def workload(self) -> Workload:
+    if self.path:
+      return _load_user_program(self.path, self.file_sha256)
     return _load_program(self.program)
 
   def hardware_for(self, workload: Workload) -> Hardware:
@@ -117,6 +151,16 @@ def _load_program(program: str) -> Workload:
   return load_workload(path)
 
 
+def _load_user_program(path: str, file_sha256: str) -> Workload:
+  check_program_file(path, file_sha256)  # Cheap once verified: a changed file is re-hashed.
+  return _load_user_workload(path, file_sha256)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_user_workload(path: str, file_sha256: str) -> Workload:
+  return load_program_file(path)
+
+
 def content_hash(workload: Workload) -> str:
   """SHA-256 of what a solver sees of the program (sizes, lifetimes, which op moves how many
   bytes of which buffer, flops), not its names: two programs with the same hash are the same
@@ -139,11 +183,19 @@ def content_hash(workload: Workload) -> str:
   return digest.hexdigest()
 
 
+def is_suite_file(name: str) -> bool:
+  """Whether a `--suite` value names a manifest file (a user suite) rather than a built-in."""
+  return name.endswith(".json") or os.sep in name
+
+
 def suite_names() -> list[str]:
   return list(_manifest()["suites"])
 
 
 def get_suite(name: str) -> Suite:
+  """The built-in suite `name`, or the user suite whose manifest is the file `name`."""
+  if is_suite_file(name):
+    return read_suite_file(name)
   suites = _manifest()["suites"]
   if name not in suites:
     raise MalloczeroError(f"unknown suite '{name}' (choose from {', '.join(suites)})")
@@ -160,3 +212,136 @@ def get_suite(name: str) -> Suite:
 def program_summaries() -> dict[str, dict]:
   """Per program: ops, buffers, peak live bytes and the model it came from (from the manifest)."""
   return _manifest()["programs"]
+
+
+class SuiteFileError(MalloczeroError, ValueError):
+  """A suite manifest, or a program it names, that cannot be used."""
+
+
+def file_sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  try:
+    with open(path, "rb") as f:
+      while chunk := f.read(_CHUNK):
+        digest.update(chunk)
+  except OSError as e:
+    raise SuiteFileError(f"{path}: cannot read: {e.strerror or e}") from None
+  return digest.hexdigest()
+
+
+def load_program_file(path: str) -> Workload:
+  """The workload of a program file: an HLO module through the import cache (imported once, on
+  first use), a workload file or MiniMalloc problem as it is."""
+  if workload_format(path) != "hlo":
+    return load_workload(path)
+  from malloczero.env.programs.import_cache import hlo_name, hlo_source, import_hlo_file
+
+  return import_hlo_file(path, hlo_name(path), hlo_source(path)).workload
+
+
+# A verified file: (path, size, mtime_ns, sha256), so that a process loading many entries of one
+# program hashes its file once.
+_verified: set[tuple[str, int, int, str]] = set()
+
+
+def check_program_file(path: str, file_sha256_expected: str, suite: str = "") -> None:
+  """Refuses, in one line naming the file, a program file that is missing or whose content is no
+  longer what the suite was made from."""
+  where = f"suite '{suite}': " if suite else ""
+  try:
+    stat = os.stat(path)
+  except OSError:
+    raise SuiteFileError(
+      f"{where}program file {path} is missing (moved or deleted since the suite was made); "
+      "put it back or make the suite again with `malloczero suite make`"
+    ) from None
+  stamp = (path, stat.st_size, stat.st_mtime_ns, file_sha256_expected)
+  if stamp in _verified:
+    return
+  if file_sha256(path) != file_sha256_expected:
+    raise SuiteFileError(
+      f"{where}program file {path} changed since the suite was made (its sha256 differs); "
+      "make the suite again with `malloczero suite make`"
+    )
+  _verified.add(stamp)
+
+
+def _field(data: dict, key: str, kind: type, where: str):
+  if key not in data:
+    raise SuiteFileError(f"{where}: no '{key}'")
+  value = data[key]
+  if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+    raise SuiteFileError(f"{where}: '{key}' must be {kind.__name__}, got {value!r}")
+  return value
+
+
+def read_suite_file(path: str) -> Suite:
+  """The suite of a manifest file made by `make_suite`, its program files checked (missing or
+  changed ones refused, naming them)."""
+  path = os.path.abspath(path)
+  if not os.path.exists(path):
+    raise SuiteFileError(
+      f"{path}: no such suite manifest (a suite is a built-in name, see `malloczero suite "
+      "list`, or a file made by `malloczero suite make`)"
+    )
+  data = strict_json.load(path, SuiteFileError)
+  if not isinstance(data, dict) or data.get("format") != FORMAT:
+    raise SuiteFileError(
+      f'{path}: not a suite manifest (no "format": "{FORMAT}"); make one with `malloczero '
+      "suite make DIR`"
+    )
+  unknown = strict_json.unknown_key(data, _MANIFEST_KEYS)
+  if unknown:
+    raise SuiteFileError(f"{path}: unknown key {unknown}")
+  name = _field(data, "name", str, path)
+  programs = _field(data, "programs", dict, path)
+  manifest_dir = os.path.dirname(path)
+  files = {}
+  for key, program in programs.items():
+    where = f"{path}: program '{key}'"
+    if not isinstance(program, dict):
+      raise SuiteFileError(f"{where}: must be an object")
+    unknown = strict_json.unknown_key(program, _PROGRAM_KEYS)
+    if unknown:
+      raise SuiteFileError(f"{where}: unknown key {unknown}")
+    file = os.path.normpath(os.path.join(manifest_dir, _field(program, "path", str, where)))
+    files[key] = (file, _field(program, "file_sha256", str, where))
+  entries = []
+  for i, entry in enumerate(_field(data, "entries", list, path)):
+    where = f"{path}: entry {i}"
+    if not isinstance(entry, dict):
+      raise SuiteFileError(f"{where}: must be an object")
+    unknown = strict_json.unknown_key(entry, ENTRY_KEYS)
+    if unknown:
+      raise SuiteFileError(f"{where}: unknown key {unknown}")
+    program = _field(entry, "program", str, where)
+    if program not in files:
+      raise SuiteFileError(f"{where}: program '{program}' is not among the manifest's programs")
+    split = _field(entry, "split", str, where)
+    if split not in ("train", "heldout"):
+      raise SuiteFileError(f"{where}: split must be train or heldout, got {split!r}")
+    entries.append(
+      SuiteEntry(
+        name=_field(entry, "name", str, where),
+        program=program,
+        hardware=_field(entry, "hardware", str, where),
+        capacity_fraction=_field(entry, "capacity_fraction", float, where),
+        split=split,
+        model=_field(entry, "model", str, where),
+        path=files[program][0],
+        file_sha256=files[program][1],
+      )
+    )
+  if not entries:
+    raise SuiteFileError(f"{path}: the suite has no entries")
+  for file, sha in files.values():
+    check_program_file(file, sha, name)
+  return Suite(
+    name,
+    str(data.get("description", "")),
+    tuple(entries),
+    evaluation_only=_field(data, "evaluation_only", bool, path),
+    training_only=_field(data, "training_only", bool, path),
+  )

@@ -41,7 +41,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     help="run solvers and trained checkpoints on every entry of a "
     "suite; tables, CSV, JSON, Markdown and pictures",
   )
-  p.add_argument("--suite", required=True, help="suite name (see 'malloczero suite list')")
+  p.add_argument(
+    "--suite",
+    required=True,
+    help="suite name (see 'malloczero suite list') or a manifest made by 'suite make'",
+  )
   p.add_argument(
     "--checkpoint",
     nargs="+",

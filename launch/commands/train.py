@@ -107,10 +107,19 @@ def train_config(args: argparse.Namespace):
     raise FlagError(
       "an empty suite trains on --workload's program alone: name a suite or a workload"
     )
-  if config.suite:
-    from malloczero.env.programs.suites import get_suite
+  from malloczero.env.programs.suites import get_suite, is_suite_file
 
-    get_suite(config.suite)  # A wrong suite name fails here, before anything starts.
+  # A user suite's manifest by its absolute path: the nodes and a resumed run find it from any
+  # directory, and a run resumes only on the same file.
+  suites = {
+    field: os.path.abspath(getattr(config, field))
+    for field in ("suite", "report_suite")
+    if getattr(config, field) and is_suite_file(getattr(config, field))
+  }
+  config = dataclasses.replace(config, **suites) if suites else config
+  for name in (config.suite, config.report_suite):
+    if name:
+      get_suite(name)  # A wrong suite name or a changed program fails here, before anything starts.
   return config
 
 
