@@ -97,6 +97,8 @@ def test_the_wheel_holds_every_module_and_all_suite_data(installed):
   assert "malloczero/env/programs/data/suites.json" in data
   assert len(data) > 40  # suites.json and every committed workload of the suites.
   assert not data - names, f"suite data missing from the wheel: {sorted(data - names)}"
+  # XLA's override protos are built from this descriptor (env/msa/xla_proto.py).
+  assert "malloczero/env/msa/data/memory_space_assignment.pb" in names
   # Everything the wheel installs lives under malloczero/ or its .dist-info.
   tops = {name.split("/")[0] for name in names}
   assert {top for top in tops if not top.endswith(".dist-info")} == {"malloczero"}, tops

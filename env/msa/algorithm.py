@@ -125,6 +125,7 @@ from malloczero.env.msa.decision import (  # noqa: F401 (re-exported)
   option_slots,
   worth_deciding,
 )
+from malloczero.env.msa.overrides import read_sort_order_priorities
 from malloczero.env.msa.settings import COPY_BUDGETS, PICKERS, MsaOptions  # noqa: F401
 from malloczero.env.workload import PROGRAM_START, Workload
 
@@ -299,11 +300,7 @@ class MsaAlgorithm:
       raise ValueError(f"max_prefetch_starts must be >= 1, got {max_prefetch_starts}")
     self._fresh = False
     a = self.workload.arrays
-    order = buffer_order(self.workload, self.analyses[0].memory_boundedness)
-    if self.deferred:  # msa's order within each group; a stable partition.
-      order = [b for b in order if int(b) not in self.deferred] + [
-        b for b in order if int(b) in self.deferred
-      ]
+    order = self.allocation_order()
     self._rows = rows = []
     for b in order:
       b = int(b)
@@ -315,6 +312,19 @@ class MsaAlgorithm:
       self._open = (-1, [])
     self.stats = MsaStats(**self._counts)
     return self._to_allocations(rows)
+
+  def allocation_order(self) -> list[int]:
+    """The buffers in the order the loop allocates them: XLA's sort (buffer_order.py), its
+    first key the sort-order overrides' priorities when the options name a file, the deferred
+    buffers after the others in the same order (a stable partition)."""
+    priority = None
+    if self.options.sort_order_overrides:
+      priority = read_sort_order_priorities(self.options.sort_order_overrides, self.workload)
+    order = buffer_order(self.workload, self.analyses[0].memory_boundedness, priority).tolist()
+    if self.deferred:
+      deferred = self.deferred
+      order = [b for b in order if b not in deferred] + [b for b in order if b in deferred]
+    return order
 
   def allocations_so_far(self) -> Allocations:
     """The segments committed so far, the current buffer's included, as they stand now (a

@@ -32,6 +32,7 @@ from malloczero.env.msa.interval_picker import (
   CostAnalysisPrefetchIntervalPicker,
   InstructionCountPrefetchIntervalPicker,
 )
+from malloczero.env.msa.overrides import read_preferred_prefetch_times
 from malloczero.env.msa.settings import MsaOptions
 from malloczero.env.workload import Workload
 
@@ -123,6 +124,14 @@ class SegmentAllocator:
     self.prefetch_limit = OutstandingCopyLimit(options.max_outstanding_prefetches)
     self.eviction_limit = OutstandingCopyLimit(options.max_outstanding_evictions)
     self.ordering = AsynchronousCopyOrdering()
+    self.preferred_times = (
+      read_preferred_prefetch_times(options.preferred_prefetch_overrides, workload)
+      if options.preferred_prefetch_overrides
+      else None
+    )
+    # The (buffer, use) pairs whose prefetch an override set the preferred start of: XLA
+    # charges such a copy nothing in the copy resources (`CheckPrefetchFit`).
+    self._preferred_uses: set[tuple[int, int]] = set()
     self._next_copy_id = 0
     # Per buffer and per incidence, as Python floats: several plans a step read them, and numpy
     # scalars cost more to read and add one at a time.
@@ -336,6 +345,13 @@ class SegmentAllocator:
     resource = self.copy_resource(b)
     reduction = self._reductions[level][incidence]
     window = picker.start_window(copy_elapsed, earliest, use, reduction)
+    preferred = self.preferred_times.time(b, use, earliest) if self.preferred_times else None
+    if preferred is not None:
+      self._preferred_uses.add((b, use))
+      resource = 0.0
+      first, last, _, explored = window
+      if preferred <= last:  # Else the picker's own preferred start (`Begin`).
+        window = (first, last, max(preferred, first), explored)
     # FIFO order and the outstanding limit depend on the start only: checked here for every
     # start, the loop skips those not allowed (both off by default, as in XLA).
     fifo = self.options.enforce_prefetch_fifo_order
@@ -387,7 +403,7 @@ class SegmentAllocator:
   ) -> Segment:
     """Commits a prefetch `plan_all_prefetches` offered: its chunk, its copy; the segment."""
     level, (start, reserved_end) = option.level, option.plan
-    resource = self.copy_resource(b)
+    resource = 0.0 if (b, use) in self._preferred_uses else self.copy_resource(b)
     pending.chunks.append(
       (level, self.heaps[level].add(start + 1, reserved_end, option.offset, size))
     )

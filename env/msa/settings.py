@@ -41,6 +41,10 @@ class MsaOptions:
     "elapsed", msa believes a copy hides behind a memory-bound op that the simulator gives no
     room to, and the copy stalls the program (docs/msa.md's open question). Only with the cost
     picker (the instruction-count picker budgets 1 per op, as XLA without a cost analysis).
+  sort_order_overrides / preferred_prefetch_overrides: text files of XLA's
+    `MsaSortOrderOverrides` / `PreferredPrefetchOverrides` (XLA's `Options` fields of those
+    messages), matched by the module's instruction names as XLA matches them (overrides.py).
+    Empty: none.
   """
 
   min_overlap_to_async_copy_ratio: float = 0.8
@@ -54,6 +58,8 @@ class MsaOptions:
   instruction_count_min: int = 2
   instruction_count_max: int = 10
   copy_budget: str = "elapsed"
+  sort_order_overrides: str = ""
+  preferred_prefetch_overrides: str = ""
 
   def __post_init__(self):
     for name in (

@@ -116,6 +116,7 @@ def supported(options: MsaOptions, resources: tuple[AsynchronousCopyResource, ..
     options.max_outstanding_prefetches < 0
     and options.max_outstanding_evictions < 0
     and not options.enforce_prefetch_fifo_order
+    and not options.preferred_prefetch_overrides  # A use's preferred start is the Python loop's.
     and not any(r.exact for r in resources)
   )
 
@@ -131,17 +132,11 @@ def run_loop(algorithm) -> tuple[Allocations, dict[str, int]] | None:
   """msa's segments (in allocation order) and the loop's counts, made by the jitted loop on
   `algorithm`'s fresh state; None when the loop gave up (`ABORTED`: the caller runs the Python
   loop on a new state)."""
-  from malloczero.env.msa.buffer_order import buffer_order
-
   workload, hardware, allocator = algorithm.workload, algorithm.hardware, algorithm.allocator
   options = algorithm.options
   a = workload.arrays
   num_ops, levels = workload.num_ops, allocator.num_fast
-  order = buffer_order(workload, algorithm.analyses[0].memory_boundedness)
-  if algorithm.deferred:  # msa's order within each group; a stable partition (as `steps`).
-    deferred = np.isin(order, np.fromiter(algorithm.deferred, np.int64))
-    order = np.concatenate([order[~deferred], order[deferred]])
-  order = np.asarray(order, np.int64)
+  order = np.asarray(algorithm.allocation_order(), np.int64)
   order = order[~a.is_output[order] & (a.sizes[order] != 0)]
   bounds, use_ops, use_incidences, _ = algorithm.use_table
   bounds = np.asarray(bounds, np.int64)

@@ -48,6 +48,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
   )
   p.add_argument("--out", help="write the validated mapping here (JSON)")
   p.add_argument("--plot", help="draw the memory map here (.png, .svg, .pdf, ...)")
+  p.add_argument(
+    "--xla-overrides",
+    metavar="FILE.textproto",
+    help="write XLA's msa overrides that steer it toward the mapping found: "
+    "FILE.preferred_prefetch.textproto (PreferredPrefetchOverrides) and "
+    "FILE.sort_order.textproto (MsaSortOrderOverrides), keyed by the module's instruction names; "
+    "msa reads them back with --msa-option preferred_prefetch_overrides=... and "
+    "sort_order_overrides=...",
+  )
   add_solver_flags(p, ALL_SOLVERS.values())
   p.set_defaults(func=run)
 
@@ -126,7 +135,12 @@ def _baseline_details(solver: Solver, info: dict) -> str:
 def run(args: argparse.Namespace) -> int:
   solver = ALL_SOLVERS[args.solver]
   hardware_file = args.hardware if args.hardware and os.path.isfile(args.hardware) else None
-  check_distinct_files([("--out", args.out), ("--plot", args.plot)], [args.workload, hardware_file])
+  overrides = override_paths(args.xla_overrides) if args.xla_overrides else {}
+  outputs = [("--out", args.out), ("--plot", args.plot)]
+  outputs += [("--xla-overrides", path) for path in overrides.values()]
+  check_distinct_files(outputs, [args.workload, hardware_file])
+  for path in overrides.values():
+    check_output_file(path, "--xla-overrides")
   if args.out:
     check_output_file(args.out)
   if args.plot:
@@ -158,4 +172,46 @@ def run(args: argparse.Namespace) -> int:
 
     plot_memory_map(workload, hw, result.mapping, args.plot)
     print(f"wrote {args.plot}")
+  if overrides:
+    write_overrides(workload, hw, result, overrides, solver_options(args, solver))
   return 0
+
+
+def override_paths(path: str) -> dict[str, str]:
+  """`--xla-overrides FILE[.textproto]`: the two files it names, by message."""
+  stem = path[: -len(".textproto")] if path.endswith(".textproto") else path
+  return {
+    "preferred_prefetch": f"{stem}.preferred_prefetch.textproto",
+    "sort_order": f"{stem}.sort_order.textproto",
+  }
+
+
+def write_overrides(workload, hw, result, paths: dict[str, str], options: dict) -> None:
+  """The mapping found as XLA's overrides against msa's own mapping (with the same msa
+  options), both files written, and what they cannot express."""
+  from malloczero.common.files import write_text
+  from malloczero.env.msa.algorithm import MsaAlgorithm, MsaOptions
+  from malloczero.env.msa.export_overrides import export_overrides
+
+  fields = {f for f in MsaOptions.__dataclass_fields__}
+  msa = MsaAlgorithm(workload, hw, MsaOptions(**{k: v for k, v in options.items() if k in fields}))
+  exported = export_overrides(
+    workload,
+    result.mapping.to_arrays(workload),
+    msa.run(),
+    deferred=result.info.get("deferred", ()),
+    deferred_order=msa.allocation_order(),
+  )
+  header = (
+    f"# XLA memory-space-assignment overrides for {workload.name}, exported by malloczero "
+    f"from the {result.mapping.solver} mapping\n"
+  )
+  write_text(paths["preferred_prefetch"], header + exported.preferred_prefetch_text())
+  write_text(paths["sort_order"], header + exported.sort_order_text())
+  print(
+    f"wrote {paths['preferred_prefetch']} ({exported.prefetches} preferred prefetch starts) and "
+    f"{paths['sort_order']} ({exported.deferred} buffers allocated last)"
+  )
+  if exported.not_expressible:
+    missed = ", ".join(f"{n} {kind}" for kind, n in sorted(exported.not_expressible.items()))
+    print(f"  uses that differ from msa's and that XLA's overrides cannot express: {missed}")
