@@ -22,8 +22,9 @@ import numpy as np  # noqa: E402
 
 from malloczero.common.errors import MalloczeroError  # noqa: E402
 from malloczero.env.hardware import PRESETS  # noqa: E402
-from malloczero.env.programs.suites import MANIFEST  # noqa: E402
+from malloczero.env.programs.suites import DATA_DIR  # noqa: E402
 from malloczero.env.programs.synthetic import contended  # noqa: E402
+from malloczero.env.programs.user_suites import load_builtin_suites  # noqa: E402
 from malloczero.env.solvers import solve  # noqa: E402
 from malloczero.env.workload import Workload  # noqa: E402
 from malloczero.env.workload_json import load_workload  # noqa: E402
@@ -57,9 +58,8 @@ def main() -> int:
   parser.add_argument("--solvers", default="msa,greedy,bestfit,pack,evo,evo-msa")
   parser.add_argument("--time-limit", type=float, default=10.0, help="for pack, evo, evo-msa")
   args = parser.parse_args()
-  now_dir = os.path.dirname(MANIFEST)
-  with open(MANIFEST, encoding="utf-8") as f:
-    manifest = json.load(f)
+  now_dir = DATA_DIR
+  manifest = load_builtin_suites()
   programs = {}
   for name in sorted(manifest["programs"]):
     old_path = os.path.join(args.before, "workloads", f"{name}.json.gz")

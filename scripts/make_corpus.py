@@ -21,7 +21,7 @@ The default suite's held-out models, `foreign`'s and `realistic`'s never enter t
 
 `import` writes env/programs/data/workloads/<program>.json.gz and a record per program under
 --records (default runs/corpus-records, kept between runs: a program with a record is not
-imported again without --force); `manifest` adds the records and the suites to suites.json.
+imported again without --force); `manifest` writes the records and the suites' manifests (suites/corpus.json, realistic.json).
 The output is committed, so users and CI never run this.
 """
 
@@ -46,7 +46,11 @@ from keras_programs import optimized_hlo as keras_hlo  # noqa: E402
 from malloczero.common.files import write_text  # noqa: E402
 from malloczero.env.hardware import load_hardware  # noqa: E402
 from malloczero.env.programs import import_model, program_name  # noqa: E402
-from malloczero.env.programs.suites import MANIFEST, WORKLOAD_DIR, content_hash  # noqa: E402
+from malloczero.env.programs.suites import SUITES_DIR, WORKLOAD_DIR, content_hash  # noqa: E402
+from malloczero.env.programs.user_suites import (  # noqa: E402
+  load_builtin_suites,
+  write_builtin_suites,
+)
 from malloczero.env.workload_json import load_workload, save_workload  # noqa: E402
 
 HARDWARE = ("tpu-v4i-like", "nnpi-like")
@@ -331,8 +335,7 @@ def _plan(part: str) -> list[tuple[str, Callable[[], dict]]]:
 
 
 def _manifest_programs() -> dict[str, dict]:
-  with open(MANIFEST, encoding="utf-8") as f:
-    return json.load(f)["programs"]
+  return load_builtin_suites()["programs"]
 
 
 def _compiled_corpus_programs() -> list[str]:
@@ -382,8 +385,7 @@ def _entries(name: str, record: dict, capacities, split: str) -> list[dict]:
 
 
 def write_manifest(records: str) -> int:
-  with open(MANIFEST, encoding="utf-8") as f:
-    manifest = json.load(f)
+  manifest = load_builtin_suites()
   found = {}
   for path in sorted(glob.glob(os.path.join(records, "*.json"))):
     with open(path, encoding="utf-8") as f:
@@ -423,10 +425,12 @@ def write_manifest(records: str) -> int:
     "evaluation_only": True,
     "entries": suites["realistic"],
   }
-  write_text(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+  write_builtin_suites(
+    {"suites": {s: manifest["suites"][s] for s in suites}, "programs": manifest["programs"]}
+  )
   print(
-    f"wrote {MANIFEST}: corpus {len(suites['corpus'])} entries, realistic "
-    f"{len(suites['realistic'])} entries"
+    f"wrote {SUITES_DIR}/{{corpus,realistic}}.json: corpus {len(suites['corpus'])} entries, "
+    f"realistic {len(suites['realistic'])} entries"
   )
   return 0
 

@@ -2,7 +2,7 @@
 """Generates the `foreign` suite: Keras models (TensorFlow's front end, not the project's Haiku
 zoo) compiled by XLA through `tf.function(jit_compile=True)` on the CPU, imported with the
 project's HLO importer, and written as env/programs/data/workloads/tf-<program>.json.gz plus the
-`foreign` suite and its programs in env/programs/data/suites.json.
+`foreign` suite's manifest, env/programs/data/suites/foreign.json.
 
   .venv/bin/python scripts/make_foreign_suite.py            # a few minutes on 2 cores
   .venv/bin/python scripts/make_foreign_suite.py --only tf-lstm-b8-infer --force
@@ -21,7 +21,6 @@ The output is committed, so users and CI never need TensorFlow to use the suite.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -36,7 +35,11 @@ from keras_programs import application  # noqa: E402
 from keras_programs import optimized_hlo as keras_hlo  # noqa: E402
 
 from malloczero.common.files import write_text  # noqa: E402
-from malloczero.env.programs.suites import MANIFEST, WORKLOAD_DIR  # noqa: E402
+from malloczero.env.programs.suites import SUITES_DIR, WORKLOAD_DIR  # noqa: E402
+from malloczero.env.programs.user_suites import (  # noqa: E402
+  load_builtin_suites,
+  write_builtin_suites,
+)
 from malloczero.env.workload_json import save_workload  # noqa: E402
 
 SUITE = "foreign"
@@ -132,8 +135,7 @@ def main() -> int:
   from malloczero.env.programs.hlo_import import import_hlo_text
 
   os.makedirs(WORKLOAD_DIR, exist_ok=True)
-  with open(MANIFEST, encoding="utf-8") as f:
-    manifest = json.load(f)
+  manifest = load_builtin_suites()
   source = f"xla-hlo (tensorflow {tf.__version__} keras, jit_compile, cpu)"
   entries, dropped = [], []
   for model, batch, train in PROGRAMS:
@@ -170,7 +172,6 @@ def main() -> int:
         "import_s": round(time.perf_counter() - t0, 2),
         "source": workload.source,
       }
-      write_text(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))  # Kept if stopped.
       p = manifest["programs"][name]
       print(f"{name}: {p['ops']} ops, {p['buffers']} buffers, {p['import_s']} s", flush=True)
     if name not in manifest["programs"]:
@@ -194,9 +195,9 @@ def main() -> int:
     "evaluation_only": True,
     "entries": entries,
   }
-  write_text(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+  write_builtin_suites({**manifest, "suites": {SUITE: manifest["suites"][SUITE]}})
   print(
-    f"wrote {MANIFEST}: suite '{SUITE}' with {len(entries)} entries of "
+    f"wrote {SUITES_DIR}/{SUITE}.json: suite '{SUITE}' with {len(entries)} entries of "
     f"{len({e['program'] for e in entries})} programs"
     + (f"; dropped {', '.join(dropped)}" if dropped else "")
   )

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Generates the built-in suites: compiles the model zoo with XLA (CPU), imports each program,
-and writes env/programs/data/workloads/<program>.json.gz and env/programs/data/suites.json.
+and writes env/programs/data/workloads/<program>.json.gz and the suites' manifests,
+env/programs/data/suites/<suite>.json (the one format of every suite, env/programs/user_suites.py).
 
   .venv/bin/python scripts/make_suites.py            # all suites (a few minutes on 2 cores)
   .venv/bin/python scripts/make_suites.py --only tiny
@@ -12,7 +13,6 @@ re-imported only with --force.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -21,9 +21,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rich.progress import Progress  # noqa: E402
 
-from malloczero.common.files import write_text  # noqa: E402
 from malloczero.env.programs import import_model, program_name  # noqa: E402
-from malloczero.env.programs.suites import MANIFEST, WORKLOAD_DIR  # noqa: E402
+from malloczero.env.programs.suites import SUITES_DIR, WORKLOAD_DIR  # noqa: E402
+from malloczero.env.programs.user_suites import (  # noqa: E402
+  load_builtin_suites,
+  write_builtin_suites,
+)
 from malloczero.env.programs.zoo import MODELS  # noqa: E402
 from malloczero.env.workload_json import load_workload, save_workload  # noqa: E402
 
@@ -67,10 +70,7 @@ def main() -> int:
   parser.add_argument("--force", action="store_true")
   args = parser.parse_args()
   os.makedirs(WORKLOAD_DIR, exist_ok=True)
-  manifest = {"suites": {}, "programs": {}}
-  if os.path.exists(MANIFEST):
-    with open(MANIFEST, encoding="utf-8") as f:
-      manifest = json.load(f)
+  manifest = load_builtin_suites()
   plan = {}
   if args.only in (None, "tiny"):
     plan["tiny"] = [(m, b, t, True) for m, b, t in TINY_PROGRAMS]
@@ -118,10 +118,11 @@ def main() -> int:
         "steps at two batch sizes, each at a contended fast capacity",
       }
       manifest["suites"][suite] = {"description": descriptions[suite], "entries": entries}
-  write_text(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+  written = write_builtin_suites(manifest)
   total = sum(os.path.getsize(os.path.join(WORKLOAD_DIR, p)) for p in os.listdir(WORKLOAD_DIR))
   print(
-    f"wrote {MANIFEST}: {sum(len(s['entries']) for s in manifest['suites'].values())} entries, "
+    f"wrote {len(written)} manifests in {SUITES_DIR}: "
+    f"{sum(len(s['entries']) for s in manifest['suites'].values())} entries, "
     f"{len(manifest['programs'])} programs, {total / 2**20:.1f} MiB of workloads"
   )
   return 0

@@ -304,7 +304,7 @@ def test_vertex_ai_program_builds_for_64_actors_and_its_resources_resolve(tmp_pa
     "malloczero/system",
   ):
     assert (tmp_path / "image" / package / "__init__.py").exists(), package
-  assert (tmp_path / "image" / "malloczero/env/programs/data/suites.json").exists()
+  assert (tmp_path / "image" / "malloczero/env/programs/data/suites/default.json").exists()
   with open(requirements, encoding="utf-8") as f:
     assert "dm-launchpad==0.5.2" in f.read()
 

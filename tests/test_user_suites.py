@@ -121,6 +121,29 @@ def test_a_changed_missing_or_unknown_program_file_is_refused_in_one_line(
   assert code == 1 and "not a suite manifest" in err and err.count("\n") == 1
 
 
+def test_the_built_in_suites_are_manifests_of_the_same_format_made_by_the_same_code(tmp_path):
+  """Each built-in suite is a manifest `read_suite_file` reads (its programs' files checked), and
+  `write_builtin_suites`, which the generator scripts call, writes back the committed ones."""
+  from malloczero.env.programs.suites import SUITES_DIR, get_suite, suite_names
+  from malloczero.env.programs.user_suites import load_builtin_suites, write_builtin_suites
+
+  names = suite_names()
+  assert {"default", "tiny", "foreign", "realistic", "corpus"} <= set(names)
+  for name in names:
+    committed = json.loads(open(os.path.join(SUITES_DIR, f"{name}.json")).read())
+    assert committed["format"] == "malloczero-suite/1" and committed["name"] == name
+    assert all(e.path and e.file_sha256 for e in get_suite(name).entries)
+  written = write_builtin_suites(load_builtin_suites(), str(tmp_path))
+  assert sorted(os.path.basename(p) for p in written) == sorted(f"{n}.json" for n in names)
+  for path in written:
+    again = json.loads(open(path).read())
+    committed = json.loads(open(os.path.join(SUITES_DIR, os.path.basename(path))).read())
+    for manifest in (again, committed):  # Paths are relative to where each was written.
+      for program in manifest["programs"].values():
+        program["path"] = os.path.basename(program["path"])
+    assert again == committed
+
+
 def test_suite_make_refuses_bad_flags_in_one_line(programs, tmp_path, capsys):
   hw = ("--hardware", "tpu-v4i-like")
   out = ("--out", tmp_path / "s.json")

@@ -38,7 +38,10 @@ def _modules_in_checkout() -> set[str]:
 
 
 def _suite_data_in_checkout() -> set[str]:
-  files = ["suites.json"] + [
+  files = [
+    os.path.join("suites", os.path.basename(path))
+    for path in glob.glob(os.path.join(DATA, "suites", "*.json"))
+  ] + [
     os.path.join("workloads", os.path.basename(path))
     for path in glob.glob(os.path.join(DATA, "workloads", "*.json.gz"))
   ]
@@ -94,8 +97,8 @@ def test_the_wheel_holds_every_module_and_all_suite_data(installed):
   assert len(expected) > 50 and "malloczero/env/programs/suites.py" in expected
   assert not expected - names, f"modules missing from the wheel: {sorted(expected - names)}"
   data = _suite_data_in_checkout()
-  assert "malloczero/env/programs/data/suites.json" in data
-  assert len(data) > 40  # suites.json and every committed workload of the suites.
+  assert "malloczero/env/programs/data/suites/default.json" in data
+  assert len(data) > 40  # Each suite's manifest and every committed workload of the suites.
   assert not data - names, f"suite data missing from the wheel: {sorted(data - names)}"
   # XLA's override protos are built from this descriptor (env/msa/xla_proto.py).
   assert "malloczero/env/msa/data/memory_space_assignment.pb" in names

@@ -16,24 +16,30 @@ suite's caches, learning curves and checkpoints would otherwise mix two programs
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from malloczero.common.files import write_text
 from malloczero.common.units import human_bytes
 from malloczero.env.hardware import PRESETS, load_hardware
 from malloczero.env.programs.suites import (
+  DATA_DIR,
   ENTRY_KEYS,
   FORMAT,
+  SUITES_DIR,
+  WORKLOAD_DIR,
   SuiteEntry,
   SuiteFileError,
+  builtin_manifest,
   content_hash,
   file_sha256,
   load_program_file,
 )
 from malloczero.env.workload import Workload
-from malloczero.env.workload_json import workload_format
+from malloczero.env.workload_json import load_workload, workload_format
 
 # Longest first: `x.json.gz` is a workload, not a `.gz` file.
 PROGRAM_EXTENSIONS = (".json.gz", ".json", ".csv", ".hlo", ".txt")
@@ -179,30 +185,123 @@ def make_suite(
     f"{', '.join(map(_hardware_label, machines))} at "
     f"{', '.join(f'{c * 100:g}%' for c in capacities)} of peak; {len(held)} held out"
   )
-  return {
+  made = {
+    "directory": os.path.abspath(directory),
+    "hardware": list(hardware),
+    "capacities": [float(c) for c in capacities],
+    "heldout": float(heldout),
+    "seed": int(seed),
+  }
+  return suite_manifest(
+    name,
+    description,
+    programs,
+    entries,
+    evaluation_only=bool(programs) and len(held) == len(programs),
+    training_only=not held,
+    made=made,
+  )
+
+
+def program_record(program: MadeProgram, info: Optional[dict] = None) -> dict:
+  """What a manifest keeps of a program: its file, its size and its content hash, and what its
+  maker recorded of it (`info`)."""
+  record = {
+    "path": program.relative_path,
+    "file_sha256": program.file_sha256,
+    "format": program.format,
+    "content_sha256": content_hash(program.workload),
+    "ops": program.workload.num_ops,
+    "buffers": program.workload.num_buffers,
+    "peak_live_bytes": program.workload.peak_live_bytes,
+  }
+  return {**record, "info": info} if info else record
+
+
+def suite_manifest(
+  name: str,
+  description: str,
+  programs: Sequence[MadeProgram],
+  entries: Sequence[dict],
+  evaluation_only: bool = False,
+  training_only: bool = False,
+  made: Optional[dict] = None,
+  info: Optional[dict[str, dict]] = None,
+) -> dict:
+  """A suite manifest (`FORMAT`): the one format of user suites (`make_suite`) and of the
+  built-in ones (`write_builtin_suites`)."""
+  manifest = {
     "format": FORMAT,
     "name": name,
     "description": description,
-    "evaluation_only": bool(programs) and len(held) == len(programs),
-    "training_only": not held,
-    "made": {
-      "directory": os.path.abspath(directory),
-      "hardware": list(hardware),
-      "capacities": [float(c) for c in capacities],
-      "heldout": float(heldout),
-      "seed": int(seed),
-    },
-    "programs": {
-      p.key: {
-        "path": p.relative_path,
-        "file_sha256": p.file_sha256,
-        "format": p.format,
-        "content_sha256": content_hash(p.workload),
-        "ops": p.workload.num_ops,
-        "buffers": p.workload.num_buffers,
-        "peak_live_bytes": p.workload.peak_live_bytes,
-      }
-      for p in programs
-    },
-    "entries": entries,
+    "evaluation_only": evaluation_only,
+    "training_only": training_only,
+    "programs": {p.key: program_record(p, (info or {}).get(p.key)) for p in programs},
+    "entries": [{k: e[k] for k in sorted(ENTRY_KEYS)} for e in entries],
   }
+  return {**manifest, "made": made} if made else manifest
+
+
+def load_builtin_suites(data_dir: str = DATA_DIR) -> dict:
+  """The built-in suites as their generators (scripts/make_*.py) edit them: {"suites": {name:
+  {"description", "entries", "evaluation_only"?, "training_only"?}}, "programs": {program: what
+  its generator recorded}}. A data directory of before the one format (one `suites.json`) is
+  read as it was."""
+  legacy = os.path.join(data_dir, "suites.json")
+  if os.path.exists(legacy):
+    with open(legacy, encoding="utf-8") as f:
+      return json.load(f)
+  collected: dict = {"suites": {}, "programs": {}}
+  directory = os.path.join(data_dir, "suites")
+  for file in sorted(os.listdir(directory)) if os.path.isdir(directory) else ():
+    if not file.endswith(".json"):
+      continue
+    manifest = builtin_manifest(file[: -len(".json")], data_dir)
+    suite = {"description": manifest["description"], "entries": manifest["entries"]}
+    for flag in ("evaluation_only", "training_only"):
+      if manifest.get(flag):
+        suite[flag] = True
+    collected["suites"][manifest["name"]] = suite
+    for key, program in manifest["programs"].items():
+      collected["programs"][key] = {
+        **program.get("info", {}),
+        **{k: program[k] for k in ("ops", "buffers", "peak_live_bytes", "content_sha256")},
+      }
+  return collected
+
+
+def write_builtin_suites(collected: dict, directory: str = SUITES_DIR) -> list[str]:
+  """Writes every suite of `collected` (`load_builtin_suites`' shape) as its manifest in
+  `directory`, its programs the workload files WORKLOAD_DIR holds; returns the paths written."""
+  os.makedirs(directory, exist_ok=True)
+  written = []
+  for name, suite in collected["suites"].items():
+    out = os.path.join(directory, f"{name}.json")
+    programs = []
+    for key in sorted({e["program"] for e in suite["entries"]}):
+      path = os.path.join(WORKLOAD_DIR, f"{key}.json.gz")
+      programs.append(
+        MadeProgram(
+          key, os.path.relpath(path, directory), file_sha256(path), "json", load_workload(path)
+        )
+      )
+    info = {
+      key: {
+        k: v
+        for k, v in collected["programs"].get(key, {}).items()
+        if k not in ("ops", "buffers", "peak_live_bytes", "content_sha256")
+      }
+      for key in (p.key for p in programs)
+    }
+    manifest = suite_manifest(
+      name,
+      suite["description"],
+      programs,
+      suite["entries"],
+      evaluation_only=bool(suite.get("evaluation_only")),
+      training_only=bool(suite.get("training_only")),
+      info=info,
+    )
+    write_text(out, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    written.append(out)
+  return written
