@@ -21,7 +21,8 @@ The default suite's held-out models, `foreign`'s and `realistic`'s never enter t
 
 `import` writes env/programs/data/workloads/<program>.json.gz and a record per program under
 --records (default runs/corpus-records, kept between runs: a program with a record is not
-imported again without --force); `manifest` writes the records and the suites' manifests (suites/corpus.json, realistic.json).
+imported again without --force); `manifest` writes the suites' manifests from the records
+(env/programs/data/suites/corpus.json and realistic.json).
 The output is committed, so users and CI never run this.
 """
 

@@ -122,14 +122,7 @@ def test_msa_allocates_assign_first_buffers_first_and_assign_last_ones_last(tmp_
   jitted = algorithm.run()
   assert algorithm.jitted
   # The Python decision process, answered with msa's own choices, takes the same order.
-  stepped = MsaAlgorithm(w, hw, MsaOptions(sort_order_overrides=str(file)))
-  steps = stepped.steps(1, msa_only=True)
-  try:
-    decision = next(steps)
-    while True:
-      decision = steps.send(decision.msa_choice)
-  except StopIteration as stop:
-    python = stop.value
+  python = MsaAlgorithm(w, hw, MsaOptions(sort_order_overrides=str(file))).run(jitted=False)
   assert np.array_equal(python.buffer, jitted.buffer) and np.array_equal(python.start, jitted.start)
   assert not np.array_equal(jitted.buffer, MsaAlgorithm(w, hw).run().buffer)
 

@@ -263,14 +263,14 @@ class MsaAlgorithm:
 
   # ------------------------------------------------------------------ the loop
 
-  def run(self) -> Allocations:
+  def run(self, jitted: bool = True) -> Allocations:
     """msa's own choice at every step; the segments, in allocation order. Only the options up
     to msa's own are planned (`steps(msa_only=True)`): the same steps, as fast as XLA's loop.
     Where its options allow, the steps run as one jitted loop (solver_loop.py: the same plans and
-    commits on the same state, without a Python step per decision); else, or when that loop gives
-    up, as the decision process below."""
+    commits on the same state, without a Python step per decision); else, when that loop gives
+    up, or with `jitted` False, as the decision process below."""
     resources = (self.allocator.prefetch_resource, self.allocator.eviction_resource)
-    if self._fresh and solver_loop.supported(self.options, resources):
+    if jitted and self._fresh and solver_loop.supported(self.options, resources):
       done = solver_loop.run_loop(self)
       if done is not None:
         allocations, counts = done

@@ -29,6 +29,7 @@ import functools
 import hashlib
 import json
 import os
+from typing import Any
 
 import numpy as np
 
@@ -275,6 +276,14 @@ def check_program_file(path: str, file_sha256_expected: str, suite: str = "") ->
   _verified.add(stamp)
 
 
+def _check_object(value: Any, keys: set[str], where: str) -> None:
+  if not isinstance(value, dict):
+    raise SuiteFileError(f"{where}: must be an object")
+  unknown = strict_json.unknown_key(value, keys)
+  if unknown:
+    raise SuiteFileError(f"{where}: unknown key {unknown}")
+
+
 def _field(data: dict, key: str, kind: type, where: str):
   if key not in data:
     raise SuiteFileError(f"{where}: no '{key}'")
@@ -310,21 +319,13 @@ def read_suite_file(path: str) -> Suite:
   files = {}
   for key, program in programs.items():
     where = f"{path}: program '{key}'"
-    if not isinstance(program, dict):
-      raise SuiteFileError(f"{where}: must be an object")
-    unknown = strict_json.unknown_key(program, _PROGRAM_KEYS)
-    if unknown:
-      raise SuiteFileError(f"{where}: unknown key {unknown}")
+    _check_object(program, _PROGRAM_KEYS, where)
     file = os.path.normpath(os.path.join(manifest_dir, _field(program, "path", str, where)))
     files[key] = (file, _field(program, "file_sha256", str, where))
   entries = []
   for i, entry in enumerate(_field(data, "entries", list, path)):
     where = f"{path}: entry {i}"
-    if not isinstance(entry, dict):
-      raise SuiteFileError(f"{where}: must be an object")
-    unknown = strict_json.unknown_key(entry, ENTRY_KEYS)
-    if unknown:
-      raise SuiteFileError(f"{where}: unknown key {unknown}")
+    _check_object(entry, ENTRY_KEYS, where)
     program = _field(entry, "program", str, where)
     if program not in files:
       raise SuiteFileError(f"{where}: program '{program}' is not among the manifest's programs")
