@@ -30,6 +30,12 @@ Fields the workload cannot evaluate are refused in one line, not ignored: `instr
 (matches the instruction's printed HLO, which is not kept), `operand_number` (a use here is a
 (buffer, op) pair, not an operand slot) and a use's `tuple_index` (the operand index of a use is
 not kept). Python's `re.fullmatch` stands in for RE2 (the same syntax for the names' regexes).
+
+Departures, both where XLA's choice is an accident of its data structures: an instruction
+matcher that several ops match names the first in schedule order (XLA takes the first of a hash
+map's iteration); and a preferred start before the picker's own earliest is raised to it and
+tried (XLA never returns that start and walks from the one after it, which may lie below the
+picker's earliest).
 """
 
 from __future__ import annotations
