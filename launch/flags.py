@@ -135,6 +135,18 @@ def fraction(text: str) -> float:
   return _float_flag(text, "a fraction in [0, 1)", lambda value: 0.0 <= value < 1.0)
 
 
+def share(text: str) -> float:
+  return _float_flag(text, "a share in [0, 1]", lambda value: 0.0 <= value <= 1.0)
+
+
+def positive_fractions(text: str) -> list[float]:
+  """Comma-separated fractions in (0, 1], e.g. 0.1,0.25."""
+  return [
+    _float_flag(part, "fractions in (0, 1] like 0.1,0.25", lambda value: 0.0 < value <= 1.0)
+    for part in text.split(",")
+  ]
+
+
 def show_number(value: float) -> str:
   """`1,000,000` for a whole number, `0.25` or `1e+308` otherwise."""
   if isinstance(value, int) or (abs(value) < 1e15 and float(value).is_integer()):

@@ -211,17 +211,23 @@ def builtin_manifest(name: str, data_dir: str = DATA_DIR) -> dict:
     return json.load(f)
 
 
+# What a manifest measures of each program, beside what its generator recorded (`info`).
+MEASURED_KEYS = ("ops", "buffers", "peak_live_bytes", "content_sha256")
+
+
+def program_summary(record: dict) -> dict:
+  """A manifest's program record as one flat summary: its `info` and its measured keys."""
+  return {**record.get("info", {}), **{k: record[k] for k in MEASURED_KEYS}}
+
+
 def program_summaries() -> dict[str, dict]:
   """Per built-in program: its ops, buffers, peak live bytes and content hash, and what its
   suite's generator recorded of it (`info`: the model it came from, its batch, ...)."""
-  summaries: dict[str, dict] = {}
-  for name in suite_names():
-    for key, program in builtin_manifest(name)["programs"].items():
-      summaries[key] = {
-        **program.get("info", {}),
-        **{k: program[k] for k in ("ops", "buffers", "peak_live_bytes", "content_sha256")},
-      }
-  return summaries
+  return {
+    key: program_summary(program)
+    for name in suite_names()
+    for key, program in builtin_manifest(name)["programs"].items()
+  }
 
 
 class SuiteFileError(MalloczeroError, ValueError):

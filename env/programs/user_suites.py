@@ -29,6 +29,7 @@ from malloczero.env.programs.suites import (
   DATA_DIR,
   ENTRY_KEYS,
   FORMAT,
+  MEASURED_KEYS,
   SUITES_DIR,
   WORKLOAD_DIR,
   SuiteEntry,
@@ -37,6 +38,7 @@ from malloczero.env.programs.suites import (
   content_hash,
   file_sha256,
   load_program_file,
+  program_summary,
 )
 from malloczero.env.workload import Workload
 from malloczero.env.workload_json import load_workload, workload_format
@@ -263,10 +265,7 @@ def load_builtin_suites(data_dir: str = DATA_DIR) -> dict:
         suite[flag] = True
     collected["suites"][manifest["name"]] = suite
     for key, program in manifest["programs"].items():
-      collected["programs"][key] = {
-        **program.get("info", {}),
-        **{k: program[k] for k in ("ops", "buffers", "peak_live_bytes", "content_sha256")},
-      }
+      collected["programs"][key] = program_summary(program)
   return collected
 
 
@@ -286,11 +285,7 @@ def write_builtin_suites(collected: dict, directory: str = SUITES_DIR) -> list[s
         )
       )
     info = {
-      key: {
-        k: v
-        for k, v in collected["programs"].get(key, {}).items()
-        if k not in ("ops", "buffers", "peak_live_bytes", "content_sha256")
-      }
+      key: {k: v for k, v in collected["programs"].get(key, {}).items() if k not in MEASURED_KEYS}
       for key in (p.key for p in programs)
     }
     manifest = suite_manifest(

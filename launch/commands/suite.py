@@ -12,29 +12,9 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.common.units import human_bytes
 from malloczero.env.hardware import describe_fast_levels
 from malloczero.env.programs.suites import SPLITS
-from malloczero.launch.flags import FlagError, console
+from malloczero.launch.flags import FlagError, console, positive_fractions, share
 
 MAKE_FLAGS = ("hardware", "capacities", "heldout", "seed", "out", "suite_name")
-
-
-def _fractions(text: str) -> list[float]:
-  try:
-    values = [float(part) for part in text.split(",")]
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected fractions like 0.1,0.25, got '{text}'") from None
-  if any(not 0.0 < value <= 1.0 for value in values):
-    raise argparse.ArgumentTypeError(f"each fraction must be in (0, 1], got '{text}'")
-  return values
-
-
-def _share(text: str) -> float:
-  try:
-    value = float(text)
-  except ValueError:
-    value = -1.0
-  if not 0.0 <= value <= 1.0:
-    raise argparse.ArgumentTypeError(f"expected a share in [0, 1], got '{text}'")
-  return value
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -56,12 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
   )
   p.add_argument(
     "--capacities",
-    type=_fractions,
+    type=positive_fractions,
     help="make: fast capacities as fractions of each program's peak live bytes (default 0.1,0.25)",
   )
   p.add_argument(
     "--heldout",
-    type=_share,
+    type=share,
     help="make: share of the programs held out for evaluation (default 0.25)",
   )
   p.add_argument("--seed", type=int, help="make: seed of the held-out draw (default 0)")
