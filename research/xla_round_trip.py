@@ -39,12 +39,11 @@ def deviation_kinds(deviations: Sequence[Sequence[int]], max_prefetch_starts: in
 
 def round_trip(entry, time_limit: float, seed: int, directory: str) -> dict:
   """One entry's row (the module docstring)."""
-  from malloczero.common.files import write_text
   from malloczero.env.cost_model import CostModel
   from malloczero.env.msa.algorithm import MsaAlgorithm, MsaOptions
   from malloczero.env.msa.decision import DEFAULT_PREFETCH_STARTS
-  from malloczero.env.msa.export_overrides import export_overrides
-  from malloczero.env.solvers.evo_msa import decode, evo_msa
+  from malloczero.env.msa.export_overrides import export_overrides, override_files
+  from malloczero.env.solvers.evo_msa import evo_msa
 
   workload, hardware = entry.load()
   model = CostModel(workload, hardware)
@@ -52,15 +51,16 @@ def round_trip(entry, time_limit: float, seed: int, directory: str) -> dict:
   msa_allocations = msa.run()
   msa_time = model.evaluate(msa_allocations).total_time_s
   started = time.perf_counter()
-  _, info = evo_msa(model, time_limit_s=time_limit, seed=seed)
-  genome = {(b, u): slot for b, u, slot in info["deviations"]}
-  found_time, found, _, _ = decode(model, genome)
+  mapping, info = evo_msa(model, time_limit_s=time_limit, seed=seed)
+  found = mapping.to_arrays(workload)
+  found_time = model.evaluate(found).total_time_s
   exported = export_overrides(workload, found, msa_allocations)
-  stem = os.path.join(directory, entry.name.replace("/", "_"))
-  paths = (f"{stem}.preferred_prefetch.textproto", f"{stem}.sort_order.textproto")
-  write_text(paths[0], exported.preferred_prefetch_text())
-  write_text(paths[1], exported.sort_order_text())
-  options = MsaOptions(preferred_prefetch_overrides=paths[0], sort_order_overrides=paths[1])
+  files = override_files(os.path.join(directory, entry.name.replace("/", "_")))
+  exported.write(files)
+  options = MsaOptions(
+    preferred_prefetch_overrides=files["preferred_prefetch"],
+    sort_order_overrides=files["sort_order"],
+  )
   back = MsaAlgorithm(workload, hardware, options).run()
   back_time = model.evaluate(back).total_time_s
   found_gain, back_gain = msa_time / found_time, msa_time / back_time
@@ -73,7 +73,7 @@ def round_trip(entry, time_limit: float, seed: int, directory: str) -> dict:
     "round_trip_vs_msa": back_gain,
     "kept": kept,
     "reproduced": abs(back_gain - found_gain) <= REPRODUCED * found_gain,
-    "deviations": len(genome),
+    "deviations": len(info["deviations"]),
     **{
       f"deviations_{k}": v
       for k, v in deviation_kinds(info["deviations"], DEFAULT_PREFETCH_STARTS).items()

@@ -34,6 +34,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from malloczero.common.files import write_text
 from malloczero.env.cost_model import Allocations
 from malloczero.env.msa.overrides import buffer_position
 from malloczero.env.msa.xla_proto import PREFERRED_PREFETCH, SORT_ORDER, message_class, to_text
@@ -85,6 +86,22 @@ class Exported:
 
   def preferred_prefetch_text(self) -> str:
     return to_text(self.preferred_prefetch)
+
+  def write(self, files: dict[str, str], header: str = "") -> None:
+    """Both messages as text protos, to `override_files`' paths; `header` (comment lines, each
+    starting with #) before each."""
+    write_text(files["preferred_prefetch"], header + self.preferred_prefetch_text())
+    write_text(files["sort_order"], header + self.sort_order_text())
+
+
+def override_files(path: str) -> dict[str, str]:
+  """The two files `FILE[.textproto]` names, by message: FILE.preferred_prefetch.textproto and
+  FILE.sort_order.textproto."""
+  stem = path[: -len(".textproto")] if path.endswith(".textproto") else path
+  return {
+    "preferred_prefetch": f"{stem}.preferred_prefetch.textproto",
+    "sort_order": f"{stem}.sort_order.textproto",
+  }
 
 
 def _differs(found: Service, msa: Service) -> str | None:

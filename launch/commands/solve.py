@@ -15,6 +15,7 @@ from malloczero.launch.flags import (
   HARDWARE_CHOICES,
   add_capacity_flag,
   add_solver_flags,
+  msa_options,
   say_capacities,
   solver_options,
 )
@@ -135,7 +136,11 @@ def _baseline_details(solver: Solver, info: dict) -> str:
 def run(args: argparse.Namespace) -> int:
   solver = ALL_SOLVERS[args.solver]
   hardware_file = args.hardware if args.hardware and os.path.isfile(args.hardware) else None
-  overrides = override_paths(args.xla_overrides) if args.xla_overrides else {}
+  overrides = {}
+  if args.xla_overrides:
+    from malloczero.env.msa.export_overrides import override_files
+
+    overrides = override_files(args.xla_overrides)
   outputs = [("--out", args.out), ("--plot", args.plot)]
   outputs += [("--xla-overrides", path) for path in overrides.values()]
   check_distinct_files(outputs, [args.workload, hardware_file])
@@ -173,28 +178,17 @@ def run(args: argparse.Namespace) -> int:
     plot_memory_map(workload, hw, result.mapping, args.plot)
     print(f"wrote {args.plot}")
   if overrides:
-    write_overrides(workload, hw, result, overrides, solver_options(args, solver))
+    write_overrides(workload, hw, result, overrides, msa_options(getattr(args, "msa_option", None)))
   return 0
 
 
-def override_paths(path: str) -> dict[str, str]:
-  """`--xla-overrides FILE[.textproto]`: the two files it names, by message."""
-  stem = path[: -len(".textproto")] if path.endswith(".textproto") else path
-  return {
-    "preferred_prefetch": f"{stem}.preferred_prefetch.textproto",
-    "sort_order": f"{stem}.sort_order.textproto",
-  }
-
-
 def write_overrides(workload, hw, result, paths: dict[str, str], options: dict) -> None:
-  """The mapping found as XLA's overrides against msa's own mapping (with the same msa
-  options), both files written, and what they cannot express."""
-  from malloczero.common.files import write_text
+  """The mapping found as XLA's overrides against msa's own mapping (with the same
+  `--msa-option`s), both files written, and what they cannot express."""
   from malloczero.env.msa.algorithm import MsaAlgorithm, MsaOptions
   from malloczero.env.msa.export_overrides import export_overrides
 
-  fields = {f for f in MsaOptions.__dataclass_fields__}
-  msa = MsaAlgorithm(workload, hw, MsaOptions(**{k: v for k, v in options.items() if k in fields}))
+  msa = MsaAlgorithm(workload, hw, MsaOptions(**options))
   exported = export_overrides(
     workload,
     result.mapping.to_arrays(workload),
@@ -206,8 +200,7 @@ def write_overrides(workload, hw, result, paths: dict[str, str], options: dict) 
     f"# XLA memory-space-assignment overrides for {workload.name}, exported by malloczero "
     f"from the {result.mapping.solver} mapping\n"
   )
-  write_text(paths["preferred_prefetch"], header + exported.preferred_prefetch_text())
-  write_text(paths["sort_order"], header + exported.sort_order_text())
+  exported.write(paths, header)
   print(
     f"wrote {paths['preferred_prefetch']} ({exported.prefetches} preferred prefetch starts) and "
     f"{paths['sort_order']} ({exported.deferred} buffers allocated last)"
