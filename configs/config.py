@@ -301,6 +301,12 @@ class ProbeConfig:
     "share of the probes drawn along the network's own trajectory (its policy alone from the "
     "program's start) rather than msa's",
   )
+  # A rollout is one network call per move: on a 2,000-move program it costs several probes.
+  on_policy_per_rollout: int = setting(
+    8,
+    "positive_int",
+    "decisions of the network's trajectory recorded by one rollout of it and probed in turn",
+  )
   batch: int = setting(
     64, "positive_int", "probed decisions the learner fits beside each batch", maximum=MAX_BATCH
   )

@@ -174,6 +174,7 @@ def make_actor(
         config.game,
         seed=seed + 1,
         on_policy=config.probes.on_policy,
+        per_rollout=config.probes.on_policy_per_rollout,
         cached_games=config.actor.cached_games,
       )
       if config.probes.share

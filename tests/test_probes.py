@@ -80,11 +80,17 @@ def _last_legal_slot(observation):
   return int(np.flatnonzero(observation["legal_actions"])[-1])
 
 
-def test_on_policy_probes_are_exact_after_the_policys_own_moves():
-  prober = Prober(SPECS, GAME, seed=4, on_policy=1.0)
+@pytest.mark.parametrize("per_rollout", [1, 4])
+def test_on_policy_probes_are_exact_after_the_policys_own_moves(per_rollout):
+  prober = Prober(SPECS, GAME, seed=4, on_policy=1.0, per_rollout=per_rollout)
   found = [p for p in (prober.probe(_last_legal_slot) for _ in range(8)) if p is not None]
   assert len(found) >= 6 and prober.num_on_policy == prober.num_probes == len(found)
   assert all(p.on_policy for p in found)
+  # One rollout serves up to `per_rollout` probes, each a distinct decision of its program.
+  assert len(found) / per_rollout <= prober.num_rollouts <= 8
+  if per_rollout > 1:
+    assert prober.num_rollouts < len(found)
+    assert len({(p.program, p.step) for p in found}) > len(found) // 2
   specs = {s.name: s for s in SPECS}
   config = dataclasses.replace(GAME, reward="advantage")
   departed_before = 0

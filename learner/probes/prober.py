@@ -23,6 +23,7 @@ Algorithm 3.1), here with the network of the moment as the rolled-out policy.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Callable, Protocol, Sequence
 
@@ -95,8 +96,16 @@ def advantages_after(game, departures: Genome, legal: np.ndarray, msa_action: in
   ({(buffer, use): slot}) instead: each legal slot's exact advantage `[A]` float64 over msa's
   move there, msa finishing the program, in fractions of msa's own program time (0 at illegal
   slots and at msa's move). One full msa pass (evo-msa's `decode`) per legal move."""
-  config, model, decision = game.config, game.cost_model, game.decision
-  key = (decision.buffer, decision.use)
+  decision = (game.decision.buffer, game.decision.use)
+  return _advantages_with(game, departures, decision, legal, msa_action)
+
+
+def _advantages_with(
+  game, departures: Genome, decision: tuple[int, int], legal: np.ndarray, msa_action: int
+) -> np.ndarray:
+  """`advantages_after` at `decision` ((buffer, use)) of `game`'s program, whatever state the
+  game is in: only its program's constants (config, cost model, msa's time) are read."""
+  config, model = game.config, game.cost_model
 
   def program_time(genome: Genome) -> float:
     return decode(
@@ -107,7 +116,8 @@ def advantages_after(game, departures: Genome, legal: np.ndarray, msa_action: in
   advantages = np.zeros(legal.shape, np.float64)
   for action in np.flatnonzero(legal).tolist():
     if action != msa_action:
-      advantages[action] = (with_msa - program_time({**departures, key: action})) / game.msa_time
+      departed = program_time({**departures, decision: action})
+      advantages[action] = (with_msa - departed) / game.msa_time
   return advantages
 
 
@@ -132,10 +142,28 @@ def _advantages_here(game, step: int, legal: np.ndarray) -> tuple[np.ndarray, in
   return advantages, msa_action
 
 
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+  """A decision of a policy's own trajectory, recorded during its rollout and probed later."""
+
+  index: int  # The program's index in the prober's specs.
+  step: int
+  observation: dict[str, np.ndarray]
+  departures: Genome  # The policy's departures from msa before this decision.
+  decision: tuple[int, int]  # (buffer, use) decided here.
+  msa_action: int
+
+
 class Prober:
   """Probes decisions of the programs `specs`: each probe a uniformly drawn program, then a
   uniformly drawn step of msa's trajectory that offers more than one legal move, or, for the
   share `on_policy` of the probes given a policy, a step of that policy's own trajectory.
+
+  One rollout of the policy through a program records `per_rollout` decisions of its trajectory,
+  probed by this and the next on-policy draws: the rollout (one network call per move) costs
+  several probes' msa passes on a long program, and paid for one probe it halved a run's probes
+  (docs/results/archive.md 3.23). The decisions kept from an older rollout were reached by the
+  network of that moment, as a DAgger iteration's are (Ross et al. 2011, Algorithm 3.1).
 
   Its games are its own, built on first use (with the "advantage" reward whatever `config`'s:
   the advantage is relative to msa's completion)."""
@@ -147,6 +175,7 @@ class Prober:
     seed: int = 0,
     on_policy: float = 0.0,
     cached_games: int = 0,
+    per_rollout: int = 1,
   ):
     if config.decisions != "msa":
       raise ValueError("probes need the msa game: only it knows msa's move")
@@ -154,13 +183,18 @@ class Prober:
       raise ValueError("no programs to probe")
     if not 0.0 <= on_policy <= 1.0:
       raise ValueError(f"on_policy must be in [0, 1], got {on_policy}")
+    if per_rollout < 1:
+      raise ValueError(f"per_rollout must be at least 1, got {per_rollout}")
     self._on_policy = on_policy
+    self._per_rollout = per_rollout
+    self._pending: collections.deque[_Pending] = collections.deque()
     self._specs = list(specs)
     self._config = dataclasses.replace(config, reward="advantage")
     self._games = BuiltGames(cached_games)  # At most this many kept (0: all).
     self._rng = np.random.default_rng(seed)
     self.num_probes = 0
     self.num_on_policy = 0
+    self.num_rollouts = 0
 
   @property
   def on_policy(self) -> float:
@@ -175,10 +209,13 @@ class Prober:
     """One decision of a drawn program, or None when `MAX_DRAWS` steps of it offered one legal
     move each (on msa's trajectory), or when `policy`'s game ended before the drawn step with
     no decision of more than one legal move after it."""
+    if policy is not None and self._on_policy and self._rng.random() < self._on_policy:
+      if not self._pending:
+        index = int(self._rng.integers(len(self._specs)))
+        self._roll_out(index, self._game(index), policy)
+      return self._probe_pending() if self._pending else None
     index = int(self._rng.integers(len(self._specs)))
     game = self._game(index)
-    if policy is not None and self._rng.random() < self._on_policy:
-      return self._probe_on_policy(index, game, policy)
     for _ in range(MAX_DRAWS):
       step = int(self._rng.integers(game.msa_moves))
       observation = {k: np.asarray(v) for k, v in game.reset_segment(step, 1).observation.items()}
@@ -190,29 +227,51 @@ class Prober:
         )
     return None
 
-  def _probe_on_policy(self, index: int, game, policy: Policy) -> Probe | None:
-    """The first decision with more than one legal move at or after a uniformly drawn step of
-    `policy`'s own game of program `index` (`game`, its msa game)."""
-    target = int(self._rng.integers(game.msa_moves))
+  def _roll_out(self, index: int, game, policy: Policy) -> None:
+    """Plays `policy` through program `index` (`game`, its msa game), keeping for each of
+    `per_rollout` uniformly drawn steps the first decision with more than one legal move at or
+    after it (a decision drawn twice is kept once)."""
+    targets = sorted(int(t) for t in self._rng.integers(game.msa_moves, size=self._per_rollout))
+    self.num_rollouts += 1
     departures: Genome = {}
     timestep = game.reset()
-    while not timestep.last():
+    while targets and not timestep.last():
       observation, msa_action = timestep.observation, game.msa_action
-      legal = observation["legal_actions"]
-      if game.num_steps >= target and legal.sum() > 1:
-        advantages = advantages_after(game, departures, legal, msa_action)
-        self.num_probes += 1
-        self.num_on_policy += 1
-        return Probe(
-          self._specs[index].name,
-          game.num_steps,
-          {k: np.asarray(v) for k, v in observation.items()},
-          advantages.astype(np.float32),
-          msa_action,
-          on_policy=True,
+      if game.num_steps >= targets[0] and observation["legal_actions"].sum() > 1:
+        decision = (game.decision.buffer, game.decision.use)
+        self._pending.append(
+          _Pending(
+            index,
+            game.num_steps,
+            {k: np.array(v) for k, v in observation.items()},
+            dict(departures),
+            decision,
+            msa_action,
+          )
         )
+        while targets and targets[0] <= game.num_steps:
+          targets.pop(0)
+        if not targets:
+          break
       action = policy(observation)
       if action != msa_action:
         departures[(game.decision.buffer, game.decision.use)] = action
       timestep = game.step(action)
-    return None
+
+  def _probe_pending(self) -> Probe:
+    """The oldest recorded decision of a policy's trajectory, every legal move played there."""
+    pending = self._pending.popleft()
+    legal = pending.observation["legal_actions"]
+    advantages = _advantages_with(
+      self._game(pending.index), pending.departures, pending.decision, legal, pending.msa_action
+    )
+    self.num_probes += 1
+    self.num_on_policy += 1
+    return Probe(
+      self._specs[pending.index].name,
+      pending.step,
+      pending.observation,
+      advantages.astype(np.float32),
+      pending.msa_action,
+      on_policy=True,
+    )
