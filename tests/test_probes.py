@@ -86,7 +86,7 @@ def test_on_policy_probes_are_exact_after_the_policys_own_moves(per_rollout):
   found = [p for p in (prober.probe(_last_legal_slot) for _ in range(8)) if p is not None]
   assert len(found) >= 6 and prober.num_on_policy == prober.num_probes == len(found)
   assert all(p.on_policy for p in found)
-  # One rollout serves up to `per_rollout` probes, each a distinct decision of its program.
+  # One rollout serves up to `per_rollout` probes, at decisions that are mostly distinct.
   assert len(found) / per_rollout <= prober.num_rollouts <= 8
   if per_rollout > 1:
     assert prober.num_rollouts < len(found)

@@ -237,8 +237,8 @@ class Prober:
     timestep = game.reset()
     while targets and not timestep.last():
       observation, msa_action = timestep.observation, game.msa_action
+      decision = (game.decision.buffer, game.decision.use)
       if game.num_steps >= targets[0] and observation["legal_actions"].sum() > 1:
-        decision = (game.decision.buffer, game.decision.use)
         self._pending.append(
           _Pending(
             index,
@@ -255,7 +255,7 @@ class Prober:
           break
       action = policy(observation)
       if action != msa_action:
-        departures[(game.decision.buffer, game.decision.use)] = action
+        departures[decision] = action
       timestep = game.step(action)
 
   def _probe_pending(self) -> Probe:
