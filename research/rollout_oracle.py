@@ -1,0 +1,206 @@
+"""How far can a policy fitted to exact one-move advantages play? The rollout oracle's whole games.
+
+The policy learns from probes: at a decision, each legal move's exact advantage over msa's, msa
+finishing the program (learner/probes/prober.py). The best any policy fitted to those targets can
+do, everywhere it goes, is the *rollout policy* of msa (Bertsekas, "Rollout Algorithms for
+Discrete Optimization", 2013, section 2: one-step lookahead with the base heuristic completing
+each move, never worse than the base heuristic): at every decision of its own trajectory, it
+plays the legal move with the best exact advantage given its own departures so far (msa's move
+unless another beats it by more than `min_gain` of msa's time). Its whole-game time is the
+ceiling of the probes' targets: a network that matched them at every state it reaches would play
+exactly this.
+
+Why: held-out network play stays near msa's (docs/results/README.md, "What limits the network's
+own play"), and the data and the network's capacity were measured; this measures the targets.
+The cost is one msa pass per legal move per decision, minutes per program of 1,000 buffers, so
+`--max-decodes` keeps to the programs it can finish.
+
+  .venv/bin/python scripts/rollout_oracle.py --suite default --split heldout --out oracle.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from malloczero.env.game import GameConfig, make_game
+from malloczero.env.solvers.evo_msa import Genome, decode
+
+# A departure must beat msa's move by more than this share of msa's time: below it, differences
+# are the cost model's rounding, not a better mapping.
+DEFAULT_MIN_GAIN = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class OraclePlay:
+  """One program played by the rollout oracle."""
+
+  program: str
+  msa_time: float  # Seconds of msa's mapping (the cost model's).
+  oracle_time: float  # Seconds of the oracle's.
+  decisions: int  # Moves of its trajectory that offered more than one legal move.
+  departures: int  # Of them, where it left msa's move.
+  decodes: int  # msa passes spent.
+  seconds: float
+
+  @property
+  def speedup_over_msa(self) -> float:
+    return self.msa_time / self.oracle_time
+
+
+def play_rollout_oracle(
+  workload, hardware, config: GameConfig, program: str = "", min_gain: float = DEFAULT_MIN_GAIN
+) -> tuple[OraclePlay, Genome]:
+  """Plays the rollout oracle through one program of the msa game of `config`: (its play, its
+  departures from msa {(buffer, use): slot}, whose decode is its mapping)."""
+  started = time.perf_counter()
+  game = make_game(workload, hardware, dataclasses.replace(config, reward="advantage"))
+  model = game.cost_model
+
+  def program_time(genome: Genome) -> float:
+    return decode(
+      model, genome, max_prefetch_starts=config.max_prefetch_starts, skip_below=config.skip_below
+    )[0]
+
+  departures: Genome = {}
+  current = program_time(departures)  # The trajectory's time if msa finishes from here.
+  decisions = decodes = 0
+  timestep = game.reset()
+  while not timestep.last():
+    legal = np.flatnonzero(timestep.observation["legal_actions"])
+    move = msa_move = game.msa_action
+    if len(legal) > 1:
+      decisions += 1
+      decision = (game.decision.buffer, game.decision.use)
+      best = current * (1.0 - min_gain)
+      for action in legal.tolist():
+        if action != msa_move:
+          decodes += 1
+          departed = program_time({**departures, decision: action})
+          if departed < best:
+            move, best = action, departed
+      if move != msa_move:
+        departures[decision] = move
+        current = best
+    timestep = game.step(move)
+  play = OraclePlay(
+    program,
+    game.msa_time,
+    game.total_time,
+    decisions,
+    len(departures),
+    decodes + 1,
+    time.perf_counter() - started,
+  )
+  return play, departures
+
+
+def estimated_decodes(workload, hardware, config: GameConfig) -> int:
+  """The msa passes the oracle would spend on a program if it kept to msa's trajectory: the legal
+  moves summed over msa's decisions that offer more than one (its own trajectory's differ
+  little)."""
+  game = make_game(workload, hardware, config)
+  total = 0
+  timestep = game.reset()
+  while not timestep.last():
+    legal = int(timestep.observation["legal_actions"].sum())
+    total += legal if legal > 1 else 0
+    timestep = game.step(game.msa_action)
+  return total
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """The command (`scripts/rollout_oracle.py`): parses `argv` (default: sys.argv), plays every
+  program of the suite's split within `--max-decodes`, prints one line per program and the
+  geometric mean; returns the exit status."""
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument(
+    "--checkpoint", help="a training run whose game config to play (default: the `small` preset's)"
+  )
+  parser.add_argument("--suite", default="default")
+  parser.add_argument("--split", default="heldout", choices=("train", "heldout", "all"))
+  parser.add_argument(
+    "--max-decodes",
+    type=int,
+    default=20000,
+    metavar="N",
+    help="skip programs whose msa trajectory offers more than N legal moves in all (the cost)",
+  )
+  parser.add_argument("--min-gain", type=float, default=DEFAULT_MIN_GAIN)
+  parser.add_argument("--out", help="write one CSV row per program here")
+  args = parser.parse_args(argv)
+  if args.max_decodes < 1 or args.min_gain < 0:
+    parser.error("--max-decodes must be positive and --min-gain at least 0")
+
+  from malloczero.actors.games import suite_games
+  from malloczero.common.errors import MalloczeroError
+
+  try:
+    if args.checkpoint:
+      from malloczero.actors.agent import load_agent
+
+      config = load_agent(args.checkpoint).game
+    else:
+      from malloczero.configs.config import get_config
+
+      config = get_config("small").game
+    specs = suite_games(args.suite, args.split)
+  except MalloczeroError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  rows = []
+  for spec in specs:
+    cost = estimated_decodes(spec.workload, spec.hardware, config)
+    if cost > args.max_decodes:
+      print(f"{spec.name}: skipped ({cost} legal moves > --max-decodes)", flush=True)
+      continue
+    play, _ = play_rollout_oracle(spec.workload, spec.hardware, config, spec.name, args.min_gain)
+    rows.append(play)
+    print(
+      f"{spec.name}: {play.speedup_over_msa:.4f}x msa, {play.departures} departures of "
+      f"{play.decisions} decisions, {play.decodes} decodes, {play.seconds:.0f} s",
+      flush=True,
+    )
+  if not rows:
+    print("error: no program within --max-decodes", file=sys.stderr)
+    return 2
+  geomean = math.exp(sum(math.log(p.speedup_over_msa) for p in rows) / len(rows))
+  print(f"rollout oracle: {geomean:.4f}x msa over {len(rows)} of {len(specs)} programs")
+  if args.out:
+    with open(args.out, "w", newline="", encoding="utf-8") as f:
+      writer = csv.writer(f)
+      writer.writerow(
+        [
+          "suite",
+          "entry",
+          "msa_time",
+          "oracle_time",
+          "oracle_vs_msa",
+          "decisions",
+          "departures",
+          "decodes",
+          "seconds",
+        ]
+      )
+      for p in rows:
+        writer.writerow(
+          [
+            args.suite,
+            p.program,
+            p.msa_time,
+            p.oracle_time,
+            f"{p.speedup_over_msa:.6f}",
+            p.decisions,
+            p.departures,
+            p.decodes,
+            f"{p.seconds:.1f}",
+          ]
+        )
+  return 0

@@ -1,0 +1,91 @@
+"""The rollout oracle (research/rollout_oracle.py): msa's one-step lookahead policy, the ceiling of
+the probes' targets, and the script that plays it through a suite."""
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+from malloczero.actors.games import suite_games
+from malloczero.configs.config import get_config
+from malloczero.env.cost_model import CostModel
+from malloczero.env.solvers.evo_msa import decode
+from malloczero.research.rollout_oracle import estimated_decodes, play_rollout_oracle
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GAME = get_config("small").game
+
+
+@pytest.mark.parametrize("index", [0, 3])
+def test_the_oracle_is_never_slower_than_msa_and_its_departures_are_its_mapping(index):
+  spec = suite_games("tiny", "train")[index]
+  play, departures = play_rollout_oracle(spec.workload, spec.hardware, GAME, spec.name)
+  model = CostModel(spec.workload, spec.hardware)
+
+  def time_of(genome):
+    return decode(model, genome, max_prefetch_starts=GAME.max_prefetch_starts)[0]
+
+  assert play.msa_time == pytest.approx(time_of({}), rel=1e-12)
+  assert play.oracle_time == pytest.approx(time_of(departures), rel=1e-12)
+  # On these programs a departure that msa finishes faster exists (probes find them), and the
+  # oracle takes it: strictly faster than msa, one departure per changed decision.
+  assert play.oracle_time < play.msa_time
+  assert play.departures == len(departures) > 0
+  assert play.decisions < play.decodes
+
+
+def test_each_departure_is_the_best_move_there_given_the_ones_before():
+  spec = suite_games("tiny", "train")[0]
+  _, departures = play_rollout_oracle(spec.workload, spec.hardware, GAME, spec.name)
+  model = CostModel(spec.workload, spec.hardware)
+
+  def time_of(genome):
+    return decode(model, genome, max_prefetch_starts=GAME.max_prefetch_starts)[0]
+
+  # Undoing any one departure (msa's move there, the later departures kept) is no faster.
+  best = time_of(departures)
+  for key in departures:
+    rest = {k: v for k, v in departures.items() if k != key}
+    assert time_of(rest) >= best
+
+
+def run_script(*args):
+  return subprocess.run(
+    [sys.executable, os.path.join(REPO, "scripts", "rollout_oracle.py"), *args],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+
+
+def test_the_script_writes_a_row_per_program_it_can_afford_and_the_geomean(tmp_path):
+  out = tmp_path / "oracle.csv"
+  cheap = [
+    s.name
+    for s in suite_games("tiny", "train")
+    if estimated_decodes(s.workload, s.hardware, GAME) <= 150
+  ]
+  result = run_script(
+    "--suite", "tiny", "--split", "train", "--max-decodes", "150", "--out", str(out)
+  )
+  assert result.returncode == 0, result.stderr
+  rows = list(csv.DictReader(out.open()))
+  assert [r["entry"] for r in rows] == cheap and 0 < len(cheap) < 5
+  assert all(float(r["oracle_vs_msa"]) >= 1.0 for r in rows)
+  assert f"over {len(cheap)} of 5 programs" in result.stdout
+
+
+@pytest.mark.parametrize(
+  "args, message",
+  [
+    (("--max-decodes", "0"), "--max-decodes must be positive"),
+    (("--suite", "nonesuch"), "nonesuch"),
+    (("--suite", "tiny", "--split", "train", "--max-decodes", "1"), "no program within"),
+  ],
+)
+def test_the_script_refuses_bad_input_in_one_line(args, message):
+  result = run_script(*args)
+  assert result.returncode == 2
+  assert message in result.stderr and "Traceback" not in result.stderr
