@@ -32,6 +32,7 @@ import numpy as np
 
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.solvers.evo_msa import Genome, decode
+from malloczero.research.deviation_scores import ProbedDecision, save_probed
 
 # A departure must beat msa's move by more than this share of msa's time: below it, differences
 # are the cost model's rounding, not a better mapping.
@@ -56,10 +57,19 @@ class OraclePlay:
 
 
 def play_rollout_oracle(
-  workload, hardware, config: GameConfig, program: str = "", min_gain: float = DEFAULT_MIN_GAIN
+  workload,
+  hardware,
+  config: GameConfig,
+  program: str = "",
+  min_gain: float = DEFAULT_MIN_GAIN,
+  record: list[ProbedDecision] | None = None,
+  split: str = "train",
 ) -> tuple[OraclePlay, Genome]:
   """Plays the rollout oracle through one program of the msa game of `config`: (its play, its
-  departures from msa {(buffer, use): slot}, whose decode is its mapping)."""
+  departures from msa {(buffer, use): slot}, whose decode is its mapping). With `record`, each of
+  its decisions that offered a choice is appended to it with every legal move's exact advantage
+  over msa's move there (the probes' kind, along the oracle's own trajectory, labelled `split`):
+  the oracle computes them all anyway."""
   started = time.perf_counter()
   game = make_game(workload, hardware, dataclasses.replace(config, reward="advantage"))
   model = game.cost_model
@@ -80,12 +90,19 @@ def play_rollout_oracle(
       decisions += 1
       decision = (game.decision.buffer, game.decision.use)
       best = current * (1.0 - min_gain)
-      for action in legal.tolist():
+      advantages = np.zeros(len(legal), np.float64)
+      for i, action in enumerate(legal.tolist()):
         if action != msa_move:
           decodes += 1
           departed = program_time({**departures, decision: action})
+          advantages[i] = (current - departed) / game.msa_time
           if departed < best:
             move, best = action, departed
+      if record is not None:
+        observation = {k: np.asarray(v) for k, v in timestep.observation.items()}
+        record.append(
+          ProbedDecision(program, split, game.num_steps, msa_move, legal, advantages, observation)
+        )
       if move != msa_move:
         departures[decision] = move
         current = best
@@ -135,6 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   )
   parser.add_argument("--min-gain", type=float, default=DEFAULT_MIN_GAIN)
   parser.add_argument("--out", help="write one CSV row per program here")
+  parser.add_argument(
+    "--save",
+    metavar="NPZ",
+    help="write every decision of the oracle's trajectories with its moves' exact advantages "
+    "(score_deviations --save's format: fit_deviations --probed reads it)",
+  )
   args = parser.parse_args(argv)
   if args.max_decodes < 1 or args.min_gain < 0:
     parser.error("--max-decodes must be positive and --min-gain at least 0")
@@ -155,13 +178,24 @@ def main(argv: Sequence[str] | None = None) -> int:
   except MalloczeroError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  rows = []
+  rows, recorded = [], []
+  splits = {}
+  if args.split == "all":
+    splits = {e.name: "heldout" for e in suite_games(args.suite, "heldout")}
   for spec in specs:
     cost = estimated_decodes(spec.workload, spec.hardware, config)
     if cost > args.max_decodes:
       print(f"{spec.name}: skipped ({cost} legal moves > --max-decodes)", flush=True)
       continue
-    play, _ = play_rollout_oracle(spec.workload, spec.hardware, config, spec.name, args.min_gain)
+    play, _ = play_rollout_oracle(
+      spec.workload,
+      spec.hardware,
+      config,
+      spec.name,
+      args.min_gain,
+      record=recorded if args.save else None,
+      split=splits.get(spec.name, "train") if args.split == "all" else args.split,
+    )
     rows.append(play)
     print(
       f"{spec.name}: {play.speedup_over_msa:.4f}x msa, {play.departures} departures of "
@@ -173,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   geomean = math.exp(sum(math.log(p.speedup_over_msa) for p in rows) / len(rows))
   print(f"rollout oracle: {geomean:.4f}x msa over {len(rows)} of {len(specs)} programs")
+  if args.save:
+    save_probed(args.save, recorded)
+    print(f"{len(recorded)} decisions: {args.save}")
   if args.out:
     with open(args.out, "w", newline="", encoding="utf-8") as f:
       writer = csv.writer(f)

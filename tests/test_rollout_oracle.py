@@ -12,6 +12,7 @@ from malloczero.actors.games import suite_games
 from malloczero.configs.config import get_config
 from malloczero.env.cost_model import CostModel
 from malloczero.env.solvers.evo_msa import decode
+from malloczero.research.deviation_scores import load_probed
 from malloczero.research.rollout_oracle import estimated_decodes, play_rollout_oracle
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +52,25 @@ def test_each_departure_is_the_best_move_there_given_the_ones_before():
     assert time_of(rest) >= best
 
 
+def test_recorded_decisions_are_the_oracles_with_each_moves_exact_advantage():
+  spec = suite_games("tiny", "train")[1]
+  recorded = []
+  play, departures = play_rollout_oracle(
+    spec.workload, spec.hardware, GAME, spec.name, min_gain=0.0, record=recorded, split="heldout"
+  )
+  assert len(recorded) == play.decisions and {d.split for d in recorded} == {"heldout"}
+  steps = [d.step for d in recorded]
+  assert steps == sorted(set(steps))
+  for d in recorded:
+    assert len(d.actions) > 1 and d.observation["legal_actions"][d.actions].all()
+    assert d.advantages[list(d.actions).index(d.msa_action)] == 0.0
+  # With no minimum gain the oracle leaves msa's move exactly where some move's advantage is
+  # positive, and its gains over msa add up to its whole game's.
+  assert sum(d.advantages.max() > 0 for d in recorded) == len(departures) > 0
+  total = sum(d.advantages.max() for d in recorded if d.advantages.max() > 0)
+  assert total == pytest.approx(1 - play.oracle_time / play.msa_time, rel=1e-9)
+
+
 def run_script(*args):
   return subprocess.run(
     [sys.executable, os.path.join(REPO, "scripts", "rollout_oracle.py"), *args],
@@ -60,21 +80,29 @@ def run_script(*args):
   )
 
 
-def test_the_script_writes_a_row_per_program_it_can_afford_and_the_geomean(tmp_path):
-  out = tmp_path / "oracle.csv"
+def test_the_script_writes_a_row_per_program_it_can_afford_and_saves_their_decisions(tmp_path):
+  out, saved = tmp_path / "oracle.csv", tmp_path / "oracle.npz"
+  split_of = {s.name: split for split in ("train", "heldout") for s in suite_games("tiny", split)}
+  result = run_script("--suite", "tiny", "--split", "all", "--out", str(out), "--save", str(saved))
+  assert result.returncode == 0, result.stderr
+  rows = list(csv.DictReader(out.open()))
+  assert [r["entry"] for r in rows] == list(split_of)
+  assert all(float(r["oracle_vs_msa"]) >= 1.0 for r in rows)
+  assert "over 6 of 6 programs" in result.stdout
+  decisions = load_probed(str(saved))
+  assert len(decisions) == sum(int(r["decisions"]) for r in rows)
+  assert {(d.program, d.split) for d in decisions} == set(split_of.items())
+
+  # --max-decodes leaves out the programs that would cost more, and says so.
   cheap = [
     s.name
     for s in suite_games("tiny", "train")
     if estimated_decodes(s.workload, s.hardware, GAME) <= 150
   ]
-  result = run_script(
-    "--suite", "tiny", "--split", "train", "--max-decodes", "150", "--out", str(out)
-  )
+  result = run_script("--suite", "tiny", "--split", "train", "--max-decodes", "150")
   assert result.returncode == 0, result.stderr
-  rows = list(csv.DictReader(out.open()))
-  assert [r["entry"] for r in rows] == cheap and 0 < len(cheap) < 5
-  assert all(float(r["oracle_vs_msa"]) >= 1.0 for r in rows)
-  assert f"over {len(cheap)} of 5 programs" in result.stdout
+  assert 0 < len(cheap) < 5 and f"over {len(cheap)} of 5 programs" in result.stdout
+  assert result.stdout.count("> --max-decodes") == 5 - len(cheap)
 
 
 @pytest.mark.parametrize(
