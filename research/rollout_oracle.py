@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from malloczero.env import Hardware, Workload
 from malloczero.env.game import GameConfig, make_game
 from malloczero.env.solvers.evo_msa import Genome, decode
 from malloczero.research.deviation_scores import ProbedDecision, save_probed
@@ -57,8 +58,8 @@ class OraclePlay:
 
 
 def play_rollout_oracle(
-  workload,
-  hardware,
+  workload: Workload,
+  hardware: Hardware,
   config: GameConfig,
   program: str = "",
   min_gain: float = DEFAULT_MIN_GAIN,
@@ -119,7 +120,7 @@ def play_rollout_oracle(
   return play, departures
 
 
-def estimated_decodes(workload, hardware, config: GameConfig) -> int:
+def estimated_decodes(workload: Workload, hardware: Hardware, config: GameConfig) -> int:
   """The msa passes the oracle would spend on a program if it kept to msa's trajectory: the legal
   moves summed over msa's decisions that offer more than one (its own trajectory's differ
   little)."""
@@ -150,7 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     metavar="N",
     help="skip programs whose msa trajectory offers more than N legal moves in all (the cost)",
   )
-  parser.add_argument("--min-gain", type=float, default=DEFAULT_MIN_GAIN)
+  parser.add_argument(
+    "--min-gain",
+    type=float,
+    default=DEFAULT_MIN_GAIN,
+    help="leave msa's move only for one that gains more than this share of the trajectory's "
+    "time (the learner's probes.msa_margin is the same idea)",
+  )
   parser.add_argument("--out", help="write one CSV row per program here")
   parser.add_argument(
     "--save",
