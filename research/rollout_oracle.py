@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -32,7 +31,9 @@ import numpy as np
 
 from malloczero.env import Hardware, Workload
 from malloczero.env.game import GameConfig, make_game
-from malloczero.env.solvers.evo_msa import Genome, decode
+from malloczero.env.solvers.evo_msa import Genome
+from malloczero.evaluation.suite import geomean
+from malloczero.learner.probes import advantages_after
 from malloczero.research.deviation_scores import ProbedDecision, save_probed
 
 # A departure must beat msa's move by more than this share of msa's time: below it, differences
@@ -49,7 +50,7 @@ class OraclePlay:
   oracle_time: float  # Seconds of the oracle's.
   decisions: int  # Moves of its trajectory that offered more than one legal move.
   departures: int  # Of them, where it left msa's move.
-  decodes: int  # msa passes spent.
+  decodes: int  # msa passes spent (one per legal move other than msa's, per decision).
   seconds: float
 
   @property
@@ -73,40 +74,31 @@ def play_rollout_oracle(
   the oracle computes them all anyway."""
   started = time.perf_counter()
   game = make_game(workload, hardware, dataclasses.replace(config, reward="advantage"))
-  model = game.cost_model
-
-  def program_time(genome: Genome) -> float:
-    return decode(
-      model, genome, max_prefetch_starts=config.max_prefetch_starts, skip_below=config.skip_below
-    )[0]
-
   departures: Genome = {}
-  current = program_time(departures)  # The trajectory's time if msa finishes from here.
   decisions = decodes = 0
   timestep = game.reset()
+  current = game.msa_time  # The trajectory's time if msa finishes from here.
   while not timestep.last():
-    legal = np.flatnonzero(timestep.observation["legal_actions"])
+    legal_mask = timestep.observation["legal_actions"]
+    legal = np.flatnonzero(legal_mask)
     move = msa_move = game.msa_action
     if len(legal) > 1:
       decisions += 1
-      decision = (game.decision.buffer, game.decision.use)
-      best = current * (1.0 - min_gain)
-      advantages = np.zeros(len(legal), np.float64)
-      for i, action in enumerate(legal.tolist()):
-        if action != msa_move:
-          decodes += 1
-          departed = program_time({**departures, decision: action})
-          advantages[i] = (current - departed) / game.msa_time
-          if departed < best:
-            move, best = action, departed
+      decodes += len(legal) - 1
+      advantages = advantages_after(game, departures, legal_mask, msa_move, with_msa=current)
+      best = int(legal[np.argmax(advantages[legal])])
+      gain = advantages[best] * game.msa_time
+      if gain > current * min_gain:
+        move = best
+        departures[(game.decision.buffer, game.decision.use)] = move
+        current -= gain
       if record is not None:
         observation = {k: np.asarray(v) for k, v in timestep.observation.items()}
         record.append(
-          ProbedDecision(program, split, game.num_steps, msa_move, legal, advantages, observation)
+          ProbedDecision(
+            program, split, game.num_steps, msa_move, legal, advantages[legal], observation
+          )
         )
-      if move != msa_move:
-        departures[decision] = move
-        current = best
     timestep = game.step(move)
   play = OraclePlay(
     program,
@@ -114,7 +106,7 @@ def play_rollout_oracle(
     game.total_time,
     decisions,
     len(departures),
-    decodes + 1,
+    decodes,
     time.perf_counter() - started,
   )
   return play, departures
@@ -181,15 +173,13 @@ def main(argv: Sequence[str] | None = None) -> int:
       from malloczero.configs.config import get_config
 
       config = get_config("small").game
-    specs = suite_games(args.suite, args.split)
+    splits = ("train", "heldout") if args.split == "all" else (args.split,)
+    specs = [(split, spec) for split in splits for spec in suite_games(args.suite, split)]
   except MalloczeroError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   rows, recorded = [], []
-  splits = {}
-  if args.split == "all":
-    splits = {e.name: "heldout" for e in suite_games(args.suite, "heldout")}
-  for spec in specs:
+  for split, spec in specs:
     cost = estimated_decodes(spec.workload, spec.hardware, config)
     if cost > args.max_decodes:
       print(f"{spec.name}: skipped ({cost} legal moves > --max-decodes)", flush=True)
@@ -201,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       spec.name,
       args.min_gain,
       record=recorded if args.save else None,
-      split=splits.get(spec.name, "train") if args.split == "all" else args.split,
+      split=split,
     )
     rows.append(play)
     print(
@@ -212,8 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   if not rows:
     print("error: no program within --max-decodes", file=sys.stderr)
     return 2
-  geomean = math.exp(sum(math.log(p.speedup_over_msa) for p in rows) / len(rows))
-  print(f"rollout oracle: {geomean:.4f}x msa over {len(rows)} of {len(specs)} programs")
+  overall = geomean(p.speedup_over_msa for p in rows)
+  print(f"rollout oracle: {overall:.4f}x msa over {len(rows)} of {len(specs)} programs")
   if args.save:
     save_probed(args.save, recorded)
     print(f"{len(recorded)} decisions: {args.save}")

@@ -91,17 +91,30 @@ def greedy_policies(networks: MuZeroNetworks) -> Callable[[Params], Policy]:
   return with_params
 
 
-def advantages_after(game, departures: Genome, legal: np.ndarray, msa_action: int) -> np.ndarray:
+def advantages_after(
+  game,
+  departures: Genome,
+  legal: np.ndarray,
+  msa_action: int,
+  with_msa: float | None = None,
+) -> np.ndarray:
   """At the decision `game` (an msa game) is at, reached by msa's moves with `departures`
   ({(buffer, use): slot}) instead: each legal slot's exact advantage `[A]` float64 over msa's
   move there, msa finishing the program, in fractions of msa's own program time (0 at illegal
-  slots and at msa's move). One full msa pass (evo-msa's `decode`) per legal move."""
+  slots and at msa's move). One full msa pass (evo-msa's `decode`) per legal move; `with_msa`,
+  the program time of `departures` with msa finishing, spares msa's move its pass where the
+  caller knows it (a trajectory played move by move does)."""
   decision = (game.decision.buffer, game.decision.use)
-  return _advantages_with(game, departures, decision, legal, msa_action)
+  return _advantages_with(game, departures, decision, legal, msa_action, with_msa)
 
 
 def _advantages_with(
-  game, departures: Genome, decision: tuple[int, int], legal: np.ndarray, msa_action: int
+  game,
+  departures: Genome,
+  decision: tuple[int, int],
+  legal: np.ndarray,
+  msa_action: int,
+  with_msa: float | None = None,
 ) -> np.ndarray:
   """`advantages_after` at `decision` ((buffer, use)) of `game`'s program, whatever state the
   game is in: only its program's constants (config, cost model, msa's time) are read."""
@@ -112,7 +125,8 @@ def _advantages_with(
       model, genome, max_prefetch_starts=config.max_prefetch_starts, skip_below=config.skip_below
     )[0]
 
-  with_msa = program_time(departures)
+  if with_msa is None:
+    with_msa = program_time(departures)
   advantages = np.zeros(legal.shape, np.float64)
   for action in np.flatnonzero(legal).tolist():
     if action != msa_action:
