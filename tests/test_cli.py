@@ -16,8 +16,7 @@ from tests.command_line import REPO, run_cli
 @pytest.mark.slow
 def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
   out = tmp_path / "bench.json"
-  # Without the inputs at trace scale: tests/test_scale.py measures them at small sizes, and at
-  # full size they took a third of this test's time.
+  # The inputs at trace scale are the next test's: the two run side by side under xdist.
   result = run_cli("bench", "--quick", "--no-scale", "--out", str(out))
   assert result.returncode == 0, result.stderr
   report = json.loads(out.read_text())
@@ -39,6 +38,18 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
   assert report["search_small_batch"] == 64 and report["search_small_simulations"] == 32
   assert report["learner_small_batch"] == 256 and report["learner_small_unroll"] == 5
   assert not [key for key in report if key.startswith("scale_")]
+
+
+@pytest.mark.slow
+def test_bench_quick_measures_msa_at_scale_and_no_agent_leaves_the_agent_out(tmp_path):
+  out = tmp_path / "bench.json"
+  result = run_cli("bench", "--quick", "--no-agent", "--out", str(out))
+  assert result.returncode == 0, result.stderr
+  report = json.loads(out.read_text())
+  # msa at scale is measured in --quick too (--no-scale skips it).
+  for prefix in ("scale_xla_100000_buffers_msa", "scale_csv_200000_rows_msa"):
+    assert report[f"{prefix}_solve_s"] > 0 and report[f"{prefix}_validate_s"] > 0
+  assert report["game_steps_per_s"] > 0 and "search_small_moves_per_s" not in report
 
 
 @pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
