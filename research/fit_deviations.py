@@ -36,25 +36,25 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def with_fields(config: Any, settings: Sequence[str]) -> Any:
-  """The network config `config` with `settings` ("FIELD=VALUE", `train --set network.FIELD`'s
-  values) applied; ValueError (one line) names a field or value it refuses."""
+def with_fields(config: Any, settings: Sequence[str], flag: str = "network") -> Any:
+  """The config `config` (a network's or a game's) with `settings` ("FIELD=VALUE", `train --set
+  network.FIELD`'s values) applied; ValueError (one line, naming `--flag`) names a field or value
+  it refuses."""
   from malloczero.common.settings import is_setting, parse_setting
 
+  example = {"network": "d_model=64", "game": "pressure_bins=8"}.get(flag, "FIELD=VALUE")
   fields = {f.name: f for f in dataclasses.fields(config) if is_setting(f)}
   values = {}
   for text in settings:
     name, sep, value = text.partition("=")
     if not sep:
-      raise ValueError(f"--network {text}: expected FIELD=VALUE, e.g. d_model=64")
+      raise ValueError(f"--{flag} {text}: expected FIELD=VALUE, e.g. {example}")
     if name not in fields:
-      raise ValueError(
-        f"--network {text}: no field '{name}' in network; valid: {', '.join(fields)}"
-      )
+      raise ValueError(f"--{flag} {text}: no field '{name}' in {flag}; valid: {', '.join(fields)}")
     try:
       values[name] = parse_setting(fields[name], value)
     except ValueError as e:
-      raise ValueError(f"--network {text}: {e}") from None
+      raise ValueError(f"--{flag} {text}: {e}") from None
   return dataclasses.replace(config, **values)
 
 
@@ -105,6 +105,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     metavar="FIELD=VALUE",
     help="fit a network of the checkpoint's config with these fields changed (e.g. d_model=64)",
   )
+  parser.add_argument(
+    "--game",
+    nargs="+",
+    default=[],
+    metavar="FIELD=VALUE",
+    help="fit for the checkpoint's game with these fields changed: decisions observed in it "
+    "(rollout_oracle.py --replay --game), e.g. pressure_bins=8",
+  )
   parser.add_argument("--checkpoint", required=True, help="whose network and game configs")
   parser.add_argument("--init", choices=("fresh", "checkpoint"), default="fresh")
   parser.add_argument("--steps", type=int, default=3000)
@@ -134,8 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error("--msa-margin must be at least 0")
   if args.train_decisions is not None and args.train_decisions < 1:
     parser.error("--train-decisions must be at least 1")
-  if args.network and args.save_checkpoint:
-    parser.error("--save-checkpoint writes the checkpoint's own network: not with --network")
+  if (args.network or args.game) and args.save_checkpoint:
+    parser.error(
+      "--save-checkpoint writes the checkpoint's own configs: not with --network or --game"
+    )
 
   import jax
   import numpy as np
@@ -145,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   from malloczero.actors.agent import load_agent
   from malloczero.common.errors import MalloczeroError
   from malloczero.configs.workdir import WorkDir
+  from malloczero.env.game.config import observation_spec
   from malloczero.learner.checkpoint import replace_params
   from malloczero.learner.networks import make_networks
   from malloczero.learner.probes import probe_policy_loss
@@ -154,10 +165,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     agent = load_agent(args.checkpoint)
     probed = [p for path in args.probed for p in probe.load_probed(path)]
     probed += [p for run in args.stores for p in probe.load_probe_store(run, agent.game)]
-    networks = agent.networks
-    if args.network:
-      network_config = with_fields(agent.networks.config, args.network)
-      networks = make_networks(network_config, agent.game)
+    networks, game = agent.networks, with_fields(agent.game, args.game, "game")
+    if args.network or args.game:
+      networks = make_networks(with_fields(agent.networks.config, args.network), game)
+    expected = set(observation_spec(game))
+    for p in probed:
+      if set(p.observation) != expected:
+        raise ValueError(
+          f"{p.program}: decision {p.step} is observed with {sorted(p.observation)}; this "
+          f"game's observation has {sorted(expected)} (--game changes the game's)"
+        )
   except (MalloczeroError, OSError, ValueError, KeyError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -175,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 2
     chosen = np.random.default_rng(args.seed).permutation(len(train))[: args.train_decisions]
     train = [train[i] for i in sorted(chosen)]
-  num_actions = agent.game.num_actions
+  num_actions = game.num_actions
 
   def advantages(decisions):
     """`[N, A]` each legal move's exact advantage (0 at illegal slots, which the observations'

@@ -15,7 +15,15 @@ own play"), and the data and the network's capacity were measured; this measures
 The cost is one msa pass per legal move per decision, minutes per program of 1,000 buffers, so
 `--max-decodes` keeps to the programs it can finish.
 
+`--replay NPZ` plays the trajectories an earlier `--save` recorded from their recorded
+advantages, no msa pass at all, in the game of `--checkpoint` with `--game FIELD=VALUE`
+changed: the same decisions observed by another observation (e.g. `--game pressure_bins=8`), so
+that `fit_deviations.py --game` can tell in seconds whether a feature makes the gainful ones
+recognisable on programs it did not fit.
+
   .venv/bin/python scripts/rollout_oracle.py --suite default --split heldout --out oracle.csv
+  .venv/bin/python scripts/rollout_oracle.py --suite default --split all --replay oracle.npz \
+      --game pressure_bins=8 --save oracle-pressure.npz
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import csv
 import dataclasses
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -34,7 +42,8 @@ from malloczero.env.game import GameConfig, make_game
 from malloczero.env.solvers.evo_msa import Genome
 from malloczero.evaluation.suite import geomean
 from malloczero.learner.probes import advantages_after
-from malloczero.research.deviation_scores import ProbedDecision, save_probed
+from malloczero.research.deviation_scores import ProbedDecision, load_probed, save_probed
+from malloczero.research.fit_deviations import with_fields
 
 # A departure must beat msa's move by more than this share of msa's time: below it, differences
 # are the cost model's rounding, not a better mapping.
@@ -66,12 +75,16 @@ def play_rollout_oracle(
   min_gain: float = DEFAULT_MIN_GAIN,
   record: list[ProbedDecision] | None = None,
   split: str = "train",
+  replay: Mapping[int, ProbedDecision] | None = None,
 ) -> tuple[OraclePlay, Genome]:
   """Plays the rollout oracle through one program of the msa game of `config`: (its play, its
   departures from msa {(buffer, use): slot}, whose decode is its mapping). With `record`, each of
   its decisions that offered a choice is appended to it with every legal move's exact advantage
   over msa's move there (the probes' kind, along the oracle's own trajectory, labelled `split`):
-  the oracle computes them all anyway."""
+  the oracle computes them all anyway. With `replay` (a recording of this program by step, as
+  `record` made it with the same `min_gain`), the advantages are the recording's and no msa pass
+  is spent; ValueError (one line) where a decision is not the recording's, as when `config`
+  changes the game's rules rather than its observation."""
   started = time.perf_counter()
   game = make_game(workload, hardware, dataclasses.replace(config, reward="advantage"))
   departures: Genome = {}
@@ -84,8 +97,11 @@ def play_rollout_oracle(
     move = msa_move = game.msa_action
     if len(legal) > 1:
       decisions += 1
-      decodes += len(legal) - 1
-      advantages = advantages_after(game, departures, legal_mask, msa_move, with_msa=current)
+      if replay is None:
+        decodes += len(legal) - 1
+        advantages = advantages_after(game, departures, legal_mask, msa_move, with_msa=current)
+      else:
+        advantages = _recorded_advantages(replay, game.num_steps, legal, msa_move, program)
       best = int(legal[np.argmax(advantages[legal])])
       gain = advantages[best] * game.msa_time
       if gain > current * min_gain:
@@ -100,6 +116,11 @@ def play_rollout_oracle(
           )
         )
     timestep = game.step(move)
+  if replay is not None and decisions != len(replay):
+    raise ValueError(
+      f"{program}: {decisions} decisions played, {len(replay)} recorded: replay with the game "
+      "and --min-gain it was recorded with"
+    )
   play = OraclePlay(
     program,
     game.msa_time,
@@ -110,6 +131,21 @@ def play_rollout_oracle(
     time.perf_counter() - started,
   )
   return play, departures
+
+
+def _recorded_advantages(
+  replay: Mapping[int, ProbedDecision], step: int, legal: np.ndarray, msa_move: int, program: str
+) -> np.ndarray:
+  """The recorded advantages `[A]` of the decision at `step` (0 at moves not legal there)."""
+  recorded = replay.get(step)
+  if recorded is None or list(recorded.actions) != list(legal) or recorded.msa_action != msa_move:
+    raise ValueError(
+      f"{program}: decision {step} is not the recording's (its legal moves or msa's move "
+      "differ): replay with the game and --min-gain it was recorded with"
+    )
+  advantages = np.zeros(int(legal.max()) + 1)
+  advantages[recorded.actions] = recorded.advantages
+  return advantages
 
 
 def estimated_decodes(workload: Workload, hardware: Hardware, config: GameConfig) -> int:
@@ -157,6 +193,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     help="write every decision of the oracle's trajectories with its moves' exact advantages "
     "(score_deviations --save's format: fit_deviations --probed reads it)",
   )
+  parser.add_argument(
+    "--replay",
+    metavar="NPZ",
+    help="play the trajectories an earlier --save recorded, from its advantages (no msa pass), "
+    "for the programs it holds",
+  )
+  parser.add_argument(
+    "--game",
+    nargs="+",
+    default=[],
+    metavar="FIELD=VALUE",
+    help="play the game of the checkpoint's config with these fields changed (with --replay: "
+    "the recorded decisions under another observation, e.g. pressure_bins=8)",
+  )
   args = parser.parse_args(argv)
   if args.max_decodes < 1 or args.min_gain < 0:
     parser.error("--max-decodes must be positive and --min-gain at least 0")
@@ -173,26 +223,43 @@ def main(argv: Sequence[str] | None = None) -> int:
       from malloczero.configs.config import get_config
 
       config = get_config("small").game
+    config = with_fields(config, args.game, "game")
     splits = ("train", "heldout") if args.split == "all" else (args.split,)
     specs = [(split, spec) for split in splits for spec in suite_games(args.suite, split)]
-  except MalloczeroError as e:
+  except (MalloczeroError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  replays: dict[str, dict[int, ProbedDecision]] = {}
+  if args.replay:
+    try:
+      for decision in load_probed(args.replay):
+        replays.setdefault(decision.program, {})[decision.step] = decision
+    except (OSError, ValueError, KeyError) as e:
+      print(f"error: cannot read recorded decisions from {args.replay}: {e}", file=sys.stderr)
+      return 2
   rows, recorded = [], []
   for split, spec in specs:
-    cost = estimated_decodes(spec.workload, spec.hardware, config)
+    if args.replay and spec.name not in replays:
+      print(f"{spec.name}: skipped (not in --replay)", flush=True)
+      continue
+    cost = 0 if args.replay else estimated_decodes(spec.workload, spec.hardware, config)
     if cost > args.max_decodes:
       print(f"{spec.name}: skipped ({cost} legal moves > --max-decodes)", flush=True)
       continue
-    play, _ = play_rollout_oracle(
-      spec.workload,
-      spec.hardware,
-      config,
-      spec.name,
-      args.min_gain,
-      record=recorded if args.save else None,
-      split=split,
-    )
+    try:
+      play, _ = play_rollout_oracle(
+        spec.workload,
+        spec.hardware,
+        config,
+        spec.name,
+        args.min_gain,
+        record=recorded if args.save else None,
+        split=split,
+        replay=replays.get(spec.name) if args.replay else None,
+      )
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
     rows.append(play)
     print(
       f"{spec.name}: {play.speedup_over_msa:.4f}x msa, {play.departures} departures of "
@@ -200,7 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       flush=True,
     )
   if not rows:
-    print("error: no program within --max-decodes", file=sys.stderr)
+    where = f"recorded in {args.replay}" if args.replay else "within --max-decodes"
+    print(f"error: no program {where}", file=sys.stderr)
     return 2
   overall = geomean(p.speedup_over_msa for p in rows)
   print(f"rollout oracle: {overall:.4f}x msa over {len(rows)} of {len(specs)} programs")

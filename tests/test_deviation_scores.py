@@ -220,6 +220,11 @@ def test_the_fits_network_is_the_checkpoints_with_named_fields_changed():
   ):
     with pytest.raises(ValueError, match=why):
       with_fields(config, [bad])
+  # A game's fields likewise, the refusal naming --game.
+  game = with_fields(GAME, ["pressure_bins=8"], "game")
+  assert game == dataclasses.replace(GAME, pressure_bins=8)
+  with pytest.raises(ValueError, match="--game width=3: no field 'width' in game"):
+    with_fields(GAME, ["width=3"], "game")
 
 
 def test_summary_counts_ranks_and_picks():
@@ -392,6 +397,52 @@ def test_the_fit_script_fits_a_share_of_runs_probe_stores_with_a_wider_network(
   )  # fmt: skip
   assert result.returncode == 2 and result.stderr.count("\n") == 1
   assert "only 4 training decisions" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_fit_script_fits_decisions_observed_by_another_game(trained_run, tmp_path):
+  from malloczero.research.rollout_oracle import play_rollout_oracle
+
+  # The rollout oracle's decisions on a training and a held-out program, replayed in a game that
+  # observes the pressure too (rollout_oracle.py --replay --game).
+  pressure_game = dataclasses.replace(GAME, pressure_bins=4)
+  paths = []
+  for split in ("train", "heldout"):
+    spec = suite_games("tiny", split)[0]
+    recorded, replayed = [], []
+    play_rollout_oracle(spec.workload, spec.hardware, GAME, spec.name, record=recorded, split=split)
+    play_rollout_oracle(
+      spec.workload, spec.hardware, pressure_game, spec.name, record=replayed, split=split,
+      replay={d.step: d for d in recorded},
+    )  # fmt: skip
+    paths.append(str(tmp_path / f"{split}.npz"))
+    save_probed(paths[-1], replayed)
+
+  def fit(*args):
+    return subprocess.run(
+      [
+        sys.executable, os.path.join(REPO, "scripts", "fit_deviations.py"), "--probed", *paths,
+        "--checkpoint", trained_run["workdir"], "--steps", "4", "--batch", "4",
+        "--report-every", "4", *args,
+      ],
+      capture_output=True, text=True, timeout=600, cwd=REPO,
+    )  # fmt: skip
+
+  out = tmp_path / "fit.json"
+  result = fit("--game", "pressure_bins=4", "--out", str(out))
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert [(r["step"], r["split"]) for r in rows] == [
+    (step, split) for step in (0, 4) for split in ("train", "heldout")
+  ]
+  assert json.loads(out.read_text())["args"]["game"] == ["pressure_bins=4"]
+  # The checkpoint's own game does not observe the pressure: its network cannot read these
+  # decisions, refused in one line; nor is a changed game written as the checkpoint's.
+  result = fit()
+  assert result.returncode == 2 and result.stderr.count("\n") == 1
+  assert "pressure" in result.stderr and "this game's observation has" in result.stderr
+  result = fit("--game", "pressure_bins=4", "--save-checkpoint", str(tmp_path / "fitted"))
+  assert result.returncode == 2 and "not with --network or --game" in result.stderr
 
 
 def test_the_fit_table_gives_each_settings_seeds_together(tmp_path):

@@ -105,12 +105,54 @@ def test_the_script_writes_a_row_per_program_it_can_afford_and_saves_their_decis
   assert result.stdout.count("> --max-decodes") == 5 - len(cheap)
 
 
+def test_a_replay_plays_the_recording_again_observed_by_another_game(tmp_path):
+  recorded, replayed = tmp_path / "recorded.npz", tmp_path / "replayed.npz"
+  first, again = tmp_path / "first.csv", tmp_path / "again.csv"
+  result = run_script(
+    "--suite", "tiny", "--split", "train", "--save", str(recorded), "--out", str(first)
+  )  # fmt: skip
+  assert result.returncode == 0, result.stderr
+  result = run_script(
+    "--suite", "tiny", "--split", "all", "--replay", str(recorded), "--game", "pressure_bins=4",
+    "--save", str(replayed), "--out", str(again),
+  )  # fmt: skip
+  assert result.returncode == 0, result.stderr
+  # The same games from the recorded advantages, no msa pass spent; the held-out programs,
+  # absent from the recording, skipped and said so.
+  played, replay_rows = list(csv.DictReader(first.open())), list(csv.DictReader(again.open()))
+  same = ("entry", "msa_time", "oracle_time", "decisions", "departures")
+  assert [[r[k] for k in same] for r in replay_rows] == [[r[k] for k in same] for r in played]
+  assert {r["decodes"] for r in replay_rows} == {"0"} and {r["decodes"] for r in played} != {"0"}
+  assert result.stdout.count("(not in --replay)") == len(suite_games("tiny", "heldout"))
+  # The same decisions, each move's advantage as recorded, observed with the pressure as well.
+  before, after = load_probed(str(recorded)), load_probed(str(replayed))
+  assert [(d.program, d.step, list(d.actions)) for d in after] == [
+    (d.program, d.step, list(d.actions)) for d in before
+  ]
+  assert all((a.advantages == b.advantages).all() for a, b in zip(after, before))
+  assert all(a.observation["pressure"].shape == (GAME.max_fast_levels, 8) for a in after)
+  for a, b in zip(after, before):
+    assert set(b.observation) == set(a.observation) - {"pressure"}
+    assert all((a.observation[k] == b.observation[k]).all() for k in b.observation)
+
+  # A game with other rules does not reach the recorded decisions: refused in one line.
+  result = run_script(
+    "--suite", "tiny", "--split", "train", "--replay", str(recorded), "--game",
+    "max_prefetch_starts=2",
+  )  # fmt: skip
+  assert result.returncode == 2 and result.stderr.count("\n") == 1
+  assert "is not the recording's" in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize(
   "args, message",
   [
     (("--max-decodes", "0"), "--max-decodes must be positive"),
     (("--suite", "nonesuch"), "nonesuch"),
     (("--suite", "tiny", "--split", "train", "--max-decodes", "1"), "no program within"),
+    (("--suite", "tiny", "--replay", "nonesuch.npz"), "cannot read recorded decisions"),
+    (("--suite", "tiny", "--game", "bogus=1"), "--game bogus=1: no field 'bogus' in game"),
+    (("--suite", "tiny", "--game", "pressure_bins"), "expected FIELD=VALUE"),
   ],
 )
 def test_the_script_refuses_bad_input_in_one_line(args, message):
