@@ -101,7 +101,7 @@ def play_rollout_oracle(
         decodes += len(legal) - 1
         advantages = advantages_after(game, departures, legal_mask, msa_move, with_msa=current)
       else:
-        advantages = _recorded_advantages(replay, game.num_steps, legal, msa_move, program)
+        advantages = _recorded_advantages(replay, game.num_steps, legal_mask, msa_move, program)
       best = int(legal[np.argmax(advantages[legal])])
       gain = advantages[best] * game.msa_time
       if gain > current * min_gain:
@@ -134,16 +134,22 @@ def play_rollout_oracle(
 
 
 def _recorded_advantages(
-  replay: Mapping[int, ProbedDecision], step: int, legal: np.ndarray, msa_move: int, program: str
+  replay: Mapping[int, ProbedDecision],
+  step: int,
+  legal_mask: np.ndarray,
+  msa_move: int,
+  program: str,
 ) -> np.ndarray:
-  """The recorded advantages `[A]` of the decision at `step` (0 at moves not legal there)."""
+  """The recorded advantages `[A]` of the decision at `step` given its legal mask `[A]` (0 at
+  moves not legal there), as `advantages_after` gives them."""
   recorded = replay.get(step)
-  if recorded is None or list(recorded.actions) != list(legal) or recorded.msa_action != msa_move:
+  legal = np.flatnonzero(legal_mask).tolist()
+  if recorded is None or list(recorded.actions) != legal or recorded.msa_action != msa_move:
     raise ValueError(
       f"{program}: decision {step} is not the recording's (its legal moves or msa's move "
       "differ): replay with the game and --min-gain it was recorded with"
     )
-  advantages = np.zeros(int(legal.max()) + 1)
+  advantages = np.zeros(legal_mask.shape, np.float64)
   advantages[recorded.actions] = recorded.advantages
   return advantages
 
@@ -255,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.min_gain,
         record=recorded if args.save else None,
         split=split,
-        replay=replays.get(spec.name) if args.replay else None,
+        replay=replays.get(spec.name),
       )
     except ValueError as e:
       print(f"error: {e}", file=sys.stderr)

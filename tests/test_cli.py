@@ -13,13 +13,18 @@ import pytest
 from tests.command_line import REPO, run_cli
 
 
+def bench_quick(tmp_path, *flags):
+  """`bench --quick FLAGS --out ...`: (the finished command, its JSON report)."""
+  out = tmp_path / "bench.json"
+  result = run_cli("bench", "--quick", *flags, "--out", str(out))
+  assert result.returncode == 0, result.stderr
+  return result, json.loads(out.read_text())
+
+
 @pytest.mark.slow
 def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
-  out = tmp_path / "bench.json"
   # The inputs at trace scale are the next test's: the two run side by side under xdist.
-  result = run_cli("bench", "--quick", "--no-scale", "--out", str(out))
-  assert result.returncode == 0, result.stderr
-  report = json.loads(out.read_text())
+  result, report = bench_quick(tmp_path, "--no-scale")
   for key in (
     "game_steps_per_s",
     "cost_model_full_evaluations_per_s",
@@ -42,10 +47,7 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
 
 @pytest.mark.slow
 def test_bench_quick_measures_msa_at_scale_and_no_agent_leaves_the_agent_out(tmp_path):
-  out = tmp_path / "bench.json"
-  result = run_cli("bench", "--quick", "--no-agent", "--out", str(out))
-  assert result.returncode == 0, result.stderr
-  report = json.loads(out.read_text())
+  _, report = bench_quick(tmp_path, "--no-agent")
   # msa at scale is measured in --quick too (--no-scale skips it).
   for prefix in ("scale_xla_100000_buffers_msa", "scale_csv_200000_rows_msa"):
     assert report[f"{prefix}_solve_s"] > 0 and report[f"{prefix}_validate_s"] > 0
