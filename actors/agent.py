@@ -41,8 +41,8 @@ from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
 from malloczero.env.placement import Placement
 from malloczero.env.requests import build_requests
-from malloczero.env.solvers import SolveResult, solve
-from malloczero.env.solvers.evo import evo, mapping_priorities
+from malloczero.env.solvers import SolveResult, get_solver, solve
+from malloczero.env.solvers.evo import evo, mapping_genomes
 from malloczero.env.solvers.evo_msa import evo_msa
 from malloczero.env.solvers.time_limit import now
 from malloczero.env.validator import validate_mapping
@@ -386,10 +386,11 @@ def _guided_priorities(
   spec: GameSpec, played: EvaluationResult, seconds: float, seed: int, started: float
 ) -> tuple[Mapping, dict[str, Any]]:
   model = CostModel(spec.workload, spec.hardware)
-  placement = Placement(model, build_requests(model))
+  # The `evo` baseline's requests, so that the search without the network is that baseline.
+  placement = Placement(model, build_requests(model, get_solver("evo").split_activations))
   initial = []
   if played.mapping is not None:
-    initial.append(mapping_priorities(placement.requests, played.mapping, spec.workload))
+    initial.extend(mapping_genomes(placement.requests, played.mapping, spec.workload))
   info = evo(
     placement,
     evaluations=MAX_GUIDED_DECODES,

@@ -30,6 +30,12 @@ class Placement:
     self.hardware = model.hardware
     self.num_fast = self.hardware.num_fast_levels
     self.capacity = self.hardware.capacities[:-1].astype(np.int64)  # [F]
+    # Requests of one buffer overlap in time only where an activation's whole live range is
+    # offered beside its groups (build_requests(split_activations=True)): one excludes the other.
+    by_buffer = np.lexsort((requests.start, requests.buffer))
+    b, s, e = (x[by_buffer] for x in (requests.buffer, requests.start, requests.end))
+    same = b[1:] == b[:-1]
+    self._exclusive = bool(np.any(same & (s[1:] < np.maximum.accumulate(e)[:-1])))
     self.reset()
 
   def reset(self) -> None:
@@ -40,7 +46,7 @@ class Placement:
     self.op_time_sum = float(self.op_time.sum())
     self.stall_time = 0.0
     self.total_time = self.op_time_sum
-    # Prefetch copies placed so far: the first `num_copies` entries.
+    # Copies (prefetches and evictions) placed so far: the first `num_copies` entries.
     self._copy_start = np.zeros(num_requests, np.int64)
     self._copy_done = np.zeros(num_requests, np.int64)
     self._copy_work = np.zeros(num_requests)
@@ -54,6 +60,7 @@ class Placement:
     self.count = [0] * num_fast
     self.placed: list[tuple[int, int, int]] = []  # (request, level, offset)
     self._undo: tuple | None = None  # What the last `place` changed, for `undo_last`.
+    self._windows: dict[int, list[tuple[int, int]]] = {}  # buffer -> placed windows
 
   def free_gaps(self, level: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
     """Free address intervals `[low, high)` of `level` throughout ops `[start, end)`, by address."""
@@ -72,6 +79,13 @@ class Placement:
     gap_high = np.concatenate((low, self.capacity[level : level + 1]))
     keep = gap_high > gap_low
     return gap_low[keep], gap_high[keep]
+
+  def blocked(self, r: int) -> bool:
+    """Whether a placed request of the same buffer overlaps request `r`'s window."""
+    if not self._exclusive:
+      return False
+    lo, hi = int(self.requests.start[r]), int(self.requests.end[r])
+    return any(s < hi and e > lo for s, e in self._windows.get(int(self.requests.buffer[r]), ()))
 
   def saving(self, r: int) -> np.ndarray:
     """[F] seconds placing request `r` in each fast level would save now (copy cost included)."""
@@ -102,17 +116,19 @@ class Placement:
     self.op_time[ops] = new_time
     self.default_time[ops] -= nbytes * model.inverse_bandwidth[-1]
     self.op_time_sum -= op_saved
-    if req.is_prefetch[r]:
+    copies = bool(req.is_prefetch[r] or req.evict_start[r] != NO_COPY)
+    if copies:  # A request has at most one copy: a prefetch, or an eviction of its own value.
       k = self.num_copies
-      self._copy_start[k] = req.start[r]
-      self._copy_done[k] = req.first_use[r]
+      evicts = not req.is_prefetch[r]
+      self._copy_start[k] = req.evict_start[r] if evicts else req.start[r]
+      self._copy_done[k] = req.evict_done[r] if evicts else req.first_use[r]
       self._copy_work[k] = model.copy_time[req.buffer[r]]
       self.num_copies = k + 1
       self._queue = None
     before = self.total_time
     # Moving bytes out of default memory never shortens an op's idle time, and more idle time
     # never adds a stall: with no stall now, placing an activation leaves none to simulate.
-    if self.num_copies and (req.is_prefetch[r] or self.stall_time > 0):
+    if self.num_copies and (copies or self.stall_time > 0):
       k = self.num_copies
       if self._queue is None:
         self._queue = CopyQueue(
@@ -131,16 +147,22 @@ class Placement:
     self._rect_high[level, i] = offset + req.size[r]
     self.count[level] = i + 1
     self.placed.append((r, level, offset))
+    if self._exclusive:
+      self._windows.setdefault(int(req.buffer[r]), []).append((int(req.start[r]), int(req.end[r])))
     return saved
 
   def first_fit(self, r: int, level: int) -> int | None:
     """Lowest free offset of `level` that holds request `r` for its whole window, if any."""
+    if self.blocked(r):
+      return None
     low, high = self.free_gaps(level, int(self.requests.start[r]), int(self.requests.end[r]))
     fits = np.flatnonzero(high - low >= self.requests.size[r])
     return int(low[fits[0]]) if fits.size else None
 
   def best_fit(self, r: int, level: int) -> int | None:
     """Start of the smallest free gap of `level` that holds request `r` (ties: lowest offset)."""
+    if self.blocked(r):
+      return None
     low, high = self.free_gaps(level, int(self.requests.start[r]), int(self.requests.end[r]))
     gap = high - low
     fits = np.flatnonzero(gap >= self.requests.size[r])
@@ -154,8 +176,10 @@ class Placement:
     self.memory_time[ops], self.op_time[ops], self.default_time[ops] = memory, op_time, default
     self.op_time_sum, self.stall_time, self.total_time = op_sum, stall, total
     self.num_copies = copies
-    _, level, _ = self.placed.pop()
+    r, level, _ = self.placed.pop()
     self.count[level] -= 1
+    if self._exclusive:
+      self._windows[int(self.requests.buffer[r])].pop()
     self._undo = None
 
   def place_where_it_saves_most(self, r: int, fit: str = "best") -> bool:
@@ -163,6 +187,8 @@ class Placement:
     those with room, at the `fit` ("best" or "first") offset, and keeps it there only if it
     really saves time (copy contention can make an estimated saving a loss); otherwise, or if
     it saves nothing anywhere, leaves it in slow memory."""
+    if self.blocked(r):
+      return False
     saving = self.saving(r)
     find = self.best_fit if fit == "best" else self.first_fit
     for level in np.argsort(-saving, kind="stable"):
@@ -191,6 +217,8 @@ class Placement:
       start=req.start[r],
       end=req.end[r],
       prefetch_done=np.where(req.is_prefetch[r], req.first_use[r], NO_COPY),
+      evict_start=req.evict_start[r],
+      evict_done=req.evict_done[r],
     )
 
   def mapping(self, solver: str) -> Mapping:

@@ -1,12 +1,23 @@
 """The requests mallocGame steps over, built once per (workload, hardware).
 
-* An activation gets one request for its whole live range `[def, last_use + 1)`: its producer
-  writes it straight into fast memory, so there is no copy.
 * A parameter or input gets one request per group of nearby uses. The window of a use starts
   as late as possible while a copy at the copy bandwidth still hides behind the ops before the
   use (reference times, see cost_model); a use whose window would overlap the previous group
   joins that group (the buffer simply stays in fast memory). A window that cannot hide the copy
   even from program start starts at 0 and its leftover copy time is charged when placed.
+* An activation gets one request for its whole live range `[def, last_use + 1)`: its producer
+  writes it straight into fast memory, so there is no copy.
+* With `split_activations`, an activation whose uses fall into several groups also gets one
+  request per group, grouped as a parameter's uses are, from its defining op on. The first
+  group is produced in place and evicts: later uses read the value from default memory or
+  prefetch it from there, so it must be copied back, as XLA's msa evicts a value it kept in
+  alternate memory before it prefetches it again (xla/service/memory_space_assignment/
+  algorithm.cc, `AllocateSegment`'s eviction step). The eviction is issued after the defining op,
+  the first group's window reaching as far as it needs to hide it behind reference time, and a
+  use opens a later group (a prefetch) only where its window starts after that. Requests of one
+  buffer that overlap in time exclude each other (`Placement`): the whole range, or its groups.
+  A training step's forward activations, read again only in the backward pass, thus need not
+  hold fast memory across the whole step.
 * Program outputs get no request: they must end the program in default memory.
 
 `exposed_copy_time` and `standalone_saving` are estimates, copies judged alone against the
@@ -26,7 +37,7 @@ import dataclasses
 
 import numpy as np
 
-from malloczero.env.cost_model import CostModel
+from malloczero.env.cost_model import NO_COPY, CostModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +49,10 @@ class Requests:
   end: np.ndarray  # [R] window end (exclusive)
   size: np.ndarray  # [R] aligned bytes
   is_prefetch: np.ndarray  # [R] bool
-  first_use: np.ndarray  # [R] op the copy must finish before (== start for activations)
-  exposed_copy_time: np.ndarray  # [R] seconds charged if placed (0 for activations)
+  first_use: np.ndarray  # [R] op the prefetch must finish before (== start when produced in place)
+  evict_start: np.ndarray  # [R] boundary the eviction is issued at, NO_COPY when none
+  evict_done: np.ndarray  # [R] boundary it is due at (== end), NO_COPY when none
+  exposed_copy_time: np.ndarray  # [R] seconds of the request's copy not hidden (estimate)
   incidence_start: np.ndarray  # [R + 1] CSR offsets
   incidence_op: (
     np.ndarray
@@ -55,17 +68,27 @@ class Requests:
     return self.incidence_op[lo:hi], self.incidence_bytes[lo:hi]
 
 
-def build_requests(model: CostModel) -> Requests:
+def build_requests(model: CostModel, split_activations: bool = False) -> Requests:
+  """The requests of `model`'s program; `split_activations` adds an activation's per-group
+  requests beside its whole live range's (at most one of those overlapping in time is placed:
+  `Placement`)."""
   workload, hw = model.workload, model.hardware
   a = workload.arrays
-  (buffer, start, end, first_use, counts), served = _request_rows(model)
+  rows = _request_rows(model, split_activations)
+  buffer, start, end, first_use, in_place, evict_start, first_incidence, counts = rows
   if not len(buffer):
     return _empty_requests(hw.num_fast_levels)
+  is_prefetch = in_place == 0
+  evicts = evict_start != NO_COPY
   inc_start = np.concatenate([[0], np.cumsum(counts)])
+  served = np.repeat(first_incidence - inc_start[:-1], counts) + np.arange(inc_start[-1])
   inc_op = a.incidence_op[served].astype(np.int64)
   inc_bytes = a.incidence_bytes[served].astype(np.float64)
   size = np.asarray(hw.align(a.sizes[buffer]), np.int64)
-  exposed = model.exposed_copy_time(buffer, start, first_use)
+  copy_start = np.where(evicts, evict_start, start)
+  copy_due = np.where(evicts, end, first_use)
+  unhidden = np.maximum(0.0, model.copy_time[buffer] - model.hidden_time(copy_start, copy_due))
+  exposed = np.where(is_prefetch | evicts, unhidden, 0.0)
   saving = _standalone_saving(model, inc_op, inc_bytes, inc_start) - exposed[:, None]
 
   fits = size[:, None] <= hw.capacities[None, :-1]
@@ -84,8 +107,10 @@ def build_requests(model: CostModel) -> Requests:
     start=start[order],
     end=end[order],
     size=size[order],
-    is_prefetch=a.is_prefetched[buffer[order]],
+    is_prefetch=is_prefetch[order],
     first_use=first_use[order],
+    evict_start=evict_start[order],
+    evict_done=np.where(evicts, end, NO_COPY)[order],
     exposed_copy_time=exposed[order],
     incidence_start=np.concatenate([[0], np.cumsum(counts_kept)]).astype(np.int64),
     incidence_op=inc_op[gather],
@@ -94,45 +119,68 @@ def build_requests(model: CostModel) -> Requests:
   )
 
 
-def _request_rows(
-  model: CostModel,
-) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
-  """The requests before filtering, by buffer then window, as `[R]` arrays (buffer, start, end,
-  first use, incidence count), and which incidences they serve `[E]` (in order, each request's
-  a run of its buffer's: all but those of outputs). An activation's one request spans its live
-  range; a parameter's incidences are grouped where a use's window starts after the previous
-  use."""
+def _request_rows(model: CostModel, split_activations: bool) -> tuple[np.ndarray, ...]:
+  """The requests before filtering, by buffer, as `[R]` arrays: buffer, start, end, first use,
+  produced in place (0/1), eviction start, first incidence and incidence count (each request
+  serves a run of its buffer's incidences, in workload order; outputs get none). A buffer's
+  incidences are grouped where a use's window starts after the previous incidence (for an
+  activation, also after its eviction could be done). An activation's one request spans its
+  live range; with `split_activations`, one with several groups also gets one request per
+  group, the first produced in place and evicting (see the module docstring)."""
   a = model.workload.arrays
-  num_buffers = model.workload.num_buffers
   bounds = a.buffer_incidence_start
   per_buffer = np.diff(bounds)
-  owner = np.repeat(np.arange(num_buffers), per_buffer)  # [E] each incidence's buffer
+  owner = np.repeat(np.arange(model.workload.num_buffers), per_buffer)  # [E] incidence's buffer
   ops = a.incidence_op.astype(np.int64)
+  def_op = a.def_op.astype(np.int64)[owner]
+  activation = ~a.is_prefetched[owner]
   # Latest start s with reference time of [s, use) >= copy time; 0 if impossible.
   ref_prefix = model.reference_prefix
-  targets = ref_prefix[ops] - model.copy_time[owner]
-  window_start = np.maximum(np.searchsorted(ref_prefix, targets, side="right") - 1, 0)
-  prefetched = a.is_prefetched[owner] & ~a.is_output[owner]
-  first_of_buffer = np.zeros(len(ops), bool)
-  first_of_buffer[bounds[:-1][per_buffer > 0]] = True
-  opens = first_of_buffer.copy()
-  opens[1:] |= window_start[1:] > ops[:-1]
-  group_first = np.flatnonzero(prefetched & opens)  # [G] each group's first incidence
-  group_last = np.flatnonzero(prefetched & np.append(opens[1:], True))  # [G] and its last
-  activation = np.flatnonzero(~a.is_output & ~a.is_prefetched)
-  # Rows in buffer order, a buffer's groups in incidence order.
-  keys = np.concatenate([bounds[activation], group_first])
-  row_order = np.argsort(keys, kind="stable")
-  live_start = a.live_start.astype(np.int64)
-  columns = (
-    np.concatenate([activation, owner[group_first]]),
-    np.concatenate([live_start[activation], window_start[group_first]]),
-    np.concatenate([a.live_end.astype(np.int64)[activation], ops[group_last] + 1]),
-    np.concatenate([live_start[activation], ops[group_first]]),
-    np.concatenate([per_buffer[activation], group_last - group_first + 1]),
+  copy_time = model.copy_time[owner]
+  window_start = np.maximum(
+    np.searchsorted(ref_prefix, ref_prefix[ops] - copy_time, "right") - 1, 0
+  )
+  # An activation reaches default memory through an eviction issued after its definition: a
+  # use's prefetch can start only once that eviction hid behind reference time (boundary
+  # `evicted_by`), so only a use whose window starts after it opens a group of its own.
+  evicted_by = np.searchsorted(
+    ref_prefix, ref_prefix[np.minimum(def_op + 1, model.num_ops)] + copy_time
   )
   served = ~a.is_output[owner]
-  return tuple(np.asarray(c, np.int64)[row_order] for c in columns), served
+  opens = np.zeros(len(ops), bool)
+  opens[bounds[:-1][per_buffer > 0]] = True
+  opens[1:] |= (window_start[1:] > ops[:-1]) & (
+    ~activation[1:] | (window_start[1:] >= evicted_by[1:])
+  )
+  first = np.flatnonzero(served & opens)  # [G] each group's first incidence
+  last = np.flatnonzero(served & np.append(opens[1:], True))  # [G] and its last
+  buffer = owner[first]
+  in_place = activation[first] & (ops[first] == def_op[first])
+  start = np.where(in_place, ops[first], window_start[first])
+  end = ops[last] + 1
+  first_use = np.where(in_place, start, ops[first])
+  # A group produced in place with a later group of its buffer evicts, due at the end of its
+  # window, which reaches as far as the eviction needs to hide (the next group starts later).
+  evicts = in_place & np.append(buffer[1:] == buffer[:-1], False)
+  end = np.where(evicts, np.maximum(end, evicted_by[first]), end)
+  evict_start = np.where(evicts, start + 1, NO_COPY)
+  split = activation[first] & (np.bincount(buffer, minlength=len(per_buffer))[buffer] > 1)
+  groups = ~activation[first] | (split & split_activations)
+  whole = np.flatnonzero(~a.is_output & ~a.is_prefetched & (per_buffer > 0))
+  live_start = a.live_start.astype(np.int64)[whole]
+  columns = (
+    (buffer[groups], whole),
+    (start[groups], live_start),
+    (end[groups], a.live_end.astype(np.int64)[whole]),
+    (first_use[groups], live_start),
+    (in_place[groups], np.ones(len(whole), bool)),
+    (evict_start[groups], np.full(len(whole), NO_COPY)),
+    (first[groups], bounds[whole]),
+    ((last - first + 1)[groups], per_buffer[whole]),
+  )
+  rows = [np.concatenate(c).astype(np.int64) for c in columns]
+  order = np.lexsort((rows[1], rows[0]))  # By buffer, then window start.
+  return tuple(c[order] for c in rows)
 
 
 def _standalone_saving(
@@ -158,6 +206,8 @@ def _empty_requests(num_fast: int) -> Requests:
     z,
     z,
     np.zeros(0, bool),
+    z,
+    z,
     z,
     np.zeros(0),
     np.zeros(1, np.int64),

@@ -286,9 +286,9 @@ def test_solve_time_includes_building_the_requests(monkeypatch):
   bound only, which a loaded machine cannot break) and is taken from evo's time limit."""
   solvers_module = importlib.import_module("malloczero.env.solvers")
 
-  def slow_build(model):
+  def slow_build(model, split_activations=False):
     time.sleep(0.2)
-    return build_requests(model)
+    return build_requests(model, split_activations)
 
   monkeypatch.setattr(solvers_module, "build_requests", slow_build)
   workload = random_workload(8, num_ops=40)

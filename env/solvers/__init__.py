@@ -80,7 +80,7 @@ def solve(
       options["time_limit_s"] = max(0.0, deadline - time.perf_counter())
 
   model = CostModel(workload, hardware)
-  requests = build_requests(model)
+  requests = build_requests(model, spec.split_activations)
   left()
   if spec.kind == "model":
     mapping, info = spec.run(model, **options)

@@ -209,6 +209,8 @@ class Solver:
   takes_msa_options: `--msa-option NAME=VALUE` pairs (`MsaOptions` fields) are passed on too.
   version: raised whenever the solver's results change, so cached results are not reused.
   segments: the mapping is msa's segments (a buffer may have several), not placed requests.
+  split_activations: its requests offer an activation's groups (evicted after its definition,
+    prefetched again before later uses) beside its whole live range (env/requests.py).
   """
 
   name: str
@@ -220,6 +222,7 @@ class Solver:
   version: int = 1
   game_config: Optional[GameConfig] = None
   segments: bool = False
+  split_activations: bool = False
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -272,7 +275,15 @@ BASELINES: dict[str, Solver] = {
       game_config=GameConfig(),
       segments=True,
     ),
-    Solver("evo", "placement", evo, "evolution over request priorities", EvoOptions),
+    Solver(
+      "evo",
+      "placement",
+      evo,
+      "evolution over request priorities",
+      EvoOptions,
+      version=2,
+      split_activations=True,
+    ),
     Solver(
       "evo-msa",
       "model",
