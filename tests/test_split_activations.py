@@ -2,13 +2,17 @@
 the windows, the one-of exclusion in Placement, exact costs and valid mappings."""
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malloczero.env import Hardware, MemoryLevel
+from malloczero.env import MemoryLevel
 from malloczero.env.cost_model import NO_COPY, CostModel
 from malloczero.env.placement import Placement
 from malloczero.env.requests import build_requests
@@ -17,17 +21,10 @@ from malloczero.env.solvers.evo import decode, mapping_genomes
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload_json import workload_from_dict
 from tests.strategies import hardware_for, workloads
+from tests.test_cost_model import HW  # fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s
 
-# Round numbers: fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s; a 100-byte copy takes 10 s.
-HW = Hardware(
-  "toy",
-  (MemoryLevel("fast", 1000, 100.0), MemoryLevel("slow", 10**9, 10.0)),
-  peak_flops_per_s=1.0,
-  copy_bandwidth_bytes_per_s=10.0,
-  alignment_bytes=1,
-)
-# Activation 0 is made by op a, read by b, and read again by e after two 50 s ops: reference
-# times 1, 1, 50, 50, 1 (prefix 0, 1, 2, 52, 102, 103).
+# A 100-byte copy takes 10 s. Activation 0 is made by op a, read by b, and read again by e after
+# two 50 s ops: reference times 1, 1, 50, 50, 1 (prefix 0, 1, 2, 52, 102, 103).
 PROGRAM = workload_from_dict(
   {
     "name": "forward-backward",
@@ -187,3 +184,23 @@ def test_evo_evicts_a_forward_activation_where_another_needs_its_space_meanwhile
     ("eviction" in a, "prefetch" in a) for a in result.mapping.allocations if a["buffer"] == 0
   )
   assert a_copies == [(False, True), (True, False)]
+
+
+def test_the_msa_genome_decode_script_writes_a_row_per_entry_and_refuses_an_unknown_suite(tmp_path):
+  script = os.path.join(
+    os.path.dirname(os.path.dirname(__file__)), "scripts", "msa_genome_decodes.py"
+  )
+  out = tmp_path / "rows.json"
+  done = subprocess.run(
+    [sys.executable, script, "--suite", "tiny", "--out", str(out)], capture_output=True, text=True
+  )
+  assert done.returncode == 0, done.stderr
+  rows = json.loads(out.read_text())
+  assert len(rows) == 6 and "| split, better of two |" in done.stdout
+  for row in rows:
+    assert row["split, better of two"] == max(row["split, any overlap"], row["split, whole kept"])
+    assert all(row[c] > 1.0 for c in ("msa", "whole ranges", "split, any overlap"))
+  bad = subprocess.run([sys.executable, script, "--suite", "nope"], capture_output=True, text=True)
+  assert (
+    bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
+  )
