@@ -397,6 +397,10 @@ def _guided_priorities(
     time_limit_s=max(0.0, seconds - (time.perf_counter() - started)),
     seed=seed,
     initial=initial,
+    # The play's mappings first: on a program where a decode takes a second, the limit may leave
+    # room for one or two. A decode the limit cuts short is never kept over msa's mapping.
+    initial_first=True,
+    grace_s=0.0,
   )
   mapping = placement.mapping("agent")
   validate_mapping(spec.workload, spec.hardware, mapping)

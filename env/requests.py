@@ -7,17 +7,20 @@
   even from program start starts at 0 and its leftover copy time is charged when placed.
 * An activation gets one request for its whole live range `[def, last_use + 1)`: its producer
   writes it straight into fast memory, so there is no copy.
-* With `split_activations`, an activation whose uses fall into several groups also gets one
-  request per group, grouped as a parameter's uses are, from its defining op on. The first
-  group is produced in place and evicts: later uses read the value from default memory or
-  prefetch it from there, so it must be copied back, as XLA's msa evicts a value it kept in
-  alternate memory before it prefetches it again (xla/service/memory_space_assignment/
-  algorithm.cc, `AllocateSegment`'s eviction step). The eviction is issued after the defining op,
-  the first group's window reaching as far as it needs to hide it behind reference time, and a
-  use opens a later group (a prefetch) only where its window starts after that. Requests of one
-  buffer that overlap in time exclude each other (`Placement`): the whole range, or its groups.
-  A training step's forward activations, read again only in the backward pass, thus need not
-  hold fast memory across the whole step.
+* With `split_activations`, an activation read again long after its definition also gets two
+  requests: its definition with the uses before that, produced in place, and its later uses,
+  one prefetch. The first evicts: later uses read the value from default memory or prefetch it
+  from there, so it must be copied back, as XLA's msa evicts a value it kept in alternate memory
+  before it prefetches it again (xla/service/memory_space_assignment/algorithm.cc,
+  `AllocateSegment`'s eviction step). The eviction is issued after the defining op, the first
+  window reaching as far as it needs to hide it behind reference time; the later group starts
+  at the first use whose prefetch window starts after that (and after the previous use). One
+  later group, not one per gap as a parameter gets: a decode's cost grows with the requests,
+  and one per gap makes a training step's 4x, for 1% more of msa's mapping reached in one
+  decode (docs/results, "evo's request space"). Requests of one buffer that overlap in time
+  exclude each other (`Placement`): the whole range, or its two groups. A training step's
+  forward activations, read again only in the backward pass, thus need not hold fast memory
+  across the whole step.
 * Program outputs get no request: they must end the program in default memory.
 
 `exposed_copy_time` and `standalone_saving` are estimates, copies judged alone against the
@@ -123,10 +126,11 @@ def _request_rows(model: CostModel, split_activations: bool) -> tuple[np.ndarray
   """The requests before filtering, by buffer, as `[R]` arrays: buffer, start, end, first use,
   produced in place (0/1), eviction start, first incidence and incidence count (each request
   serves a run of its buffer's incidences, in workload order; outputs get none). A buffer's
-  incidences are grouped where a use's window starts after the previous incidence (for an
-  activation, also after its eviction could be done). An activation's one request spans its
-  live range; with `split_activations`, one with several groups also gets one request per
-  group, the first produced in place and evicting (see the module docstring)."""
+  incidences are grouped where a use's window starts after the previous incidence; an
+  activation's at the first use whose window also starts after its eviction could be done,
+  into two groups at most. An activation's one request spans its live range; with
+  `split_activations`, one with two groups also gets one request per group, the first produced
+  in place and evicting (see the module docstring)."""
   a = model.workload.arrays
   bounds = a.buffer_incidence_start
   per_buffer = np.diff(bounds)
@@ -149,9 +153,14 @@ def _request_rows(model: CostModel, split_activations: bool) -> tuple[np.ndarray
   served = ~a.is_output[owner]
   opens = np.zeros(len(ops), bool)
   opens[bounds[:-1][per_buffer > 0]] = True
-  opens[1:] |= (window_start[1:] > ops[:-1]) & (
-    ~activation[1:] | (window_start[1:] >= evicted_by[1:])
-  )
+  later = np.zeros(len(ops), bool)
+  later[1:] = (window_start[1:] > ops[:-1]) & (window_start[1:] >= evicted_by[1:])
+  # An activation's later uses form one group, from the first that may open one on: the value
+  # evicted after the forward pass comes back once for the backward pass, and a decode's cost
+  # grows with the requests (one per gap would be 4x a training step's).
+  counted = np.concatenate([[0], np.cumsum(later)])  # [E + 1] qualifying incidences before
+  first_later = later & (counted[1:] - np.repeat(counted[bounds[:-1]], per_buffer) == 1)
+  opens[1:] |= np.where(activation[1:], first_later[1:], window_start[1:] > ops[:-1])
   first = np.flatnonzero(served & opens)  # [G] each group's first incidence
   last = np.flatnonzero(served & np.append(opens[1:], True))  # [G] and its last
   buffer = owner[first]

@@ -209,6 +209,14 @@ def test_evo_seeded_with_a_mappings_priorities_is_never_worse_than_that_mapping(
   assert placement.total_time <= seeded_time * (1 + 1e-12)
   unseeded = evo(Placement(model, requests), evaluations=14)
   assert "initial_best" not in unseeded
+  # First in line, the seed is the one decode a budget of one allows.
+  placement = Placement(model, requests)
+  info = evo(placement, evaluations=1, initial=[genome], initial_first=True)
+  assert info["evaluations"] == 1 and info["initial_best"] is True
+  assert placement.total_time == pytest.approx(seeded_time, rel=1e-12)
+  # With no grace, a limit already spent stops the first decode where it is.
+  info = evo(Placement(model, requests), time_limit_s=0.0, initial=[genome], grace_s=0.0)
+  assert info["evaluations"] == 1 and "cut_short" in info
 
 
 class StepClock:

@@ -67,6 +67,21 @@ def test_an_activation_read_again_later_gets_its_groups_beside_its_live_range():
   ]
 
 
+def test_an_activation_s_later_uses_come_back_as_one_group():
+  """Read at b, e and h with 100 s of ops before each of e and h: one eviction, then one
+  prefetch before e that stays until h (not a second eviction and prefetch between)."""
+  flops = (("a", 1.0), ("b", 0.0), ("c", 50.0), ("d", 50.0), ("e", 0.0), ("f", 50.0))
+  flops += (("g", 50.0), ("h", 0.0))
+  ops = [{"name": n, "flops": f} for n, f in flops]
+  buffers = [{"id": 0, "size": 100, "def": 0, "uses": [1, 4, 7], "kind": "activation"}]
+  program = workload_from_dict({"name": "twice", "source": "hand", "ops": ops, "buffers": buffers})
+  assert windows(build_requests(CostModel(program, HW), split_activations=True)) == [
+    (0, 3, 0, False, 1, 3),
+    (0, 8, 0, False, NO_COPY, NO_COPY),
+    (3, 8, 4, True, NO_COPY, NO_COPY),
+  ]
+
+
 def test_no_group_where_the_eviction_cannot_be_done_before_the_prefetch_starts():
   """With one 50 s op between the reads, the eviction and the prefetch would both need it."""
   ops = [{"name": n, "flops": f} for n, f in (("a", 1.0), ("b", 0.0), ("c", 50.0), ("e", 0.0))]

@@ -121,19 +121,23 @@ def evo(
   time_limit_s: float | None = None,
   seed: int = 0,
   initial: Sequence[np.ndarray] = (),
+  initial_first: bool = False,
+  grace_s: float = DECODE_GRACE_S,
 ) -> dict:
   """Leaves the best mapping found in `placement`; an info dict (evaluations, the best time per
   generation, whether the time limit stopped it). `initial`: genomes `[R]` decoded after msa's
-  and the greedy's orders, in place of as many random ones (e.g. `mapping_priorities` of the
-  agent's play); the info's `initial_best` says whether one of them was the first
-  population's fastest."""
+  and the greedy's orders (`initial_first`: before them), in place of as many random ones (e.g.
+  `mapping_genomes` of the agent's play); the info's `initial_best` says whether one of them
+  was the first population's fastest. `grace_s`: how far past the time limit a decode may run
+  before it stops where it is (a caller with a mapping of its own to fall back on, as the agent
+  has msa's, gives 0)."""
   req = placement.requests
   num_requests = len(req)
   rng = np.random.default_rng(seed)
   budget = DecodeBudget(time_limit_s)
   cut_short = []
 
-  cut_at = None if budget.deadline is None else budget.deadline + DECODE_GRACE_S
+  cut_at = None if budget.deadline is None else budget.deadline + grace_s
 
   def decode_within(placement: Placement, priority: np.ndarray) -> float:
     time_s, whole = decode_until(placement, priority, cut_at)
@@ -141,11 +145,13 @@ def evo(
     return time_s
 
   density = req.standalone_saving.max(axis=1) / req.size
-  seeds = [
+  orders = [
     _rank(np.arange(num_requests)),  # msa's order
     _rank(np.argsort(-density, kind="stable")),  # greedy's order
-    *(np.asarray(g, float) for g in initial),
   ]
+  given = [np.asarray(g, float) for g in initial]
+  seeds = given + orders if initial_first else orders + given
+  first_given = 0 if initial_first else len(orders)
   genomes = seeds + [rng.random(num_requests) for _ in range(max(0, population - len(seeds)))]
   genomes = genomes[: max(population, len(seeds))]
   evaluated, fitness = [], []
@@ -157,7 +163,7 @@ def evo(
   genomes = evaluated
   used = len(genomes)
   first_best = int(np.argmin(fitness))
-  initial_best = 2 <= first_best < 2 + len(initial)
+  initial_best = first_given <= first_best < first_given + len(initial)
   last = used - 1  # The genome whose mapping `placement` holds.
   history = [min(fitness)]
   stopped = used < min(population, evaluations)

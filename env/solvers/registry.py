@@ -281,7 +281,7 @@ BASELINES: dict[str, Solver] = {
       evo,
       "evolution over request priorities",
       EvoOptions,
-      version=2,
+      version=3,
       split_activations=True,
     ),
     Solver(
