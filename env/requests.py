@@ -7,20 +7,19 @@
   even from program start starts at 0 and its leftover copy time is charged when placed.
 * An activation gets one request for its whole live range `[def, last_use + 1)`: its producer
   writes it straight into fast memory, so there is no copy.
-* With `split_activations`, an activation read again long after its definition also gets two
-  requests: its definition with the uses before that, produced in place, and its later uses,
-  one prefetch. The first evicts: later uses read the value from default memory or prefetch it
-  from there, so it must be copied back, as XLA's msa evicts a value it kept in alternate memory
-  before it prefetches it again (xla/service/memory_space_assignment/algorithm.cc,
-  `AllocateSegment`'s eviction step). The eviction is issued after the defining op, the first
-  window reaching as far as it needs to hide it behind reference time; the later group starts
-  at the first use whose prefetch window starts after that (and after the previous use). One
-  later group, not one per gap as a parameter gets: a decode's cost grows with the requests,
-  and one per gap makes a training step's 4x, for 1% more of msa's mapping reached in one
-  decode (docs/results, "evo's request space"). Requests of one buffer that overlap in time
-  exclude each other (`Placement`): the whole range, or its two groups. A training step's
-  forward activations, read again only in the backward pass, thus need not hold fast memory
-  across the whole step.
+* With `split_activations`, an activation read again long after its definition also gets a
+  request per group of uses, grouped as a parameter's are from its definition on: the first
+  produced in place, the later ones prefetched. The first evicts: later uses read the value
+  from default memory or prefetch it from there, so it must be copied back, as XLA's msa evicts
+  a value it kept in alternate memory before it prefetches it again
+  (xla/service/memory_space_assignment/algorithm.cc, `AllocateSegment`'s eviction step). The
+  eviction is issued after the defining op, the first window reaching as far as it needs to
+  hide it behind reference time; a use opens a later group only where its prefetch window
+  starts after that (and after the previous use). On a program whose requests would outgrow
+  `SPLIT_EVERY_GAP_MAX_REQUESTS`, an activation's later uses form one group. Requests of one
+  buffer that overlap in time exclude each other (`Placement`): the whole range, or its groups.
+  A training step's forward activations, read again only in the backward pass, thus need not
+  hold fast memory across the whole step.
 * Program outputs get no request: they must end the program in default memory.
 
 `exposed_copy_time` and `standalone_saving` are estimates, copies judged alone against the
@@ -71,6 +70,14 @@ class Requests:
     return self.incidence_op[lo:hi], self.incidence_bytes[lo:hi]
 
 
+# With `split_activations`, an activation gets a group per gap while the program's requests stay
+# within this many; beyond, its later uses form one group: a decode's cost grows with the
+# requests (one group per gap makes a ResNet101 training step's 11,836 against 5,687, a decode
+# 1.4-2.0 s against 0.6 s), and a decode of a few thousand requests is what a time limit of
+# seconds affords many of.
+SPLIT_EVERY_GAP_MAX_REQUESTS = 4000
+
+
 def build_requests(model: CostModel, split_activations: bool = False) -> Requests:
   """The requests of `model`'s program; `split_activations` adds an activation's per-group
   requests beside its whole live range's (at most one of those overlapping in time is placed:
@@ -78,6 +85,8 @@ def build_requests(model: CostModel, split_activations: bool = False) -> Request
   workload, hw = model.workload, model.hardware
   a = workload.arrays
   rows = _request_rows(model, split_activations)
+  if len(rows[0]) > SPLIT_EVERY_GAP_MAX_REQUESTS:
+    rows = _request_rows(model, split_activations, every_gap=False)
   buffer, start, end, first_use, in_place, evict_start, first_incidence, counts = rows
   if not len(buffer):
     return _empty_requests(hw.num_fast_levels)
@@ -122,15 +131,17 @@ def build_requests(model: CostModel, split_activations: bool = False) -> Request
   )
 
 
-def _request_rows(model: CostModel, split_activations: bool) -> tuple[np.ndarray, ...]:
+def _request_rows(
+  model: CostModel, split_activations: bool, every_gap: bool = True
+) -> tuple[np.ndarray, ...]:
   """The requests before filtering, by buffer, as `[R]` arrays: buffer, start, end, first use,
   produced in place (0/1), eviction start, first incidence and incidence count (each request
   serves a run of its buffer's incidences, in workload order; outputs get none). A buffer's
   incidences are grouped where a use's window starts after the previous incidence; an
-  activation's at the first use whose window also starts after its eviction could be done,
-  into two groups at most. An activation's one request spans its live range; with
-  `split_activations`, one with two groups also gets one request per group, the first produced
-  in place and evicting (see the module docstring)."""
+  activation's only where it also starts after its eviction could be done, and without
+  `every_gap` into two groups at most. An activation's one request spans its live range; with
+  `split_activations`, one with several groups also gets one request per group, the first
+  produced in place and evicting (see the module docstring)."""
   a = model.workload.arrays
   bounds = a.buffer_incidence_start
   per_buffer = np.diff(bounds)
@@ -155,12 +166,11 @@ def _request_rows(model: CostModel, split_activations: bool) -> tuple[np.ndarray
   opens[bounds[:-1][per_buffer > 0]] = True
   later = np.zeros(len(ops), bool)
   later[1:] = (window_start[1:] > ops[:-1]) & (window_start[1:] >= evicted_by[1:])
-  # An activation's later uses form one group, from the first that may open one on: the value
-  # evicted after the forward pass comes back once for the backward pass, and a decode's cost
-  # grows with the requests (one per gap would be 4x a training step's).
-  counted = np.concatenate([[0], np.cumsum(later)])  # [E + 1] qualifying incidences before
-  first_later = later & (counted[1:] - np.repeat(counted[bounds[:-1]], per_buffer) == 1)
-  opens[1:] |= np.where(activation[1:], first_later[1:], window_start[1:] > ops[:-1])
+  later[bounds[:-1][per_buffer > 0]] = False  # A buffer's first incidence opens a group anyway.
+  if not every_gap:  # One later group, from the first use that may open one on.
+    counted = np.concatenate([[0], np.cumsum(later)])  # [E + 1] qualifying incidences before
+    later &= counted[1:] - np.repeat(counted[bounds[:-1]], per_buffer) == 1
+  opens[1:] |= np.where(activation[1:], later[1:], window_start[1:] > ops[:-1])
   first = np.flatnonzero(served & opens)  # [G] each group's first incidence
   last = np.flatnonzero(served & np.append(opens[1:], True))  # [G] and its last
   buffer = owner[first]

@@ -281,7 +281,7 @@ BASELINES: dict[str, Solver] = {
       evo,
       "evolution over request priorities",
       EvoOptions,
-      version=3,
+      version=4,
       split_activations=True,
     ),
     Solver(
