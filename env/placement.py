@@ -34,8 +34,8 @@ class Placement:
     # offered beside its groups (build_requests(split_activations=True)): one excludes the other.
     by_buffer = np.lexsort((requests.start, requests.buffer))
     b, s, e = (x[by_buffer] for x in (requests.buffer, requests.start, requests.end))
-    same = b[1:] == b[:-1]
-    self._exclusive = bool(np.any(same & (s[1:] < np.maximum.accumulate(e)[:-1])))
+    # (Adjacent pairs suffice: the whole range and the first group start together.)
+    self._exclusive = bool(np.any((b[1:] == b[:-1]) & (s[1:] < e[:-1])))
     self.reset()
 
   def reset(self) -> None:
