@@ -131,12 +131,10 @@ class CostModel:
     """Reference time of the ops in `[start, first_use)`, behind which a copy can hide."""
     return self.reference_prefix[first_use] - self.reference_prefix[start]
 
-  def exposed_copy_time(
-    self, buffer: np.ndarray, start: np.ndarray, first_use: np.ndarray
-  ) -> np.ndarray:
-    """Copy time left over after hiding; zero for buffers that are not prefetched."""
-    exposed = np.maximum(0.0, self.copy_time[buffer] - self.hidden_time(start, first_use))
-    return np.where(self.workload.arrays.is_prefetched[buffer], exposed, 0.0)
+  def exposed_copy_time(self, buffer: np.ndarray, start: np.ndarray, due: np.ndarray) -> np.ndarray:
+    """Seconds of a copy of each `buffer` issued at `start` and due at `due` left over after
+    hiding behind the reference time in between (a prefetch's or an eviction's)."""
+    return np.maximum(0.0, self.copy_time[buffer] - self.hidden_time(start, due))
 
   def placement_delta(
     self,

@@ -85,7 +85,7 @@ def build_requests(model: CostModel, split_activations: bool = False) -> Request
   workload, hw = model.workload, model.hardware
   a = workload.arrays
   rows = _request_rows(model, split_activations)
-  if len(rows[0]) > SPLIT_EVERY_GAP_MAX_REQUESTS:
+  if split_activations and len(rows[0]) > SPLIT_EVERY_GAP_MAX_REQUESTS:
     rows = _request_rows(model, split_activations, every_gap=False)
   buffer, start, end, first_use, in_place, evict_start, first_incidence, counts = rows
   if not len(buffer):
@@ -99,8 +99,9 @@ def build_requests(model: CostModel, split_activations: bool = False) -> Request
   size = np.asarray(hw.align(a.sizes[buffer]), np.int64)
   copy_start = np.where(evicts, evict_start, start)
   copy_due = np.where(evicts, end, first_use)
-  unhidden = np.maximum(0.0, model.copy_time[buffer] - model.hidden_time(copy_start, copy_due))
-  exposed = np.where(is_prefetch | evicts, unhidden, 0.0)
+  exposed = np.where(
+    is_prefetch | evicts, model.exposed_copy_time(buffer, copy_start, copy_due), 0.0
+  )
   saving = _standalone_saving(model, inc_op, inc_bytes, inc_start) - exposed[:, None]
 
   fits = size[:, None] <= hw.capacities[None, :-1]

@@ -14,9 +14,9 @@ later use, as msa maps a training step's forward activations. Without them a gen
 toward msa's mapping of a training step (docs/results, "evo's request space").
 
 The time limit bounds the whole call, the final decode of the best genome included
-(time_limit.py's `DecodeBudget`; the first decode, msa's order, always runs, so there is a
-mapping; on a program too large for one decode in the limit, it stops `DECODE_GRACE_S` past the
-limit, the requests not reached left in slow memory).
+(time_limit.py's `DecodeBudget`; the first decode, msa's order or with `initial_first` the first
+of `initial`, always runs, so there is a mapping; on a program too large for one decode in the
+limit, it stops `grace_s` past the limit, the requests not reached left in slow memory).
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ def mapping_priorities(
 def mapping_genomes(requests: Requests, mapping: Mapping, workload: Workload) -> list[np.ndarray]:
   """The genomes that decode toward `mapping`: `mapping_priorities` with any overlap and, where
   the requests offer evicting groups, with `WHOLE_KEPT` (each is better on some programs: on
-  `realistic`'s training steps one decode of msa's mapping is 1.016x msa with the first alone,
-  1.049x with the second alone, 1.061x with the better of the two; docs/results)."""
+  `realistic` one decode of msa's mapping is 1.014x msa with the first alone, 1.042x with the
+  second alone, 1.054x with the better of the two; docs/results, "evo's request space")."""
   genomes = [mapping_priorities(requests, mapping, workload)]
   if np.any(requests.evict_start != NO_COPY):
     genomes.append(mapping_priorities(requests, mapping, workload, whole_kept=WHOLE_KEPT))
