@@ -33,6 +33,7 @@ DEPENDENCIES = (
   "game/game.py",
   "game/msa_observation.py",
   "game/observation_kernels.py",
+  "placement_kernels.py",
   "simulator.py",
   "simulator_kernels.py",
   "validator_kernels.py",

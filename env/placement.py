@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from malloczero.common.lazy import lazy_module
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.mapping import Mapping
 from malloczero.env.requests import Requests
-from malloczero.env.simulator import Copies, CopyQueue
+from malloczero.env.simulator import Copies, CopyQueue, StallTracker
+
+# `place_in_order`'s loop, jitted (env/placement_kernels.py), loaded on first use so that
+# importing the game does not load numba.
+_kernels = lazy_module("malloczero.env.placement_kernels")
+ROUNDING = 1e-12  # The program time's relative rounding that no kept placement may be within.
 
 
 class Placement:
@@ -36,6 +42,51 @@ class Placement:
     b, s, e = (x[by_buffer] for x in (requests.buffer, requests.start, requests.end))
     # (Adjacent pairs suffice: the whole range and the first group start together.)
     self._exclusive = bool(np.any((b[1:] == b[:-1]) & (s[1:] < e[:-1])))
+    # A placement is kept only if it saves more than the rounding of the program time's sums:
+    # one that saves nothing exactly (a prefetch whose stall takes back all it saves) can come
+    # out a few 1e-19 s either way, and would then hold fast memory for nothing.
+    self.min_saving = ROUNDING * model.slow_only_time
+    num_requests = len(requests)
+    num_buffers = int(requests.buffer.max()) + 1 if num_requests else 0
+    model_arrays = (
+      model.compute_time,
+      model.inverse_bandwidth,
+      model.copy_time,
+      self.capacity,
+    )
+    # What `place_in_order`'s kernel reads and never changes.
+    self._constant = (
+      (
+        requests.start.astype(np.int64),
+        requests.end.astype(np.int64),
+        requests.size.astype(np.int64),
+        requests.buffer.astype(np.int64),
+        requests.first_use.astype(np.int64),
+        requests.evict_start.astype(np.int64),
+        requests.evict_done.astype(np.int64),
+        requests.is_prefetch.astype(bool),
+        requests.evict_start != NO_COPY,
+        requests.exposed_copy_time.astype(np.float64),
+      ),
+      (
+        requests.incidence_start.astype(np.int64),
+        requests.incidence_op.astype(np.int64),
+        requests.incidence_bytes.astype(np.float64),
+      ),
+      tuple(np.ascontiguousarray(a) for a in model_arrays),
+      (
+        np.searchsorted(requests.buffer[by_buffer], np.arange(num_buffers + 1)).astype(np.int64),
+        by_buffer.astype(np.int64),
+      ),
+    )
+    widest = int(np.diff(requests.incidence_start).max()) if num_requests else 0
+    self._scratch = (
+      np.zeros(num_requests, np.int64),
+      np.zeros(num_requests, np.int64),
+      np.zeros(widest),
+      np.zeros(widest),
+      np.zeros(widest),
+    )
     self.reset()
 
   def reset(self) -> None:
@@ -61,6 +112,10 @@ class Placement:
     self.placed: list[tuple[int, int, int]] = []  # (request, level, offset)
     self._undo: tuple | None = None  # What the last `place` changed, for `undo_last`.
     self._windows: dict[int, list[tuple[int, int]]] = {}  # buffer -> placed windows
+    # `place_in_order`'s own state (the copies' stall tracker, rows, counts), made on its first
+    # call after a reset; `place` drops it, since it places without it.
+    self._jitted: tuple | None = None
+    self._jitted_since_reset = True
 
   def free_gaps(self, level: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
     """Free address intervals `[low, high)` of `level` throughout ops `[start, end)`, by address."""
@@ -99,6 +154,7 @@ class Placement:
     guarantees the spot is free."""
     req, model = self.requests, self.model
     ops, nbytes = req.ops(r)
+    self._jitted, self._jitted_since_reset = None, False
     self._undo = (
       ops,
       self.memory_time[ops],
@@ -185,7 +241,8 @@ class Placement:
   def place_where_it_saves_most(self, r: int, fit: str = "best") -> bool:
     """Places request `r` in the level where it is estimated to save most now (`saving`) among
     those with room, at the `fit` ("best" or "first") offset, and keeps it there only if it
-    really saves time (copy contention can make an estimated saving a loss); otherwise, or if
+    really saves time (copy contention can make an estimated saving a loss; `min_saving`: more
+    than rounding); otherwise, or if
     it saves nothing anywhere, leaves it in slow memory."""
     if self.blocked(r):
       return False
@@ -196,11 +253,60 @@ class Placement:
         return False
       offset = find(r, int(level))
       if offset is not None:
-        if self.place(r, int(level), offset) > 0:
+        if self.place(r, int(level), offset) > self.min_saving:
           return True
         self.undo_last()
         return False
     return False
+
+  def place_in_order(self, order: np.ndarray) -> None:
+    """`place_where_it_saves_most(r, fit="best")` for each request `r` of `order` [k] in turn,
+    in one jitted loop (env/placement_kernels.py; the same rules, the program time equal to
+    rounding), for evo's decodes. It continues a placement that it alone made since `reset`."""
+    if not self._jitted_since_reset:
+      raise ValueError("place_in_order continues only its own placements since reset()")
+    num_requests = len(self.requests)
+    if self._jitted is None:
+      idle = self.model.idle_time(self.op_time, self.default_time)
+      self._jitted = (
+        (np.zeros((num_requests, 3), np.int64), np.zeros(num_requests, bool)),
+        np.array(self.count, np.int64),
+        np.zeros(num_requests, np.int64),  # Each copy's tracker id: its request.
+        StallTracker(idle, capacity=max(num_requests, 1)).kernel_arrays(),
+        np.array([self.op_time_sum, self.stall_time, self.total_time]),
+        np.array([self.num_copies, len(self.placed)], np.int64),
+      )
+    placed, count, copy_ids, tracker, sums, counts = self._jitted
+    requests, incidence, costs, buffer_requests = self._constant
+    _kernels().place_in_order(
+      np.ascontiguousarray(order, np.int64),
+      requests,
+      incidence,
+      costs,
+      (self.memory_time, self.default_time, self.op_time),
+      (self._rect_start, self._rect_end, self._rect_low, self._rect_high),
+      count,
+      (self._copy_start, self._copy_done, self._copy_work, copy_ids),
+      placed,
+      buffer_requests,
+      tracker,
+      sums,
+      counts,
+      self._exclusive,
+      self.min_saving,
+      self._scratch,
+    )
+    before = len(self.placed)
+    rows = placed[0][before : counts[1]]
+    self.placed.extend((int(r), int(level), int(offset)) for r, level, offset in rows)
+    if self._exclusive:
+      for r in rows[:, 0]:
+        window = (int(self.requests.start[r]), int(self.requests.end[r]))
+        self._windows.setdefault(int(self.requests.buffer[r]), []).append(window)
+    self.op_time_sum, self.stall_time, self.total_time = (float(x) for x in sums)
+    self.num_copies = int(counts[0])
+    self.count = [int(c) for c in count]
+    self._queue, self._undo = None, None
 
   def request_indices(self) -> np.ndarray:
     return np.array([p[0] for p in self.placed], np.int64)

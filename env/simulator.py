@@ -303,5 +303,11 @@ class StallTracker:
       self._stall = float(_kernels().queue_stall(self._copies, self._jumps, self._state))
     return self._stall
 
+  def kernel_arrays(self) -> tuple[tuple, tuple, tuple]:
+    """The tuples the kernels take (a `TrackedCopies`', a `Jumps`' and a `TrackerState`'s
+    fields), for a kernel that files and takes back copies itself (env/placement_kernels.py):
+    it must keep within the capacity, which only `add` grows."""
+    return self._copies, self._jumps, self._state
+
   def _grow(self) -> None:
     self._copies = tuple(np.concatenate([a, np.zeros_like(a)], axis=-1) for a in self._copies)

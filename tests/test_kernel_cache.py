@@ -13,6 +13,7 @@ from malloczero.env.kernel_cache import DependencyStampLocator, dependency_stamp
 ENV = kernel_cache.ENV_DIR
 KERNEL_FILES = glob.glob(os.path.join(ENV, "msa", "kernels", "*.py")) + [
   os.path.join(ENV, "game", "observation_kernels.py"),
+  os.path.join(ENV, "placement_kernels.py"),
   os.path.join(ENV, "simulator_kernels.py"),
   os.path.join(ENV, "validator_kernels.py"),
 ]
@@ -42,7 +43,7 @@ def test_every_module_a_kernel_imports_is_in_the_stamp():
 
 
 def test_the_kernels_are_cached_under_the_dependency_stamp():
-  from malloczero.env import validator_kernels
+  from malloczero.env import placement_kernels, validator_kernels
   from malloczero.env.game import observation_kernels
   from malloczero.env.msa.kernels import (
     chunk_index,
@@ -61,6 +62,7 @@ def test_the_kernels_are_cached_under_the_dependency_stamp():
     shared,
     solver_loop,
     observation_kernels,
+    placement_kernels,
     validator_kernels,
   )
   kernels = [value for m in modules for value in vars(m).values() if hasattr(value, "_cache")]

@@ -57,10 +57,14 @@ def decode_until(
   by then stay in slow memory (a decode of a program of 100,000 buffers takes minutes, more than
   a time limit may have). Returns the program time and whether every request was reached."""
   placement.reset()
-  for i, r in enumerate(np.argsort(-priority, kind="stable")):
-    if deadline is not None and i % CLOCK_EVERY == 0 and now() > deadline:
+  order = np.argsort(-priority, kind="stable")
+  if deadline is None:
+    placement.place_in_order(order)
+    return placement.total_time, True
+  for i in range(0, len(order), CLOCK_EVERY):
+    if now() > deadline:
       return placement.total_time, False
-    placement.place_where_it_saves_most(int(r), fit="best")
+    placement.place_in_order(order[i : i + CLOCK_EVERY])
   return placement.total_time, True
 
 
