@@ -15,11 +15,11 @@
   (xla/service/memory_space_assignment/algorithm.cc, `AllocateSegment`'s eviction step). The
   eviction is issued after the defining op, the first window reaching as far as it needs to
   hide it behind reference time; a use opens a later group only where its prefetch window
-  starts after that (and after the previous use). On a program whose requests would outgrow
-  `SPLIT_EVERY_GAP_MAX_REQUESTS`, an activation's later uses form one group. Requests of one
-  buffer that overlap in time exclude each other (`Placement`): the whole range, or its groups.
-  A training step's forward activations, read again only in the backward pass, thus need not
-  hold fast memory across the whole step.
+  starts after that (and after the previous use). Requests of one buffer that overlap in time
+  exclude each other (`Placement`): the whole range, or its groups. A training step's forward
+  activations, read again only in the backward pass, thus need not hold fast memory across the
+  whole step. A group per gap makes a ResNet101 training step 13,674 requests against 3,027
+  without the split; evo's jitted decode (env/placement_kernels.py) places them in 0.1 s.
 * Program outputs get no request: they must end the program in default memory.
 
 `exposed_copy_time` and `standalone_saving` are estimates, copies judged alone against the
@@ -70,24 +70,15 @@ class Requests:
     return self.incidence_op[lo:hi], self.incidence_bytes[lo:hi]
 
 
-# With `split_activations`, an activation gets a group per gap while the program's requests stay
-# within this many; beyond, its later uses form one group: a decode's cost grows with the
-# requests (one group per gap makes a ResNet101 training step's 11,836 against 5,687, a decode
-# 1.4-2.0 s against 0.6 s), and a decode of a few thousand requests is what a time limit of
-# seconds affords many of.
-SPLIT_EVERY_GAP_MAX_REQUESTS = 4000
-
-
 def build_requests(model: CostModel, split_activations: bool = False) -> Requests:
   """The requests of `model`'s program; `split_activations` adds an activation's per-group
   requests beside its whole live range's (at most one of those overlapping in time is placed:
   `Placement`)."""
   workload, hw = model.workload, model.hardware
   a = workload.arrays
-  rows = _request_rows(model, split_activations)
-  if split_activations and len(rows[0]) > SPLIT_EVERY_GAP_MAX_REQUESTS:
-    rows = _request_rows(model, split_activations, every_gap=False)
-  buffer, start, end, first_use, in_place, evict_start, first_incidence, counts = rows
+  buffer, start, end, first_use, in_place, evict_start, first_incidence, counts = _request_rows(
+    model, split_activations
+  )
   if not len(buffer):
     return _empty_requests(hw.num_fast_levels)
   is_prefetch = in_place == 0
@@ -132,15 +123,13 @@ def build_requests(model: CostModel, split_activations: bool = False) -> Request
   )
 
 
-def _request_rows(
-  model: CostModel, split_activations: bool, every_gap: bool = True
-) -> tuple[np.ndarray, ...]:
+def _request_rows(model: CostModel, split_activations: bool) -> tuple[np.ndarray, ...]:
   """The requests before filtering, by buffer, as `[R]` arrays: buffer, start, end, first use,
   produced in place (0/1), eviction start, first incidence and incidence count (each request
   serves a run of its buffer's incidences, in workload order; outputs get none). A buffer's
   incidences are grouped where a use's window starts after the previous incidence; an
-  activation's only where it also starts after its eviction could be done, and without
-  `every_gap` into two groups at most. An activation's one request spans its live range; with
+  activation's only where it also starts after its eviction could be done. An activation's one
+  request spans its live range; with
   `split_activations`, one with several groups also gets one request per group, the first
   produced in place and evicting (see the module docstring)."""
   a = model.workload.arrays
@@ -168,9 +157,6 @@ def _request_rows(
   later = np.zeros(len(ops), bool)
   later[1:] = (window_start[1:] > ops[:-1]) & (window_start[1:] >= evicted_by[1:])
   later[bounds[:-1][per_buffer > 0]] = False  # A buffer's first incidence opens a group anyway.
-  if not every_gap:  # One later group, from the first use that may open one on.
-    counted = np.concatenate([[0], np.cumsum(later)])  # [E + 1] qualifying incidences before
-    later &= counted[1:] - np.repeat(counted[bounds[:-1]], per_buffer) == 1
   opens[1:] |= np.where(activation[1:], later[1:], window_start[1:] > ops[:-1])
   first = np.flatnonzero(served & opens)  # [G] each group's first incidence
   last = np.flatnonzero(served & np.append(opens[1:], True))  # [G] and its last

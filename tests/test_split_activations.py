@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from malloczero.env import MemoryLevel
-from malloczero.env import requests as requests_module
 from malloczero.env.cost_model import NO_COPY, CostModel
 from malloczero.env.placement import Placement
 from malloczero.env.requests import build_requests
@@ -68,10 +67,9 @@ def test_an_activation_read_again_later_gets_its_groups_beside_its_live_range():
   ]
 
 
-def test_an_activation_s_later_uses_get_a_group_per_gap_or_one_on_a_large_program(monkeypatch):
+def test_an_activation_s_later_uses_get_a_group_per_gap():
   """Read at b, e and h with 100 s of ops before each of e and h: one eviction, then a prefetch
-  before e and another before h; on a program with more requests than
-  `SPLIT_EVERY_GAP_MAX_REQUESTS`, one prefetch before e that stays until h."""
+  before e and another before h."""
   flops = (("a", 1.0), ("b", 0.0), ("c", 50.0), ("d", 50.0), ("e", 0.0), ("f", 50.0))
   flops += (("g", 50.0), ("h", 0.0))
   ops = [{"name": n, "flops": f} for n, f in flops]
@@ -84,12 +82,6 @@ def test_an_activation_s_later_uses_get_a_group_per_gap_or_one_on_a_large_progra
     whole,
     (3, 5, 4, True, NO_COPY, NO_COPY),
     (6, 8, 7, True, NO_COPY, NO_COPY),
-  ]
-  monkeypatch.setattr(requests_module, "SPLIT_EVERY_GAP_MAX_REQUESTS", 3)
-  assert windows(build_requests(model, split_activations=True)) == [
-    evicted,
-    whole,
-    (3, 8, 4, True, NO_COPY, NO_COPY),
   ]
 
 

@@ -54,8 +54,9 @@ def decode_until(
   placement: Placement, priority: np.ndarray, deadline: float | None
 ) -> tuple[float, bool]:
   """`decode`, stopping at `deadline` (the solvers' clock; None: none): the requests not reached
-  by then stay in slow memory (a decode of a program of 100,000 buffers takes minutes, more than
-  a time limit may have). Returns the program time and whether every request was reached."""
+  by then stay in slow memory (a decode of a program of 100,000 buffers may take longer than a
+  time limit has). Returns the program time and whether every request was reached. The requests
+  are placed by `Placement.place_in_order`, jitted, `CLOCK_EVERY` at a time."""
   placement.reset()
   order = np.argsort(-priority, kind="stable")
   if deadline is None:

@@ -257,6 +257,7 @@ BASELINES: dict[str, Solver] = {
       greedy,
       "requests by saving per byte, each where it saves most",
       TimeLimitOptions,
+      version=2,
     ),
     Solver(
       "bestfit",
@@ -281,7 +282,7 @@ BASELINES: dict[str, Solver] = {
       evo,
       "evolution over request priorities",
       EvoOptions,
-      version=4,
+      version=5,
       split_activations=True,
     ),
     Solver(
@@ -295,7 +296,9 @@ BASELINES: dict[str, Solver] = {
       segments=True,
     ),
     Solver("cpsat", "placement", cpsat, "OR-Tools CP-SAT over the requests", CpsatOptions),
-    Solver("pack", "placement", _pack, "MiniMalloc-style exact packing search", PackOptions),
+    Solver(
+      "pack", "placement", _pack, "MiniMalloc-style exact packing search", PackOptions, version=2
+    ),
     Solver(
       "msa-simple",
       "placement",
