@@ -20,11 +20,15 @@ import numpy as np
 from rich.table import Table
 
 from malloczero.common.files import write_text
+from malloczero.env.cost_model import CostModel
 from malloczero.env.game import RequestsGame, make_game
 from malloczero.env.game.game import MsaGame
 from malloczero.env.hardware import PRESETS, Hardware
+from malloczero.env.placement import Placement
 from malloczero.env.programs.synthetic import contended, random_workload
+from malloczero.env.requests import build_requests
 from malloczero.env.simulator import total_stall, total_stall_loop
+from malloczero.env.solvers.evo import decode
 from malloczero.env.workload import Workload
 from malloczero.launch.scale_bench import (
   bench_scale,
@@ -134,6 +138,7 @@ def bench_cost_model(seconds: float) -> dict[str, Any]:
   total_stall_loop(idle, copies)  # numba: compile or load from its cache first
   loops_per_s, _ = _rate(lambda: (total_stall_loop(idle, copies), 1)[1], seconds)
   return {
+    **bench_evo_decode(model, seconds),
     "eval_program_buffers": workload.num_buffers,
     "eval_program_ops": workload.num_ops,
     "eval_mapping_allocations": len(allocations),
@@ -145,6 +150,31 @@ def bench_cost_model(seconds: float) -> dict[str, Any]:
     "cost_model_full_evaluation_ms": 1e3 / evals_per_s,
     "cost_model_incremental_updates_per_s": updates_per_s,
     "cost_model_incremental_update_us": 1e6 / updates_per_s,
+  }
+
+
+def bench_evo_decode(model: CostModel, seconds: float) -> dict[str, Any]:
+  """evo's decode of a random genome over `model`'s program's split requests: jitted
+  (`Placement.place_in_order`, what evo runs) and one request at a time in Python (what it
+  replaced, the same placements)."""
+  requests = build_requests(model, split_activations=True)
+  placement = Placement(model, requests)
+  genome = np.random.default_rng(2).random(len(requests))
+  order = np.argsort(-genome, kind="stable")
+  decode(placement, genome)  # numba: compile or load from its cache first
+  jitted_per_s, _ = _rate(lambda: (decode(placement, genome), 1)[1], seconds)
+
+  def one_at_a_time() -> int:
+    placement.reset()
+    for r in order:
+      placement.place_where_it_saves_most(int(r), fit="best")
+    return 1
+
+  python_per_s, _ = _rate(one_at_a_time, seconds)
+  return {
+    "evo_decode_requests": len(requests),
+    "evo_decode_ms": 1e3 / jitted_per_s,
+    "evo_decode_one_request_at_a_time_ms": 1e3 / python_per_s,
   }
 
 

@@ -29,6 +29,8 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
     "game_steps_per_s",
     "cost_model_full_evaluations_per_s",
     "cost_model_incremental_updates_per_s",
+    "evo_decode_ms",
+    "evo_decode_one_request_at_a_time_ms",
     "search_small_moves_per_s",
     "search_small_simulations_per_s",
     "acting_small_moves_per_s",
@@ -40,6 +42,7 @@ def test_bench_quick_writes_json_with_units_in_keys(tmp_path):
   assert 1000 <= report["game_steps_per_episode"] <= 2500
   assert report["requests_game_steps_per_s"] > 0
   assert report["eval_program_buffers"] >= 2000
+  assert report["evo_decode_requests"] >= report["eval_program_buffers"] // 2
   assert report["search_small_batch"] == 64 and report["search_small_simulations"] == 32
   assert report["learner_small_batch"] == 256 and report["learner_small_unroll"] == 5
   assert not [key for key in report if key.startswith("scale_")]
