@@ -226,6 +226,8 @@ class Placement:
 
   def undo_last(self) -> None:
     """Takes back the last `place` (only the last one: what it changed was kept)."""
+    if self._undo is None:
+      raise ValueError("nothing to undo: undo_last follows a place() it has not undone")
     ops, memory, op_time, default, op_sum, stall, total, copies = self._undo
     if copies != self.num_copies:
       self._queue = None

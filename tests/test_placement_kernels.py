@@ -76,6 +76,7 @@ def test_a_training_steps_decode_evicts_and_matches_one_request_at_a_time():
 
 
 def test_place_in_order_refuses_to_continue_a_placement_made_one_request_at_a_time():
+  """Nor can `undo_last` take back what it placed."""
   entry = get_suite("default").split("all").entries[0]
   model = CostModel(*entry.load())
   requests = build_requests(model)
@@ -85,4 +86,6 @@ def test_place_in_order_refuses_to_continue_a_placement_made_one_request_at_a_ti
     placement.place_in_order(np.arange(1, len(requests)))
   placement.reset()
   placement.place_in_order(np.arange(len(requests)))
+  with pytest.raises(ValueError, match="nothing to undo"):
+    placement.undo_last()
   assert placement.placed == one_at_a_time(model, requests, np.arange(len(requests))).placed
