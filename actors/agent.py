@@ -12,8 +12,8 @@ add: `greedy_speedup`, one greedy attempt with the search, and `policy_speedup`,
 alone; neither has msa's mapping among its candidates, nor msa's move in its prior unless the
 run's search config puts it there. With `search_seconds`, a search guided by the network goes on
 after the attempts (`guided_search`: evo over request priorities seeded with the network's
-mapping, or evo-msa over msa's decisions steered by its moves; `best_attempt` "guided" when it
-wins, `guided_speedup` apart). Every mapping it returns has passed the independent validator.
+mapping and msa's, or evo-msa over msa's decisions steered by its moves; `best_attempt` "guided"
+when it wins, `guided_speedup` apart). Every mapping it returns has passed the independent validator.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import json
 import os
 import time
 from typing import Any, Optional, Sequence, Union
+
+import numpy as np
 
 from malloczero.actors.games import GameSpec
 from malloczero.actors.greedy_play import (
@@ -296,9 +298,13 @@ def play_with_agent(
     seconds = search_seconds
     if time_limit is not None:
       seconds = time_limit - share - baseline.solve_time_s
-    if seconds > 0 and result is not None and result.proposals is not None:
+    # Over priorities the search has msa's mapping to start from when the play found nothing.
+    played_any = result is not None and result.proposals is not None
+    if seconds > 0 and (played_any or guide == "priorities"):
       started = time.perf_counter()
-      found, found_info = guided_search(spec, result, seconds, seed, guide)
+      found, found_info = guided_search(
+        spec, result if played_any else None, seconds, seed, guide, msa=baseline.mapping
+      )
       searched = {
         "guided_budget_s": seconds,
         "guide": guide,
@@ -343,10 +349,11 @@ def _check_guide(guide: str) -> None:
 
 def guided_search(
   spec: GameSpec,
-  played: EvaluationResult,
+  played: Optional[EvaluationResult],
   seconds: float,
   seed: int = 0,
   guide: str = "priorities",
+  msa: Optional[Mapping] = None,
 ) -> tuple[Mapping, dict[str, Any]]:
   """A search guided by the network's play, in one of two spaces (`guide`):
 
@@ -356,16 +363,20 @@ def guided_search(
     trajectory; the decisions it doubts are where a few more full decodes pay.
   * "priorities": evo over request priorities (env/solvers/evo.py), the strongest baseline on
     large programs because it can reorder buffers, which msa's decisions cannot; its first
-    population holds, beside msa's and the greedy's orders, the kept mapping of the agent's play
-    as a priority genome (`mapping_priorities`), as EGRL seeds its population with its policy's
-    proposals. The same search without the network is the `evo` baseline at the same limit.
+    population holds the kept mapping of the agent's play (`played`, None when the play found
+    none) and then `msa`'s mapping as priority genomes (`mapping_genomes`), as EGRL seeds its
+    population with its policy's proposals, beside msa's and the greedy's orders. The same
+    search without the network is this one with `played` None, at the same limit
+    (scripts/guided_search_without_network.py).
 
   `seconds` include building the cost model (and the requests), as a baseline's time limit
   includes building its model."""
   _check_guide(guide)
   started = time.perf_counter()
   if guide == "priorities":
-    return _guided_priorities(spec, played, seconds, seed, started)
+    return _guided_priorities(spec, played, msa, seconds, seed, started)
+  if played is None:
+    raise ValueError("the guided search over msa's decisions starts from the network's play")
   finished = [i for i, s in enumerate(played.attempt_speedups) if s is not None]
   order = sorted(finished, key=lambda i: -played.attempt_speedups[i])
   initial = [played.genomes[i] for i in order if played.genomes[i]]
@@ -383,14 +394,22 @@ def guided_search(
 
 
 def _guided_priorities(
-  spec: GameSpec, played: EvaluationResult, seconds: float, seed: int, started: float
+  spec: GameSpec,
+  played: Optional[EvaluationResult],
+  msa: Optional[Mapping],
+  seconds: float,
+  seed: int,
+  started: float,
 ) -> tuple[Mapping, dict[str, Any]]:
   model = CostModel(spec.workload, spec.hardware)
-  # The `evo` baseline's requests, so that the search without the network is that baseline.
+  # The `evo` baseline's requests, so that the search is that baseline with a seeded start.
   placement = Placement(model, build_requests(model, get_solver("evo").split_activations))
-  initial = []
-  if played.mapping is not None:
-    initial.extend(mapping_genomes(placement.requests, played.mapping, spec.workload))
+  initial: list[np.ndarray] = []
+  for mapping in (None if played is None else played.mapping, msa):
+    if mapping is not None:
+      for genome in mapping_genomes(placement.requests, mapping, spec.workload):
+        if not any(np.array_equal(genome, known) for known in initial):
+          initial.append(genome)
   info = evo(
     placement,
     evaluations=MAX_GUIDED_DECODES,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 import pathlib
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 from malloczero.actors.agent import (
   GAME_BUILD_PER_MSA_S,
   PLAY_RESERVE_S,
+  guided_search,
   load_agent,
   play_with_agent,
   solve_with_agent,
@@ -21,8 +23,12 @@ from malloczero.actors.agent import (
 from malloczero.actors.games import GameSpec
 from malloczero.common.errors import MalloczeroError
 from malloczero.configs.workdir import CHECKPOINT_FILENAME
+from malloczero.env.cost_model import CostModel
+from malloczero.env.placement import Placement
 from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
+from malloczero.env.requests import build_requests
 from malloczero.env.solvers import solve
+from malloczero.env.solvers.evo import decode, mapping_genomes
 from malloczero.env.validator import validate_mapping
 from tests.trained import STEPS, read_checkpoint, write_checkpoint
 
@@ -125,6 +131,59 @@ def test_the_guided_search_over_priorities_is_seeded_with_the_plays_mapping(work
     assert info["guided_s"] < 0.5 + 1.0  # evo's last decode may pass its limit by a decode.
   with pytest.raises(MalloczeroError, match="unknown guided search 'nope'"):
     play_with_agent(agent, specs[:1], simulations=4, attempts=1, search_seconds=0.1, guide="nope")
+
+
+def test_without_a_play_the_guided_search_over_priorities_starts_from_msas_mapping():
+  """No network play (`played` None, as when it found no mapping within its share): the search
+  over priorities is seeded with msa's mapping's genomes, decoded first, so it is at least as
+  fast as the better of their decodes; the search over msa's decisions needs the play."""
+  (entry,) = (e for e in get_suite("default").entries if e.name == "vgg-b1-train@nnpi-like:25%")
+  workload, hardware = entry.load()
+  spec = GameSpec(entry.name, workload, hardware)
+  msa = solve(workload, hardware, "msa").mapping
+  found, info = guided_search(spec, None, 1.0, msa=msa)
+  validate_mapping(workload, hardware, found)
+  model = CostModel(workload, hardware)
+  requests = build_requests(model, split_activations=True)
+  decoded = [
+    decode(Placement(model, requests), g) for g in mapping_genomes(requests, msa, workload)
+  ]
+  assert len(decoded) == 2 and found.estimated_time_s <= min(decoded) * (1 + 1e-12)
+  assert "initial_best" in info and info["evaluations"] > len(decoded)
+  with pytest.raises(ValueError, match="starts from the network's play"):
+    guided_search(spec, None, 1.0, guide="decisions", msa=msa)
+
+
+def test_the_ablation_script_runs_the_search_without_the_network_against_an_evaluation(
+  tmp_path,
+):
+  """scripts/guided_search_without_network.py: a row per entry within the limit, never below msa,
+  the agent paired against it from an evaluation's rows; a one-line error for a bad suite or a
+  directory without an evaluation."""
+  script = os.path.join(REPO, "scripts", "guided_search_without_network.py")
+  entries = get_suite("tiny").entries
+  evaluation = tmp_path / "evaluation"
+  evaluation.mkdir()
+  rows = [{"entry": e.name, "agent_speedup": 100.0} for e in entries]
+  (evaluation / "evaluation.json").write_text(json.dumps({"rows": rows}))
+  out = tmp_path / "rows.json"
+  done = subprocess.run(
+    [sys.executable, script, "--suite", "tiny", "--time-limit", "0.5"]
+    + ["--out", str(out), "--against", str(evaluation)],
+    capture_output=True,
+    text=True,
+  )
+  assert done.returncode == 0, done.stderr
+  found = json.loads(out.read_text())
+  assert [r["entry"] for r in found] == [e.name for e in entries]
+  for row in found:
+    assert row["search_speedup"] >= row["msa_speedup"] and row["evaluations"] >= 1
+  assert f"{len(entries)} entries: without the network x msa" in done.stdout
+  assert "the agent over it: +" in done.stdout
+  for bad in (["--suite", "nope"], ["--suite", "tiny", "--against", str(tmp_path)]):
+    failed = subprocess.run([sys.executable, script, *bad], capture_output=True, text=True)
+    assert failed.returncode == 2 and failed.stderr.startswith("error: ")
+    assert len(failed.stderr.splitlines()) == 1
 
 
 def test_a_time_limit_gives_the_guided_search_what_the_attempts_and_msa_left(workdir):
