@@ -243,9 +243,9 @@ class Placement:
   def place_where_it_saves_most(self, r: int, fit: str = "best") -> bool:
     """Places request `r` in the level where it is estimated to save most now (`saving`) among
     those with room, at the `fit` ("best" or "first") offset, and keeps it there only if it
-    really saves time (copy contention can make an estimated saving a loss; `min_saving`: more
-    than rounding); otherwise, or if
-    it saves nothing anywhere, leaves it in slow memory."""
+    really saves time (copy contention can make an estimated saving a loss; it must save more
+    than `min_saving`, the rounding); otherwise, or if it saves nothing anywhere, leaves it in
+    slow memory."""
     if self.blocked(r):
       return False
     saving = self.saving(r)
