@@ -104,8 +104,8 @@ def mapping_priorities(
 def mapping_genomes(requests: Requests, mapping: Mapping, workload: Workload) -> list[np.ndarray]:
   """The genomes that decode toward `mapping`: `mapping_priorities` with any overlap and, where
   the requests offer evicting groups, with `WHOLE_KEPT` (each is better on some programs: on
-  `realistic` one decode of msa's mapping is 1.014x msa with the first alone, 1.042x with the
-  second alone, 1.054x with the better of the two; docs/results, "evo's request space")."""
+  `realistic` one decode of msa's mapping is 1.017x msa with the first alone, 1.050x with the
+  second alone, 1.062x with the better of the two; docs/results, "evo's request space")."""
   genomes = [mapping_priorities(requests, mapping, workload)]
   if np.any(requests.evict_start != NO_COPY):
     genomes.append(mapping_priorities(requests, mapping, workload, whole_kept=WHOLE_KEPT))
