@@ -13,7 +13,8 @@ alone; neither has msa's mapping among its candidates, nor msa's move in its pri
 run's search config puts it there. With `search_seconds`, a search guided by the network goes on
 after the attempts (`guided_search`: evo over request priorities seeded with the network's
 mapping and msa's, or evo-msa over msa's decisions steered by its moves; `best_attempt` "guided"
-when it wins, `guided_speedup` apart). Every mapping it returns has passed the independent validator.
+when it wins, `guided_speedup` apart). Every mapping it returns has passed the independent
+validator.
 """
 
 from __future__ import annotations
