@@ -10,6 +10,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from malloczero.actors.agent import (
@@ -35,6 +36,16 @@ from tests.trained import STEPS, read_checkpoint, write_checkpoint
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def placement_kernel_loaded():
+  """evo's jitted decode compiled (a fresh clone's first use, about 5 s) or loaded before the
+  tests that time the guided search, as `evaluate` compiles the agent's search before timing."""
+  entry = get_suite("tiny").entries[0]
+  model = CostModel(*entry.load())
+  requests = build_requests(model, split_activations=True)
+  decode(Placement(model, requests), np.ones(len(requests)))
 
 
 @pytest.fixture(scope="module")

@@ -516,7 +516,12 @@ def test_a_work_directorys_cached_msa_speedups_of_the_old_msa_are_computed_again
   (tmp_path / "baselines.json").write_text(json.dumps(stale))
   speedups = baseline_speedups([spec], str(tmp_path))
   assert speedups["msa"][entry.name] == pytest.approx(solve(workload, hardware, "msa").speedup)
-  assert speedups["greedy"][entry.name] == 42.0  # Same version: the cache stands.
+  assert BASELINE_VERSIONS["bestfit"] == 1
+  assert speedups["bestfit"][entry.name] == 42.0  # Same version: the cache stands.
+  # greedy is at version 2 now: the unversioned cache is version 1, so it is solved again.
+  assert speedups["greedy"][entry.name] == pytest.approx(
+    solve(workload, hardware, "greedy").speedup
+  )
   written = json.loads((tmp_path / "baselines.json").read_text())
   assert written["versions"] == BASELINE_VERSIONS and "versions" not in speedups
   assert baseline_speedups([spec], str(tmp_path)) == speedups
