@@ -14,6 +14,8 @@ time, no contention) that players may use to choose; it is not what `place` retu
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from malloczero.common.lazy import lazy_module
@@ -46,47 +48,6 @@ class Placement:
     # one that saves nothing exactly (a prefetch whose stall takes back all it saves) can come
     # out a few 1e-19 s either way, and would then hold fast memory for nothing.
     self.min_saving = ROUNDING * model.slow_only_time
-    num_requests = len(requests)
-    num_buffers = int(requests.buffer.max()) + 1 if num_requests else 0
-    model_arrays = (
-      model.compute_time,
-      model.inverse_bandwidth,
-      model.copy_time,
-      self.capacity,
-    )
-    # What `place_in_order`'s kernel reads and never changes.
-    self._constant = (
-      (
-        requests.start.astype(np.int64),
-        requests.end.astype(np.int64),
-        requests.size.astype(np.int64),
-        requests.buffer.astype(np.int64),
-        requests.first_use.astype(np.int64),
-        requests.evict_start.astype(np.int64),
-        requests.evict_done.astype(np.int64),
-        requests.is_prefetch.astype(bool),
-        requests.evict_start != NO_COPY,
-        requests.exposed_copy_time.astype(np.float64),
-      ),
-      (
-        requests.incidence_start.astype(np.int64),
-        requests.incidence_op.astype(np.int64),
-        requests.incidence_bytes.astype(np.float64),
-      ),
-      tuple(np.ascontiguousarray(a) for a in model_arrays),
-      (
-        np.searchsorted(requests.buffer[by_buffer], np.arange(num_buffers + 1)).astype(np.int64),
-        by_buffer.astype(np.int64),
-      ),
-    )
-    widest = int(np.diff(requests.incidence_start).max()) if num_requests else 0
-    self._scratch = (
-      np.zeros(num_requests, np.int64),
-      np.zeros(num_requests, np.int64),
-      np.zeros(widest),
-      np.zeros(widest),
-      np.zeros(widest),
-    )
     self.reset()
 
   def reset(self) -> None:
@@ -115,7 +76,6 @@ class Placement:
     # `place_in_order`'s own state (the copies' stall tracker, rows, counts), made on its first
     # call after a reset; `place` drops it, since it places without it.
     self._jitted: tuple | None = None
-    self._jitted_since_reset = True
 
   def free_gaps(self, level: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
     """Free address intervals `[low, high)` of `level` throughout ops `[start, end)`, by address."""
@@ -154,7 +114,7 @@ class Placement:
     guarantees the spot is free."""
     req, model = self.requests, self.model
     ops, nbytes = req.ops(r)
-    self._jitted, self._jitted_since_reset = None, False
+    self._jitted = None
     self._undo = (
       ops,
       self.memory_time[ops],
@@ -261,25 +221,67 @@ class Placement:
         return False
     return False
 
+  @functools.cached_property
+  def _kernel_inputs(self) -> tuple[tuple, tuple]:
+    """What `place_in_order`'s kernel reads and never changes, and its scratch arrays: made on
+    its first call, since the game and the other solvers never need them."""
+    requests, model = self.requests, self.model
+    num_requests = len(requests)
+    by_buffer = np.argsort(requests.buffer, kind="stable")
+    num_buffers = int(requests.buffer.max()) + 1 if num_requests else 0
+    model_arrays = (model.compute_time, model.inverse_bandwidth, model.copy_time, self.capacity)
+    constant = (
+      (
+        requests.start.astype(np.int64),
+        requests.end.astype(np.int64),
+        requests.size.astype(np.int64),
+        requests.buffer.astype(np.int64),
+        requests.first_use.astype(np.int64),
+        requests.evict_start.astype(np.int64),
+        requests.evict_done.astype(np.int64),
+        requests.is_prefetch.astype(bool),
+        requests.evict_start != NO_COPY,
+        requests.exposed_copy_time.astype(np.float64),
+      ),
+      (
+        requests.incidence_start.astype(np.int64),
+        requests.incidence_op.astype(np.int64),
+        requests.incidence_bytes.astype(np.float64),
+      ),
+      tuple(np.ascontiguousarray(a) for a in model_arrays),
+      (
+        np.searchsorted(requests.buffer[by_buffer], np.arange(num_buffers + 1)).astype(np.int64),
+        by_buffer.astype(np.int64),
+      ),
+    )
+    widest = int(np.diff(requests.incidence_start).max()) if num_requests else 0
+    scratch = (
+      np.zeros(num_requests, np.int64),
+      np.zeros(num_requests, np.int64),
+      np.zeros(widest),
+      np.zeros(widest),
+      np.zeros(widest),
+    )
+    return constant, scratch
+
   def place_in_order(self, order: np.ndarray) -> None:
     """`place_where_it_saves_most(r, fit="best")` for each request `r` of `order` [k] in turn,
     in one jitted loop (env/placement_kernels.py; the same rules, the program time equal to
     rounding), for evo's decodes. It continues a placement that it alone made since `reset`."""
-    if not self._jitted_since_reset:
-      raise ValueError("place_in_order continues only its own placements since reset()")
-    num_requests = len(self.requests)
     if self._jitted is None:
+      if self.placed:  # `place` made them, without the kernel's state.
+        raise ValueError("place_in_order continues only its own placements since reset()")
+      num_requests = len(self.requests)
       idle = self.model.idle_time(self.op_time, self.default_time)
       self._jitted = (
         (np.zeros((num_requests, 3), np.int64), np.zeros(num_requests, bool)),
-        np.array(self.count, np.int64),
-        np.zeros(num_requests, np.int64),  # Each copy's tracker id: its request.
+        np.zeros(self.num_fast, np.int64),
         StallTracker(idle, capacity=max(num_requests, 1)).kernel_arrays(),
         np.array([self.op_time_sum, self.stall_time, self.total_time]),
-        np.array([self.num_copies, len(self.placed)], np.int64),
+        np.zeros(2, np.int64),
       )
-    placed, count, copy_ids, tracker, sums, counts = self._jitted
-    requests, incidence, costs, buffer_requests = self._constant
+    placed, count, tracker, sums, counts = self._jitted
+    (requests, incidence, costs, buffer_requests), scratch = self._kernel_inputs
     _kernels().place_in_order(
       np.ascontiguousarray(order, np.int64),
       requests,
@@ -288,7 +290,7 @@ class Placement:
       (self.memory_time, self.default_time, self.op_time),
       (self._rect_start, self._rect_end, self._rect_low, self._rect_high),
       count,
-      (self._copy_start, self._copy_done, self._copy_work, copy_ids),
+      (self._copy_start, self._copy_done, self._copy_work),
       placed,
       buffer_requests,
       tracker,
@@ -296,7 +298,7 @@ class Placement:
       counts,
       self._exclusive,
       self.min_saving,
-      self._scratch,
+      scratch,
     )
     before = len(self.placed)
     rows = placed[0][before : counts[1]]

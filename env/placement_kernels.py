@@ -90,7 +90,7 @@ def place_in_order(
     capacities `[F]` int64;
   * `times`: memory time, default-memory time, op time `[T]` (Placement's);
   * `rects`: start, end, low, high `[F, R]` int64; `count` `[F]` in use per level;
-  * `copies`: start, done `[R]` int64, work `[R]` float64, and their tracker ids `[R]`;
+  * `copies`: start, done `[R]` int64, work `[R]` float64 (a copy's tracker id is its request);
   * `placed`: rows (request, level, offset) `[R, 3]` and a placed flag `[R]` bool;
   * `buffer_requests`: CSR offsets per buffer `[N + 1]` and request ids `[R]`;
   * `tracker`: a `StallTracker`'s copies, jumps and state tuples;
@@ -104,7 +104,7 @@ def place_in_order(
   inc_start, inc_op, inc_bytes = incidence
   compute, inverse_bandwidth, copy_time, capacity = costs
   memory_time, default_time, op_time = times
-  copy_start, copy_done, copy_work, copy_id = copies
+  copy_start, copy_done, copy_work = copies
   rows, is_placed = placed
   by_buffer_start, by_buffer = buffer_requests
   tracked, jumps, state = tracker
@@ -159,7 +159,6 @@ def place_in_order(
         copy_start[k] = start[r] if is_prefetch[r] else evict_start[r]
         copy_done[k] = first_use[r] if is_prefetch[r] else evict_done[r]
         copy_work[k] = copy_time[buffer[r]]
-        copy_id[k] = r
         queue_insert(tracked, state, copy_start[k], copy_done[k], copy_work[k], r)
         counts[0] = k + 1
       # As Placement.place: with no stall and no new copy, a placement leaves no stall.
