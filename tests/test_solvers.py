@@ -255,6 +255,32 @@ def test_evo_never_starts_a_decode_that_would_overrun_its_time_limit(monkeypatch
   assert placement.total_time == pytest.approx(min(info["best_time_per_generation_s"]))
 
 
+def test_a_clock_late_at_the_final_decode_still_leaves_the_best_mapping(monkeypatch):
+  """Without grace (the agent's guided search), a clock that jumps past the limit just before
+  the final decode of the best genome must not cut that decode short: the best mapping found is
+  what `placement` holds, not a partial one."""
+  evo_module = importlib.import_module("malloczero.env.solvers.evo")
+  clock = StepClock(1.0)
+  evaluations = 30
+
+  def late_decode_until(placement, priority, deadline):
+    clock.decodes += 1
+    clock.now += clock.cost + (1000.0 if clock.decodes > evaluations else 0.0)
+    return decode_until(placement, priority, deadline)
+
+  monkeypatch.setattr(importlib.import_module("malloczero.env.solvers.time_limit"), "clock", clock)
+  monkeypatch.setattr(evo_module, "decode_until", late_decode_until)
+  workload = random_workload(30, num_ops=120)
+  hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
+  model = CostModel(workload, hardware)
+  placement = Placement(model, build_requests(model))
+  info = evo_module.evo(placement, evaluations=evaluations, time_limit_s=500.0, seed=1, grace_s=0.0)
+  assert clock.decodes == evaluations + 1  # The final decode ran, after the clock jumped.
+  assert clock.now > 500.0 and "cut_short" not in info
+  assert placement.total_time == pytest.approx(min(info["best_time_per_generation_s"]))
+  assert placement.total_time < model.slow_only_time
+
+
 def test_a_decode_past_its_deadline_stops_where_it_is(monkeypatch):
   """A program too large to decode in its time limit: the decode stops at the deadline, the
   requests not reached left in slow memory (a valid mapping, no faster than the whole decode)."""

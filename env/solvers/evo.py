@@ -140,13 +140,13 @@ def evo(
   num_requests = len(req)
   rng = np.random.default_rng(seed)
   budget = DecodeBudget(time_limit_s)
-  cut_short = []
+  cut_short: list[int] = []  # id() of each genome whose decode the limit stopped.
 
   cut_at = None if budget.deadline is None else budget.deadline + grace_s
 
   def decode_within(placement: Placement, priority: np.ndarray) -> float:
     time_s, whole = decode_until(placement, priority, cut_at)
-    cut_short.extend([] if whole else [True])
+    cut_short.extend([] if whole else [id(priority)])
     return time_s
 
   density = req.standalone_saving.max(axis=1) / req.size
@@ -195,7 +195,11 @@ def evo(
     history.append(min(fitness))
   best = int(np.argmin(fitness))
   if best != last:
-    decode_within(placement, genomes[best])  # Leave the best mapping in `placement`.
+    # Leave the best mapping in `placement`. Its decode was whole unless the limit stopped it, and
+    # the budget kept time for it: a clock late by a moment must not cut it short (without grace,
+    # as in the agent's guided search, that left every request in slow memory).
+    stopped_before = id(genomes[best]) in cut_short
+    decode_until(placement, genomes[best], cut_at if stopped_before else None)
   return {
     "evaluations": used,
     "best_time_per_generation_s": history,
