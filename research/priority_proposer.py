@@ -41,7 +41,7 @@ import numpy as np
 from malloczero.env.cost_model import NO_COPY, CostModel
 from malloczero.env.placement import Placement
 from malloczero.env.requests import Requests, build_requests
-from malloczero.env.solvers.evo import _rank, decode, evo, mapping_genomes
+from malloczero.env.solvers.evo import _rank, decode, evo, greedy_priorities, mapping_genomes
 
 # The request features, in `request_features`'s column order.
 FEATURES = (
@@ -143,8 +143,10 @@ def proposal_genome(placed_chance: np.ndarray) -> np.ndarray:
 
 def requests_of(workload, hardware) -> tuple[CostModel, Requests]:
   """evo's cost model and requests of a program (the `evo` baseline's)."""
+  from malloczero.env.solvers import get_solver
+
   model = CostModel(workload, hardware)
-  return model, build_requests(model, split_activations=True)
+  return model, build_requests(model, get_solver("evo").split_activations)
 
 
 def collect_one(workload, hardware, seconds: float, seed: int = 0) -> dict[str, np.ndarray]:
@@ -262,12 +264,9 @@ def auc(placed: np.ndarray, score: np.ndarray) -> float:
   negatives = len(placed) - positives
   if not positives or not negatives:
     return float("nan")
-  order = np.argsort(score, kind="stable")
-  ranks = np.empty(len(score))
-  ranks[order] = np.arange(1, len(score) + 1)
-  for value in np.unique(score[order][np.flatnonzero(np.diff(score[order]) == 0)]):
-    tied = score == value
-    ranks[tied] = ranks[tied].mean()
+  # Each score's rank among all (1-based), a tied group's the mean of its ranks.
+  _, group, counts = np.unique(score, return_inverse=True, return_counts=True)
+  ranks = (np.cumsum(counts) - (counts - 1) / 2)[group]
   return float((ranks[placed].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
@@ -284,14 +283,11 @@ def decode_once(
   msa = solve(workload, hardware, "msa").mapping
   placement = Placement(model, requests)
   slow = model.slow_only_time
-  saving_per_byte = requests.standalone_saving.max(axis=1) / requests.size
   result = {"msa": msa.speedup}
   result["msa_genome"] = max(
     slow / decode(placement, g) for g in mapping_genomes(requests, msa, workload)
   )
-  result["greedy_order"] = slow / decode(
-    placement, _rank(np.argsort(-saving_per_byte, kind="stable"))
-  )
+  result["greedy_order"] = slow / decode(placement, greedy_priorities(requests))
   started = time.perf_counter()
   chance = proposer.placed_chance(request_features(model, requests))
   result["proposer"] = slow / decode(placement, proposal_genome(chance))
@@ -316,8 +312,8 @@ def search_from_proposal(
     model, requests = requests_of(workload, hardware)
     initial = mapping_genomes(requests, msa, workload)
     if arm == "proposer_seeded":
-      initial = [proposal_genome(proposer.placed_chance(request_features(model, requests)))]
-      initial += mapping_genomes(requests, msa, workload)
+      chance = proposer.placed_chance(request_features(model, requests))
+      initial.insert(0, proposal_genome(chance))
     placement = Placement(model, requests)
     info = evo(
       placement,

@@ -112,6 +112,12 @@ def mapping_genomes(requests: Requests, mapping: Mapping, workload: Workload) ->
   return genomes
 
 
+def greedy_priorities(requests: Requests) -> np.ndarray:
+  """A genome `[R]` in the greedy's order: most saving per byte first."""
+  saving_per_byte = requests.standalone_saving.max(axis=1) / requests.size
+  return _rank(np.argsort(-saving_per_byte, kind="stable"))
+
+
 def _rank(order: np.ndarray) -> np.ndarray:
   """Priorities `[R]` in (0, 1] that decode requests in `order` (a permutation of range(R))."""
   return (len(order) - np.argsort(order, kind="stable")) / len(order)
@@ -149,11 +155,7 @@ def evo(
     cut_short.extend([] if whole else [id(priority)])
     return time_s
 
-  density = req.standalone_saving.max(axis=1) / req.size
-  orders = [
-    _rank(np.arange(num_requests)),  # msa's order
-    _rank(np.argsort(-density, kind="stable")),  # greedy's order
-  ]
+  orders = [_rank(np.arange(num_requests)), greedy_priorities(req)]  # msa's, the greedy's
   given = [np.asarray(g, float) for g in initial]
   seeds = given + orders if initial_first else orders + given
   first_given = 0 if initial_first else len(orders)
