@@ -43,8 +43,7 @@ from malloczero.env.game import GameConfig
 from malloczero.env.hardware import Hardware
 from malloczero.env.mapping import Mapping
 from malloczero.env.placement import Placement
-from malloczero.env.requests import build_requests
-from malloczero.env.solvers import SolveResult, get_solver, solve
+from malloczero.env.solvers import SolveResult, solve
 from malloczero.env.solvers.evo import evo, mapping_genomes
 from malloczero.env.solvers.evo_msa import evo_msa
 from malloczero.env.solvers.time_limit import now
@@ -59,6 +58,7 @@ from malloczero.learner.checkpoint import (
   refuse_legacy,
 )
 from malloczero.learner.networks import MuZeroNetworks, Params, make_networks
+from malloczero.learner.proposer import Proposer, play_proposal, requests_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +72,8 @@ class Agent:
   # The run's config.json the search settings came from; None when the checkpoint has none beside
   # it and the defaults are used (the command line says so: `search_notice`).
   config_file: Optional[str] = None
+  # The run's proposer (learner/proposer/), None when the run fitted none.
+  proposer: Optional[Proposer] = None
 
   def search_notice(self) -> Optional[str]:
     """One line naming the search settings used when the run's own are unknown, else None."""
@@ -122,7 +124,11 @@ def load_agent(path: str) -> Agent:
     search = read_search_config(config_file)
   else:
     search, config_file = SearchConfig(), None
-  return Agent(networks, params, search, game_config, checkpoint_steps(file), file, config_file)
+  proposer_file = WorkDir.of_checkpoint(file).proposer
+  proposer = Proposer.load(proposer_file) if os.path.isfile(proposer_file) else None
+  return Agent(
+    networks, params, search, game_config, checkpoint_steps(file), file, config_file, proposer
+  )
 
 
 def read_search_config(config_file: str) -> SearchConfig:
@@ -299,14 +305,27 @@ def play_with_agent(
     seconds = search_seconds
     if time_limit is not None:
       seconds = time_limit - share - baseline.solve_time_s
+    proposal = None
+    if agent.proposer is not None and (time_limit is None or seconds > 0):
+      proposal = _play_proposal(agent.proposer, spec)
+      searched = {"proposal_speedup": proposal.mapping.speedup, "proposal_s": proposal.seconds}
+      seconds -= proposal.seconds if time_limit is not None else 0.0
+      if proposal.mapping.estimated_time_s < mapping.estimated_time_s:
+        best_attempt, mapping = "proposal", proposal.mapping
     # Over priorities the search has msa's mapping to start from when the play found nothing.
     played_any = result is not None and result.proposals is not None
     if seconds > 0 and (played_any or guide == "priorities"):
       started = time.perf_counter()
       found, found_info = guided_search(
-        spec, result if played_any else None, seconds, seed, guide, msa=baseline.mapping
+        spec,
+        result if played_any else None,
+        seconds,
+        seed,
+        guide,
+        msa=baseline.mapping,
+        proposal=proposal,
       )
-      searched = {
+      searched |= {
         "guided_budget_s": seconds,
         "guide": guide,
         "guided_speedup": found.speedup,
@@ -326,6 +345,7 @@ def play_with_agent(
       "best_attempt": best_attempt,
       "greedy_speedup": None if result is None else result.greedy_speedup,
       "policy_speedup": None if result is None else result.policy_speedup,
+      "proposal_speedup": None,
       "search_speedup": None if result is None or result.mapping is None else result.speedup,
       "attempt_speedups": (
         [None] * trajectories if result is None else list(result.attempt_speedups)
@@ -339,8 +359,29 @@ def play_with_agent(
       **searched,
     }
     solve_time = share + baseline.solve_time_s + searched.get("guided_s", 0.0)
+    solve_time += searched.get("proposal_s", 0.0)
     solved.append(SolveResult(mapping, solve_time, info))
   return solved
+
+
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+  """The proposer's play on one program: its genome `[R]` over `placement`'s requests (evo's),
+  the validated mapping of its one decode, and the seconds both took."""
+
+  genome: np.ndarray
+  mapping: Mapping
+  placement: Placement
+  seconds: float
+
+
+def _play_proposal(proposer: Proposer, spec: GameSpec) -> Proposal:
+  started = time.perf_counter()
+  placement = Placement(*requests_of(spec.workload, spec.hardware))
+  genome = play_proposal(proposer, placement)
+  mapping = placement.mapping("agent")
+  validate_mapping(spec.workload, spec.hardware, mapping)
+  return Proposal(genome, mapping, placement, time.perf_counter() - started)
 
 
 def _check_guide(guide: str) -> None:
@@ -355,6 +396,7 @@ def guided_search(
   seed: int = 0,
   guide: str = "priorities",
   msa: Optional[Mapping] = None,
+  proposal: Optional[Proposal] = None,
 ) -> tuple[Mapping, dict[str, Any]]:
   """A search guided by the network's play, in one of two spaces (`guide`):
 
@@ -364,10 +406,11 @@ def guided_search(
     trajectory; the decisions it doubts are where a few more full decodes pay.
   * "priorities": evo over request priorities (env/solvers/evo.py), the strongest baseline on
     large programs because it can reorder buffers, which msa's decisions cannot; its first
-    population holds the kept mapping of the agent's play (`played`, None when the play found
-    none) and then `msa`'s mapping as priority genomes (`mapping_genomes`), as EGRL seeds its
-    population with its policy's proposals, beside msa's and the greedy's orders. The same
-    search without the network is this one with `played` None, at the same limit
+    population holds the proposer's genome (`proposal`, learner/proposer/), the kept mapping of
+    the agent's play (`played`, None when the play found none) and then `msa`'s mapping as
+    priority genomes (`mapping_genomes`), as EGRL seeds its population with its policy's
+    proposals, beside msa's and the greedy's orders. The same search without the networks is
+    this one with `played` and `proposal` None, at the same limit
     (scripts/guided_search_without_network.py).
 
   `seconds` include building the cost model (and the requests), as a baseline's time limit
@@ -375,7 +418,7 @@ def guided_search(
   _check_guide(guide)
   started = time.perf_counter()
   if guide == "priorities":
-    return _guided_priorities(spec, played, msa, seconds, seed, started)
+    return _guided_priorities(spec, played, msa, proposal, seconds, seed, started)
   if played is None:
     raise ValueError("the guided search over msa's decisions starts from the network's play")
   finished = [i for i, s in enumerate(played.attempt_speedups) if s is not None]
@@ -398,14 +441,19 @@ def _guided_priorities(
   spec: GameSpec,
   played: Optional[EvaluationResult],
   msa: Optional[Mapping],
+  proposal: Optional[Proposal],
   seconds: float,
   seed: int,
   started: float,
 ) -> tuple[Mapping, dict[str, Any]]:
-  model = CostModel(spec.workload, spec.hardware)
-  # The `evo` baseline's requests, so that the search is that baseline with a seeded start.
-  placement = Placement(model, build_requests(model, get_solver("evo").split_activations))
-  initial: list[np.ndarray] = []
+  # The `evo` baseline's requests, so that the search is that baseline with a seeded start; the
+  # proposal's are those already.
+  placement = (
+    Placement(*requests_of(spec.workload, spec.hardware))
+    if proposal is None
+    else proposal.placement
+  )
+  initial: list[np.ndarray] = [] if proposal is None else [proposal.genome]
   for mapping in (None if played is None else played.mapping, msa):
     if mapping is not None:
       for genome in mapping_genomes(placement.requests, mapping, spec.workload):
@@ -417,8 +465,8 @@ def _guided_priorities(
     time_limit_s=max(0.0, seconds - (time.perf_counter() - started)),
     seed=seed,
     initial=initial,
-    # The play's mappings first: on a program where a decode takes a second, the limit may leave
-    # room for one or two. A decode the limit cuts short is never kept over msa's mapping.
+    # The networks' first: on a program where a decode takes a second, the limit may leave room
+    # for one or two. A decode the limit cuts short is never kept over msa's mapping.
     initial_first=True,
     grace_s=0.0,
   )

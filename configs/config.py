@@ -328,6 +328,40 @@ class ProbeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProposerConfig:
+  """The proposer (learner/proposer/): a network that proposes evo's request priorities, fitted
+  before the run trains to labels of evo's best mappings (by default the committed labels of the
+  training corpus), saved beside the checkpoints; the agent plays its proposal first and starts
+  its guided search from it. The fit's time counts in the run's --max-seconds."""
+
+  # About 90 s of one core on the corpus labels, after 40-60 s of building their features.
+  steps: int = setting(
+    3000,
+    "non_negative_int",
+    "Adam steps of the proposer's fit before the run trains (0: no proposer)",
+    maximum=1_000_000,
+  )
+  batch_size: int = setting(
+    4096, "positive_int", "requests per step of the proposer's fit", maximum=MAX_BATCH
+  )
+  learning_rate: float = setting(1e-3, "positive", "the proposer's Adam learning rate")
+  max_programs: int = setting(
+    0,
+    "non_negative_int",
+    "labelled programs the proposer is fitted to, drawn with the run's seed (0: all)",
+  )
+  labels: str = setting(
+    "",
+    "text",
+    "the proposer's labels file (scripts/priority_proposer.py labels; empty: the built-in "
+    "labels of the training corpus)",
+  )
+
+  def __post_init__(self):
+    check_settings(self, "proposer")
+
+
+@dataclasses.dataclass(frozen=True)
 class DistributedConfig:
   """The Launchpad program (system/distributed.py): node counts and how often state is saved."""
 
@@ -375,6 +409,7 @@ class Config:
   replay: ReplayConfig = ReplayConfig()
   actor: ActorConfig = ActorConfig()
   probes: ProbeConfig = ProbeConfig()
+  proposer: ProposerConfig = ProposerConfig()
   distributed: DistributedConfig = DistributedConfig()
   seed: int = setting(0, "seed", "the run's seed")
   max_learner_steps: int = setting(5_000, "positive_int", "the run stops at this learner step")
@@ -468,6 +503,8 @@ def tiny() -> Config:
     ),
     replay=ReplayConfig(max_size=20_000, min_size_to_sample=200, samples_per_insert=2.0),
     actor=ActorConfig(num_games=8, variable_update_period=20, segment_moves=0),
+    # Seconds: a few of the corpus's programs, a short fit.
+    proposer=ProposerConfig(steps=100, batch_size=512, max_programs=4),
     distributed=DistributedConfig(
       replay_checkpoint_every_s=20.0,
       counter_save_every_s=5.0,

@@ -11,6 +11,7 @@ only place its names are spelt. It lives beside the configs because every layer 
                                    arrays and JSON metadata, never a pickle
   checkpoints/replay/              Reverb's checkpoints of the replay table (distributed runs)
   checkpoints/counter.json         the counter node's counts (distributed runs)
+  checkpoints/proposer.npz         the proposer (learner/proposer/), fitted before the run trains
   baselines.json                   msa / greedy / bestfit / random speed-ups of the programs, with
                                    each baseline's version (a changed baseline is recomputed)
   learning_curve.csv / .png        greedy evaluation of the agent against learner steps (its
@@ -36,6 +37,7 @@ CHECKPOINT_FILENAME = "learner_state.npz"
 # The older checkpoint format (a pickle): refused when read, converted on request.
 LEGACY_CHECKPOINT_FILENAME = "learner_state.pkl"
 REPORT_STEM = "report"
+PROPOSER_FILENAME = "proposer.npz"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +89,11 @@ class WorkDir:
   @property
   def replay_checkpoints(self) -> str:
     return os.path.join(self.checkpoints, "replay")
+
+  @property
+  def proposer(self) -> str:
+    """The proposer network fitted before the run trained (learner/proposer/)."""
+    return os.path.join(self.checkpoints, PROPOSER_FILENAME)
 
   @property
   def counter(self) -> str:

@@ -105,6 +105,7 @@ def final_evaluation_table(result: DistributedResult) -> Table:
     "agent",
     "agent greedy",
     "agent policy",
+    "agent proposer",
     *BASELINES,
     "agent vs msa",
     "wins/ties/losses",

@@ -42,6 +42,10 @@ def _x(v: float) -> str:
   return f"{v:.3f}x"
 
 
+def _or_dash(v: Optional[float]) -> str:
+  return "-" if v is None else _x(v)
+
+
 def _percent(v: float) -> str:
   return f"{100 * v:.2f}%"
 
@@ -74,9 +78,11 @@ def columns(evaluation: SuiteEvaluation) -> list[Column]:
     cols.append((f"{name} time", _outcome(name, "time_ms"), _ms))
     if name != "msa":
       cols.append((f"{name} vs msa", _outcome(name, "vs_msa"), _x))
-    if name in agents:  # The network's own play (greedy search; policy alone), apart from msa.
+    if name in agents:  # The networks' own play (greedy search; policy, proposer alone).
       cols.append((f"{name} greedy", _outcome(name, "greedy_speedup"), _x))
       cols.append((f"{name} policy", _outcome(name, "policy_speedup"), _x))
+      if _has_proposal(evaluation, name):
+        cols.append((f"{name} proposer", _outcome(name, "proposal_speedup"), _x))
     if has_bound and name in agents:
       cols.append((f"{name} gap", _outcome(name, "gap"), _percent))
   if has_bound:
@@ -105,6 +111,11 @@ def console_columns(evaluation: SuiteEvaluation) -> list[Column]:
   cols += [(f"{name} vs msa", _outcome(name, "vs_msa"), _x) for name in agents]
   cols += [(f"{name} greedy", _outcome(name, "greedy_speedup"), _x) for name in agents]
   cols += [(f"{name} policy", _outcome(name, "policy_speedup"), _x) for name in agents]
+  cols += [
+    (f"{name} proposer", _outcome(name, "proposal_speedup"), _x)
+    for name in agents
+    if _has_proposal(evaluation, name)
+  ]
   if has_bound:
     cols += [
       ("CP-SAT", lambda r: None if r.cpsat is None else r.cpsat.status, lambda v: v.split(" ")[0])
@@ -114,10 +125,15 @@ def console_columns(evaluation: SuiteEvaluation) -> list[Column]:
   return cols
 
 
+def _has_proposal(evaluation: SuiteEvaluation, label: str) -> bool:
+  """Whether the agent `label` played a proposer on some program."""
+  return any(r.outcomes[label].proposal_speedup is not None for r in evaluation.rows)
+
+
 def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]]:
   """Per split and solver: geomean speed-up, vs msa, wins / ties / losses, an agent's greedy play
-  alone (speed-up and vs msa) and its policy's alone (also wins / ties / losses), total solve
-  time."""
+  alone (speed-up and vs msa), its policy's alone and its proposer's alone (each also wins /
+  ties / losses), total solve time."""
   header = [
     "split",
     "solver",
@@ -132,6 +148,9 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
     "policy speed-up",
     "policy vs msa",
     "policy W/T/L",
+    "proposer speed-up",
+    "proposer vs msa",
+    "proposer W/T/L",
     "solve s",
   ]
   body = []
@@ -161,6 +180,15 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
           figures.policy_record(),
         ]
       )
+      proposal = (
+        ["-", "-", "-"]
+        if figures.geomean_proposal_speedup is None
+        else [
+          _x(figures.geomean_proposal_speedup),
+          _x(figures.proposal_vs_msa),
+          figures.proposal_record(),
+        ]
+      )
       body.append(
         [
           split,
@@ -170,6 +198,7 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
           *versus,
           *greedy,
           *policy,
+          *proposal,
           f"{figures.total_solve_s:.1f}",
         ]
       )
@@ -187,6 +216,7 @@ def quality_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str
       f"{split} W/T/L",
       f"{split} greedy",
       f"{split} policy",
+      f"{split} proposer",
     ]
   header += ["mean solve s"]
   body = []
@@ -201,6 +231,7 @@ def quality_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str
         figures.record(),
         _x(figures.geomean_greedy_speedup),
         _x(figures.geomean_policy_speedup),
+        _or_dash(figures.geomean_proposal_speedup),
       ]
     line.append(f"{overall.solvers[a.label].total_solve_s / overall.entries:.2f}")
     body.append(line)
@@ -446,7 +477,14 @@ def write_final_report(
         f"  {split}: agent {figures.geomean_speedup:.3f}x (greedy alone "
         f"{figures.geomean_greedy_speedup:.3f}x, {figures.greedy_vs_msa:.3f}x msa; policy alone "
         f"{figures.geomean_policy_speedup:.3f}x, {figures.policy_vs_msa:.4f}x msa, W/T/L "
-        f"{figures.policy_record()}), "
+        f"{figures.policy_record()}"
+        + (
+          ""
+          if figures.geomean_proposal_speedup is None
+          else f"; proposer alone {figures.proposal_vs_msa:.4f}x msa, W/T/L "
+          f"{figures.proposal_record()}"
+        )
+        + "), "
         + ", ".join(f"{b} {s.solvers[b].geomean_speedup:.3f}x" for b in BASELINES)
         + f"; vs msa {figures.geomean_vs_msa:.3f}x (wins {figures.wins}, ties "
         f"{figures.ties}, losses {figures.losses} of {s.entries})"
@@ -462,8 +500,9 @@ def _random_seed(seed: int) -> Callable[[str], dict]:
 def summary_rows(
   report: dict[str, Any], label: str = "agent", baselines: Optional[tuple[str, ...]] = None
 ) -> list[list[str]]:
-  """Console table of a final report: per split, the agent's geomean, its greedy play's alone and
-  its policy's alone, the baselines' geomeans, the agent's ratio to msa and W/T/L.
+  """Console table of a final report: per split, the agent's geomean, its greedy play's alone, its
+  policy's alone and its proposer's alone ("-" without one), the baselines' geomeans, the agent's
+  ratio to msa and W/T/L.
 
   `report` is the report's JSON (`write_final_report`'s result), so it reads the files' flat keys.
   """
@@ -479,6 +518,7 @@ def summary_rows(
           _x(s[f"{label}_geomean_speedup"]),
           _x(s[f"{label}_geomean_greedy_speedup"]),
           _x(s[f"{label}_geomean_policy_speedup"]),
+          _or_dash(s.get(f"{label}_geomean_proposal_speedup")),
           *(_x(s[f"{b}_geomean_speedup"]) for b in baselines),
           _x(s[f"{label}_geomean_vs_msa"]),
           f"{s[f'{label}_wins']}/{s[f'{label}_ties']}/{s[f'{label}_losses']}",

@@ -115,6 +115,8 @@ class SolverOutcome:
   # (one attempt, no search either).
   greedy_speedup: Optional[float] = None
   policy_speedup: Optional[float] = None
+  # Agents with a proposer (learner/proposer/): one decode of its proposal, no search and no msa.
+  proposal_speedup: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +170,8 @@ class ProgramRow:
         row[f"{label}_greedy_speedup"] = outcome.greedy_speedup
       if outcome.policy_speedup is not None:
         row[f"{label}_policy_speedup"] = outcome.policy_speedup
+      if outcome.proposal_speedup is not None:
+        row[f"{label}_proposal_speedup"] = outcome.proposal_speedup
     for label, outcome in self.outcomes.items():
       row[f"{label}_vs_msa"] = outcome.vs_msa
       if outcome.gap is not None:
@@ -199,6 +203,12 @@ class SolverSummary:
   policy_wins: Optional[int] = None
   policy_ties: Optional[int] = None
   policy_losses: Optional[int] = None
+  # Agents with a proposer: its one decode alone (SolverOutcome.proposal_speedup), the same.
+  geomean_proposal_speedup: Optional[float] = None
+  proposal_vs_msa: Optional[float] = None
+  proposal_wins: Optional[int] = None
+  proposal_ties: Optional[int] = None
+  proposal_losses: Optional[int] = None
 
   def record(self) -> str:
     """Its wins / ties / losses against msa, as the tables show them ("7/20/13")."""
@@ -207,6 +217,10 @@ class SolverSummary:
   def policy_record(self) -> str:
     """`record` of an agent's policy alone."""
     return f"{self.policy_wins}/{self.policy_ties}/{self.policy_losses}"
+
+  def proposal_record(self) -> str:
+    """`record` of an agent's proposer alone."""
+    return f"{self.proposal_wins}/{self.proposal_ties}/{self.proposal_losses}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,8 +293,9 @@ def evaluate_suite(
   With `batch_agents` each agent plays all programs in one batch (far faster; its solve time per
   program is then the batch's time shared evenly), otherwise one program at a time. An agent's
   candidates include msa's mapping (actors/agent.py), the reference solved here, whose solve time
-  counts in the agent's; its greedy play alone (`greedy_speedup`) and its policy's alone
-  (`policy_speedup`, no search) are reported apart.
+  counts in the agent's; its greedy play alone (`greedy_speedup`), its policy's alone
+  (`policy_speedup`, no search) and its proposer's (`proposal_speedup`, one decode) are reported
+  apart.
   """
   started = time.monotonic()
   solvers = ["msa"] + [s for s in solvers if s != "msa"]
@@ -398,6 +413,7 @@ def _program_row(
       gap,
       result.info["greedy_speedup"] if label in agents else None,
       result.info["policy_speedup"] if label in agents else None,
+      result.info.get("proposal_speedup") if label in agents else None,
     )
   return ProgramRow(
     entry.name,
@@ -431,8 +447,10 @@ def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
     ratios = [o.vs_msa for o in outcomes]
     greedy = _own_play([o.greedy_speedup for o in outcomes], rows)
     policy = _own_play([o.policy_speedup for o in outcomes], rows)
+    proposal = _own_play([o.proposal_speedup for o in outcomes], rows)
     wins, ties, losses = wins_ties_losses(ratios)
     policy_wins, policy_ties, policy_losses = (None,) * 3 if policy is None else policy[2]
+    proposal_record = (None,) * 3 if proposal is None else proposal[2]
     solvers[name] = SolverSummary(
       speedup,
       solve_s,
@@ -450,6 +468,11 @@ def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
       policy_wins=policy_wins,
       policy_ties=policy_ties,
       policy_losses=policy_losses,
+      geomean_proposal_speedup=None if proposal is None else proposal[0],
+      proposal_vs_msa=None if proposal is None else proposal[1],
+      proposal_wins=proposal_record[0],
+      proposal_ties=proposal_record[1],
+      proposal_losses=proposal_record[2],
     )
   cpsat_optimal = (
     sum(r.cpsat.status == "optimal" for r in rows) if rows[0].cpsat is not None else None
@@ -460,8 +483,8 @@ def summarise(rows: Sequence[ProgramRow], names: Sequence[str]) -> SplitSummary:
 def _own_play(
   speedups: Sequence[Optional[float]], rows: Sequence[ProgramRow]
 ) -> Optional[tuple[float, float, tuple[int, int, int]]]:
-  """An agent's own play (greedy or policy alone) over `rows`: geomean speed-up, geomean ratio to
-  msa and wins / ties / losses against msa; None where it was not played."""
+  """An agent's own play (greedy, policy or proposer alone) over `rows`: geomean speed-up, geomean
+  ratio to msa and wins / ties / losses against msa; None where it was not played."""
   if any(s is None for s in speedups):
     return None
   ratios = [s / r.outcomes["msa"].speedup for s, r in zip(speedups, rows)]

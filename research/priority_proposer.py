@@ -20,7 +20,8 @@ jitted"). What the network adds over that decoder is measured against the decode
 msa's mapping (`mapping_genomes`) and the greedy's saving-per-byte order.
 
   .venv/bin/python scripts/priority_proposer.py collect --suite corpus --out data/corpus
-  .venv/bin/python scripts/priority_proposer.py fit --data data/corpus --seed 1 --out p1.npz
+  .venv/bin/python scripts/priority_proposer.py labels --data data/corpus --out labels.npz
+  .venv/bin/python scripts/priority_proposer.py fit --labels labels.npz --seed 1 --out p1.npz
   .venv/bin/python scripts/priority_proposer.py decode --params p1.npz --suite realistic
   .venv/bin/python scripts/priority_proposer.py search --params p1.npz --suite realistic
 """
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import glob
 import os
 import sys
@@ -38,236 +38,21 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from malloczero.env.cost_model import NO_COPY, CostModel
 from malloczero.env.placement import Placement
-from malloczero.env.requests import Requests, build_requests
-from malloczero.env.solvers.evo import _rank, decode, evo, greedy_priorities, mapping_genomes
-
-# The request features, in `request_features`'s column order.
-FEATURES = (
-  "log2 size over fast capacity",
-  "saving per byte, rank in the program",
-  "saving, rank in the program",
-  "log10 saving over the all-slow time",
-  "window over the program",
-  "window start over the program",
-  "window end over the program",
-  "is a prefetch",
-  "exposed copy time over saving",
-  "evicts",
-  "position in msa's order",
-  "log2 uses in the window",
-  "mean demand over the window, over fast capacity",
-  "peak demand over the window, over fast capacity",
-  "log10 mean demand",
-  "size times window over capacity times program",
-  "log10 requests",
-  "fast levels",
-  "log2 requests of the buffer",
+from malloczero.env.solvers.evo import decode, evo, greedy_priorities, mapping_genomes
+from malloczero.learner.proposer import (
+  BUILTIN_LABELS,
+  Labels,
+  Proposer,
+  auc,
+  fit,
+  label_program,
+  labelled_programs,
+  labels_of,
+  proposal_genome,
+  request_features,
+  requests_of,
 )
-HIDDEN = (128, 128)
-# A request is proposed (put first) where the network gives it at least this chance of being
-# placed.
-PROPOSE_AT = 0.5
-
-
-def _rank_share(x: np.ndarray) -> np.ndarray:
-  """`[R]` each value's rank among `x`, in (0, 1)."""
-  ranks = np.argsort(np.argsort(x, kind="stable"), kind="stable")
-  return (ranks + 0.5) / max(1, len(x))
-
-
-def _window_max(series: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-  """`[R]` the max of `series[start:end]` per window (0 where empty), by a sparse table."""
-  table = [series]
-  while 2 ** len(table) <= len(series):
-    prev, half = table[-1], 2 ** (len(table) - 1)
-    table.append(np.maximum(prev[:-half], prev[half:]))
-  length = np.maximum(end - start, 1)
-  level = np.floor(np.log2(length)).astype(np.int64)
-  out = np.zeros(len(start))
-  for k in np.unique(level):
-    rows = np.flatnonzero(level == k)
-    lo, hi = start[rows], end[rows] - 2**k
-    out[rows] = np.maximum(table[k][lo], table[k][np.maximum(hi, lo)])
-  return np.where(end > start, out, 0.0)
-
-
-def request_features(model: CostModel, requests: Requests) -> np.ndarray:
-  """`[R, len(FEATURES)]` float32 features of each request, independent of the program's size and
-  of any mapping."""
-  workload, hardware = model.workload, model.hardware
-  num_requests, num_ops = len(requests), workload.num_ops
-  capacity = float(hardware.fast_capacity_bytes)
-  saving = requests.standalone_saving.max(axis=1)
-  window = (requests.end - requests.start).astype(float)
-  # Bytes live in requests' windows at each op: the demand msa and evo share out.
-  change = np.zeros(num_ops + 1)
-  np.add.at(change, requests.start, requests.size)
-  np.add.at(change, requests.end, -requests.size.astype(float))
-  demand = np.cumsum(change)[:num_ops] / capacity
-  prefix = np.concatenate([[0.0], np.cumsum(demand)])
-  mean_demand = (prefix[requests.end] - prefix[requests.start]) / np.maximum(1.0, window)
-  peak_demand = _window_max(demand, requests.start, requests.end)
-  per_buffer = np.bincount(requests.buffer, minlength=len(workload.buffers))[requests.buffer]
-  uses = np.diff(requests.incidence_start).astype(float)
-  columns = (
-    np.log2(requests.size / capacity),
-    _rank_share(saving / requests.size),
-    _rank_share(saving),
-    np.log10(saving / model.slow_only_time + 1e-12),
-    window / num_ops,
-    requests.start / num_ops,
-    requests.end / num_ops,
-    requests.is_prefetch.astype(float),
-    requests.exposed_copy_time / np.maximum(saving, 1e-15),
-    (requests.evict_start != NO_COPY).astype(float),
-    np.arange(num_requests) / max(1, num_requests),
-    np.log2(uses + 1),
-    mean_demand,
-    peak_demand,
-    np.log10(mean_demand + 1e-9),
-    requests.size * window / (capacity * num_ops),
-    np.full(num_requests, np.log10(max(1, num_requests))),
-    np.full(num_requests, hardware.num_fast_levels),
-    np.log2(per_buffer),
-  )
-  return np.stack(columns, 1).astype(np.float32)
-
-
-def proposal_genome(placed_chance: np.ndarray) -> np.ndarray:
-  """`[R]` evo priorities from the network's `[R]` chances: the requests it expects placed
-  first, each group in msa's buffer order (the requests' order)."""
-  return (placed_chance >= PROPOSE_AT) + 1e-3 * _rank(np.arange(len(placed_chance)))
-
-
-def requests_of(workload, hardware) -> tuple[CostModel, Requests]:
-  """evo's cost model and requests of a program (the `evo` baseline's)."""
-  from malloczero.env.solvers import get_solver
-
-  model = CostModel(workload, hardware)
-  return model, build_requests(model, get_solver("evo").split_activations)
-
-
-def collect_one(workload, hardware, seconds: float, seed: int = 0) -> dict[str, np.ndarray]:
-  """One program's features `[R, F]` and labels `[R]`: whether evo's best mapping, evo seeded
-  with msa's mapping and run for `seconds`, places each request; with msa's and evo's speed-ups
-  over all-slow."""
-  from malloczero.env.solvers import solve
-
-  model, requests = requests_of(workload, hardware)
-  msa = solve(workload, hardware, "msa").mapping
-  placement = Placement(model, requests)
-  info = evo(
-    placement,
-    evaluations=10**9,
-    time_limit_s=seconds,
-    seed=seed,
-    initial=mapping_genomes(requests, msa, workload),
-  )
-  placed = np.zeros(len(requests), bool)
-  placed[placement.request_indices()] = True
-  return {
-    "features": request_features(model, requests),
-    "placed": placed,
-    "msa": np.float64(msa.speedup),
-    "evo": np.float64(model.slow_only_time / placement.total_time),
-    "evaluations": np.int64(info["evaluations"]),
-  }
-
-
-@dataclasses.dataclass(frozen=True)
-class Proposer:
-  """The fitted network: Haiku parameters of an MLP `HIDDEN` -> 1 logit, over features
-  standardised by `mean` and `std` `[F]`."""
-
-  params: dict
-  mean: np.ndarray
-  std: np.ndarray
-
-  def placed_chance(self, features: np.ndarray) -> np.ndarray:
-    """`[R]` the chance that evo's best mapping places each request, from `[R, F]` features."""
-    import jax
-
-    standard = ((features - self.mean) / self.std).astype(np.float32)
-    return np.asarray(jax.nn.sigmoid(_network().apply(self.params, standard)))
-
-  def save(self, path: str) -> None:
-    flat = {f"params|{m}|{n}": np.asarray(v) for m, p in self.params.items() for n, v in p.items()}
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, mean=self.mean, std=self.std, **flat)
-    os.replace(tmp, path)
-
-  @classmethod
-  def load(cls, path: str) -> "Proposer":
-    with np.load(path) as saved:
-      params: dict = {}
-      for key in saved.files:
-        if key.startswith("params|"):
-          _, module, name = key.split("|")
-          params.setdefault(module, {})[name] = saved[key]
-      return cls(params, saved["mean"], saved["std"])
-
-
-def _network():
-  import haiku as hk
-
-  return hk.without_apply_rng(
-    hk.transform(lambda x: hk.nets.MLP([*HIDDEN, 1], name="proposer")(x)[..., 0])
-  )
-
-
-def fit(
-  programs: Sequence[dict[str, np.ndarray]],
-  seed: int = 0,
-  steps: int = 6000,
-  batch: int = 4096,
-  learning_rate: float = 1e-3,
-) -> Proposer:
-  """Fits a `Proposer` to `collect_one`'s programs: cross-entropy on the placed flags, each program
-  weighing the same whatever its size."""
-  import jax
-  import jax.numpy as jnp
-  import optax
-
-  features = np.concatenate([p["features"] for p in programs])
-  placed = np.concatenate([p["placed"] for p in programs]).astype(np.float32)
-  weight = np.concatenate([np.full(len(p["placed"]), 1.0 / len(p["placed"])) for p in programs])
-  weight = (weight / weight.mean()).astype(np.float32)
-  mean, std = features.mean(0), features.std(0) + 1e-6
-  standard = ((features - mean) / std).astype(np.float32)
-  network, optimiser = _network(), optax.adam(learning_rate)
-  params = network.init(jax.random.PRNGKey(seed), standard[:1])
-  state = optimiser.init(params)
-
-  @jax.jit
-  def update(params, state, x, target, w):
-    def loss(p):
-      return jnp.mean(w * optax.sigmoid_binary_cross_entropy(network.apply(p, x), target))
-
-    grads = jax.grad(loss)(params)
-    updates, state = optimiser.update(grads, state)
-    return optax.apply_updates(params, updates), state
-
-  rng = np.random.default_rng(seed)
-  for _ in range(steps):
-    rows = rng.integers(len(standard), size=batch)
-    params, state = update(params, state, standard[rows], placed[rows], weight[rows])
-  params = jax.tree_util.tree_map(np.asarray, params)
-  return Proposer({m: dict(p) for m, p in params.items()}, mean, std)
-
-
-def auc(placed: np.ndarray, score: np.ndarray) -> float:
-  """The chance that a placed request scores above an unplaced one (ties count half); nan when
-  one class is empty."""
-  positives = int(placed.sum())
-  negatives = len(placed) - positives
-  if not positives or not negatives:
-    return float("nan")
-  # Each score's rank among all (1-based), a tied group's the mean of its ranks.
-  _, group, counts = np.unique(score, return_inverse=True, return_counts=True)
-  ranks = (np.cumsum(counts) - (counts - 1) / 2)[group]
-  return float((ranks[placed].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
 def decode_once(
@@ -353,9 +138,9 @@ def _collect(args) -> int:
     if not 0 < len(requests) <= args.max_requests:
       print(f"{entry.name}: skipped ({len(requests)} requests)", flush=True)
       continue
-    data = collect_one(workload, hardware, args.seconds, args.seed)
+    data = label_program(workload, hardware, args.seconds, args.seed)
     tmp = path + ".tmp.npz"
-    np.savez(tmp, model=entry.model, **data)
+    np.savez(tmp, entry=np.str_(entry.name), **data)
     os.replace(tmp, path)  # A killed run leaves no half-written program.
     print(
       f"{entry.name}: {len(requests)} requests, {data['placed'].mean():.3f} placed, evo "
@@ -366,20 +151,33 @@ def _collect(args) -> int:
   return 0
 
 
-def load_collected(directory: str) -> list[dict[str, np.ndarray]]:
-  """The programs `collect` wrote to `directory`, with their file's name."""
+def load_collected(directory: str) -> list[tuple[str, dict[str, np.ndarray]]]:
+  """The programs `collect` wrote to `directory`, by entry name, in the suite's order of names."""
   programs = []
   for path in sorted(glob.glob(os.path.join(directory, "*.npz"))):
-    with np.load(path) as saved:
-      programs.append({"name": os.path.basename(path)[:-4], **{k: saved[k] for k in saved.files}})
+    with np.load(path, allow_pickle=False) as saved:
+      programs.append((str(saved["entry"]), {k: saved[k] for k in saved.files}))
   return programs
 
 
-def _fit(args) -> int:
+def _labels(args) -> int:
   programs = load_collected(args.data)
   if not programs:
     raise ValueError(f"no collected programs in {args.data} (run `collect` first)")
+  labels = labels_of(args.suite, programs, args.seconds)
+  labels.save(args.out)
+  print(
+    f"{len(programs)} programs ({sum(len(p) for p in labels.placed)} requests) of suite "
+    f"'{args.suite}': evo {float(np.exp(np.log(labels.evo / labels.msa).mean())):.4f}x msa "
+    f"(geomean); saved {args.out}",
+    flush=True,
+  )
+  return 0
+
+
+def _fit(args) -> int:
   started = time.perf_counter()
+  programs = labelled_programs(Labels.load(args.labels), args.max_programs, args.seed)
   proposer = fit(programs, seed=args.seed, steps=args.steps)
   proposer.save(args.out)
   scores = [auc(p["placed"], proposer.placed_chance(p["features"])) for p in programs]
@@ -462,8 +260,8 @@ def _write_csv(path: str, rows: list[dict]) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """The command (`scripts/priority_proposer.py`): `collect`, `fit` or `decode`; returns the exit
-  status."""
+  """The command (`scripts/priority_proposer.py`): `collect`, `labels`, `fit`, `decode` or
+  `search`; returns the exit status."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   commands = parser.add_subparsers(dest="command", required=True)
   collect = commands.add_parser("collect", help="features and evo's placed flags per program")
@@ -475,8 +273,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   collect.add_argument("--shard", type=int, default=0)
   collect.add_argument("--shards", type=int, default=1)
   collect.add_argument("--out", required=True, help="a directory: one .npz per program")
-  fit_ = commands.add_parser("fit", help="fit the proposer to collected programs")
-  fit_.add_argument("--data", required=True)
+  labels = commands.add_parser("labels", help="pack collected programs into one labels file")
+  labels.add_argument("--data", required=True, help="collect's directory")
+  labels.add_argument("--suite", default="corpus", help="the suite collect labelled")
+  labels.add_argument("--seconds", type=float, default=4.0, help="collect's --seconds")
+  labels.add_argument("--out", required=True, help=f"the labels' .npz (built in: {BUILTIN_LABELS})")
+  fit_ = commands.add_parser("fit", help="fit the proposer to a labels file")
+  fit_.add_argument("--labels", default=BUILTIN_LABELS, help="the labels' .npz (default built in)")
+  fit_.add_argument("--max-programs", type=int, default=0, help="fit this many (0: all)")
   fit_.add_argument("--seed", type=int, default=0)
   fit_.add_argument("--steps", type=int, default=6000)
   fit_.add_argument("--out", required=True, help="the proposer's .npz")
@@ -499,12 +303,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error("--seconds must be positive and 0 <= --shard < --shards")
   if args.command == "search" and args.seconds <= 0:
     parser.error("--seconds must be positive")
-  if args.command == "fit" and args.steps < 1:
-    parser.error("--steps must be positive")
+  if args.command == "fit" and (args.steps < 1 or args.max_programs < 0):
+    parser.error("--steps must be positive and --max-programs at least 0")
 
   from malloczero.common.errors import MalloczeroError
 
-  run = {"collect": _collect, "fit": _fit, "decode": _decode, "search": _search}[args.command]
+  run = {"collect": _collect, "labels": _labels, "fit": _fit, "decode": _decode, "search": _search}[
+    args.command
+  ]
   try:
     return run(args)
   except (MalloczeroError, ValueError, OSError, KeyError) as e:

@@ -62,6 +62,7 @@ from malloczero.system.nodes import (
 )
 from malloczero.system.training import (
   check_workdir,
+  fit_run_proposer,
   preflight,
   refuse_finished,
   report_missing,
@@ -364,6 +365,9 @@ def _launch_training(
       )
   save_config(config, workdir)
   msa = _msa_geomeans(config, workdir, print_fn)
+  fitting = fit_run_proposer(config, workdir, print_fn)
+  if max_seconds is not None:  # The proposer's fit is part of the run's time.
+    max_seconds = max(1.0, max_seconds - fitting)
 
   context = NodeContext(
     workdir,

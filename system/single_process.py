@@ -28,6 +28,7 @@ from malloczero.system.loops import EpisodeStatistics, interrupt_sets, run_learn
 from malloczero.system.training import (
   Stopwatch,
   check_workdir,
+  fit_run_proposer,
   preflight,
   refuse_finished,
   save_config,
@@ -115,6 +116,9 @@ def _train(
   eval_every_steps = eval_every_steps or config.eval_every_steps
   save_config(config, workdir)
   files = WorkDir(workdir)
+  fitting = fit_run_proposer(config, workdir, print_fn or (lambda text: None))
+  if max_seconds is not None:  # The proposer's fit is part of the run's time.
+    max_seconds = max(1.0, max_seconds - fitting)
   networks = make_networks(config.network, config.game)
   train_specs = program_specs(config, "train")
   heldout_specs = program_specs(config, "heldout")

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import write_text
@@ -139,6 +139,47 @@ def report_missing(config: Config, workdir: str, start_step: Optional[int], max_
     and start_step >= max_steps
     and not os.path.exists(WorkDir(workdir).report("md"))
   )
+
+
+def fit_run_proposer(config: Config, workdir: str, print_fn: Callable[[str], None]) -> float:
+  """Fits the run's proposer (`config.proposer`, learner/proposer/) to its labels and saves it as
+  WORKDIR/checkpoints/proposer.npz, once: a resumed run keeps the one it has, and `steps` 0 fits
+  none. Returns the seconds it took, which the run's time limit includes."""
+  settings, files = config.proposer, WorkDir(workdir)
+  if not settings.steps or os.path.exists(files.proposer):
+    return 0.0
+  from malloczero.learner.proposer import BUILTIN_LABELS, Labels, fit, labelled_programs
+
+  clock = Stopwatch()
+  labels = Labels.load(settings.labels or BUILTIN_LABELS)
+  total = min(settings.max_programs or len(labels.entries), len(labels.entries))
+  print_fn(f"proposer: building the features of {total} labelled programs of '{labels.suite}'")
+  programs = labelled_programs(
+    labels,
+    settings.max_programs,
+    config.seed,
+    progress=lambda done, total: (
+      print_fn(f"proposer: {done}/{total} programs ({clock.elapsed:.0f} s)")
+      if done % 100 == 0
+      else None
+    ),
+  )
+  requests = sum(len(p["placed"]) for p in programs)
+  print_fn(f"proposer: fitting to {requests:,} requests, {settings.steps} steps")
+  proposer = fit(
+    programs,
+    seed=config.seed,
+    steps=settings.steps,
+    batch=settings.batch_size,
+    learning_rate=settings.learning_rate,
+    progress=lambda step, loss: print_fn(
+      f"proposer: step {step}/{settings.steps}, loss {loss:.4f} ({clock.elapsed:.0f} s)"
+    ),
+  )
+  os.makedirs(files.checkpoints, exist_ok=True)
+  proposer.save(files.proposer)
+  print_fn(f"proposer: saved {files.proposer} in {clock.elapsed:.0f} s")
+  return clock.elapsed
 
 
 class Stopwatch:

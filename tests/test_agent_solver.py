@@ -23,7 +23,7 @@ from malloczero.actors.agent import (
 )
 from malloczero.actors.games import GameSpec
 from malloczero.common.errors import MalloczeroError
-from malloczero.configs.workdir import CHECKPOINT_FILENAME
+from malloczero.configs.workdir import CHECKPOINT_FILENAME, WorkDir
 from malloczero.env.cost_model import CostModel
 from malloczero.env.placement import Placement
 from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
@@ -31,6 +31,7 @@ from malloczero.env.requests import build_requests
 from malloczero.env.solvers import solve
 from malloczero.env.solvers.evo import decode, mapping_genomes
 from malloczero.env.validator import validate_mapping
+from malloczero.learner.proposer import Proposer, propose, requests_of
 from tests.trained import STEPS, read_checkpoint, write_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +72,9 @@ def test_agent_keeps_the_best_of_its_trajectories_and_its_mapping_validates(work
   # The 3 searched attempts, then the policy's alone.
   assert len(speedups) == 4 and result.info["search_speedup"] == pytest.approx(max(speedups))
   assert result.info["policy_speedup"] == speedups[-1]
-  assert result.mapping.speedup == pytest.approx(max(max(speedups), result.info["msa_speedup"]))
+  # msa's mapping and the run's proposer's play are candidates too.
+  candidates = [*speedups, result.info["msa_speedup"], result.info["proposal_speedup"]]
+  assert result.mapping.speedup == pytest.approx(max(candidates))
   assert result.mapping.speedup >= max(result.info["greedy_speedup"], speedups[-1])
 
 
@@ -93,22 +96,23 @@ def test_the_agent_counts_msa_among_its_attempts_so_it_is_never_slower_than_msa(
     assert info["policy_speedup"] == info["attempt_speedups"][-1]
     assert len(info["attempt_speedups"]) == 3
     assert info["search_speedup"] == pytest.approx(max(info["attempt_speedups"]))
+    # The run's proposer plays too (one decode), reported apart; the best of all is kept.
+    assert info["proposal_speedup"] is not None and info["proposal_s"] > 0
+    candidates = {"msa": info["msa_speedup"], "proposal": info["proposal_speedup"]}
+    candidates |= dict(enumerate(info["attempt_speedups"]))
+    assert result.mapping.speedup == pytest.approx(max(candidates.values()), rel=1e-12)
+    assert result.mapping.speedup == pytest.approx(candidates[info["best_attempt"]], rel=1e-12)
     if info["best_attempt"] == "msa":
-      assert info["search_speedup"] < info["msa_speedup"]
-      assert result.mapping.speedup == pytest.approx(info["msa_speedup"], rel=1e-12)
-    else:
-      assert info["search_speedup"] >= info["msa_speedup"]
-      assert result.mapping.speedup == pytest.approx(
-        info["attempt_speedups"][info["best_attempt"]], rel=1e-12
-      )
-    assert result.solve_time_s >= info["msa_solve_s"] > 0
+      assert max(info["search_speedup"], info["proposal_speedup"]) < info["msa_speedup"]
+    assert result.solve_time_s >= info["msa_solve_s"] + info["proposal_s"]
+    assert info["msa_solve_s"] > 0
 
 
 def test_the_guided_search_starts_from_the_attempts_and_is_timed_in_the_solve(workdir):
   """`search_seconds` with `guide="decisions"`: evo-msa guided by the network after the attempts;
   the result is the best of the attempts, msa and the search, it validates, and the search's
-  time is in the solve's."""
-  agent = load_agent(str(workdir))
+  time is in the solve's. Without the run's proposer: this is the MuZero play's search."""
+  agent = dataclasses.replace(load_agent(str(workdir)), proposer=None)
   specs = [GameSpec(e.name, *e.load()) for e in get_suite("tiny").entries[:3]]
   results = play_with_agent(
     agent, specs, simulations=4, attempts=2, search_seconds=0.5, guide="decisions"
@@ -129,19 +133,43 @@ def test_the_guided_search_starts_from_the_attempts_and_is_timed_in_the_solve(wo
 def test_the_guided_search_over_priorities_is_seeded_with_the_plays_mapping(workdir):
   """`guide="priorities"`, the default: evo over request priorities, its population seeded with
   the kept mapping of the play; within the time limit it returns a validated mapping at least as
-  fast as the best of the attempts and msa, and names its space."""
+  fast as the best of the attempts, msa and the proposer's play (its genome seeds the search
+  first), and names its space."""
   agent = load_agent(str(workdir))
+  assert agent.proposer is not None
   specs = [GameSpec(e.name, *e.load()) for e in get_suite("tiny").entries[:2]]
   results = play_with_agent(agent, specs, simulations=4, attempts=1, search_seconds=0.5)
   for spec, result in zip(specs, results):
     info = result.info
     validate_mapping(spec.workload, spec.hardware, result.mapping)
     assert info["guide"] == "priorities" and info["guided_evaluations"] >= 3
+    # The search decoded the proposal first: it is at least that decode.
+    assert info["guided_speedup"] >= info["proposal_speedup"] * (1 - 1e-12)
     best = max(info["guided_speedup"], info["search_speedup"], info["msa_speedup"])
     assert result.mapping.speedup == pytest.approx(best, rel=1e-12)
     assert info["guided_s"] < 0.5 + 1.0  # evo's last decode may pass its limit by a decode.
   with pytest.raises(MalloczeroError, match="unknown guided search 'nope'"):
     play_with_agent(agent, specs[:1], simulations=4, attempts=1, search_seconds=0.1, guide="nope")
+
+
+def test_the_agent_plays_its_runs_proposer_and_reports_it_apart(workdir):
+  """The run's proposer (checkpoints/proposer.npz) is loaded with the checkpoint; its play is one
+  decode of its proposal (`proposal_speedup`: no search, no msa), a candidate of the agent's; an
+  agent whose run has no proposer reports none."""
+  agent = load_agent(str(workdir))
+  proposer = Proposer.load(WorkDir(str(workdir)).proposer)
+  for spec in [GameSpec(e.name, *e.load()) for e in get_suite("tiny").entries[:3]]:
+    result = play_with_agent(agent, [spec], simulations=4, attempts=1)[0]
+    placement = Placement(*requests_of(spec.workload, spec.hardware))
+    genome = propose(proposer, placement.model, placement.requests)
+    own = placement.model.slow_only_time / decode(placement, genome)
+    assert result.info["proposal_speedup"] == pytest.approx(own, rel=1e-12)
+    assert result.mapping.speedup >= own * (1 - 1e-12)
+    without = play_with_agent(
+      dataclasses.replace(agent, proposer=None), [spec], simulations=4, attempts=1
+    )[0]
+    assert without.info["proposal_speedup"] is None and "proposal_s" not in without.info
+    assert without.info["best_attempt"] != "proposal"
 
 
 def test_without_a_play_the_guided_search_over_priorities_starts_from_msas_mapping():
@@ -228,8 +256,9 @@ def test_a_time_limit_stops_the_attempts_between_search_calls(workdir, monkeypat
   """The attempts stop at the deadline the time limit leaves them (a clock that ticks once a
   look): the trajectories unfinished then are dropped and said to be, the network's own play
   among them, and the answer is the best finished one or msa's mapping, validated. The decision
-  guide gives the attempts all that msa leaves (`PLAY_SHARE`), so no guided search follows."""
-  agent = load_agent(str(workdir))
+  guide gives the attempts all that msa leaves (`PLAY_SHARE`), so no guided search follows.
+  Without the run's proposer, whose one decode would otherwise follow the attempts."""
+  agent = dataclasses.replace(load_agent(str(workdir)), proposer=None)
   entry, workload, hardware = _program()
   spec = GameSpec(entry.name, workload, hardware)
   msa = solve(spec.workload, spec.hardware, "msa")
@@ -295,6 +324,7 @@ def test_solve_cli_agent_and_portfolio(workdir, tmp_path):
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.startswith("agent: ") and f"checkpoint step {STEPS}" in result.stdout
   assert "guided search" in result.stdout and " s of its 0.5 s)" in result.stdout
+  assert "proposer alone" in result.stdout
   assert out.exists() and plot.exists()
   validated = subprocess.run(
     [sys.executable, "-m", "malloczero", "validate", path, str(out), *capacity],

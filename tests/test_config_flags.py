@@ -85,6 +85,7 @@ def test_every_field_is_settable_a_section_or_set_by_another_flag():
     "replay",
     "actor",
     "probes",
+    "proposer",
     "distributed",
   }
 

@@ -93,12 +93,17 @@ def _agent_lines(solver: Solver, result) -> None:
     else ""
   )
   cut = f"; {info['cut_short']}" if "cut_short" in info else ""
+  proposal = (
+    f", proposer alone {info['proposal_speedup']:.3f}x"
+    if info.get("proposal_speedup") is not None
+    else ""
+  )
   print(
     solve_line(ALL_SOLVERS["agent"], result) + f" (checkpoint step {info['learner_steps']}, "
     f"{info['simulations']} simulations, best of {len(info['attempt_speedups'])} trajectories, msa"
     f"{' and the guided search' if guided else ''}: {won}; search alone "
     f"{_played(info['search_speedup'])}, greedy alone {_played(info['greedy_speedup'])}, policy "
-    f"alone {_played(info['policy_speedup'])}{guided}{cut})"
+    f"alone {_played(info['policy_speedup'])}{proposal}{guided}{cut})"
   )
   if solver.name == "portfolio":
     baseline = info["msa"]

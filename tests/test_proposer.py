@@ -1,0 +1,181 @@
+"""The proposer (learner/proposer/): its features, its labels (evo's best mapping) and their
+file, its fit, its proposal, and its saved parameters."""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+from malloczero.actors.games import suite_games
+from malloczero.common.errors import MalloczeroError
+from malloczero.configs.config import get_config, with_section
+from malloczero.configs.workdir import WorkDir
+from malloczero.env.placement import Placement
+from malloczero.env.solvers import solve
+from malloczero.env.solvers.evo import decode, mapping_genomes
+from malloczero.env.validator import validate_mapping
+from malloczero.learner.proposer import (
+  FEATURES,
+  Labels,
+  Proposer,
+  auc,
+  fingerprint,
+  fit,
+  label_program,
+  labelled_programs,
+  labels_of,
+  play_proposal,
+  proposal_genome,
+  request_features,
+  requests_of,
+)
+from malloczero.learner.proposer.features import window_max
+from malloczero.learner.proposer.network import PROPOSE_AT
+from malloczero.system.training import fit_run_proposer
+
+
+def test_window_max_is_the_max_over_each_window():
+  rng = np.random.default_rng(0)
+  series = rng.random(37)
+  start = rng.integers(0, 37, size=200)
+  end = np.minimum(37, start + rng.integers(0, 20, size=200))
+  expected = [series[s:e].max() if e > s else 0.0 for s, e in zip(start, end)]
+  np.testing.assert_array_equal(window_max(series, start, end), expected)
+
+
+def test_features_are_finite_and_the_same_at_any_scale_of_the_program():
+  spec = suite_games("tiny", "train")[0]
+  model, requests = requests_of(spec.workload, spec.hardware)
+  features = request_features(model, requests)
+  assert features.shape == (len(requests), len(FEATURES)) and np.isfinite(features).all()
+  # Shares and ranks stay in [0, 1]; the copy flag is the requests'.
+  for name in ("saving per byte, rank in the program", "window over the program", "is a prefetch"):
+    column = features[:, FEATURES.index(name)]
+    assert column.min() >= 0 and column.max() <= 1
+  np.testing.assert_array_equal(
+    features[:, FEATURES.index("is a prefetch")], requests.is_prefetch.astype(np.float32)
+  )
+
+
+def test_labels_are_evos_best_mapping_and_proposals_decode_to_a_valid_mapping():
+  specs = suite_games("tiny", "train")[:3]
+  programs = [label_program(s.workload, s.hardware, seconds=0.3) for s in specs]
+  for spec, data in zip(specs, programs):
+    model, requests = requests_of(spec.workload, spec.hardware)
+    assert data["features"].shape == (len(requests), len(FEATURES))
+    assert data["placed"].shape == (len(requests),) and data["placed"].any()
+    # evo starts from msa's mapping as priorities: its best is at least their decodes.
+    msa = solve(spec.workload, spec.hardware, "msa").mapping
+    placement = Placement(model, requests)
+    seeds = mapping_genomes(requests, msa, spec.workload)
+    assert data["evo"] >= max(model.slow_only_time / decode(placement, g) for g in seeds) - 1e-12
+    assert data["msa"] == pytest.approx(msa.speedup, rel=1e-12)
+  proposer = fit(programs, seed=0, steps=300, batch=256)
+  # It learns its labels: placed requests score above the others on the programs it fitted.
+  scores = [auc(p["placed"], proposer.placed_chance(p["features"])) for p in programs]
+  assert np.nanmean(scores) > 0.75
+  placement = Placement(*requests_of(specs[0].workload, specs[0].hardware))
+  genome = play_proposal(proposer, placement)
+  validate_mapping(specs[0].workload, specs[0].hardware, placement.mapping("proposer"))
+  # The decode of the proposal is the proposal's genome decoded, nothing else.
+  total = placement.total_time
+  assert decode(Placement(placement.model, placement.requests), genome) == total
+  chance = proposer.placed_chance(programs[0]["features"])
+  assert ((chance >= 0) & (chance <= 1)).all() and (chance >= PROPOSE_AT).any()
+  np.testing.assert_array_equal(genome, proposal_genome(chance))
+
+
+def test_the_proposal_puts_the_requests_expected_placed_first_in_msas_order():
+  genome = proposal_genome(np.array([0.2, 0.9, 0.5, 0.7, 0.1]))
+  assert list(np.argsort(-genome, kind="stable")) == [1, 2, 3, 0, 4]
+
+
+def test_auc_counts_ties_as_half():
+  placed = np.array([True, False, True, False])
+  assert auc(placed, np.array([0.9, 0.1, 0.8, 0.2])) == 1.0
+  assert auc(placed, np.array([0.5, 0.5, 0.5, 0.5])) == 0.5
+  assert auc(placed, np.array([0.1, 0.9, 0.2, 0.8])) == 0.0
+  assert np.isnan(auc(np.array([True, True]), np.array([0.1, 0.2])))
+
+
+def test_a_saved_proposer_loads_and_proposes_the_same(tmp_path):
+  spec = suite_games("tiny", "train")[1]
+  programs = [label_program(spec.workload, spec.hardware, seconds=0.2)]
+  proposer = fit(programs, seed=1, steps=50, batch=128)
+  proposer.save(str(tmp_path / "p.npz"))
+  loaded = Proposer.load(str(tmp_path / "p.npz"))
+  features = programs[0]["features"]
+  np.testing.assert_array_equal(loaded.placed_chance(features), proposer.placed_chance(features))
+
+
+def test_labels_round_trip_through_their_file_and_refit_the_suites_programs(tmp_path):
+  entries = suite_games_entries("tiny")[:3]
+  labelled = [(e.name, label_program(*e.load(), seconds=0.2)) for e in entries]
+  labels = labels_of("tiny", labelled, seconds=0.2)
+  path = str(tmp_path / "labels.npz")
+  labels.save(path)
+  loaded = Labels.load(path)
+  assert loaded.entries == tuple(e.name for e in entries) and loaded.suite == "tiny"
+  for (_, data), flags in zip(labelled, loaded.placed):
+    np.testing.assert_array_equal(flags, data["placed"])
+  np.testing.assert_array_equal(loaded.evo, labels.evo)
+  programs = labelled_programs(loaded)
+  for (_, data), program in zip(labelled, programs):
+    np.testing.assert_array_equal(program["features"], data["features"])
+    np.testing.assert_array_equal(program["placed"], data["placed"])
+  assert len(labelled_programs(loaded, max_programs=2, seed=1)) == 2
+
+
+def test_labels_of_changed_requests_or_a_missing_entry_are_refused(tmp_path):
+  entry = suite_games_entries("tiny")[0]
+  data = label_program(*entry.load(), seconds=0.1)
+  labels = labels_of("tiny", [(entry.name, data)], seconds=0.1)
+  stale = dataclasses.replace(labels, fingerprints=("0" * 16,))
+  with pytest.raises(MalloczeroError, match="stale"):
+    labelled_programs(stale)
+  gone = dataclasses.replace(labels, entries=("no-such-program@tpu:10%",))
+  with pytest.raises(MalloczeroError, match="no longer has"):
+    labelled_programs(gone)
+  assert fingerprint(requests_of(*entry.load())[1]) == labels.fingerprints[0]
+
+
+def test_unreadable_labels_and_proposers_are_one_line_errors(tmp_path):
+  bad = tmp_path / "bad.npz"
+  bad.write_bytes(b"not an npz")
+  for load in (Labels.load, Proposer.load):
+    with pytest.raises(MalloczeroError) as caught:
+      load(str(bad))
+    assert "\n" not in str(caught.value)
+  np.savez(tmp_path / "other.npz", mean=np.zeros(3), std=np.ones(3))
+  with pytest.raises(MalloczeroError, match="not a proposer"):
+    Proposer.load(str(tmp_path / "other.npz"))
+
+
+def suite_games_entries(suite):
+  from malloczero.env.programs.suites import get_suite
+
+  return list(get_suite(suite).split("train").entries)
+
+
+def test_a_run_fits_its_proposer_once_and_none_without_steps(tmp_path):
+  """`train` fits the proposer before the run trains (system/training.py `fit_run_proposer`) to
+  the built-in corpus labels; a resumed run keeps it; `proposer.steps` 0 fits none."""
+  config = get_config("tiny")
+  lines: list[str] = []
+  run = str(tmp_path / "run")
+  assert fit_run_proposer(config, run, lines.append) > 0
+  path = WorkDir(run).proposer
+  assert Proposer.load(path).mean.shape == (len(FEATURES),)
+  steps = config.proposer.steps
+  assert any(f"step {steps}/{steps}, loss" in line for line in lines)
+  assert lines[-1].startswith(f"proposer: saved {path}")
+  before = os.stat(path).st_mtime_ns
+  assert fit_run_proposer(config, run, lines.append) == 0.0
+  assert os.stat(path).st_mtime_ns == before
+  off = with_section(config, "proposer", steps=0)
+  assert fit_run_proposer(off, str(tmp_path / "off"), lines.append) == 0.0
+  assert not os.path.exists(WorkDir(str(tmp_path / "off")).proposer)
+  broken = with_section(config, "proposer", labels=str(tmp_path / "missing.npz"))
+  with pytest.raises(MalloczeroError, match="cannot read the labels"):
+    fit_run_proposer(broken, str(tmp_path / "broken"), lines.append)
