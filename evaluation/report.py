@@ -125,6 +125,15 @@ def console_columns(evaluation: SuiteEvaluation) -> list[Column]:
   return cols
 
 
+def _own_play_cells(
+  geomean_speedup: Optional[float], vs_msa: Optional[float], record: Callable[[], str]
+) -> list[str]:
+  """An agent's own play (policy or proposer alone) as the split table's three cells."""
+  if geomean_speedup is None:
+    return ["-", "-", "-"]
+  return [_x(geomean_speedup), _x(vs_msa), record()]
+
+
 def _has_proposal(evaluation: SuiteEvaluation, label: str) -> bool:
   """Whether the agent `label` played a proposer on some program."""
   return any(r.outcomes[label].proposal_speedup is not None for r in evaluation.rows)
@@ -171,23 +180,11 @@ def split_table(evaluation: SuiteEvaluation) -> tuple[list[str], list[list[str]]
         if figures.geomean_greedy_speedup is None
         else [_x(figures.geomean_greedy_speedup), _x(figures.greedy_vs_msa)]
       )
-      policy = (
-        ["-", "-", "-"]
-        if figures.geomean_policy_speedup is None
-        else [
-          _x(figures.geomean_policy_speedup),
-          _x(figures.policy_vs_msa),
-          figures.policy_record(),
-        ]
+      policy = _own_play_cells(
+        figures.geomean_policy_speedup, figures.policy_vs_msa, figures.policy_record
       )
-      proposal = (
-        ["-", "-", "-"]
-        if figures.geomean_proposal_speedup is None
-        else [
-          _x(figures.geomean_proposal_speedup),
-          _x(figures.proposal_vs_msa),
-          figures.proposal_record(),
-        ]
+      proposal = _own_play_cells(
+        figures.geomean_proposal_speedup, figures.proposal_vs_msa, figures.proposal_record
       )
       body.append(
         [

@@ -74,6 +74,12 @@ def test_agent_rows_are_its_validated_mappings_and_agree_with_the_baselines(trai
     assert figures.policy_wins == sum(v > 1 + 1e-6 for v in policy)
     assert figures.policy_losses == sum(v < 1 - 1e-6 for v in policy)
     assert figures.policy_wins + figures.policy_ties + figures.policy_losses == len(rows)
+    # The run's proposer alone (one decode), the same way; the agent keeps at least its play.
+    proposal = [r.outcomes["agent"].proposal_speedup / r.outcomes["msa"].speedup for r in rows]
+    assert figures.proposal_vs_msa == pytest.approx(float(np.exp(np.mean(np.log(proposal)))))
+    assert figures.proposal_wins == sum(v > 1 + 1e-6 for v in proposal)
+    assert figures.proposal_wins + figures.proposal_ties + figures.proposal_losses == len(rows)
+    assert all(r.outcomes["agent"].vs_msa >= v * (1 - 1e-12) for r, v in zip(rows, proposal))
   assert set(evaluation.summary) == {"all", "train", "heldout"}
   # The split table shows both records as the counts above, "W/T/L".
   header, body = split_table(evaluation)
@@ -85,6 +91,8 @@ def test_agent_rows_are_its_validated_mappings_and_agree_with_the_baselines(trai
       assert line[header.index("policy W/T/L")] == (
         f"{figures.policy_wins}/{figures.policy_ties}/{figures.policy_losses}"
       )
+      assert line[header.index("proposer W/T/L")] == figures.proposal_record()
+      assert line[header.index("proposer vs msa")] == f"{figures.proposal_vs_msa:.3f}x"
 
 
 def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
@@ -145,6 +153,8 @@ def test_cli_evaluate_with_two_checkpoints_writes_every_file(trained, tmp_path):
   ):
     assert heading in markdown
   assert "policy W/T/L" in markdown and f"{labels[0]} policy" in markdown
+  assert "proposer W/T/L" in markdown and f"{labels[0]} proposer" in markdown
+  assert all(f"{labels[0]}_proposal_speedup" in row for row in report["rows"])
   assert "checkpoints by quality" in result.stdout
   # Every agent mapping on disk passes the command-line validator.
   for entry in get_suite("tiny").entries:
