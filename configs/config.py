@@ -334,7 +334,7 @@ class ProposerConfig:
   training corpus), saved beside the checkpoints; the agent plays its proposal first and starts
   its guided search from it. The fit's time counts in the run's --max-seconds."""
 
-  # About 90 s of one core on the corpus labels, after 40-60 s of building their features.
+  # About 14 s on 2 cores on the corpus labels, after 1-2 s of building their features.
   steps: int = setting(
     3000,
     "non_negative_int",

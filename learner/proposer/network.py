@@ -5,6 +5,7 @@ weighing the same whatever its size; its proposal is a priority genome for evo's
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Callable, Optional, Sequence
 
@@ -27,6 +28,15 @@ def _network():
   )
 
 
+@functools.lru_cache(maxsize=1)
+def _chance():
+  """The network's chances `[N]` of `[N, F]` standardised features, jitted once per process."""
+  import jax
+
+  network = _network()
+  return jax.jit(lambda params, x: jax.nn.sigmoid(network.apply(params, x)))
+
+
 @dataclasses.dataclass(frozen=True)
 class Proposer:
   """The fitted network: Haiku parameters of an MLP `HIDDEN` -> 1 logit, over features
@@ -38,10 +48,12 @@ class Proposer:
 
   def placed_chance(self, features: np.ndarray) -> np.ndarray:
     """`[R]` the chance that evo's best mapping places each request, from `[R, F]` features."""
-    import jax
-
-    standard = ((features - self.mean) / self.std).astype(np.float32)
-    return np.asarray(jax.nn.sigmoid(_network().apply(self.params, standard)))
+    rows = len(features)
+    # Padded to a power of two: one compile per size class and process, where every program's
+    # own row count would compile again (0.3-0.6 s each on 2 cores, against 10 ms a call).
+    standard = np.zeros((1 << max(0, rows - 1).bit_length(), features.shape[1]), np.float32)
+    standard[:rows] = (features - self.mean) / self.std
+    return np.asarray(_chance()(self.params, standard))[:rows]
 
   def save(self, path: str) -> None:
     """A plain `.npz` (no pickle), written whole or not at all."""
