@@ -13,8 +13,11 @@ alone; neither has msa's mapping among its candidates, nor msa's move in its pri
 run's search config puts it there. With `search_seconds`, a search guided by the network goes on
 after the attempts (`guided_search`: evo over request priorities seeded with the network's
 mapping and msa's, or evo-msa over msa's decisions steered by its moves; `best_attempt` "guided"
-when it wins, `guided_speedup` apart). Every mapping it returns has passed the independent
-validator.
+when it wins, `guided_speedup` apart). A run that fitted a proposer (learner/proposer/, saved
+beside the checkpoint) has it played after the attempts: one decode of its proposal, one more
+candidate (`best_attempt` "proposal", `proposal_speedup` apart, its time in the solve's), and the
+first genome of the guided search over priorities. Every mapping it returns has passed the
+independent validator.
 """
 
 from __future__ import annotations

@@ -154,16 +154,12 @@ def fit_run_proposer(config: Config, workdir: str, print_fn: Callable[[str], Non
   labels = Labels.load(settings.labels or BUILTIN_LABELS)
   total = min(settings.max_programs or len(labels.entries), len(labels.entries))
   print_fn(f"proposer: building the features of {total} labelled programs of '{labels.suite}'")
-  programs = labelled_programs(
-    labels,
-    settings.max_programs,
-    config.seed,
-    progress=lambda done, total: (
+
+  def built(done: int, total: int) -> None:
+    if done % 100 == 0:
       print_fn(f"proposer: {done}/{total} programs ({clock.elapsed:.0f} s)")
-      if done % 100 == 0
-      else None
-    ),
-  )
+
+  programs = labelled_programs(labels, settings.max_programs, config.seed, progress=built)
   requests = sum(len(p["placed"]) for p in programs)
   print_fn(f"proposer: fitting to {requests:,} requests, {settings.steps} steps")
   proposer = fit(

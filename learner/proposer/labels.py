@@ -122,7 +122,9 @@ class Labels:
     return labels
 
 
-def labels_of(suite: str, labelled: Sequence[tuple[str, dict[str, np.ndarray]]], seconds: float):
+def labels_of(
+  suite: str, labelled: Sequence[tuple[str, dict[str, np.ndarray]]], seconds: float
+) -> Labels:
   """`Labels` of `label_program`'s results, by entry name."""
   return Labels(
     suite=suite,

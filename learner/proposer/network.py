@@ -12,7 +12,6 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from malloczero.common.errors import MalloczeroError
-from malloczero.env.solvers.evo import _rank
 
 HIDDEN = (128, 128)
 # A request is proposed (put first) where the network gives it at least this chance of being
@@ -84,7 +83,9 @@ class Proposer:
 def proposal_genome(placed_chance: np.ndarray) -> np.ndarray:
   """`[R]` evo priorities from the network's `[R]` chances: the requests it expects placed
   first, each group in msa's buffer order (the requests' order)."""
-  return (placed_chance >= PROPOSE_AT) + 1e-3 * _rank(np.arange(len(placed_chance)))
+  rows = len(placed_chance)
+  # Within a group, evo's priorities of msa's order: (R - i) / R for the i-th request.
+  return (placed_chance >= PROPOSE_AT) + 1e-3 * ((rows - np.arange(rows)) / max(1, rows))
 
 
 def fit(
