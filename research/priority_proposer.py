@@ -50,6 +50,7 @@ from malloczero.learner.proposer import (
   labelled_programs,
   labels_of,
   proposal_genome,
+  propose,
   request_features,
   requests_of,
 )
@@ -97,8 +98,7 @@ def search_from_proposal(
     model, requests = requests_of(workload, hardware)
     initial = mapping_genomes(requests, msa, workload)
     if arm == "proposer_seeded":
-      chance = proposer.placed_chance(request_features(model, requests))
-      initial.insert(0, proposal_genome(chance))
+      initial.insert(0, propose(proposer, model, requests))
     placement = Placement(model, requests)
     info = evo(
       placement,
