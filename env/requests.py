@@ -20,6 +20,16 @@
   activations, read again only in the backward pass, thus need not hold fast memory across the
   whole step. A group per gap makes a ResNet101 training step 13,674 requests against 3,027
   without the split; evo's jitted decode (env/placement_kernels.py) places them in 0.1 s.
+* With `late_prefetches`, a prefetched group whose window reaches back further than XLA's msa
+  would start the copy also gets a late variant: the same uses, its window starting as late as
+  the copy still hides behind the ops' times with every operand in default memory, which is the
+  elapsed time msa's prefetch-interval picker measures
+  (xla/service/memory_space_assignment/cost_analysis.cc, `GetInstructionElapsed`;
+  prefetch_interval_picker.cc, `CostAnalysisPrefetchIntervalPicker`). Reference times are
+  all-fastest, so on a program of ops that are cheap in fast memory (a GRU step) a weight's
+  window may start at program start and hold fast memory for most of it; msa copies it a few
+  ops before its use instead. The two exclude each other (`Placement`): a decode places the
+  early window where it fits and the late one where only that does.
 * Program outputs get no request: they must end the program in default memory.
 
 `exposed_copy_time` and `standalone_saving` are estimates, copies judged alone against the
@@ -70,14 +80,16 @@ class Requests:
     return self.incidence_op[lo:hi], self.incidence_bytes[lo:hi]
 
 
-def build_requests(model: CostModel, split_activations: bool = False) -> Requests:
+def build_requests(
+  model: CostModel, split_activations: bool = False, late_prefetches: bool = False
+) -> Requests:
   """The requests of `model`'s program; `split_activations` adds an activation's per-group
-  requests beside its whole live range's (at most one of those overlapping in time is placed:
-  `Placement`)."""
+  requests beside its whole live range's, `late_prefetches` a prefetched group's late variant
+  beside it (at most one of those overlapping in time is placed: `Placement`)."""
   workload, hw = model.workload, model.hardware
   a = workload.arrays
   buffer, start, end, first_use, in_place, evict_start, first_incidence, counts = _request_rows(
-    model, split_activations
+    model, split_activations, late_prefetches
   )
   if not len(buffer):
     return _empty_requests(hw.num_fast_levels)
@@ -123,7 +135,9 @@ def build_requests(model: CostModel, split_activations: bool = False) -> Request
   )
 
 
-def _request_rows(model: CostModel, split_activations: bool) -> tuple[np.ndarray, ...]:
+def _request_rows(
+  model: CostModel, split_activations: bool, late_prefetches: bool = False
+) -> tuple[np.ndarray, ...]:
   """The requests before filtering, by buffer, as `[R]` arrays: buffer, start, end, first use,
   produced in place (0/1), eviction start, first incidence and incidence count (each request
   serves a run of its buffer's incidences, in workload order; outputs get none). A buffer's
@@ -131,7 +145,8 @@ def _request_rows(model: CostModel, split_activations: bool) -> tuple[np.ndarray
   activation's only where it also starts after its eviction could be done. An activation's one
   request spans its live range; with
   `split_activations`, one with several groups also gets one request per group, the first
-  produced in place and evicting (see the module docstring)."""
+  produced in place and evicting; with `late_prefetches`, a prefetched group's late variant
+  (see the module docstring)."""
   a = model.workload.arrays
   bounds = a.buffer_incidence_start
   per_buffer = np.diff(bounds)
@@ -172,17 +187,27 @@ def _request_rows(model: CostModel, split_activations: bool) -> tuple[np.ndarray
   evict_start = np.where(evicts, start + 1, NO_COPY)
   split = activation[first] & (np.bincount(buffer, minlength=len(per_buffer))[buffer] > 1)
   groups = ~activation[first] | (split & split_activations)
+  late, late_start = np.zeros(0, np.int64), start
+  if late_prefetches:
+    # Latest start with all-slow time of [s, first use) >= copy time, as msa's picker measures.
+    slow_prefix = np.concatenate(
+      [[0.0], np.cumsum(np.maximum(model.compute_time, model.slow_memory_time))]
+    )
+    late_start = np.maximum(
+      np.searchsorted(slow_prefix, slow_prefix[ops[first]] - copy_time[first], "right") - 1, 0
+    )
+    late = np.flatnonzero(groups & ~in_place & (late_start > start))
   whole = np.flatnonzero(~a.is_output & ~a.is_prefetched & (per_buffer > 0))
   live_start = a.live_start.astype(np.int64)[whole]
   columns = (
-    (buffer[groups], whole),
-    (start[groups], live_start),
-    (end[groups], a.live_end.astype(np.int64)[whole]),
-    (first_use[groups], live_start),
-    (in_place[groups], np.ones(len(whole), bool)),
-    (evict_start[groups], np.full(len(whole), NO_COPY)),
-    (first[groups], bounds[whole]),
-    ((last - first + 1)[groups], per_buffer[whole]),
+    (buffer[groups], whole, buffer[late]),
+    (start[groups], live_start, late_start[late]),
+    (end[groups], a.live_end.astype(np.int64)[whole], end[late]),
+    (first_use[groups], live_start, first_use[late]),
+    (in_place[groups], np.ones(len(whole), bool), in_place[late]),
+    (evict_start[groups], np.full(len(whole), NO_COPY), evict_start[late]),
+    (first[groups], bounds[whole], first[late]),
+    ((last - first + 1)[groups], per_buffer[whole], (last - first + 1)[late]),
   )
   rows = [np.concatenate(c).astype(np.int64) for c in columns]
   order = np.lexsort((rows[1], rows[0]))  # By buffer, then window start.

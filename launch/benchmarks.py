@@ -26,8 +26,8 @@ from malloczero.env.game.game import MsaGame
 from malloczero.env.hardware import PRESETS, Hardware
 from malloczero.env.placement import Placement
 from malloczero.env.programs.synthetic import contended, random_workload
-from malloczero.env.requests import build_requests
 from malloczero.env.simulator import total_stall, total_stall_loop
+from malloczero.env.solvers import get_solver
 from malloczero.env.solvers.evo import decode
 from malloczero.env.workload import Workload
 from malloczero.launch.scale_bench import (
@@ -154,10 +154,10 @@ def bench_cost_model(seconds: float) -> dict[str, Any]:
 
 
 def bench_evo_decode(model: CostModel, seconds: float) -> dict[str, Any]:
-  """evo's decode of a random genome over `model`'s program's split requests: jitted
-  (`Placement.place_in_order`, what evo runs) and one request at a time in Python (what it
-  replaced, the same placements)."""
-  requests = build_requests(model, split_activations=True)
+  """evo's decode of a random genome over `model`'s program's requests (evo's: activations
+  split, late prefetches offered): jitted (`Placement.place_in_order`, what evo runs) and one
+  request at a time in Python (what it replaced, the same placements)."""
+  requests = get_solver("evo").requests(model)
   placement = Placement(model, requests)
   genome = np.random.default_rng(2).random(len(requests))
   order = np.argsort(-genome, kind="stable")

@@ -2,7 +2,8 @@
 """How far evo's request space reaches toward msa's mapping: for each entry of a suite's split,
 one decode (evo's decoder, env/solvers/evo.py) of the genomes that decode toward msa's mapping,
 in the requests without the split of activations and with it (`split_activations`, both of
-`mapping_genomes`' genomes). A decode below msa is mapping that evo's search starts from, and
+`mapping_genomes`' genomes), and with late prefetches too (`late_prefetches`, evo's requests:
+the best of its genomes). A decode below msa is mapping that evo's search starts from, and
 that the agent's guided search starts from when the network plays msa. Writes JSON rows and
 prints x msa per column (geomean, worst entry, entries below 0.97).
 
@@ -29,7 +30,13 @@ from malloczero.env.requests import build_requests  # noqa: E402
 from malloczero.env.solvers import solve  # noqa: E402
 from malloczero.env.solvers.evo import decode, mapping_genomes  # noqa: E402
 
-COLUMNS = ("whole ranges", "split, any overlap", "split, whole kept", "split, better of two")
+COLUMNS = (
+  "whole ranges",
+  "split, any overlap",
+  "split, whole kept",
+  "split, better of two",
+  "split, late prefetches, best",
+)
 
 
 def measure(suite: str, split: str) -> list[dict]:
@@ -40,14 +47,22 @@ def measure(suite: str, split: str) -> list[dict]:
     model = CostModel(workload, hardware)
     msa = solve(workload, hardware, "msa").mapping
     row = {"entry": entry.name, "msa": msa.speedup}
-    speedups = []
-    for split_activations in (False, True):
-      requests = build_requests(model, split_activations)
-      for genome in mapping_genomes(requests, msa, workload):
-        speedups.append(model.slow_only_time / decode(Placement(model, requests), genome))
-    whole, loose, strict = speedups[0], speedups[1], speedups[-1]
-    row.update(zip(COLUMNS, (whole, loose, strict, max(loose, strict))))
+    speedups = {}
+    for split_activations, late_prefetches in ((False, False), (True, False), (True, True)):
+      requests = build_requests(model, split_activations, late_prefetches)
+      speedups[split_activations, late_prefetches] = [
+        model.slow_only_time / decode(Placement(model, requests), genome)
+        for genome in mapping_genomes(requests, msa, workload)
+      ]
+    whole, loose, strict = (
+      speedups[False, False][0],
+      speedups[True, False][0],
+      speedups[True, False][-1],
+    )
+    late = max(speedups[True, True])
+    row.update(zip(COLUMNS, (whole, loose, strict, max(loose, strict), late)))
     row["evicting requests"] = int(np.sum(requests.evict_start >= 0))
+    row["late variants"] = len(requests) - len(build_requests(model, True))
     print(entry.name, " ".join(f"{row[c] / row['msa']:.3f}" for c in COLUMNS), flush=True)
     rows.append(row)
   return rows

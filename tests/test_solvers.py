@@ -318,13 +318,13 @@ def test_evo_time_limit_bounds_the_whole_solve_including_building():
 def test_solve_time_includes_building_the_requests(monkeypatch):
   """Building is part of the solve: a build that sleeps 0.2 s shows in the solve time (a lower
   bound only, which a loaded machine cannot break) and is taken from evo's time limit."""
-  solvers_module = importlib.import_module("malloczero.env.solvers")
+  registry = importlib.import_module("malloczero.env.solvers.registry")
 
-  def slow_build(model, split_activations=False):
+  def slow_build(model, split_activations=False, late_prefetches=False):
     time.sleep(0.2)
-    return build_requests(model, split_activations)
+    return build_requests(model, split_activations, late_prefetches)
 
-  monkeypatch.setattr(solvers_module, "build_requests", slow_build)
+  monkeypatch.setattr(registry, "build_requests", slow_build)
   workload = random_workload(8, num_ops=40)
   hardware = contended(PRESETS["tpu-v4i-like"], workload, 0.2)
   assert solve(workload, hardware, "msa").solve_time_s >= 0.2

@@ -15,7 +15,6 @@ from malloczero.env.game import REQUESTS_GAME, GameConfig, make_game
 from malloczero.env.hardware import Hardware, check_fits
 from malloczero.env.mapping import Mapping
 from malloczero.env.placement import Placement
-from malloczero.env.requests import build_requests
 from malloczero.env.solvers.cpsat import cpsat
 from malloczero.env.solvers.evo import evo
 from malloczero.env.solvers.evo_msa import evo_msa
@@ -80,7 +79,7 @@ def solve(
       options["time_limit_s"] = max(0.0, deadline - time.perf_counter())
 
   model = CostModel(workload, hardware)
-  requests = build_requests(model, spec.split_activations)
+  requests = spec.requests(model)
   left()
   if spec.kind == "model":
     mapping, info = spec.run(model, **options)

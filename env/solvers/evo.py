@@ -70,7 +70,11 @@ def decode_until(
 
 
 def mapping_priorities(
-  requests: Requests, mapping: Mapping, workload: Workload, whole_kept: Optional[float] = None
+  requests: Requests,
+  mapping: Mapping,
+  workload: Workload,
+  whole_kept: Optional[float] = None,
+  closest_window: bool = False,
 ) -> np.ndarray:
   """A genome `[R]` that decodes toward `mapping`: the requests whose buffer the mapping keeps in
   a fast level at some point of the request's window first, the others after, each group in
@@ -78,14 +82,18 @@ def mapping_priorities(
   beside its groups counts as kept only where the mapping keeps at least that share of it
   without a copy: one the mapping evicts and prefetches again is then its groups (the whole
   range, placed first, would exclude them); without, any overlap counts, which suits a mapping
-  that keeps most of them whole. Why: a mapping found elsewhere (the agent's play in the msa game,
-  actors/agent.py) seeds evo's population, as EGRL seeds its population with its policy's
-  proposals."""
+  that keeps most of them whole. With `closest_window`, of a group and its late variant
+  (build_requests' `late_prefetches`) only the window the mapping covers more of counts as kept:
+  msa's copy of a GRU's weight a few ops before its use is the late window, and the early one,
+  placed first, would hold the memory the other weights need. Why: a mapping found elsewhere
+  (the agent's play in the msa game, actors/agent.py) seeds evo's population, as EGRL seeds its
+  population with its policy's proposals."""
   num_requests = len(requests)
   position = {b.id: i for i, b in enumerate(workload.buffers)}
   evicting = set(requests.buffer[requests.evict_start != NO_COPY].tolist())
   whole = ~requests.is_prefetch & (requests.evict_start == NO_COPY)
   kept = np.zeros(num_requests, bool)
+  share = np.zeros(num_requests)  # [R] of a prefetch's window the mapping keeps fast
   by_buffer: dict[int, list[tuple[int, int, bool]]] = {}
   for a in mapping.allocations:
     copied = "prefetch" in a or "eviction" in a
@@ -98,17 +106,51 @@ def mapping_priorities(
       kept[r] = covered >= whole_kept * (hi - lo) and not any(c for _, _, c in spans)
     else:
       kept[r] = bool(spans)
+    if requests.is_prefetch[r] and spans:
+      share[r] = sum(min(hi, end) - max(lo, start) for start, end, _ in spans) / (hi - lo)
+  if closest_window:
+    _prefer_closest_window(requests, kept, share)
   return kept + _rank(np.arange(num_requests))
+
+
+def _prefer_closest_window(requests: Requests, kept: np.ndarray, share: np.ndarray) -> None:
+  """Of a buffer's kept prefetches that overlap in time (a group and its late variant), keeps
+  only those whose window the mapping covers the largest `share` `[R]` of (`kept` in place)."""
+  by_buffer: dict[int, list[int]] = {}
+  for r in _overlapping_prefetches(requests):
+    if kept[r]:
+      by_buffer.setdefault(int(requests.buffer[r]), []).append(int(r))
+  start, end = requests.start, requests.end
+  for rivals in by_buffer.values():
+    for r in rivals:
+      kept[r] = all(share[r] >= share[o] for o in rivals if start[o] < end[r] and end[o] > start[r])
+
+
+def _overlapping_prefetches(requests: Requests) -> np.ndarray:
+  """The prefetches `[K]` that overlap another of their buffer in time (late variants and the
+  groups they vary), by request index."""
+  prefetch = np.flatnonzero(requests.is_prefetch)
+  prefetch = prefetch[np.lexsort((requests.start[prefetch], requests.buffer[prefetch]))]
+  b, s, e = (x[prefetch] for x in (requests.buffer, requests.start, requests.end))
+  # Sorted by start, a request that overlaps any of its buffer overlaps a neighbour.
+  pair = (b[1:] == b[:-1]) & (s[1:] < e[:-1])
+  overlapping = np.zeros(len(prefetch), bool)
+  overlapping[1:] |= pair
+  overlapping[:-1] |= pair
+  return np.sort(prefetch[overlapping])
 
 
 def mapping_genomes(requests: Requests, mapping: Mapping, workload: Workload) -> list[np.ndarray]:
   """The genomes that decode toward `mapping`: `mapping_priorities` with any overlap and, where
   the requests offer evicting groups, with `WHOLE_KEPT` (each is better on some programs: on
   `realistic` one decode of msa's mapping is 1.017x msa with the first alone, 1.050x with the
-  second alone, 1.062x with the better of the two; docs/results, "evo's request space")."""
+  second alone, 1.062x with the better of the two; docs/results, "evo's request space"); where
+  they offer late prefetches, with `closest_window` too."""
   genomes = [mapping_priorities(requests, mapping, workload)]
   if np.any(requests.evict_start != NO_COPY):
     genomes.append(mapping_priorities(requests, mapping, workload, whole_kept=WHOLE_KEPT))
+  if len(_overlapping_prefetches(requests)):
+    genomes.append(mapping_priorities(requests, mapping, workload, closest_window=True))
   return genomes
 
 

@@ -17,8 +17,10 @@ import dataclasses
 import os
 from typing import Any, Callable, Optional
 
+from malloczero.env.cost_model import CostModel
 from malloczero.env.game import REQUESTS_GAME, GameConfig
 from malloczero.env.msa.algorithm import MsaOptions, msa_mapping
+from malloczero.env.requests import Requests, build_requests
 from malloczero.env.solvers.cpsat import DEFAULT_TIME_LIMIT_S, DEFAULT_WORKERS, cpsat
 from malloczero.env.solvers.evo import DEFAULT_EVALUATIONS, evo
 from malloczero.env.solvers.evo_msa import evo_msa
@@ -211,6 +213,8 @@ class Solver:
   segments: the mapping is msa's segments (a buffer may have several), not placed requests.
   split_activations: its requests offer an activation's groups (evicted after its definition,
     prefetched again before later uses) beside its whole live range (env/requests.py).
+  late_prefetches: its requests offer a prefetched group's late variant, its copy started where
+    msa's prefetch-interval picker would (env/requests.py).
   """
 
   name: str
@@ -223,10 +227,15 @@ class Solver:
   game_config: Optional[GameConfig] = None
   segments: bool = False
   split_activations: bool = False
+  late_prefetches: bool = False
 
   def __post_init__(self):
     if self.kind not in KINDS:
       raise ValueError(f"solver {self.name}: unknown kind '{self.kind}'")
+
+  def requests(self, model: CostModel) -> Requests:
+    """The requests this solver places, of `model`'s program."""
+    return build_requests(model, self.split_activations, self.late_prefetches)
 
   def make_options(self, values: dict[str, Any], msa_options: Optional[dict] = None) -> dict:
     """`run`'s keyword options: this solver's fields taken from `values` (others ignored), and
@@ -282,8 +291,9 @@ BASELINES: dict[str, Solver] = {
       evo,
       "evolution over request priorities",
       EvoOptions,
-      version=5,
+      version=6,
       split_activations=True,
+      late_prefetches=True,
     ),
     Solver(
       "evo-msa",

@@ -8,7 +8,7 @@ import numpy as np
 
 from malloczero.env.cost_model import NO_COPY, CostModel
 from malloczero.env.hardware import Hardware
-from malloczero.env.requests import Requests, build_requests
+from malloczero.env.requests import Requests
 from malloczero.env.workload import Workload
 
 # The request features, in `request_features`'s column order.
@@ -41,7 +41,7 @@ def requests_of(workload: Workload, hardware: Hardware) -> tuple[CostModel, Requ
   from malloczero.env.solvers import get_solver
 
   model = CostModel(workload, hardware)
-  return model, build_requests(model, get_solver("evo").split_activations)
+  return model, get_solver("evo").requests(model)
 
 
 def _rank_share(x: np.ndarray) -> np.ndarray:

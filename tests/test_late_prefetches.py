@@ -1,0 +1,100 @@
+"""A prefetched group's late variant (build_requests(late_prefetches=True)): its window, the
+one-of exclusion in Placement, and the decode of msa's mapping it makes possible on a GRU."""
+
+import numpy as np
+
+from malloczero.env.cost_model import CostModel
+from malloczero.env.placement import Placement
+from malloczero.env.programs.suites import get_suite
+from malloczero.env.requests import build_requests
+from malloczero.env.solvers import get_solver, solve
+from malloczero.env.solvers.evo import decode, mapping_genomes
+from malloczero.env.validator import validate_mapping
+from malloczero.env.workload_json import workload_from_dict
+from tests.test_cost_model import HW  # fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s
+from tests.test_split_activations import windows
+
+# Activation x (100 B) is written by op 0 and read by ops 1-4; weight w (100 B) is read by op 5.
+# Each op moves 100 B: 1 s in fast memory, 10 s in slow. w's 10 s copy cannot hide behind the
+# 5 s of all-fast reference time before op 5, so its window starts at program start; behind
+# all-slow times (msa's prefetch picker) one op hides it: the late window starts at op 4.
+PROGRAM = workload_from_dict(
+  {
+    "name": "cheap-in-fast-memory",
+    "source": "hand",
+    "ops": [{"name": f"o{i}", "flops": 0.0} for i in range(6)],
+    "buffers": [
+      {"id": 0, "size": 100, "def": 0, "uses": [1, 2, 3, 4], "kind": "activation"},
+      {"id": 1, "size": 100, "def": None, "uses": [5], "kind": "parameter"},
+    ],
+  }
+)
+
+
+def weight_windows(requests):
+  return [w for w, b in zip(windows_by_request(requests), requests.buffer) if b == 1]
+
+
+def windows_by_request(requests):
+  return [
+    (int(s), int(e), int(f), bool(p))
+    for s, e, f, p in zip(requests.start, requests.end, requests.first_use, requests.is_prefetch)
+  ]
+
+
+def test_a_weight_whose_window_reaches_program_start_gets_a_late_variant():
+  model = CostModel(PROGRAM, HW)
+  assert sorted(weight_windows(build_requests(model))) == [(0, 6, 5, True)]
+  late = build_requests(model, late_prefetches=True)
+  assert sorted(weight_windows(late)) == [(0, 6, 5, True), (4, 6, 5, True)]
+  # Against the all-fast reference the late copy hides behind op 4's 1 s only: 9 s of it are
+  # exposed, against 5 s for the early one.
+  exposed = sorted(float(t) for t, b in zip(late.exposed_copy_time, late.buffer) if b == 1)
+  assert exposed == [5.0, 9.0]
+  # Activations and the whole ranges are as without the variants.
+  assert windows(build_requests(model, True, True)) == sorted(
+    windows(build_requests(model, True)) + [(4, 6, 5, True, -1, -1)]
+  )
+
+
+def test_a_group_and_its_late_variant_exclude_each_other():
+  model = CostModel(PROGRAM, HW)
+  requests = build_requests(model, late_prefetches=True)
+  early, late = sorted(np.flatnonzero(requests.buffer == 1), key=lambda r: requests.start[r])
+  placement = Placement(model, requests)
+  placement.place(int(early), 0, 0)
+  assert placement.blocked(int(late))
+  placement.reset()
+  placement.place(int(late), 0, 0)
+  assert placement.blocked(int(early))
+  # One decode places at most one of the two, whatever the order.
+  for genome in (np.arange(len(requests), 0, -1.0), np.arange(1.0, len(requests) + 1)):
+    decode(placement, genome)
+    assert sum(int(requests.buffer[r]) == 1 for r in placement.request_indices()) <= 1
+    validate_mapping(PROGRAM, HW, placement.mapping("evo"))
+
+
+def test_evo_offers_late_prefetches():
+  assert get_solver("evo").late_prefetches and get_solver("evo").split_activations
+  assert not get_solver("greedy").late_prefetches
+
+
+def test_msa_s_mapping_of_a_gru_decodes_to_msa_only_with_late_windows():
+  """TF's GRU at inference: every op is cheap in fast memory, so each weight's early window
+  starts at program start, and the first placed holds the memory the others need through the
+  whole program; msa copies each a few ops before its use."""
+  entry = next(e for e in get_suite("foreign").entries if e.name == "tf-gru-b8-infer@nnpi-like:25%")
+  workload, hardware = entry.load()
+  model = CostModel(workload, hardware)
+  msa = solve(workload, hardware, "msa").mapping
+
+  def best_decode(requests) -> float:
+    placement = Placement(model, requests)
+    speedups = []
+    for genome in mapping_genomes(requests, msa, workload):
+      speedups.append(model.slow_only_time / decode(placement, genome))
+      validate_mapping(workload, hardware, placement.mapping("evo"))
+    return max(speedups) / msa.speedup
+
+  assert best_decode(build_requests(model, split_activations=True)) < 0.5
+  assert best_decode(get_solver("evo").requests(model)) > 0.99
