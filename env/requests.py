@@ -135,6 +135,17 @@ def build_requests(
   )
 
 
+def late_variant_pairs(requests: Requests) -> tuple[np.ndarray, np.ndarray]:
+  """The prefetched groups that have a late variant and their variants, as request indices
+  `[K]` and `[K]` (build_requests' `late_prefetches`): prefetches of one buffer that overlap in
+  time. A buffer's groups do not overlap, so sorted by start each variant follows its group."""
+  prefetch = np.flatnonzero(requests.is_prefetch)
+  prefetch = prefetch[np.lexsort((requests.start[prefetch], requests.buffer[prefetch]))]
+  b, s, e = (x[prefetch] for x in (requests.buffer, requests.start, requests.end))
+  pair = np.flatnonzero((b[1:] == b[:-1]) & (s[1:] < e[:-1]))
+  return prefetch[pair], prefetch[pair + 1]
+
+
 def _request_rows(
   model: CostModel, split_activations: bool, late_prefetches: bool = False
 ) -> tuple[np.ndarray, ...]:

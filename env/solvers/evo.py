@@ -28,7 +28,7 @@ import numpy as np
 from malloczero.env.cost_model import NO_COPY
 from malloczero.env.mapping import Mapping
 from malloczero.env.placement import Placement
-from malloczero.env.requests import Requests
+from malloczero.env.requests import Requests, late_variant_pairs
 from malloczero.env.solvers.time_limit import DecodeBudget, now
 from malloczero.env.workload import Workload
 
@@ -114,30 +114,12 @@ def mapping_priorities(
 
 
 def _prefer_closest_window(requests: Requests, kept: np.ndarray, share: np.ndarray) -> None:
-  """Of a buffer's kept prefetches that overlap in time (a group and its late variant), keeps
-  only those whose window the mapping covers the largest `share` `[R]` of (`kept` in place)."""
-  by_buffer: dict[int, list[int]] = {}
-  for r in _overlapping_prefetches(requests):
-    if kept[r]:
-      by_buffer.setdefault(int(requests.buffer[r]), []).append(int(r))
-  start, end = requests.start, requests.end
-  for rivals in by_buffer.values():
-    for r in rivals:
-      kept[r] = all(share[r] >= share[o] for o in rivals if start[o] < end[r] and end[o] > start[r])
-
-
-def _overlapping_prefetches(requests: Requests) -> np.ndarray:
-  """The prefetches `[K]` that overlap another of their buffer in time (late variants and the
-  groups they vary), by request index."""
-  prefetch = np.flatnonzero(requests.is_prefetch)
-  prefetch = prefetch[np.lexsort((requests.start[prefetch], requests.buffer[prefetch]))]
-  b, s, e = (x[prefetch] for x in (requests.buffer, requests.start, requests.end))
-  # Sorted by start, a request that overlaps any of its buffer overlaps a neighbour.
-  pair = (b[1:] == b[:-1]) & (s[1:] < e[:-1])
-  overlapping = np.zeros(len(prefetch), bool)
-  overlapping[1:] |= pair
-  overlapping[:-1] |= pair
-  return np.sort(prefetch[overlapping])
+  """Of a group and its late variant both kept, keeps only the one whose window the mapping
+  covers the larger `share` `[R]` of (both on a tie; `kept` `[R]` in place)."""
+  early, late = late_variant_pairs(requests)
+  both = kept[early] & kept[late]
+  kept[early[both & (share[late] > share[early])]] = False
+  kept[late[both & (share[early] > share[late])]] = False
 
 
 def mapping_genomes(requests: Requests, mapping: Mapping, workload: Workload) -> list[np.ndarray]:
@@ -149,7 +131,7 @@ def mapping_genomes(requests: Requests, mapping: Mapping, workload: Workload) ->
   genomes = [mapping_priorities(requests, mapping, workload)]
   if np.any(requests.evict_start != NO_COPY):
     genomes.append(mapping_priorities(requests, mapping, workload, whole_kept=WHOLE_KEPT))
-  if len(_overlapping_prefetches(requests)):
+  if len(late_variant_pairs(requests)[0]):
     genomes.append(mapping_priorities(requests, mapping, workload, closest_window=True))
   return genomes
 
