@@ -21,7 +21,7 @@ import numpy as np
 from malloczero.common.lazy import lazy_module
 from malloczero.env.cost_model import NO_COPY, Allocations, CostModel
 from malloczero.env.mapping import Mapping
-from malloczero.env.requests import Requests
+from malloczero.env.requests import Requests, has_rivals
 from malloczero.env.simulator import Copies, CopyQueue, StallTracker
 
 # `place_in_order`'s loop, jitted (env/placement_kernels.py), loaded on first use so that
@@ -38,12 +38,9 @@ class Placement:
     self.hardware = model.hardware
     self.num_fast = self.hardware.num_fast_levels
     self.capacity = self.hardware.capacities[:-1].astype(np.int64)  # [F]
-    # Requests of one buffer overlap in time only where an activation's whole live range is
-    # offered beside its groups (build_requests(split_activations=True)): one excludes the other.
-    by_buffer = np.lexsort((requests.start, requests.buffer))
-    b, s, e = (x[by_buffer] for x in (requests.buffer, requests.start, requests.end))
-    # (Adjacent pairs suffice: the whole range and the first group start together.)
-    self._exclusive = bool(np.any((b[1:] == b[:-1]) & (s[1:] < e[:-1])))
+    # Requests of one buffer overlap in time only where they are alternatives (an activation's
+    # whole live range and its groups, build_requests' late prefetches): one excludes the other.
+    self._exclusive = has_rivals(requests)
     # A placement is kept only if it saves more than the rounding of the program time's sums:
     # one that saves nothing exactly (a prefetch whose stall takes back all it saves) can come
     # out a few 1e-19 s either way, and would then hold fast memory for nothing.

@@ -20,16 +20,19 @@
   activations, read again only in the backward pass, thus need not hold fast memory across the
   whole step. A group per gap makes a ResNet101 training step 13,674 requests against 3,027
   without the split; evo's jitted decode (env/placement_kernels.py) places them in 0.1 s.
-* With `late_prefetches`, a prefetched group whose window reaches back further than XLA's msa
-  would start the copy also gets a late variant: the same uses, its window starting as late as
-  the copy still hides behind the ops' times with every operand in default memory, which is the
-  elapsed time msa's prefetch-interval picker measures
-  (xla/service/memory_space_assignment/cost_analysis.cc, `GetInstructionElapsed`;
-  prefetch_interval_picker.cc, `CostAnalysisPrefetchIntervalPicker`). Reference times are
-  all-fastest, so on a program of ops that are cheap in fast memory (a GRU step) a weight's
-  window may start at program start and hold fast memory for most of it; msa copies it a few
-  ops before its use instead. The two exclude each other (`Placement`): a decode places the
-  early window where it fits and the late one where only that does.
+* With `late_prefetches`, the copies are also timed as XLA's msa times them: its
+  prefetch-interval picker measures the ops before a use by their elapsed time with every
+  operand in default memory (xla/service/memory_space_assignment/cost_analysis.cc,
+  `GetInstructionElapsed`; prefetch_interval_picker.cc, `CostAnalysisPrefetchIntervalPicker`),
+  where the windows above hide copies behind all-fast reference time. Each prefetched group gets
+  a late variant (its uses, its window starting as late as the copy hides behind all-slow
+  time), and the uses are grouped again with all-slow windows: shorter, so an activation read
+  twice in the forward pass and once in the backward is evicted and prefetched between its
+  forward uses, as msa does, where the reference windows keep it through both. On a program of
+  ops cheap in fast memory (a GRU step) a weight's reference window starts at program start and
+  holds fast memory for most of it; msa copies it a few ops before its use. A request equal to
+  another is dropped; those of one buffer that overlap exclude each other (`Placement`), so a
+  decode places the early window where it fits and a late one where only that does.
 * Program outputs get no request: they must end the program in default memory.
 
 `exposed_copy_time` and `standalone_saving` are estimates, copies judged alone against the
@@ -84,8 +87,9 @@ def build_requests(
   model: CostModel, split_activations: bool = False, late_prefetches: bool = False
 ) -> Requests:
   """The requests of `model`'s program; `split_activations` adds an activation's per-group
-  requests beside its whole live range's, `late_prefetches` a prefetched group's late variant
-  beside it (at most one of those overlapping in time is placed: `Placement`)."""
+  requests beside its whole live range's, `late_prefetches` the groups timed as msa times its
+  copies beside them (at most one of a buffer's requests overlapping in time is placed:
+  `Placement`)."""
   workload, hw = model.workload, model.hardware
   a = workload.arrays
   buffer, start, end, first_use, in_place, evict_start, first_incidence, counts = _request_rows(
@@ -135,15 +139,14 @@ def build_requests(
   )
 
 
-def late_variant_pairs(requests: Requests) -> tuple[np.ndarray, np.ndarray]:
-  """The prefetched groups that have a late variant and their variants, as request indices
-  `[K]` and `[K]` (build_requests' `late_prefetches`): prefetches of one buffer that overlap in
-  time. A buffer's groups do not overlap, so sorted by start each variant follows its group."""
-  prefetch = np.flatnonzero(requests.is_prefetch)
-  prefetch = prefetch[np.lexsort((requests.start[prefetch], requests.buffer[prefetch]))]
-  b, s, e = (x[prefetch] for x in (requests.buffer, requests.start, requests.end))
-  pair = np.flatnonzero((b[1:] == b[:-1]) & (s[1:] < e[:-1]))
-  return prefetch[pair], prefetch[pair + 1]
+def has_rivals(requests: Requests) -> bool:
+  """Whether some buffer has requests whose windows overlap (an activation's whole range and
+  its groups, the groups of either timing of `late_prefetches`): `Placement` places at most one
+  of those."""
+  order = np.lexsort((requests.start, requests.buffer))
+  b, s, e = (x[order] for x in (requests.buffer, requests.start, requests.end))
+  # Sorted by start, a window that overlaps any of its buffer's overlaps the next one.
+  return bool(np.any((b[1:] == b[:-1]) & (s[1:] < e[:-1])))
 
 
 def _request_rows(
@@ -151,13 +154,56 @@ def _request_rows(
 ) -> tuple[np.ndarray, ...]:
   """The requests before filtering, by buffer, as `[R]` arrays: buffer, start, end, first use,
   produced in place (0/1), eviction start, first incidence and incidence count (each request
-  serves a run of its buffer's incidences, in workload order; outputs get none). A buffer's
-  incidences are grouped where a use's window starts after the previous incidence; an
-  activation's only where it also starts after its eviction could be done. An activation's one
-  request spans its live range; with
-  `split_activations`, one with several groups also gets one request per group, the first
-  produced in place and evicting; with `late_prefetches`, a prefetched group's late variant
-  (see the module docstring)."""
+  serves a run of its buffer's incidences, in workload order; outputs get none): the groups of
+  `_groups` at reference time, an activation's whole live range and, with `late_prefetches`,
+  each prefetched group's late variant and the groups at all-slow time (see the module
+  docstring)."""
+  a = model.workload.arrays
+  bounds = a.buffer_incidence_start
+  per_buffer = np.diff(bounds)
+  rows = _groups(model, model.reference_prefix, split_activations)
+  if late_prefetches:
+    slow_prefix = np.concatenate(
+      [[0.0], np.cumsum(np.maximum(model.compute_time, model.slow_memory_time))]
+    )
+    buffer, start, _, first_use, in_place = rows[:5]
+    late_start = _latest_hiding_start(slow_prefix, first_use, model.copy_time[buffer])
+    late = (in_place == 0) & (late_start > start)
+    variants = [c[late] for c in rows]
+    variants[1] = late_start[late]
+    rows = _distinct(rows, tuple(variants), _groups(model, slow_prefix, split_activations))
+  whole = np.flatnonzero(~a.is_output & ~a.is_prefetched & (per_buffer > 0))
+  live_start = a.live_start.astype(np.int64)[whole]
+  wholes = (
+    whole,
+    live_start,
+    a.live_end.astype(np.int64)[whole],
+    live_start,
+    np.ones(len(whole), np.int64),
+    np.full(len(whole), NO_COPY),
+    bounds[whole],
+    per_buffer[whole],
+  )
+  rows = [np.concatenate([c, w]).astype(np.int64) for c, w in zip(rows, wholes)]
+  order = np.lexsort((rows[1], rows[0]))  # By buffer, then window start.
+  return tuple(c[order] for c in rows)
+
+
+def _latest_hiding_start(prefix: np.ndarray, use: np.ndarray, copy_time: np.ndarray) -> np.ndarray:
+  """`[K]` the latest op boundary s with `prefix` time of `[s, use)` at least `copy_time` (0 if
+  none)."""
+  return np.maximum(np.searchsorted(prefix, prefix[use] - copy_time, "right") - 1, 0)
+
+
+def _groups(
+  model: CostModel, prefix: np.ndarray, split_activations: bool
+) -> tuple[np.ndarray, ...]:
+  """The groups of uses as `_request_rows`' columns, their copies hidden behind the ops' time of
+  `prefix` `[T + 1]` (cumulative). A buffer's incidences are grouped where a use's window
+  starts after the previous incidence; an activation's only where it also starts after its
+  eviction could be done. With `split_activations`, an activation with several groups gets one
+  request per group, the first produced in place and evicting; without, none (its whole live
+  range serves it)."""
   a = model.workload.arrays
   bounds = a.buffer_incidence_start
   per_buffer = np.diff(bounds)
@@ -165,18 +211,12 @@ def _request_rows(
   ops = a.incidence_op.astype(np.int64)
   def_op = a.def_op.astype(np.int64)[owner]
   activation = ~a.is_prefetched[owner]
-  # Latest start s with reference time of [s, use) >= copy time; 0 if impossible.
-  ref_prefix = model.reference_prefix
   copy_time = model.copy_time[owner]
-  window_start = np.maximum(
-    np.searchsorted(ref_prefix, ref_prefix[ops] - copy_time, "right") - 1, 0
-  )
+  window_start = _latest_hiding_start(prefix, ops, copy_time)
   # An activation reaches default memory through an eviction issued after its definition: a
-  # use's prefetch can start only once that eviction hid behind reference time (boundary
-  # `evicted_by`), so only a use whose window starts after it opens a group of its own.
-  evicted_by = np.searchsorted(
-    ref_prefix, ref_prefix[np.minimum(def_op + 1, model.num_ops)] + copy_time
-  )
+  # use's prefetch can start only once that eviction hid (boundary `evicted_by`), so only a use
+  # whose window starts after it opens a group of its own.
+  evicted_by = np.searchsorted(prefix, prefix[np.minimum(def_op + 1, model.num_ops)] + copy_time)
   served = ~a.is_output[owner]
   opens = np.zeros(len(ops), bool)
   opens[bounds[:-1][per_buffer > 0]] = True
@@ -197,32 +237,18 @@ def _request_rows(
   end = np.where(evicts, np.maximum(end, evicted_by[first]), end)
   evict_start = np.where(evicts, start + 1, NO_COPY)
   split = activation[first] & (np.bincount(buffer, minlength=len(per_buffer))[buffer] > 1)
-  groups = ~activation[first] | (split & split_activations)
-  late, late_start = np.zeros(0, np.int64), start
-  if late_prefetches:
-    # Latest start with all-slow time of [s, first use) >= copy time, as msa's picker measures.
-    slow_prefix = np.concatenate(
-      [[0.0], np.cumsum(np.maximum(model.compute_time, model.slow_memory_time))]
-    )
-    late_start = np.maximum(
-      np.searchsorted(slow_prefix, slow_prefix[ops[first]] - copy_time[first], "right") - 1, 0
-    )
-    late = np.flatnonzero(groups & ~in_place & (late_start > start))
-  whole = np.flatnonzero(~a.is_output & ~a.is_prefetched & (per_buffer > 0))
-  live_start = a.live_start.astype(np.int64)[whole]
-  columns = (
-    (buffer[groups], whole, buffer[late]),
-    (start[groups], live_start, late_start[late]),
-    (end[groups], a.live_end.astype(np.int64)[whole], end[late]),
-    (first_use[groups], live_start, first_use[late]),
-    (in_place[groups], np.ones(len(whole), bool), in_place[late]),
-    (evict_start[groups], np.full(len(whole), NO_COPY), evict_start[late]),
-    (first[groups], bounds[whole], first[late]),
-    ((last - first + 1)[groups], per_buffer[whole], (last - first + 1)[late]),
-  )
-  rows = [np.concatenate(c).astype(np.int64) for c in columns]
-  order = np.lexsort((rows[1], rows[0]))  # By buffer, then window start.
-  return tuple(c[order] for c in rows)
+  kept = ~activation[first] | (split & split_activations)
+  columns = (buffer, start, end, first_use, in_place, evict_start, first, last - first + 1)
+  return tuple(np.asarray(c[kept], np.int64) for c in columns)
+
+
+def _distinct(*row_sets: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+  """The rows of `row_sets` (each a tuple of `[K]` columns) concatenated, each distinct row once,
+  first occurrences in order."""
+  columns = tuple(np.concatenate(c) for c in zip(*row_sets))
+  _, first = np.unique(np.stack(columns, 1), axis=0, return_index=True)
+  keep = np.sort(first)
+  return tuple(c[keep] for c in columns)
 
 
 def _standalone_saving(

@@ -268,7 +268,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   collect.add_argument("--suite", default="corpus")
   collect.add_argument("--split", default="all", choices=("train", "heldout", "all"))
   collect.add_argument("--seconds", type=float, default=4.0, help="evo's time per program")
-  collect.add_argument("--max-requests", type=int, default=10000)
+  collect.add_argument("--max-requests", type=int, default=12000)
   collect.add_argument("--seed", type=int, default=0)
   collect.add_argument("--shard", type=int, default=0)
   collect.add_argument("--shards", type=int, default=1)

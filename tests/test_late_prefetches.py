@@ -1,5 +1,8 @@
-"""A prefetched group's late variant (build_requests(late_prefetches=True)): its window, the
-one-of exclusion in Placement, and the decode of msa's mapping it makes possible on a GRU."""
+"""Copies timed as msa times them (build_requests(late_prefetches=True)): a prefetched group's
+late variant, the groups of all-slow windows, the one-of exclusion in Placement, and the decode
+of msa's mapping they make possible on a GRU."""
+
+import dataclasses
 
 import numpy as np
 
@@ -31,22 +34,21 @@ PROGRAM = workload_from_dict(
 )
 
 
-def weight_windows(requests):
-  return [w for w, b in zip(windows_by_request(requests), requests.buffer) if b == 1]
+ROWS = ("start", "end", "first_use", "is_prefetch", "evict_start", "evict_done")
 
 
-def windows_by_request(requests):
-  return [
-    (int(s), int(e), int(f), bool(p))
-    for s, e, f, p in zip(requests.start, requests.end, requests.first_use, requests.is_prefetch)
-  ]
+def buffer_windows(requests, buffer):
+  """`windows`' rows of one buffer's requests: (start, end, first use, prefetch, evict start,
+  evict done), sorted."""
+  mine = np.flatnonzero(requests.buffer == buffer)
+  return windows(dataclasses.replace(requests, **{k: getattr(requests, k)[mine] for k in ROWS}))
 
 
 def test_a_weight_whose_window_reaches_program_start_gets_a_late_variant():
   model = CostModel(PROGRAM, HW)
-  assert sorted(weight_windows(build_requests(model))) == [(0, 6, 5, True)]
+  assert buffer_windows(build_requests(model), 1) == [(0, 6, 5, True, -1, -1)]
   late = build_requests(model, late_prefetches=True)
-  assert sorted(weight_windows(late)) == [(0, 6, 5, True), (4, 6, 5, True)]
+  assert buffer_windows(late, 1) == [(0, 6, 5, True, -1, -1), (4, 6, 5, True, -1, -1)]
   # Against the all-fast reference the late copy hides behind op 4's 1 s only: 9 s of it are
   # exposed, against 5 s for the early one.
   exposed = sorted(float(t) for t, b in zip(late.exposed_copy_time, late.buffer) if b == 1)
@@ -55,6 +57,32 @@ def test_a_weight_whose_window_reaches_program_start_gets_a_late_variant():
   assert windows(build_requests(model, True, True)) == sorted(
     windows(build_requests(model, True)) + [(4, 6, 5, True, -1, -1)]
   )
+
+
+def test_an_activation_is_evicted_between_uses_where_msa_s_timing_hides_the_copies():
+  """a (100 B) is written by op 0 and read by ops 1 and 4; x (100 B) keeps ops 1-3 busy in
+  default memory (10 s each, 1 s in fast memory). Behind the all-fast reference no copy of a
+  hides before op 4, so its uses form one group: the whole live range alone. Behind all-slow
+  times (msa's picker) the eviction after op 0 is done by boundary 2 and the prefetch for op 4
+  hides behind op 3: a group produced in place and evicted, and one prefetched again."""
+  program = workload_from_dict(
+    {
+      "name": "evicted-between-uses",
+      "source": "hand",
+      "ops": [{"name": f"o{i}", "flops": 0.0} for i in range(5)],
+      "buffers": [
+        {"id": 0, "size": 100, "def": 0, "uses": [1, 4], "kind": "activation"},
+        {"id": 1, "size": 100, "def": 1, "uses": [2, 3], "kind": "activation"},
+      ],
+    }
+  )
+  model = CostModel(program, HW)
+  assert buffer_windows(build_requests(model, True), 0) == [(0, 5, 0, False, -1, -1)]
+  assert buffer_windows(build_requests(model, True, True), 0) == [
+    (0, 2, 0, False, 1, 2),  # produced in place by o0, read by o1, evicted
+    (0, 5, 0, False, -1, -1),  # the whole live range
+    (3, 5, 4, True, -1, -1),  # prefetched again for o4 behind o3
+  ]
 
 
 def test_a_group_and_its_late_variant_exclude_each_other():

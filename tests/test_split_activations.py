@@ -157,7 +157,8 @@ def _rows(requests, keep):
 def test_msa_mapping_genomes_put_an_evicted_activation_s_groups_before_its_whole_range():
   """A mapping that keeps the activation fast near a and again near e (evicted between): any
   overlap keeps all three requests; `WHOLE_KEPT` keeps only the two groups, whose decode gives
-  back that mapping; with no evicting request there is one genome."""
+  back that mapping, and so does the genome of the requests that match its allocations best;
+  with no evicting request (and so no requests that overlap) there is one genome."""
   model = CostModel(PROGRAM, HW)
   requests = build_requests(model, split_activations=True)
   placement = Placement(model, requests)
@@ -168,9 +169,10 @@ def test_msa_mapping_genomes_put_an_evicted_activation_s_groups_before_its_whole
   for r in groups:
     assert placement.place_where_it_saves_most(r)
   mapping = placement.mapping("evo")
-  loose, strict = mapping_genomes(requests, mapping, PROGRAM)
+  loose, strict, matched = mapping_genomes(requests, mapping, PROGRAM)
   assert np.all(loose > 1.0)
   assert sorted(np.flatnonzero(strict > 1.0).tolist()) == sorted(groups)
+  assert sorted(np.flatnonzero(matched > 1.0).tolist()) == sorted(groups)
   time_s = decode(placement, strict)
   assert sorted(placement.request_indices().tolist()) == sorted(groups)
   assert time_s == pytest.approx(mapping.estimated_time_s)

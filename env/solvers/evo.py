@@ -28,7 +28,7 @@ import numpy as np
 from malloczero.env.cost_model import NO_COPY
 from malloczero.env.mapping import Mapping
 from malloczero.env.placement import Placement
-from malloczero.env.requests import Requests, late_variant_pairs
+from malloczero.env.requests import Requests, has_rivals
 from malloczero.env.solvers.time_limit import DecodeBudget, now
 from malloczero.env.workload import Workload
 
@@ -70,11 +70,7 @@ def decode_until(
 
 
 def mapping_priorities(
-  requests: Requests,
-  mapping: Mapping,
-  workload: Workload,
-  whole_kept: Optional[float] = None,
-  closest_window: bool = False,
+  requests: Requests, mapping: Mapping, workload: Workload, whole_kept: Optional[float] = None
 ) -> np.ndarray:
   """A genome `[R]` that decodes toward `mapping`: the requests whose buffer the mapping keeps in
   a fast level at some point of the request's window first, the others after, each group in
@@ -82,18 +78,14 @@ def mapping_priorities(
   beside its groups counts as kept only where the mapping keeps at least that share of it
   without a copy: one the mapping evicts and prefetches again is then its groups (the whole
   range, placed first, would exclude them); without, any overlap counts, which suits a mapping
-  that keeps most of them whole. With `closest_window`, of a group and its late variant
-  (build_requests' `late_prefetches`) only the window the mapping covers more of counts as kept:
-  msa's copy of a GRU's weight a few ops before its use is the late window, and the early one,
-  placed first, would hold the memory the other weights need. Why: a mapping found elsewhere
-  (the agent's play in the msa game, actors/agent.py) seeds evo's population, as EGRL seeds its
-  population with its policy's proposals."""
+  that keeps most of them whole. Why: a mapping found elsewhere (the agent's play in the msa game,
+  actors/agent.py) seeds evo's population, as EGRL seeds its population with its policy's
+  proposals."""
   num_requests = len(requests)
   position = {b.id: i for i, b in enumerate(workload.buffers)}
   evicting = set(requests.buffer[requests.evict_start != NO_COPY].tolist())
   whole = ~requests.is_prefetch & (requests.evict_start == NO_COPY)
   kept = np.zeros(num_requests, bool)
-  share = np.zeros(num_requests)  # [R] of a prefetch's window the mapping keeps fast
   by_buffer: dict[int, list[tuple[int, int, bool]]] = {}
   for a in mapping.allocations:
     copied = "prefetch" in a or "eviction" in a
@@ -106,20 +98,33 @@ def mapping_priorities(
       kept[r] = covered >= whole_kept * (hi - lo) and not any(c for _, _, c in spans)
     else:
       kept[r] = bool(spans)
-    if requests.is_prefetch[r] and spans:
-      share[r] = sum(min(hi, end) - max(lo, start) for start, end, _ in spans) / (hi - lo)
-  if closest_window:
-    _prefer_closest_window(requests, kept, share)
   return kept + _rank(np.arange(num_requests))
 
 
-def _prefer_closest_window(requests: Requests, kept: np.ndarray, share: np.ndarray) -> None:
-  """Of a group and its late variant both kept, keeps only the one whose window the mapping
-  covers the larger `share` `[R]` of (both on a tie; `kept` `[R]` in place)."""
-  early, late = late_variant_pairs(requests)
-  both = kept[early] & kept[late]
-  kept[early[both & (share[late] > share[early])]] = False
-  kept[late[both & (share[early] > share[late])]] = False
+def matched_priorities(requests: Requests, mapping: Mapping, workload: Workload) -> np.ndarray:
+  """A genome `[R]` that decodes toward `mapping` where a buffer has requests that overlap in
+  time (an activation's whole range and its groups, the groups of either timing and the late
+  variants of build_requests' `late_prefetches`): for each of the mapping's allocations, the
+  request of its buffer whose window matches it best (intersection over union) first, the
+  others after, each group in msa's order. msa's copy of a GRU's weight a few ops before its
+  use is then the late window, not the early one that, placed first, would hold the memory the
+  other weights need."""
+  position = {b.id: i for i, b in enumerate(workload.buffers)}
+  order = np.argsort(requests.buffer, kind="stable")
+  bounds = np.searchsorted(requests.buffer[order], np.arange(len(workload.buffers) + 1))
+  kept = np.zeros(len(requests), bool)
+  for a in mapping.allocations:
+    b = position[a["buffer"]]
+    candidates = order[bounds[b] : bounds[b + 1]]
+    if not len(candidates):
+      continue
+    lo, hi = requests.start[candidates], requests.end[candidates]
+    overlap = np.minimum(hi, a["end"]) - np.maximum(lo, a["start"])
+    union = np.maximum(hi, a["end"]) - np.minimum(lo, a["start"])
+    best = int(np.argmax(overlap / union))
+    if overlap[best] > 0:
+      kept[candidates[best]] = True
+  return kept + _rank(np.arange(len(requests)))
 
 
 def mapping_genomes(requests: Requests, mapping: Mapping, workload: Workload) -> list[np.ndarray]:
@@ -127,12 +132,12 @@ def mapping_genomes(requests: Requests, mapping: Mapping, workload: Workload) ->
   the requests offer evicting groups, with `WHOLE_KEPT` (each is better on some programs: on
   `realistic` one decode of msa's mapping is 1.017x msa with the first alone, 1.050x with the
   second alone, 1.062x with the better of the two; docs/results, "evo's request space"); where
-  they offer late prefetches, with `closest_window` too."""
+  a buffer has requests that overlap in time, `matched_priorities` too."""
   genomes = [mapping_priorities(requests, mapping, workload)]
   if np.any(requests.evict_start != NO_COPY):
     genomes.append(mapping_priorities(requests, mapping, workload, whole_kept=WHOLE_KEPT))
-  if len(late_variant_pairs(requests)[0]):
-    genomes.append(mapping_priorities(requests, mapping, workload, closest_window=True))
+  if has_rivals(requests):
+    genomes.append(matched_priorities(requests, mapping, workload))
   return genomes
 
 
