@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """How far evo's request space reaches toward msa's mapping: for each entry of a suite's split,
 one decode (evo's decoder, env/solvers/evo.py) of the genomes that decode toward msa's mapping,
-in the requests without the split of activations and with it (`split_activations`, both of
-`mapping_genomes`' genomes), and with late prefetches too (`late_prefetches`, evo's requests:
-the best of its genomes). A decode below msa is mapping that evo's search starts from, and
-that the agent's guided search starts from when the network plays msa. Writes JSON rows and
-prints x msa per column (geomean, worst entry, entries below 0.97).
+in the requests without the split of activations and with it (`split_activations`: any
+overlap, and `WHOLE_KEPT`), and with late prefetches too (`late_prefetches`, evo's requests:
+the best of all of `mapping_genomes`). A decode below msa is mapping that evo's search starts
+from, and that the agent's guided search starts from when the network plays msa. Writes JSON
+rows and prints x msa per column (geomean, worst entry, entries below 0.97).
 
   .venv/bin/python scripts/msa_genome_decodes.py --suite realistic --out genomes.json
 """
@@ -28,14 +28,19 @@ from malloczero.env.placement import Placement  # noqa: E402
 from malloczero.env.programs.suites import get_suite  # noqa: E402
 from malloczero.env.requests import build_requests  # noqa: E402
 from malloczero.env.solvers import solve  # noqa: E402
-from malloczero.env.solvers.evo import decode, mapping_genomes  # noqa: E402
+from malloczero.env.solvers.evo import (  # noqa: E402
+  WHOLE_KEPT,
+  decode,
+  mapping_genomes,
+  mapping_priorities,
+)
 
 COLUMNS = (
   "whole ranges",
   "split, any overlap",
   "split, whole kept",
   "split, better of two",
-  "split, late prefetches, best",
+  "split and late prefetches, best of evo's genomes",
 )
 
 
@@ -47,22 +52,20 @@ def measure(suite: str, split: str) -> list[dict]:
     model = CostModel(workload, hardware)
     msa = solve(workload, hardware, "msa").mapping
     row = {"entry": entry.name, "msa": msa.speedup}
-    speedups = {}
-    for split_activations, late_prefetches in ((False, False), (True, False), (True, True)):
-      requests = build_requests(model, split_activations, late_prefetches)
-      speedups[split_activations, late_prefetches] = [
-        model.slow_only_time / decode(Placement(model, requests), genome)
-        for genome in mapping_genomes(requests, msa, workload)
-      ]
-    whole, loose, strict = (
-      speedups[False, False][0],
-      speedups[True, False][0],
-      speedups[True, False][-1],
-    )
-    late = max(speedups[True, True])
+
+    def speedup(requests, genome) -> float:
+      return model.slow_only_time / decode(Placement(model, requests), genome)
+
+    whole_ranges = build_requests(model)
+    split = build_requests(model, split_activations=True)
+    requests = build_requests(model, split_activations=True, late_prefetches=True)  # evo's
+    whole = speedup(whole_ranges, mapping_priorities(whole_ranges, msa, workload))
+    loose = speedup(split, mapping_priorities(split, msa, workload))
+    strict = speedup(split, mapping_priorities(split, msa, workload, whole_kept=WHOLE_KEPT))
+    late = max(speedup(requests, g) for g in mapping_genomes(requests, msa, workload))
     row.update(zip(COLUMNS, (whole, loose, strict, max(loose, strict), late)))
     row["evicting requests"] = int(np.sum(requests.evict_start >= 0))
-    row["late variants"] = len(requests) - len(build_requests(model, True))
+    row["late prefetch requests"] = len(requests) - len(split)
     print(entry.name, " ".join(f"{row[c] / row['msa']:.3f}" for c in COLUMNS), flush=True)
     rows.append(row)
   return rows
