@@ -291,7 +291,7 @@ BASELINES: dict[str, Solver] = {
       evo,
       "evolution over request priorities",
       EvoOptions,
-      version=6,
+      version=7,
       split_activations=True,
       late_prefetches=True,
     ),
