@@ -4,9 +4,10 @@ The labels come from the search itself (`label_program`: evo seeded with msa's m
 few seconds), as expert iteration's apprentice learns from its expert (Anthony et al., "Thinking
 Fast and Slow with Deep Learning and Tree Search", NeurIPS 2017). Collecting them on the training
 corpus's 364 entries of at most 12,000 requests costs about 14 minutes of 2 cores, so they are
-committed (`BUILTIN_LABELS`) and `malloczero train` fits the proposer from them. Only the placed flags are stored, one bit per
-request: the features are recomputed from the program, whose requests must still be the labelled
-ones (`fingerprint`); a changed program is refused rather than fitted to another's labels.
+committed (`BUILTIN_LABELS`) and `malloczero train` fits the proposer from them. Only the placed
+flags are stored, one bit per request: the features are recomputed from the program, whose
+requests must still be the labelled ones (`fingerprint`); a changed program is refused rather
+than fitted to another's labels.
 """
 
 from __future__ import annotations
