@@ -27,8 +27,7 @@ from malloczero.configs.workdir import CHECKPOINT_FILENAME, WorkDir
 from malloczero.env.cost_model import CostModel
 from malloczero.env.placement import Placement
 from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
-from malloczero.env.requests import build_requests
-from malloczero.env.solvers import solve
+from malloczero.env.solvers import get_solver, solve
 from malloczero.env.solvers.evo import decode, mapping_genomes
 from malloczero.env.validator import validate_mapping
 from malloczero.learner.proposer import Proposer, propose, requests_of
@@ -45,7 +44,7 @@ def placement_kernel_loaded():
   tests that time the guided search, as `evaluate` compiles the agent's search before timing."""
   entry = get_suite("tiny").entries[0]
   model = CostModel(*entry.load())
-  requests = build_requests(model, split_activations=True)
+  requests = get_solver("evo").requests(model)
   decode(Placement(model, requests), np.ones(len(requests)))
 
 
@@ -183,11 +182,11 @@ def test_without_a_play_the_guided_search_over_priorities_starts_from_msas_mappi
   found, info = guided_search(spec, None, 1.0, msa=msa)
   validate_mapping(workload, hardware, found)
   model = CostModel(workload, hardware)
-  requests = build_requests(model, split_activations=True)
+  requests = get_solver("evo").requests(model)  # the search's: evo's
   decoded = [
     decode(Placement(model, requests), g) for g in mapping_genomes(requests, msa, workload)
   ]
-  assert len(decoded) == 2 and found.estimated_time_s <= min(decoded) * (1 + 1e-12)
+  assert len(decoded) == 3 and found.estimated_time_s <= min(decoded) * (1 + 1e-12)
   assert "initial_best" in info and info["evaluations"] > len(decoded)
   with pytest.raises(ValueError, match="starts from the network's play"):
     guided_search(spec, None, 1.0, guide="decisions", msa=msa)
