@@ -15,7 +15,7 @@ from malloczero.env.solvers.evo import decode, mapping_genomes
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload_json import workload_from_dict
 from tests.test_cost_model import HW  # fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s
-from tests.test_split_activations import windows
+from tests.test_split_activations import _rows, windows
 
 # Activation x (100 B) is written by op 0 and read by ops 1-4; weight w (100 B) is read by op 5.
 # Each op moves 100 B: 1 s in fast memory, 10 s in slow. w's 10 s copy cannot hide behind the
@@ -34,14 +34,11 @@ PROGRAM = workload_from_dict(
 )
 
 
-ROWS = ("start", "end", "first_use", "is_prefetch", "evict_start", "evict_done")
-
-
 def buffer_windows(requests, buffer):
   """`windows`' rows of one buffer's requests: (start, end, first use, prefetch, evict start,
   evict done), sorted."""
-  mine = np.flatnonzero(requests.buffer == buffer)
-  return windows(dataclasses.replace(requests, **{k: getattr(requests, k)[mine] for k in ROWS}))
+  mine = requests.buffer == buffer
+  return windows(dataclasses.replace(requests, **_rows(requests, mine)))
 
 
 def test_a_weight_whose_window_reaches_program_start_gets_a_late_variant():

@@ -11,7 +11,9 @@ seconds.
 Its requests offer an activation's groups beside its whole live range (`build_requests`'s
 `split_activations`): a value kept fast near its producer, evicted, and prefetched again before a
 later use, as msa maps a training step's forward activations. Without them a genome cannot decode
-toward msa's mapping of a training step (docs/results, "evo's request space").
+toward msa's mapping of a training step (docs/results, "evo's request space"). They also time
+copies as msa does (`late_prefetches`): without, a GRU's weights each held fast memory from
+program start, and msa's own mapping decoded to 0.43x msa (docs/results, "Late prefetches").
 
 The time limit bounds the whole call, the final decode of the best genome included
 (time_limit.py's `DecodeBudget`; the first decode, msa's order or with `initial_first` the first

@@ -213,8 +213,8 @@ class Solver:
   segments: the mapping is msa's segments (a buffer may have several), not placed requests.
   split_activations: its requests offer an activation's groups (evicted after its definition,
     prefetched again before later uses) beside its whole live range (env/requests.py).
-  late_prefetches: its requests offer a prefetched group's late variant, its copy started where
-    msa's prefetch-interval picker would (env/requests.py).
+  late_prefetches: its requests also time copies as msa's prefetch-interval picker does: a
+    prefetched group's late variant, and the uses grouped with those windows (env/requests.py).
   """
 
   name: str
