@@ -123,6 +123,12 @@ class CostModel:
     self._incidence_key = a.incidence_buffer * (self.num_ops + 1) + a.incidence_op
 
   @functools.cached_property
+  def slow_prefix(self) -> np.ndarray:
+    """`[T + 1]` cumulative op time with every buffer in slow memory: the elapsed time XLA's msa
+    hides a copy behind (its prefetch-interval picker's `GetInstructionElapsed`)."""
+    return np.concatenate([[0.0], np.cumsum(np.maximum(self.compute_time, self.slow_memory_time))])
+
+  @functools.cached_property
   def slow_only_time(self) -> float:
     """Program time with every buffer in the slow default memory."""
     return float(np.maximum(self.compute_time, self.slow_memory_time).sum())

@@ -163,9 +163,7 @@ def _request_rows(
   per_buffer = np.diff(bounds)
   rows = _groups(model, model.reference_prefix, split_activations)
   if late_prefetches:
-    slow_prefix = np.concatenate(
-      [[0.0], np.cumsum(np.maximum(model.compute_time, model.slow_memory_time))]
-    )
+    slow_prefix = model.slow_prefix
     buffer, start, _, first_use, in_place = rows[:5]
     late_start = _latest_hiding_start(slow_prefix, first_use, model.copy_time[buffer])
     late = (in_place == 0) & (late_start > start)
