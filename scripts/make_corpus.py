@@ -4,7 +4,9 @@
 `corpus`: programs from three front ends, every entry in the train split:
   * the Haiku zoo (JAX) at its default sizes (the default suite's training programs) and at more
     depths, widths, sequence lengths and batch sizes;
-  * Keras models (TensorFlow's XLA), none of them `foreign`'s or `realistic`'s;
+  * Keras models (TensorFlow's XLA), none of them `foreign`'s or `realistic`'s, unrolled GRU and
+    LSTM layers at other widths, depths and lengths than `foreign`'s among them (part
+    `recurrent`, imported after the mosaics);
   * mosaics (env/programs/mosaic.py): windows of the corpus's own compiled programs laid end to
     end, 150 to 20,000 buffers.
   Each program meets both machines at two of 10%, 25% and 50% of its peak (4 entries).
@@ -17,6 +19,7 @@ The default suite's held-out models, `foreign`'s and `realistic`'s never enter t
   .venv/bin/python scripts/make_corpus.py import zoo        # one part; parts run in parallel
   .venv/bin/python scripts/make_corpus.py import keras
   .venv/bin/python scripts/make_corpus.py import mosaic     # after zoo and keras
+  .venv/bin/python scripts/make_corpus.py import recurrent
   .venv/bin/python scripts/make_corpus.py manifest          # writes the two suites
 
 `import` writes env/programs/data/workloads/<program>.json.gz and a record per program under
@@ -134,6 +137,27 @@ def _simple_rnn() -> Any:
   return tf.keras.Model(inputs, layers.Dense(10)(x))
 
 
+def _recurrent(
+  cell: str, width: int, layers: int, bidirectional: bool, tokens: int
+) -> tuple[Callable[[], Any], str, str]:
+  """(builder, input kind, description) of Embedding + `layers` unrolled Keras `cell` layers (GRU,
+  LSTM) of `width` units + Dense, on `tokens` token ids."""
+
+  def build() -> Any:
+    import tensorflow as tf
+
+    inputs = tf.keras.Input((tokens,), dtype="int32")
+    x = tf.keras.layers.Embedding(4000, 64)(inputs)
+    for layer in range(layers):
+      rnn = getattr(tf.keras.layers, cell)(width, return_sequences=layer < layers - 1, unroll=True)
+      x = tf.keras.layers.Bidirectional(rnn)(x) if bidirectional else rnn(x)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(10)(x))
+
+  shape = f"{'bidirectional ' if bidirectional else ''}{cell}({width})"
+  stack = f"{layers} {shape}" if layers > 1 else shape
+  return build, f"tokens{tokens}", f"Embedding + {stack} (unrolled) + Dense, {tokens} tokens"
+
+
 def _conv_autoencoder() -> Any:
   import tensorflow as tf
 
@@ -173,6 +197,12 @@ KERAS_MODELS: dict[str, tuple[Callable[[], Any], str, str]] = {
   "simplernn": (_simple_rnn, "tokens64", "Embedding + 2 SimpleRNN(128, unrolled), 64 tokens"),
   "convae": (_conv_autoencoder, "image32", "3 strided Conv2D + 3 Conv2DTranspose + Dense"),
   "mlp": (_keras_mlp, "image32", "Flatten + Dense 2048-1024-1024-512 + Dense"),
+  # Recurrent layers at widths, depths and lengths other than `foreign`'s GRU(96) and LSTM(128).
+  "gru64x2": _recurrent("GRU", 64, 2, False, 48),
+  "gru256": _recurrent("GRU", 256, 1, False, 16),
+  "bigru128": _recurrent("GRU", 128, 1, True, 24),
+  "bilstm64": _recurrent("LSTM", 64, 1, True, 48),
+  "lstm192": _recurrent("LSTM", 192, 1, False, 24),
   # The realistic suite's: never in the corpus.
   "resnet101": application("ResNet101", 64),
   "densenet169": application("DenseNet169", 32),
@@ -199,6 +229,17 @@ CORPUS_KERAS: tuple[tuple[str, int, bool], ...] = (
   ("convae", 8, True),
   ("convae", 2, False),
   ("mlp", 64, True),
+)
+# Imported after the mosaics, which are cut from the programs above only.
+CORPUS_RECURRENT: tuple[tuple[str, int, bool], ...] = (
+  ("gru64x2", 8, False),
+  ("gru64x2", 8, True),
+  ("gru256", 32, False),
+  ("bigru128", 4, False),
+  ("bigru128", 16, True),
+  ("bilstm64", 8, False),
+  ("bilstm64", 4, True),
+  ("lstm192", 16, False),
 )
 # Inference but for two training steps: TensorFlow 2.8's XLA took over 10 minutes on 2 cores to
 # compile DenseNet169's training step (ResNet101's took 6).
@@ -231,6 +272,13 @@ def variant_name(model: str, batch: int, train: bool, overrides: dict[str, Any])
 
 def keras_name(model: str, batch: int, train: bool) -> str:
   return f"tf-{model}-b{batch}-{'train' if train else 'infer'}"
+
+
+KERAS_PARTS = {
+  "keras": CORPUS_KERAS,
+  "recurrent": CORPUS_RECURRENT,
+  "realistic-keras": REALISTIC_KERAS,
+}
 
 
 def _record(workload, **fields) -> dict:
@@ -284,8 +332,8 @@ def _plan(part: str) -> list[tuple[str, Callable[[], dict]]]:
         )
 
       plan.append((name, run))
-  elif part in ("keras", "realistic-keras"):
-    for model, batch, train in CORPUS_KERAS if part == "keras" else REALISTIC_KERAS:
+  elif part in KERAS_PARTS:
+    for model, batch, train in KERAS_PARTS[part]:
       name = keras_name(model, batch, train)
 
       def run(model=model, batch=batch, train=train, name=name) -> dict:
@@ -396,6 +444,7 @@ def write_manifest(records: str) -> int:
     ("zoo", "corpus"),
     ("keras", "corpus"),
     ("mosaic", "corpus"),
+    ("recurrent", "corpus"),
     ("realistic-zoo", "realistic"),
     ("realistic-keras", "realistic"),
   ):
@@ -440,7 +489,9 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("action", choices=("import", "manifest"))
   parser.add_argument(
-    "part", nargs="?", choices=("zoo", "keras", "mosaic", "realistic-zoo", "realistic-keras")
+    "part",
+    nargs="?",
+    choices=("zoo", "keras", "mosaic", "recurrent", "realistic-zoo", "realistic-keras"),
   )
   parser.add_argument("--records", default="runs/corpus-records")
   parser.add_argument("--force", action="store_true")
