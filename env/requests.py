@@ -33,6 +33,16 @@
   holds fast memory for most of it; msa copies it a few ops before its use. A request equal to
   another is dropped; those of one buffer that overlap exclude each other (`Placement`), so a
   decode places the early window where it fits and a late one where only that does.
+* With `reshaped_groups`, a weight's groups are also offered as msa's allocations shape them. A
+  prefetched buffer with several groups gets a span: all its uses from its first group's window
+  on, as msa keeps a weight fast through every step of an unrolled loop where a copy per step
+  would contend for the copy engine. Each prefetched group or span of n >= 2 uses gets cuts to
+  its first n - 2^j and 2^j uses: msa extends a weight's allocation use by use and serves the
+  rest from default memory once the memory is taken (`AllocateSegment`), as where a
+  bidirectional GRU's backward kernel arrives. With `late_prefetches` each gets its late
+  variant too. These `reshaped` requests follow all others in the order, so msa's order and the
+  genomes of a mapping (env/solvers/evo.py) reach them only after the groups; they exclude the
+  groups they overlap (`Placement`).
 * Program outputs get no request: they must end the program in default memory.
 
 `exposed_copy_time` and `standalone_saving` are estimates, copies judged alone against the
@@ -43,7 +53,8 @@ whose saving is not positive at any level even from the all-slow state (a reques
 only shrink as other buffers move to fast memory, since op time is a max of compute and a sum).
 
 Requests are ordered as XLA's memory-space-assignment orders buffers: memory-boundedness
-(time saved / sqrt(size)) descending, then size descending, then live-range length descending.
+(time saved / sqrt(size)) descending, then size descending, then live-range length descending
+(the `reshaped` requests after all others).
 """
 
 from __future__ import annotations
@@ -74,6 +85,7 @@ class Requests:
   )  # [E_r] ops whose operand/result this request serves (unique per request)
   incidence_bytes: np.ndarray  # [E_r]
   standalone_saving: np.ndarray  # [R, F] seconds saved if placed alone in level f, all else slow
+  reshaped: np.ndarray  # [R] bool: a span or cut of a buffer's groups (`reshaped_groups`)
 
   def __len__(self) -> int:
     return len(self.buffer)
@@ -84,16 +96,19 @@ class Requests:
 
 
 def build_requests(
-  model: CostModel, split_activations: bool = False, late_prefetches: bool = False
+  model: CostModel,
+  split_activations: bool = False,
+  late_prefetches: bool = False,
+  reshaped_groups: bool = False,
 ) -> Requests:
   """The requests of `model`'s program; `split_activations` adds an activation's per-group
   requests beside its whole live range's, `late_prefetches` the groups timed as msa times its
-  copies beside them (at most one of a buffer's requests overlapping in time is placed:
-  `Placement`)."""
+  copies beside them, `reshaped_groups` weights' spans and cuts (at most one of a buffer's
+  requests overlapping in time is placed: `Placement`)."""
   workload, hw = model.workload, model.hardware
   a = workload.arrays
-  buffer, start, end, first_use, in_place, evict_start, first_incidence, counts = _request_rows(
-    model, split_activations, late_prefetches
+  buffer, start, end, first_use, in_place, evict_start, first_incidence, counts, reshaped = (
+    _request_rows(model, split_activations, late_prefetches, reshaped_groups)
   )
   if not len(buffer):
     return _empty_requests(hw.num_fast_levels)
@@ -116,7 +131,7 @@ def build_requests(
   boundedness = np.max(np.where(fits, saving, 0.0), axis=1) / np.sqrt(size)
   # np.lexsort sorts by the last key first; negate for descending.
   axis = workload.time_axis  # Live-range length in program time, whatever the ops' weights.
-  order = np.lexsort((buffer, -(axis[end] - axis[start]), -size, -boundedness))
+  order = np.lexsort((buffer, -(axis[end] - axis[start]), -size, -boundedness, reshaped))
   order = order[keep[order]]
   counts_kept = counts[order]
   # Each kept request's incidences, in the new order: [inc_start[r], inc_start[r + 1]) per r.
@@ -136,13 +151,14 @@ def build_requests(
     incidence_op=inc_op[gather],
     incidence_bytes=inc_bytes[gather],
     standalone_saving=saving[order],
+    reshaped=reshaped[order].astype(bool),
   )
 
 
 def has_rivals(requests: Requests) -> bool:
   """Whether some buffer has requests whose windows overlap (an activation's whole range and
-  its groups, the groups of either timing of `late_prefetches`): `Placement` places at most one
-  of those."""
+  its groups, the groups of either timing of `late_prefetches`, a span and the groups it
+  covers): `Placement` places at most one of those."""
   order = np.lexsort((requests.start, requests.buffer))
   b, s, e = (x[order] for x in (requests.buffer, requests.start, requests.end))
   # Sorted by start, a window that overlaps any of its buffer's overlaps the next one.
@@ -150,26 +166,35 @@ def has_rivals(requests: Requests) -> bool:
 
 
 def _request_rows(
-  model: CostModel, split_activations: bool, late_prefetches: bool = False
+  model: CostModel,
+  split_activations: bool,
+  late_prefetches: bool = False,
+  reshaped_groups: bool = False,
 ) -> tuple[np.ndarray, ...]:
   """The requests before filtering, by buffer, as `[R]` arrays: buffer, start, end, first use,
   produced in place (0/1), eviction start, first incidence and incidence count (each request
   serves a run of its buffer's incidences, in workload order; outputs get none): the groups of
-  `_groups` at reference time, an activation's whole live range and, with `late_prefetches`,
-  each prefetched group's late variant and the groups at all-slow time (see the module
-  docstring)."""
+  `_groups` at reference time, an activation's whole live range, with `late_prefetches` each
+  prefetched group's late variant and the groups at all-slow time, and with `reshaped_groups`
+  the spans and cuts (see the module docstring), then a ninth column: 1 for those."""
   a = model.workload.arrays
   bounds = a.buffer_incidence_start
   per_buffer = np.diff(bounds)
   rows = _groups(model, model.reference_prefix, split_activations)
-  if late_prefetches:
-    slow_prefix = model.slow_prefix
-    buffer, start, _, first_use, in_place = rows[:5]
-    late_start = _latest_hiding_start(slow_prefix, first_use, model.copy_time[buffer])
-    late = (in_place == 0) & (late_start > start)
-    variants = [c[late] for c in rows]
-    variants[1] = late_start[late]
-    rows = _distinct(rows, tuple(variants), _groups(model, slow_prefix, split_activations))
+  reshaped = np.zeros(len(rows[0]), np.int64)
+  if late_prefetches or reshaped_groups:
+    base = [rows]
+    if late_prefetches:
+      base += [_late_variants(model, rows), _groups(model, model.slow_prefix, split_activations)]
+    changed = []
+    if reshaped_groups:
+      spans = _spans(rows, a.is_prefetched)
+      changed = [spans, _cuts(_distinct(rows, spans), a.incidence_op.astype(np.int64))]
+      if late_prefetches:
+        changed += [_late_variants(model, c) for c in changed]
+    # Tagged 0/1 after the columns: a row equal to a group's stays the group.
+    tagged = [(*r, np.full(len(r[0]), k)) for k, sets in enumerate((base, changed)) for r in sets]
+    *rows, reshaped = _distinct(*tagged)
   whole = np.flatnonzero(~a.is_output & ~a.is_prefetched & (per_buffer > 0))
   live_start = a.live_start.astype(np.int64)[whole]
   wholes = (
@@ -181,10 +206,22 @@ def _request_rows(
     np.full(len(whole), NO_COPY),
     bounds[whole],
     per_buffer[whole],
+    np.zeros(len(whole), np.int64),
   )
-  rows = [np.concatenate([c, w]).astype(np.int64) for c, w in zip(rows, wholes)]
+  rows = [np.concatenate([c, w]).astype(np.int64) for c, w in zip((*rows, reshaped), wholes)]
   order = np.lexsort((rows[1], rows[0]))  # By buffer, then window start.
   return tuple(c[order] for c in rows)
+
+
+def _late_variants(model: CostModel, rows: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+  """The prefetched rows of `rows` whose copy hides behind all-slow time from a later start,
+  started there."""
+  buffer, start, _, first_use, in_place = rows[:5]
+  late_start = _latest_hiding_start(model.slow_prefix, first_use, model.copy_time[buffer])
+  late = (in_place == 0) & (late_start > start)
+  variants = [c[late] for c in rows]
+  variants[1] = late_start[late]
+  return tuple(variants)
 
 
 def _latest_hiding_start(prefix: np.ndarray, use: np.ndarray, copy_time: np.ndarray) -> np.ndarray:
@@ -240,11 +277,56 @@ def _groups(
   return tuple(np.asarray(c[kept], np.int64) for c in columns)
 
 
+def _spans(rows: tuple[np.ndarray, ...], is_prefetched: np.ndarray) -> tuple[np.ndarray, ...]:
+  """One request per prefetched buffer with several groups in `rows` (`_request_rows`' columns,
+  by buffer in incidence order): all its uses, from its first group's window on."""
+  buffer, start, end, first_use, in_place, evict_start, first, count = rows
+  rows_of = np.flatnonzero(is_prefetched[buffer])
+  owners, at, groups = np.unique(buffer[rows_of], return_index=True, return_counts=True)
+  at, owners = rows_of[at[groups > 1]], owners[groups > 1]
+  last = at + groups[groups > 1] - 1
+  return (
+    owners,
+    start[at],
+    end[last],
+    first_use[at],
+    in_place[at],
+    evict_start[at],
+    first[at],
+    first[last] + count[last] - first[at],
+  )
+
+
+def _cuts(rows: tuple[np.ndarray, ...], incidence_op: np.ndarray) -> tuple[np.ndarray, ...]:
+  """Each prefetched row of `rows` with n >= 2 uses cut to its first n - 2^j and 2^j uses (< n):
+  msa serves a weight's later uses from default memory once its allocation cannot extend to
+  them (`AllocateSegment`)."""
+  buffer, start, end, first_use, in_place, evict_start, first, count = rows
+  cut_rows, kept = [], []
+  for j in range(int(np.log2(max(2, count.max(initial=2)))) + 1):
+    for keep in (count - 2**j, np.full(len(count), 2**j)):
+      rows_of = np.flatnonzero((in_place == 0) & (keep >= 1) & (keep < count))
+      cut_rows.append(rows_of)
+      kept.append(keep[rows_of])
+  at, keep = np.concatenate(cut_rows), np.concatenate(kept)
+  return (
+    buffer[at],
+    start[at],
+    incidence_op[first[at] + keep - 1] + 1,
+    first_use[at],
+    in_place[at],
+    evict_start[at],
+    first[at],
+    keep,
+  )
+
+
 def _distinct(*row_sets: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
   """The rows of `row_sets` (each a tuple of `[K]` columns) concatenated, each distinct row once,
-  first occurrences in order."""
+  first occurrences in order; rows are compared on `_request_rows`' columns only (a further
+  column is a tag)."""
   columns = tuple(np.concatenate(c) for c in zip(*row_sets))
-  _, first = np.unique(np.stack(columns, 1), axis=0, return_index=True)
+  _, first = np.unique(np.stack(columns[:8], 1), axis=0, return_index=True)
   keep = np.sort(first)
   return tuple(c[keep] for c in columns)
 
@@ -280,4 +362,5 @@ def _empty_requests(num_fast: int) -> Requests:
     z,
     np.zeros(0),
     np.zeros((0, num_fast)),
+    np.zeros(0, bool),
   )

@@ -320,9 +320,9 @@ def test_solve_time_includes_building_the_requests(monkeypatch):
   bound only, which a loaded machine cannot break) and is taken from evo's time limit."""
   registry = importlib.import_module("malloczero.env.solvers.registry")
 
-  def slow_build(model, split_activations=False, late_prefetches=False):
+  def slow_build(model, *flags):
     time.sleep(0.2)
-    return build_requests(model, split_activations, late_prefetches)
+    return build_requests(model, *flags)
 
   monkeypatch.setattr(registry, "build_requests", slow_build)
   workload = random_workload(8, num_ops=40)

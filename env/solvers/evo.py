@@ -14,6 +14,10 @@ later use, as msa maps a training step's forward activations. Without them a gen
 toward msa's mapping of a training step (docs/results, "evo's request space"). They also time
 copies as msa does (`late_prefetches`): without, a GRU's weights each held fast memory from
 program start, and msa's own mapping decoded to 0.43x msa (docs/results, "Late prefetches").
+And they keep a weight across all its uses, or cut a group's later uses off, as msa's
+allocations do (`reshaped_groups`): without, an unrolled GRU's weights were copied in again for
+each step, or held past the step where msa hands their memory to the next layer's, and msa's own
+mapping decoded to 0.30-0.48x msa (docs/results, "Spans and cuts of weights").
 
 The time limit bounds the whole call, the final decode of the best genome included
 (time_limit.py's `DecodeBudget`; the first decode, msa's order or with `initial_first` the first

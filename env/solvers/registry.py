@@ -215,6 +215,8 @@ class Solver:
     prefetched again before later uses) beside its whole live range (env/requests.py).
   late_prefetches: its requests also time copies as msa's prefetch-interval picker does: a
     prefetched group's late variant, and the uses grouped with those windows (env/requests.py).
+  reshaped_groups: its requests also keep a weight across all its uses, or cut a group's later
+    uses off, as msa's allocations do (env/requests.py).
   """
 
   name: str
@@ -228,6 +230,7 @@ class Solver:
   segments: bool = False
   split_activations: bool = False
   late_prefetches: bool = False
+  reshaped_groups: bool = False
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -235,7 +238,7 @@ class Solver:
 
   def requests(self, model: CostModel) -> Requests:
     """The requests this solver places, of `model`'s program."""
-    return build_requests(model, self.split_activations, self.late_prefetches)
+    return build_requests(model, self.split_activations, self.late_prefetches, self.reshaped_groups)
 
   def make_options(self, values: dict[str, Any], msa_options: Optional[dict] = None) -> dict:
     """`run`'s keyword options: this solver's fields taken from `values` (others ignored), and
@@ -291,9 +294,10 @@ BASELINES: dict[str, Solver] = {
       evo,
       "evolution over request priorities",
       EvoOptions,
-      version=7,
+      version=8,
       split_activations=True,
       late_prefetches=True,
+      reshaped_groups=True,
     ),
     Solver(
       "evo-msa",
