@@ -2,10 +2,11 @@
 """How far evo's request space reaches toward msa's mapping: for each entry of a suite's split,
 one decode (evo's decoder, env/solvers/evo.py) of the genomes that decode toward msa's mapping,
 in the requests without the split of activations and with it (`split_activations`: any
-overlap, and `WHOLE_KEPT`), and with late prefetches too (`late_prefetches`, evo's requests:
-the best of all of `mapping_genomes`). A decode below msa is mapping that evo's search starts
-from, and that the agent's guided search starts from when the network plays msa. Writes JSON
-rows and prints x msa per column (geomean, worst entry, entries below 0.97).
+overlap, and `WHOLE_KEPT`), with late prefetches too (`late_prefetches`: the best of all of
+`mapping_genomes`), and with weights' spans and cuts too (`reshaped_groups`: evo's requests). A
+decode below msa is mapping that evo's search starts from, and that the agent's guided search
+starts from when the network plays msa. Writes JSON rows and prints x msa per column (geomean,
+worst entry, entries below 0.97).
 
   .venv/bin/python scripts/msa_genome_decodes.py --suite realistic --out genomes.json
 """
@@ -27,7 +28,7 @@ from malloczero.env.cost_model import CostModel  # noqa: E402
 from malloczero.env.placement import Placement  # noqa: E402
 from malloczero.env.programs.suites import get_suite  # noqa: E402
 from malloczero.env.requests import build_requests  # noqa: E402
-from malloczero.env.solvers import solve  # noqa: E402
+from malloczero.env.solvers import get_solver, solve  # noqa: E402
 from malloczero.env.solvers.evo import (  # noqa: E402
   WHOLE_KEPT,
   decode,
@@ -40,7 +41,8 @@ COLUMNS = (
   "split, any overlap",
   "split, whole kept",
   "split, better of two",
-  "split and late prefetches, best of evo's genomes",
+  "split and late prefetches, best of the genomes",
+  "split, late prefetches, spans and cuts, best of evo's genomes",
 )
 
 
@@ -58,14 +60,16 @@ def measure(suite: str, split: str) -> list[dict]:
 
     whole_ranges = build_requests(model)
     split = build_requests(model, split_activations=True)
-    requests = build_requests(model, split_activations=True, late_prefetches=True)  # evo's
+    late = build_requests(model, split_activations=True, late_prefetches=True)
+    requests = get_solver("evo").requests(model)
     whole = speedup(whole_ranges, mapping_priorities(whole_ranges, msa, workload))
     loose = speedup(split, mapping_priorities(split, msa, workload))
     strict = speedup(split, mapping_priorities(split, msa, workload, whole_kept=WHOLE_KEPT))
-    late = max(speedup(requests, g) for g in mapping_genomes(requests, msa, workload))
-    row.update(zip(COLUMNS, (whole, loose, strict, max(loose, strict), late)))
+    best = [max(speedup(r, g) for g in mapping_genomes(r, msa, workload)) for r in (late, requests)]
+    row.update(zip(COLUMNS, (whole, loose, strict, max(loose, strict), *best)))
     row["evicting requests"] = int(np.sum(requests.evict_start >= 0))
-    row["late prefetch requests"] = len(requests) - len(split)
+    row["late prefetch requests"] = len(late) - len(split)
+    row["span and cut requests"] = int(requests.reshaped.sum())
     print(entry.name, " ".join(f"{row[c] / row['msa']:.3f}" for c in COLUMNS), flush=True)
     rows.append(row)
   return rows

@@ -220,8 +220,10 @@ def test_the_msa_genome_decode_script_writes_a_row_per_entry_and_refuses_an_unkn
   for row in rows:
     assert row["split, better of two"] == max(row["split, any overlap"], row["split, whole kept"])
     assert all(row[c] > 1.0 for c in ("msa", "whole ranges", "split, any overlap"))
-    assert row["split and late prefetches, best of evo's genomes"] > 1.0
+    assert row["split and late prefetches, best of the genomes"] > 1.0
+    assert row["split, late prefetches, spans and cuts, best of evo's genomes"] > 1.0
     assert row["late prefetch requests"] > 0
+  assert sum(row["span and cut requests"] for row in rows) > 0
   bad = subprocess.run([sys.executable, script, "--suite", "nope"], capture_output=True, text=True)
   assert (
     bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
