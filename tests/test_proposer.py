@@ -12,6 +12,7 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import get_config, with_section
 from malloczero.configs.workdir import WorkDir
 from malloczero.env.placement import Placement
+from malloczero.env.requests import build_requests
 from malloczero.env.solvers import solve
 from malloczero.env.solvers.evo import decode, mapping_genomes
 from malloczero.env.validator import validate_mapping
@@ -56,6 +57,23 @@ def test_features_are_finite_and_the_same_at_any_scale_of_the_program():
   np.testing.assert_array_equal(
     features[:, FEATURES.index("is a prefetch")], requests.is_prefetch.astype(np.float32)
   )
+
+
+def test_a_programs_own_requests_have_the_same_features_whatever_spans_and_cuts_it_is_offered():
+  """Counts, ranks, order and demand are the program's own requests' (`reshaped` left out): its
+  requests' features with evo's spans and cuts are those without them."""
+  for spec in suite_games("tiny", "train")[:3]:
+    model, requests = requests_of(spec.workload, spec.hardware)
+    assert requests.reshaped.any()
+    alone = build_requests(model, split_activations=True, late_prefetches=True)
+    features = request_features(model, requests)
+    np.testing.assert_array_equal(features[~requests.reshaped], request_features(model, alone))
+    column = features[:, FEATURES.index("is a span or cut of its buffer's groups")]
+    np.testing.assert_array_equal(column, requests.reshaped.astype(np.float32))
+    for name in ("saving per byte, rank in the program", "position in msa's order"):
+      assert (
+        0 <= features[:, FEATURES.index(name)].min() <= features[:, FEATURES.index(name)].max() <= 1
+      )
 
 
 def test_labels_are_evos_best_mapping_and_proposals_decode_to_a_valid_mapping():

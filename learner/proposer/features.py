@@ -32,6 +32,7 @@ FEATURES = (
   "log10 requests",
   "fast levels",
   "log2 requests of the buffer",
+  "is a span or cut of its buffer's groups",
 )
 
 
@@ -44,10 +45,15 @@ def requests_of(workload: Workload, hardware: Hardware) -> tuple[CostModel, Requ
   return model, get_solver("evo").requests(model)
 
 
-def _rank_share(x: np.ndarray) -> np.ndarray:
-  """`[R]` each value's rank among `x`, in (0, 1)."""
-  ranks = np.argsort(np.argsort(x, kind="stable"), kind="stable")
-  return (ranks + 0.5) / max(1, len(x))
+def _rank_share(x: np.ndarray, among: np.ndarray) -> np.ndarray:
+  """`[R]` each value's rank among the values `x[among]` (`among` `[R]` bool), in [0, 1]: a
+  value of `among` is ranked as among them alone, any other where it would fall among them."""
+  reference = np.sort(x[among], kind="stable")
+  share = np.empty(len(x))
+  ranks = np.argsort(np.argsort(x[among], kind="stable"), kind="stable")
+  share[among] = (ranks + 0.5) / max(1, len(reference))
+  share[~among] = np.searchsorted(reference, x[~among]) / max(1, len(reference))
+  return share
 
 
 def window_max(series: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -70,24 +76,32 @@ def request_features(model: CostModel, requests: Requests) -> np.ndarray:
   """`[R, len(FEATURES)]` float32 features of each request, independent of the program's size and
   of any mapping."""
   workload, hardware = model.workload, model.hardware
-  num_requests, num_ops = len(requests), workload.num_ops
+  num_ops = workload.num_ops
   capacity = float(hardware.fast_capacity_bytes)
   saving = requests.standalone_saving.max(axis=1)
   window = (requests.end - requests.start).astype(float)
+  # The program's own requests, a weight's spans and cuts (`reshaped`, last in the order) left
+  # out: counts, ranks and demand are then those of the program whatever variants it is offered.
+  base = ~requests.reshaped
+  num_requests = int(base.sum())
   # Bytes live in requests' windows at each op: the demand the mapping shares out.
   change = np.zeros(num_ops + 1)
-  np.add.at(change, requests.start, requests.size)
-  np.add.at(change, requests.end, -requests.size.astype(float))
+  np.add.at(change, requests.start[base], requests.size[base])
+  np.add.at(change, requests.end[base], -requests.size[base].astype(float))
   demand = np.cumsum(change)[:num_ops] / capacity
   prefix = np.concatenate([[0.0], np.cumsum(demand)])
   mean_demand = (prefix[requests.end] - prefix[requests.start]) / np.maximum(1.0, window)
   peak_demand = window_max(demand, requests.start, requests.end)
-  per_buffer = np.bincount(requests.buffer, minlength=len(workload.buffers))[requests.buffer]
+  per_buffer = np.bincount(requests.buffer[base], minlength=len(workload.buffers))
+  per_buffer = np.maximum(per_buffer[requests.buffer], 1)
   uses = np.diff(requests.incidence_start).astype(float)
+  # Base requests by their place in msa's order; the others, after them, by theirs.
+  position = np.arange(len(requests)) - np.where(base, 0, num_requests)
+  position = position / np.maximum(1, np.where(base, num_requests, len(requests) - num_requests))
   columns = (
     np.log2(requests.size / capacity),
-    _rank_share(saving / requests.size),
-    _rank_share(saving),
+    _rank_share(saving / requests.size, base),
+    _rank_share(saving, base),
     np.log10(saving / model.slow_only_time + 1e-12),
     window / num_ops,
     requests.start / num_ops,
@@ -95,14 +109,15 @@ def request_features(model: CostModel, requests: Requests) -> np.ndarray:
     requests.is_prefetch.astype(float),
     requests.exposed_copy_time / np.maximum(saving, 1e-15),
     (requests.evict_start != NO_COPY).astype(float),
-    np.arange(num_requests) / max(1, num_requests),
+    position,
     np.log2(uses + 1),
     mean_demand,
     peak_demand,
     np.log10(mean_demand + 1e-9),
     requests.size * window / (capacity * num_ops),
-    np.full(num_requests, np.log10(max(1, num_requests))),
-    np.full(num_requests, hardware.num_fast_levels),
+    np.full(len(requests), np.log10(max(1, num_requests))),
+    np.full(len(requests), hardware.num_fast_levels),
     np.log2(per_buffer),
+    requests.reshaped.astype(float),
   )
   return np.stack(columns, 1).astype(np.float32)
