@@ -104,16 +104,16 @@ def test_evo_offers_late_prefetches():
   assert not get_solver("greedy").late_prefetches
 
 
-def test_msa_s_mapping_of_a_gru_decodes_to_msa_only_with_late_windows():
-  """TF's GRU at inference: every op is cheap in fast memory, so each weight's early window
-  starts at program start, and the first placed holds the memory the others need through the
-  whole program; msa copies each a few ops before its use."""
-  entry = next(e for e in get_suite("foreign").entries if e.name == "tf-gru-b8-infer@nnpi-like:25%")
+def msa_mapping_decoded(suite: str, name: str):
+  """`decoded(requests)`: the best one decode of msa's mapping of the entry `name` of `suite`
+  over `requests` (each of `mapping_genomes`, each mapping validated), x msa; and the entry's
+  cost model."""
+  entry = next(e for e in get_suite(suite).entries if e.name == name)
   workload, hardware = entry.load()
   model = CostModel(workload, hardware)
   msa = solve(workload, hardware, "msa").mapping
 
-  def best_decode(requests) -> float:
+  def decoded(requests) -> float:
     placement = Placement(model, requests)
     speedups = []
     for genome in mapping_genomes(requests, msa, workload):
@@ -121,5 +121,14 @@ def test_msa_s_mapping_of_a_gru_decodes_to_msa_only_with_late_windows():
       validate_mapping(workload, hardware, placement.mapping("evo"))
     return max(speedups) / msa.speedup
 
-  assert best_decode(build_requests(model, split_activations=True)) < 0.5
-  assert best_decode(get_solver("evo").requests(model)) > 0.99
+  return decoded, model
+
+
+def test_msa_s_mapping_of_a_gru_decodes_to_msa_only_with_late_windows():
+  """TF's GRU at inference: every op is cheap in fast memory, so each weight's early window
+  starts at program start, and the first placed holds the memory the others need through the
+  whole program; msa copies each a few ops before its use."""
+  decoded, model = msa_mapping_decoded("foreign", "tf-gru-b8-infer@nnpi-like:25%")
+  assert decoded(build_requests(model, split_activations=True)) < 0.5
+  assert decoded(build_requests(model, split_activations=True, late_prefetches=True)) > 0.99
+  assert decoded(get_solver("evo").requests(model)) > 0.99

@@ -7,14 +7,13 @@ import pytest
 
 from malloczero.env.cost_model import CostModel
 from malloczero.env.placement import Placement
-from malloczero.env.programs.suites import get_suite
 from malloczero.env.requests import build_requests
-from malloczero.env.solvers import get_solver, solve
-from malloczero.env.solvers.evo import decode, mapping_genomes
+from malloczero.env.solvers import get_solver
+from malloczero.env.solvers.evo import decode
 from malloczero.env.validator import validate_mapping
 from malloczero.env.workload_json import workload_from_dict
 from tests.test_cost_model import HW  # fast 100 B/s, slow 10 B/s, copy 10 B/s, 1 flop/s
-from tests.test_late_prefetches import buffer_windows
+from tests.test_late_prefetches import buffer_windows, msa_mapping_decoded
 
 # Weight w (10 B) is read by ops 1, 3 and 5; activation x (100 B) keeps each op 1 s busy in fast
 # memory. w's 1 s copy hides behind one op, so each use's window starts one op before it, after
@@ -84,18 +83,6 @@ def test_evo_offers_spans_and_cuts():
   ],
 )
 def test_msa_s_mapping_of_an_unrolled_gru_decodes_to_msa_only_with_spans_and_cuts(name):
-  entry = next(e for e in get_suite("corpus").entries if e.name == name)
-  workload, hardware = entry.load()
-  model = CostModel(workload, hardware)
-  msa = solve(workload, hardware, "msa").mapping
-
-  def best_decode(requests) -> float:
-    placement = Placement(model, requests)
-    speedups = []
-    for genome in mapping_genomes(requests, msa, workload):
-      speedups.append(model.slow_only_time / decode(placement, genome))
-      validate_mapping(workload, hardware, placement.mapping("evo"))
-    return max(speedups) / msa.speedup
-
-  assert best_decode(build_requests(model, True, True)) < 0.5
-  assert best_decode(get_solver("evo").requests(model)) > 0.99
+  decoded, model = msa_mapping_decoded("corpus", name)
+  assert decoded(build_requests(model, True, True)) < 0.5
+  assert decoded(get_solver("evo").requests(model)) > 0.99
