@@ -60,8 +60,11 @@ def test_agent_rows_are_its_validated_mappings_and_agree_with_the_baselines(trai
     assert agent.vs_msa == pytest.approx(msa.time_ms / agent.time_ms)
     # Keeping the best of its trajectories never loses to the greedy one nor to the policy's.
     assert agent.speedup >= max(agent.greedy_speedup, agent.policy_speedup) * (1 - 1e-12)
-    # No mapping beats CP-SAT's proven lower bound.
-    assert agent.time_ms >= row.cpsat.bound_ms * (1 - 1e-6) and agent.gap >= 0
+    # CP-SAT's bound is of its own model (the game's requests, no copy contention), not of the
+    # simulated time (env/solvers/cpsat.py), and the agent's guided search places evo's requests
+    # (split activations, weights' spans), which that model has not: the agent can be below it.
+    # Its gap is measured against it all the same, 0 where it is below.
+    assert agent.gap == pytest.approx(max(0.0, 1 - row.cpsat.bound_ms / agent.time_ms))
   for split, summary in evaluation.summary.items():
     rows = [r for r in evaluation.rows if split == "all" or r.split == split]
     figures = summary.solvers["agent"]
