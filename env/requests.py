@@ -301,7 +301,7 @@ def _cuts(rows: tuple[np.ndarray, ...], incidence_op: np.ndarray) -> tuple[np.nd
   """Each prefetched row of `rows` with n >= 2 uses cut to its first n - 2^j and 2^j uses (< n):
   msa serves a weight's later uses from default memory once its allocation cannot extend to
   them (`AllocateSegment`)."""
-  buffer, start, end, first_use, in_place, evict_start, first, count = rows
+  buffer, start, _, first_use, in_place, evict_start, first, count = rows
   cut_rows, kept = [], []
   for j in range(int(np.log2(max(2, count.max(initial=2)))) + 1):
     for keep in (count - 2**j, np.full(len(count), 2**j)):
