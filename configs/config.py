@@ -334,7 +334,7 @@ class ProposerConfig:
   training corpus), saved beside the checkpoints; the agent plays its proposal first and starts
   its guided search from it. The fit's time counts in the run's --max-seconds."""
 
-  # About 14 s on 2 cores on the corpus labels, after 1-2 s of building their features.
+  # About 15 s a member on 2 cores on the corpus labels, after building their features.
   steps: int = setting(
     3000,
     "non_negative_int",
@@ -345,6 +345,18 @@ class ProposerConfig:
     4096, "positive_int", "requests per step of the proposer's fit", maximum=MAX_BATCH
   )
   learning_rate: float = setting(1e-3, "positive", "the proposer's Adam learning rate")
+  members: int = setting(
+    3,
+    "positive_int",
+    "networks of the proposer, each fitted from its own seed; it proposes by their mean chance",
+    maximum=16,
+  )
+  saving_weight: float = setting(
+    0.25,
+    "fraction",
+    "share of each program's weight in the proposer's fit given to its requests by what each "
+    "saves placed alone (the rest evenly)",
+  )
   max_programs: int = setting(
     0,
     "non_negative_int",

@@ -161,15 +161,21 @@ def fit_run_proposer(config: Config, workdir: str, print_fn: Callable[[str], Non
 
   programs = labelled_programs(labels, settings.max_programs, config.seed, progress=built)
   requests = sum(len(p["placed"]) for p in programs)
-  print_fn(f"proposer: fitting to {requests:,} requests, {settings.steps} steps")
+  total_steps = settings.steps * settings.members
+  print_fn(
+    f"proposer: fitting {settings.members} network(s) to {requests:,} requests, "
+    f"{settings.steps} steps each"
+  )
   proposer = fit(
     programs,
     seed=config.seed,
     steps=settings.steps,
     batch=settings.batch_size,
     learning_rate=settings.learning_rate,
+    members=settings.members,
+    saving_weight=settings.saving_weight,
     progress=lambda step, loss: print_fn(
-      f"proposer: step {step}/{settings.steps}, loss {loss:.4f} ({clock.elapsed:.0f} s)"
+      f"proposer: step {step}/{total_steps}, loss {loss:.4f} ({clock.elapsed:.0f} s)"
     ),
   )
   os.makedirs(files.checkpoints, exist_ok=True)

@@ -32,7 +32,7 @@ from malloczero.learner.proposer import (
   requests_of,
 )
 from malloczero.learner.proposer.features import window_max
-from malloczero.learner.proposer.network import PROPOSE_AT
+from malloczero.learner.proposer.network import PROPOSE_AT, request_weights
 from malloczero.system.training import fit_run_proposer
 
 
@@ -127,6 +127,41 @@ def test_a_saved_proposer_loads_and_proposes_the_same(tmp_path):
   np.testing.assert_array_equal(loaded.placed_chance(features), proposer.placed_chance(features))
 
 
+def test_each_program_weighs_the_same_and_a_share_of_it_goes_by_saving():
+  small = {"placed": np.zeros(2, bool), "saving": np.array([3.0, 1.0])}
+  large = {"placed": np.zeros(4, bool), "saving": np.array([0.0, 0.0, 0.0, 2.0])}
+  even = request_weights([small, large], saving_weight=0.0)
+  np.testing.assert_allclose(even, [0.25, 0.25, 0.125, 0.125, 0.125, 0.125])
+  by_saving = request_weights([small, large], saving_weight=1.0)
+  np.testing.assert_allclose(by_saving, [0.375, 0.125, 0.0, 0.0, 0.0, 0.5])
+  mixed = request_weights([small, large], saving_weight=0.25)
+  np.testing.assert_allclose(mixed, 0.75 * even + 0.25 * by_saving)
+  # A program that saves nothing anywhere keeps its even weights.
+  idle = {"placed": np.zeros(2, bool), "saving": np.zeros(2)}
+  np.testing.assert_allclose(request_weights([idle], saving_weight=1.0), [0.5, 0.5])
+
+
+def test_the_proposer_proposes_by_its_members_mean_chance_and_reads_a_single_networks_file(
+  tmp_path,
+):
+  spec = suite_games("tiny", "train")[1]
+  programs = [label_program(spec.workload, spec.hardware, seconds=0.2)]
+  proposer = fit(programs, seed=1, steps=50, batch=128, members=2)
+  assert len(proposer.members) == 2
+  features = programs[0]["features"]
+  alone = [
+    dataclasses.replace(proposer, members=(m,)).placed_chance(features) for m in proposer.members
+  ]
+  assert not np.allclose(alone[0], alone[1])  # Each member from its own seed.
+  np.testing.assert_allclose(proposer.placed_chance(features), np.mean(alone, 0), rtol=1e-6)
+  # A file of one network under `params|` (before ensembles) loads as a proposer of one member.
+  flat = {f"params|{m}|{n}": v for m, p in proposer.members[0].items() for n, v in p.items()}
+  np.savez(tmp_path / "single.npz", mean=proposer.mean, std=proposer.std, **flat)
+  single = Proposer.load(str(tmp_path / "single.npz"))
+  assert len(single.members) == 1
+  np.testing.assert_array_equal(single.placed_chance(features), alone[0])
+
+
 def test_labels_round_trip_through_their_file_and_refit_the_suites_programs(tmp_path):
   entries = suite_games_entries("tiny")[:3]
   labelled = [(e.name, label_program(*e.load(), seconds=0.2)) for e in entries]
@@ -185,7 +220,8 @@ def test_a_run_fits_its_proposer_once_and_none_without_steps(tmp_path):
   assert fit_run_proposer(config, run, lines.append) > 0
   path = WorkDir(run).proposer
   assert Proposer.load(path).mean.shape == (len(FEATURES),)
-  steps = config.proposer.steps
+  steps = config.proposer.steps * config.proposer.members
+  assert config.proposer.members > 1 and len(Proposer.load(path).members) == config.proposer.members
   assert any(f"step {steps}/{steps}, loss" in line for line in lines)
   assert lines[-1].startswith(f"proposer: saved {path}")
   before = os.stat(path).st_mtime_ns

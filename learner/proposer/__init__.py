@@ -3,15 +3,17 @@
 REGAL (Paliwal et al., "Reinforced Genetic Algorithm Learning for Optimizing Computation Graphs",
 ICLR 2020, section 3) lets a network propose per-node parameters that a heuristic decodes, and
 refines around the proposals with a genetic algorithm; EGRL seeds its evolutionary population
-with its policy's proposals. Here a small MLP sees one of evo's requests at a time and predicts
-whether evo's best mapping places it; its play is one decode of what it proposes (the requests
+with its policy's proposals. Here small MLPs (an ensemble, their chances averaged) see one of
+evo's requests at a time and predict whether evo's best mapping places it, fitted with more weight
+on the requests that save more; its play is one decode of what it proposes (the requests
 it expects placed first), and the agent's guided search starts from that proposal. Why: the msa
 game's network, fitted to exact one-move advantages, plays msa on programs it did not train on,
 while this one carries (docs/results/README.md, "A network that proposes evo's priorities").
 
   features.py  `request_features`: `[R, F]` per request, in units that do not grow with the
                program and with nothing of any mapping
-  network.py   `Proposer` (the MLP, saved as a plain .npz), `fit`, `proposal_genome`, `auc`
+  network.py   `Proposer` (the MLPs, saved as a plain .npz), `fit`, `request_weights`,
+               `proposal_genome`, `auc`
   labels.py    `label_program`, `Labels` (the committed corpus labels, `BUILTIN_LABELS`, one bit
                per request) and `labelled_programs`, the fit's input
   play.py      `propose` and `play_proposal`: the genome, and its one decode

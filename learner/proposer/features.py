@@ -45,6 +45,11 @@ def requests_of(workload: Workload, hardware: Hardware) -> tuple[CostModel, Requ
   return model, get_solver("evo").requests(model)
 
 
+def request_saving(requests: Requests) -> np.ndarray:
+  """`[R]` the seconds each request saves placed alone in its best fast level, all else slow."""
+  return requests.standalone_saving.max(axis=1)
+
+
 def _rank_share(x: np.ndarray, among: np.ndarray) -> np.ndarray:
   """`[R]` each value's rank among the values `x[among]` (`among` `[R]` bool), in [0, 1]: a
   value of `among` is ranked as among them alone, any other where it would fall among them."""
@@ -78,7 +83,7 @@ def request_features(model: CostModel, requests: Requests) -> np.ndarray:
   workload, hardware = model.workload, model.hardware
   num_ops = workload.num_ops
   capacity = float(hardware.fast_capacity_bytes)
-  saving = requests.standalone_saving.max(axis=1)
+  saving = request_saving(requests)
   window = (requests.end - requests.start).astype(float)
   # The program's own requests, a weight's spans and cuts (`reshaped`, last in the order) left
   # out: counts, ranks and demand are then those of the program whatever variants it is offered.

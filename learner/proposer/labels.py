@@ -24,7 +24,7 @@ from malloczero.env.hardware import Hardware
 from malloczero.env.placement import Placement
 from malloczero.env.requests import Requests
 from malloczero.env.workload import Workload
-from malloczero.learner.proposer.features import request_features, requests_of
+from malloczero.learner.proposer.features import request_features, request_saving, requests_of
 
 BUILTIN_LABELS = os.path.join(os.path.dirname(__file__), "data", "corpus_labels.npz")
 # The command that rewrites BUILTIN_LABELS: named by the error of a stale label.
@@ -62,6 +62,7 @@ def label_program(
   placed[placement.request_indices()] = True
   return {
     "features": request_features(model, requests),
+    "saving": request_saving(requests),
     "placed": placed,
     "msa": np.float64(msa.speedup),
     "evo": np.float64(model.slow_only_time / placement.total_time),
@@ -144,9 +145,9 @@ def labelled_programs(
   seed: int = 0,
   progress: Optional[Callable[[int, int], None]] = None,
 ) -> list[dict[str, np.ndarray]]:
-  """The labelled programs as `fit` takes them (`features` `[R, F]`, `placed` `[R]`): all, or
-  `max_programs` drawn with `seed`. Each program is loaded from its suite and must have the
-  labelled requests; `progress(done, total)` after each."""
+  """The labelled programs as `fit` takes them (`features` `[R, F]`, `saving` and `placed` `[R]`):
+  all, or `max_programs` drawn with `seed`. Each program is loaded from its suite and must have
+  the labelled requests; `progress(done, total)` after each."""
   from malloczero.env.programs.suites import get_suite
 
   by_name = {entry.name: entry for entry in get_suite(labels.suite).entries}
@@ -168,7 +169,13 @@ def labelled_programs(
         f"the proposer's labels of '{name}' are stale: its requests changed since they were "
         f"collected ({COLLECT_COMMAND})"
       )
-    programs.append({"features": request_features(model, requests), "placed": labels.placed[row]})
+    programs.append(
+      {
+        "features": request_features(model, requests),
+        "saving": request_saving(requests),
+        "placed": labels.placed[row],
+      }
+    )
     if progress is not None:
       progress(done, len(rows))
   return programs

@@ -1,6 +1,14 @@
-"""The proposer network: an MLP over one request's features that gives the chance that evo's best
-mapping places the request, fitted by cross-entropy to the labels of labels.py, each program
-weighing the same whatever its size; its proposal is a priority genome for evo's decode."""
+"""The proposer network: MLPs over one request's features that give the chance that evo's best
+mapping places the request, fitted by cross-entropy to the labels of labels.py; its proposal is a
+priority genome for evo's decode.
+
+Each program weighs the same whatever its size. Within a program, a share `saving_weight` of its
+weight goes to its requests in proportion to what each saves placed alone, the rest evenly: with
+even weights the few requests that decide a recurrent program (a weight read at every step, a
+handful of its hundreds of requests) weigh nothing in the loss, and the fit proposes none of them
+(docs/results/README.md, "Saving-weighted labels and an ensemble"). The proposer is an ensemble
+of `members` such fits, from different seeds, whose chances it averages: one fit's proposal of a
+few large requests turns on its seed."""
 
 from __future__ import annotations
 
@@ -17,6 +25,10 @@ HIDDEN = (128, 128)
 # A request is proposed (put first) where the network gives it at least this chance of being
 # placed.
 PROPOSE_AT = 0.5
+# The fit's defaults (configs/config.py `ProposerConfig` sets a run's): measured on the corpus
+# labels at 3 seeds, docs/results/README.md "Saving-weighted labels and an ensemble".
+MEMBERS = 3
+SAVING_WEIGHT = 0.25
 
 
 def _network():
@@ -38,46 +50,57 @@ def _chance():
 
 @dataclasses.dataclass(frozen=True)
 class Proposer:
-  """The fitted network: Haiku parameters of an MLP `HIDDEN` -> 1 logit, over features
-  standardised by `mean` and `std` `[F]`."""
+  """The fitted networks: `members`, each the Haiku parameters of an MLP `HIDDEN` -> 1 logit,
+  over features standardised by `mean` and `std` `[F]`."""
 
-  params: dict
+  members: tuple[dict, ...]
   mean: np.ndarray
   std: np.ndarray
 
   def placed_chance(self, features: np.ndarray) -> np.ndarray:
-    """`[R]` the chance that evo's best mapping places each request, from `[R, F]` features."""
+    """`[R]` the chance that evo's best mapping places each request, from `[R, F]` features: the
+    members' mean."""
     rows = len(features)
     # Padded to a power of two: one compile per size class and process, where every program's
     # own row count would compile again (0.3-0.6 s each on 2 cores, against 10 ms a call).
     standard = np.zeros((1 << max(0, rows - 1).bit_length(), features.shape[1]), np.float32)
     standard[:rows] = (features - self.mean) / self.std
-    return np.asarray(_chance()(self.params, standard))[:rows]
+    chances = [np.asarray(_chance()(params, standard))[:rows] for params in self.members]
+    return np.mean(chances, axis=0)
 
   def save(self, path: str) -> None:
     """A plain `.npz` (no pickle), written whole or not at all."""
-    flat = {f"params|{m}|{n}": np.asarray(v) for m, p in self.params.items() for n, v in p.items()}
+    flat = {
+      f"member{k}|{m}|{n}": np.asarray(v)
+      for k, params in enumerate(self.members)
+      for m, p in params.items()
+      for n, v in p.items()
+    }
     tmp = path + ".tmp.npz"
     np.savez(tmp, mean=self.mean, std=self.std, **flat)
     os.replace(tmp, path)
 
   @classmethod
   def load(cls, path: str) -> "Proposer":
-    """`save`'s file; anything else is a one-line MalloczeroError."""
+    """`save`'s file (or a single network's, whose keys start `params|`); anything else is a
+    one-line MalloczeroError."""
     try:
       with np.load(path, allow_pickle=False) as saved:
-        params: dict = {}
+        members: dict[str, dict] = {}
         for key in saved.files:
-          if key.startswith("params|"):
-            _, module, name = key.split("|")
-            params.setdefault(module, {})[name] = saved[key]
-        proposer = cls(params, saved["mean"], saved["std"])
+          if key.startswith(("params|", "member")):
+            member, module, name = key.split("|")
+            members.setdefault(member, {}).setdefault(module, {})[name] = saved[key]
+        mean, std = saved["mean"], saved["std"]
     except (OSError, ValueError, KeyError) as e:
       raise MalloczeroError(f"cannot read the proposer '{path}' ({e})".replace("\n", " ")) from None
-    widths = [params.get(f"proposer/~/linear_{k}", {}).get("b") for k in range(len(HIDDEN) + 1)]
-    if any(w is None for w in widths) or [len(w) for w in widths] != [*HIDDEN, 1]:
-      raise MalloczeroError(f"'{path}' is not a proposer of layers {[*HIDDEN, 1]}")
-    return proposer
+    for params in members.values() or [{}]:
+      widths = [params.get(f"proposer/~/linear_{k}", {}).get("b") for k in range(len(HIDDEN) + 1)]
+      if any(w is None for w in widths) or [len(w) for w in widths] != [*HIDDEN, 1]:
+        raise MalloczeroError(f"'{path}' is not a proposer of layers {[*HIDDEN, 1]}")
+    # member10 after member9: by number, not by name.
+    order = sorted(members, key=lambda m: int(m[len("member") :]) if m != "params" else 0)
+    return cls(tuple(members[m] for m in order), mean, std)
 
 
 def proposal_genome(placed_chance: np.ndarray) -> np.ndarray:
@@ -88,17 +111,34 @@ def proposal_genome(placed_chance: np.ndarray) -> np.ndarray:
   return (placed_chance >= PROPOSE_AT) + 1e-3 * ((rows - np.arange(rows)) / max(1, rows))
 
 
+def request_weights(programs: Sequence[dict[str, np.ndarray]], saving_weight: float) -> np.ndarray:
+  """`[sum R]` each request's share of the fit, summing to 1: each program `1/P`, of which
+  `saving_weight` in proportion to its requests' `saving` `[R]` and the rest evenly."""
+  shares = []
+  for p in programs:
+    rows = len(p["placed"])
+    saving = np.asarray(p["saving"], np.float64) if saving_weight else np.zeros(rows)
+    total = saving.sum()
+    by_saving = saving / total if total > 0 else np.full(rows, 1.0 / rows)
+    shares.append(((1.0 - saving_weight) / rows + saving_weight * by_saving) / len(programs))
+  return np.concatenate(shares)
+
+
 def fit(
   programs: Sequence[dict[str, np.ndarray]],
   seed: int = 0,
   steps: int = 6000,
   batch: int = 4096,
   learning_rate: float = 1e-3,
+  members: int = MEMBERS,
+  saving_weight: float = SAVING_WEIGHT,
   progress: Optional[Callable[[int, float], None]] = None,
 ) -> Proposer:
-  """A `Proposer` fitted to programs' `features` `[R, F]` and `placed` `[R]`: cross-entropy on
-  the placed flags, each program weighing the same whatever its size. `progress(step, loss)` is
-  called every 500 steps and at the last."""
+  """A `Proposer` of `members` networks fitted to programs' `features` `[R, F]` and `placed`
+  `[R]` (and `saving` `[R]`, the seconds each request saves placed alone, where `saving_weight`
+  > 0): cross-entropy on the placed flags over batches drawn by `request_weights`, each member
+  from its own seed. `progress(step, loss)` is called every 500 steps of each member and at its
+  last, `step` counting over all members' `steps`."""
   import jax
   import jax.numpy as jnp
   import optax
@@ -107,31 +147,37 @@ def fit(
     raise MalloczeroError("the proposer has no labelled programs to fit")
   features = np.concatenate([p["features"] for p in programs])
   placed = np.concatenate([p["placed"] for p in programs]).astype(np.float32)
-  weight = np.concatenate([np.full(len(p["placed"]), 1.0 / len(p["placed"])) for p in programs])
-  weight = (weight / weight.mean()).astype(np.float32)
+  cumulative = np.cumsum(request_weights(programs, saving_weight))
   mean, std = features.mean(0), features.std(0) + 1e-6
   standard = ((features - mean) / std).astype(np.float32)
   network, optimiser = _network(), optax.adam(learning_rate)
-  params = network.init(jax.random.PRNGKey(seed), standard[:1])
-  state = optimiser.init(params)
 
   @jax.jit
-  def update(params, state, x, target, w):
+  def update(params, state, x, target):
     def loss(p):
-      return jnp.mean(w * optax.sigmoid_binary_cross_entropy(network.apply(p, x), target))
+      return jnp.mean(optax.sigmoid_binary_cross_entropy(network.apply(p, x), target))
 
     value, grads = jax.value_and_grad(loss)(params)
     updates, state = optimiser.update(grads, state)
     return optax.apply_updates(params, updates), state, value
 
-  rng = np.random.default_rng(seed)
-  for step in range(1, steps + 1):
-    rows = rng.integers(len(standard), size=batch)
-    params, state, value = update(params, state, standard[rows], placed[rows], weight[rows])
-    if progress is not None and (step % 500 == 0 or step == steps):
-      progress(step, float(value))
-  params = jax.tree_util.tree_map(np.asarray, params)
-  return Proposer({m: dict(p) for m, p in params.items()}, mean, std)
+  fitted = []
+  for member in range(members):
+    params = network.init(jax.random.PRNGKey(seed * members + member), standard[:1])
+    state = optimiser.init(params)
+    rng = np.random.default_rng([seed, member])
+    for step in range(1, steps + 1):
+      # Drawn by weight rather than weighted in the loss: a recurrent program's few decisive
+      # requests then appear in most batches, not as rare rows of outsized weight.
+      rows = np.minimum(
+        np.searchsorted(cumulative, rng.random(batch) * cumulative[-1]), len(standard) - 1
+      )
+      params, state, value = update(params, state, standard[rows], placed[rows])
+      if progress is not None and (step % 500 == 0 or step == steps):
+        progress(member * steps + step, float(value))
+    params = jax.tree_util.tree_map(np.asarray, params)
+    fitted.append({m: dict(p) for m, p in params.items()})
+  return Proposer(tuple(fitted), mean, std)
 
 
 def auc(placed: np.ndarray, score: np.ndarray) -> float:
