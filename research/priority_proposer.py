@@ -54,6 +54,7 @@ from malloczero.learner.proposer import (
   request_features,
   requests_of,
 )
+from malloczero.learner.proposer.network import MEMBERS, SAVING_WEIGHT
 
 
 def decode_once(
@@ -178,7 +179,13 @@ def _labels(args) -> int:
 def _fit(args) -> int:
   started = time.perf_counter()
   programs = labelled_programs(Labels.load(args.labels), args.max_programs, args.seed)
-  proposer = fit(programs, seed=args.seed, steps=args.steps)
+  proposer = fit(
+    programs,
+    seed=args.seed,
+    steps=args.steps,
+    members=args.members,
+    saving_weight=args.saving_weight,
+  )
   proposer.save(args.out)
   scores = [auc(p["placed"], proposer.placed_chance(p["features"])) for p in programs]
   print(
@@ -282,7 +289,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   fit_.add_argument("--labels", default=BUILTIN_LABELS, help="the labels' .npz (default built in)")
   fit_.add_argument("--max-programs", type=int, default=0, help="fit this many (0: all)")
   fit_.add_argument("--seed", type=int, default=0)
-  fit_.add_argument("--steps", type=int, default=6000)
+  fit_.add_argument("--steps", type=int, default=6000, help="Adam steps of each member")
+  fit_.add_argument("--members", type=int, default=MEMBERS, help="networks, each its own seed")
+  fit_.add_argument(
+    "--saving-weight",
+    type=float,
+    default=SAVING_WEIGHT,
+    help="share of each program's weight given to its requests by their saving",
+  )
   fit_.add_argument("--out", required=True, help="the proposer's .npz")
   decode_ = commands.add_parser("decode", help="one decode of the proposal per program")
   decode_.add_argument("--params", required=True)

@@ -15,6 +15,7 @@ from malloczero.env.solvers import solve
 from malloczero.env.solvers.evo import decode, mapping_genomes
 from malloczero.env.validator import validate_mapping
 from malloczero.learner.proposer import (
+  Proposer,
   fit,
   label_program,
   proposal_genome,
@@ -84,8 +85,10 @@ def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
   packed = script("labels", "--data", str(data), "--suite", "tiny", "--seconds", "0.2",
                   "--out", str(labels))  # fmt: skip
   assert packed.returncode == 0 and "saved" in packed.stdout, packed.stderr[-2000:]
-  fitted = script("fit", "--labels", str(labels), "--steps", "100", "--out", str(params))
+  fitted = script("fit", "--labels", str(labels), "--steps", "100", "--members", "2",
+                  "--saving-weight", "0.5", "--out", str(params))  # fmt: skip
   assert fitted.returncode == 0 and "training AUC" in fitted.stdout, fitted.stderr[-2000:]
+  assert len(Proposer.load(str(params)).members) == 2
   decoded = script("decode", "--params", str(params), "--suite", "tiny", "--split", "heldout",
                    "--out", str(out))  # fmt: skip
   assert decoded.returncode == 0, decoded.stderr[-2000:]
