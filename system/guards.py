@@ -140,24 +140,49 @@ def hold_nodes_lock(files: WorkDir) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class ProcessId:
-  """A pid and its process's start time: together they name one process, not a later reuse."""
+  """A pid and its process's start mark (`start_mark`): together they name one process, not a
+  later reuse."""
 
   pid: int
   started: float
 
   @classmethod
-  def current(cls) -> ProcessId:
-    import psutil
+  def of(cls, pid: int) -> ProcessId:
+    """The process `pid` now; raises `psutil.Error` when there is none."""
+    return cls(pid, start_mark(pid))
 
-    return cls(os.getpid(), psutil.Process().create_time())
+  @classmethod
+  def current(cls) -> ProcessId:
+    return cls.of(os.getpid())
 
   def is_running(self) -> bool:
     import psutil
 
     try:
-      return psutil.Process(self.pid).create_time() == self.started
+      return start_mark(self.pid) == self.started
     except psutil.Error:
       return False
+
+
+def start_mark(pid: int) -> float:
+  """When process `pid` started, in a unit that never moves: on Linux its start in clock ticks
+  after boot (/proc/PID/stat, field 22). psutil's `create_time` adds the boot time, which the
+  kernel derives from the wall clock; a stepped clock moves it by a second, and every node then
+  took its running launcher for gone. Elsewhere, `create_time`. Raises `psutil.Error` when
+  there is no such process."""
+  import psutil
+
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      stat = f.read()
+  except FileNotFoundError:
+    if os.path.isdir("/proc/self"):
+      raise psutil.NoSuchProcess(pid) from None
+    return psutil.Process(pid).create_time()
+  except OSError:
+    return psutil.Process(pid).create_time()
+  # The command name (field 2) may hold spaces and parentheses: count fields after its last ")".
+  return float(stat[stat.rindex(b")") + 2 :].split()[19])
 
 
 class LauncherWatch:

@@ -93,10 +93,28 @@ def test_a_launcher_waits_for_node_processes_then_refuses_naming_them(tmp_path):
     hold_nodes_lock(WorkDir(str(tmp_path)))  # This run's nodes get their shared lock.
 
 
+def test_a_process_keeps_its_identity_when_the_wall_clock_moves_its_create_time(monkeypatch):
+  """psutil's `create_time` is the kernel's boot time (from the wall clock) plus the start
+  ticks; a stepped clock moves it. The start mark must not move with it."""
+  import psutil
+
+  me = ProcessId.current()
+  shift = [0.0]
+  real = psutil.Process.create_time
+  monkeypatch.setattr(psutil.Process, "create_time", lambda self: real(self) + shift[0])
+  for shift[0] in (1.0, -1.0):
+    assert me.is_running() and ProcessId.of(os.getpid()) == me
+  child = subprocess.Popen([sys.executable, "-c", "pass"])
+  child.wait()
+  assert not ProcessId(child.pid, me.started).is_running()
+  with pytest.raises(psutil.NoSuchProcess):
+    ProcessId.of(child.pid)
+
+
 def test_the_launcher_watch_never_signals_another_process(tmp_path):
   child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
   try:
-    launcher = ProcessId(child.pid, __import__("psutil").Process(child.pid).create_time())
+    launcher = ProcessId.of(child.pid)
     watch = LauncherWatch(launcher)
     assert watch.is_alive() and watch.send(0)
     # The same pid with another start time is a later process: it is neither alive nor signalled.
