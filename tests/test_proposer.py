@@ -104,9 +104,11 @@ def test_labels_are_evos_best_mapping_and_proposals_decode_to_a_valid_mapping():
   np.testing.assert_array_equal(genome, proposal_genome(chance))
 
 
-def test_the_proposal_puts_the_requests_expected_placed_first_in_msas_order():
-  genome = proposal_genome(np.array([0.2, 0.9, 0.5, 0.7, 0.1]))
-  assert list(np.argsort(-genome, kind="stable")) == [1, 2, 3, 0, 4]
+def test_the_proposal_puts_the_requests_expected_placed_first_surest_band_first_in_msas_order():
+  genome = proposal_genome(np.array([0.2, 0.9, 0.5, 0.7, 0.1, 0.65, 0.85, 0.45]))
+  # Bands of 0.2: 0.85 and 0.9 (msa's order between them), then 0.65 and 0.7, then 0.5; the
+  # requests below an even chance after all of them, in msa's order.
+  assert list(np.argsort(-genome, kind="stable")) == [1, 6, 3, 5, 2, 0, 4, 7]
 
 
 def test_auc_counts_ties_as_half():

@@ -25,6 +25,10 @@ HIDDEN = (128, 128)
 # A request is proposed (put first) where the network gives it at least this chance of being
 # placed.
 PROPOSE_AT = 0.5
+# Proposed requests decode surest first, in bands this many to a chance of 1: a request proposed
+# at 0.55 then takes only the room that those proposed at 0.9 leave. Bands rather than the chance
+# itself, so that msa's order still decides among requests the network holds about as likely.
+CHANCE_BANDS = 5
 # The fit's defaults (configs/config.py `ProposerConfig` sets a run's): measured on the corpus
 # labels at 3 seeds, docs/results/README.md "Saving-weighted labels and an ensemble".
 MEMBERS = 3
@@ -105,10 +109,14 @@ class Proposer:
 
 def proposal_genome(placed_chance: np.ndarray) -> np.ndarray:
   """`[R]` evo priorities from the network's `[R]` chances: the requests it expects placed
-  first, each group in msa's buffer order (the requests' order)."""
+  first, the surer (by bands of `1 / CHANCE_BANDS`) before the less sure, then the rest; within
+  a band and among the rest, msa's buffer order (the requests' order)."""
   rows = len(placed_chance)
-  # Within a group, evo's priorities of msa's order: (R - i) / R for the i-th request.
-  return (placed_chance >= PROPOSE_AT) + 1e-3 * ((rows - np.arange(rows)) / max(1, rows))
+  proposed = placed_chance >= PROPOSE_AT
+  band = np.floor(placed_chance * CHANCE_BANDS) / CHANCE_BANDS
+  # Within a group, evo's priorities of msa's order: (R - i) / R for the i-th request, below
+  # the bands' spacing.
+  return proposed * (1.0 + band) + 1e-3 * ((rows - np.arange(rows)) / max(1, rows))
 
 
 def request_weights(programs: Sequence[dict[str, np.ndarray]], saving_weight: float) -> np.ndarray:
