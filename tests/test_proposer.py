@@ -141,6 +141,12 @@ def test_each_program_weighs_the_same_and_a_share_of_it_goes_by_saving():
   # A program that saves nothing anywhere keeps its even weights.
   idle = {"placed": np.zeros(2, bool), "saving": np.zeros(2)}
   np.testing.assert_allclose(request_weights([idle], saving_weight=1.0), [0.5, 0.5])
+  with pytest.raises(MalloczeroError, match="in \\[0, 1\\]"):
+    request_weights([small], saving_weight=1.5)
+  with pytest.raises(MalloczeroError, match="needs each program's `saving`"):
+    request_weights([{"placed": np.zeros(2, bool)}], saving_weight=0.25)
+  with pytest.raises(MalloczeroError, match="at least one member"):
+    fit([small | {"features": np.zeros((2, 3), np.float32)}], members=0)
 
 
 def test_the_proposer_proposes_by_its_members_mean_chance_and_reads_a_single_networks_file(

@@ -103,7 +103,7 @@ class Proposer:
       if any(w is None for w in widths) or [len(w) for w in widths] != [*HIDDEN, 1]:
         raise MalloczeroError(f"'{path}' is not a proposer of layers {[*HIDDEN, 1]}")
     # member10 after member9: by number, not by name.
-    order = sorted(members, key=lambda m: int(m[len("member") :]) if m != "params" else 0)
+    order = sorted(members, key=lambda m: (len(m), m))
     return cls(tuple(members[m] for m in order), mean, std)
 
 
@@ -122,6 +122,10 @@ def proposal_genome(placed_chance: np.ndarray) -> np.ndarray:
 def request_weights(programs: Sequence[dict[str, np.ndarray]], saving_weight: float) -> np.ndarray:
   """`[sum R]` each request's share of the fit, summing to 1: each program `1/P`, of which
   `saving_weight` in proportion to its requests' `saving` `[R]` and the rest evenly."""
+  if not 0.0 <= saving_weight <= 1.0:
+    raise MalloczeroError(f"the proposer's saving weight must be in [0, 1], not {saving_weight}")
+  if saving_weight and any("saving" not in p for p in programs):
+    raise MalloczeroError("a saving-weighted fit needs each program's `saving` (labelled_programs)")
   shares = []
   for p in programs:
     rows = len(p["placed"])
@@ -153,6 +157,8 @@ def fit(
 
   if not programs:
     raise MalloczeroError("the proposer has no labelled programs to fit")
+  if members < 1:
+    raise MalloczeroError(f"the proposer needs at least one member network, not {members}")
   features = np.concatenate([p["features"] for p in programs])
   placed = np.concatenate([p["placed"] for p in programs]).astype(np.float32)
   cumulative = np.cumsum(request_weights(programs, saving_weight))
