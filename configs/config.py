@@ -345,6 +345,8 @@ class ProposerConfig:
     4096, "positive_int", "requests per step of the proposer's fit", maximum=MAX_BATCH
   )
   learning_rate: float = setting(1e-3, "positive", "the proposer's Adam learning rate")
+  # members and saving_weight: measured on the corpus labels at 3 seeds (docs/results/README.md,
+  # "Saving-weighted labels and an ensemble"); also the defaults of learner/proposer `fit`.
   members: int = setting(
     3,
     "positive_int",

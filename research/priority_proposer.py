@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from malloczero.configs.config import ProposerConfig
 from malloczero.env.placement import Placement
 from malloczero.env.solvers.evo import decode, evo, greedy_priorities, mapping_genomes
 from malloczero.learner.proposer import (
@@ -54,7 +55,6 @@ from malloczero.learner.proposer import (
   request_features,
   requests_of,
 )
-from malloczero.learner.proposer.network import MEMBERS, SAVING_WEIGHT
 
 
 def decode_once(
@@ -290,11 +290,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   fit_.add_argument("--max-programs", type=int, default=0, help="fit this many (0: all)")
   fit_.add_argument("--seed", type=int, default=0)
   fit_.add_argument("--steps", type=int, default=6000, help="Adam steps of each member")
-  fit_.add_argument("--members", type=int, default=MEMBERS, help="networks, each its own seed")
+  fit_.add_argument(
+    "--members", type=int, default=ProposerConfig.members, help="networks, each its own seed"
+  )
   fit_.add_argument(
     "--saving-weight",
     type=float,
-    default=SAVING_WEIGHT,
+    default=ProposerConfig.saving_weight,
     help="share of each program's weight given to its requests by their saving",
   )
   fit_.add_argument("--out", required=True, help="the proposer's .npz")

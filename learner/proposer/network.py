@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from malloczero.common.errors import MalloczeroError
+from malloczero.configs.config import ProposerConfig
 
 HIDDEN = (128, 128)
 # A request is proposed (put first) where the network gives it at least this chance of being
@@ -29,10 +30,6 @@ PROPOSE_AT = 0.5
 # at 0.55 then takes only the room that those proposed at 0.9 leave. Bands rather than the chance
 # itself, so that msa's order still decides among requests the network holds about as likely.
 CHANCE_BANDS = 5
-# The fit's defaults (configs/config.py `ProposerConfig` sets a run's): measured on the corpus
-# labels at 3 seeds, docs/results/README.md "Saving-weighted labels and an ensemble".
-MEMBERS = 3
-SAVING_WEIGHT = 0.25
 
 
 def _network():
@@ -142,8 +139,8 @@ def fit(
   steps: int = 6000,
   batch: int = 4096,
   learning_rate: float = 1e-3,
-  members: int = MEMBERS,
-  saving_weight: float = SAVING_WEIGHT,
+  members: int = ProposerConfig.members,
+  saving_weight: float = ProposerConfig.saving_weight,
   progress: Optional[Callable[[int, float], None]] = None,
 ) -> Proposer:
   """A `Proposer` of `members` networks fitted to programs' `features` `[R, F]` and `placed`
