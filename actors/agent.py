@@ -61,7 +61,7 @@ from malloczero.learner.checkpoint import (
   refuse_legacy,
 )
 from malloczero.learner.networks import MuZeroNetworks, Params, make_networks
-from malloczero.learner.proposer import Proposer, play_proposal, requests_of
+from malloczero.learner.proposer import Proposer, neighbour_genomes, play_proposal, requests_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,21 +370,24 @@ def play_with_agent(
 @dataclasses.dataclass(frozen=True)
 class Proposal:
   """The proposer's play on one program: its genome `[R]` over `placement`'s requests (evo's),
-  the validated mapping of its one decode, and the seconds both took."""
+  the validated mapping of its one decode, the genomes beside it that the guided search also
+  starts from (`neighbour_genomes`, not decoded here), and the seconds all took."""
 
   genome: np.ndarray
   mapping: Mapping
   placement: Placement
   seconds: float
+  neighbours: tuple[np.ndarray, ...] = ()
 
 
 def _play_proposal(proposer: Proposer, spec: GameSpec) -> Proposal:
   started = time.perf_counter()
   placement = Placement(*requests_of(spec.workload, spec.hardware))
-  genome = play_proposal(proposer, placement)
+  genome, chance = play_proposal(proposer, placement)
   mapping = placement.mapping("agent")
   validate_mapping(spec.workload, spec.hardware, mapping)
-  return Proposal(genome, mapping, placement, time.perf_counter() - started)
+  neighbours = tuple(neighbour_genomes(chance))
+  return Proposal(genome, mapping, placement, time.perf_counter() - started, neighbours)
 
 
 def _check_guide(guide: str) -> None:
@@ -456,12 +459,14 @@ def _guided_priorities(
     if proposal is None
     else proposal.placement
   )
-  initial: list[np.ndarray] = [] if proposal is None else [proposal.genome]
+  seeds = [] if proposal is None else [proposal.genome, *proposal.neighbours]
   for mapping in (None if played is None else played.mapping, msa):
     if mapping is not None:
-      for genome in mapping_genomes(placement.requests, mapping, spec.workload):
-        if not any(np.array_equal(genome, known) for known in initial):
-          initial.append(genome)
+      seeds.extend(mapping_genomes(placement.requests, mapping, spec.workload))
+  initial: list[np.ndarray] = []
+  for genome in seeds:
+    if not any(np.array_equal(genome, known) for known in initial):
+      initial.append(genome)
   info = evo(
     placement,
     evaluations=MAX_GUIDED_DECODES,

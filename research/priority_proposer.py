@@ -21,6 +21,9 @@ msa's mapping (`mapping_genomes`) and the greedy's saving-per-byte order.
 
   .venv/bin/python scripts/priority_proposer.py collect --suite corpus --out data/corpus
   .venv/bin/python scripts/priority_proposer.py labels --data data/corpus --out labels.npz
+  # The next round of expert iteration: the search seeded with the fitted proposer's proposal.
+  .venv/bin/python scripts/priority_proposer.py collect --suite corpus --proposer p1.npz \
+      --better-than labels.npz --out data/round2
   .venv/bin/python scripts/priority_proposer.py fit --labels labels.npz --seed 1 --out p1.npz
   .venv/bin/python scripts/priority_proposer.py decode --params p1.npz --suite realistic
   .venv/bin/python scripts/priority_proposer.py search --params p1.npz --suite realistic
@@ -38,6 +41,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import ProposerConfig
 from malloczero.env.placement import Placement
 from malloczero.env.solvers.evo import decode, evo, greedy_priorities, mapping_genomes
@@ -127,6 +131,8 @@ def _file_of(directory: str, name: str) -> str:
 
 
 def _collect(args) -> int:
+  proposer = None if args.proposer is None else Proposer.load(args.proposer)
+  base = None if args.better_than is None else Labels.load(args.better_than)
   os.makedirs(args.out, exist_ok=True)
   entries = _entries(args.suite, args.split)
   for k, entry in enumerate(entries):
@@ -139,17 +145,35 @@ def _collect(args) -> int:
     if not 0 < len(requests) <= args.max_requests:
       print(f"{entry.name}: skipped ({len(requests)} requests)", flush=True)
       continue
-    data = label_program(workload, hardware, args.seconds, args.seed)
+    data = label_program(workload, hardware, args.seconds, args.seed, proposer)
+    if base is not None:
+      _keep_the_better(data, base, entry.name)
     tmp = path + ".tmp.npz"
     np.savez(tmp, entry=np.str_(entry.name), **data)
     os.replace(tmp, path)  # A killed run leaves no half-written program.
     print(
       f"{entry.name}: {len(requests)} requests, {data['placed'].mean():.3f} placed, evo "
-      f"{data['evo'] / data['msa']:.4f}x msa in {data['evaluations']} decodes, "
+      f"{data['evo'] / data['msa']:.4f}x msa in {data['evaluations']} decodes"
+      f"{'' if base is None else ' (the earlier label)' if data['kept'] else ' (a new label)'}, "
       f"{time.perf_counter() - started:.1f} s",
       flush=True,
     )
   return 0
+
+
+def _keep_the_better(data: dict[str, np.ndarray], base: Labels, name: str) -> None:
+  """An expert-iteration round never loses a label: where `base`'s label of `name` decodes at
+  least as fast as the new search's best mapping, `data` takes `base`'s flags and speed-up
+  (`kept` says which)."""
+  if name not in base.entries:
+    data["kept"] = np.bool_(False)
+    return
+  row = base.entries.index(name)
+  if base.fingerprints[row] != str(data["fingerprint"]):
+    raise MalloczeroError(f"--better-than's label of '{name}' is of other requests (stale)")
+  data["kept"] = np.bool_(float(base.evo[row]) >= float(data["evo"]))
+  if data["kept"]:
+    data["placed"], data["evo"] = base.placed[row], np.float64(base.evo[row])
 
 
 def load_collected(directory: str) -> list[tuple[str, dict[str, np.ndarray]]]:
@@ -279,6 +303,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   collect.add_argument("--seed", type=int, default=0)
   collect.add_argument("--shard", type=int, default=0)
   collect.add_argument("--shards", type=int, default=1)
+  collect.add_argument(
+    "--proposer", help="a proposer's .npz: its proposal starts evo's population (the next round)"
+  )
+  collect.add_argument(
+    "--better-than", help="a labels .npz whose label of a program is kept where it is as fast"
+  )
   collect.add_argument("--out", required=True, help="a directory: one .npz per program")
   labels = commands.add_parser("labels", help="pack collected programs into one labels file")
   labels.add_argument("--data", required=True, help="collect's directory")
@@ -321,8 +351,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error("--seconds must be positive")
   if args.command == "fit" and (args.steps < 1 or args.max_programs < 0):
     parser.error("--steps must be positive and --max-programs at least 0")
-
-  from malloczero.common.errors import MalloczeroError
 
   run = {"collect": _collect, "labels": _labels, "fit": _fit, "decode": _decode, "search": _search}[
     args.command

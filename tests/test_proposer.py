@@ -26,13 +26,15 @@ from malloczero.learner.proposer import (
   label_program,
   labelled_programs,
   labels_of,
+  neighbour_genomes,
   play_proposal,
   proposal_genome,
+  propose,
   request_features,
   requests_of,
 )
 from malloczero.learner.proposer.features import window_max
-from malloczero.learner.proposer.network import PROPOSE_AT, request_weights
+from malloczero.learner.proposer.network import NEIGHBOUR_THRESHOLDS, PROPOSE_AT, request_weights
 from malloczero.system.training import fit_run_proposer
 
 
@@ -94,7 +96,7 @@ def test_labels_are_evos_best_mapping_and_proposals_decode_to_a_valid_mapping():
   scores = [auc(p["placed"], proposer.placed_chance(p["features"])) for p in programs]
   assert np.nanmean(scores) > 0.75
   placement = Placement(*requests_of(specs[0].workload, specs[0].hardware))
-  genome = play_proposal(proposer, placement)
+  genome, played_chance = play_proposal(proposer, placement)
   validate_mapping(specs[0].workload, specs[0].hardware, placement.mapping("proposer"))
   # The decode of the proposal is the proposal's genome decoded, nothing else.
   total = placement.total_time
@@ -102,6 +104,32 @@ def test_labels_are_evos_best_mapping_and_proposals_decode_to_a_valid_mapping():
   chance = proposer.placed_chance(programs[0]["features"])
   assert ((chance >= 0) & (chance <= 1)).all() and (chance >= PROPOSE_AT).any()
   np.testing.assert_array_equal(genome, proposal_genome(chance))
+  np.testing.assert_array_equal(played_chance, chance)
+
+
+def test_the_proposals_neighbours_move_its_threshold_or_order_the_proposed_by_chance():
+  chance = np.array([0.2, 0.9, 0.5, 0.7, 0.1, 0.65, 0.85, 0.45, 0.55])
+  order = lambda genome: list(np.argsort(-genome, kind="stable"))
+  at_04, at_06, by_chance = neighbour_genomes(chance)
+  # 0.45 joins the proposed at 0.4, in the band of 0.5 and 0.55 (0.4-0.6), in msa's order; at
+  # 0.6, 0.5 and 0.55 join the rest, in msa's order.
+  assert order(at_04) == [1, 6, 3, 5, 2, 7, 8, 0, 4]
+  assert order(at_06) == [1, 6, 3, 5, 0, 2, 4, 7, 8]
+  # By the chance itself: 0.55 before 0.5, which share a band.
+  assert order(by_chance) == [1, 6, 3, 5, 8, 2, 0, 4, 7]
+  assert order(proposal_genome(chance)) == [1, 6, 3, 5, 2, 8, 0, 4, 7]
+  assert len(neighbour_genomes(chance)) == len(NEIGHBOUR_THRESHOLDS) + 1
+
+
+def test_a_labels_search_seeded_with_a_proposal_is_at_least_the_proposal():
+  spec = suite_games("tiny", "train")[1]
+  proposer = fit([label_program(spec.workload, spec.hardware, seconds=0.2)], steps=100, batch=128)
+  data = label_program(spec.workload, spec.hardware, seconds=0.2, seed=1, proposer=proposer)
+  placement = Placement(*requests_of(spec.workload, spec.hardware))
+  proposal = propose(proposer, placement.model, placement.requests)
+  slow = placement.model.slow_only_time
+  assert data["evo"] >= slow / decode(placement, proposal) - 1e-12
+  assert data["placed"].shape == proposal.shape and data["evaluations"] >= 3
 
 
 def test_the_proposal_puts_the_requests_expected_placed_first_surest_band_first_in_msas_order():

@@ -13,7 +13,7 @@ while this one carries (docs/results/README.md, "A network that proposes evo's p
   features.py  `request_features`: `[R, F]` per request, in units that do not grow with the
                program and with nothing of any mapping
   network.py   `Proposer` (the MLPs, saved as a plain .npz), `fit`, `request_weights`,
-               `proposal_genome`, `auc`
+               `proposal_genome` and its `neighbour_genomes`, `auc`
   labels.py    `label_program`, `Labels` (the committed corpus labels, `BUILTIN_LABELS`, one bit
                per request) and `labelled_programs`, the fit's input
   play.py      `propose` and `play_proposal`: the genome, and its one decode
@@ -33,7 +33,14 @@ from malloczero.learner.proposer.labels import (
   labelled_programs,
   labels_of,
 )
-from malloczero.learner.proposer.network import HIDDEN, Proposer, auc, fit, proposal_genome
+from malloczero.learner.proposer.network import (
+  HIDDEN,
+  Proposer,
+  auc,
+  fit,
+  neighbour_genomes,
+  proposal_genome,
+)
 from malloczero.learner.proposer.play import play_proposal, propose
 
 __all__ = [
@@ -48,6 +55,7 @@ __all__ = [
   "label_program",
   "labelled_programs",
   "labels_of",
+  "neighbour_genomes",
   "play_proposal",
   "proposal_genome",
   "propose",

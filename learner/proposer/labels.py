@@ -25,6 +25,8 @@ from malloczero.env.placement import Placement
 from malloczero.env.requests import Requests
 from malloczero.env.workload import Workload
 from malloczero.learner.proposer.features import request_features, request_saving, requests_of
+from malloczero.learner.proposer.network import Proposer
+from malloczero.learner.proposer.play import propose
 
 BUILTIN_LABELS = os.path.join(os.path.dirname(__file__), "data", "corpus_labels.npz")
 # The command that rewrites BUILTIN_LABELS: named by the error of a stale label.
@@ -40,23 +42,34 @@ def fingerprint(requests: Requests) -> str:
 
 
 def label_program(
-  workload: Workload, hardware: Hardware, seconds: float, seed: int = 0
+  workload: Workload,
+  hardware: Hardware,
+  seconds: float,
+  seed: int = 0,
+  proposer: Optional[Proposer] = None,
 ) -> dict[str, np.ndarray]:
   """One program's labels: whether evo's best mapping (evo seeded with msa's mapping, run for
   `seconds`) places each of its `[R]` requests; with msa's and evo's speed-ups over all-slow, the
-  decodes evo made and the requests' `fingerprint`; `features` `[R, F]` too."""
+  decodes evo made and the requests' `fingerprint`; `features` `[R, F]` too.
+
+  With a `proposer`, its proposal starts evo's population, before msa's mapping: expert
+  iteration's next round, the expert's search seeded with the apprentice's play."""
   from malloczero.env.solvers import solve
   from malloczero.env.solvers.evo import evo, mapping_genomes
 
   model, requests = requests_of(workload, hardware)
   msa = solve(workload, hardware, "msa").mapping
   placement = Placement(model, requests)
+  initial = mapping_genomes(requests, msa, workload)
+  if proposer is not None:
+    initial.insert(0, propose(proposer, model, requests))
   info = evo(
     placement,
     evaluations=10**9,
     time_limit_s=seconds,
     seed=seed,
-    initial=mapping_genomes(requests, msa, workload),
+    initial=initial,
+    initial_first=proposer is not None,
   )
   placed = np.zeros(len(requests), bool)
   placed[placement.request_indices()] = True

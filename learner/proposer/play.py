@@ -17,8 +17,10 @@ def propose(proposer: Proposer, model: CostModel, requests: Requests) -> np.ndar
   return proposal_genome(proposer.placed_chance(request_features(model, requests)))
 
 
-def play_proposal(proposer: Proposer, placement: Placement) -> np.ndarray:
-  """Decodes the proposal into `placement` (which then holds its mapping); returns the genome."""
-  genome = propose(proposer, placement.model, placement.requests)
+def play_proposal(proposer: Proposer, placement: Placement) -> tuple[np.ndarray, np.ndarray]:
+  """Decodes the proposal into `placement` (which then holds its mapping); returns the genome
+  `[R]` and the network's chances `[R]` it came from."""
+  chance = proposer.placed_chance(request_features(placement.model, placement.requests))
+  genome = proposal_genome(chance)
   decode(placement, genome)
-  return genome
+  return genome, chance
