@@ -147,7 +147,7 @@ def _collect(args) -> int:
       continue
     data = label_program(workload, hardware, args.seconds, args.seed, proposer)
     if base is not None:
-      _keep_the_better(data, base, entry.name)
+      keep_the_better(data, base, entry.name)
     tmp = path + ".tmp.npz"
     np.savez(tmp, entry=np.str_(entry.name), **data)
     os.replace(tmp, path)  # A killed run leaves no half-written program.
@@ -161,7 +161,7 @@ def _collect(args) -> int:
   return 0
 
 
-def _keep_the_better(data: dict[str, np.ndarray], base: Labels, name: str) -> None:
+def keep_the_better(data: dict[str, np.ndarray], base: Labels, name: str) -> None:
   """An expert-iteration round never loses a label: where `base`'s label of `name` decodes at
   least as fast as the new search's best mapping, `data` takes `base`'s flags and speed-up
   (`kept` says which)."""

@@ -13,9 +13,11 @@ import sys
 import numpy as np
 import pytest
 
+from malloczero.actors import agent as agent_module
 from malloczero.actors.agent import (
   GAME_BUILD_PER_MSA_S,
   PLAY_RESERVE_S,
+  _play_proposal,
   guided_search,
   load_agent,
   play_with_agent,
@@ -30,7 +32,8 @@ from malloczero.env.programs.suites import WORKLOAD_DIR, get_suite
 from malloczero.env.solvers import get_solver, solve
 from malloczero.env.solvers.evo import decode, mapping_genomes
 from malloczero.env.validator import validate_mapping
-from malloczero.learner.proposer import Proposer, propose, requests_of
+from malloczero.learner.proposer import Proposer, fit, label_program, propose, requests_of
+from malloczero.learner.proposer.network import NEIGHBOUR_THRESHOLDS
 from tests.trained import STEPS, read_checkpoint, write_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,6 +193,33 @@ def test_without_a_play_the_guided_search_over_priorities_starts_from_msas_mappi
   assert "initial_best" in info and info["evaluations"] > len(decoded)
   with pytest.raises(ValueError, match="starts from the network's play"):
     guided_search(spec, None, 1.0, guide="decisions", msa=msa)
+
+
+def test_the_guided_search_starts_from_the_proposal_and_its_neighbours(monkeypatch):
+  """The proposal, then its neighbours (the proposal at other thresholds, and by chance), are the
+  search's first genomes: it is at least as fast as the fastest of their decodes."""
+  (entry,) = (e for e in get_suite("default").entries if e.name == "vgg-b1-train@nnpi-like:25%")
+  spec = GameSpec(entry.name, *entry.load())
+  proposer = fit([label_program(spec.workload, spec.hardware, seconds=0.2)], steps=100, batch=128)
+  proposal = _play_proposal(proposer, spec)
+  assert len(proposal.neighbours) == len(NEIGHBOUR_THRESHOLDS) + 1
+  msa = solve(spec.workload, spec.hardware, "msa").mapping
+  seeded = []
+  real_evo = agent_module.evo
+
+  def recording_evo(placement, **kwargs):
+    seeded.extend(kwargs["initial"])
+    return real_evo(placement, **kwargs)
+
+  monkeypatch.setattr(agent_module, "evo", recording_evo)
+  found, _ = guided_search(spec, None, 1.0, msa=msa, proposal=proposal)
+  np.testing.assert_array_equal(seeded[0], proposal.genome)
+  for genome in proposal.neighbours:
+    assert any(np.array_equal(genome, known) for known in seeded)
+  validate_mapping(spec.workload, spec.hardware, found)
+  model, requests = proposal.placement.model, proposal.placement.requests
+  decoded = [decode(Placement(model, requests), g) for g in (proposal.genome, *proposal.neighbours)]
+  assert found.estimated_time_s <= min(decoded) * (1 + 1e-12)
 
 
 def test_the_ablation_script_runs_the_search_without_the_network_against_an_evaluation(

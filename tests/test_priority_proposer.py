@@ -7,14 +7,17 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from malloczero.actors.games import suite_games
+from malloczero.common.errors import MalloczeroError
 from malloczero.env.placement import Placement
 from malloczero.env.solvers import solve
 from malloczero.env.solvers.evo import decode, mapping_genomes
 from malloczero.env.validator import validate_mapping
 from malloczero.learner.proposer import (
+  Labels,
   Proposer,
   fit,
   label_program,
@@ -22,7 +25,12 @@ from malloczero.learner.proposer import (
   request_features,
   requests_of,
 )
-from malloczero.research.priority_proposer import decode_once, search_from_proposal
+from malloczero.research.priority_proposer import (
+  decode_once,
+  keep_the_better,
+  load_collected,
+  search_from_proposal,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,6 +72,33 @@ def test_one_decode_of_the_proposal_is_measured_beside_the_decoders_other_inputs
   )
 
 
+def test_a_round_keeps_the_earlier_label_where_it_is_as_fast():
+  placed_before = np.array([True, False, True])
+  earlier = Labels(
+    suite="tiny",
+    entries=("a", "b"),
+    placed=(placed_before, np.array([False])),
+    fingerprints=("f-a", "f-b"),
+    msa=np.array([1.0, 1.0]),
+    evo=np.array([1.2, 1.1]),
+    seconds=1.0,
+  )
+  slower = {"placed": ~placed_before, "evo": np.float64(1.15), "fingerprint": np.str_("f-a")}
+  keep_the_better(slower, earlier, "a")
+  assert slower["kept"] and slower["evo"] == 1.2
+  np.testing.assert_array_equal(slower["placed"], placed_before)
+  faster = {"placed": ~placed_before, "evo": np.float64(1.25), "fingerprint": np.str_("f-a")}
+  keep_the_better(faster, earlier, "a")
+  assert not faster["kept"] and faster["evo"] == 1.25
+  np.testing.assert_array_equal(faster["placed"], ~placed_before)
+  unknown = {"placed": placed_before, "evo": np.float64(1.0), "fingerprint": np.str_("f-c")}
+  keep_the_better(unknown, earlier, "c")
+  assert not unknown["kept"] and unknown["evo"] == 1.0
+  stale = {"placed": np.array([True]), "evo": np.float64(1.0), "fingerprint": np.str_("other")}
+  with pytest.raises(MalloczeroError, match="stale"):
+    keep_the_better(stale, earlier, "b")
+
+
 @pytest.mark.slow  # Three subprocesses, each loading JAX.
 def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
   def script(*args):
@@ -89,6 +124,20 @@ def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
                   "--saving-weight", "0.5", "--out", str(params))  # fmt: skip
   assert fitted.returncode == 0 and "training AUC" in fitted.stdout, fitted.stderr[-2000:]
   assert len(Proposer.load(str(params)).members) == 2
+  # The next round: the search seeded with the proposal, never below the earlier labels.
+  data2 = tmp_path / "round2"
+  relabelled = script("collect", "--suite", "tiny", "--split", "train", "--seconds", "0.2",
+                      "--seed", "1", "--proposer", str(params), "--better-than", str(labels),
+                      "--out", str(data2))  # fmt: skip
+  assert relabelled.returncode == 0, relabelled.stderr[-2000:]
+  earlier = Labels.load(str(labels))
+  for name, data in load_collected(str(data2)):
+    row = earlier.entries.index(name)
+    assert float(data["evo"]) >= float(earlier.evo[row])
+    if data["kept"]:
+      np.testing.assert_array_equal(data["placed"], earlier.placed[row])
+  assert len(load_collected(str(data2))) == len(earlier.entries)
+  assert "label)" in relabelled.stdout
   decoded = script("decode", "--params", str(params), "--suite", "tiny", "--split", "heldout",
                    "--out", str(out))  # fmt: skip
   assert decoded.returncode == 0, decoded.stderr[-2000:]

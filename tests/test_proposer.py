@@ -110,15 +110,22 @@ def test_labels_are_evos_best_mapping_and_proposals_decode_to_a_valid_mapping():
 def test_the_proposals_neighbours_move_its_threshold_or_order_the_proposed_by_chance():
   chance = np.array([0.2, 0.9, 0.5, 0.7, 0.1, 0.65, 0.85, 0.45, 0.55])
   order = lambda genome: list(np.argsort(-genome, kind="stable"))
-  at_04, at_06, by_chance = neighbour_genomes(chance)
-  # 0.45 joins the proposed at 0.4, in the band of 0.5 and 0.55 (0.4-0.6), in msa's order; at
-  # 0.6, 0.5 and 0.55 join the rest, in msa's order.
-  assert order(at_04) == [1, 6, 3, 5, 2, 7, 8, 0, 4]
-  assert order(at_06) == [1, 6, 3, 5, 0, 2, 4, 7, 8]
-  # By the chance itself: 0.55 before 0.5, which share a band.
-  assert order(by_chance) == [1, 6, 3, 5, 8, 2, 0, 4, 7]
   assert order(proposal_genome(chance)) == [1, 6, 3, 5, 2, 8, 0, 4, 7]
-  assert len(neighbour_genomes(chance)) == len(NEIGHBOUR_THRESHOLDS) + 1
+  # 0.45 joins the proposed at 0.4, in the band of 0.5 and 0.55 (0.4-0.6), in msa's order; at
+  # 0.6, 0.5 and 0.55 join the rest, in msa's order; at 0.7, 0.65 too.
+  assert order(proposal_genome(chance, 0.4)) == [1, 6, 3, 5, 2, 7, 8, 0, 4]
+  assert order(proposal_genome(chance, 0.6)) == [1, 6, 3, 5, 0, 2, 4, 7, 8]
+  assert order(proposal_genome(chance, 0.7)) == [1, 6, 3, 0, 2, 4, 5, 7, 8]
+  # By the chance itself: 0.55 before 0.5, which share a band.
+  assert order(proposal_genome(chance, by_chance=True)) == [1, 6, 3, 5, 8, 2, 0, 4, 7]
+  # The neighbours: the proposal at each other threshold, then by the chance.
+  assert PROPOSE_AT not in NEIGHBOUR_THRESHOLDS
+  expected = [proposal_genome(chance, at) for at in NEIGHBOUR_THRESHOLDS]
+  expected.append(proposal_genome(chance, by_chance=True))
+  neighbours = neighbour_genomes(chance)
+  assert len(neighbours) == len(expected)
+  for genome, want in zip(neighbours, expected):
+    np.testing.assert_array_equal(genome, want)
 
 
 def test_a_labels_search_seeded_with_a_proposal_is_at_least_the_proposal():
