@@ -16,8 +16,8 @@ mapping and msa's, or evo-msa over msa's decisions steered by its moves; `best_a
 when it wins, `guided_speedup` apart). A run that fitted a proposer (learner/proposer/, saved
 beside the checkpoint) has it played after the attempts: one decode of its proposal, one more
 candidate (`best_attempt` "proposal", `proposal_speedup` apart, its time in the solve's), and the
-first genome of the guided search over priorities. Every mapping it returns has passed the
-independent validator.
+first genome of the guided search over priorities, its neighbours next (`neighbour_genomes`).
+Every mapping it returns has passed the independent validator.
 """
 
 from __future__ import annotations
@@ -412,7 +412,8 @@ def guided_search(
     trajectory; the decisions it doubts are where a few more full decodes pay.
   * "priorities": evo over request priorities (env/solvers/evo.py), the strongest baseline on
     large programs because it can reorder buffers, which msa's decisions cannot; its first
-    population holds the proposer's genome (`proposal`, learner/proposer/), the kept mapping of
+    population holds the proposer's genome and its neighbours (`proposal`, learner/proposer/;
+    the proposal at other thresholds, and ordered by its chances), the kept mapping of
     the agent's play (`played`, None when the play found none) and then `msa`'s mapping as
     priority genomes (`mapping_genomes`), as EGRL seeds its population with its policy's
     proposals, beside msa's and the greedy's orders. The same search without the networks is
