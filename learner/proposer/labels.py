@@ -25,8 +25,7 @@ from malloczero.env.placement import Placement
 from malloczero.env.requests import Requests
 from malloczero.env.workload import Workload
 from malloczero.learner.proposer.features import request_features, request_saving, requests_of
-from malloczero.learner.proposer.network import Proposer
-from malloczero.learner.proposer.play import propose
+from malloczero.learner.proposer.network import Proposer, proposal_genome
 
 BUILTIN_LABELS = os.path.join(os.path.dirname(__file__), "data", "corpus_labels.npz")
 # The command that rewrites BUILTIN_LABELS: named by the error of a stale label.
@@ -60,9 +59,10 @@ def label_program(
   model, requests = requests_of(workload, hardware)
   msa = solve(workload, hardware, "msa").mapping
   placement = Placement(model, requests)
+  features = request_features(model, requests)
   initial = mapping_genomes(requests, msa, workload)
   if proposer is not None:
-    initial.insert(0, propose(proposer, model, requests))
+    initial.insert(0, proposal_genome(proposer.placed_chance(features)))
   info = evo(
     placement,
     evaluations=10**9,
@@ -74,7 +74,7 @@ def label_program(
   placed = np.zeros(len(requests), bool)
   placed[placement.request_indices()] = True
   return {
-    "features": request_features(model, requests),
+    "features": features,
     "saving": request_saving(requests),
     "placed": placed,
     "msa": np.float64(msa.speedup),
