@@ -33,7 +33,7 @@ from malloczero.env.solvers import get_solver, solve
 from malloczero.env.solvers.evo import decode, mapping_genomes
 from malloczero.env.validator import validate_mapping
 from malloczero.learner.proposer import Proposer, fit, label_program, propose, requests_of
-from malloczero.learner.proposer.network import NEIGHBOUR_THRESHOLDS
+from malloczero.learner.proposer.network import NEIGHBOURS
 from tests.trained import STEPS, read_checkpoint, write_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,13 +196,13 @@ def test_without_a_play_the_guided_search_over_priorities_starts_from_msas_mappi
 
 
 def test_the_guided_search_starts_from_the_proposal_and_its_neighbours(monkeypatch):
-  """The proposal, then its neighbours (the proposal at other thresholds, and by chance), are the
+  """The proposal, then its neighbours (the proposal at other thresholds and orders), are the
   search's first genomes: it is at least as fast as the fastest of their decodes."""
   (entry,) = (e for e in get_suite("default").entries if e.name == "vgg-b1-train@nnpi-like:25%")
   spec = GameSpec(entry.name, *entry.load())
   proposer = fit([label_program(spec.workload, spec.hardware, seconds=0.2)], steps=100, batch=128)
   proposal = _play_proposal(proposer, spec)
-  assert len(proposal.neighbours) == len(NEIGHBOUR_THRESHOLDS) + 1
+  assert len(proposal.neighbours) == len(NEIGHBOURS)
   msa = solve(spec.workload, spec.hardware, "msa").mapping
   seeded = []
   real_evo = agent_module.evo

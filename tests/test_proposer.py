@@ -34,7 +34,7 @@ from malloczero.learner.proposer import (
   requests_of,
 )
 from malloczero.learner.proposer.features import window_max
-from malloczero.learner.proposer.network import NEIGHBOUR_THRESHOLDS, PROPOSE_AT, request_weights
+from malloczero.learner.proposer.network import NEIGHBOURS, PROPOSE_AT, request_weights
 from malloczero.system.training import fit_run_proposer
 
 
@@ -107,25 +107,32 @@ def test_labels_are_evos_best_mapping_and_proposals_decode_to_a_valid_mapping():
   np.testing.assert_array_equal(played_chance, chance)
 
 
-def test_the_proposals_neighbours_move_its_threshold_or_order_the_proposed_by_chance():
+def test_the_proposals_neighbours_move_its_threshold_or_the_order_of_the_proposed():
   chance = np.array([0.2, 0.9, 0.5, 0.7, 0.1, 0.65, 0.85, 0.45, 0.55])
   order = lambda genome: list(np.argsort(-genome, kind="stable"))
   assert order(proposal_genome(chance)) == [1, 6, 3, 5, 2, 8, 0, 4, 7]
   # 0.45 joins the proposed at 0.4, in the band of 0.5 and 0.55 (0.4-0.6), in msa's order; at
-  # 0.6, 0.5 and 0.55 join the rest, in msa's order; at 0.7, 0.65 too.
+  # 0.6, 0.5 and 0.55 join the rest, in msa's order; at 0.7, 0.65 too; at 0.9 only 0.9 is left.
   assert order(proposal_genome(chance, 0.4)) == [1, 6, 3, 5, 2, 7, 8, 0, 4]
   assert order(proposal_genome(chance, 0.6)) == [1, 6, 3, 5, 0, 2, 4, 7, 8]
   assert order(proposal_genome(chance, 0.7)) == [1, 6, 3, 0, 2, 4, 5, 7, 8]
-  # By the chance itself: 0.55 before 0.5, which share a band.
-  assert order(proposal_genome(chance, by_chance=True)) == [1, 6, 3, 5, 8, 2, 0, 4, 7]
-  # The neighbours: the proposal at each other threshold, then by the chance.
-  assert PROPOSE_AT not in NEIGHBOUR_THRESHOLDS
-  expected = [proposal_genome(chance, at) for at in NEIGHBOUR_THRESHOLDS]
-  expected.append(proposal_genome(chance, by_chance=True))
+  assert order(proposal_genome(chance, 0.9)) == [1, 0, 2, 3, 4, 5, 6, 7, 8]
+  # By the chance itself: 0.55 before 0.5, which share a band; in msa's order: the proposed as
+  # they come.
+  assert order(proposal_genome(chance, order="chance")) == [1, 6, 3, 5, 8, 2, 0, 4, 7]
+  assert order(proposal_genome(chance, order="msa")) == [1, 2, 3, 5, 6, 8, 0, 4, 7]
+  assert order(proposal_genome(chance, 0.3, "chance")) == [1, 6, 3, 5, 8, 2, 7, 0, 4]
+  with pytest.raises(MalloczeroError, match="unknown order of the proposed 'random'"):
+    proposal_genome(chance, order="random")
+  # The neighbours: the proposal at each other threshold and order, never the proposal itself.
+  assert (PROPOSE_AT, "bands") not in NEIGHBOURS and len(set(NEIGHBOURS)) == len(NEIGHBOURS)
+  expected = [proposal_genome(chance, at, by) for at, by in NEIGHBOURS]
   neighbours = neighbour_genomes(chance)
-  assert len(neighbours) == len(expected)
+  assert len(neighbours) == len(expected) == 5
   for genome, want in zip(neighbours, expected):
     np.testing.assert_array_equal(genome, want)
+  distinct = [order(g) for g in [proposal_genome(chance), *neighbours]]
+  assert len({tuple(o) for o in distinct}) == len(distinct)
 
 
 def test_a_labels_search_seeded_with_a_proposal_is_at_least_the_proposal():

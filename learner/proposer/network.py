@@ -30,10 +30,14 @@ PROPOSE_AT = 0.5
 # at 0.55 then takes only the room that those proposed at 0.9 leave. Bands rather than the chance
 # itself, so that msa's order still decides among requests the network holds about as likely.
 CHANCE_BANDS = 5
-# The guided search also starts from the proposal at these thresholds (`neighbour_genomes`): on
-# `realistic` the best of them and of the proposal decodes about 1% faster than the proposal
-# alone (docs/results/README.md, "The proposal's neighbours in the guided search").
-NEIGHBOUR_THRESHOLDS = (0.3, 0.4, 0.6, 0.7)
+# How the proposed requests are ordered among themselves (`proposal_genome`): by bands of the
+# chance (surest band first, msa's order within a band), by the chance itself, or in msa's order.
+ORDERS = ("bands", "chance", "msa")
+# The genomes beside the proposal that the guided search also starts from (`neighbour_genomes`),
+# as (threshold, order): chosen by forward selection of the best of one decode each on the
+# training corpus, with chances from fits that had not seen the program's model family
+# (docs/results/README.md, "The proposal's neighbours in the guided search").
+NEIGHBOURS = ((0.9, "bands"), (0.3, "chance"), (0.7, "chance"), (0.2, "bands"), (0.5, "msa"))
 
 
 def _network():
@@ -109,16 +113,20 @@ class Proposer:
 
 
 def proposal_genome(
-  placed_chance: np.ndarray, propose_at: float = PROPOSE_AT, by_chance: bool = False
+  placed_chance: np.ndarray, propose_at: float = PROPOSE_AT, order: str = "bands"
 ) -> np.ndarray:
   """`[R]` evo priorities from the network's `[R]` chances: the requests it gives at least
-  `propose_at` first, the surer (by bands of `1 / CHANCE_BANDS`; with `by_chance`, by the chance
-  itself) before the less sure, then the rest; within a band and among the rest, msa's buffer
-  order (the requests' order)."""
+  `propose_at` first, among them (`order`) the surer (by bands of `1 / CHANCE_BANDS`) before the
+  less sure, or by the chance itself, or in msa's order; then the rest; within a band and among
+  the rest, msa's buffer order (the requests' order)."""
+  if order not in ORDERS:
+    raise MalloczeroError(f"unknown order of the proposed '{order}' (choose from {ORDERS})")
   rows = len(placed_chance)
   proposed = placed_chance >= propose_at
-  rank = np.floor(placed_chance * CHANCE_BANDS) / CHANCE_BANDS
-  if by_chance:
+  rank = np.zeros(rows)
+  if order != "msa":
+    rank = np.floor(placed_chance * CHANCE_BANDS) / CHANCE_BANDS
+  if order == "chance":
     rank = rank + placed_chance
   # Within a group, evo's priorities of msa's order: (R - i) / R for the i-th request, below
   # the bands' spacing.
@@ -127,11 +135,9 @@ def proposal_genome(
 
 def neighbour_genomes(placed_chance: np.ndarray) -> list[np.ndarray]:
   """`[R]` genomes beside the proposal, for the guided search's first population: the proposal
-  at each of `NEIGHBOUR_THRESHOLDS`, and with the proposed ordered by the chance itself. Which
-  of them decodes fastest differs from program to program."""
-  return [proposal_genome(placed_chance, at) for at in NEIGHBOUR_THRESHOLDS] + [
-    proposal_genome(placed_chance, by_chance=True)
-  ]
+  at each of `NEIGHBOURS`' thresholds and orders. Which of them decodes fastest differs from
+  program to program."""
+  return [proposal_genome(placed_chance, at, order) for at, order in NEIGHBOURS]
 
 
 def request_weights(programs: Sequence[dict[str, np.ndarray]], saving_weight: float) -> np.ndarray:
