@@ -128,11 +128,13 @@ def test_the_proposals_neighbours_move_its_threshold_or_the_order_of_the_propose
   assert (PROPOSE_AT, "bands") not in NEIGHBOURS and len(set(NEIGHBOURS)) == len(NEIGHBOURS)
   expected = [proposal_genome(chance, at, by) for at, by in NEIGHBOURS]
   neighbours = neighbour_genomes(chance)
-  assert len(neighbours) == len(expected) == 5
+  assert len(neighbours) == len(expected) == 12
   for genome, want in zip(neighbours, expected):
     np.testing.assert_array_equal(genome, want)
-  distinct = [order(g) for g in [proposal_genome(chance), *neighbours]]
-  assert len({tuple(o) for o in distinct}) == len(distinct)
+  # Every threshold from 0.1 to 0.9 in bands, 0.3-0.7 by the chance, 0.5 in msa's order.
+  bands = [0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9]
+  assert sorted(at for at, by in NEIGHBOURS if by == "bands") == bands
+  assert sorted(at for at, by in NEIGHBOURS if by != "bands") == [0.3, 0.5, 0.5, 0.7]
 
 
 def test_a_labels_search_seeded_with_a_proposal_is_at_least_the_proposal():
