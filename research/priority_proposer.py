@@ -27,6 +27,8 @@ msa's mapping (`mapping_genomes`) and the greedy's saving-per-byte order.
   .venv/bin/python scripts/priority_proposer.py fit --labels labels.npz --seed 1 --out p1.npz
   .venv/bin/python scripts/priority_proposer.py decode --params p1.npz --suite realistic
   .venv/bin/python scripts/priority_proposer.py search --params p1.npz --suite realistic
+  # make train's fit out of family: each model's programs decoded by a fit to the other models'.
+  .venv/bin/python scripts/priority_proposer.py crossval --folds 4 --seed 1 --out cv1.csv
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from malloczero.learner.proposer import (
   label_program,
   labelled_programs,
   labels_of,
+  neighbour_genomes,
   proposal_genome,
   propose,
   request_features,
@@ -283,6 +286,89 @@ def _search(args) -> int:
   return 0
 
 
+# The genomes `crossval` decodes beside the proposal and its neighbours, as (threshold, order):
+# the candidates the neighbours were chosen from.
+CANDIDATES = tuple(
+  [(at, "bands") for at in (0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9)]
+  + [(at, "chance") for at in (0.3, 0.5, 0.7)]
+  + [(0.5, "msa")]
+)
+
+
+def model_folds(models: Sequence[str], folds: int) -> dict[str, int]:
+  """Each model's fold in [0, folds): the models in a fixed shuffled order, dealt round. A fold
+  holds whole models, so no fit sees any program of a model whose programs it is judged on."""
+  names = sorted(set(models))
+  if not 2 <= folds <= len(names):
+    raise MalloczeroError(f"--folds must be from 2 to the labels' {len(names)} models, not {folds}")
+  order = np.random.default_rng(0).permutation(len(names))
+  return {names[k]: i % folds for i, k in enumerate(order)}
+
+
+def _genome_name(at: float, order: str) -> str:
+  return f"{at:.1f} {order}"
+
+
+def _crossval(args) -> int:
+  from malloczero.env.programs.suites import get_suite
+  from malloczero.env.solvers import solve
+  from malloczero.evaluation.suite import geomean
+  from malloczero.learner.proposer.network import NEIGHBOURS, PROPOSE_AT
+
+  labels = Labels.load(args.labels)
+  by_name = {entry.name: entry for entry in get_suite(labels.suite).entries}
+  programs = labelled_programs(labels)  # A label of a program the suite lacks is refused here.
+  models = [by_name[name].model for name in labels.entries]
+  fold_of = model_folds(models, args.folds)
+  print(f"{len(programs)} programs of {len(fold_of)} models in {args.folds} folds", flush=True)
+  chances: list[np.ndarray] = [np.empty(0)] * len(programs)
+  for fold in range(args.folds):
+    rest = [p for p, m in zip(programs, models) if fold_of[m] != fold]
+    proposer = fit(
+      rest,
+      seed=args.seed,
+      steps=args.steps,
+      members=args.members,
+      saving_weight=args.saving_weight,
+    )
+    for row, model in enumerate(models):
+      if fold_of[model] == fold:
+        chances[row] = proposer.placed_chance(programs[row]["features"])
+    print(f"fold {fold + 1}/{args.folds}: fitted to {len(rest)} programs", flush=True)
+  proposal = _genome_name(PROPOSE_AT, "bands")
+  neighbours = [_genome_name(*n) for n in NEIGHBOURS]
+  rows = []
+  for row, name in enumerate(labels.entries):
+    workload, hardware = by_name[name].load()
+    model, requests = requests_of(workload, hardware)
+    slow, msa = model.slow_only_time, float(labels.msa[row])
+    speedup = lambda genome: slow / decode(Placement(model, requests), genome) / msa
+    result = {"entry": name, "model": models[row], "fold": fold_of[models[row]]}
+    result["labels"] = float(labels.evo[row]) / msa
+    result["labels' flags"] = speedup(proposal_genome(labels.placed[row].astype(float)))
+    mapping = solve(workload, hardware, "msa").mapping
+    result["msa's mapping"] = max(speedup(g) for g in mapping_genomes(requests, mapping, workload))
+    result[proposal] = speedup(proposal_genome(chances[row]))
+    for key, genome in zip(neighbours, neighbour_genomes(chances[row])):
+      result[key] = speedup(genome)
+    for at, order in CANDIDATES:
+      key = _genome_name(at, order)
+      if key not in result:
+        result[key] = speedup(proposal_genome(chances[row], at, order))
+    result["the proposal and its neighbours"] = max(result[k] for k in [proposal, *neighbours])
+    result["with msa's mapping"] = max(
+      result["the proposal and its neighbours"], result["msa's mapping"]
+    )
+    rows.append(result)
+  print(f"{len(rows)} programs, one decode each, x msa (geomean; worst):")
+  for key in list(rows[0])[3:]:
+    ratio = np.array([r[key] for r in rows])
+    print(f"  {key:32s} {geomean(ratio):.4f}  {ratio.min():.3f}")
+  if args.out:
+    _write_csv(args.out, rows)
+  return 0
+
+
 def _write_csv(path: str, rows: list[dict]) -> None:
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -291,8 +377,8 @@ def _write_csv(path: str, rows: list[dict]) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """The command (`scripts/priority_proposer.py`): `collect`, `labels`, `fit`, `decode` or
-  `search`; returns the exit status."""
+  """The command (`scripts/priority_proposer.py`): `collect`, `labels`, `fit`, `decode`,
+  `search` or `crossval`; returns the exit status."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   commands = parser.add_subparsers(dest="command", required=True)
   collect = commands.add_parser("collect", help="features and evo's placed flags per program")
@@ -344,17 +430,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   search.add_argument("--seconds", type=float, default=10.0)
   search.add_argument("--seed", type=int, default=0)
   search.add_argument("--out", help="write one CSV row per program here")
+  crossval = commands.add_parser(
+    "crossval",
+    help="make train's fit out of family: each fold of models decoded by a fit to the others",
+  )
+  crossval.add_argument("--labels", default=BUILTIN_LABELS, help="the labels' .npz")
+  crossval.add_argument("--folds", type=int, default=4, help="folds of the labels' models")
+  crossval.add_argument("--seed", type=int, default=0, help="the fits' seed")
+  crossval.add_argument(
+    "--steps", type=int, default=ProposerConfig.steps, help="Adam steps of each member"
+  )
+  crossval.add_argument("--members", type=int, default=ProposerConfig.members)
+  crossval.add_argument("--saving-weight", type=float, default=ProposerConfig.saving_weight)
+  crossval.add_argument("--out", help="write one CSV row per program here")
   args = parser.parse_args(argv)
   if args.command == "collect" and (args.seconds <= 0 or not 0 <= args.shard < args.shards):
     parser.error("--seconds must be positive and 0 <= --shard < --shards")
   if args.command == "search" and args.seconds <= 0:
     parser.error("--seconds must be positive")
+  if args.command == "crossval" and args.steps < 1:
+    parser.error("--steps must be positive")
   if args.command == "fit" and (args.steps < 1 or args.max_programs < 0):
     parser.error("--steps must be positive and --max-programs at least 0")
 
-  run = {"collect": _collect, "labels": _labels, "fit": _fit, "decode": _decode, "search": _search}[
-    args.command
-  ]
+  run = {
+    "collect": _collect,
+    "labels": _labels,
+    "fit": _fit,
+    "decode": _decode,
+    "search": _search,
+    "crossval": _crossval,
+  }[args.command]
   try:
     return run(args)
   except (MalloczeroError, ValueError, OSError, KeyError) as e:

@@ -25,10 +25,13 @@ from malloczero.learner.proposer import (
   request_features,
   requests_of,
 )
+from malloczero.learner.proposer.network import NEIGHBOURS
 from malloczero.research.priority_proposer import (
+  CANDIDATES,
   decode_once,
   keep_the_better,
   load_collected,
+  model_folds,
   search_from_proposal,
 )
 
@@ -100,6 +103,17 @@ def test_a_round_keeps_the_earlier_label_where_it_is_as_fast():
 
 
 @pytest.mark.slow  # Three subprocesses, each loading JAX.
+def test_model_folds_keep_each_model_whole_and_use_every_fold():
+  models = ["gpt", "bert", "gpt", "mlp", "vgg", "bert", "unet"]
+  folds = model_folds(models, 3)
+  assert set(folds) == set(models) and set(folds.values()) == {0, 1, 2}
+  assert sorted(list(folds.values()).count(k) for k in range(3)) == [1, 2, 2]
+  assert model_folds(list(reversed(models)), 3) == folds  # By name, not by the labels' order.
+  for bad in (1, 6):
+    with pytest.raises(MalloczeroError, match=f"from 2 to the labels' 5 models, not {bad}"):
+      model_folds(models, bad)
+
+
 def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
   def script(*args):
     return subprocess.run(
@@ -138,6 +152,26 @@ def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
       np.testing.assert_array_equal(data["placed"], earlier.placed[row])
   assert len(load_collected(str(data2))) == len(earlier.entries)
   assert "label)" in relabelled.stdout
+  # make train's fit out of family: each model's programs decoded by a fit to the others'.
+  crossval = script("crossval", "--labels", str(labels), "--folds", "2", "--steps", "50",
+                    "--out", str(tmp_path / "cv.csv"))  # fmt: skip
+  assert crossval.returncode == 0 and "in 2 folds" in crossval.stdout, crossval.stderr[-2000:]
+  with open(tmp_path / "cv.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["entry"] for r in rows] == list(earlier.entries)
+  fold_of_model = {(r["model"], r["fold"]) for r in rows}
+  assert len(fold_of_model) == len({r["model"] for r in rows}) == 3
+  assert {r["fold"] for r in rows} == {"0", "1"}
+  neighbours = [f"{at:.1f} {order}" for at, order in NEIGHBOURS]
+  for r in rows:
+    assert float(r["labels' flags"]) > 0 and float(r["msa's mapping"]) > 0
+    started = [float(r[k]) for k in ["0.5 bands", *neighbours]]
+    assert float(r["the proposal and its neighbours"]) == max(started)
+    assert float(r["with msa's mapping"]) >= max(max(started), float(r["msa's mapping"]))
+    assert all(float(r[f"{at:.1f} {order}"]) > 0 for at, order in CANDIDATES)
+  refused = script("crossval", "--labels", str(labels), "--folds", "4")
+  assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+  assert "--folds must be from 2 to the labels' 3 models, not 4" in refused.stderr
   decoded = script("decode", "--params", str(params), "--suite", "tiny", "--split", "heldout",
                    "--out", str(out))  # fmt: skip
   assert decoded.returncode == 0, decoded.stderr[-2000:]
