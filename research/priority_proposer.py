@@ -203,16 +203,21 @@ def _labels(args) -> int:
   return 0
 
 
-def _fit(args) -> int:
-  started = time.perf_counter()
-  programs = labelled_programs(Labels.load(args.labels), args.max_programs, args.seed)
-  proposer = fit(
+def _fitted(programs: list[dict[str, np.ndarray]], args) -> Proposer:
+  """`fit` with the command's --seed, --steps, --members and --saving-weight."""
+  return fit(
     programs,
     seed=args.seed,
     steps=args.steps,
     members=args.members,
     saving_weight=args.saving_weight,
   )
+
+
+def _fit(args) -> int:
+  started = time.perf_counter()
+  programs = labelled_programs(Labels.load(args.labels), args.max_programs, args.seed)
+  proposer = _fitted(programs, args)
   proposer.save(args.out)
   scores = [auc(p["placed"], proposer.placed_chance(p["features"])) for p in programs]
   print(
@@ -324,13 +329,7 @@ def _crossval(args) -> int:
   chances: list[np.ndarray] = [np.empty(0)] * len(programs)
   for fold in range(args.folds):
     rest = [p for p, m in zip(programs, models) if fold_of[m] != fold]
-    proposer = fit(
-      rest,
-      seed=args.seed,
-      steps=args.steps,
-      members=args.members,
-      saving_weight=args.saving_weight,
-    )
+    proposer = _fitted(rest, args)
     for row, model in enumerate(models):
       if fold_of[model] == fold:
         chances[row] = proposer.placed_chance(programs[row]["features"])
