@@ -27,7 +27,7 @@ msa's mapping (`mapping_genomes`) and the greedy's saving-per-byte order.
   .venv/bin/python scripts/priority_proposer.py fit --labels labels.npz --seed 1 --out p1.npz
   .venv/bin/python scripts/priority_proposer.py decode --params p1.npz --suite realistic
   .venv/bin/python scripts/priority_proposer.py search --params p1.npz --suite realistic
-  # make train's fit out of family: each model's programs decoded by a fit to the other models'.
+  # make train's fit out of model: each model's programs decoded by a fit to the other models'.
   .venv/bin/python scripts/priority_proposer.py crossval --folds 4 --seed 1 --out cv1.csv
 """
 
@@ -431,7 +431,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   search.add_argument("--out", help="write one CSV row per program here")
   crossval = commands.add_parser(
     "crossval",
-    help="make train's fit out of family: each fold of models decoded by a fit to the others",
+    help="make train's fit out of model: each fold of models decoded by a fit to the others",
   )
   crossval.add_argument("--labels", default=BUILTIN_LABELS, help="the labels' .npz")
   crossval.add_argument("--folds", type=int, default=4, help="folds of the labels' models")

@@ -102,7 +102,6 @@ def test_a_round_keeps_the_earlier_label_where_it_is_as_fast():
     keep_the_better(stale, earlier, "b")
 
 
-@pytest.mark.slow  # Three subprocesses, each loading JAX.
 def test_model_folds_keep_each_model_whole_and_use_every_fold():
   models = ["gpt", "bert", "gpt", "mlp", "vgg", "bert", "unet"]
   folds = model_folds(models, 3)
@@ -114,6 +113,7 @@ def test_model_folds_keep_each_model_whole_and_use_every_fold():
       model_folds(models, bad)
 
 
+@pytest.mark.slow  # Subprocesses, each loading JAX.
 def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
   def script(*args):
     return subprocess.run(
@@ -152,7 +152,7 @@ def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
       np.testing.assert_array_equal(data["placed"], earlier.placed[row])
   assert len(load_collected(str(data2))) == len(earlier.entries)
   assert "label)" in relabelled.stdout
-  # make train's fit out of family: each model's programs decoded by a fit to the others'.
+  # make train's fit out of model: each model's programs decoded by a fit to the others'.
   crossval = script("crossval", "--labels", str(labels), "--folds", "2", "--steps", "50",
                     "--out", str(tmp_path / "cv.csv"))  # fmt: skip
   assert crossval.returncode == 0 and "in 2 folds" in crossval.stdout, crossval.stderr[-2000:]
