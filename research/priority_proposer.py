@@ -340,8 +340,8 @@ def _crossval(args) -> int:
   for row, name in enumerate(labels.entries):
     workload, hardware = by_name[name].load()
     model, requests = requests_of(workload, hardware)
-    slow, msa = model.slow_only_time, float(labels.msa[row])
-    speedup = lambda genome: slow / decode(Placement(model, requests), genome) / msa
+    slow, msa, placement = model.slow_only_time, float(labels.msa[row]), Placement(model, requests)
+    speedup = lambda genome: slow / decode(placement, genome) / msa
     result = {"entry": name, "model": models[row], "fold": fold_of[models[row]]}
     result["labels"] = float(labels.evo[row]) / msa
     result["labels' flags"] = speedup(proposal_genome(labels.placed[row].astype(float)))
