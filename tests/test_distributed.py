@@ -156,14 +156,19 @@ class _Launch:
 
 @pytest.mark.slow
 @LAUNCHES_IN_TURN
-def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_path):
+def test_local_mp_survives_a_killed_actor_and_a_launcher_stopped_in_its_final_evaluation(
+  tmp_path,
+):
+  """actor_1 is killed and the learner steps on without it; Ctrl-C during the final evaluation
+  stops the launcher (exit 130, no report); the same command then writes the finished run's
+  report without starting a node, and does again after a SIGKILL in that evaluation."""
   workdir = tmp_path / "run"
+  args = ("--max-steps", "200", "--set", "eval_every_steps=1000", "--set", "probes.share=0.3")
+  finals = lambda run: any("final evaluation of step" in line for line in run.lines)  # noqa: E731
 
   # 1. A tiny run with 2 actors that also probe decisions for the learner; actor_1's process is
-  # killed once the learner is stepping.
-  run = _Launch(
-    workdir, "--max-steps", "600", "--set", "eval_every_steps=1000", "--set", "probes.share=0.3"
-  )
+  # killed once the learner is stepping, and the launcher is interrupted in the final evaluation.
+  run = _Launch(workdir, *args)
   run.wait_until(
     lambda: run.learner_steps() >= 1 and "actor_1" in run.node_processes(),
     "the learner stepping with both actors live",
@@ -172,18 +177,64 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   victim = run.node_processes()["actor_1"]
   victim.send_signal(signal.SIGKILL)
   victim.wait(timeout=30)
+  run.wait_until(lambda: finals(run), "the final evaluation")
+  run.process.send_signal(signal.SIGINT)
+  code, output = run.finish()
+  assert code == 130, output[-3000:]
+  assert "malloczero: interrupted; resume with: malloczero train " in output, output[-3000:]
+  assert not (workdir / "report.md").exists()
+  assert run.orphans() == []
+  assert "actor_1 exited; training continues with 1 of 2 actors" in output, output[-6000:]
+  assert killed_at < 200
+  checkpoint = workdir / "checkpoints" / "learner_state.npz"
+  assert checkpoint_steps(str(checkpoint)) == 200  # The learner kept stepping without actor_1.
+  # The evaluator (every 1,000 steps) never reached step 200: the launcher played it after the
+  # nodes stopped, so the curve ends with the network the run ends with.
+  curve = list(csv.DictReader((workdir / "learning_curve.csv").open()))
+  assert [int(r["learner_steps"]) for r in curve][-1] == 200, curve
+  assert curve[-1]["split"] == "heldout" and curve[-1]["policy_geomean_speedup"], curve
+  assert "evaluating step 200 on the heldout programs for the learning curve" in output
+  assert f"step 200: heldout geomean speed-up {float(curve[-1]['geomean_speedup']):.3f}" in output
+  assert os.listdir(workdir / "checkpoints" / "replay"), "no replay checkpoint"
+  # The actors' probes reached the learner over courier and were kept with its checkpoint.
+  learner_rows = list(csv.DictReader((workdir / "logs" / "learner" / "logs.csv").open()))
+  assert float(learner_rows[-1]["probes"]) > 0 and learner_rows[-1]["probe_policy_loss"]
+  assert (workdir / "checkpoints" / "probes.npz").exists()
+  assert re.search(r"games, [\d,]+ probes \| replay", output), output[-3000:]
+  # The console, read through a pipe: launcher lines only (node output is in nodes/*.log), no
+  # colour codes, no nan or negative rates, a named wait for replay, one line per stop countdown.
+  assert "\x1b" not in output and "Reverb client connecting" not in output, output[:3000]
+  summaries = [line for line in output.splitlines() if re.match(r"\[\s*\d+ s\] learner ", line)]
+  assert summaries and not any("nan" in line for line in summaries), output[-3000:]
+  assert not re.search(r"\(-[\d,.]+/s\)", output), output[-3000:]
+  assert re.search(r"learner 0/200 \(waiting for replay: [\d,]+/200 items\)", output), output[:3000]
+  assert "Waiting for workers to stop for" not in output
+
+  # 2. The same command evaluates the finished run without starting a node; a SIGKILL in that
+  # evaluation leaves no report either.
+  run = _Launch(workdir, *args)
+  run.wait_until(lambda: finals(run), "the final evaluation again")
+  run.process.kill()
+  run.process.wait()
+  assert not (workdir / "report.md").exists()
+  output = "".join(run.lines)
+  assert (
+    f"{workdir} finished at learner step 200 but has no report.md (its launcher stopped during "
+    "the final evaluation): writing the final report"
+  ) in output
+  assert "launched local_mp" not in output
+
+  # 3. Once more, and it writes the report.
+  run = _Launch(workdir, *args)
   code, output = run.finish()
   assert code == 0, output[-3000:]
-  assert "actor_1 exited; training continues with 1 of 2 actors" in output, output[-6000:]
-  assert killed_at < 600
-  checkpoint = workdir / "checkpoints" / "learner_state.npz"
-  assert checkpoint_steps(str(checkpoint)) == 600  # The learner kept stepping without actor_1.
+  assert "launched local_mp" not in output and "writing the final report" in output
   squeezed = lambda text: re.sub(r"\s+", "", text)  # Rich may wrap long lines anywhere.
   assert squeezed(
     f"the evaluation report (with report.json, report.csv and pictures): {workdir}/report.md"
   ) in squeezed(output)
   report = json.loads((workdir / "report.json").read_text())
-  assert report["agents"][0]["learner_steps"] == 600
+  assert [agent["learner_steps"] for agent in report["agents"]] == [200]
   assert {r["entry"] for r in report["rows"]} == {e.name for e in get_suite("tiny").entries}
   for name in (
     "report.md",
@@ -199,62 +250,16 @@ def test_local_mp_survives_a_killed_actor_then_resumes_and_saves_on_sigterm(tmp_
   ):
     assert (workdir / name).exists(), name
   assert list((workdir / "tensorboard" / "learner").iterdir()), "no TensorBoard events"
-  # The evaluator (every 1,000 steps) never reached step 600: the launcher played it after the
-  # nodes stopped, so the curve ends with the network the run ends with.
-  curve = list(csv.DictReader((workdir / "learning_curve.csv").open()))
-  assert [int(r["learner_steps"]) for r in curve][-1] == 600, curve
-  assert curve[-1]["split"] == "heldout" and curve[-1]["policy_geomean_speedup"], curve
-  assert "evaluating step 600 on the heldout programs for the learning curve" in output
-  assert f"step 600: heldout geomean speed-up {float(curve[-1]['geomean_speedup']):.3f}" in output
-  assert os.listdir(workdir / "checkpoints" / "replay"), "no replay checkpoint"
-  # The actors' probes reached the learner over courier and were kept with its checkpoint.
-  learner_rows = list(csv.DictReader((workdir / "logs" / "learner" / "logs.csv").open()))
-  assert float(learner_rows[-1]["probes"]) > 0 and learner_rows[-1]["probe_policy_loss"]
-  assert (workdir / "checkpoints" / "probes.npz").exists()
-  assert re.search(r"games, [\d,]+ probes \| replay", output), output[-3000:]
-  assert run.orphans() == []
-  saved_digest = params_digest(load_params(str(checkpoint)))
-  # The console, read through a pipe: launcher lines only (node output is in nodes/*.log), no
-  # colour codes, no nan or negative rates, a named wait for replay, one line per stop countdown.
-  assert "\x1b" not in output and "Reverb client connecting" not in output, output[:3000]
-  summaries = [line for line in output.splitlines() if re.match(r"\[\s*\d+ s\] learner ", line)]
-  assert summaries and not any("nan" in line for line in summaries), output[-3000:]
-  assert not re.search(r"\(-[\d,.]+/s\)", output), output[-3000:]
-  assert re.search(r"learner 0/600 \(waiting for replay: [\d,]+/200 items\)", output), output[:3000]
-  assert "Waiting for workers to stop for" not in output
 
-  # 2. The same command resumes: learner parameters, step and replay come back; SIGTERM to the
-  # launcher stops every node, and the learner saves its step before exiting.
-  run = _Launch(
-    workdir, "--max-steps", "100000", "--set", "eval_every_steps=1000", "--set", "probes.share=0.3"
-  )
-  run.wait_until(lambda: run.learner_steps() >= 620, "the resumed learner stepping")
-  run.process.send_signal(signal.SIGTERM)
-  code, output = run.finish()
-  assert code == 130, output[-3000:]
-  assert f"resuming {workdir} from learner step 600 (with a replay checkpoint)" in output
-  learner_log = (workdir / "nodes" / "learner.log").read_text()
-  assert f"resumed at step 600, parameters {saved_digest}" in learner_log
-  replay_log = (workdir / "nodes" / "replay.log").read_text()
-  restored = re.findall(r"replay: restored (\d+) items", replay_log)
-  assert restored and int(restored[-1]) > 0
-  assert checkpoint_steps(str(checkpoint)) >= 620
-  assert run.orphans() == []
-  # Right after the resume the summary shows the restored step, not 0; after the stop the
-  # counter's file agrees with the checkpoint (it used to be one step behind).
-  resumed = [int(m.group(1)) for m in re.finditer(r"\] learner (\d+)/100000", output)]
-  assert resumed and min(resumed) >= 600, output[-3000:]
-  counts = json.loads((workdir / "checkpoints" / "counter.json").read_text())
-  assert counts["learner_steps"] == checkpoint_steps(str(checkpoint))
-
-  # 3. A run of another configuration, or one already past --max-steps, is refused before
-  # anything starts.
-  for args, message in (
+  # 4. A finished run (refused as one already past --max-steps is) or a run of another
+  # configuration is refused before anything starts.
+  finished = "is already at learner step 200 >= --max-steps 200"
+  for flags, message in (
     (("--config", "small", "--suite", "tiny"), "holds a run of config"),
-    (("--config", "tiny", "--max-steps", "600", "--set", "probes.share=0.3"), "raise --max-steps"),
+    (("--launch", "local_mp", "--config", "tiny", *args), finished),
   ):
     result = subprocess.run(
-      [sys.executable, "-m", "malloczero", "train", *args, "--workdir", str(workdir)],
+      [sys.executable, "-m", "malloczero", "train", *flags, "--workdir", str(workdir)],
       cwd=REPO,
       capture_output=True,
       text=True,
@@ -386,20 +391,19 @@ def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
   """A killed learner stops the whole program: exit 1, its last checkpoint intact, no orphans.
   With --node-output terminal through a pipe, node lines reach the console, uncoloured."""
   workdir = tmp_path / "run"
-  run = _Launch(
-    workdir,
-    "--max-steps",
-    "100000",
-    "--set",
-    "eval_every_steps=100000",
-    "--node-output",
-    "terminal",
-  )
-  # The tiny config checkpoints every 30 s: wait for one, so that there is something to keep.
+  # A checkpoint every 5 s (the tiny config's 30 s would be most of the test's time).
+  args = ("--max-steps", "100000", "--set", "eval_every_steps=100000")
+  args += ("--set", "learner.checkpoint_every_s=5")
+  run = _Launch(workdir, *args, "--node-output", "terminal")
+  # Wait for a periodic checkpoint and a mapping in best/, so that there is something to keep.
   checkpoint = workdir / "checkpoints" / "learner_state.npz"
   run.wait_until(
-    lambda: checkpoint.exists() and "learner_0" in run.node_processes(),
-    "a periodic learner checkpoint",
+    lambda: (
+      checkpoint.exists()
+      and any((workdir / "best").glob("*.json"))
+      and "learner_0" in run.node_processes()
+    ),
+    "a periodic learner checkpoint and a best mapping",
   )
   saved_step = checkpoint_steps(str(checkpoint))
   victim = run.node_processes()["learner_0"]
@@ -414,10 +418,11 @@ def test_local_mp_stops_cleanly_when_the_learner_dies(tmp_path):
   assert load_params(str(checkpoint))
   assert run.orphans() == []
 
-  # Resumed from that checkpoint, whose demonstrations are older than best/: no file in best/
-  # is replaced by a slower mapping (30 s of tiny training leave files there in every run seen).
+  # Resumed from that checkpoint, whose demonstrations may be older than best/: no file in best/
+  # is replaced by a slower mapping.
   best = {p.name: load_mapping(str(p)).estimated_time_s for p in (workdir / "best").glob("*.json")}
-  resumed = _Launch(workdir, "--max-steps", "100000", "--set", "eval_every_steps=100000")
+  assert best, "no mapping in best/ to keep"
+  resumed = _Launch(workdir, *args)
   resumed.wait_until(lambda: resumed.learner_steps() >= saved_step + 5, "the resumed learner")
   resumed.process.send_signal(signal.SIGTERM)
   code, output = resumed.finish()
@@ -559,17 +564,28 @@ def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_kill
   assert counts["learner_steps"] > 0
   # The killed launcher could not remove its pickled program; it is in the work directory.
   assert os.path.exists(data_file)
+  saved_digest = params_digest(load_params(str(checkpoint)))
   # A corrupt counter.json costs the actor counts only, with a warning: the learner's step comes
   # from its checkpoint.
   (workdir / "checkpoints" / "counter.json").write_text('{"learner_steps": 1')
 
-  # 3. The stale lock blocks nothing: the same command resumes.
+  # 3. The stale lock blocks nothing: the same command resumes, with the learner's parameters,
+  # step and replay; SIGTERM to the launcher stops every node, the learner saving its step.
   run = _Launch(workdir, *args)
   run.wait_until(lambda: run.learner_steps() >= int(saved[-1]) + 10, "the resumed learner stepping")
   run.process.send_signal(signal.SIGTERM)
   code, output = run.finish()
   assert code == 130, output[-3000:]
   assert f"resuming {workdir} from learner step {saved[-1]} (with a replay checkpoint)" in output
+  learner_log = (workdir / "nodes" / "learner.log").read_text()
+  assert f"resumed at step {saved[-1]}, parameters {saved_digest}" in learner_log
+  restored = re.findall(
+    r"replay: restored (\d+) items", (workdir / "nodes" / "replay.log").read_text()
+  )
+  assert restored and int(restored[-1]) > 0
+  # Right after the resume the summary shows the restored step, not 0.
+  resumed = [int(m.group(1)) for m in re.finditer(r"\] learner (\d+)/100000", output)]
+  assert resumed and min(resumed) >= int(saved[-1]), output[-3000:]
   assert f"warning: cannot read {workdir}/checkpoints/counter.json (JSONDecodeError: " in output, (
     output[:3000]
   )
@@ -581,56 +597,6 @@ def test_local_mp_holds_its_workdir_and_its_nodes_stop_when_the_launcher_is_kill
   assert not os.path.exists(data_file)
   assert not [p for p in os.listdir(workdir / "nodes" / "program") if p.startswith("tmp")]
   assert run.orphans() == []
-
-
-@pytest.mark.slow
-@LAUNCHES_IN_TURN
-def test_a_launcher_stopped_during_the_final_evaluation_leaves_a_report_to_be_had(tmp_path):
-  """Ctrl-C during the final evaluation stops the launcher (exit 130, no report); the same
-  command then writes the finished run's report without starting a node, and does again after
-  a SIGKILL in that evaluation."""
-  workdir = tmp_path / "run"
-  args = ("--max-steps", "40", "--set", "eval_every_steps=1000")
-  finals = lambda run: any("final evaluation of step" in line for line in run.lines)  # noqa: E731
-
-  run = _Launch(workdir, *args)
-  run.wait_until(lambda: finals(run), "the final evaluation", timeout_s=RUN_TIMEOUT_S)
-  run.process.send_signal(signal.SIGINT)
-  code, output = run.finish()
-  assert code == 130, output[-3000:]
-  assert "malloczero: interrupted; resume with: malloczero train " in output, output[-3000:]
-  assert not (workdir / "report.md").exists()
-  assert run.orphans() == []
-
-  run = _Launch(workdir, *args)
-  run.wait_until(lambda: finals(run), "the final evaluation again", timeout_s=RUN_TIMEOUT_S)
-  run.process.kill()
-  run.process.wait()
-  assert not (workdir / "report.md").exists()
-  output = "".join(run.lines)
-  assert (
-    f"{workdir} finished at learner step 40 but has no report.md (its launcher stopped during "
-    "the final evaluation): writing the final report"
-  ) in output
-  assert "launched local_mp" not in output
-
-  run = _Launch(workdir, *args)
-  code, output = run.finish()
-  assert code == 0, output[-3000:]
-  assert "launched local_mp" not in output and "writing the final report" in output
-  report = json.loads((workdir / "report.json").read_text())
-  assert [agent["learner_steps"] for agent in report["agents"]] == [40]
-  assert (workdir / "report.md").exists()
-  # Finished and reported: the same command is refused as any finished run is.
-  again = subprocess.run(
-    [sys.executable, "-m", "malloczero", "train", "--launch", "local_mp", "--config", "tiny"]
-    + ["--workdir", str(workdir), *args],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
-  assert again.returncode == 1 and "is already at learner step 40 >= --max-steps 40" in again.stderr
 
 
 def test_a_dead_nodes_cause_is_its_logs_last_exception_line(tmp_path):

@@ -152,21 +152,6 @@ def test_generated_inputs_are_deterministic_and_load(tmp_path):
   assert abs(w.num_buffers - 1000) <= 2 and w == xla_like_workload(1000, seed=1)
 
 
-@pytest.mark.slow  # Integration-sized: subprocesses, compiles or every solver.
-def test_bench_scale_measures_each_input_in_its_own_process():
-  from malloczero.launch.benchmarks import bench_scale
-
-  report = bench_scale(csv_rows=200, xla_buffers=200)
-  json.dumps(report)
-  for prefix in ("scale_csv_200_rows_msa", "scale_xla_200_buffers_msa"):
-    assert f"{prefix}_failed" not in report and f"{prefix}_refusal" not in report, report
-    assert report[f"{prefix}_solve_s"] > 0 and report[f"{prefix}_validate_s"] >= 0
-    assert report[f"{prefix}_peak_mb"] > 10 and report[f"{prefix}_speedup_x"] >= 1
-    for phase in ("load", "msa", "validate"):
-      assert report[f"{prefix}_{phase}_s"] >= 0
-      assert 10 < report[f"{prefix}_{phase}_peak_mb"] <= report[f"{prefix}_peak_mb"]
-
-
 @pytest.mark.slow  # Integration-sized: a solve with the agent in a process of its own.
 def test_bench_scale_agent_times_the_whole_solve_of_an_hlo_step_in_its_own_process():
   from malloczero.launch.benchmarks import bench_scale_agent
