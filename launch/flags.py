@@ -242,7 +242,8 @@ def add_solver_flags(
       metavar="NAME=VALUE",
       help=f"{', '.join(takers)}: one of msa's options (env/msa/settings.py "
       "MsaOptions, defaults XLA's), e.g. min_overlap_to_async_copy_ratio=0.8, "
-      "max_outstanding_prefetches=2, picker=instruction_count, copy_budget=idle; "
+      "max_outstanding_prefetches=2, picker=instruction_count, copy_budget=idle, "
+      "while_execution_count=10; "
       "repeatable",
     )
 

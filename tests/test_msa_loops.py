@@ -380,3 +380,31 @@ def test_msa_and_its_game_play_the_suites_programs_with_loops(entry):
   rewards = play(game, "random", seed=1)
   assert len(rewards) == game.num_steps > 0
   validate_mapping(workload, hardware, game.mapping("random"))
+
+
+def test_while_execution_count_is_an_msa_option_from_the_command_line(tmp_path, capsys):
+  """XLA's `xla_tpu_memory_space_assignment_while_execution_count` as `--msa-option`: each fast
+  level's cost analysis counts a loop's benefits that many times per nest level; counting a GRU's
+  steps once, msa keeps fewer of its buffers in fast memory than at XLA's 5."""
+  from malloczero.env.mapping import load_mapping
+  from malloczero.env.workload_json import save_workload
+  from malloczero.launch import cli
+
+  entry = next(p.values[0] for p in loop_entries() if p.values[0].program == "gru-b16-infer")
+  workload, hardware = entry.load()
+  once = SegmentAllocator(workload, hardware, MsaOptions(while_execution_count=1.0))
+  assert [a.options.while_execution_count for a in once.analyses] == [1.0]
+  kept_once, _ = msa_allocations(workload, hardware, MsaOptions(while_execution_count=1.0))
+  kept_five, _ = msa_allocations(workload, hardware)
+  assert len(kept_once) < len(kept_five)
+
+  path, out = str(tmp_path / "gru.json"), str(tmp_path / "map.json")
+  save_workload(workload, path)
+  capacity = [f"--capacity={lv.name}={lv.capacity_bytes}" for lv in hardware.levels[:-1]]
+  base = ["solve", path, "--hardware", entry.hardware, *capacity, "--solver", "msa"]
+  assert cli.main([*base, "--msa-option", "while_execution_count=1", "--out", out]) == 0
+  capsys.readouterr()
+  validate_mapping(workload, hardware, load_mapping(out))
+  assert cli.main([*base, "--msa-option", "while_execution_count=0.5"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "while_execution_count must be a finite number >= 1" in err, err

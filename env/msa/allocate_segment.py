@@ -113,7 +113,13 @@ class SegmentAllocator:
     self.workload, self.hardware, self.options = workload, hardware, options
     self.num_fast = hardware.num_fast_levels
     self.analyses = [
-      CostAnalysis(workload, hardware, CostAnalysisOptions(alternate_level=level))
+      CostAnalysis(
+        workload,
+        hardware,
+        CostAnalysisOptions(
+          alternate_level=level, while_execution_count=options.while_execution_count
+        ),
+      )
       for level in range(self.num_fast)
     ]
     self.capacity = [int(hardware.levels[level].capacity_bytes) for level in range(self.num_fast)]

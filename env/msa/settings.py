@@ -41,6 +41,9 @@ class MsaOptions:
     "elapsed", msa believes a copy hides behind a memory-bound op that the simulator gives no
     room to, and the copy stalls the program (docs/msa.md's open question). Only with the cost
     picker (the instruction-count picker budgets 1 per op, as XLA without a cost analysis).
+  while_execution_count: 5. How many times msa assumes a loop body runs, per nest level, in its
+    benefits and prefetch intervals (XLA's flag `xla_tpu_memory_space_assignment_while_execution_
+    count`, whose default is 5; `CostAnalysisOptions`, cost_analysis.py's "Loops"); at least 1.
   sort_order_overrides / preferred_prefetch_overrides: text files of XLA's
     `MsaSortOrderOverrides` / `PreferredPrefetchOverrides` (XLA's `Options` fields of those
     messages), matched by the module's instruction names as XLA matches them (overrides.py).
@@ -58,6 +61,7 @@ class MsaOptions:
   instruction_count_min: int = 2
   instruction_count_max: int = 10
   copy_budget: str = "elapsed"
+  while_execution_count: float = 5.0
   sort_order_overrides: str = ""
   preferred_prefetch_overrides: str = ""
 
@@ -78,6 +82,10 @@ class MsaOptions:
         f"the instruction-count picker needs 0 <= instruction_count_min <= "
         f"instruction_count_max, got {self.instruction_count_min} and "
         f"{self.instruction_count_max}"
+      )
+    if not 1.0 <= self.while_execution_count < math.inf:
+      raise ValueError(
+        f"while_execution_count must be a finite number >= 1, got {self.while_execution_count}"
       )
     if self.picker not in PICKERS:
       raise ValueError(f"unknown picker '{self.picker}' (choose from {', '.join(PICKERS)})")
