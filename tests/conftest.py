@@ -3,6 +3,8 @@
 import atexit
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import hypothesis
@@ -33,6 +35,31 @@ hypothesis.settings.register_profile("thorough", max_examples=1000, deadline=Non
 hypothesis.settings.load_profile(
   os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
 )
+
+
+def pytest_sessionstart(session):
+  """Under pytest-xdist (`make test`), before the workers start: numba's kernels compiled into
+  their on-disk cache once (tests/kernels_warmup.py), in two processes side by side, rather than
+  again by every worker and test process. A warm-up that fails is left to the tests to show."""
+  if hasattr(session.config, "workerinput") or not session.config.getoption("numprocesses", 0):
+    return
+  from tests.kernels_warmup import PARTS
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  parts = [
+    subprocess.Popen(
+      [sys.executable, "-m", "tests.kernels_warmup", part],
+      cwd=repo,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+    )
+    for part in PARTS
+  ]
+  for part in parts:
+    try:
+      part.wait(timeout=600)
+    except subprocess.TimeoutExpired:
+      part.kill()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,58 @@
+"""Compiles the numba kernels the tests run into numba's on-disk cache before the test workers
+start (`pytest_sessionstart` in conftest.py, under pytest-xdist).
+
+In a fresh clone (CI) nothing is cached: each worker, and each process a test starts before the
+cache is written, compiled the same kernels again, about 90 s on one core each time
+(env/kernel_cache.py). `make test` on 2 cores took 866 s from a fresh clone and 697 s with the
+kernels cached (2026-12-05). The work is in two parts of about 55 s each, run side by side:
+`python -m tests.kernels_warmup PART`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# The two parts, each with what the other does not compile first: the game and msa's own kernels,
+# and msa on a program with loops (the picker's loop paths), the baselines' and the validator's.
+PARTS = {
+  "game": ("game", "msa", "evo"),
+  "loops": ("loops", "bestfit", "pack", "overlap"),
+}
+
+
+def warm(part: str) -> None:
+  """Runs each step of `PARTS[part]`: a tiny training program's msa game played to its end, a
+  solve of it by each baseline (its mapping validated), msa on a program with loops, and the
+  validator's overlap sweep."""
+  import numpy as np
+
+  from malloczero.actors.games import suite_games
+  from malloczero.configs.config import get_config
+  from malloczero.env import validator
+  from malloczero.env.game import make_game
+  from malloczero.env.programs.suites import get_suite
+  from malloczero.env.solvers import solve
+  from malloczero.env.validator import validate_mapping
+
+  spec = suite_games("tiny", "train")[0]
+  for step in PARTS[part]:
+    if step == "game":
+      game = make_game(spec.workload, spec.hardware, get_config("tiny").game)
+      timestep = game.reset()
+      while not timestep.last():
+        timestep = game.step(0)
+    elif step == "loops":
+      looped = next(e for e in get_suite("default").entries if e.program == "gru-b1-infer")
+      solve(*looped.load(), "msa")
+    elif step == "overlap":
+      starts = np.arange(4, dtype=np.int64)
+      validator._kernels().any_overlap(
+        np.repeat(starts, 2), np.tile([True, False], 4), starts, starts + 1, starts
+      )
+    else:
+      result = solve(spec.workload, spec.hardware, step)
+      validate_mapping(spec.workload, spec.hardware, result.mapping)
+
+
+if __name__ == "__main__":
+  warm(sys.argv[1])
