@@ -355,17 +355,34 @@ def _leave_now() -> None:
   os._exit(0)
 
 
+def prepare_run_in_node(config: Config, context: NodeContext) -> None:
+  """What a local launcher writes into the work directory before it starts the nodes, written by
+  the learner node where it is missing: a Vertex AI launch is submitted from a machine that need
+  not mount the run's /gcs/ directory. Saves config.json (which `solve` and `evaluate` read beside
+  the checkpoint) and fits the run's proposer (system/training.py `fit_run_proposer`, which the
+  agent plays first and starts its guided search from). Under a local launch both are there
+  already and this does nothing."""
+  from malloczero.system.training import fit_run_proposer, save_config
+
+  if not os.path.exists(context.files.config):
+    save_config(config, context.workdir)
+    say("learner", f"saved {context.files.config}")
+  fit_run_proposer(config, context.workdir, lambda text: say("learner", text))
+
+
 class LearnerNode:
   """Steps the MuZero learner on replay samples; serves its parameters to actors and evaluator.
 
   Checkpoints (parameters, optimiser state, step) go to workdir/checkpoints every
-  `learner.checkpoint_every_s`, when it reaches `max_steps`, and at stop.
+  `learner.checkpoint_every_s`, when it reaches `max_steps`, and at stop. It first writes what a
+  local launcher would have written into the work directory (`prepare_run_in_node`).
   """
 
   def __init__(
     self, config: Config, context: NodeContext, replay: reverb.Client, counter: Any, max_steps: int
   ):
     start_node(context, "learner")
+    prepare_run_in_node(config, context)
     from malloczero.actors.games import training_specs
     from malloczero.learner.networks import make_networks
     from malloczero.system.builder import make_learner, make_sampler

@@ -618,3 +618,33 @@ def test_a_dead_nodes_cause_is_its_logs_last_exception_line(tmp_path):
   (nodes / "actor_3.log").write_text("acting\nkilled by \x1b[31msignal\x1b[0m 9\n" + "x" * 300)
   cause = node_exit_cause(str(tmp_path), "actor_3")
   assert cause.endswith("...") and len(cause) == 200 and "\x1b" not in cause
+
+
+def test_the_learner_node_writes_the_config_and_fits_the_proposer_a_launcher_left_out(
+  tmp_path, capsys
+):
+  """A Vertex AI launch starts its nodes without writing into the run's /gcs/ directory: the
+  learner node saves config.json and fits the proposer there, and finds both on a resume (or
+  after a local launcher wrote them) and leaves them as they are."""
+  from malloczero.learner.proposer import Proposer
+  from malloczero.system.nodes import prepare_run_in_node
+  from malloczero.system.training import save_config
+
+  config = get_config("tiny")
+  context = NodeContext(str(tmp_path / "run"))
+  prepare_run_in_node(config, context)
+  files = context.files
+  save_config(config, str(tmp_path / "launcher"))
+  launchers = NodeContext(str(tmp_path / "launcher")).files.config
+  with open(files.config) as node, open(launchers) as launcher:
+    assert json.load(node) == json.load(launcher)
+  proposer = Proposer.load(files.proposer)
+  assert len(proposer.members) == config.proposer.members
+  out = capsys.readouterr().out
+  assert f"learner: saved {files.config}\n" in out
+  assert f"learner: proposer: saved {files.proposer} in " in out
+
+  stamps = [os.stat(path).st_mtime_ns for path in (files.config, files.proposer)]
+  prepare_run_in_node(config, context)
+  assert [os.stat(path).st_mtime_ns for path in (files.config, files.proposer)] == stamps
+  assert capsys.readouterr().out == ""
