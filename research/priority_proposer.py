@@ -291,15 +291,6 @@ def _search(args) -> int:
   return 0
 
 
-# The genomes `crossval` decodes beside the proposal and its neighbours, as (threshold, order):
-# the candidates the neighbours were chosen from.
-CANDIDATES = tuple(
-  [(at, "bands") for at in (0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9)]
-  + [(at, "chance") for at in (0.3, 0.5, 0.7)]
-  + [(0.5, "msa")]
-)
-
-
 def model_folds(models: Sequence[str], folds: int) -> dict[str, int]:
   """Each model's fold in [0, folds): the models in a fixed shuffled order, dealt round. A fold
   holds whole models, so no fit sees any program of a model whose programs it is judged on."""
@@ -350,10 +341,6 @@ def _crossval(args) -> int:
     result[proposal] = speedup(proposal_genome(chances[row]))
     for key, genome in zip(neighbours, neighbour_genomes(chances[row])):
       result[key] = speedup(genome)
-    for at, order in CANDIDATES:
-      key = _genome_name(at, order)
-      if key not in result:
-        result[key] = speedup(proposal_genome(chances[row], at, order))
     result["the proposal and its neighbours"] = max(result[k] for k in [proposal, *neighbours])
     result["with msa's mapping"] = max(
       result["the proposal and its neighbours"], result["msa's mapping"]

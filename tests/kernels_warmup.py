@@ -13,22 +13,20 @@ from __future__ import annotations
 import sys
 
 # The two parts, each with what the other does not compile first: the game and msa's own kernels,
-# and msa on a program with loops (the picker's loop paths), the baselines' and the validator's.
+# and msa on a program with loops (the picker's loop paths), the baselines' and the validator's
+# overlap sweep (`bench`'s own warm-up, launch/scale_bench.py `_warm_kernels`).
 PARTS = {
   "game": ("game", "msa", "evo"),
-  "loops": ("loops", "bestfit", "pack", "overlap"),
+  "loops": ("loops", "bestfit", "pack", "bench"),
 }
 
 
 def warm(part: str) -> None:
   """Runs each step of `PARTS[part]`: a tiny training program's msa game played to its end, a
   solve of it by each baseline (its mapping validated), msa on a program with loops, and the
-  validator's overlap sweep."""
-  import numpy as np
-
+  bench's warm-up of msa and the validator's overlap sweep."""
   from malloczero.actors.games import suite_games
   from malloczero.configs.config import get_config
-  from malloczero.env import validator
   from malloczero.env.game import make_game
   from malloczero.env.programs.suites import get_suite
   from malloczero.env.solvers import solve
@@ -44,11 +42,10 @@ def warm(part: str) -> None:
     elif step == "loops":
       looped = next(e for e in get_suite("default").entries if e.program == "gru-b1-infer")
       solve(*looped.load(), "msa")
-    elif step == "overlap":
-      starts = np.arange(4, dtype=np.int64)
-      validator._kernels().any_overlap(
-        np.repeat(starts, 2), np.tile([True, False], 4), starts, starts + 1, starts
-      )
+    elif step == "bench":
+      from malloczero.launch.scale_bench import _warm_kernels
+
+      _warm_kernels()
     else:
       result = solve(spec.workload, spec.hardware, step)
       validate_mapping(spec.workload, spec.hardware, result.mapping)

@@ -27,7 +27,6 @@ from malloczero.learner.proposer import (
 )
 from malloczero.learner.proposer.network import NEIGHBOURS
 from malloczero.research.priority_proposer import (
-  CANDIDATES,
   decode_once,
   keep_the_better,
   load_collected,
@@ -168,7 +167,7 @@ def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
     started = [float(r[k]) for k in ["0.5 bands", *neighbours]]
     assert float(r["the proposal and its neighbours"]) == max(started)
     assert float(r["with msa's mapping"]) >= max(max(started), float(r["msa's mapping"]))
-    assert all(float(r[f"{at:.1f} {order}"]) > 0 for at, order in CANDIDATES)
+    assert all(v > 0 for v in started)
   refused = script("crossval", "--labels", str(labels), "--folds", "4")
   assert refused.returncode == 2 and refused.stderr.count("\n") == 1
   assert "--folds must be from 2 to the labels' 3 models, not 4" in refused.stderr
