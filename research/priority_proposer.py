@@ -145,7 +145,7 @@ def _collect(args) -> int:
     workload, hardware = entry.load()
     started = time.perf_counter()
     _, requests = requests_of(workload, hardware)
-    if not 0 < len(requests) <= args.max_requests:
+    if not max(1, args.min_requests) <= len(requests) <= args.max_requests:
       print(f"{entry.name}: skipped ({len(requests)} requests)", flush=True)
       continue
     data = label_program(workload, hardware, args.seconds, args.seed, proposer)
@@ -193,14 +193,39 @@ def _labels(args) -> int:
   if not programs:
     raise ValueError(f"no collected programs in {args.data} (run `collect` first)")
   labels = labels_of(args.suite, programs, args.seconds)
+  if args.add_to:
+    labels = merged_labels(Labels.load(args.add_to), labels)
   labels.save(args.out)
   print(
-    f"{len(programs)} programs ({sum(len(p) for p in labels.placed)} requests) of suite "
+    f"{len(labels.entries)} programs ({sum(len(p) for p in labels.placed)} requests) of suite "
     f"'{args.suite}': evo {float(np.exp(np.log(labels.evo / labels.msa).mean())):.4f}x msa "
     f"(geomean); saved {args.out}",
     flush=True,
   )
   return 0
+
+
+def merged_labels(earlier: Labels, added: Labels) -> Labels:
+  """`earlier`'s programs, then `added`'s: both of one suite and one search time, no program in
+  both (a program labelled again is collected into a fresh labels file instead)."""
+  if (earlier.suite, earlier.seconds) != (added.suite, added.seconds):
+    raise MalloczeroError(
+      f"cannot add labels of suite '{added.suite}' at {added.seconds:g} s to labels of suite "
+      f"'{earlier.suite}' at {earlier.seconds:g} s"
+    )
+  both = sorted(set(earlier.entries) & set(added.entries))
+  if both:
+    more = f" and {len(both) - 1} more" if len(both) > 1 else ""
+    raise MalloczeroError(f"'{both[0]}'{more} labelled in both")
+  return Labels(
+    suite=earlier.suite,
+    entries=earlier.entries + added.entries,
+    placed=earlier.placed + added.placed,
+    fingerprints=earlier.fingerprints + added.fingerprints,
+    msa=np.concatenate([earlier.msa, added.msa]),
+    evo=np.concatenate([earlier.evo, added.evo]),
+    seconds=earlier.seconds,
+  )
 
 
 def _fitted(programs: list[dict[str, np.ndarray]], args) -> Proposer:
@@ -301,17 +326,12 @@ def model_folds(models: Sequence[str], folds: int) -> dict[str, int]:
   return {names[k]: i % folds for i, k in enumerate(order)}
 
 
-def _genome_name(at: float, order: str) -> str:
-  return f"{at:.1f} {order}"
-
-
-def _crossval(args) -> int:
+def out_of_model_chances(labels: Labels, args) -> list[np.ndarray]:
+  """Each labelled program's `[R]` chances from a fit (`--seed`, `--steps`, `--members`,
+  `--saving-weight`) to the other `--folds` folds of models (`model_folds`): `make train`'s fit
+  as it meets a model it has not seen."""
   from malloczero.env.programs.suites import get_suite
-  from malloczero.env.solvers import solve
-  from malloczero.evaluation.suite import geomean
-  from malloczero.learner.proposer.network import NEIGHBOURS, PROPOSE_AT
 
-  labels = Labels.load(args.labels)
   by_name = {entry.name: entry for entry in get_suite(labels.suite).entries}
   programs = labelled_programs(labels)  # A label of a program the suite lacks is refused here.
   models = [by_name[name].model for name in labels.entries]
@@ -325,6 +345,24 @@ def _crossval(args) -> int:
       if fold_of[model] == fold:
         chances[row] = proposer.placed_chance(programs[row]["features"])
     print(f"fold {fold + 1}/{args.folds}: fitted to {len(rest)} programs", flush=True)
+  return chances
+
+
+def _genome_name(at: float, order: str) -> str:
+  return f"{at:.1f} {order}"
+
+
+def _crossval(args) -> int:
+  from malloczero.env.programs.suites import get_suite
+  from malloczero.env.solvers import solve
+  from malloczero.evaluation.suite import geomean
+  from malloczero.learner.proposer.network import NEIGHBOURS, PROPOSE_AT
+
+  labels = Labels.load(args.labels)
+  by_name = {entry.name: entry for entry in get_suite(labels.suite).entries}
+  models = [by_name[name].model for name in labels.entries]
+  fold_of = model_folds(models, args.folds)
+  chances = out_of_model_chances(labels, args)
   proposal = _genome_name(PROPOSE_AT, "bands")
   neighbours = [_genome_name(*n) for n in NEIGHBOURS]
   rows = []
@@ -372,6 +410,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   collect.add_argument("--split", default="all", choices=("train", "heldout", "all"))
   collect.add_argument("--seconds", type=float, default=4.0, help="evo's time per program")
   collect.add_argument("--max-requests", type=int, default=12000)
+  collect.add_argument("--min-requests", type=int, default=1, help="skip smaller programs")
   collect.add_argument("--seed", type=int, default=0)
   collect.add_argument("--shard", type=int, default=0)
   collect.add_argument("--shards", type=int, default=1)
@@ -386,6 +425,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   labels.add_argument("--data", required=True, help="collect's directory")
   labels.add_argument("--suite", default="corpus", help="the suite collect labelled")
   labels.add_argument("--seconds", type=float, default=4.0, help="collect's --seconds")
+  labels.add_argument(
+    "--add-to", help="a labels .npz of the same suite and --seconds whose programs come first"
+  )
   labels.add_argument("--out", required=True, help=f"the labels' .npz (built in: {BUILTIN_LABELS})")
   fit_ = commands.add_parser("fit", help="fit the proposer to a labels file")
   fit_.add_argument("--labels", default=BUILTIN_LABELS, help="the labels' .npz (default built in)")

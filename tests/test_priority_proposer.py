@@ -30,6 +30,7 @@ from malloczero.research.priority_proposer import (
   decode_once,
   keep_the_better,
   load_collected,
+  merged_labels,
   model_folds,
   search_from_proposal,
 )
@@ -101,6 +102,31 @@ def test_a_round_keeps_the_earlier_label_where_it_is_as_fast():
     keep_the_better(stale, earlier, "b")
 
 
+def test_added_labels_follow_the_earlier_ones_of_the_same_suite_and_search_time():
+  def labels(suite, names, seconds=4.0):
+    return Labels(
+      suite=suite,
+      entries=tuple(names),
+      placed=tuple(np.arange(k + 1) % 2 == 0 for k in range(len(names))),
+      fingerprints=tuple(f"f-{n}" for n in names),
+      msa=np.ones(len(names)),
+      evo=np.arange(1, len(names) + 1, dtype=float),
+      seconds=seconds,
+    )
+
+  merged = merged_labels(labels("corpus", ["a", "b"]), labels("corpus", ["c"]))
+  assert merged.entries == ("a", "b", "c") and merged.fingerprints == ("f-a", "f-b", "f-c")
+  assert [len(p) for p in merged.placed] == [1, 2, 1]
+  np.testing.assert_array_equal(merged.evo, [1.0, 2.0, 1.0])
+  assert merged.suite == "corpus" and merged.seconds == 4.0
+  with pytest.raises(MalloczeroError, match="suite 'tiny' at 4 s to labels of suite 'corpus'"):
+    merged_labels(labels("corpus", ["a"]), labels("tiny", ["c"]))
+  with pytest.raises(MalloczeroError, match="at 2 s to labels of suite 'corpus' at 4 s"):
+    merged_labels(labels("corpus", ["a"]), labels("corpus", ["c"], seconds=2.0))
+  with pytest.raises(MalloczeroError, match="^'b' labelled in both$"):
+    merged_labels(labels("corpus", ["a", "b"]), labels("corpus", ["b", "c"]))
+
+
 def test_model_folds_keep_each_model_whole_and_use_every_fold():
   models = ["gpt", "bert", "gpt", "mlp", "vgg", "bert", "unet"]
   folds = model_folds(models, 3)
@@ -124,15 +150,29 @@ def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
     )
 
   data, params, out = tmp_path / "data", tmp_path / "p.npz", tmp_path / "decodes.csv"
-  collected = script("collect", "--suite", "tiny", "--split", "train", "--seconds", "0.2",
-                     "--out", str(data))  # fmt: skip
-  assert collected.returncode == 0, collected.stderr[-2000:]
-  names = sorted(os.listdir(data))
-  assert len(names) == len(suite_games("tiny", "train")) and all(n.endswith(".npz") for n in names)
-  labels = tmp_path / "labels.npz"
+  # Collected in two parts by size, the larger programs added to the smaller's labels.
+  large = tmp_path / "large"
+  for part, sizes in ((data, ["--max-requests", "100"]), (large, ["--min-requests", "101"])):
+    collected = script("collect", "--suite", "tiny", "--split", "train", "--seconds", "0.2",
+                       *sizes, "--out", str(part))  # fmt: skip
+    assert collected.returncode == 0, collected.stderr[-2000:]
+  names, added = sorted(os.listdir(data)), sorted(os.listdir(large))
+  assert len(names) == 3 and len(added) == 2 and not set(names) & set(added)
+  assert all(n.endswith(".npz") for n in names + added)
+  labels, smaller = tmp_path / "labels.npz", tmp_path / "smaller.npz"
   packed = script("labels", "--data", str(data), "--suite", "tiny", "--seconds", "0.2",
-                  "--out", str(labels))  # fmt: skip
-  assert packed.returncode == 0 and "saved" in packed.stdout, packed.stderr[-2000:]
+                  "--out", str(smaller))  # fmt: skip
+  assert packed.returncode == 0 and "3 programs" in packed.stdout, packed.stderr[-2000:]
+  packed = script("labels", "--data", str(large), "--suite", "tiny", "--seconds", "0.2",
+                  "--add-to", str(smaller), "--out", str(labels))  # fmt: skip
+  assert packed.returncode == 0 and "5 programs" in packed.stdout, packed.stderr[-2000:]
+  merged = Labels.load(str(labels))
+  assert merged.entries[:3] == Labels.load(str(smaller)).entries
+  assert sorted(merged.entries) == sorted(s.name for s in suite_games("tiny", "train"))
+  again = script("labels", "--data", str(large), "--suite", "tiny", "--seconds", "0.2",
+                 "--add-to", str(labels), "--out", str(tmp_path / "twice.npz"))  # fmt: skip
+  assert again.returncode == 2 and again.stderr.count("\n") == 1
+  assert "' and 1 more labelled in both" in again.stderr
   fitted = script("fit", "--labels", str(labels), "--steps", "100", "--members", "2",
                   "--saving-weight", "0.5", "--out", str(params))  # fmt: skip
   assert fitted.returncode == 0 and "training AUC" in fitted.stdout, fitted.stderr[-2000:]
