@@ -474,6 +474,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parser.parse_args(argv)
   if args.command == "collect" and (args.seconds <= 0 or not 0 <= args.shard < args.shards):
     parser.error("--seconds must be positive and 0 <= --shard < --shards")
+  if args.command == "collect" and args.min_requests > args.max_requests:
+    parser.error("--min-requests must be at most --max-requests")
   if args.command == "search" and args.seconds <= 0:
     parser.error("--seconds must be positive")
   if args.command == "crossval" and args.steps < 1:

@@ -232,5 +232,10 @@ def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
   missing = script("decode", "--params", str(tmp_path / "none.npz"), "--suite", "tiny")
   assert missing.returncode == 2 and missing.stderr.count("\n") == 1
   assert missing.stderr.startswith("error: ")
+  crossed = script("collect", "--suite", "tiny", "--min-requests", "101", "--max-requests", "100",
+                   "--out", str(tmp_path / "crossed"))  # fmt: skip
+  assert crossed.returncode == 2
+  assert "--min-requests must be at most --max-requests" in crossed.stderr
+  assert not os.path.exists(tmp_path / "crossed")
   empty = script("labels", "--data", str(tmp_path / "nothing"), "--out", str(labels))
   assert empty.returncode == 2 and "run `collect` first" in empty.stderr
