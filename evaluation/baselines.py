@@ -50,5 +50,7 @@ def baseline_speedups(
           spec.workload, spec.hardware, solver, **options
         ).speedup
   if path:
+    # A Vertex AI run's evaluator can reach here before any node has made the work directory.
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     write_text(path, json.dumps(dict(result, versions=BASELINE_VERSIONS), indent=1))
   return result

@@ -648,3 +648,29 @@ def test_the_learner_node_writes_the_config_and_fits_the_proposer_a_launcher_lef
   prepare_run_in_node(config, context)
   assert [os.stat(path).st_mtime_ns for path in (files.config, files.proposer)] == stamps
   assert capsys.readouterr().out == ""
+
+
+def test_the_evaluator_writes_the_baselines_a_launcher_left_out(tmp_path):
+  """Nor does a Vertex AI launcher write baselines.json: the evaluator node's learning curve
+  computes the baselines of the run's programs into it, in a work directory no node may have
+  made yet, and reads them back on a resume."""
+  from malloczero.actors.games import program_specs
+  from malloczero.evaluation.baselines import BASELINE_VERSIONS, BASELINES
+  from malloczero.learner.networks import make_networks
+  from malloczero.system.builder import make_evaluator
+
+  config = get_config("tiny")
+  files = NodeContext(str(tmp_path / "run")).files
+  splits = {split: program_specs(config, split) for split in ("train", "heldout")}
+  networks = make_networks(config.network, config.game)
+  curve = make_evaluator(networks, config, files, splits)
+  with open(files.baselines) as f:
+    written = json.load(f)
+  assert written.pop("versions") == BASELINE_VERSIONS and sorted(written) == sorted(BASELINES)
+  names = sorted(s.name for specs in splits.values() for s in specs)
+  assert all(sorted(written[b]) == names for b in BASELINES)
+  assert all(v > 0 for b in BASELINES for v in written[b].values())
+  assert curve.baselines == written
+  stamp = os.stat(files.baselines).st_mtime_ns
+  assert make_evaluator(networks, config, files, splits).baselines == written
+  assert os.stat(files.baselines).st_mtime_ns == stamp
