@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 import types
 from typing import Callable, Optional, Sequence
@@ -188,7 +189,9 @@ def _chances(args) -> int:
   )  # fmt: skip
   chances = out_of_model_chances(labels, fits)
   saved = {f"chance{k}": c for k, c in enumerate(chances)}
-  np.savez(args.out, entries=np.array(labels.entries, dtype=str), **saved)
+  tmp = args.out + ".tmp.npz"
+  np.savez(tmp, entries=np.array(labels.entries, dtype=str), **saved)
+  os.replace(tmp, args.out)  # Whole or not at all.
   print(f"saved the chances of {len(chances)} programs to {args.out}")
   return 0
 
@@ -209,6 +212,8 @@ def _entries(args):
 def _write(rows: list[dict], out: Optional[str]) -> None:
   from malloczero.evaluation.suite import geomean
 
+  if not rows:
+    raise MalloczeroError("no programs to decode")
   print(f"{len(rows)} programs, one decode each, x msa (geomean, worst, entries below 0.97):")
   for key in list(rows[0])[1:]:
     ratio = np.array([r[key] for r in rows])
@@ -226,8 +231,10 @@ def _decode(args) -> int:
   for entry, saved in _entries(args):
     workload, hardware = entry.load()
 
-    def chances(model, requests, saved=saved):
+    def chances(model, requests, saved=saved, name=entry.name):
       if saved is not None:
+        if len(saved) != len(requests):
+          raise MalloczeroError(f"the chances of '{name}' are not of its {len(requests)} requests")
         return {"": saved}
       return {"": proposer.placed_chance(request_features(model, requests))}
 

@@ -153,13 +153,23 @@ def test_the_script_saves_chances_decodes_them_and_stacks_a_second_network(tmp_p
   assert len(rows) == len(suite_games("tiny", "heldout"))
   assert {"first: proposal", "second: proposal", "second: rival group sum"} <= set(rows[0])
   assert "rival group sum" in capsys.readouterr().out
-  # Chances of other labels, and an unreadable file: one line, a non-zero exit.
+  # Chances of other labels, an unreadable file and stale chances: one line, a non-zero exit;
+  # a proposer decoded on a suite.
   other = tmp_path / "other.npz"
   earlier = Labels.load(str(labels))
   dataclasses.replace(earlier, entries=tuple(reversed(earlier.entries))).save(str(other))
   assert main(["stack", "--labels", str(other), "--chances", str(chances), "--params",
                str(params), "--out", str(prefix)]) == 2  # fmt: skip
   assert main(["decode", "--chances", str(tmp_path / "none.npz")]) == 2
+  stale = tmp_path / "stale.npz"
+  np.savez(stale, entries=np.array([specs[0].name]), chance0=np.full(3, 0.5))
+  assert main(["decode", "--chances", str(stale), "--labels-suite", "tiny"]) == 2
+  assert main(["decode", "--params", str(params), "--suite", "tiny", "--split", "train",
+               "--out", str(tmp_path / "suite.csv")]) == 0  # fmt: skip
+  with open(tmp_path / "suite.csv") as f:
+    assert [r["entry"] for r in csv.DictReader(f)] == [s.name for s in specs]
   errors = capsys.readouterr().err.splitlines()
-  assert len(errors) == 2 and "are not of the labels' programs" in errors[0]
+  assert len(errors) == 3 and "are not of the labels' programs" in errors[0]
   assert errors[1].startswith("error: cannot read the chances")
+  assert f"the chances of '{specs[0].name}' are not of its" in errors[2]
+  assert not list(tmp_path.glob("*.tmp.npz"))
