@@ -326,10 +326,12 @@ def model_folds(models: Sequence[str], folds: int) -> dict[str, int]:
   return {names[k]: i % folds for i, k in enumerate(order)}
 
 
-def out_of_model_chances(labels: Labels, args) -> list[np.ndarray]:
+def out_of_model_chances(
+  labels: Labels, args
+) -> tuple[list[np.ndarray], list[str], dict[str, int]]:
   """Each labelled program's `[R]` chances from a fit (`--seed`, `--steps`, `--members`,
   `--saving-weight`) to the other `--folds` folds of models (`model_folds`): `make train`'s fit
-  as it meets a model it has not seen."""
+  as it meets a model it has not seen. With each program's model and each model's fold."""
   from malloczero.env.programs.suites import get_suite
 
   by_name = {entry.name: entry for entry in get_suite(labels.suite).entries}
@@ -345,7 +347,7 @@ def out_of_model_chances(labels: Labels, args) -> list[np.ndarray]:
       if fold_of[model] == fold:
         chances[row] = proposer.placed_chance(programs[row]["features"])
     print(f"fold {fold + 1}/{args.folds}: fitted to {len(rest)} programs", flush=True)
-  return chances
+  return chances, models, fold_of
 
 
 def _genome_name(at: float, order: str) -> str:
@@ -359,10 +361,8 @@ def _crossval(args) -> int:
   from malloczero.learner.proposer.network import NEIGHBOURS, PROPOSE_AT
 
   labels = Labels.load(args.labels)
+  chances, models, fold_of = out_of_model_chances(labels, args)
   by_name = {entry.name: entry for entry in get_suite(labels.suite).entries}
-  models = [by_name[name].model for name in labels.entries]
-  fold_of = model_folds(models, args.folds)
-  chances = out_of_model_chances(labels, args)
   proposal = _genome_name(PROPOSE_AT, "bands")
   neighbours = [_genome_name(*n) for n in NEIGHBOURS]
   rows = []

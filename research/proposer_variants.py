@@ -51,7 +51,7 @@ from malloczero.learner.proposer import (
   request_features,
   requests_of,
 )
-from malloczero.learner.proposer.features import request_saving, window_max
+from malloczero.learner.proposer.features import request_saving, window_demand
 from malloczero.learner.proposer.network import PROPOSE_AT
 from malloczero.research.priority_proposer import out_of_model_chances
 
@@ -89,14 +89,13 @@ def rival_groups(requests: Requests) -> np.ndarray:
 def rivals_by_chance(chance: np.ndarray, requests: Requests) -> np.ndarray:
   """`[R]` the proposal's genome with each buffer's requests dealt the buffer's places in msa's
   order, likeliest first (the proposed and their bands as in `proposal_genome`)."""
-  rows = len(chance)
-  index = np.arange(rows)
-  by_index = np.lexsort((index, requests.buffer))
-  by_chance = np.lexsort((index, -chance, requests.buffer))
-  position = np.empty(rows)
-  position[by_chance] = by_index
-  tie_break = 1e-3 * (rows - index) / max(1, rows)
-  return proposal_genome(chance) - tie_break + 1e-3 * (rows - position) / max(1, rows)
+  index = np.arange(len(chance))
+  # Request i takes msa's place place[i]: proposal_genome's tie-break follows the array order.
+  place = np.empty(len(chance), np.int64)
+  place[np.lexsort((index, -chance, requests.buffer))] = np.lexsort((index, requests.buffer))
+  in_place_order = np.empty(len(chance))
+  in_place_order[place] = chance
+  return proposal_genome(in_place_order)[place]
 
 
 def rival_group_chance(chance: np.ndarray, requests: Requests) -> np.ndarray:
@@ -130,17 +129,9 @@ def expected_demand_features(
   """`[R, len(EXPECTED_DEMAND)]` what a network's `[R]` chances expect placed over each request's
   window, in units of the fast capacity as `request_features`' demand is (with every chance 1,
   the first two columns are its mean and peak demand)."""
-  num_ops = model.workload.num_ops
   capacity = float(model.hardware.fast_capacity_bytes)
   expected = chance * requests.size * ~requests.reshaped
-  change = np.zeros(num_ops + 1)
-  np.add.at(change, requests.start, expected)
-  np.add.at(change, requests.end, -expected)
-  demand = np.cumsum(change)[:num_ops] / capacity
-  prefix = np.concatenate([[0.0], np.cumsum(demand)])
-  window = np.maximum(1, requests.end - requests.start)
-  mean = (prefix[requests.end] - prefix[requests.start]) / window
-  peak = window_max(demand, requests.start, requests.end)
+  mean, peak = window_demand(model, requests, expected)
   per_buffer = np.bincount(requests.buffer, weights=chance, minlength=len(model.workload.buffers))
   rank = np.argsort(np.argsort(-chance, kind="stable"), kind="stable") / max(1, len(chance))
   clipped = np.clip(chance, 1e-4, 1 - 1e-4)
@@ -187,7 +178,7 @@ def _chances(args) -> int:
     folds=args.folds, seed=args.seed, steps=args.steps, members=args.members,
     saving_weight=ProposerConfig.saving_weight,
   )  # fmt: skip
-  chances = out_of_model_chances(labels, fits)
+  chances, _, _ = out_of_model_chances(labels, fits)
   saved = {f"chance{k}": c for k, c in enumerate(chances)}
   tmp = args.out + ".tmp.npz"
   np.savez(tmp, entries=np.array(labels.entries, dtype=str), **saved)

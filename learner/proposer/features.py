@@ -77,6 +77,23 @@ def window_max(series: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.nda
   return np.where(end > start, out, 0.0)
 
 
+def window_demand(
+  model: CostModel, requests: Requests, weight: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+  """`[R]` the mean and the peak over each request's window of the bytes live at each op, over
+  the fast capacity, where each request holds `weight` `[R]` bytes over its own window (its size
+  for the demand the mapping shares out; a network's expectation for what it will place)."""
+  num_ops = model.workload.num_ops
+  change = np.zeros(num_ops + 1)
+  np.add.at(change, requests.start, weight)
+  np.add.at(change, requests.end, -np.asarray(weight, float))
+  demand = np.cumsum(change)[:num_ops] / float(model.hardware.fast_capacity_bytes)
+  prefix = np.concatenate([[0.0], np.cumsum(demand)])
+  window = np.maximum(1.0, (requests.end - requests.start).astype(float))
+  mean = (prefix[requests.end] - prefix[requests.start]) / window
+  return mean, window_max(demand, requests.start, requests.end)
+
+
 def request_features(model: CostModel, requests: Requests) -> np.ndarray:
   """`[R, len(FEATURES)]` float32 features of each request, independent of the program's size and
   of any mapping."""
@@ -90,13 +107,7 @@ def request_features(model: CostModel, requests: Requests) -> np.ndarray:
   base = ~requests.reshaped
   num_requests = int(base.sum())
   # Bytes live in requests' windows at each op: the demand the mapping shares out.
-  change = np.zeros(num_ops + 1)
-  np.add.at(change, requests.start[base], requests.size[base])
-  np.add.at(change, requests.end[base], -requests.size[base].astype(float))
-  demand = np.cumsum(change)[:num_ops] / capacity
-  prefix = np.concatenate([[0.0], np.cumsum(demand)])
-  mean_demand = (prefix[requests.end] - prefix[requests.start]) / np.maximum(1.0, window)
-  peak_demand = window_max(demand, requests.start, requests.end)
+  mean_demand, peak_demand = window_demand(model, requests, requests.size * base)
   per_buffer = np.bincount(requests.buffer[base], minlength=len(workload.buffers))
   per_buffer = np.maximum(per_buffer[requests.buffer], 1)
   uses = np.diff(requests.incidence_start).astype(float)
