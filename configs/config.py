@@ -370,6 +370,23 @@ class ProposerConfig:
     "the proposer's labels file (scripts/priority_proposer.py labels; empty: the built-in "
     "labels of the training corpus)",
   )
+  # The tuning (learner/proposer/tuning.py): evolution strategies on the members' last layers,
+  # judged by one decode's speed over msa on the labelled programs.
+  # 100 steps: about 6.5 minutes of 2 cores (docs/results/README.md, "Tuning the proposer on
+  # its decoded speed").
+  tune_steps: int = setting(
+    100,
+    "non_negative_int",
+    "evolution-strategies steps that tune the fitted proposer's last layers on its decoded speed "
+    "over msa (0: none)",
+    maximum=100_000,
+  )
+  tune_pairs: int = setting(
+    8, "positive_int", "antithetic pairs of perturbations per tuning step", maximum=1024
+  )
+  tune_batch: int = setting(
+    48, "positive_int", "labelled programs each tuning perturbation is decoded on", maximum=10_000
+  )
 
   def __post_init__(self):
     check_settings(self, "proposer")
@@ -518,7 +535,7 @@ def tiny() -> Config:
     replay=ReplayConfig(max_size=20_000, min_size_to_sample=200, samples_per_insert=2.0),
     actor=ActorConfig(num_games=8, variable_update_period=20, segment_moves=0),
     # Seconds: a few of the corpus's programs, a short fit.
-    proposer=ProposerConfig(steps=100, batch_size=512, max_programs=4),
+    proposer=ProposerConfig(steps=100, batch_size=512, max_programs=4, tune_steps=2),
     distributed=DistributedConfig(
       replay_checkpoint_every_s=20.0,
       counter_save_every_s=5.0,

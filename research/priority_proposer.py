@@ -228,20 +228,43 @@ def merged_labels(earlier: Labels, added: Labels) -> Labels:
   )
 
 
-def _fitted(programs: list[dict[str, np.ndarray]], args) -> Proposer:
-  """`fit` with the command's --seed, --steps, --members and --saving-weight."""
-  return fit(
+def _fitted(programs: list[dict], args) -> Proposer:
+  """`fit` with the command's --seed, --steps, --members and --saving-weight; then, with
+  --tune-steps, the tuning (learner/proposer/tuning.py) on the same programs, which then need
+  their placements (`labelled_programs(..., placements=True)`)."""
+  from malloczero.learner.proposer.tuning import TuningSettings, tune, tuning_targets
+
+  proposer = fit(
     programs,
     seed=args.seed,
     steps=args.steps,
     members=args.members,
     saving_weight=args.saving_weight,
   )
+  steps = getattr(args, "tune_steps", 0)
+  if not steps:
+    return proposer
+  started = time.perf_counter()
+
+  def tuned(step: int, _, fitness: float) -> None:
+    if step % 25 == 0 or step == steps:
+      print(
+        f"  tuning step {step}/{steps}: perturbations' geomean {np.exp(fitness):.4f}x msa "
+        f"({time.perf_counter() - started:.0f} s)",
+        flush=True,
+      )
+
+  targets = tuning_targets(proposer, programs)
+  settings = TuningSettings(steps=steps)
+  workers = min(os.cpu_count() or 1, settings.batch)
+  return tune(proposer, targets, settings, seed=args.seed, progress=tuned, workers=workers)
 
 
 def _fit(args) -> int:
   started = time.perf_counter()
-  programs = labelled_programs(Labels.load(args.labels), args.max_programs, args.seed)
+  programs = labelled_programs(
+    Labels.load(args.labels), args.max_programs, args.seed, placements=args.tune_steps > 0
+  )
   proposer = _fitted(programs, args)
   proposer.save(args.out)
   scores = [auc(p["placed"], proposer.placed_chance(p["features"])) for p in programs]
@@ -335,7 +358,8 @@ def out_of_model_chances(
   from malloczero.env.programs.suites import get_suite
 
   by_name = {entry.name: entry for entry in get_suite(labels.suite).entries}
-  programs = labelled_programs(labels)  # A label of a program the suite lacks is refused here.
+  # A label of a program the suite lacks is refused here.
+  programs = labelled_programs(labels, placements=getattr(args, "tune_steps", 0) > 0)
   models = [by_name[name].model for name in labels.entries]
   fold_of = model_folds(models, args.folds)
   print(f"{len(programs)} programs of {len(fold_of)} models in {args.folds} folds", flush=True)
@@ -400,6 +424,16 @@ def _write_csv(path: str, rows: list[dict]) -> None:
     writer.writerows(rows)
 
 
+def _tune_argument(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument(
+    "--tune-steps",
+    type=int,
+    default=0,
+    help="then tune the fit's last layers on one decode's speed over msa, this many "
+    "evolution-strategies steps (learner/proposer/tuning.py; 0: none)",
+  )
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """The command (`scripts/priority_proposer.py`): `collect`, `labels`, `fit`, `decode`,
   `search` or `crossval`; returns the exit status."""
@@ -443,6 +477,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     default=ProposerConfig.saving_weight,
     help="share of each program's weight given to its requests by their saving",
   )
+  _tune_argument(fit_)
   fit_.add_argument("--out", required=True, help="the proposer's .npz")
   decode_ = commands.add_parser("decode", help="one decode of the proposal per program")
   decode_.add_argument("--params", required=True)
@@ -470,6 +505,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   )
   crossval.add_argument("--members", type=int, default=ProposerConfig.members)
   crossval.add_argument("--saving-weight", type=float, default=ProposerConfig.saving_weight)
+  _tune_argument(crossval)
   crossval.add_argument("--out", help="write one CSV row per program here")
   args = parser.parse_args(argv)
   if args.command == "collect" and (args.seconds <= 0 or not 0 <= args.shard < args.shards):
@@ -482,6 +518,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error("--steps must be positive")
   if args.command == "fit" and (args.steps < 1 or args.max_programs < 0):
     parser.error("--steps must be positive and --max-programs at least 0")
+  if args.command in ("fit", "crossval") and args.tune_steps < 0:
+    parser.error("--tune-steps must be at least 0")
 
   run = {
     "collect": _collect,

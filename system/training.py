@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any, Callable, Optional
 
 from malloczero.common.errors import MalloczeroError
 from malloczero.common.files import write_text
-from malloczero.configs.config import Config
+from malloczero.configs.config import Config, ProposerConfig
 from malloczero.configs.workdir import WorkDir
 
 
@@ -159,7 +160,9 @@ def fit_run_proposer(config: Config, workdir: str, print_fn: Callable[[str], Non
     if done % 100 == 0:
       print_fn(f"proposer: {done}/{total} programs ({clock.elapsed:.0f} s)")
 
-  programs = labelled_programs(labels, settings.max_programs, config.seed, progress=built)
+  programs = labelled_programs(
+    labels, settings.max_programs, config.seed, progress=built, placements=settings.tune_steps > 0
+  )
   requests = sum(len(p["placed"]) for p in programs)
   total_steps = settings.steps * settings.members
   print_fn(
@@ -178,10 +181,45 @@ def fit_run_proposer(config: Config, workdir: str, print_fn: Callable[[str], Non
       f"proposer: step {step}/{total_steps}, loss {loss:.4f} ({clock.elapsed:.0f} s)"
     ),
   )
+  if settings.tune_steps:
+    proposer = tune_run_proposer(proposer, programs, settings, config.seed, clock, print_fn)
   os.makedirs(files.checkpoints, exist_ok=True)
   proposer.save(files.proposer)
   print_fn(f"proposer: saved {files.proposer} in {clock.elapsed:.0f} s")
   return clock.elapsed
+
+
+def tune_run_proposer(
+  proposer: Any,
+  programs: list[dict],
+  settings: ProposerConfig,
+  seed: int,
+  clock: "Stopwatch",
+  print_fn: Callable[[str], None],
+) -> Any:
+  """The fitted `proposer` tuned (learner/proposer/tuning.py) for `settings.tune_steps` steps on
+  the labelled `programs` (with their placements), its progress printed every 10 steps."""
+  from malloczero.learner.proposer.tuning import TuningSettings, tune, tuning_targets
+
+  tuning = TuningSettings(
+    steps=settings.tune_steps, pairs=settings.tune_pairs, batch=settings.tune_batch
+  )
+  print_fn(
+    f"proposer: tuning its last layers on one decode's speed over msa, {tuning.steps} steps of "
+    f"{2 * tuning.pairs} perturbations x {min(tuning.batch, len(programs))} programs"
+  )
+
+  def tuned(step: int, _, fitness: float) -> None:
+    if step % 10 == 0 or step == tuning.steps:
+      print_fn(
+        f"proposer: tuning step {step}/{tuning.steps}, perturbations' geomean "
+        f"{math.exp(fitness):.4f}x msa ({clock.elapsed:.0f} s)"
+      )
+
+  targets = tuning_targets(proposer, programs)
+  # Nothing else runs yet: every core decodes.
+  workers = min(os.cpu_count() or 1, tuning.batch)
+  return tune(proposer, targets, tuning, seed=seed, progress=tuned, workers=workers)
 
 
 class Stopwatch:

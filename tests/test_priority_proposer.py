@@ -194,9 +194,11 @@ def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
   assert len(load_collected(str(data2))) == len(earlier.entries)
   assert "label)" in relabelled.stdout
   # make train's fit out of model: each model's programs decoded by a fit to the others'.
+  # Each fold's fit tuned on its own programs' decodes too.
   crossval = script("crossval", "--labels", str(labels), "--folds", "2", "--steps", "50",
-                    "--out", str(tmp_path / "cv.csv"))  # fmt: skip
+                    "--tune-steps", "2", "--out", str(tmp_path / "cv.csv"))  # fmt: skip
   assert crossval.returncode == 0 and "in 2 folds" in crossval.stdout, crossval.stderr[-2000:]
+  assert crossval.stdout.count("tuning step 2/2: perturbations' geomean") == 2
   with open(tmp_path / "cv.csv") as f:
     rows = list(csv.DictReader(f))
   assert [r["entry"] for r in rows] == list(earlier.entries)
@@ -239,5 +241,7 @@ def test_the_script_collects_fits_and_decodes_a_suite(tmp_path):
   assert crossed.returncode == 2
   assert "--min-requests must be at most --max-requests" in crossed.stderr
   assert not os.path.exists(tmp_path / "crossed")
+  negative = script("fit", "--labels", str(labels), "--tune-steps", "-1", "--out", str(params))
+  assert negative.returncode == 2 and "--tune-steps must be at least 0" in negative.stderr
   empty = script("labels", "--data", str(tmp_path / "nothing"), "--out", str(labels))
   assert empty.returncode == 2 and "run `collect` first" in empty.stderr

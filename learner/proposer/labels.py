@@ -157,10 +157,13 @@ def labelled_programs(
   max_programs: int = 0,
   seed: int = 0,
   progress: Optional[Callable[[int, int], None]] = None,
-) -> list[dict[str, np.ndarray]]:
+  placements: bool = False,
+) -> list[dict]:
   """The labelled programs as `fit` takes them (`features` `[R, F]`, `saving` and `placed` `[R]`):
   all, or `max_programs` drawn with `seed`. Each program is loaded from its suite and must have
-  the labelled requests; `progress(done, total)` after each."""
+  the labelled requests; `progress(done, total)` after each. With `placements`, each also has
+  the `placement` of its requests and `msa`, msa's speed-up over all-slow, which the tuning
+  (tuning.py) decodes against."""
   from malloczero.env.programs.suites import get_suite
 
   by_name = {entry.name: entry for entry in get_suite(labels.suite).entries}
@@ -182,13 +185,14 @@ def labelled_programs(
         f"the proposer's labels of '{name}' are stale: its requests changed since they were "
         f"collected ({COLLECT_COMMAND})"
       )
-    programs.append(
-      {
-        "features": request_features(model, requests),
-        "saving": request_saving(requests),
-        "placed": labels.placed[row],
-      }
-    )
+    program = {
+      "features": request_features(model, requests),
+      "saving": request_saving(requests),
+      "placed": labels.placed[row],
+    }
+    if placements:
+      program.update(placement=Placement(model, requests), msa=float(labels.msa[row]))
+    programs.append(program)
     if progress is not None:
       progress(done, len(rows))
   return programs
