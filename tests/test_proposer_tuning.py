@@ -152,7 +152,7 @@ def test_a_run_tunes_the_proposer_it_fits(tmp_path):
   layers."""
   config = get_config("tiny")
   plain, tuned = str(tmp_path / "plain"), str(tmp_path / "tuned")
-  fit_run_proposer(config, plain, lambda text: None)
+  fit_run_proposer(with_section(config, "proposer", tune_steps=0), plain, lambda text: None)
   lines: list[str] = []
   tuning = with_section(config, "proposer", tune_steps=2, tune_pairs=2, tune_batch=2)
   fit_run_proposer(tuning, tuned, lines.append)
