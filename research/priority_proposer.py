@@ -51,6 +51,7 @@ from malloczero.learner.proposer import (
   BUILTIN_LABELS,
   Labels,
   Proposer,
+  TuningSettings,
   auc,
   fit,
   label_program,
@@ -61,6 +62,8 @@ from malloczero.learner.proposer import (
   propose,
   request_features,
   requests_of,
+  tune,
+  tuning_targets,
 )
 
 
@@ -232,8 +235,6 @@ def _fitted(programs: list[dict], args) -> Proposer:
   """`fit` with the command's --seed, --steps, --members and --saving-weight; then, with
   --tune-steps, the tuning (learner/proposer/tuning.py) on the same programs, which then need
   their placements (`labelled_programs(..., placements=True)`)."""
-  from malloczero.learner.proposer.tuning import TuningSettings, tune, tuning_targets
-
   proposer = fit(
     programs,
     seed=args.seed,
@@ -255,7 +256,7 @@ def _fitted(programs: list[dict], args) -> Proposer:
       )
 
   targets = tuning_targets(proposer, programs)
-  settings = TuningSettings(steps=steps)
+  settings = TuningSettings(steps=steps, pairs=args.tune_pairs, batch=args.tune_batch)
   workers = min(os.cpu_count() or 1, settings.batch)
   return tune(proposer, targets, settings, seed=args.seed, progress=tuned, workers=workers)
 
@@ -432,6 +433,12 @@ def _tune_argument(parser: argparse.ArgumentParser) -> None:
     help="then tune the fit's last layers on one decode's speed over msa, this many "
     "evolution-strategies steps (learner/proposer/tuning.py; 0: none)",
   )
+  parser.add_argument(
+    "--tune-pairs", type=int, default=TuningSettings.pairs, help="perturbation pairs per step"
+  )
+  parser.add_argument(
+    "--tune-batch", type=int, default=TuningSettings.batch, help="programs per perturbation"
+  )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -518,8 +525,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error("--steps must be positive")
   if args.command == "fit" and (args.steps < 1 or args.max_programs < 0):
     parser.error("--steps must be positive and --max-programs at least 0")
-  if args.command in ("fit", "crossval") and args.tune_steps < 0:
-    parser.error("--tune-steps must be at least 0")
+  if args.command in ("fit", "crossval") and (
+    args.tune_steps < 0 or args.tune_pairs < 1 or args.tune_batch < 1
+  ):
+    parser.error("--tune-steps must be at least 0, --tune-pairs and --tune-batch positive")
 
   run = {
     "collect": _collect,

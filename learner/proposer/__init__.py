@@ -17,9 +17,11 @@ while this one carries (docs/results/README.md, "A network that proposes evo's p
   labels.py    `label_program`, `Labels` (the committed corpus labels, `BUILTIN_LABELS`, one bit
                per request) and `labelled_programs`, the fit's input
   play.py      `propose` and `play_proposal`: the genome, and its one decode
+  tuning.py    `tune`: the fitted members' last layers moved by evolution strategies on one
+               decode's speed over msa, the measure the proposer's play is judged by
 
-Where the rest of the system hooks in: system/training.py `fit_run_proposer` fits it before a
-run trains (`proposer` section of the config) into WORKDIR/checkpoints/proposer.npz;
+Where the rest of the system hooks in: system/training.py `fit_run_proposer` fits and tunes it
+before a run trains (`proposer` section of the config) into WORKDIR/checkpoints/proposer.npz;
 actors/agent.py `load_agent` loads it beside the checkpoint and `play_with_agent` plays it first
 (`proposal_speedup`, reported apart as the network's own play) and seeds the guided search with it.
 """
@@ -42,6 +44,7 @@ from malloczero.learner.proposer.network import (
   proposal_genome,
 )
 from malloczero.learner.proposer.play import play_proposal, propose
+from malloczero.learner.proposer.tuning import TuningSettings, tune, tuning_targets
 
 __all__ = [
   "BUILTIN_LABELS",
@@ -49,6 +52,7 @@ __all__ = [
   "HIDDEN",
   "Labels",
   "Proposer",
+  "TuningSettings",
   "auc",
   "fingerprint",
   "fit",
@@ -61,4 +65,6 @@ __all__ = [
   "propose",
   "request_features",
   "requests_of",
+  "tune",
+  "tuning_targets",
 ]
