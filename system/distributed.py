@@ -365,7 +365,7 @@ def _launch_training(
       )
   save_config(config, workdir)
   msa = _msa_geomeans(config, workdir, print_fn)
-  fitting = fit_run_proposer(config, workdir, print_fn)
+  fitting = fit_run_proposer(config, workdir, print_fn, max_seconds)
   if max_seconds is not None:  # The proposer's fit is part of the run's time.
     max_seconds = max(1.0, max_seconds - fitting)
 

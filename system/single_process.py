@@ -116,7 +116,7 @@ def _train(
   eval_every_steps = eval_every_steps or config.eval_every_steps
   save_config(config, workdir)
   files = WorkDir(workdir)
-  fitting = fit_run_proposer(config, workdir, print_fn or (lambda text: None))
+  fitting = fit_run_proposer(config, workdir, print_fn or (lambda text: None), max_seconds)
   if max_seconds is not None:  # The proposer's fit is part of the run's time.
     max_seconds = max(1.0, max_seconds - fitting)
   networks = make_networks(config.network, config.game)

@@ -142,10 +142,22 @@ def report_missing(config: Config, workdir: str, start_step: Optional[int], max_
   )
 
 
-def fit_run_proposer(config: Config, workdir: str, print_fn: Callable[[str], None]) -> float:
-  """Fits the run's proposer (`config.proposer`, learner/proposer/) to its labels and saves it as
-  WORKDIR/checkpoints/proposer.npz, once: a resumed run keeps the one it has, and `steps` 0 fits
-  none. Returns the seconds it took, which the run's time limit includes."""
+# The share of a run's time limit the proposer's fit and tuning may take: the tuning stops
+# there, so that the msa game's learner trains on a machine slower than the one `tune_steps` was
+# sized on.
+PROPOSER_SHARE = 0.9
+
+
+def fit_run_proposer(
+  config: Config,
+  workdir: str,
+  print_fn: Callable[[str], None],
+  max_seconds: Optional[float] = None,
+) -> float:
+  """Fits the run's proposer (`config.proposer`, learner/proposer/) to its labels, tunes it, and
+  saves it as WORKDIR/checkpoints/proposer.npz, once: a resumed run keeps the one it has, and
+  `steps` 0 fits none. With the run's `max_seconds`, the tuning stops at `PROPOSER_SHARE` of it.
+  Returns the seconds it took, which the run's time limit includes."""
   settings, files = config.proposer, WorkDir(workdir)
   if not settings.steps or os.path.exists(files.proposer):
     return 0.0
@@ -182,7 +194,10 @@ def fit_run_proposer(config: Config, workdir: str, print_fn: Callable[[str], Non
     ),
   )
   if settings.tune_steps:
-    proposer = tune_run_proposer(proposer, programs, settings, config.seed, clock, print_fn)
+    limit = None if max_seconds is None else PROPOSER_SHARE * max_seconds - clock.elapsed
+    proposer = tune_run_proposer(
+      proposer, programs, settings, config.seed, clock, print_fn, time_limit_s=limit
+    )
   os.makedirs(files.checkpoints, exist_ok=True)
   proposer.save(files.proposer)
   print_fn(f"proposer: saved {files.proposer} in {clock.elapsed:.0f} s")
@@ -196,9 +211,11 @@ def tune_run_proposer(
   seed: int,
   clock: "Stopwatch",
   print_fn: Callable[[str], None],
+  time_limit_s: Optional[float] = None,
 ) -> Any:
   """The fitted `proposer` tuned (learner/proposer/tuning.py) for `settings.tune_steps` steps on
-  the labelled `programs` (with their placements), its progress printed every 10 steps."""
+  the labelled `programs` (with their placements), or fewer where `time_limit_s` stops it; its
+  progress printed every 10 steps."""
   from malloczero.learner.proposer.tuning import TuningSettings, tune, tuning_targets
 
   tuning = TuningSettings(
@@ -209,17 +226,30 @@ def tune_run_proposer(
     f"{2 * tuning.pairs} perturbations x {min(tuning.batch, len(programs))} programs"
   )
 
+  made = [0]
+
   def tuned(step: int, _, fitness: float) -> None:
+    made[0] = step
     if step % 10 == 0 or step == tuning.steps:
       print_fn(
         f"proposer: tuning step {step}/{tuning.steps}, perturbations' geomean "
         f"{math.exp(fitness):.4f}x msa ({clock.elapsed:.0f} s)"
       )
 
+  started = clock.elapsed
   targets = tuning_targets(proposer, programs)
   # Nothing else runs yet: every core decodes.
   workers = min(os.cpu_count() or 1, tuning.batch)
-  return tune(proposer, targets, tuning, seed=seed, progress=tuned, workers=workers)
+  limit = None if time_limit_s is None else max(0.0, time_limit_s - clock.elapsed + started)
+  proposer = tune(
+    proposer, targets, tuning, seed=seed, progress=tuned, workers=workers, time_limit_s=limit
+  )
+  if made[0] < tuning.steps:
+    print_fn(
+      f"proposer: tuning stopped after {made[0]} of {tuning.steps} steps, at "
+      f"{PROPOSER_SHARE:.0%} of the run's time limit"
+    )
+  return proposer
 
 
 class Stopwatch:

@@ -54,9 +54,7 @@ def fitted(corpus_programs):
   return fit(corpus_programs, seed=0, steps=200, batch=512, members=2)
 
 
-def test_the_tuning_sees_the_proposers_own_chances_and_decodes_against_msa(
-  corpus_programs, fitted
-):
+def test_the_tuning_sees_the_proposers_own_chances_and_decodes_against_msa(corpus_programs, fitted):
   targets = tuning_targets(fitted, corpus_programs)
   theta = last_layers(fitted)
   assert theta.shape == (len(fitted.members) * 129,)
@@ -164,3 +162,19 @@ def test_a_run_tunes_the_proposer_it_fits(tmp_path):
   for a, b in zip(before.members, after.members):
     np.testing.assert_array_equal(a["proposer/~/linear_1"]["w"], b["proposer/~/linear_1"]["w"])
   assert not np.array_equal(last_layers(before), last_layers(after))
+
+
+def test_a_runs_tuning_stops_at_its_share_of_the_runs_time_limit(tmp_path):
+  """The fit and the tuning may take `PROPOSER_SHARE` of the run's `--max-seconds`: past it no
+  tuning step starts, and the run says how many it made."""
+  config = get_config("tiny")
+  lines: list[str] = []
+  long = with_section(config, "proposer", tune_steps=1000, tune_pairs=2, tune_batch=2)
+  fit_run_proposer(long, str(tmp_path / "short"), lines.append, max_seconds=1e-3)
+  assert any("tuning stopped after 0 of 1000 steps" in line for line in lines)
+  untuned = str(tmp_path / "untuned")
+  fit_run_proposer(with_section(config, "proposer", tune_steps=0), untuned, lambda text: None)
+  np.testing.assert_array_equal(
+    last_layers(Proposer.load(WorkDir(str(tmp_path / "short")).proposer)),
+    last_layers(Proposer.load(WorkDir(untuned).proposer)),
+  )

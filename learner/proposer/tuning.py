@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import time
 import warnings
 from typing import Callable, Optional, Sequence
 
@@ -129,16 +130,20 @@ def es_search(
   num_items: int,
   seed: int = 0,
   progress: Optional[Callable[[int, np.ndarray, float], None]] = None,
+  deadline: Optional[float] = None,
 ) -> np.ndarray:
   """OpenAI-ES from `start` `[D]`: each step draws `settings.batch` of `num_items` items (all
   when fewer) and `settings.pairs` antithetic perturbations `scale * sigma * eps` (`scale` `[D]`),
   scores them together by `fitness(thetas [2 * pairs, D], items) -> [2 * pairs]`, and moves
   along the centred ranks' estimate of the gradient with Adam. Returns the last parameters;
-  `progress(step, theta, fitness)` after each step, with the mean fitness of its perturbations."""
+  `progress(step, theta, fitness)` after each step, with the mean fitness of its perturbations.
+  With a `deadline` (`time.monotonic()`), no step starts after it."""
   rng = np.random.default_rng(seed)
   offset, first, second = (np.zeros_like(start) for _ in range(3))
   beta1, beta2 = 0.9, 0.999
   for step in range(1, settings.steps + 1):
+    if deadline is not None and time.monotonic() > deadline:
+      break
     items = rng.choice(num_items, min(settings.batch, num_items), replace=False)
     eps = rng.standard_normal((settings.pairs, len(start)))
     # Rows 2k and 2k + 1: the k-th perturbation and its mirror.
@@ -172,13 +177,16 @@ def tune(
   seed: int = 0,
   progress: Optional[Callable[[int, Proposer, float], None]] = None,
   workers: int = 1,
+  time_limit_s: Optional[float] = None,
 ) -> Proposer:
   """`proposer` with its members' last layers tuned by `es_search` on `targets` (built from this
   proposer's activations, `tuning_targets`); `progress(step, proposer, fitness)` after each step,
   `fitness` the mean log speed-up over msa of the step's perturbations. With `workers` > 1 the
   decodes run in that many forked processes (numpy and the jitted decoder only: nothing of JAX),
-  where the platform forks; the result does not depend on `workers`."""
+  where the platform forks; the result does not depend on `workers`. With `time_limit_s`, no
+  step starts after that many seconds (the steps made are those `progress` reports)."""
   global _WORKER_TARGETS
+  deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
   if not targets:
     raise MalloczeroError("the proposer's tuning has no labelled programs to decode")
   start = last_layers(proposer)
@@ -197,7 +205,7 @@ def tune(
     return np.array([mean_fitness([targets[i] for i in items], theta) for theta in thetas])
 
   if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods() or not settings.steps:
-    theta = es_search(in_process, start, scale, settings, len(targets), seed, report)
+    theta = es_search(in_process, start, scale, settings, len(targets), seed, report, deadline)
     return with_last_layers(proposer, theta)
   _WORKER_TARGETS = targets
   try:
@@ -214,7 +222,7 @@ def tune(
         scores = [sum(scores[k : k + workers], []) for k in range(0, len(scores), workers)]
         return np.array(scores).mean(axis=1)
 
-      theta = es_search(forked, start, scale, settings, len(targets), seed, report)
+      theta = es_search(forked, start, scale, settings, len(targets), seed, report, deadline)
   finally:
     _WORKER_TARGETS = ()
   return with_last_layers(proposer, theta)
