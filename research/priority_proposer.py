@@ -257,7 +257,7 @@ def _fitted(programs: list[dict], args) -> Proposer:
 
   targets = tuning_targets(proposer, programs)
   settings = TuningSettings(steps=steps, pairs=args.tune_pairs, batch=args.tune_batch)
-  workers = min(os.cpu_count() or 1, settings.batch)
+  workers = os.cpu_count() or 1
   return tune(proposer, targets, settings, seed=args.seed, progress=tuned, workers=workers)
 
 

@@ -194,9 +194,9 @@ def fit_run_proposer(
     ),
   )
   if settings.tune_steps:
-    limit = None if max_seconds is None else PROPOSER_SHARE * max_seconds - clock.elapsed
+    deadline = None if max_seconds is None else clock.start + PROPOSER_SHARE * max_seconds
     proposer = tune_run_proposer(
-      proposer, programs, settings, config.seed, clock, print_fn, time_limit_s=limit
+      proposer, programs, settings, config.seed, clock, print_fn, deadline=deadline
     )
   os.makedirs(files.checkpoints, exist_ok=True)
   proposer.save(files.proposer)
@@ -211,10 +211,10 @@ def tune_run_proposer(
   seed: int,
   clock: "Stopwatch",
   print_fn: Callable[[str], None],
-  time_limit_s: Optional[float] = None,
+  deadline: Optional[float] = None,
 ) -> Any:
   """The fitted `proposer` tuned (learner/proposer/tuning.py) for `settings.tune_steps` steps on
-  the labelled `programs` (with their placements), or fewer where `time_limit_s` stops it; its
+  the labelled `programs` (with their placements), or fewer where the `deadline` stops it; its
   progress printed every 10 steps."""
   from malloczero.learner.proposer.tuning import TuningSettings, tune, tuning_targets
 
@@ -236,13 +236,11 @@ def tune_run_proposer(
         f"{math.exp(fitness):.4f}x msa ({clock.elapsed:.0f} s)"
       )
 
-  started = clock.elapsed
   targets = tuning_targets(proposer, programs)
   # Nothing else runs yet: every core decodes.
-  workers = min(os.cpu_count() or 1, tuning.batch)
-  limit = None if time_limit_s is None else max(0.0, time_limit_s - clock.elapsed + started)
+  workers = os.cpu_count() or 1
   proposer = tune(
-    proposer, targets, tuning, seed=seed, progress=tuned, workers=workers, time_limit_s=limit
+    proposer, targets, tuning, seed=seed, progress=tuned, workers=workers, deadline=deadline
   )
   if made[0] < tuning.steps:
     print_fn(

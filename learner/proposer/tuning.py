@@ -177,16 +177,16 @@ def tune(
   seed: int = 0,
   progress: Optional[Callable[[int, Proposer, float], None]] = None,
   workers: int = 1,
-  time_limit_s: Optional[float] = None,
+  deadline: Optional[float] = None,
 ) -> Proposer:
   """`proposer` with its members' last layers tuned by `es_search` on `targets` (built from this
   proposer's activations, `tuning_targets`); `progress(step, proposer, fitness)` after each step,
   `fitness` the mean log speed-up over msa of the step's perturbations. With `workers` > 1 the
-  decodes run in that many forked processes (numpy and the jitted decoder only: nothing of JAX),
-  where the platform forks; the result does not depend on `workers`. With `time_limit_s`, no
-  step starts after that many seconds (the steps made are those `progress` reports)."""
+  decodes run in that many forked processes, at most one per program of a step (numpy and the
+  jitted decoder only: nothing of JAX), where the platform forks; the result does not depend on
+  `workers`. With a `deadline` (`time.monotonic()`), no step starts after it (the steps made
+  are those `progress` reports)."""
   global _WORKER_TARGETS
-  deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
   if not targets:
     raise MalloczeroError("the proposer's tuning has no labelled programs to decode")
   start = last_layers(proposer)
@@ -204,6 +204,7 @@ def tune(
   def in_process(thetas: np.ndarray, items: np.ndarray) -> np.ndarray:
     return np.array([mean_fitness([targets[i] for i in items], theta) for theta in thetas])
 
+  workers = min(workers, settings.batch)
   if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods() or not settings.steps:
     theta = es_search(in_process, start, scale, settings, len(targets), seed, report, deadline)
     return with_last_layers(proposer, theta)
