@@ -23,6 +23,8 @@ from malloczero.common.errors import MalloczeroError
 from malloczero.configs.config import ProposerConfig
 
 HIDDEN = (128, 128)
+# Haiku's names of the MLP's linear layers, input first: the keys of a member's parameters.
+LAYERS = tuple(f"proposer/~/linear_{k}" for k in range(len(HIDDEN) + 1))
 # A request is proposed (put first) where the network gives it at least this chance of being
 # placed.
 PROPOSE_AT = 0.5
@@ -119,7 +121,7 @@ class Proposer:
     except (OSError, ValueError, KeyError) as e:
       raise MalloczeroError(f"cannot read the proposer '{path}' ({e})".replace("\n", " ")) from None
     for params in members.values() or [{}]:
-      widths = [params.get(f"proposer/~/linear_{k}", {}).get("b") for k in range(len(HIDDEN) + 1)]
+      widths = [params.get(layer, {}).get("b") for layer in LAYERS]
       if any(w is None for w in widths) or [len(w) for w in widths] != [*HIDDEN, 1]:
         raise MalloczeroError(f"'{path}' is not a proposer of layers {[*HIDDEN, 1]}")
     # member10 after member9: by number, not by name.

@@ -28,9 +28,8 @@ import numpy as np
 from malloczero.common.errors import MalloczeroError
 from malloczero.env.placement import Placement
 from malloczero.env.solvers.evo import decode
-from malloczero.learner.proposer.network import HIDDEN, Proposer, proposal_genome
+from malloczero.learner.proposer.network import HIDDEN, LAYERS, Proposer, proposal_genome
 
-_LAYERS = tuple(f"proposer/~/linear_{k}" for k in range(len(HIDDEN) + 1))
 _WIDTH = HIDDEN[-1] + 1  # One member's last layer: its weights `[H]` and bias.
 
 
@@ -70,7 +69,7 @@ def hidden_activations(proposer: Proposer, features: np.ndarray) -> tuple[np.nda
   hidden = []
   for params in proposer.members:
     h = standard
-    for layer in _LAYERS[:-1]:
+    for layer in LAYERS[:-1]:
       h = np.maximum(h @ params[layer]["w"] + params[layer]["b"], 0.0)
     hidden.append(h.astype(np.float32))
   return tuple(hidden)
@@ -79,7 +78,7 @@ def hidden_activations(proposer: Proposer, features: np.ndarray) -> tuple[np.nda
 def last_layers(proposer: Proposer) -> np.ndarray:
   """`[M * (H + 1)]` the members' last layers, weights then bias, member by member."""
   return np.concatenate(
-    [np.append(p[_LAYERS[-1]]["w"][:, 0], p[_LAYERS[-1]]["b"]) for p in proposer.members]
+    [np.append(p[LAYERS[-1]]["w"][:, 0], p[LAYERS[-1]]["b"]) for p in proposer.members]
   ).astype(np.float64)
 
 
@@ -88,7 +87,7 @@ def with_last_layers(proposer: Proposer, theta: np.ndarray) -> Proposer:
   members = []
   for k, params in enumerate(proposer.members):
     layer = np.asarray(theta[k * _WIDTH : (k + 1) * _WIDTH], np.float32)
-    members.append({**params, _LAYERS[-1]: {"w": layer[:-1, None], "b": layer[-1:]}})
+    members.append({**params, LAYERS[-1]: {"w": layer[:-1, None], "b": layer[-1:]}})
   return dataclasses.replace(proposer, members=tuple(members))
 
 
